@@ -1,0 +1,54 @@
+package decode
+
+import "fmt"
+
+// Reason classifies why a value could not be read (or must not be rewritten).
+type Reason string
+
+const (
+	// ReasonNotObject: the key is not an API object (compact_rev_key, health, ...).
+	ReasonNotObject Reason = "not-an-object"
+	// ReasonUnknownResource: no built-in resource or CRD owns the key.
+	ReasonUnknownResource Reason = "unknown-resource"
+	// ReasonUnknownKind: the stored apiVersion/kind is not in the scheme.
+	ReasonUnknownKind Reason = "unknown-kind"
+	// ReasonUndecryptable: no configured provider/key can decrypt the value.
+	ReasonUndecryptable Reason = "undecryptable"
+	// ReasonCorruptEnvelope: the encryption envelope or protobuf envelope is malformed.
+	ReasonCorruptEnvelope Reason = "corrupt-envelope"
+	// ReasonCorruptPayload: the envelope is fine but the object inside does not decode.
+	ReasonCorruptPayload Reason = "corrupt-payload"
+	// ReasonWouldLoseFields: decoding and re-encoding in the stored version does not
+	// give back the stored bytes (written by a newer release with fields these types
+	// do not know); rewriting would lose data.
+	ReasonWouldLoseFields Reason = "would-lose-fields"
+	// ReasonConversionFailed: conversion to the target version failed (e.g. webhook).
+	ReasonConversionFailed Reason = "conversion-failed"
+)
+
+// Error is a reportable failure for one key. Detail and Err never contain
+// plaintext or key material.
+type Error struct {
+	Key    string
+	Reason Reason
+	Detail string // short human text: which provider/key name, which kind, ...
+	Err    error
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("%s: %s", e.Key, e.Reason)
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf builds an *Error for key.
+func Errorf(key string, reason Reason, err error, format string, args ...any) *Error {
+	return &Error{Key: key, Reason: reason, Detail: fmt.Sprintf(format, args...), Err: err}
+}

@@ -1,0 +1,174 @@
+package decode
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/kubernetes/test/integration/etcd"
+)
+
+// upstreamOracle checks our key layout and storage-version choice against the
+// data kube-apiserver's own integration test (TestEtcdStoragePath) asserts: for
+// every persisted resource at a release, the etcd path and the stored GVK.
+func upstreamOracle(t *testing.T, emulated string) {
+	t.Helper()
+	storage, err := NewStorageConfig(emulated, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewResolver("/registry", storage)
+	for _, crd := range etcd.GetCustomResourceDefinitionData() {
+		r.AddCustomResource(crd.Spec.Group, crd.Spec.Names.Plural)
+	}
+	var data map[schema.GroupVersionResource]etcd.StorageData
+	if emulated == "" {
+		data = etcd.GetEtcdStorageData()
+	} else {
+		data = etcd.GetEtcdStorageDataServedAt(emulated, true)
+	}
+	checked := 0
+	for gvr, d := range data {
+		info, err := r.Resolve(d.ExpectedEtcdPath)
+		if err != nil {
+			t.Errorf("%s: resolve %s: %v", gvr, d.ExpectedEtcdPath, err)
+			continue
+		}
+		want := gvr.GroupResource()
+		wantGV := gvr.GroupVersion()
+		if d.ExpectedGVK != nil {
+			wantGV = d.ExpectedGVK.GroupVersion()
+			if d.ExpectedGVK.Group != gvr.Group { // cohabiting: stored by the other group
+				want = schema.GroupResource{Group: d.ExpectedGVK.Group, Resource: gvr.Resource}
+			}
+		}
+		if info.Resource != want {
+			t.Errorf("%s: key %s resolved to %s, want %s", gvr, d.ExpectedEtcdPath, info.Resource, want)
+			continue
+		}
+		if info.Custom {
+			continue
+		}
+		rc, err := storage.Codec(info.Resource)
+		if err != nil {
+			t.Errorf("%s: %v", gvr, err)
+			continue
+		}
+		if rc.StorageVersion != wantGV {
+			t.Errorf("emulated %q: %s is stored as %s by kube-apiserver, we would write %s", emulated, gvr, wantGV, rc.StorageVersion)
+		}
+		checked++
+	}
+	if checked < 60 {
+		t.Fatalf("only %d built-in resources checked against upstream data", checked)
+	}
+}
+
+func TestResolverAndStorageVersionsMatchUpstream(t *testing.T) {
+	upstreamOracle(t, "")
+}
+
+func TestStorageVersionsMatchUpstreamWhenEmulating134(t *testing.T) {
+	upstreamOracle(t, "1.34")
+}
+
+// At --emulated-version=1.33 the real kube-apiserver 1.36 binary clamps the minimum
+// compatibility version to its floor (1.33, binary-3), so types introduced in 1.33
+// are storable. Upstream's test data assumes no floor (1.32) and so disagrees; the
+// e2e test checks this against a real apiserver.
+func TestEmulating133StoresDRAAsV1beta2(t *testing.T) {
+	storage, err := NewStorageConfig("1.33", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range []string{"deviceclasses", "resourceclaimtemplates"} {
+		rc, err := storage.Codec(schema.GroupResource{Group: "resource.k8s.io", Resource: res})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rc.StorageVersion.String() != "resource.k8s.io/v1beta2" {
+			t.Errorf("%s at 1.33: %s, want resource.k8s.io/v1beta2", res, rc.StorageVersion)
+		}
+	}
+}
+
+func TestResolveSpecialKeys(t *testing.T) {
+	storage, err := NewStorageConfig("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewResolver("/kubernetes.io", storage)
+	r.AddCustomResource("example.com", "widgets")
+	cases := []struct {
+		key, gr, ns, name string
+		reason            Reason
+	}{
+		{key: "/kubernetes.io/minions/node-1", gr: "nodes", name: "node-1"},
+		{key: "/kubernetes.io/services/specs/default/kubernetes", gr: "services", ns: "default", name: "kubernetes"},
+		{key: "/kubernetes.io/services/endpoints/default/kubernetes", gr: "endpoints", ns: "default", name: "kubernetes"},
+		{key: "/kubernetes.io/controllers/ns1/rc", gr: "replicationcontrollers", ns: "ns1", name: "rc"},
+		{key: "/kubernetes.io/ingress/ns1/web", gr: "ingresses.networking.k8s.io", ns: "ns1", name: "web"},
+		{key: "/kubernetes.io/events/ns1/e.1", gr: "events", ns: "ns1", name: "e.1"},
+		{key: "/kubernetes.io/deployments/ns1/d", gr: "deployments.apps", ns: "ns1", name: "d"},
+		{key: "/kubernetes.io/masterleases/10.0.0.1", gr: "apiServerIPInfo", name: "10.0.0.1"},
+		{key: "/kubernetes.io/ranges/serviceips", gr: "serviceipallocations", name: "serviceips"},
+		{key: "/kubernetes.io/example.com/widgets/ns1/w", gr: "widgets.example.com", ns: "ns1", name: "w"},
+		{key: "/kubernetes.io/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", gr: "customresourcedefinitions.apiextensions.k8s.io", name: "widgets.example.com"},
+		{key: "/kubernetes.io/apiregistration.k8s.io/apiservices/v1.apps", gr: "apiservices.apiregistration.k8s.io", name: "v1.apps"},
+		{key: "compact_rev_key", reason: ReasonNotObject},
+		{key: "/registry/secrets/ns/s", reason: ReasonNotObject},
+		{key: "/kubernetes.io/health", reason: ReasonNotObject},
+		{key: "/kubernetes.io/other.io/gadgets/ns/g", reason: ReasonUnknownResource},
+		{key: "/kubernetes.io/nonsense/x", reason: ReasonUnknownResource},
+	}
+	for _, c := range cases {
+		info, err := r.Resolve(c.key)
+		if c.reason != "" {
+			e, ok := err.(*Error)
+			if !ok || e.Reason != c.reason || e.Key != c.key {
+				t.Errorf("%s: got %v, want %s", c.key, err, c.reason)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.key, err)
+			continue
+		}
+		if info.Resource.String() != c.gr || info.Namespace != c.ns || info.Name != c.name {
+			t.Errorf("%s: got %s ns=%q name=%q, want %s ns=%q name=%q", c.key, info.Resource, info.Namespace, info.Name, c.gr, c.ns, c.name)
+		}
+	}
+}
+
+func TestParseResourceAndTargetVersionErrors(t *testing.T) {
+	storage, err := NewStorageConfig("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewResolver("/registry", storage)
+	for in, want := range map[string]string{"secrets": "secrets", "deployments.apps": "deployments.apps", "Deployments": "deployments.apps", "hpa": ""} {
+		gr, err := r.ParseResource(in)
+		if want == "" {
+			if err == nil {
+				t.Errorf("%q: want error, got %s", in, gr)
+			}
+			continue
+		}
+		if err != nil || gr.String() != want {
+			t.Errorf("%q: got %s, %v; want %s", in, gr, err, want)
+		}
+	}
+	if p, _ := r.KeyPrefix(schema.GroupResource{Resource: "nodes"}, ""); p != "/registry/minions/" {
+		t.Errorf("nodes prefix %q", p)
+	}
+	for _, bad := range []string{"1.20", "1.37", "banana"} {
+		_, err := NewStorageConfig(bad, "")
+		if err == nil {
+			t.Errorf("--target-version %s accepted", bad)
+			continue
+		}
+		if !strings.Contains(err.Error(), "1.33..1.36") {
+			t.Errorf("--target-version %s: error does not give the allowed range: %v", bad, err)
+		}
+	}
+}

@@ -1,0 +1,284 @@
+package decode
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/version"
+	apiserveroptions "k8s.io/apiserver/pkg/server/options"
+	serverstorage "k8s.io/apiserver/pkg/server/storage"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/apiserver/pkg/util/compatibility"
+	basecompatibility "k8s.io/component-base/compatibility"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	"k8s.io/kubernetes/pkg/controlplane" // registers every built-in group into legacyscheme, as kube-apiserver does
+	"k8s.io/kubernetes/pkg/kubeapiserver"
+
+	apiextensionsinstall "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/install"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	apiregistrationinstall "k8s.io/kube-aggregator/pkg/apis/apiregistration/install"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	apiregistrationv1beta1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1beta1"
+)
+
+// Media types kube-apiserver stores with.
+const (
+	MediaTypeProtobuf = "application/vnd.kubernetes.protobuf"
+	MediaTypeJSON     = "application/json"
+	MediaTypeCBOR     = "application/cbor"
+)
+
+var (
+	// CRDGroupResource and APIServiceGroupResource are stored by the apiextensions
+	// and aggregator servers, with their own schemes and JSON codecs.
+	CRDGroupResource        = schema.GroupResource{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}
+	APIServiceGroupResource = schema.GroupResource{Group: "apiregistration.k8s.io", Resource: "apiservices"}
+
+	// ExtensionsScheme holds the apiextensions types (CRDs) and ExtensionsCodecs their codecs.
+	ExtensionsScheme = runtime.NewScheme()
+	ExtensionsCodecs = serializer.NewCodecFactory(ExtensionsScheme)
+	// AggregatorScheme holds the apiregistration types (APIServices).
+	AggregatorScheme = runtime.NewScheme()
+	AggregatorCodecs = serializer.NewCodecFactory(AggregatorScheme)
+)
+
+func init() {
+	apiextensionsinstall.Install(ExtensionsScheme)
+	apiregistrationinstall.Install(AggregatorScheme)
+}
+
+// ResourceCodec is what kube-apiserver's storage layer uses for one resource: the
+// codec that decodes any stored version into the internal version (with defaulting)
+// and encodes into the storage version and media type.
+type ResourceCodec struct {
+	GroupResource  schema.GroupResource
+	Kind           string // internal kind, e.g. "Deployment"
+	Codec          runtime.Codec
+	StorageVersion schema.GroupVersion
+	MediaType      string
+	// Scheme is the scheme the codec's types live in (legacyscheme, apiextensions or aggregator).
+	Scheme *runtime.Scheme
+	// Codecs is the codec factory of Scheme.
+	Codecs serializer.CodecFactory
+}
+
+// StorageConfig builds the same storage codecs kube-apiserver 1.36 builds, for one
+// emulated version and storage media type.
+type StorageConfig struct {
+	factory   *serverstorage.DefaultStorageFactory
+	mediaType string
+	effective basecompatibility.EffectiveVersion
+
+	// builtins maps each built-in group/resource to its internal kind.
+	builtins map[schema.GroupResource]string
+
+	mu     sync.Mutex
+	codecs map[schema.GroupResource]*ResourceCodec
+}
+
+// NewStorageConfig returns the storage configuration of kube-apiserver 1.36 run with
+// --emulated-version=emulatedVersion ("" = 1.36) and --storage-media-type=mediaType
+// ("" = protobuf).
+func NewStorageConfig(emulatedVersion, mediaType string) (*StorageConfig, error) {
+	ev, err := EffectiveVersion(emulatedVersion)
+	if err != nil {
+		return nil, err
+	}
+	if mediaType == "" {
+		mediaType = MediaTypeProtobuf
+	}
+	switch mediaType {
+	case MediaTypeProtobuf, MediaTypeJSON, "application/yaml":
+	default:
+		return nil, fmt.Errorf("--storage-media-type %q: want one of %s, %s, application/yaml", mediaType, MediaTypeProtobuf, MediaTypeJSON)
+	}
+	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
+	etcdOpts.DefaultStorageMediaType = mediaType
+	cfg := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
+	cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
+	cfg.DefaultResourceEncoding.SetEffectiveVersion(ev)
+	factory, err := cfg.Complete(etcdOpts).New()
+	if err != nil {
+		return nil, fmt.Errorf("build kube-apiserver storage factory: %w", err)
+	}
+	return &StorageConfig{
+		factory:   factory,
+		mediaType: mediaType,
+		effective: ev,
+		builtins:  builtinResources(),
+		codecs:    map[schema.GroupResource]*ResourceCodec{},
+	}, nil
+}
+
+// EffectiveVersion returns kube-apiserver 1.36's effective version emulating v
+// ("" = no emulation), or an error giving the allowed range.
+func EffectiveVersion(v string) (basecompatibility.MutableEffectiveVersion, error) {
+	ev := compatibility.DefaultBuildEffectiveVersion()
+	if v == "" {
+		return ev, nil
+	}
+	allowed := ev.AllowedEmulationVersionRange()
+	parsed, err := parseMajorMinor(v)
+	if err != nil {
+		return nil, fmt.Errorf("--target-version %q: %w (allowed %s)", v, err, allowed)
+	}
+	ev.SetEmulationVersion(parsed)
+	if errs := ev.Validate(); len(errs) > 0 {
+		return nil, fmt.Errorf("--target-version %q: kube-apiserver %s cannot emulate it: allowed %s", v, ev.BinaryVersion(), allowed)
+	}
+	return ev, nil
+}
+
+// Effective is the effective version this configuration emulates.
+func (s *StorageConfig) Effective() basecompatibility.EffectiveVersion { return s.effective }
+
+// MediaType is the storage media type for built-in resources.
+func (s *StorageConfig) MediaType() string { return s.mediaType }
+
+// ResourcePrefix is the etcd key segment kube-apiserver uses for a resource
+// (without the leading prefix), e.g. "minions" for nodes.
+func (s *StorageConfig) ResourcePrefix(gr schema.GroupResource) string {
+	switch gr {
+	case CRDGroupResource, APIServiceGroupResource:
+		return gr.Group + "/" + gr.Resource
+	}
+	return s.factory.ResourcePrefix(gr)
+}
+
+// BuiltinResources lists the built-in group/resources known to the scheme, sorted.
+func (s *StorageConfig) BuiltinResources() []schema.GroupResource {
+	out := make([]schema.GroupResource, 0, len(s.builtins)+2)
+	for gr := range s.builtins {
+		out = append(out, gr)
+	}
+	out = append(out, CRDGroupResource, APIServiceGroupResource)
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// IsBuiltin reports whether gr is a built-in (non custom) resource.
+func (s *StorageConfig) IsBuiltin(gr schema.GroupResource) bool {
+	if gr == CRDGroupResource || gr == APIServiceGroupResource {
+		return true
+	}
+	_, ok := s.builtins[gr]
+	return ok
+}
+
+// Codec returns the storage codec kube-apiserver uses for gr.
+func (s *StorageConfig) Codec(gr schema.GroupResource) (*ResourceCodec, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.codecs[gr]; ok {
+		return c, nil
+	}
+	c, err := s.newCodec(gr)
+	if err != nil {
+		return nil, err
+	}
+	s.codecs[gr] = c
+	return c, nil
+}
+
+func (s *StorageConfig) newCodec(gr schema.GroupResource) (*ResourceCodec, error) {
+	switch gr {
+	case CRDGroupResource:
+		// pkg/controlplane/apiserver/apiextensions.go: LegacyCodec(v1beta1, v1), JSON,
+		// "prefer the more compact serialization (v1beta1) for storage".
+		return &ResourceCodec{
+			GroupResource:  gr,
+			Kind:           "CustomResourceDefinition",
+			Codec:          ExtensionsCodecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion),
+			StorageVersion: apiextensionsv1beta1.SchemeGroupVersion,
+			MediaType:      MediaTypeJSON,
+			Scheme:         ExtensionsScheme,
+			Codecs:         ExtensionsCodecs,
+		}, nil
+	case APIServiceGroupResource:
+		// pkg/controlplane/apiserver/aggregator.go: LegacyCodec(v1, v1beta1), JSON.
+		return &ResourceCodec{
+			GroupResource:  gr,
+			Kind:           "APIService",
+			Codec:          AggregatorCodecs.LegacyCodec(apiregistrationv1.SchemeGroupVersion, apiregistrationv1beta1.SchemeGroupVersion),
+			StorageVersion: apiregistrationv1.SchemeGroupVersion,
+			MediaType:      MediaTypeJSON,
+			Scheme:         AggregatorScheme,
+			Codecs:         AggregatorCodecs,
+		}, nil
+	}
+	kind, ok := s.builtins[gr]
+	if !ok {
+		return nil, fmt.Errorf("resource %s is not a built-in resource of kube-apiserver 1.36", gr)
+	}
+	example, err := legacyscheme.Scheme.New(schema.GroupVersionKind{Group: gr.Group, Version: runtime.APIVersionInternal, Kind: kind})
+	if err != nil {
+		return nil, fmt.Errorf("resource %s: %w", gr, err)
+	}
+	cfg, err := s.factory.NewConfig(gr, example)
+	if err != nil {
+		return nil, fmt.Errorf("resource %s: storage config: %w", gr, err)
+	}
+	gv, err := storageVersionOf(cfg.EncodeVersioner, gr, kind)
+	if err != nil {
+		return nil, err
+	}
+	return &ResourceCodec{
+		GroupResource:  gr,
+		Kind:           kind,
+		Codec:          cfg.Codec,
+		StorageVersion: gv,
+		MediaType:      s.mediaType,
+		Scheme:         legacyscheme.Scheme,
+		Codecs:         legacyscheme.Codecs,
+	}, nil
+}
+
+// storageVersionOf asks the encode versioner which version it encodes kind into.
+func storageVersionOf(v runtime.GroupVersioner, gr schema.GroupResource, kind string) (schema.GroupVersion, error) {
+	var candidates []schema.GroupVersionKind
+	for _, gv := range legacyscheme.Scheme.PrioritizedVersionsAllGroups() {
+		gvk := gv.WithKind(kind)
+		if legacyscheme.Scheme.Recognizes(gvk) {
+			candidates = append(candidates, gvk)
+		}
+	}
+	target, ok := v.KindForGroupVersionKinds(candidates)
+	if !ok {
+		return schema.GroupVersion{}, fmt.Errorf("resource %s: no storage version for kind %s", gr, kind)
+	}
+	return target.GroupVersion(), nil
+}
+
+// builtinResources derives every persisted built-in resource from the scheme: each
+// kind registered in an internal version that has a matching "List" kind (the
+// apiserver's REST storage lists what it stores), named as kube-apiserver names it.
+func builtinResources() map[schema.GroupResource]string {
+	out := map[schema.GroupResource]string{}
+	for gvk := range legacyscheme.Scheme.AllKnownTypes() {
+		if gvk.Version != runtime.APIVersionInternal || strings.HasSuffix(gvk.Kind, "List") {
+			continue
+		}
+		if !legacyscheme.Scheme.Recognizes(gvk.GroupVersion().WithKind(gvk.Kind + "List")) {
+			continue
+		}
+		plural, _ := meta.UnsafeGuessKindToResource(gvk.GroupVersion().WithKind(gvk.Kind))
+		gr := schema.GroupResource{Group: gvk.Group, Resource: plural.Resource}
+		out[gr] = gvk.Kind
+	}
+	return out
+}
+
+func parseMajorMinor(v string) (*version.Version, error) {
+	parsed, err := version.ParseGeneric(strings.TrimPrefix(v, "v"))
+	if err != nil {
+		return nil, fmt.Errorf("not a MAJOR.MINOR version")
+	}
+	return version.MajorMinor(parsed.Major(), parsed.Minor()), nil
+}
