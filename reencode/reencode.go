@@ -1,0 +1,310 @@
+// Package reencode decides, object by object, what kube-apiserver's GuaranteedUpdate
+// would do on a no-op update: encode the decoded object to the target storage
+// version and media type through the apiserver's own codec, and rewrite only when the
+// encryption transformer reported the stored value stale or the new plaintext differs
+// from the stored plaintext. It also refuses objects it cannot round-trip without
+// losing fields. It produces the new (encrypted) value but never writes.
+package reencode
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+
+	"kube-etcd-migrate/decode"
+)
+
+// Status is the verdict on one key.
+type Status string
+
+const (
+	Current    Status = "current"
+	Stale      Status = "stale"
+	Unreadable Status = "unreadable"
+	NotObject  Status = "not-an-object"
+)
+
+// Reason says why a stale object needs a rewrite.
+type Reason string
+
+const (
+	ReasonVersion    Reason = "storage-version"
+	ReasonEncryption Reason = "encryption"
+	ReasonMediaType  Reason = "media-type"
+	// ReasonEncoding: same version, media type and key, but the apiserver would
+	// write different bytes (defaulting added fields, an older field order, ...).
+	ReasonEncoding Reason = "encoding"
+)
+
+// Form describes how an object is (or would be) stored.
+type Form struct {
+	Version    string `json:"version"`
+	MediaType  string `json:"mediaType"`
+	Encryption string `json:"encryption"`
+}
+
+// Decision is the outcome for one key. NewValue holds the encrypted bytes to write
+// when Status is Stale; it is never printed.
+type Decision struct {
+	Key      string
+	Resource schema.GroupResource
+	Status   Status
+	Reasons  []Reason
+	From, To Form
+	// Err is set for Unreadable and NotObject.
+	Err *decode.Error
+
+	ModRevision int64
+	Lease       int64
+	OldSize     int
+	NewValue    []byte
+}
+
+// Encrypter encrypts new values with the first provider configured for a resource;
+// *decode.Encryption implements it.
+type Encrypter interface {
+	Encrypt(ctx context.Context, gr schema.GroupResource, key string, plaintext []byte) ([]byte, error)
+	WriteProvider(gr schema.GroupResource) decode.EncryptionInfo
+}
+
+// CustomResourceEncoder writes one CRD's custom resources as the
+// apiextensions-apiserver would.
+type CustomResourceEncoder interface {
+	StorageVersion() string
+	Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error)
+	RoundTrip(plaintext []byte) error
+}
+
+// Planner holds the target: storage versions and media type (a StorageConfig built
+// for the target release), the write encryption, and the CRDs' encoders.
+type Planner struct {
+	Target     *decode.StorageConfig
+	Encryption Encrypter
+	custom     map[schema.GroupResource]CustomResourceEncoder
+}
+
+// NewPlanner returns a planner for the target configuration.
+func NewPlanner(target *decode.StorageConfig, enc Encrypter) *Planner {
+	return &Planner{Target: target, Encryption: enc, custom: map[schema.GroupResource]CustomResourceEncoder{}}
+}
+
+// AddCustomResource registers the encoder of a CRD's custom resources.
+func (p *Planner) AddCustomResource(gr schema.GroupResource, enc CustomResourceEncoder) {
+	p.custom[gr] = enc
+}
+
+// Decide classifies a decoded object (decodeErr is Decode's error, if any) and, when
+// it is stale, computes the value to write.
+func (p *Planner) Decide(ctx context.Context, obj *decode.Object, decodeErr error) Decision {
+	d := Decision{
+		Key:         obj.KV.Key,
+		Resource:    obj.Info.Resource,
+		ModRevision: obj.KV.ModRevision,
+		Lease:       obj.KV.Lease,
+		OldSize:     len(obj.KV.Value),
+		From: Form{
+			Version:    obj.StoredGVK.GroupVersion().String(),
+			MediaType:  decode.ShortMediaType(obj.MediaType),
+			Encryption: obj.Encryption.String(),
+		},
+	}
+	if decodeErr != nil {
+		d.Err = keyError(d.Key, decode.ReasonCorruptPayload, decodeErr)
+		d.Status = Unreadable
+		if d.Err.Reason == decode.ReasonNotObject {
+			d.Status = NotObject
+		}
+		return d
+	}
+
+	var newPlain []byte
+	var err error
+	if obj.Info.Custom {
+		enc := p.custom[obj.Info.Resource]
+		if enc == nil {
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUnknownResource, nil, "no CRD encoder for %s", obj.Info.Resource))
+		}
+		if err := enc.RoundTrip(obj.Plaintext); err != nil {
+			return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
+		}
+		d.To.Version = schema.GroupVersion{Group: obj.Info.Resource.Group, Version: enc.StorageVersion()}.String()
+		d.To.MediaType = "json"
+		u, ok := obj.Internal.(*unstructured.Unstructured)
+		if !ok {
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonCorruptPayload, nil, "custom resource did not decode to an unstructured object"))
+		}
+		newPlain, err = enc.Encode(ctx, u.DeepCopy())
+		if err != nil {
+			return p.unreadable(d, keyError(d.Key, decode.ReasonConversionFailed, err))
+		}
+	} else {
+		target, err := p.Target.Codec(obj.Info.Resource)
+		if err != nil {
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUnknownResource, err, ""))
+		}
+		if err := RoundTrip(obj); err != nil {
+			return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
+		}
+		d.To.Version = target.StorageVersion.String()
+		d.To.MediaType = decode.ShortMediaType(target.MediaType)
+		// Encode a copy: the versioning encoder may set fields on what it is given.
+		newPlain, err = runtime.Encode(target.Codec, obj.Internal.DeepCopyObject())
+		if err != nil {
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, nil, "encode to %s: %v", target.StorageVersion, err))
+		}
+	}
+
+	write := decode.EncryptionInfo{Provider: "identity"}
+	if p.Encryption != nil {
+		write = p.Encryption.WriteProvider(obj.Info.Resource)
+	}
+	d.To.Encryption = write.String()
+
+	if obj.Encryption.Stale {
+		d.Reasons = append(d.Reasons, ReasonEncryption)
+	}
+	if !bytes.Equal(newPlain, obj.Plaintext) {
+		switch {
+		case d.From.Version != d.To.Version:
+			d.Reasons = append(d.Reasons, ReasonVersion)
+		case d.From.MediaType != d.To.MediaType:
+			d.Reasons = append(d.Reasons, ReasonMediaType)
+		default:
+			d.Reasons = append(d.Reasons, ReasonEncoding)
+		}
+		if d.From.Version != d.To.Version && d.From.MediaType != d.To.MediaType {
+			d.Reasons = append(d.Reasons, ReasonMediaType)
+		}
+	}
+	if len(d.Reasons) == 0 {
+		d.Status = Current
+		return d
+	}
+	d.Status = Stale
+	value := newPlain
+	if p.Encryption != nil {
+		value, err = p.Encryption.Encrypt(ctx, obj.Info.Resource, d.Key, newPlain)
+		if err != nil {
+			// The write provider failing is an operational error, not the object's.
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUndecryptable, err, "encrypt with %s", write))
+		}
+	}
+	d.NewValue = value
+	return d
+}
+
+func (p *Planner) unreadable(d Decision, err *decode.Error) Decision {
+	d.Status = Unreadable
+	d.Err = err
+	d.Reasons = nil
+	d.NewValue = nil
+	return d
+}
+
+// ReasonStrings joins reasons for a report.
+func (d Decision) ReasonStrings() string {
+	s := make([]string, len(d.Reasons))
+	for i, r := range d.Reasons {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ",")
+}
+
+func keyError(key string, reason decode.Reason, err error) *decode.Error {
+	var e *decode.Error
+	if errors.As(err, &e) {
+		if e.Key == "" {
+			e.Key = key
+		}
+		return e
+	}
+	return &decode.Error{Key: key, Reason: reason, Err: err}
+}
+
+// RoundTrip is the lose-fields guard for built-ins: decode the stored value in its
+// stored version with no conversion and no defaulting, serialize it again with the
+// same serializer, and compare. Protobuf is compared byte for byte (the generated
+// marshallers are deterministic, and silently drop fields they do not know); JSON is
+// compared as a document, since other writers may order keys differently.
+func RoundTrip(obj *decode.Object) error {
+	rc := obj.Codec
+	if rc == nil {
+		return fmt.Errorf("no codec for %s", obj.Info.Resource)
+	}
+	versioned, gvk, err := rc.Codecs.UniversalDeserializer().Decode(obj.Plaintext, nil, nil)
+	if err != nil {
+		return fmt.Errorf("decode %s without conversion: %w", obj.StoredGVK, err)
+	}
+	versioned.GetObjectKind().SetGroupVersionKind(*gvk)
+	switch obj.MediaType {
+	case decode.MediaTypeProtobuf:
+		var buf bytes.Buffer
+		if err := protobuf.NewSerializer(rc.Scheme, rc.Scheme).Encode(versioned, &buf); err != nil {
+			return fmt.Errorf("re-encode %s: %w", gvk, err)
+		}
+		if !bytes.Equal(buf.Bytes(), obj.Plaintext) {
+			return fmt.Errorf("the %s types of kube-apiserver 1.36 do not give back the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, len(obj.Plaintext), buf.Len())
+		}
+		return nil
+	case decode.MediaTypeJSON:
+		re, err := json.Marshal(versioned)
+		if err != nil {
+			return fmt.Errorf("re-encode %s: %w", gvk, err)
+		}
+		var a, b any
+		if err := unmarshalNumber(obj.Plaintext, &a); err != nil {
+			return fmt.Errorf("stored JSON: %w", err)
+		}
+		if err := unmarshalNumber(re, &b); err != nil {
+			return err
+		}
+		if !reflect.DeepEqual(a, b) {
+			return fmt.Errorf("the %s types of kube-apiserver 1.36 do not give back the stored JSON document: fields %s would be lost or changed", gvk, strings.Join(diffPaths("", a, b, 5), ", "))
+		}
+		return nil
+	}
+	return fmt.Errorf("unexpected media type %q for a built-in resource", obj.MediaType)
+}
+
+func unmarshalNumber(data []byte, v *any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return dec.Decode(v)
+}
+
+// diffPaths lists up to max JSON paths where a and b differ (paths only, no values).
+func diffPaths(path string, a, b any, max int) []string {
+	if reflect.DeepEqual(a, b) {
+		return nil
+	}
+	am, aok := a.(map[string]any)
+	bm, bok := b.(map[string]any)
+	if !aok || !bok {
+		if path == "" {
+			path = "."
+		}
+		return []string{path}
+	}
+	var out []string
+	for k, av := range am {
+		if len(out) >= max {
+			break
+		}
+		out = append(out, diffPaths(path+"."+k, av, bm[k], max-len(out))...)
+	}
+	for k := range bm {
+		if _, ok := am[k]; !ok && len(out) < max {
+			out = append(out, path+"."+k)
+		}
+	}
+	return out
+}

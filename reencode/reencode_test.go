@@ -1,0 +1,211 @@
+package reencode
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	api "k8s.io/kubernetes/pkg/apis/core"
+	"k8s.io/kubernetes/pkg/apis/resource"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+)
+
+var (
+	secretsGR       = schema.GroupResource{Resource: "secrets"}
+	deviceClassesGR = schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}
+)
+
+func storageConfig(t *testing.T, emulated, media string) *decode.StorageConfig {
+	t.Helper()
+	s, err := decode.NewStorageConfig(emulated, media)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// write encodes an internal object exactly as kube-apiserver configured with sc
+// would store it.
+func write(t *testing.T, sc *decode.StorageConfig, gr schema.GroupResource, obj runtime.Object) []byte {
+	t.Helper()
+	rc, err := sc.Codec(gr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := runtime.Encode(rc.Codec, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func decodeKV(t *testing.T, key string, value []byte) (*decode.Object, error) {
+	t.Helper()
+	sc := storageConfig(t, "", "")
+	dec := decode.NewDecoder(decode.NewResolver("/registry", sc), sc, nil)
+	return dec.Decode(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: 7})
+}
+
+func secret() *api.Secret {
+	return &api.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "s1", Namespace: "ns1", UID: "u1", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Type:       api.SecretTypeOpaque,
+		Data:       map[string][]byte{"password": []byte("hunter2")},
+	}
+}
+
+func deviceClass() *resource.DeviceClass {
+	return &resource.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu", UID: "u2", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec: resource.DeviceClassSpec{
+			Selectors: []resource.DeviceSelector{{CEL: &resource.CELDeviceSelector{Expression: `device.driver == "gpu.example.com"`}}},
+		},
+	}
+}
+
+func TestCurrentObjectIsNotRewritten(t *testing.T) {
+	sc := storageConfig(t, "", "")
+	value := write(t, sc, secretsGR, secret())
+	obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewPlanner(sc, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Current || d.NewValue != nil {
+		t.Fatalf("status %s reasons %v, want current", d.Status, d.Reasons)
+	}
+	if d.From.Version != "v1" || d.From.MediaType != "protobuf" || d.To.Encryption != "identity" {
+		t.Fatalf("from %+v to %+v", d.From, d.To)
+	}
+}
+
+func TestOlderStorageVersionIsRewrittenToTarget(t *testing.T) {
+	old := storageConfig(t, "1.33", "")
+	value := write(t, old, deviceClassesGR, deviceClass())
+	if !bytes.Contains(value, []byte("resource.k8s.io/v1beta2")) {
+		t.Fatalf("seed value not stored as v1beta2")
+	}
+	obj, err := decodeKV(t, "/registry/deviceclasses/gpu", value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Target 1.36: stale by version; the new bytes are what 1.36 writes for the object.
+	target := storageConfig(t, "", "")
+	d := NewPlanner(target, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Stale || d.ReasonStrings() != "storage-version" {
+		t.Fatalf("status %s reasons %v", d.Status, d.Reasons)
+	}
+	if d.From.Version != "resource.k8s.io/v1beta2" || d.To.Version != "resource.k8s.io/v1" {
+		t.Fatalf("from %s to %s", d.From.Version, d.To.Version)
+	}
+	if want := write(t, target, deviceClassesGR, deviceClass()); !bytes.Equal(d.NewValue, want) {
+		t.Fatalf("new value differs from what kube-apiserver 1.36 writes for the same object")
+	}
+	// The rewritten value is current for 1.36 ...
+	obj2, err := decodeKV(t, "/registry/deviceclasses/gpu", d.NewValue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2 := NewPlanner(target, nil).Decide(context.Background(), obj2, nil); d2.Status != Current {
+		t.Fatalf("after rewrite: %s %v", d2.Status, d2.Reasons)
+	}
+	// ... and the original is current when the target is 1.33.
+	if d3 := NewPlanner(old, nil).Decide(context.Background(), obj, nil); d3.Status != Current {
+		t.Fatalf("target 1.33: %s %v", d3.Status, d3.Reasons)
+	}
+}
+
+func TestJSONStoredBuiltinIsRewrittenAsProtobuf(t *testing.T) {
+	jsonSC := storageConfig(t, "", decode.MediaTypeJSON)
+	value := write(t, jsonSC, secretsGR, secret())
+	obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewPlanner(storageConfig(t, "", ""), nil).Decide(context.Background(), obj, nil)
+	if d.Status != Stale || d.ReasonStrings() != "media-type" || d.To.MediaType != "protobuf" {
+		t.Fatalf("status %s reasons %v to %+v", d.Status, d.Reasons, d.To)
+	}
+	// --storage-media-type=application/json keeps it.
+	if d := NewPlanner(jsonSC, nil).Decide(context.Background(), obj, nil); d.Status != Current {
+		t.Fatalf("json target: %s %v", d.Status, d.Reasons)
+	}
+}
+
+func TestUnknownProtobufFieldIsRefused(t *testing.T) {
+	sc := storageConfig(t, "", "")
+	value := write(t, sc, secretsGR, secret())
+	// Re-wrap the envelope with an extra field (number 99) inside the Secret's raw
+	// bytes, as a newer release adding a field would.
+	var u runtime.Unknown
+	if err := u.Unmarshal(value[4:]); err != nil {
+		t.Fatal(err)
+	}
+	u.Raw = append(u.Raw, 0x9a, 0x06, 0x03, 'n', 'e', 'w') // field 99, wire type 2, "new"
+	raw, err := u.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	value = append([]byte("k8s\x00"), raw...)
+	obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
+	if err != nil {
+		t.Fatalf("the apiserver would read it (dropping the field): %v", err)
+	}
+	d := NewPlanner(sc, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Unreadable || d.Err == nil || d.Err.Reason != decode.ReasonWouldLoseFields || d.NewValue != nil {
+		t.Fatalf("status %s err %v", d.Status, d.Err)
+	}
+	if strings.Contains(d.Err.Error(), "hunter2") {
+		t.Fatalf("error leaks secret data: %v", d.Err)
+	}
+}
+
+func TestUnknownJSONFieldIsRefused(t *testing.T) {
+	jsonSC := storageConfig(t, "", decode.MediaTypeJSON)
+	value := write(t, jsonSC, secretsGR, secret())
+	value = bytes.Replace(value, []byte(`"type":"Opaque"`), []byte(`"type":"Opaque","futureField":{"a":1}`), 1)
+	obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewPlanner(storageConfig(t, "", ""), nil).Decide(context.Background(), obj, nil)
+	if d.Status != Unreadable || d.Err.Reason != decode.ReasonWouldLoseFields || !strings.Contains(d.Err.Error(), ".futureField") {
+		t.Fatalf("status %s err %v", d.Status, d.Err)
+	}
+}
+
+func TestUndecodableIsUnreadableAndNeverWritten(t *testing.T) {
+	for name, value := range map[string][]byte{
+		"garbage":        []byte("\x00\x01garbage"),
+		"truncated":      []byte("k8s\x00\x0a\x0c\x0a\x02v1"),
+		"unknown kind":   append([]byte("k8s\x00"), mustUnknown(t, "v1", "Gizmo")...),
+		"kind mismatch":  append([]byte("k8s\x00"), mustUnknown(t, "v1", "ConfigMap")...),
+		"bad json":       []byte(`{"apiVersion":"v1","kind":"Secret",`),
+		"unknown vesion": []byte(`{"apiVersion":"v9","kind":"Secret"}`),
+	} {
+		obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
+		if err == nil {
+			t.Errorf("%s: decoded", name)
+			continue
+		}
+		d := NewPlanner(storageConfig(t, "", ""), nil).Decide(context.Background(), obj, err)
+		if d.Status != Unreadable || d.NewValue != nil || d.Err.Key != "/registry/secrets/ns1/s1" {
+			t.Errorf("%s: %s %v", name, d.Status, d.Err)
+		}
+	}
+}
+
+func mustUnknown(t *testing.T, apiVersion, kind string) []byte {
+	u := runtime.Unknown{TypeMeta: runtime.TypeMeta{APIVersion: apiVersion, Kind: kind}, Raw: []byte{}}
+	b, err := u.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
