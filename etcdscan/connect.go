@@ -1,0 +1,333 @@
+package etcdscan
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Defaults of the connection flags; dial and command timeouts are etcdctl's.
+const (
+	DefaultEndpoint       = "127.0.0.1:2379"
+	DefaultDialTimeout    = 2 * time.Second
+	DefaultCommandTimeout = 5 * time.Second
+)
+
+// Config says how to reach etcd. It mirrors etcdctl's global flags.
+type Config struct {
+	Endpoints      []string
+	CACert         string // --cacert: PEM bundle of CAs that sign the server certificates
+	Cert, Key      string // --cert/--key: client certificate and its private key
+	Username       string // --user (etcdctl form "name" or "name:password")
+	Password       string // --password; never printed
+	DialTimeout    time.Duration
+	CommandTimeout time.Duration
+}
+
+// Flags returns the connection flags, named and defaulted like etcdctl's, each
+// falling back to the ETCDCTL_* environment variable of the same name.
+func Flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{
+			Name:    "endpoints",
+			Usage:   "etcd client endpoints (comma separated); scheme-less endpoints get https:// when --cacert or --cert is given, else http://",
+			Value:   cli.NewStringSlice(DefaultEndpoint),
+			EnvVars: []string{"ETCDCTL_ENDPOINTS"},
+		},
+		&cli.StringFlag{Name: "cacert", Usage: "verify the etcd server certificates with this CA bundle", EnvVars: []string{"ETCDCTL_CACERT"}},
+		&cli.StringFlag{Name: "cert", Usage: "client TLS certificate file", EnvVars: []string{"ETCDCTL_CERT"}},
+		&cli.StringFlag{Name: "key", Usage: "client TLS private key file", EnvVars: []string{"ETCDCTL_KEY"}},
+		&cli.StringFlag{Name: "user", Usage: "etcd user name[:password] when etcd auth is enabled", EnvVars: []string{"ETCDCTL_USER"}},
+		&cli.StringFlag{Name: "password", Usage: "etcd password (prefer ETCDCTL_PASSWORD over the command line)", EnvVars: []string{"ETCDCTL_PASSWORD"}},
+		&cli.DurationFlag{Name: "dial-timeout", Usage: "time to establish the connection and probe the cluster", Value: DefaultDialTimeout, EnvVars: []string{"ETCDCTL_DIAL_TIMEOUT"}},
+		&cli.DurationFlag{Name: "command-timeout", Usage: "time limit of one etcd request", Value: DefaultCommandTimeout, EnvVars: []string{"ETCDCTL_COMMAND_TIMEOUT"}},
+	}
+}
+
+// ConfigFromCLI reads the flags of Flags() and validates them: files must be
+// readable and parse, --cert and --key go together, timeouts are positive.
+// Errors name the offending flag.
+func ConfigFromCLI(c *cli.Context) (Config, error) {
+	cfg := Config{
+		CACert:         c.String("cacert"),
+		Cert:           c.String("cert"),
+		Key:            c.String("key"),
+		Password:       c.String("password"),
+		DialTimeout:    c.Duration("dial-timeout"),
+		CommandTimeout: c.Duration("command-timeout"),
+	}
+	for _, e := range c.StringSlice("endpoints") {
+		for _, part := range strings.Split(e, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				cfg.Endpoints = append(cfg.Endpoints, part)
+			}
+		}
+	}
+	if user := c.String("user"); user != "" {
+		name, pass, hasPass := strings.Cut(user, ":")
+		if name == "" {
+			return Config{}, errors.New("--user: empty user name")
+		}
+		cfg.Username = name
+		if hasPass {
+			if cfg.Password != "" {
+				return Config{}, errors.New("--user: password given both in --user and --password")
+			}
+			cfg.Password = pass
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate checks the configuration without contacting etcd.
+func (cfg Config) Validate() error {
+	if len(cfg.Endpoints) == 0 {
+		return errors.New("--endpoints: no endpoint given")
+	}
+	if cfg.DialTimeout <= 0 {
+		return fmt.Errorf("--dial-timeout: must be positive, got %s", cfg.DialTimeout)
+	}
+	if cfg.CommandTimeout <= 0 {
+		return fmt.Errorf("--command-timeout: must be positive, got %s", cfg.CommandTimeout)
+	}
+	if cfg.Password != "" && cfg.Username == "" {
+		return errors.New("--password: given without --user")
+	}
+	if cfg.Cert != "" && cfg.Key == "" {
+		return errors.New("--cert: given without --key")
+	}
+	if cfg.Key != "" && cfg.Cert == "" {
+		return errors.New("--key: given without --cert")
+	}
+	_, err := cfg.tlsConfig()
+	return err
+}
+
+// usesTLS reports whether scheme-less endpoints should default to https.
+func (cfg Config) usesTLS() bool { return cfg.CACert != "" || cfg.Cert != "" }
+
+// endpoints returns the endpoints with an explicit scheme.
+func (cfg Config) endpoints() []string {
+	out := make([]string, 0, len(cfg.Endpoints))
+	for _, ep := range cfg.Endpoints {
+		switch {
+		case strings.Contains(ep, "://"), strings.HasPrefix(ep, "unix:"), strings.HasPrefix(ep, "unixs:"):
+			out = append(out, ep)
+		case cfg.usesTLS():
+			out = append(out, "https://"+ep)
+		default:
+			out = append(out, "http://"+ep)
+		}
+	}
+	return out
+}
+
+// tlsConfig loads the certificate files; nil when no TLS file is configured.
+func (cfg Config) tlsConfig() (*tls.Config, error) {
+	if !cfg.usesTLS() {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CACert != "" {
+		pem, err := os.ReadFile(cfg.CACert)
+		if err != nil {
+			return nil, fmt.Errorf("--cacert: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--cacert: %s holds no PEM certificate", cfg.CACert)
+		}
+		tc.RootCAs = pool
+	}
+	if cfg.Cert != "" {
+		if _, err := os.Stat(cfg.Cert); err != nil {
+			return nil, fmt.Errorf("--cert: %w", err)
+		}
+		if _, err := os.Stat(cfg.Key); err != nil {
+			return nil, fmt.Errorf("--key: %w", err)
+		}
+		pair, err := tls.LoadX509KeyPair(cfg.Cert, cfg.Key)
+		if err != nil {
+			return nil, fmt.Errorf("--cert/--key: %s and %s: %w", cfg.Cert, cfg.Key, err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return tc, nil
+}
+
+// Connect opens a client and probes every endpoint within the dial timeout.
+// A failure comes back as one line saying what is wrong: an unreachable
+// endpoint (named), a TLS/certificate problem, or an authentication problem.
+// The client's own logging is silenced. The caller closes the client.
+func Connect(ctx context.Context, cfg Config) (*clientv3.Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tc, _ := cfg.tlsConfig()
+	eps := cfg.endpoints()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   eps,
+		TLS:         tc,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		DialTimeout: cfg.DialTimeout,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		// New only fails early on configuration or, with --user, on Authenticate.
+		return nil, describeErr(ctx, cfg, tc, strings.Join(eps, ","), err)
+	}
+	if err := probe(ctx, cli, cfg, tc); err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return cli, nil
+}
+
+// probe asks every endpoint for its status (reachability, TLS), then reads one
+// key through the cluster (authentication), like `etcdctl endpoint health`.
+func probe(ctx context.Context, cli *clientv3.Client, cfg Config, tc *tls.Config) error {
+	for _, ep := range cli.Endpoints() {
+		pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		_, err := cli.Status(pctx, ep)
+		cancel()
+		if err != nil {
+			return describeErr(ctx, cfg, tc, ep, err)
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	_, err := cli.Get(pctx, "health")
+	if err != nil && !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		return describeErr(ctx, cfg, tc, strings.Join(cli.Endpoints(), ","), err)
+	}
+	return nil
+}
+
+// describeErr turns a failed connection attempt into one line.
+func describeErr(ctx context.Context, cfg Config, tc *tls.Config, ep string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("etcd %s: %w", ep, ctx.Err())
+	}
+	switch {
+	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrInvalidAuthToken):
+		return fmt.Errorf("etcd authentication: %s requires a user (give --user/--password or a client certificate whose CN is an etcd user): %s", ep, oneLine(err))
+	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrUserNotFound):
+		return fmt.Errorf("etcd authentication failed at %s: invalid user name or password", ep)
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		return fmt.Errorf("etcd authentication: user %q is not permitted at %s: %s", cfg.Username, ep, oneLine(err))
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		// The server answered: connection and TLS are fine.
+		return fmt.Errorf("etcd %s: %s", ep, ee.Error())
+	}
+	// Find out what is wrong by dialing the endpoint ourselves.
+	if !strings.Contains(ep, ",") {
+		if d := diagnose(ctx, cfg, tc, ep); d != nil {
+			return d
+		}
+	}
+	return fmt.Errorf("etcd %s: no answer within --dial-timeout %s: %s", ep, cfg.DialTimeout, oneLine(err))
+}
+
+// diagnose dials one endpoint with TCP and, for https, with TLS, and returns
+// a one-line error naming the problem, or nil when both work.
+func diagnose(ctx context.Context, cfg Config, tc *tls.Config, ep string) error {
+	scheme, hostport, ok := strings.Cut(ep, "://")
+	if !ok || (scheme != "http" && scheme != "https") {
+		return nil
+	}
+	timeout := cfg.DialTimeout
+	if timeout > 2*time.Second {
+		timeout = 2 * time.Second
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(dctx, "tcp", hostport)
+	if err != nil {
+		return fmt.Errorf("etcd endpoint %s unreachable: %s", ep, oneLine(err))
+	}
+	defer conn.Close()
+	host, _, _ := net.SplitHostPort(hostport)
+	if scheme == "http" {
+		// A TLS server on an http:// endpoint answers a TLS hello.
+		probeCfg := &tls.Config{InsecureSkipVerify: true, ServerName: host} //nolint:gosec // only to detect that the server speaks TLS
+		tconn := tls.Client(conn, probeCfg)
+		_ = tconn.SetDeadline(time.Now().Add(timeout))
+		if tconn.HandshakeContext(dctx) == nil {
+			return fmt.Errorf("etcd endpoint %s serves TLS: use an https:// endpoint and --cacert (with --cert/--key if it wants client certificates)", ep)
+		}
+		return nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if tc != nil {
+		c = tc.Clone()
+	}
+	c.ServerName = host
+	tconn := tls.Client(conn, c)
+	_ = tconn.SetDeadline(time.Now().Add(timeout))
+	if err := tconn.HandshakeContext(dctx); err != nil {
+		return tlsError(cfg, ep, err)
+	}
+	// With TLS 1.3 a server rejects the client certificate after the handshake:
+	// the alert arrives on the first read. A server that accepted us sends nothing.
+	_ = tconn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	var b [1]byte
+	_, err = tconn.Read(b[:])
+	var ne net.Error
+	if err != nil && !(errors.As(err, &ne) && ne.Timeout()) && !errors.Is(err, io.EOF) {
+		return tlsError(cfg, ep, err)
+	}
+	return nil
+}
+
+func tlsError(cfg Config, ep string, err error) error {
+	msg := oneLine(err)
+	var ua x509.UnknownAuthorityError
+	var hn x509.HostnameError
+	var ci x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &ua):
+		ca := "the system roots"
+		if cfg.CACert != "" {
+			ca = "--cacert " + cfg.CACert
+		}
+		return fmt.Errorf("etcd TLS: the certificate of %s is not signed by %s: %s", ep, ca, msg)
+	case errors.As(err, &hn):
+		return fmt.Errorf("etcd TLS: the certificate of %s does not name that host: %s", ep, msg)
+	case errors.As(err, &ci):
+		return fmt.Errorf("etcd TLS: the certificate of %s is invalid: %s", ep, msg)
+	case strings.Contains(msg, "certificate required"), strings.Contains(msg, "bad certificate"),
+		strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "certificate unknown"),
+		strings.Contains(msg, "expired certificate"), strings.Contains(msg, "revoked"):
+		if cfg.Cert == "" {
+			return fmt.Errorf("etcd TLS: %s requires a client certificate: give --cert and --key (%s)", ep, msg)
+		}
+		return fmt.Errorf("etcd TLS: %s rejected the client certificate --cert %s (%s)", ep, cfg.Cert, msg)
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return fmt.Errorf("etcd TLS: %s does not speak TLS: use an http:// endpoint (%s)", ep, msg)
+	}
+	return fmt.Errorf("etcd TLS handshake with %s failed: %s", ep, msg)
+}
+
+// oneLine flattens an error message onto one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}

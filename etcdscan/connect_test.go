@@ -1,0 +1,233 @@
+package etcdscan
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+// parseFlags runs a cli app with Flags() and returns what ConfigFromCLI made of args.
+func parseFlags(t *testing.T, args ...string) (Config, error) {
+	t.Helper()
+	var cfg Config
+	var cerr error
+	app := &cli.App{
+		Name:  "x",
+		Flags: Flags(),
+		Action: func(c *cli.Context) error {
+			cfg, cerr = ConfigFromCLI(c)
+			return nil
+		},
+	}
+	if err := app.Run(append([]string{"x"}, args...)); err != nil {
+		t.Fatalf("cli: %v", err)
+	}
+	return cfg, cerr
+}
+
+func clearEtcdctlEnv(t *testing.T) {
+	for _, v := range []string{"ENDPOINTS", "CACERT", "CERT", "KEY", "USER", "PASSWORD", "DIAL_TIMEOUT", "COMMAND_TIMEOUT"} {
+		t.Setenv("ETCDCTL_"+v, "")
+		os.Unsetenv("ETCDCTL_" + v)
+	}
+}
+
+func TestFlagsDefaultsAndEnv(t *testing.T) {
+	clearEtcdctlEnv(t)
+	cfg, err := parseFlags(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Endpoints) != 1 || cfg.Endpoints[0] != "127.0.0.1:2379" || cfg.DialTimeout != 2*time.Second || cfg.CommandTimeout != 5*time.Second {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	if got := cfg.endpoints(); got[0] != "http://127.0.0.1:2379" {
+		t.Fatalf("scheme-less endpoint without TLS: %v", got)
+	}
+
+	dir := t.TempDir()
+	ca := newCA(t, dir, "ca")
+	cert, key := ca.issue(t, dir, "client", false)
+	t.Setenv("ETCDCTL_ENDPOINTS", "10.0.0.1:2379,https://10.0.0.2:2379")
+	t.Setenv("ETCDCTL_CACERT", ca.file)
+	t.Setenv("ETCDCTL_CERT", cert)
+	t.Setenv("ETCDCTL_KEY", key)
+	t.Setenv("ETCDCTL_DIAL_TIMEOUT", "7s")
+	t.Setenv("ETCDCTL_COMMAND_TIMEOUT", "1m")
+	cfg, err = parseFlags(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := cfg.endpoints()
+	if len(eps) != 2 || eps[0] != "https://10.0.0.1:2379" || eps[1] != "https://10.0.0.2:2379" {
+		t.Fatalf("endpoints from env: %v", eps)
+	}
+	if cfg.CACert != ca.file || cfg.Cert != cert || cfg.Key != key || cfg.DialTimeout != 7*time.Second || cfg.CommandTimeout != time.Minute {
+		t.Fatalf("env fallback: %+v", cfg)
+	}
+
+	// Flags win over the environment; a repeated --endpoints replaces the default.
+	cfg, err = parseFlags(t, "--endpoints", "a:1", "--endpoints", "b:2,c:3", "--dial-timeout", "3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(cfg.Endpoints, " ") != "a:1 b:2 c:3" || cfg.DialTimeout != 3*time.Second {
+		t.Fatalf("flags: %+v", cfg)
+	}
+}
+
+func TestFlagsValidation(t *testing.T) {
+	clearEtcdctlEnv(t)
+	dir := t.TempDir()
+	ca := newCA(t, dir, "ca")
+	cert, key := ca.issue(t, dir, "client", false)
+	missing := filepath.Join(dir, "missing.pem")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cert", cert}, "--cert"},
+		{[]string{"--key", key}, "--key"},
+		{[]string{"--cacert", missing}, "--cacert"},
+		{[]string{"--cacert", key}, "--cacert"},
+		{[]string{"--cert", missing, "--key", key}, "--cert"},
+		{[]string{"--cert", cert, "--key", missing}, "--key"},
+		{[]string{"--cert", key, "--key", cert}, "--cert/--key"},
+		{[]string{"--dial-timeout", "0s"}, "--dial-timeout"},
+		{[]string{"--password", "x"}, "--password"},
+	} {
+		_, err := parseFlags(t, tc.args...)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want+":") {
+			t.Errorf("%v: got error %v, want one starting with %q", tc.args, err, tc.want)
+		}
+	}
+	cfg, err := parseFlags(t, "--user", "root:secret")
+	if err != nil || cfg.Username != "root" || cfg.Password != "secret" {
+		t.Fatalf("--user name:password: %+v %v", cfg, err)
+	}
+}
+
+func assertOneLine(t *testing.T, err error, wants ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("want an error containing %q, got success", wants)
+	}
+	msg := err.Error()
+	t.Logf("error: %s", msg)
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error spans several lines: %q", msg)
+	}
+	for _, w := range wants {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error %q does not contain %q", msg, w)
+		}
+	}
+}
+
+func TestConnectTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t, dir, "ca")
+	otherCA := newCA(t, dir, "other-ca")
+	srvCert, srvKey := ca.issue(t, dir, "server", true)
+	cliCert, cliKey := ca.issue(t, dir, "client", false)
+	foreignCert, foreignKey := otherCA.issue(t, dir, "foreign-client", false)
+	s := testetcd.StartT(t, testetcd.Options{TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.file}})
+	ctx := context.Background()
+	base := Config{Endpoints: []string{s.Endpoint}, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second}
+
+	good := base
+	good.CACert, good.Cert, good.Key = ca.file, cliCert, cliKey
+	c, err := Connect(ctx, good)
+	if err != nil {
+		t.Fatalf("connect with the right CA and client certificate: %v", err)
+	}
+	if _, err := c.Put(ctx, "/registry/tls-ok", "1"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	good.DialTimeout = time.Second // the failures below wait for it
+	wrongCA := good
+	wrongCA.CACert = otherCA.file
+	_, err = Connect(ctx, wrongCA)
+	assertOneLine(t, err, "TLS", s.Endpoint, "not signed by --cacert "+otherCA.file)
+
+	noClientCert := base
+	noClientCert.DialTimeout = time.Second
+	noClientCert.CACert = ca.file
+	_, err = Connect(ctx, noClientCert)
+	assertOneLine(t, err, "TLS", s.Endpoint, "requires a client certificate", "--cert")
+
+	foreign := good
+	foreign.Cert, foreign.Key = foreignCert, foreignKey
+	_, err = Connect(ctx, foreign)
+	assertOneLine(t, err, "TLS", s.Endpoint, "rejected the client certificate")
+
+	plain := base
+	plain.DialTimeout = time.Second
+	plain.Endpoints = []string{"http://" + s.Endpoint}
+	_, err = Connect(ctx, plain)
+	assertOneLine(t, err, s.Endpoint, "serves TLS")
+}
+
+func TestConnectUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there any more
+	_, err = Connect(context.Background(), Config{Endpoints: []string{addr}, DialTimeout: time.Second, CommandTimeout: time.Second})
+	assertOneLine(t, err, "unreachable", "http://"+addr)
+}
+
+func TestConnectAuth(t *testing.T) {
+	s := testetcd.StartT(t, testetcd.Options{})
+	admin, err := s.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx := context.Background()
+	if _, err := admin.UserAdd(ctx, "root", "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.UserGrantRole(ctx, "root", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	base := Config{Endpoints: []string{s.Endpoint}, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second}
+
+	_, err = Connect(ctx, base)
+	assertOneLine(t, err, "authentication", "--user")
+
+	wrong := base
+	wrong.Username, wrong.Password = "root", "wrong"
+	_, err = Connect(ctx, wrong)
+	assertOneLine(t, err, "authentication failed")
+	if strings.Contains(err.Error(), "wrong") {
+		t.Errorf("error shows the password: %v", err)
+	}
+
+	right := base
+	right.Username, right.Password = "root", "s3cret"
+	c, err := Connect(ctx, right)
+	if err != nil {
+		t.Fatalf("connect with the right password: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Put(ctx, "/registry/auth-ok", "1", clientv3.WithPrevKV()); err != nil {
+		t.Fatal(err)
+	}
+}
