@@ -1,0 +1,228 @@
+package etcdscan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Scan defaults.
+const (
+	DefaultPageSize           = 500
+	DefaultScanCommandTimeout = 30 * time.Second
+)
+
+// ScanOptions select what Scan reads.
+type ScanOptions struct {
+	// Prefixes are walked in this order; "" means the whole keyspace.
+	// Overlapping prefixes yield their common keys twice.
+	Prefixes []string
+	// Revision pins the scan; 0 pins the revision of the first page.
+	Revision int64
+	// PageSize is the number of keys per request (default 500).
+	PageSize int64
+	// CommandTimeout bounds one page request (default 30s).
+	CommandTimeout time.Duration
+	// Retries bounds the retries of one page on transient errors (default DefaultRetries; <0 none).
+	Retries int
+}
+
+// Restart records that the pinned revision was compacted during the scan and
+// the scan went on from the key after AfterKey at the newer Revision.
+type Restart struct {
+	AfterKey string
+	Revision int64
+}
+
+// ScanStats describe a finished (or failed) scan.
+type ScanStats struct {
+	// Revision is the first pinned revision.
+	Revision int64
+	// Consistent is true when every key was read at Revision (no Restarts).
+	Consistent bool
+	Restarts   []Restart
+	Keys       int64
+	Bytes      int64 // keys + values
+	Pages      int
+}
+
+// PrefixEnd returns the range end that covers every key starting with prefix
+// ("\x00", i.e. no end, for "" or an all-0xff prefix).
+func PrefixEnd(prefix string) string {
+	return clientv3.GetPrefixRangeEnd(prefix)
+}
+
+type scanPage struct {
+	kvs []KV
+	err error
+}
+
+// Scan reads every key under opts.Prefixes, in key order, at one pinned
+// revision, calling fn once per page. The next page is fetched while fn runs,
+// so at most two pages are held whatever the size of the keyspace; fn must not
+// keep the slice (it may keep the values). When the pinned revision is
+// compacted mid-scan (rpctypes.ErrCompacted) the scan goes on from the key
+// after the last one read, at the then current revision, and records a Restart:
+// each key is still seen at most once per prefix, but not all at one revision.
+// Transient errors are retried with backoff; an error of fn stops the scan and
+// is returned as is.
+func Scan(ctx context.Context, cli *clientv3.Client, opts ScanOptions, fn func(page []KV) error) (ScanStats, error) {
+	if len(opts.Prefixes) == 0 {
+		return ScanStats{}, errors.New("scan: no prefix given")
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultPageSize
+	}
+	if opts.CommandTimeout <= 0 {
+		opts.CommandTimeout = DefaultScanCommandTimeout
+	}
+	if opts.Retries == 0 {
+		opts.Retries = DefaultRetries
+	} else if opts.Retries < 0 {
+		opts.Retries = 0
+	}
+
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pages := make(chan scanPage) // unbuffered: the producer holds at most one page ahead
+	p := &producer{cli: cli, opts: opts, rev: opts.Revision}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(pages)
+		p.run(pctx, pages)
+	}()
+
+	var stats ScanStats
+	var err error
+	for pg := range pages {
+		if pg.err != nil {
+			err = pg.err
+			break
+		}
+		if ctx.Err() != nil {
+			break // reported below
+		}
+		stats.Pages++
+		for _, kv := range pg.kvs {
+			stats.Keys++
+			stats.Bytes += int64(len(kv.Key) + len(kv.Value))
+		}
+		if ferr := fn(pg.kvs); ferr != nil {
+			err = ferr
+			break
+		}
+	}
+	cancel()
+	for range pages { // let the producer finish
+	}
+	wg.Wait()
+	stats.Revision = p.firstRev
+	stats.Restarts = p.restarts
+	stats.Consistent = len(p.restarts) == 0
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return stats, err
+}
+
+type producer struct {
+	cli      *clientv3.Client
+	opts     ScanOptions
+	rev      int64 // current pinned revision (0: not yet pinned)
+	firstRev int64
+	lastKey  string
+	restarts []Restart
+}
+
+func (p *producer) run(ctx context.Context, out chan<- scanPage) {
+	send := func(pg scanPage) bool {
+		select {
+		case out <- pg:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for _, prefix := range p.opts.Prefixes {
+		key, end := prefix, PrefixEnd(prefix)
+		if prefix == "" {
+			key = "\x00"
+		}
+		for {
+			kvs, more, err := p.page(ctx, key, end)
+			if err != nil {
+				send(scanPage{err: err})
+				return
+			}
+			if len(kvs) > 0 {
+				p.lastKey = kvs[len(kvs)-1].Key
+				key = p.lastKey + "\x00"
+				if !send(scanPage{kvs: kvs}) {
+					return
+				}
+			}
+			if !more || len(kvs) == 0 {
+				break
+			}
+		}
+	}
+}
+
+// page reads one page from key, pinning the revision on the first call and
+// moving to the current revision when the pinned one is compacted.
+func (p *producer) page(ctx context.Context, key, end string) ([]KV, bool, error) {
+	for {
+		ops := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(p.opts.PageSize)}
+		if p.rev > 0 {
+			ops = append(ops, clientv3.WithRev(p.rev))
+		}
+		var resp *clientv3.GetResponse
+		_, err := withRetry(ctx, p.opts.CommandTimeout, p.opts.Retries, func(c context.Context) error {
+			var gerr error
+			resp, gerr = p.cli.Get(c, key, ops...)
+			return gerr
+		})
+		if errors.Is(err, rpctypes.ErrCompacted) && p.rev > 0 {
+			if p.firstRev == 0 {
+				p.firstRev = p.rev
+			}
+			p.rev = 0 // read at the current revision and pin that
+			p.restarts = append(p.restarts, Restart{AfterKey: p.lastKey})
+			continue
+		}
+		if err != nil {
+			if p.rev > 0 {
+				return nil, false, fmt.Errorf("scan %q at revision %d: %w", key, p.rev, err)
+			}
+			return nil, false, fmt.Errorf("scan %q: %w", key, err)
+		}
+		if p.rev == 0 {
+			p.rev = resp.Header.Revision
+			if n := len(p.restarts); n > 0 && p.restarts[n-1].Revision == 0 {
+				p.restarts[n-1].Revision = p.rev
+			}
+		}
+		if p.firstRev == 0 {
+			p.firstRev = p.rev
+		}
+		kvs := make([]KV, len(resp.Kvs))
+		for i, kv := range resp.Kvs {
+			kvs[i] = KV{
+				Key:            string(kv.Key),
+				Value:          kv.Value,
+				ModRevision:    kv.ModRevision,
+				CreateRevision: kv.CreateRevision,
+				Version:        kv.Version,
+				Lease:          kv.Lease,
+			}
+		}
+		return kvs, resp.More, nil
+	}
+}

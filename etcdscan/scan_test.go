@@ -1,0 +1,221 @@
+package etcdscan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+func startClient(t *testing.T, opts testetcd.Options) (*testetcd.Server, *clientv3.Client) {
+	t.Helper()
+	s := testetcd.StartT(t, opts)
+	c, err := s.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return s, c
+}
+
+func putKeys(t *testing.T, c *clientv3.Client, prefix string, n int) []string {
+	t.Helper()
+	var keys []string
+	for i := 0; i < n; i++ {
+		k := fmt.Sprintf("%s%03d", prefix, i)
+		if _, err := c.Put(context.Background(), k, "v-"+k); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func TestScanPrefixesInOrder(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{})
+	a := putKeys(t, c, "/registry/aaa/", 23)
+	b := putKeys(t, c, "/registry/bbb/", 31)
+	putKeys(t, c, "/registry/ccc/", 5)
+	putKeys(t, c, "/registry/aa", 1) // shares the bytes of "/registry/aa" but not the prefix "/registry/aaa/"
+	ctx := context.Background()
+
+	var got []string
+	var sizes []int
+	stats, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/bbb/", "/registry/aaa/"}, PageSize: 7}, func(page []KV) error {
+		sizes = append(sizes, len(page))
+		for _, kv := range page {
+			if string(kv.Value) != "v-"+kv.Key || kv.ModRevision == 0 || kv.CreateRevision == 0 || kv.Version != 1 {
+				t.Errorf("%s: bad KV %+v", kv.Key, kv)
+			}
+			got = append(got, kv.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(slices.Clone(b), a...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("scan order:\n got %v\nwant %v", got, want)
+	}
+	for _, n := range sizes {
+		if n > 7 || n == 0 {
+			t.Fatalf("page sizes %v, want 1..7", sizes)
+		}
+	}
+	if stats.Keys != int64(len(want)) || stats.Pages != len(sizes) || !stats.Consistent || len(stats.Restarts) != 0 || stats.Revision == 0 || stats.Bytes == 0 {
+		t.Fatalf("stats %+v", stats)
+	}
+
+	// "" is the whole keyspace.
+	var all int
+	if _, err := Scan(ctx, c, ScanOptions{Prefixes: []string{""}, PageSize: 10}, func(page []KV) error {
+		all += len(page)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if all != 23+31+5+1 {
+		t.Fatalf("whole keyspace: %d keys", all)
+	}
+}
+
+func TestScanPinnedRevision(t *testing.T) {
+	s, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	keys := putKeys(t, c, "/registry/pods/", 40)
+	rev, err := s.Revision(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After R: a new key, a changed key, a deleted key.
+	if _, err := c.Put(ctx, "/registry/pods/new", "after"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, keys[5], "changed"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Delete(ctx, keys[6]); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	stats, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/pods/"}, Revision: rev, PageSize: 6}, func(page []KV) error {
+		for _, kv := range page {
+			seen[kv.Key] = string(kv.Value)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 40 || seen[keys[5]] != "v-"+keys[5] || seen[keys[6]] == "" || seen["/registry/pods/new"] != "" {
+		t.Fatalf("scan at revision %d saw later writes: %d keys, %s=%q, %s=%q", rev, len(seen), keys[5], seen[keys[5]], keys[6], seen[keys[6]])
+	}
+	if stats.Revision != rev || !stats.Consistent {
+		t.Fatalf("stats %+v, want revision %d", stats, rev)
+	}
+
+	// Revision 0 pins the revision of the first page: a key written during the
+	// scan, after the first page, is not seen.
+	seen = map[string]string{}
+	stats, err = Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/pods/"}, PageSize: 6}, func(page []KV) error {
+		for _, kv := range page {
+			seen[kv.Key] = string(kv.Value)
+		}
+		if _, ok := seen["/registry/pods/zzz"]; !ok && len(seen) == 6 {
+			if _, err := c.Put(ctx, "/registry/pods/zzz", "during"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := seen["/registry/pods/zzz"]; ok || len(seen) != 40 || !stats.Consistent {
+		t.Fatalf("scan saw a write made after its first page: %d keys, stats %+v", len(seen), stats)
+	}
+}
+
+func TestScanCompactedMidScan(t *testing.T) {
+	s, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	start := append(putKeys(t, c, "/registry/configmaps/", 60), putKeys(t, c, "/registry/secrets/", 30)...)
+	count := map[string]int{}
+	compacted := false
+	stats, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/configmaps/", "/registry/secrets/"}, PageSize: 8}, func(page []KV) error {
+		for _, kv := range page {
+			count[kv.Key]++
+		}
+		if !compacted {
+			compacted = true
+			// Writes after the pinned revision, then compact past it.
+			if _, err := c.Put(ctx, "/registry/configmaps/050", "rewritten by someone"); err != nil {
+				return err
+			}
+			if _, err := c.Put(ctx, "/unrelated", "x"); err != nil {
+				return err
+			}
+			rev, err := s.Revision(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := c.Compact(ctx, rev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("scan through a compaction: %v", err)
+	}
+	for _, k := range start {
+		if count[k] != 1 {
+			t.Errorf("%s seen %d times", k, count[k])
+		}
+	}
+	if len(count) != len(start) {
+		t.Errorf("saw %d keys, want %d", len(count), len(start))
+	}
+	if stats.Consistent || len(stats.Restarts) == 0 {
+		t.Fatalf("stats %+v: want an inconsistent scan with a restart", stats)
+	}
+	r := stats.Restarts[0]
+	if r.Revision <= stats.Revision || r.AfterKey == "" || !sort.StringsAreSorted([]string{"/registry/configmaps/007", r.AfterKey}) {
+		t.Fatalf("restart %+v after pinned revision %d", r, stats.Revision)
+	}
+	if stats.Keys != int64(len(start)) {
+		t.Fatalf("stats.Keys %d, want %d", stats.Keys, len(start))
+	}
+}
+
+func TestScanStops(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{})
+	putKeys(t, c, "/registry/pods/", 30)
+	stop := errors.New("stop here")
+	pages := 0
+	_, err := Scan(context.Background(), c, ScanOptions{Prefixes: []string{"/registry/pods/"}, PageSize: 5}, func([]KV) error {
+		pages++
+		return stop
+	})
+	if !errors.Is(err, stop) || pages != 1 {
+		t.Fatalf("fn error: got %v after %d pages", err, pages)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	pages = 0
+	_, err = Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/pods/"}, PageSize: 5}, func([]KV) error {
+		pages++
+		cancel()
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) || pages != 1 {
+		t.Fatalf("cancelled context: got %v after %d pages", err, pages)
+	}
+}
