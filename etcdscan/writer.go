@@ -1,0 +1,275 @@
+package etcdscan
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Writer defaults.
+//
+// DefaultMaxOps is 16 puts per transaction: far below etcd's default
+// --max-txn-ops (128), it already amortises the raft round trip well, and when
+// one key of a batch changed concurrently the single-key fallback costs at most
+// 16 extra requests.
+//
+// DefaultMaxBytes is 1 MiB: etcd refuses requests above --max-request-bytes
+// (1.5 MiB by default), and the estimate below is approximate, so a third of
+// head room keeps batches from bouncing; a cluster configured lower answers
+// "request is too large" and the batch is split.
+const (
+	DefaultMaxOps   = 16
+	DefaultMaxBytes = 1 << 20
+	// putOverhead approximates the protobuf framing of one compare plus one
+	// put request op (field tags, lengths, mod revision, flags).
+	putOverhead = 64
+)
+
+// Put is one value to write back if the key still has ModRevision.
+// ModRevision 0 means "only if the key does not exist" (and the put then
+// creates it without a lease).
+type Put struct {
+	Key         string
+	Value       []byte
+	ModRevision int64
+}
+
+// PutStatus is the outcome of one Put.
+type PutStatus int
+
+// Outcomes of a Put.
+const (
+	// Written: the value is stored; NewModRevision is its mod revision.
+	Written PutStatus = iota + 1
+	// Conflict: the key was modified or deleted since it was read; nothing was written.
+	Conflict
+	// Failed: etcd refused or could not be reached; see Err. After transient
+	// errors the outcome may be unknown: re-read the key.
+	Failed
+)
+
+func (s PutStatus) String() string {
+	switch s {
+	case Written:
+		return "written"
+	case Conflict:
+		return "conflict"
+	case Failed:
+		return "failed"
+	}
+	return fmt.Sprintf("PutStatus(%d)", int(s))
+}
+
+// PutResult is the outcome of the Put with the same index.
+type PutResult struct {
+	Key            string
+	Status         PutStatus
+	NewModRevision int64
+	Err            error // nil when Written; says why for Conflict and Failed
+}
+
+// WriterStats count what a Writer did since it was created.
+type WriterStats struct {
+	Txns      int64 // multi-key transactions that committed
+	Fallbacks int64 // multi-key transactions whose compare failed (then written key by key)
+	Singles   int64 // single-key CAS requests
+	Splits    int64 // batches split because etcd found them too large
+	Retries   int64 // requests retried after transient errors
+}
+
+// Writer writes values back with compare-and-swap on each key's mod revision,
+// keeping the key's lease. It is safe for concurrent use.
+type Writer struct {
+	Client         *clientv3.Client
+	MaxOps         int           // puts per transaction (default DefaultMaxOps)
+	MaxBytes       int           // approximate request bytes per transaction (default DefaultMaxBytes)
+	Retries        int           // retries per request on transient errors (0: DefaultRetries; <0: none)
+	CommandTimeout time.Duration // per request (default DefaultCommandTimeout)
+
+	txns, fallbacks, singles, splits, retries atomic.Int64
+}
+
+// Stats returns the counters of the writer.
+func (w *Writer) Stats() WriterStats {
+	return WriterStats{
+		Txns: w.txns.Load(), Fallbacks: w.fallbacks.Load(), Singles: w.singles.Load(),
+		Splits: w.splits.Load(), Retries: w.retries.Load(),
+	}
+}
+
+func (w *Writer) maxOps() int {
+	if w.MaxOps > 0 {
+		return w.MaxOps
+	}
+	return DefaultMaxOps
+}
+
+func (w *Writer) maxBytes() int {
+	if w.MaxBytes > 0 {
+		return w.MaxBytes
+	}
+	return DefaultMaxBytes
+}
+
+func (w *Writer) retryCount() int {
+	switch {
+	case w.Retries < 0:
+		return 0
+	case w.Retries == 0:
+		return DefaultRetries
+	}
+	return w.Retries
+}
+
+func (w *Writer) timeout() time.Duration {
+	if w.CommandTimeout > 0 {
+		return w.CommandTimeout
+	}
+	return DefaultCommandTimeout
+}
+
+func putSize(p Put) int { return 2*len(p.Key) + len(p.Value) + putOverhead }
+
+// Write stores puts and returns one result per put, in the same order. Puts are
+// grouped into transactions If(ModRevision(k)==rev ...) Then(Put(k, v,
+// WithIgnoreLease()) ...) of at most MaxOps puts and about MaxBytes bytes (a
+// larger single put goes alone). When a transaction's compare fails every key
+// of it is retried alone, so conflicts are reported per key. A put never
+// changes the key's lease.
+func (w *Writer) Write(ctx context.Context, puts []Put) []PutResult {
+	res := make([]PutResult, len(puts))
+	for i, p := range puts {
+		res[i].Key = p.Key
+	}
+	var batch []int
+	size := 0
+	inBatch := map[string]bool{}
+	flush := func() {
+		if len(batch) > 0 {
+			w.writeBatch(ctx, puts, batch, res)
+		}
+		batch, size = nil, 0
+		clear(inBatch)
+	}
+	for i, p := range puts {
+		s := putSize(p)
+		// etcd refuses a transaction that puts one key twice.
+		if len(batch) > 0 && (len(batch) >= w.maxOps() || size+s > w.maxBytes() || inBatch[p.Key]) {
+			flush()
+		}
+		batch = append(batch, i)
+		size += s
+		inBatch[p.Key] = true
+	}
+	flush()
+	return res
+}
+
+func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []PutResult) {
+	if err := ctx.Err(); err != nil {
+		for _, i := range idx {
+			res[i].Status, res[i].Err = Failed, fmt.Errorf("put %s: %w", puts[i].Key, err)
+		}
+		return
+	}
+	if len(idx) == 1 {
+		w.single(ctx, puts[idx[0]], &res[idx[0]], false)
+		return
+	}
+	cmps := make([]clientv3.Cmp, len(idx))
+	ops := make([]clientv3.Op, len(idx))
+	for j, i := range idx {
+		cmps[j] = clientv3.Compare(clientv3.ModRevision(puts[i].Key), "=", puts[i].ModRevision)
+		ops[j] = putOp(puts[i])
+	}
+	var resp *clientv3.TxnResponse
+	ambiguous, err := w.do(ctx, func(c context.Context) error {
+		var terr error
+		resp, terr = w.Client.Txn(c).If(cmps...).Then(ops...).Commit()
+		return terr
+	})
+	switch {
+	case err != nil && isTooLarge(err):
+		w.splits.Add(1)
+		h := len(idx) / 2
+		w.writeBatch(ctx, puts, idx[:h], res)
+		w.writeBatch(ctx, puts, idx[h:], res)
+	case err != nil:
+		for _, i := range idx {
+			res[i].Status, res[i].Err = Failed, fmt.Errorf("put %s (in a transaction of %d keys): %w", puts[i].Key, len(idx), err)
+		}
+	case resp.Succeeded:
+		w.txns.Add(1)
+		for _, i := range idx {
+			res[i].Status, res[i].NewModRevision = Written, resp.Header.Revision
+		}
+	default:
+		w.fallbacks.Add(1)
+		for _, i := range idx {
+			w.single(ctx, puts[i], &res[i], ambiguous)
+		}
+	}
+}
+
+// putOp keeps the key's lease: a put without a lease would detach the key from
+// it for ever (events would never expire).
+func putOp(p Put) clientv3.Op {
+	if p.ModRevision == 0 {
+		return clientv3.OpPut(p.Key, string(p.Value)) // creation: no lease to keep
+	}
+	return clientv3.OpPut(p.Key, string(p.Value), clientv3.WithIgnoreLease())
+}
+
+// single writes one key with CAS. ambiguous says an earlier attempt for this
+// key may have been applied without us seeing the answer: then a key that holds
+// exactly our value is reported Written.
+func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool) {
+	var resp *clientv3.TxnResponse
+	amb, err := w.do(ctx, func(c context.Context) error {
+		var terr error
+		resp, terr = w.Client.Txn(c).
+			If(clientv3.Compare(clientv3.ModRevision(p.Key), "=", p.ModRevision)).
+			Then(putOp(p)).
+			Else(clientv3.OpGet(p.Key)).
+			Commit()
+		return terr
+	})
+	w.singles.Add(1)
+	ambiguous = ambiguous || amb
+	switch {
+	case err != nil && isTooLarge(err):
+		r.Status, r.Err = Failed, fmt.Errorf("put %s (%d bytes): larger than etcd accepts (--max-request-bytes): %w", p.Key, len(p.Value), err)
+	case err != nil:
+		r.Status, r.Err = Failed, fmt.Errorf("put %s: %w", p.Key, err)
+	case resp.Succeeded:
+		r.Status, r.NewModRevision = Written, resp.Header.Revision
+	default:
+		var cur *int64
+		var curVal []byte
+		if len(resp.Responses) == 1 {
+			if g := resp.Responses[0].GetResponseRange(); g != nil && len(g.Kvs) == 1 {
+				cur, curVal = &g.Kvs[0].ModRevision, g.Kvs[0].Value
+			}
+		}
+		switch {
+		case cur == nil:
+			r.Status, r.Err = Conflict, fmt.Errorf("put %s: key deleted since read at mod revision %d", p.Key, p.ModRevision)
+		case ambiguous && bytes.Equal(curVal, p.Value):
+			r.Status, r.NewModRevision = Written, *cur
+		default:
+			r.Status, r.Err = Conflict, fmt.Errorf("put %s: key modified since read (mod revision %d, read at %d)", p.Key, *cur, p.ModRevision)
+		}
+	}
+}
+
+func (w *Writer) do(ctx context.Context, op func(context.Context) error) (bool, error) {
+	amb, err := withRetry(ctx, w.timeout(), w.retryCount(), op)
+	if amb {
+		w.retries.Add(1)
+	}
+	return amb, err
+}

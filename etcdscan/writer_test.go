@@ -1,0 +1,220 @@
+package etcdscan
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+// readAll returns the KVs under prefix, as a Scan would.
+func readAll(t *testing.T, c *clientv3.Client, prefix string) []KV {
+	t.Helper()
+	var out []KV
+	if _, err := Scan(context.Background(), c, ScanOptions{Prefixes: []string{prefix}}, func(page []KV) error {
+		out = append(out, page...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func getKV(t *testing.T, c *clientv3.Client, key string) (value string, modRev, lease int64, exists bool) {
+	t.Helper()
+	resp, err := c.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", 0, 0, false
+	}
+	kv := resp.Kvs[0]
+	return string(kv.Value), kv.ModRevision, kv.Lease, true
+}
+
+func TestWriterCASConflictsPerKey(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	putKeys(t, c, "/registry/secrets/", 6)
+	kvs := readAll(t, c, "/registry/secrets/")
+
+	// After the read: someone updates key 2 and deletes key 4.
+	if _, err := c.Put(ctx, kvs[2].Key, "newer, written by the apiserver"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Delete(ctx, kvs[4].Key); err != nil {
+		t.Fatal(err)
+	}
+
+	var puts []Put
+	for _, kv := range kvs {
+		puts = append(puts, Put{Key: kv.Key, Value: []byte("migrated " + kv.Key), ModRevision: kv.ModRevision})
+	}
+	w := &Writer{Client: c}
+	res := w.Write(ctx, puts)
+	if len(res) != len(puts) {
+		t.Fatalf("%d results for %d puts", len(res), len(puts))
+	}
+	for i, r := range res {
+		if r.Key != puts[i].Key {
+			t.Fatalf("result %d is for %s, want %s", i, r.Key, puts[i].Key)
+		}
+		val, modRev, _, exists := getKV(t, c, r.Key)
+		switch i {
+		case 2:
+			if r.Status != Conflict || r.Err == nil || val != "newer, written by the apiserver" {
+				t.Errorf("changed key: %v %v, value now %q", r.Status, r.Err, val)
+			}
+		case 4:
+			if r.Status != Conflict || r.Err == nil || exists {
+				t.Errorf("deleted key: %v %v, exists=%v", r.Status, r.Err, exists)
+			}
+		default:
+			if r.Status != Written || r.Err != nil || val != string(puts[i].Value) || r.NewModRevision != modRev || modRev <= puts[i].ModRevision {
+				t.Errorf("%s: %v %v rev %d, etcd has %q at mod revision %d", r.Key, r.Status, r.Err, r.NewModRevision, val, modRev)
+			}
+		}
+	}
+	if st := w.Stats(); st.Fallbacks != 1 || st.Singles != int64(len(puts)) {
+		t.Errorf("stats %+v: want one failed transaction then %d single-key CAS", st, len(puts))
+	}
+	if Conflict.String() != "conflict" || Written.String() != "written" || Failed.String() != "failed" {
+		t.Error("PutStatus.String")
+	}
+
+	// A batch without conflict is one transaction; all keys share its revision.
+	kvs = readAll(t, c, "/registry/secrets/")
+	puts = puts[:0]
+	for _, kv := range kvs {
+		puts = append(puts, Put{Key: kv.Key, Value: []byte("again"), ModRevision: kv.ModRevision})
+	}
+	w2 := &Writer{Client: c}
+	res = w2.Write(ctx, puts)
+	for _, r := range res {
+		if r.Status != Written || r.NewModRevision != res[0].NewModRevision {
+			t.Errorf("%s: %v rev %d", r.Key, r.Status, r.NewModRevision)
+		}
+	}
+	if st := w2.Stats(); st.Txns != 1 || st.Singles != 0 {
+		t.Errorf("stats %+v: want one transaction", st)
+	}
+}
+
+func TestWriterKeepsLease(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	lease, err := c.Grant(ctx, 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := c.Put(ctx, fmt.Sprintf("/registry/events/default/e%d", i), "old", clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Put(ctx, "/registry/events/default/no-lease", "old"); err != nil {
+		t.Fatal(err)
+	}
+	var puts []Put
+	for _, kv := range readAll(t, c, "/registry/events/") {
+		puts = append(puts, Put{Key: kv.Key, Value: []byte("new"), ModRevision: kv.ModRevision})
+	}
+	for _, r := range (&Writer{Client: c}).Write(ctx, puts) {
+		if r.Status != Written {
+			t.Fatalf("%s: %v %v", r.Key, r.Status, r.Err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		key := fmt.Sprintf("/registry/events/default/e%d", i)
+		val, _, l, _ := getKV(t, c, key)
+		if val != "new" || l != int64(lease.ID) {
+			t.Errorf("%s: value %q lease %x, want lease %x", key, val, l, lease.ID)
+		}
+	}
+	if _, _, l, _ := getKV(t, c, "/registry/events/default/no-lease"); l != 0 {
+		t.Errorf("key without lease got lease %x", l)
+	}
+	ttl, err := c.TimeToLive(ctx, lease.ID, clientv3.WithAttachedKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl.TTL <= 0 || ttl.TTL > 3600 || len(ttl.Keys) != 3 {
+		t.Fatalf("lease after write: TTL %d, %d keys attached", ttl.TTL, len(ttl.Keys))
+	}
+	// The lease still governs the keys: when it goes, they go.
+	if _, err := c.Revoke(ctx, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, exists := getKV(t, c, "/registry/events/default/e0"); exists {
+		t.Fatal("key outlived its lease after the write")
+	}
+}
+
+func TestWriterBatchesByBytes(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{MaxRequestBytes: 64 << 10})
+	ctx := context.Background()
+	for i := 0; i < 30; i++ {
+		if _, err := c.Put(ctx, fmt.Sprintf("/registry/configmaps/ns/cm%02d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Put(ctx, "/registry/configmaps/ns/zbig", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, "/registry/configmaps/ns/ztoobig", "x"); err != nil {
+		t.Fatal(err)
+	}
+	value := func(key string) []byte {
+		n := 10 << 10
+		switch {
+		case strings.HasSuffix(key, "zbig"):
+			n = 50 << 10
+		case strings.HasSuffix(key, "ztoobig"):
+			n = 100 << 10 // above the server's 64 KiB limit
+		}
+		return bytes.Repeat([]byte(key[len(key)-1:]), n)
+	}
+	write := func(w *Writer) []PutResult {
+		var puts []Put
+		for _, kv := range readAll(t, c, "/registry/configmaps/") {
+			puts = append(puts, Put{Key: kv.Key, Value: value(kv.Key), ModRevision: kv.ModRevision})
+		}
+		return w.Write(ctx, puts)
+	}
+	check := func(res []PutResult) {
+		t.Helper()
+		for _, r := range res {
+			if strings.HasSuffix(r.Key, "ztoobig") {
+				if r.Status != Failed || r.Err == nil || !strings.Contains(r.Err.Error(), "--max-request-bytes") {
+					t.Errorf("%s: %v %v, want Failed naming --max-request-bytes", r.Key, r.Status, r.Err)
+				}
+				continue
+			}
+			val, _, _, _ := getKV(t, c, r.Key)
+			if r.Status != Written || val != string(value(r.Key)) {
+				t.Errorf("%s: %v %v (%d bytes stored)", r.Key, r.Status, r.Err, len(val))
+			}
+		}
+	}
+
+	// MaxBytes below the server limit: batches are cut before etcd sees them.
+	w := &Writer{Client: c, MaxBytes: 60 << 10}
+	check(write(w))
+	if st := w.Stats(); st.Splits != 0 || st.Txns < 6 {
+		// 30 x 10 KiB in 60 KiB batches; the 50 and 100 KiB puts go alone.
+		t.Errorf("stats %+v: want >= 6 transactions and no split", st)
+	}
+
+	// MaxBytes above the server limit: etcd refuses, the batches are split.
+	w = &Writer{Client: c, MaxBytes: 1 << 20}
+	check(write(w))
+	if st := w.Stats(); st.Splits == 0 {
+		t.Errorf("stats %+v: want splits", st)
+	}
+}
