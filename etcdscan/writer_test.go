@@ -218,3 +218,21 @@ func TestWriterBatchesByBytes(t *testing.T) {
 		t.Errorf("stats %+v: want splits", st)
 	}
 }
+
+func TestWriterSplitsOnTooManyOps(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{MaxTxnOps: 4})
+	putKeys(t, c, "/registry/leases/", 20)
+	var puts []Put
+	for _, kv := range readAll(t, c, "/registry/leases/") {
+		puts = append(puts, Put{Key: kv.Key, Value: []byte("new"), ModRevision: kv.ModRevision})
+	}
+	w := &Writer{Client: c, MaxOps: 16}
+	for _, r := range w.Write(context.Background(), puts) {
+		if val, _, _, _ := getKV(t, c, r.Key); r.Status != Written || val != "new" {
+			t.Errorf("%s: %v %v, value %q", r.Key, r.Status, r.Err, val)
+		}
+	}
+	if st := w.Stats(); st.Splits == 0 {
+		t.Errorf("stats %+v: a 16-op transaction on a --max-txn-ops=4 server must be split", st)
+	}
+}
