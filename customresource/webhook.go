@@ -1,0 +1,346 @@
+package customresource
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/util/webhook"
+	"k8s.io/client-go/rest"
+)
+
+// webhookConverter reproduces conversion.webhookConverter
+// (apiextensions-apiserver/pkg/apiserver/conversion/webhook_converter.go) for single
+// objects, with a context (the upstream one uses context.TODO()) and a timeout. The HTTP
+// client is the apiserver's own: webhook.ClientManager.HookClient, configured as
+// newWebhookConverterFactory does, so TLS (caBundle, server name <svc>.<ns>.svc for
+// service references, HTTP/1.1), the request encoding and the response decoding are
+// those of kube-apiserver.
+type webhookConverter struct {
+	name                     string
+	restClient               *rest.RESTClient
+	conversionReviewVersions []string
+	timeout                  time.Duration
+}
+
+// offlineServiceResolver resolves a webhook Service to the address the operator gave
+// (Options.WebhookURLs); kube-apiserver resolves it through the cluster's Services.
+type offlineServiceResolver struct {
+	urls map[string]string
+}
+
+func (r offlineServiceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
+	key := namespace + "/" + name
+	addr, ok := r.urls[key]
+	if !ok || addr == "" {
+		return nil, fmt.Errorf("conversion webhook service %s (port %d) is not reachable offline: give its address (e.g. a port-forward) for %q", key, port, key)
+	}
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		return &url.URL{Scheme: "https", Host: u.Host}, nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("address %q for conversion webhook service %s: want https://host:port or host:port", addr, key)
+	}
+	return &url.URL{Scheme: "https", Host: addr}, nil
+}
+
+// webhookClientConfigForCRD is conversion.webhookClientConfigForCRD.
+func webhookClientConfigForCRD(crd *apiextensionsv1.CustomResourceDefinition) (*webhook.ClientConfig, error) {
+	if crd.Spec.Conversion.Webhook == nil || crd.Spec.Conversion.Webhook.ClientConfig == nil {
+		return nil, errors.New("strategy Webhook without webhook.clientConfig")
+	}
+	apiConfig := crd.Spec.Conversion.Webhook.ClientConfig
+	caBundle := apiConfig.CABundle
+	if len(caBundle) > 0 && len(bytes.TrimSpace(caBundle)) == 0 {
+		// treat whitespace-only caBundle as empty
+		caBundle = nil
+	}
+	ret := webhook.ClientConfig{
+		Name:     fmt.Sprintf("conversion_webhook_for_%s", crd.Name),
+		CABundle: caBundle,
+	}
+	if apiConfig.URL != nil {
+		ret.URL = *apiConfig.URL
+	}
+	if apiConfig.Service != nil {
+		ret.Service = &webhook.ClientConfigService{
+			Name:      apiConfig.Service.Name,
+			Namespace: apiConfig.Service.Namespace,
+			Port:      443,
+		}
+		if apiConfig.Service.Port != nil {
+			ret.Service.Port = *apiConfig.Service.Port
+		}
+		if apiConfig.Service.Path != nil {
+			ret.Service.Path = *apiConfig.Service.Path
+		}
+	}
+	return &ret, nil
+}
+
+func newWebhookConverter(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*webhookConverter, error) {
+	cc, err := webhookClientConfigForCRD(crd)
+	if err != nil {
+		return nil, err
+	}
+	// newWebhookConverterFactory
+	cm, err := webhook.NewClientManager(
+		[]schema.GroupVersion{apiextensionsv1.SchemeGroupVersion, apiextensionsv1beta1.SchemeGroupVersion},
+		apiextensionsv1beta1.AddToScheme,
+		apiextensionsv1.AddToScheme,
+	)
+	if err != nil {
+		return nil, err
+	}
+	authInfoResolver, err := webhook.NewDefaultAuthenticationInfoResolver("")
+	if err != nil {
+		return nil, err
+	}
+	cm.SetAuthenticationInfoResolver(authInfoResolver)
+	cm.SetServiceResolver(offlineServiceResolver{urls: opts.WebhookURLs})
+	if cc.Service != nil {
+		// Fail early with a useful message rather than on the first object.
+		if _, err := (offlineServiceResolver{urls: opts.WebhookURLs}).ResolveEndpoint(cc.Service.Namespace, cc.Service.Name, cc.Service.Port); err != nil {
+			return nil, err
+		}
+	}
+	restClient, err := cm.HookClient(*cc)
+	if err != nil {
+		return nil, err
+	}
+	timeout := opts.HTTPTimeout
+	if timeout <= 0 {
+		timeout = DefaultHTTPTimeout
+	}
+	return &webhookConverter{
+		name:                     crd.Name,
+		restClient:               restClient,
+		conversionReviewVersions: crd.Spec.Conversion.Webhook.ConversionReviewVersions,
+		timeout:                  timeout,
+	}, nil
+}
+
+// createConversionReviewObjects is conversion.createConversionReviewObjects: the first
+// of conversionReviewVersions that is v1 or v1beta1 wins.
+func createConversionReviewObjects(conversionReviewVersions []string, objects []runtime.RawExtension, apiVersion string, requestUID types.UID) (request, response runtime.Object, err error) {
+	for _, version := range conversionReviewVersions {
+		switch version {
+		case apiextensionsv1beta1.SchemeGroupVersion.Version:
+			return &apiextensionsv1beta1.ConversionReview{
+				Request: &apiextensionsv1beta1.ConversionRequest{
+					Objects:           objects,
+					DesiredAPIVersion: apiVersion,
+					UID:               requestUID,
+				},
+				Response: &apiextensionsv1beta1.ConversionResponse{},
+			}, &apiextensionsv1beta1.ConversionReview{}, nil
+		case apiextensionsv1.SchemeGroupVersion.Version:
+			return &apiextensionsv1.ConversionReview{
+				Request: &apiextensionsv1.ConversionRequest{
+					Objects:           objects,
+					DesiredAPIVersion: apiVersion,
+					UID:               requestUID,
+				},
+				Response: &apiextensionsv1.ConversionResponse{},
+			}, &apiextensionsv1.ConversionReview{}, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("no supported conversion review versions")
+}
+
+// getConvertedObjectsFromResponse is conversion.getConvertedObjectsFromResponse.
+func getConvertedObjectsFromResponse(expectedUID types.UID, response runtime.Object) ([]runtime.RawExtension, error) {
+	switch response := response.(type) {
+	case *apiextensionsv1.ConversionReview:
+		v1GVK := apiextensionsv1.SchemeGroupVersion.WithKind("ConversionReview")
+		if response.GroupVersionKind() != v1GVK {
+			return nil, fmt.Errorf("expected webhook response of %v, got %v", v1GVK.String(), response.GroupVersionKind().String())
+		}
+		if response.Response == nil {
+			return nil, fmt.Errorf("no response provided")
+		}
+		if response.Response.UID != expectedUID {
+			return nil, fmt.Errorf("expected response.uid=%q, got %q", expectedUID, response.Response.UID)
+		}
+		if response.Response.Result.Status != metav1.StatusSuccess {
+			if len(response.Response.Result.Message) > 0 {
+				return nil, errors.New(response.Response.Result.Message)
+			}
+			return nil, fmt.Errorf("response.result.status was '%s', not 'Success'", response.Response.Result.Status)
+		}
+		return response.Response.ConvertedObjects, nil
+	case *apiextensionsv1beta1.ConversionReview:
+		// v1beta1 processing did not verify GVK or UID, so skip those for compatibility
+		if response.Response == nil {
+			return nil, fmt.Errorf("no response provided")
+		}
+		if response.Response.Result.Status != metav1.StatusSuccess {
+			if len(response.Response.Result.Message) > 0 {
+				return nil, errors.New(response.Response.Result.Message)
+			}
+			return nil, fmt.Errorf("response.result.status was '%s', not 'Success'", response.Response.Result.Status)
+		}
+		return response.Response.ConvertedObjects, nil
+	default:
+		return nil, fmt.Errorf("unrecognized response type: %T", response)
+	}
+}
+
+// getRawExtensionObject is conversion.getRawExtensionObject.
+func getRawExtensionObject(rx runtime.RawExtension) (runtime.Object, error) {
+	if rx.Object != nil {
+		return rx.Object, nil
+	}
+	u := unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(rx.Raw); err != nil {
+		return nil, err
+	}
+	return &u, nil
+}
+
+// convert is webhookConverter.Convert for a single object that is not in toGV.
+func (w *webhookConverter) convert(ctx context.Context, in *unstructured.Unstructured, toGV schema.GroupVersion) (*unstructured.Unstructured, error) {
+	inGVK := in.GroupVersionKind()
+	desiredAPIVersion := toGV.String()
+	if in.GetAPIVersion() == desiredAPIVersion {
+		// getObjectsToConvert returns nothing: the object is returned as is.
+		return in, nil
+	}
+	requestUID := uuid.NewUUID()
+	objects := []runtime.RawExtension{{Object: in}}
+	request, response, err := createConversionReviewObjects(w.conversionReviewVersions, objects, desiredAPIVersion, requestUID)
+	if err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	if err := w.restClient.Post().Body(request).Do(ctx).Into(response); err != nil {
+		return nil, fmt.Errorf("conversion webhook for %v failed: %v", inGVK, err)
+	}
+	convertedObjects, err := getConvertedObjectsFromResponse(requestUID, response)
+	if err != nil {
+		return nil, fmt.Errorf("conversion webhook for %v failed: %v", inGVK, err)
+	}
+	if len(convertedObjects) != 1 {
+		return nil, fmt.Errorf("conversion webhook for %v returned %d objects, expected %d", inGVK, len(convertedObjects), 1)
+	}
+	converted, err := getRawExtensionObject(convertedObjects[0])
+	if err != nil {
+		return nil, fmt.Errorf("conversion webhook for %v returned an invalid object: %v", inGVK, err)
+	}
+	if e, a := toGV, converted.GetObjectKind().GroupVersionKind().GroupVersion(); e != a {
+		return nil, fmt.Errorf("conversion webhook for %v returned invalid object at index 0: invalid groupVersion (expected %v, received %v)", inGVK, e, a)
+	}
+	if e, a := inGVK.Kind, converted.GetObjectKind().GroupVersionKind().Kind; e != a {
+		return nil, fmt.Errorf("conversion webhook for %v returned invalid object at index 0: invalid kind (expected %v, received %v)", inGVK, e, a)
+	}
+	unstructConverted, ok := converted.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("conversion webhook for %v failed, unexpected type %T at index 0", inGVK, converted)
+	}
+	if err := validateConvertedObject(in, unstructConverted); err != nil {
+		return nil, fmt.Errorf("conversion webhook for %v returned invalid object: %v", inGVK, err)
+	}
+	if err := restoreObjectMeta(in, unstructConverted); err != nil {
+		return nil, fmt.Errorf("conversion webhook for %v returned invalid metadata: %v", inGVK, err)
+	}
+	return unstructConverted, nil
+}
+
+// validateConvertedObject is conversion.validateConvertedObject: ObjectMeta fields must
+// match, with the exception of labels and annotations.
+func validateConvertedObject(in, out *unstructured.Unstructured) error {
+	if e, a := in.GetKind(), out.GetKind(); e != a {
+		return fmt.Errorf("must have the same kind: %v != %v", e, a)
+	}
+	if e, a := in.GetName(), out.GetName(); e != a {
+		return fmt.Errorf("must have the same name: %v != %v", e, a)
+	}
+	if e, a := in.GetNamespace(), out.GetNamespace(); e != a {
+		return fmt.Errorf("must have the same namespace: %v != %v", e, a)
+	}
+	if e, a := in.GetUID(), out.GetUID(); e != a {
+		return fmt.Errorf("must have the same UID: %v != %v", e, a)
+	}
+	return nil
+}
+
+// restoreObjectMeta is conversion.restoreObjectMeta: deep-copies metadata from original
+// into converted, keeping labels and annotations from converted (validated if changed).
+func restoreObjectMeta(original, converted *unstructured.Unstructured) error {
+	obj, found := converted.Object["metadata"]
+	if !found {
+		return fmt.Errorf("missing metadata in converted object")
+	}
+	responseMetaData, ok := obj.(map[string]interface{})
+	if !ok {
+		return fmt.Errorf("invalid metadata of type %T in converted object", obj)
+	}
+	if _, ok := original.Object["metadata"]; !ok {
+		converted.Object["metadata"] = map[string]interface{}{}
+	} else {
+		converted.Object["metadata"] = runtime.DeepCopyJSONValue(original.Object["metadata"])
+	}
+	obj = converted.Object["metadata"]
+	convertedMetaData, ok := obj.(map[string]interface{})
+	if !ok {
+		return fmt.Errorf("invalid metadata of type %T in input object", obj)
+	}
+	for _, fld := range []string{"labels", "annotations"} {
+		obj, found := responseMetaData[fld]
+		if !found || obj == nil {
+			delete(convertedMetaData, fld)
+			continue
+		}
+		responseField, ok := obj.(map[string]interface{})
+		if !ok {
+			return fmt.Errorf("invalid metadata.%s of type %T in converted object", fld, obj)
+		}
+		originalField, ok := convertedMetaData[fld].(map[string]interface{})
+		if !ok && convertedMetaData[fld] != nil {
+			return fmt.Errorf("invalid metadata.%s of type %T in original object", fld, convertedMetaData[fld])
+		}
+		somethingChanged := len(originalField) != len(responseField)
+		for k, v := range responseField {
+			if _, ok := v.(string); !ok {
+				return fmt.Errorf("metadata.%s[%s] must be a string, but is %T in converted object", fld, k, v)
+			}
+			if originalField[k] != interface{}(v) {
+				somethingChanged = true
+			}
+		}
+		if somethingChanged {
+			stringMap := make(map[string]string, len(responseField))
+			for k, v := range responseField {
+				stringMap[k] = v.(string)
+			}
+			var errs field.ErrorList
+			if fld == "labels" {
+				errs = metav1validation.ValidateLabels(stringMap, field.NewPath("metadata", "labels"))
+			} else {
+				errs = apivalidation.ValidateAnnotations(stringMap, field.NewPath("metadata", "annotation"))
+			}
+			if len(errs) > 0 {
+				return errs.ToAggregate()
+			}
+		}
+		convertedMetaData[fld] = responseField
+	}
+	return nil
+}
