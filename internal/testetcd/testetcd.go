@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -43,6 +44,10 @@ type Server struct {
 	URL       string // scheme://host:port
 	dir       string
 	removeDir bool
+	opts      Options
+	clientURL url.URL
+	peerURL   url.URL
+	mu        sync.Mutex
 }
 
 // Start starts an etcd member listening on 127.0.0.1 and waits until it serves.
@@ -70,14 +75,33 @@ func Start(opts Options) (*Server, error) {
 	}
 	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, clientPort))
 	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
+	s := &Server{
+		Endpoint:  cu.Host,
+		URL:       cu.String(),
+		dir:       dir,
+		removeDir: remove,
+		opts:      opts,
+		clientURL: *cu,
+		peerURL:   *pu,
+	}
+	if err := s.start(); err != nil {
+		if remove {
+			os.RemoveAll(dir)
+		}
+		return nil, err
+	}
+	return s, nil
+}
 
+func (s *Server) start() error {
+	opts := s.opts
 	cfg := embed.NewConfig()
 	cfg.Name = "testetcd"
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.ListenClientUrls = []url.URL{*cu}
-	cfg.AdvertiseClientUrls = []url.URL{*cu}
-	cfg.ListenPeerUrls = []url.URL{*pu}
-	cfg.AdvertisePeerUrls = []url.URL{*pu}
+	cfg.Dir = filepath.Join(s.dir, "data")
+	cfg.ListenClientUrls = []url.URL{s.clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
+	cfg.ListenPeerUrls = []url.URL{s.peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	cfg.LogLevel = "error"
 	cfg.Logger = "zap"
@@ -99,24 +123,41 @@ func Start(opts Options) (*Server, error) {
 	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		if remove {
-			os.RemoveAll(dir)
-		}
-		return nil, fmt.Errorf("start embedded etcd: %w", err)
+		return fmt.Errorf("start embedded etcd: %w", err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
 		e.Close()
-		return nil, fmt.Errorf("embedded etcd did not become ready within 60s")
+		return fmt.Errorf("embedded etcd did not become ready within 60s")
 	}
-	return &Server{
-		Etcd:      e,
-		Endpoint:  cu.Host,
-		URL:       cu.String(),
-		dir:       dir,
-		removeDir: remove,
-	}, nil
+	s.mu.Lock()
+	s.Etcd = e
+	s.mu.Unlock()
+	return nil
+}
+
+// Stop stops the member but keeps its data, so that Restart can bring it back
+// on the same address (clients see the outage a real restart causes).
+func (s *Server) Stop() {
+	s.mu.Lock()
+	e := s.Etcd
+	s.Etcd = nil
+	s.mu.Unlock()
+	if e != nil {
+		e.Close()
+	}
+}
+
+// Restart starts a stopped member again on the same address and data.
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	running := s.Etcd != nil
+	s.mu.Unlock()
+	if running {
+		return fmt.Errorf("embedded etcd is running")
+	}
+	return s.start()
 }
 
 // Client returns a plain (non-TLS) client for the server.
@@ -144,7 +185,7 @@ func (s *Server) Revision(ctx context.Context) (int64, error) {
 
 // Close stops the server and removes its temporary directory.
 func (s *Server) Close() {
-	s.Etcd.Close()
+	s.Stop()
 	if s.removeDir {
 		os.RemoveAll(s.dir)
 	}
