@@ -5,7 +5,10 @@
 // Several servers may be started one after another on the same etcd within a
 // single test (for example an emulated 1.33 server, then a 1.36 one), as long
 // as the previous one is stopped first: the kube-apiserver test server mutates
-// process-wide feature gates, which Stop restores.
+// process-wide feature gates, which Stop restores. For the same reason, tests
+// that start servers with different emulated versions or feature gates must
+// not run in parallel (t.Parallel) within one test binary: the upstream
+// feature-gate helpers detect it and fail the test.
 package apiservertest
 
 import (
