@@ -237,9 +237,9 @@ func describeErr(ctx context.Context, cfg Config, tc *tls.Config, ep string, err
 		// The server answered: connection and TLS are fine.
 		return fmt.Errorf("etcd %s: %s", ep, ee.Error())
 	}
-	// Find out what is wrong by dialing the endpoint ourselves.
-	if !strings.Contains(ep, ",") {
-		if d := diagnose(ctx, cfg, tc, ep); d != nil {
+	// Find out what is wrong by dialing the endpoint(s) ourselves.
+	for _, one := range strings.Split(ep, ",") {
+		if d := diagnose(ctx, cfg, tc, one); d != nil {
 			return d
 		}
 	}

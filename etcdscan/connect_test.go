@@ -231,3 +231,23 @@ func TestConnectAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestConnectOneOfSeveralUnreachable(t *testing.T) {
+	s := testetcd.StartT(t, testetcd.Options{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	cfg := Config{Endpoints: []string{s.Endpoint, dead}, DialTimeout: time.Second, CommandTimeout: time.Second}
+	_, err = Connect(context.Background(), cfg)
+	assertOneLine(t, err, "unreachable", "http://"+dead)
+	// With a user, the client authenticates while connecting: same diagnosis.
+	cfg.Endpoints, cfg.Username, cfg.Password = []string{dead}, "root", "pw"
+	_, err = Connect(context.Background(), cfg)
+	assertOneLine(t, err, "unreachable", "http://"+dead)
+	if strings.Contains(err.Error(), "pw") {
+		t.Errorf("error shows the password: %v", err)
+	}
+}
