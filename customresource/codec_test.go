@@ -78,10 +78,14 @@ func TestDecodeRejectsForeignObjects(t *testing.T) {
 	c := mustCodec(t, widgetCRD("v1", false), Options{})
 	cases := map[string]map[string]interface{}{
 		"unknown version": storedWidget("v2", nil),
-		"other group":     func() map[string]interface{} { m := storedWidget("v1", nil); m["apiVersion"] = "other.example.com/v1"; return m }(),
-		"other kind":      func() map[string]interface{} { m := storedWidget("v1", nil); m["kind"] = "Gadget"; return m }(),
-		"no metadata":     func() map[string]interface{} { m := storedWidget("v1", nil); delete(m, "metadata"); return m }(),
-		"no kind":         func() map[string]interface{} { m := storedWidget("v1", nil); delete(m, "kind"); return m }(),
+		"other group": func() map[string]interface{} {
+			m := storedWidget("v1", nil)
+			m["apiVersion"] = "other.example.com/v1"
+			return m
+		}(),
+		"other kind":  func() map[string]interface{} { m := storedWidget("v1", nil); m["kind"] = "Gadget"; return m }(),
+		"no metadata": func() map[string]interface{} { m := storedWidget("v1", nil); delete(m, "metadata"); return m }(),
+		"no kind":     func() map[string]interface{} { m := storedWidget("v1", nil); delete(m, "kind"); return m }(),
 	}
 	for name, m := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -71,10 +71,11 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	if err != nil {
 		return obj, err
 	}
-	obj.Encryption = EncryptionInfo{Provider: "identity"}
+	obj.Encryption = EnvelopeInfo(kv.Value)
 	plaintext := kv.Value
 	if d.Encryption != nil {
 		pt, enc, err := d.Encryption.Decrypt(ctx, info.Resource, kv.Key, kv.Value)
+		obj.Encryption = enc
 		if err != nil {
 			return obj, asKeyError(kv.Key, ReasonUndecryptable, err)
 		}

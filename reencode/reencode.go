@@ -31,6 +31,8 @@ const (
 	Stale      Status = "stale"
 	Unreadable Status = "unreadable"
 	NotObject  Status = "not-an-object"
+	// Readable is Describe's verdict on a decoded object: no decision was asked for.
+	Readable Status = "readable"
 )
 
 // Reason says why a stale object needs a rewrite.
@@ -66,7 +68,10 @@ type Decision struct {
 	ModRevision int64
 	Lease       int64
 	OldSize     int
-	NewValue    []byte
+	// OldValue is the stored value as read (still encrypted if it was), kept for
+	// the journal. Never printed.
+	OldValue []byte
+	NewValue []byte
 }
 
 // Encrypter encrypts new values with the first provider configured for a resource;
@@ -105,12 +110,23 @@ func (p *Planner) AddCustomResource(gr schema.GroupResource, enc CustomResourceE
 // Decide classifies a decoded object (decodeErr is Decode's error, if any) and, when
 // it is stale, computes the value to write.
 func (p *Planner) Decide(ctx context.Context, obj *decode.Object, decodeErr error) Decision {
+	d := Describe(obj, decodeErr)
+	if d.Status != Readable {
+		return d
+	}
+	return p.decide(ctx, obj, d)
+}
+
+// Describe records how an object is stored, without deciding anything: Status is
+// Readable, or Unreadable/NotObject when decodeErr is set.
+func Describe(obj *decode.Object, decodeErr error) Decision {
 	d := Decision{
 		Key:         obj.KV.Key,
 		Resource:    obj.Info.Resource,
 		ModRevision: obj.KV.ModRevision,
 		Lease:       obj.KV.Lease,
 		OldSize:     len(obj.KV.Value),
+		OldValue:    obj.KV.Value,
 		From: Form{
 			Version:    obj.StoredGVK.GroupVersion().String(),
 			MediaType:  decode.ShortMediaType(obj.MediaType),
@@ -125,7 +141,11 @@ func (p *Planner) Decide(ctx context.Context, obj *decode.Object, decodeErr erro
 		}
 		return d
 	}
+	d.Status = Readable
+	return d
+}
 
+func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) Decision {
 	var newPlain []byte
 	var err error
 	if obj.Info.Custom {

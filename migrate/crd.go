@@ -1,0 +1,170 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// CRDResult says what happened to one CRD's status.storedVersions.
+type CRDResult struct {
+	Name           string   `json:"name"`
+	StorageVersion string   `json:"storageVersion"`
+	StoredVersions []string `json:"storedVersions"`
+	// Action: "current" (already only the storage version), "trimmed",
+	// "would-trim" (dry run), "kept" (objects remain in other versions), "failed".
+	Action string `json:"action"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func inScope(env *pipeline.Env, crd *pipeline.CRD) bool {
+	return env.Filter == nil || env.Filter[crd.Resource] || env.Filter[decode.CRDGroupResource]
+}
+
+// PlanStoredVersions reports, without writing, which CRDs could be trimmed.
+func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int64) []CRDResult {
+	var out []CRDResult
+	for _, crd := range env.CRDs {
+		if !inScope(env, crd) {
+			continue
+		}
+		r := CRDResult{Name: crd.Object.Name, StorageVersion: crd.StorageVersion, StoredVersions: crd.StoredVersions}
+		switch {
+		case slices.Equal(crd.StoredVersions, []string{crd.StorageVersion}):
+			r.Action = "current"
+		case pending[crd.Resource] > 0:
+			r.Action = "would-trim"
+			r.Detail = fmt.Sprintf("after %d object(s) are rewritten", pending[crd.Resource])
+		default:
+			r.Action = "would-trim"
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// TrimStoredVersions sets status.storedVersions to [storage version] on every CRD
+// in scope whose objects are now all stored in that version, checked by a fresh scan
+// of its custom resources, with a CAS write on the CRD key. This is what makes
+// removing an old version from the CRD safe.
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, w *etcdscan.Writer, j *Journal) ([]CRDResult, error) {
+	var out []CRDResult
+	for _, crd := range env.CRDs {
+		if !inScope(env, crd) {
+			continue
+		}
+		r := CRDResult{Name: crd.Object.Name, StorageVersion: crd.StorageVersion, StoredVersions: crd.StoredVersions}
+		if slices.Equal(crd.StoredVersions, []string{crd.StorageVersion}) {
+			r.Action = "current"
+			out = append(out, r)
+			continue
+		}
+		if n := pending[crd.Resource]; n > 0 {
+			r.Action, r.Detail = "kept", fmt.Sprintf("%d object(s) not rewritten to %s", n, crd.StorageVersion)
+			out = append(out, r)
+			continue
+		}
+		others, err := countOtherVersions(ctx, env, crd)
+		if err != nil {
+			return out, err
+		}
+		if others > 0 {
+			r.Action, r.Detail = "kept", fmt.Sprintf("%d object(s) found in other versions or unreadable on re-check", others)
+			out = append(out, r)
+			continue
+		}
+		if err := trimOne(ctx, env, crd, w, j); err != nil {
+			r.Action, r.Detail = "failed", err.Error()
+			out = append(out, r)
+			continue
+		}
+		r.Action = "trimmed"
+		r.StoredVersions = []string{crd.StorageVersion}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func countOtherVersions(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD) (int64, error) {
+	prefix, err := env.Resolver.KeyPrefix(crd.Resource, "")
+	if err != nil {
+		return 0, err
+	}
+	want := schema.GroupVersion{Group: crd.Resource.Group, Version: crd.StorageVersion}.String()
+	var n int64
+	_, err = etcdscan.Scan(ctx, env.Client, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: env.Config.PageSize}, func(page []etcdscan.KV) error {
+		for _, kv := range page {
+			d := env.DecideOne(ctx, kv, pipeline.DecodeOnly)
+			if d.Status != reencode.Readable || d.From.Version != want {
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("re-check %s objects: %w", crd.Resource, err)
+	}
+	return n, nil
+}
+
+// trimOne rewrites the CRD object with status.storedVersions = [storage version],
+// encoded as the apiextensions-apiserver stores CRDs.
+func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w *etcdscan.Writer, j *Journal) error {
+	resp, err := env.Client.Get(ctx, crd.Key)
+	if err != nil {
+		return fmt.Errorf("%s: %w", crd.Key, err)
+	}
+	if len(resp.Kvs) != 1 {
+		return fmt.Errorf("%s: CRD was deleted", crd.Key)
+	}
+	kv := resp.Kvs[0]
+	obj, err := env.Decoder.Decode(ctx, etcdscan.KV{Key: crd.Key, Value: kv.Value, ModRevision: kv.ModRevision, Lease: kv.Lease})
+	if err != nil {
+		return err
+	}
+	internal, ok := obj.Internal.(*apiextensions.CustomResourceDefinition)
+	if !ok {
+		return fmt.Errorf("%s: not a CRD", crd.Key)
+	}
+	internal.Status.StoredVersions = []string{crd.StorageVersion}
+	rc, err := env.Target.Codec(decode.CRDGroupResource)
+	if err != nil {
+		return err
+	}
+	plain, err := runtime.Encode(rc.Codec, internal)
+	if err != nil {
+		return fmt.Errorf("%s: encode: %w", crd.Key, err)
+	}
+	value, err := env.Encryption.Encrypt(ctx, decode.CRDGroupResource, crd.Key, plain)
+	if err != nil {
+		return fmt.Errorf("%s: encrypt: %w", crd.Key, err)
+	}
+	put := etcdscan.Put{Key: crd.Key, Value: value, ModRevision: kv.ModRevision}
+	if j != nil {
+		if err := j.Intents([]etcdscan.Put{put}, [][]byte{kv.Value}); err != nil {
+			return err
+		}
+	}
+	res := w.Write(ctx, []etcdscan.Put{put})
+	if j != nil {
+		if err := j.Done(res); err != nil {
+			return err
+		}
+	}
+	switch res[0].Status {
+	case etcdscan.Written:
+		return nil
+	case etcdscan.Conflict:
+		return fmt.Errorf("%s: CRD changed during the trim; run again", crd.Key)
+	}
+	return fmt.Errorf("%s: %v", crd.Key, res[0].Err)
+}

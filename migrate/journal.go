@@ -1,0 +1,223 @@
+package migrate
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+)
+
+// JournalRecord is one line of a journal (JSON lines). An "intent" record is
+// written and synced before the write is sent; a "done" record after it landed.
+// OldValue holds the stored bytes exactly as they were, still encrypted if they
+// were: a journal of identity-stored secrets holds those secrets, hence mode 0600.
+type JournalRecord struct {
+	Op             string `json:"op"` // "begin", "intent", "done"
+	Key            string `json:"key,omitempty"`
+	OldModRevision int64  `json:"oldModRevision,omitempty"`
+	OldValue       []byte `json:"oldValue,omitempty"`
+	// NewSHA256 identifies the value the tool wrote, so a rollback can tell its own
+	// write from someone else's when the "done" record is missing (crash).
+	NewSHA256      string `json:"newSha256,omitempty"`
+	NewModRevision int64  `json:"newModRevision,omitempty"`
+	// Begin record fields.
+	Revision int64  `json:"revision,omitempty"`
+	Prefix   string `json:"prefix,omitempty"`
+}
+
+// Journal appends records to a file, syncing each batch of intents before the
+// batch is written.
+type Journal struct {
+	mu  sync.Mutex
+	f   *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+// OpenJournal creates (or appends to) a journal file with mode 0600.
+func OpenJournal(path string) (*Journal, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("--journal %s: %w", path, err)
+	}
+	if fi, err := f.Stat(); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		f.Close()
+		return nil, fmt.Errorf("--journal %s: file is readable by others (mode %v); it will hold stored values, use a file with mode 0600", path, fi.Mode().Perm())
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	return &Journal{f: f, w: w, enc: json.NewEncoder(w)}, nil
+}
+
+// Begin records the start of a run.
+func (j *Journal) Begin(revision int64, prefix string) error {
+	return j.append(true, JournalRecord{Op: "begin", Revision: revision, Prefix: prefix})
+}
+
+// Intents records, durably, the old values of a batch about to be written.
+func (j *Journal) Intents(puts []etcdscan.Put, old [][]byte) error {
+	recs := make([]JournalRecord, len(puts))
+	for i, p := range puts {
+		sum := sha256.Sum256(p.Value)
+		recs[i] = JournalRecord{Op: "intent", Key: p.Key, OldModRevision: p.ModRevision, OldValue: old[i], NewSHA256: hex.EncodeToString(sum[:])}
+	}
+	return j.append(true, recs...)
+}
+
+// Done records writes that landed. It is synced by the next Intents or Close.
+func (j *Journal) Done(results []etcdscan.PutResult) error {
+	var recs []JournalRecord
+	for _, r := range results {
+		if r.Status == etcdscan.Written {
+			recs = append(recs, JournalRecord{Op: "done", Key: r.Key, NewModRevision: r.NewModRevision})
+		}
+	}
+	return j.append(false, recs...)
+}
+
+func (j *Journal) append(sync bool, recs ...JournalRecord) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, r := range recs {
+		if err := j.enc.Encode(r); err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
+	}
+	if !sync {
+		return nil
+	}
+	if err := j.w.Flush(); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	return nil
+}
+
+// Close flushes and syncs the journal.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	err := j.w.Flush()
+	if serr := j.f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := j.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// RollbackResult counts what a rollback did.
+type RollbackResult struct {
+	Restored  int      `json:"restored"`
+	Unchanged int      `json:"unchanged"` // never written (intent without effect)
+	Skipped   int      `json:"skipped"`   // changed since the tool wrote it: left alone
+	Failed    int      `json:"failed"`
+	Keys      []string `json:"skippedKeys,omitempty"`
+}
+
+type journalEntry struct {
+	intent JournalRecord
+	done   *JournalRecord
+}
+
+// Rollback puts back the old bytes of every key the journal says the tool wrote,
+// with compare-and-swap on the mod revision the tool's write produced: a key
+// changed since is skipped and listed. Leases are kept. Within a journal holding
+// several runs, the earliest old value of a key wins (the state before the first run).
+func Rollback(ctx context.Context, cli *clientv3.Client, path string, w *etcdscan.Writer) (RollbackResult, error) {
+	var res RollbackResult
+	f, err := os.Open(path)
+	if err != nil {
+		return res, fmt.Errorf("--journal %s: %w", path, err)
+	}
+	defer f.Close()
+	entries := map[string][]*journalEntry{}
+	var order []string
+	dec := json.NewDecoder(bufio.NewReaderSize(f, 1<<20))
+	line := 0
+	for {
+		var r JournalRecord
+		err := dec.Decode(&r)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		line++
+		if err != nil {
+			// A torn last record (crash while appending) ends the usable journal.
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				break
+			}
+			return res, fmt.Errorf("--journal %s: record %d: %w", path, line, err)
+		}
+		switch r.Op {
+		case "intent":
+			if _, ok := entries[r.Key]; !ok {
+				order = append(order, r.Key)
+			}
+			entries[r.Key] = append(entries[r.Key], &journalEntry{intent: r})
+		case "done":
+			list := entries[r.Key]
+			if len(list) == 0 {
+				return res, fmt.Errorf("--journal %s: record %d: done for %s without intent", path, line, r.Key)
+			}
+			rec := r
+			list[len(list)-1].done = &rec
+		}
+	}
+	for _, key := range order {
+		list := entries[key]
+		resp, err := cli.Get(ctx, key)
+		if err != nil {
+			return res, fmt.Errorf("rollback %s: %w", key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			res.Skipped++
+			res.Keys = append(res.Keys, key+" (deleted since)")
+			continue
+		}
+		cur := resp.Kvs[0]
+		first := list[0]
+		if cur.ModRevision == first.intent.OldModRevision {
+			res.Unchanged++
+			continue
+		}
+		// The key must hold what one of the tool's writes put there.
+		sum := sha256.Sum256(cur.Value)
+		curSum := hex.EncodeToString(sum[:])
+		ours := false
+		for _, e := range list {
+			if (e.done != nil && cur.ModRevision == e.done.NewModRevision) || (e.done == nil && curSum == e.intent.NewSHA256) {
+				ours = true
+			}
+		}
+		if !ours {
+			res.Skipped++
+			res.Keys = append(res.Keys, key+" (changed since the migration wrote it)")
+			continue
+		}
+		out := w.Write(ctx, []etcdscan.Put{{Key: key, Value: first.intent.OldValue, ModRevision: cur.ModRevision}})
+		switch out[0].Status {
+		case etcdscan.Written:
+			res.Restored++
+		case etcdscan.Conflict:
+			res.Skipped++
+			res.Keys = append(res.Keys, key+" (changed during rollback)")
+		default:
+			res.Failed++
+			res.Keys = append(res.Keys, fmt.Sprintf("%s (%v)", key, out[0].Err))
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,347 @@
+// Package migrate rewrites stale objects in place: it streams decisions from the
+// pipeline, journals the old bytes, writes the new values with compare-and-swap on
+// each key's mod revision in bounded multi-key transactions (keeping leases), trims
+// CRD status.storedVersions once every object of a CRD is in its storage version,
+// and can roll a run back from its journal. Before the first write it checks that no
+// kube-apiserver is live, that etcd has no alarm and room for the rewrite, and that
+// the write encryption provider works.
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// Options control a migration.
+type Options struct {
+	DryRun             bool
+	FailFast           bool
+	Journal            string // --journal FILE
+	Snapshot           string // --snapshot FILE
+	AllowLiveAPIServer bool
+	QuotaBackendBytes  int64
+	BatchOps           int
+	BatchBytes         int
+	Writers            int
+	// Progress, when set, is called after each page with the running totals.
+	Progress func(Counts)
+	// Now is the clock for the live-apiserver check (tests); nil = time.Now.
+	Now func() time.Time
+	// WriteContext is used for writes; it should outlive a SIGINT so in-flight
+	// writes finish. nil = the run context.
+	WriteContext context.Context
+}
+
+// Counts are a summary's figures, overall or for one resource.
+type Counts struct {
+	Scanned    int64 `json:"scanned"`
+	Current    int64 `json:"current"`
+	Stale      int64 `json:"stale"`     // found stale (dry-run: would rewrite)
+	Rewritten  int64 `json:"rewritten"` // written
+	Conflicts  int64 `json:"conflicts"`
+	Skipped    int64 `json:"skipped"` // never written: unreadable objects and keys that are not objects
+	Unreadable int64 `json:"unreadable"`
+	Failed     int64 `json:"failed"`
+	BytesOld   int64 `json:"bytesRead"`
+	BytesNew   int64 `json:"bytesWritten"`
+}
+
+// ResourceSummary is one resource's line of a summary.
+type ResourceSummary struct {
+	Group    string         `json:"group"`
+	Resource string         `json:"resource"`
+	Reasons  map[string]int `json:"reasons,omitempty"`
+	Counts
+}
+
+// Failure is one key that could not be migrated.
+type Failure struct {
+	Key    string `json:"key"`
+	Status string `json:"status"`
+	Reason string `json:"reason"`
+	Error  string `json:"error"`
+}
+
+// Summary is the result of a run.
+type Summary struct {
+	DryRun       bool                 `json:"dryRun"`
+	Revision     int64                `json:"revision"`
+	Consistent   bool                 `json:"consistent"`
+	Restarts     []etcdscan.Restart   `json:"restarts,omitempty"`
+	Interrupted  bool                 `json:"interrupted,omitempty"`
+	Duration     time.Duration        `json:"-"`
+	DurationText string               `json:"duration"`
+	Summary      Counts               `json:"summary"`
+	Resources    []ResourceSummary    `json:"resources"`
+	Failures     []Failure            `json:"failures,omitempty"`
+	CRDs         []CRDResult          `json:"crds,omitempty"`
+	Preflight    []string             `json:"preflight,omitempty"`
+	Writer       etcdscan.WriterStats `json:"writer"`
+}
+
+// maxFailuresListed bounds the failure list kept in memory and in the report.
+const maxFailuresListed = 1000
+
+type tally struct {
+	mu        sync.Mutex
+	total     Counts
+	resources map[schema.GroupResource]*ResourceSummary
+	failures  []Failure
+	failedN   int
+	// crdPending counts, per custom resource, objects not (yet) in the storage version.
+	crdPending map[schema.GroupResource]int64
+}
+
+func (t *tally) res(gr schema.GroupResource) *ResourceSummary {
+	r := t.resources[gr]
+	if r == nil {
+		r = &ResourceSummary{Group: gr.Group, Resource: gr.Resource, Reasons: map[string]int{}}
+		t.resources[gr] = r
+	}
+	return r
+}
+
+func (t *tally) fail(f Failure) {
+	t.failedN++
+	if len(t.failures) < maxFailuresListed {
+		t.failures = append(t.failures, f)
+	}
+}
+
+// Run migrates everything env selects. The returned summary is complete even when
+// err is set (interrupted, fail-fast, preflight refusal).
+func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error) {
+	start := time.Now()
+	sum := &Summary{DryRun: opts.DryRun, Consistent: true}
+	t := &tally{resources: map[schema.GroupResource]*ResourceSummary{}, crdPending: map[schema.GroupResource]int64{}}
+	writeCtx := opts.WriteContext
+	if writeCtx == nil {
+		writeCtx = ctx
+	}
+	w := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}
+	batchOps := opts.BatchOps
+	if batchOps <= 0 {
+		batchOps = etcdscan.DefaultMaxOps
+	}
+	writers := opts.Writers
+	if writers <= 0 {
+		writers = 4
+	}
+
+	var journal *Journal
+	if !opts.DryRun {
+		checks, err := Preflight(ctx, env, opts)
+		sum.Preflight = checks
+		if err != nil {
+			return finish(sum, t, start), err
+		}
+		if opts.Journal != "" {
+			journal, err = OpenJournal(opts.Journal)
+			if err != nil {
+				return finish(sum, t, start), err
+			}
+			defer journal.Close()
+		}
+	}
+
+	// Writers: batches of stale decisions, bounded queue.
+	type batch struct{ ds []reencode.Decision }
+	queue := make(chan batch, writers)
+	var writeErr error
+	var werrOnce sync.Once
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	snapshotTaken := opts.Snapshot == ""
+	var snapMu sync.Mutex
+	for i := 0; i < writers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range queue {
+				if err := writeBatch(writeCtx, env, w, journal, b.ds, t, opts.FailFast, &snapMu, &snapshotTaken, opts.Snapshot); err != nil {
+					werrOnce.Do(func() { writeErr = err; cancel() })
+				}
+			}
+		}()
+	}
+
+	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+		var stale []reencode.Decision
+		t.mu.Lock()
+		for _, d := range page {
+			t.total.Scanned++
+			t.total.BytesOld += int64(d.OldSize)
+			if d.Status == reencode.NotObject {
+				t.total.Skipped++
+				continue
+			}
+			r := t.res(d.Resource)
+			r.Scanned++
+			r.BytesOld += int64(d.OldSize)
+			switch d.Status {
+			case reencode.Current:
+				t.total.Current++
+				r.Current++
+			case reencode.Unreadable:
+				t.total.Unreadable++
+				t.total.Skipped++
+				r.Unreadable++
+				r.Skipped++
+				r.Reasons[string(d.Err.Reason)]++
+				t.fail(Failure{Key: d.Key, Status: string(d.Status), Reason: string(d.Err.Reason), Error: d.Err.Error()})
+			case reencode.Stale:
+				t.total.Stale++
+				r.Stale++
+				for _, reason := range d.Reasons {
+					r.Reasons[string(reason)]++
+				}
+				if opts.DryRun {
+					t.total.BytesNew += int64(len(d.NewValue))
+					r.BytesNew += int64(len(d.NewValue))
+				} else {
+					stale = append(stale, d)
+				}
+			}
+			if env.Resolver.IsCustom(d.Resource) && d.Status != reencode.Current {
+				t.crdPending[d.Resource]++
+			}
+		}
+		counts := t.total
+		t.mu.Unlock()
+		if opts.FailFast && counts.Unreadable > 0 {
+			return errFailFast
+		}
+		for len(stale) > 0 {
+			n := min(batchOps, len(stale))
+			select {
+			case queue <- batch{ds: stale[:n:n]}:
+			case <-runCtx.Done():
+				return runCtx.Err()
+			}
+			stale = stale[n:]
+		}
+		if opts.Progress != nil {
+			opts.Progress(counts)
+		}
+		return nil
+	})
+	close(queue)
+	wg.Wait()
+	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
+	sum.Writer = w.Stats()
+
+	var err error
+	switch {
+	case writeErr != nil:
+		err = writeErr
+	case errors.Is(scanErr, errFailFast):
+		err = fmt.Errorf("--fail-fast: stopped at the first unreadable object")
+	case scanErr != nil && ctx.Err() != nil:
+		sum.Interrupted = true
+		err = fmt.Errorf("interrupted: in-flight writes finished; run again to resume (current objects are skipped)")
+	case scanErr != nil:
+		err = scanErr
+	}
+	if err == nil && !opts.DryRun {
+		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, w, journal)
+	} else if err == nil {
+		sum.CRDs = PlanStoredVersions(env, t.crdPending)
+	}
+	return finish(sum, t, start), err
+}
+
+var errFailFast = errors.New("fail fast")
+
+func finish(sum *Summary, t *tally, start time.Time) *Summary {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sum.Summary = t.total
+	sum.Resources = sum.Resources[:0]
+	for _, r := range t.resources {
+		sum.Resources = append(sum.Resources, *r)
+	}
+	sort.Slice(sum.Resources, func(i, j int) bool {
+		a, b := sum.Resources[i], sum.Resources[j]
+		if a.Group != b.Group {
+			return a.Group < b.Group
+		}
+		return a.Resource < b.Resource
+	})
+	sum.Failures = t.failures
+	sum.Duration = time.Since(start)
+	sum.DurationText = sum.Duration.Round(time.Millisecond).String()
+	return sum
+}
+
+// writeBatch journals, writes and tallies one batch of stale decisions.
+func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *Journal, ds []reencode.Decision, t *tally, failFast bool, snapMu *sync.Mutex, snapshotTaken *bool, snapshotPath string) error {
+	snapMu.Lock()
+	if !*snapshotTaken {
+		if err := etcdscan.Snapshot(ctx, env.Client, snapshotPath); err != nil {
+			snapMu.Unlock()
+			return fmt.Errorf("--snapshot %s: %w (nothing was written)", snapshotPath, err)
+		}
+		*snapshotTaken = true
+	}
+	snapMu.Unlock()
+
+	puts := make([]etcdscan.Put, len(ds))
+	for i, d := range ds {
+		puts[i] = etcdscan.Put{Key: d.Key, Value: d.NewValue, ModRevision: d.ModRevision}
+	}
+	if j != nil {
+		old := make([][]byte, len(ds))
+		for i, d := range ds {
+			old[i] = d.OldValue
+		}
+		if err := j.Intents(puts, old); err != nil {
+			return fmt.Errorf("%w (nothing of this batch was written)", err)
+		}
+	}
+	results := w.Write(ctx, puts)
+	if j != nil {
+		if err := j.Done(results); err != nil {
+			return err
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var firstErr error
+	for i, r := range results {
+		d := ds[i]
+		rs := t.res(d.Resource)
+		switch r.Status {
+		case etcdscan.Written:
+			t.total.Rewritten++
+			rs.Rewritten++
+			t.total.BytesNew += int64(len(d.NewValue))
+			rs.BytesNew += int64(len(d.NewValue))
+			if env.Resolver.IsCustom(d.Resource) {
+				t.crdPending[d.Resource]--
+			}
+		case etcdscan.Conflict:
+			// Someone else wrote it since it was read: the writer stored it fresh.
+			t.total.Conflicts++
+			rs.Conflicts++
+		default:
+			t.total.Failed++
+			rs.Failed++
+			t.fail(Failure{Key: d.Key, Status: "failed", Reason: "write", Error: fmt.Sprintf("%s: %v", d.Key, r.Err)})
+			if failFast && firstErr == nil {
+				firstErr = fmt.Errorf("--fail-fast: write %s: %v", d.Key, r.Err)
+			}
+		}
+	}
+	return firstErr
+}

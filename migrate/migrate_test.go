@@ -1,0 +1,589 @@
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/kubernetes/pkg/apis/coordination"
+	api "k8s.io/kubernetes/pkg/apis/core"
+	"k8s.io/kubernetes/pkg/apis/resource"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+var (
+	secretsGR    = schema.GroupResource{Resource: "secrets"}
+	configmapsGR = schema.GroupResource{Resource: "configmaps"}
+	devclassGR   = schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}
+	eventsGR     = schema.GroupResource{Resource: "events"}
+)
+
+type cluster struct {
+	t   *testing.T
+	srv *testetcd.Server
+	cli *clientv3.Client
+	dir string
+}
+
+func newCluster(t *testing.T, opts testetcd.Options) *cluster {
+	t.Helper()
+	srv := testetcd.StartT(t, opts)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return &cluster{t: t, srv: srv, cli: cli, dir: t.TempDir()}
+}
+
+// encryptionConfig writes an EncryptionConfiguration for secrets and configmaps
+// with the given providers (YAML snippets) and returns its path.
+func (c *cluster) encryptionConfig(name string, providers ...string) string {
+	c.t.Helper()
+	var b strings.Builder
+	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets, configmaps]\n  providers:\n")
+	for _, p := range providers {
+		b.WriteString(p)
+	}
+	path := filepath.Join(c.dir, name)
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	return path
+}
+
+func aescbc(name string, key byte) string {
+	return fmt.Sprintf("  - aescbc:\n      keys:\n      - name: %s\n        secret: %s\n", name, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{key}, 32)))
+}
+
+const identity = "  - identity: {}\n"
+
+func (c *cluster) loadEncryption(path string) *decode.Encryption {
+	c.t.Helper()
+	enc, err := decode.LoadEncryption(context.Background(), path)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(enc.Close)
+	return enc
+}
+
+// put stores obj as kube-apiserver configured with (emulated, media, encryption
+// config) would, and returns the key's mod revision.
+func (c *cluster) put(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string, opts ...clientv3.OpOption) int64 {
+	c.t.Helper()
+	sc, err := decode.NewStorageConfig(emulated, media)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	rc, err := sc.Codec(gr)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	value, err := runtime.Encode(rc.Codec, obj)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if encPath != "" {
+		value, err = c.loadEncryption(encPath).Encrypt(context.Background(), gr, key, value)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	resp, err := c.cli.Put(context.Background(), key, string(value), opts...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func (c *cluster) get(key string) (value []byte, modRev, lease int64) {
+	c.t.Helper()
+	resp, err := c.cli.Get(context.Background(), key)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 {
+		c.t.Fatalf("%s: not found", key)
+	}
+	kv := resp.Kvs[0]
+	return kv.Value, kv.ModRevision, kv.Lease
+}
+
+func (c *cluster) revision() int64 {
+	c.t.Helper()
+	resp, err := c.cli.Get(context.Background(), "nonexistent-probe")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func (c *cluster) env(cfg pipeline.Config) *pipeline.Env {
+	c.t.Helper()
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/registry"
+	}
+	env, err := pipeline.Setup(context.Background(), c.cli, cfg)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(env.Close)
+	return env
+}
+
+// decision decodes one key with env and decides it.
+func decision(t *testing.T, env *pipeline.Env, c *cluster, key string) reencode.Decision {
+	t.Helper()
+	value, rev, lease := c.get(key)
+	return env.DecideOne(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev, Lease: lease}, pipeline.Decide)
+}
+
+func secret(ns, name, password string) *api.Secret {
+	return &api.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Type:       api.SecretTypeOpaque,
+		Data:       map[string][]byte{"password": []byte(password)},
+	}
+}
+
+func configMap(ns, name string) *api.ConfigMap {
+	return &api.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Data:       map[string]string{"app.properties": "color=blue\n"},
+	}
+}
+
+func deviceClass(name string) *resource.DeviceClass {
+	return &resource.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       resource.DeviceClassSpec{Selectors: []resource.DeviceSelector{{CEL: &resource.CELDeviceSelector{Expression: `device.driver == "gpu.example.com"`}}}},
+	}
+}
+
+func event(ns, name string) *api.Event {
+	return &api.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		InvolvedObject: api.ObjectReference{Kind: "Pod", Namespace: ns, Name: "web-0"},
+		Reason:         "Scheduled",
+		Message:        "Successfully assigned",
+		Type:           "Normal",
+		Count:          1,
+	}
+}
+
+func run(t *testing.T, env *pipeline.Env, opts Options) *Summary {
+	t.Helper()
+	if opts.QuotaBackendBytes == 0 {
+		opts.QuotaBackendBytes = DefaultQuotaBackendBytes
+	}
+	sum, err := Run(context.Background(), env, opts)
+	if err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return sum
+}
+
+func resourceCounts(s *Summary, gr schema.GroupResource) Counts {
+	for _, r := range s.Resources {
+		if r.Group == gr.Group && r.Resource == gr.Resource {
+			return r.Counts
+		}
+	}
+	return Counts{}
+}
+
+// TestMigrateEachReason: storage version, encryption key, provider change and media
+// type are each rewritten to exactly what the target writes, and a second run finds
+// everything current.
+func TestMigrateEachReason(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1), identity)
+	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), aescbc("key1", 1), identity)
+
+	c.put("/registry/secrets/ns1/rotated", secretsGR, secret("ns1", "rotated", "hunter2"), "", "", oldCfg)
+	c.put("/registry/configmaps/ns1/plain", configmapsGR, configMap("ns1", "plain"), "", "", "") // identity -> aescbc key2
+	c.put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "1.33", "", "")         // v1beta2 -> v1
+	c.put("/registry/configmaps/ns1/json", configmapsGR, configMap("ns1", "json"), "", decode.MediaTypeJSON, newCfg)
+	c.put("/registry/configmaps/ns1/current", configmapsGR, configMap("ns1", "current"), "", "", newCfg)
+	currentBefore, currentRev, _ := c.get("/registry/configmaps/ns1/current")
+
+	env := c.env(pipeline.Config{EncryptionConfig: newCfg})
+	want := map[string]string{
+		"/registry/secrets/ns1/rotated":  "encryption",
+		"/registry/configmaps/ns1/plain": "encryption",
+		"/registry/deviceclasses/gpu":    "storage-version",
+		"/registry/configmaps/ns1/json":  "media-type",
+	}
+	for key, reason := range want {
+		if d := decision(t, env, c, key); d.Status != reencode.Stale || d.ReasonStrings() != reason {
+			t.Errorf("%s: %s %q, want stale %q", key, d.Status, d.ReasonStrings(), reason)
+		}
+	}
+	sum := run(t, env, Options{Journal: filepath.Join(c.dir, "journal")})
+	if sum.Summary.Rewritten != 4 || sum.Summary.Current != 1 || sum.Summary.Failed != 0 || sum.Summary.Conflicts != 0 {
+		t.Fatalf("summary %+v", sum.Summary)
+	}
+	// Each value is now what kube-apiserver 1.36 with the new config writes:
+	// current for a fresh decision, under aescbc key2 for secrets and configmaps.
+	env2 := c.env(pipeline.Config{EncryptionConfig: newCfg})
+	for key := range want {
+		d := decision(t, env2, c, key)
+		if d.Status != reencode.Current {
+			t.Errorf("after migrate %s: %s %v", key, d.Status, d.Reasons)
+		}
+		value, _, _ := c.get(key)
+		if strings.Contains(key, "/secrets/") || strings.Contains(key, "/configmaps/") {
+			if !bytes.HasPrefix(value, []byte("k8s:enc:aescbc:v1:key2:")) {
+				t.Errorf("%s: not under aescbc key2", key)
+			}
+			if bytes.Contains(value, []byte("hunter2")) {
+				t.Errorf("%s: plaintext in etcd", key)
+			}
+		}
+	}
+	if d := decision(t, env2, c, "/registry/deviceclasses/gpu"); d.From.Version != "resource.k8s.io/v1" {
+		t.Errorf("deviceclass stored as %s", d.From.Version)
+	}
+	// The current object was not touched.
+	after, rev, _ := c.get("/registry/configmaps/ns1/current")
+	if rev != currentRev || !bytes.Equal(after, currentBefore) {
+		t.Errorf("current object rewritten")
+	}
+	// Decoded content is unchanged by the migration.
+	assertSameSecret(t, c, env2, "/registry/secrets/ns1/rotated", "hunter2")
+
+	// Second run: nothing to do.
+	again := run(t, env2, Options{})
+	if again.Summary.Rewritten != 0 || again.Summary.Current != 5 {
+		t.Fatalf("second run %+v", again.Summary)
+	}
+}
+
+func assertSameSecret(t *testing.T, c *cluster, env *pipeline.Env, key, password string) {
+	t.Helper()
+	value, rev, _ := c.get(key)
+	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := obj.Internal.(*api.Secret)
+	if string(s.Data["password"]) != password || s.UID == "" || s.Name == "" {
+		t.Fatalf("%s: content changed", key)
+	}
+}
+
+// TestMigrateToIdentity: a config whose first provider is identity decrypts and
+// writes plaintext (disaster recovery away from a key).
+func TestMigrateToIdentity(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1))
+	newCfg := c.encryptionConfig("new.yaml", identity, aescbc("key1", 1))
+	c.put("/registry/secrets/ns1/s", secretsGR, secret("ns1", "s", "pw"), "", "", oldCfg)
+	sum := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
+	if sum.Summary.Rewritten != 1 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	value, _, _ := c.get("/registry/secrets/ns1/s")
+	if !bytes.HasPrefix(value, []byte("k8s\x00")) {
+		t.Fatalf("not stored as plaintext protobuf")
+	}
+}
+
+// TestLeaseKept: events keep their etcd lease and its TTL keeps counting down.
+func TestLeaseKept(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	ctx := context.Background()
+	lease, err := c.cli.Grant(ctx, 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.put("/registry/events/ns1/e1", eventsGR, event("ns1", "e1"), "", decode.MediaTypeJSON, "", clientv3.WithLease(lease.ID))
+	sum := run(t, c.env(pipeline.Config{}), Options{})
+	if sum.Summary.Rewritten != 1 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	value, _, got := c.get("/registry/events/ns1/e1")
+	if got != int64(lease.ID) {
+		t.Fatalf("lease %x, want %x", got, lease.ID)
+	}
+	if !bytes.HasPrefix(value, []byte("k8s\x00")) {
+		t.Fatalf("event not rewritten as protobuf")
+	}
+	ttl, err := c.cli.TimeToLive(ctx, lease.ID, clientv3.WithAttachedKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl.TTL <= 0 || ttl.TTL > 3600 || len(ttl.Keys) != 1 {
+		t.Fatalf("lease TTL %d keys %d", ttl.TTL, len(ttl.Keys))
+	}
+}
+
+// TestDryRunWritesNothing: the revision does not move and the report lists the work.
+func TestDryRunWritesNothing(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	for i := 0; i < 30; i++ {
+		c.put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), devclassGR, deviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
+	}
+	before := c.revision()
+	sum := run(t, c.env(pipeline.Config{PageSize: 7}), Options{DryRun: true, Journal: filepath.Join(c.dir, "j")})
+	if c.revision() != before {
+		t.Fatalf("dry run moved the revision %d -> %d", before, c.revision())
+	}
+	if sum.Summary.Stale != 30 || sum.Summary.Rewritten != 0 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	for _, r := range sum.Resources {
+		if r.Resource == devclassGR.Resource && r.Reasons[string(reencode.ReasonVersion)] != 30 {
+			t.Fatalf("dry run should say why each would change: reasons %v", r.Reasons)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(c.dir, "j")); !os.IsNotExist(err) {
+		t.Fatalf("dry run created the journal")
+	}
+}
+
+// TestConcurrentWriterWins: a writer changing keys during the run keeps every one of
+// its writes; those keys are conflicts, the rest are rewritten.
+func TestConcurrentWriterWins(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	const n = 400
+	for i := 0; i < n; i++ {
+		c.put(fmt.Sprintf("/registry/deviceclasses/dc-%03d", i), devclassGR, deviceClass(fmt.Sprintf("dc-%03d", i)), "1.33", "", "")
+	}
+	env := c.env(pipeline.Config{PageSize: 20, Concurrency: 2})
+	// The other writer stores its own marker values (as an apiserver would store a
+	// fresh object) into every third key while the migration runs.
+	ctx := context.Background()
+	theirs := map[string][]byte{}
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < n; i += 3 {
+			key := fmt.Sprintf("/registry/deviceclasses/dc-%03d", i)
+			sc, _ := decode.NewStorageConfig("", "")
+			rc, _ := sc.Codec(devclassGR)
+			dc := deviceClass(fmt.Sprintf("dc-%03d", i))
+			dc.Labels = map[string]string{"written-by": "other"}
+			v, _ := runtime.Encode(rc.Codec, dc)
+			if _, err := c.cli.Put(ctx, key, string(v)); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			theirs[key] = v
+			mu.Unlock()
+		}
+	}()
+	sum := run(t, env, Options{BatchOps: 8})
+	<-done
+	for key, v := range theirs {
+		got, _, _ := c.get(key)
+		if !bytes.Equal(got, v) {
+			t.Errorf("%s: the other writer's value was overwritten", key)
+		}
+	}
+	s := sum.Summary
+	if s.Rewritten+s.Conflicts+s.Current != n || s.Failed != 0 {
+		t.Fatalf("summary %+v", s)
+	}
+	// Whatever was neither theirs nor current before is now v1.
+	env2 := c.env(pipeline.Config{})
+	for i := 0; i < n; i++ {
+		key := fmt.Sprintf("/registry/deviceclasses/dc-%03d", i)
+		if d := decision(t, env2, c, key); d.Status != reencode.Current {
+			t.Errorf("%s: %s after migrate", key, d.Status)
+		}
+	}
+}
+
+// TestRollbackRestoresBytes: rollback gives back byte-identical values and keeps
+// leases; a key changed after the migration is left alone.
+func TestRollbackRestoresBytes(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1), identity)
+	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), aescbc("key1", 1), identity)
+	ctx := context.Background()
+	lease, err := c.cli.Grant(ctx, 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{}
+	before := map[string][]byte{}
+	for i := 0; i < 10; i++ {
+		key := fmt.Sprintf("/registry/secrets/ns1/s%d", i)
+		c.put(key, secretsGR, secret("ns1", fmt.Sprintf("s%d", i), "pw"), "", "", oldCfg)
+		keys = append(keys, key)
+	}
+	c.put("/registry/events/ns1/e", eventsGR, event("ns1", "e"), "", decode.MediaTypeJSON, "", clientv3.WithLease(lease.ID))
+	keys = append(keys, "/registry/events/ns1/e")
+	for _, k := range keys {
+		before[k], _, _ = c.get(k)
+	}
+	journal := filepath.Join(c.dir, "journal")
+	sum := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{Journal: journal})
+	if sum.Summary.Rewritten != 11 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	if fi, err := os.Stat(journal); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("journal mode: %v %v", fi.Mode(), err)
+	}
+	// Someone updates s0 after the migration: rollback must not undo that.
+	c.put("/registry/secrets/ns1/s0", secretsGR, secret("ns1", "s0", "changed"), "", "", newCfg)
+	changed, _, _ := c.get("/registry/secrets/ns1/s0")
+
+	res, err := Rollback(ctx, c.cli, journal, &etcdscan.Writer{Client: c.cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Restored != 10 || res.Skipped != 1 || res.Failed != 0 {
+		t.Fatalf("rollback %+v", res)
+	}
+	for _, k := range keys[1:] {
+		got, _, l := c.get(k)
+		if !bytes.Equal(got, before[k]) {
+			t.Errorf("%s: not byte-identical after rollback", k)
+		}
+		if strings.Contains(k, "events") && l != int64(lease.ID) {
+			t.Errorf("%s: lease lost in rollback", k)
+		}
+	}
+	if got, _, _ := c.get("/registry/secrets/ns1/s0"); !bytes.Equal(got, changed) {
+		t.Errorf("rollback overwrote a later change")
+	}
+}
+
+// TestUnreadableAndNonObjectsAreNeverWritten: corrupt values, undecryptable values,
+// unknown resources and compact_rev_key are reported and left byte-identical.
+func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	lostCfg := c.encryptionConfig("lost.yaml", aescbc("lost", 9))
+	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), identity)
+	c.put("/registry/secrets/ns1/lost-key", secretsGR, secret("ns1", "lost-key", "pw"), "", "", lostCfg)
+	ctx := context.Background()
+	raw := map[string]string{
+		"/registry/secrets/ns1/garbage":     "\x00\x01\x02garbage",
+		"/registry/secrets/ns1/truncated":   "k8s\x00\x0a\x05",
+		"/registry/gizmos/ns1/g":            "k8s\x00",
+		"/registry/other.io/gadgets/ns1/g":  `{"apiVersion":"other.io/v1","kind":"Gadget"}`,
+		"compact_rev_key":                   "12",
+		"/registry/deviceclasses/wrongkind": "",
+	}
+	for k, v := range raw {
+		if _, err := c.cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.put("/registry/deviceclasses/ok", devclassGR, deviceClass("ok"), "1.33", "", "")
+	before := map[string][]byte{}
+	for k := range raw {
+		before[k], _, _ = c.get(k)
+	}
+	before["/registry/secrets/ns1/lost-key"], _, _ = c.get("/registry/secrets/ns1/lost-key")
+
+	sum, err := Run(ctx, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{QuotaBackendBytes: DefaultQuotaBackendBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Summary.Rewritten != 1 || sum.Summary.Unreadable != 6 {
+		t.Fatalf("summary %+v failures %+v", sum.Summary, sum.Failures)
+	}
+	for k, v := range before {
+		if got, _, _ := c.get(k); !bytes.Equal(got, v) {
+			t.Errorf("%s was written", k)
+		}
+	}
+	for _, f := range sum.Failures {
+		if f.Key == "/registry/secrets/ns1/lost-key" && !strings.Contains(f.Error, "lost") {
+			t.Errorf("undecryptable error does not name the key it needs: %s", f.Error)
+		}
+		if strings.Contains(f.Error, "pw") && strings.Contains(f.Key, "secrets") && strings.Contains(f.Error, "password") {
+			t.Errorf("error leaks secret: %s", f.Error)
+		}
+	}
+}
+
+// TestPreflightRefusesLiveAPIServer: a kube-apiserver identity lease renewed
+// within a minute stops the run before any write, naming the key.
+func TestPreflightRefusesLiveAPIServer(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	now := time.Now()
+	renew := metav1.NewMicroTime(now.Add(-10 * time.Second))
+	holder := "apiserver-abc_1"
+	lease := &coordination.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "apiserver-abc", Namespace: "kube-system", UID: "u", CreationTimestamp: metav1.Unix(1700000000, 0),
+			Labels: map[string]string{"apiserver.kubernetes.io/identity": "kube-apiserver"}},
+		Spec: coordination.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew},
+	}
+	c.put("/registry/leases/kube-system/apiserver-abc", schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, lease, "", "", "")
+	c.put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "1.33", "", "")
+	before := c.revision()
+	env := c.env(pipeline.Config{})
+	_, err := Run(context.Background(), env, Options{Now: func() time.Time { return now }})
+	if err == nil || !strings.Contains(err.Error(), "/registry/leases/kube-system/apiserver-abc") {
+		t.Fatalf("err = %v", err)
+	}
+	if c.revision() != before {
+		t.Fatalf("wrote despite a live apiserver")
+	}
+	// Two minutes later the lease is stale: the run goes ahead.
+	sum, err := Run(context.Background(), env, Options{Now: func() time.Time { return now.Add(2 * time.Minute) }})
+	if err != nil || sum.Summary.Rewritten != 1 {
+		t.Fatalf("err %v summary %+v", err, sum.Summary)
+	}
+}
+
+// TestPreflightRefusesOverQuota: a rewrite that would not fit the backend quota is
+// refused with the estimate and the compaction advice.
+func TestPreflightRefusesOverQuota(t *testing.T) {
+	c := newCluster(t, testetcd.Options{})
+	for i := 0; i < 50; i++ {
+		c.put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), devclassGR, deviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
+	}
+	st, err := etcdscan.Status(context.Background(), c.cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.revision()
+	_, err = Run(context.Background(), c.env(pipeline.Config{}), Options{QuotaBackendBytes: st.DBSize + 100})
+	if err == nil || !strings.Contains(err.Error(), "quota") || !strings.Contains(err.Error(), "defragment") {
+		t.Fatalf("err = %v", err)
+	}
+	if c.revision() != before {
+		t.Fatalf("wrote despite the quota")
+	}
+}
+
+// TestPreflightRefusesAlarm: etcd's NOSPACE alarm stops the run.
+func TestPreflightRefusesAlarm(t *testing.T) {
+	c := newCluster(t, testetcd.Options{QuotaBackendBytes: 1 << 20})
+	ctx := context.Background()
+	big := strings.Repeat("x", 64<<10)
+	for i := 0; i < 64; i++ {
+		if _, err := c.cli.Put(ctx, fmt.Sprintf("/filler/%d", i), big); err != nil {
+			break // NOSPACE
+		}
+	}
+	_, err := Run(ctx, c.env(pipeline.Config{}), Options{})
+	if err == nil || !strings.Contains(err.Error(), "NOSPACE") {
+		t.Fatalf("err = %v", err)
+	}
+}

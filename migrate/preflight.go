@@ -1,0 +1,178 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/kubernetes/pkg/apis/coordination"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// DefaultQuotaBackendBytes is etcd's default --quota-backend-bytes.
+const DefaultQuotaBackendBytes = 2 << 30
+
+// liveWindow is how recently a kube-apiserver must have renewed a lease to count as live.
+const liveWindow = time.Minute
+
+// PreflightError is a refusal before anything was written.
+type PreflightError struct{ Msg string }
+
+func (e *PreflightError) Error() string { return "preflight: " + e.Msg + " (nothing was written)" }
+
+// Preflight runs the checks that must pass before the first write and returns a
+// line per check passed.
+func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+	var done []string
+	now := time.Now
+	if opts.Now != nil {
+		now = opts.Now
+	}
+
+	alarms, err := etcdscan.Alarms(ctx, env.Client)
+	if err != nil {
+		return done, err
+	}
+	if len(alarms) > 0 {
+		return done, &PreflightError{Msg: fmt.Sprintf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
+	}
+	done = append(done, "etcd has no active alarm")
+
+	if !opts.AllowLiveAPIServer {
+		key, when, err := liveAPIServer(ctx, env, now())
+		if err != nil {
+			return done, err
+		}
+		if key != "" {
+			return done, &PreflightError{Msg: fmt.Sprintf("a kube-apiserver looks alive: %s was renewed %s ago; stop every kube-apiserver first, or pass --allow-live-apiserver", key, when.Round(time.Second))}
+		}
+		done = append(done, "no kube-apiserver lease renewed within the last minute")
+	}
+
+	quota := opts.QuotaBackendBytes
+	if quota <= 0 {
+		quota = DefaultQuotaBackendBytes
+	}
+	st, err := etcdscan.Status(ctx, env.Client)
+	if err != nil {
+		return done, err
+	}
+	// Every rewrite adds its new value to the database until compaction and
+	// defragmentation. All live values together take at most DBSizeInUse, so when
+	// even that fits there is no need to count precisely.
+	estimate := st.DBSizeInUse
+	exact := false
+	if st.DBSize+estimate > quota {
+		estimate, err = bytesToRewrite(ctx, env)
+		if err != nil {
+			return done, err
+		}
+		exact = true
+	}
+	if st.DBSize+estimate > quota {
+		return done, &PreflightError{Msg: fmt.Sprintf("the rewrite would add about %s to a %s database, past the %s quota (--quota-backend-bytes); compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), migrate fewer resources at a time (--resource), or raise the quota if etcd runs with a larger one",
+			human(estimate), human(st.DBSize), human(quota))}
+	}
+	how := "at most"
+	if exact {
+		how = "about"
+	}
+	done = append(done, fmt.Sprintf("database %s + rewrite %s %s fits the %s quota; compact and defragment afterwards to reclaim it", human(st.DBSize), how, human(estimate), human(quota)))
+
+	grs := env.Storage.BuiltinResources()
+	for _, crd := range env.CRDs {
+		grs = append(grs, crd.Resource)
+	}
+	if env.Filter != nil {
+		grs = grs[:0]
+		for gr := range env.Filter {
+			grs = append(grs, gr)
+		}
+	}
+	if err := env.Encryption.Preflight(ctx, grs); err != nil {
+		return done, &PreflightError{Msg: "write encryption provider: " + err.Error()}
+	}
+	done = append(done, "write encryption providers encrypt and decrypt a probe value")
+	return done, nil
+}
+
+// liveAPIServer finds a kube-apiserver identity lease or master lease renewed
+// within liveWindow.
+func liveAPIServer(ctx context.Context, env *pipeline.Env, now time.Time) (string, time.Duration, error) {
+	prefix := env.Resolver.Prefix()
+	resp, err := env.Client.Get(ctx, prefix+"/leases/kube-system/", clientv3.WithPrefix())
+	if err != nil {
+		return "", 0, fmt.Errorf("preflight: read %s/leases/kube-system/: %w", prefix, err)
+	}
+	for _, kv := range resp.Kvs {
+		obj, err := env.Decoder.Decode(ctx, etcdscan.KV{Key: string(kv.Key), Value: kv.Value, ModRevision: kv.ModRevision})
+		if err != nil {
+			continue
+		}
+		lease, ok := obj.Internal.(*coordination.Lease)
+		if !ok || !isAPIServerLease(lease) || lease.Spec.RenewTime == nil {
+			continue
+		}
+		if age := now.Sub(lease.Spec.RenewTime.Time); age < liveWindow {
+			return string(kv.Key), age, nil
+		}
+	}
+	ml, err := env.Client.Get(ctx, prefix+"/masterleases/", clientv3.WithPrefix())
+	if err != nil {
+		return "", 0, fmt.Errorf("preflight: read %s/masterleases/: %w", prefix, err)
+	}
+	for _, kv := range ml.Kvs {
+		// Master leases carry an etcd lease of about 15 s that the apiserver renews:
+		// one that still exists was renewed recently.
+		if kv.Lease == 0 {
+			continue
+		}
+		ttl, err := env.Client.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+		if err == nil && ttl.TTL > 0 {
+			return string(kv.Key), time.Duration(ttl.GrantedTTL-ttl.TTL) * time.Second, nil
+		}
+	}
+	return "", 0, nil
+}
+
+func isAPIServerLease(l *coordination.Lease) bool {
+	if l.Labels["apiserver.kubernetes.io/identity"] == "kube-apiserver" {
+		return true
+	}
+	return strings.HasPrefix(l.Name, "apiserver-") || strings.HasPrefix(l.Name, "kube-apiserver-")
+}
+
+// bytesToRewrite runs the decision over the selected keys and adds up the new values.
+func bytesToRewrite(ctx context.Context, env *pipeline.Env) (int64, error) {
+	var n int64
+	_, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+		for _, d := range page {
+			if d.Status == reencode.Stale {
+				n += int64(len(d.NewValue))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("preflight: estimate the rewrite: %w", err)
+	}
+	return n, nil
+}
+
+func human(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}

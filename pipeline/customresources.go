@@ -1,0 +1,32 @@
+package pipeline
+
+import (
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"kube-etcd-migrate/customresource"
+	"kube-etcd-migrate/decode"
+)
+
+// crCodec adapts customresource.Codec to the decode and reencode interfaces.
+type crCodec struct{ *customresource.Codec }
+
+func (c crCodec) DecodeStored(plaintext []byte) (*unstructured.Unstructured, schema.GroupVersionKind, string, error) {
+	u, info, err := c.Decode(plaintext)
+	mt := decode.MediaTypeJSON
+	if info.MediaType == "cbor" {
+		mt = decode.MediaTypeCBOR
+	}
+	return u, info.GVK, mt, err
+}
+
+func defaultCustomResources(webhooks map[string]string) CustomResourceFactory {
+	return func(crd *apiextensionsv1.CustomResourceDefinition) (CustomResourceCodec, error) {
+		c, err := customresource.NewCodec(crd, customresource.Options{WebhookURLs: webhooks})
+		if err != nil {
+			return nil, err
+		}
+		return crCodec{c}, nil
+	}
+}

@@ -1,0 +1,287 @@
+// Package pipeline is the read half shared by inventory, verify and migrate: it
+// builds the apiserver's view of the cluster (storage codecs for the decode and the
+// target release, encryption transformers, the CRDs found in etcd), then streams the
+// keyspace at one revision through decode and the rewrite decision with bounded
+// concurrency and bounded memory.
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/reencode"
+)
+
+// Config is what every command shares.
+type Config struct {
+	Prefix           string   // etcd prefix, "/registry"
+	EncryptionConfig string   // --encryption-provider-config; "" = identity
+	TargetVersion    string   // --target-version; "" = 1.36
+	StorageMediaType string   // --storage-media-type; "" = protobuf
+	Resources        []string // --resource filters
+	Namespace        string   // --namespace filter
+	PageSize         int64
+	Concurrency      int
+	// WebhookURLs maps "namespace/service" of CRD conversion webhooks to URLs
+	// reachable from here (--conversion-webhook).
+	WebhookURLs map[string]string
+	// CustomResources builds the codec of one CRD's custom resources; nil uses the
+	// customresource package (the apiextensions-apiserver's read and write path).
+	CustomResources CustomResourceFactory
+	// Encryption, when set, is used instead of loading EncryptionConfig.
+	Encryption *decode.Encryption
+}
+
+// CustomResourceCodec reads and writes one CRD's custom resources.
+type CustomResourceCodec interface {
+	decode.CustomResourceDecoder
+	reencode.CustomResourceEncoder
+}
+
+// CustomResourceFactory makes the codec for a CRD.
+type CustomResourceFactory func(crd *apiextensionsv1.CustomResourceDefinition) (CustomResourceCodec, error)
+
+// CRD is a CustomResourceDefinition found in etcd.
+type CRD struct {
+	Key            string
+	ModRevision    int64
+	Resource       schema.GroupResource
+	StorageVersion string
+	StoredVersions []string
+	Object         *apiextensionsv1.CustomResourceDefinition
+	// Err is set when the CRD's custom resources cannot be read (its codec failed).
+	Err error
+}
+
+// Env is a prepared run.
+type Env struct {
+	Client     *clientv3.Client
+	Config     Config
+	Storage    *decode.StorageConfig // decoding (kube-apiserver 1.36)
+	Target     *decode.StorageConfig // encoding (target release and media type)
+	Encryption *decode.Encryption
+	Resolver   *decode.Resolver
+	Decoder    *decode.Decoder
+	Planner    *reencode.Planner
+	CRDs       []*CRD
+	// Prefixes are the key ranges the run scans, in key order.
+	Prefixes []string
+	// Filter, when set, limits the run to these resources.
+	Filter map[schema.GroupResource]bool
+}
+
+// Setup prepares a run: storage codecs, encryption, CRDs (read from etcd at the
+// current revision), and the key ranges the filters select.
+func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/registry"
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = etcdscan.DefaultPageSize
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = runtime.GOMAXPROCS(0)
+	}
+	storage, err := decode.NewStorageConfig("", "")
+	if err != nil {
+		return nil, err
+	}
+	target, err := decode.NewStorageConfig(cfg.TargetVersion, cfg.StorageMediaType)
+	if err != nil {
+		return nil, err
+	}
+	enc := cfg.Encryption
+	if enc == nil {
+		enc, err = decode.LoadEncryption(ctx, cfg.EncryptionConfig)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cfg.CustomResources == nil {
+		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs)
+	}
+	res := decode.NewResolver(cfg.Prefix, storage)
+	env := &Env{
+		Client:     cli,
+		Config:     cfg,
+		Storage:    storage,
+		Target:     target,
+		Encryption: enc,
+		Resolver:   res,
+		Decoder:    decode.NewDecoder(res, storage, enc),
+		Planner:    reencode.NewPlanner(target, enc),
+	}
+	if err := env.loadCRDs(ctx); err != nil {
+		return nil, err
+	}
+	if err := env.selectPrefixes(); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// Close releases the encryption providers (KMS connections).
+func (e *Env) Close() {
+	if e.Encryption != nil && e.Config.Encryption == nil {
+		e.Encryption.Close()
+	}
+}
+
+// loadCRDs reads every CRD object and registers its custom resources.
+func (e *Env) loadCRDs(ctx context.Context) error {
+	_, err := etcdscan.Scan(ctx, e.Client, etcdscan.ScanOptions{Prefixes: []string{e.Resolver.CRDKeyPrefix()}, PageSize: e.Config.PageSize}, func(page []etcdscan.KV) error {
+		for _, kv := range page {
+			obj, err := e.Decoder.Decode(ctx, kv)
+			if err != nil {
+				// Reported by the scan like any unreadable object.
+				continue
+			}
+			internal, ok := obj.Internal.(*apiextensions.CustomResourceDefinition)
+			if !ok {
+				continue
+			}
+			v1 := &apiextensionsv1.CustomResourceDefinition{}
+			if err := decode.ExtensionsScheme.Convert(internal, v1, nil); err != nil {
+				return fmt.Errorf("%s: convert CRD to apiextensions.k8s.io/v1: %w", kv.Key, err)
+			}
+			crd := &CRD{
+				Key:            kv.Key,
+				ModRevision:    kv.ModRevision,
+				Resource:       schema.GroupResource{Group: v1.Spec.Group, Resource: v1.Spec.Names.Plural},
+				StoredVersions: append([]string(nil), v1.Status.StoredVersions...),
+				Object:         v1,
+			}
+			for _, v := range v1.Spec.Versions {
+				if v.Storage {
+					crd.StorageVersion = v.Name
+				}
+			}
+			e.Resolver.AddCustomResource(crd.Resource.Group, crd.Resource.Resource)
+			if e.Config.CustomResources != nil {
+				codec, err := e.Config.CustomResources(v1)
+				if err != nil {
+					crd.Err = fmt.Errorf("CRD %s: %w", v1.Name, err)
+				} else {
+					e.Decoder.AddCustomResource(crd.Resource, codec)
+					e.Planner.AddCustomResource(crd.Resource, codec)
+				}
+			}
+			e.CRDs = append(e.CRDs, crd)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read CRDs under %s: %w", e.Resolver.CRDKeyPrefix(), err)
+	}
+	return nil
+}
+
+func (e *Env) selectPrefixes() error {
+	cfg := e.Config
+	if len(cfg.Resources) == 0 {
+		if cfg.Namespace != "" {
+			return fmt.Errorf("--namespace needs --resource: the keyspace is laid out by resource first")
+		}
+		e.Prefixes = []string{strings.TrimSuffix(cfg.Prefix, "/") + "/"}
+		return nil
+	}
+	e.Filter = map[schema.GroupResource]bool{}
+	for _, r := range cfg.Resources {
+		gr, err := e.Resolver.ParseResource(r)
+		if err != nil {
+			return err
+		}
+		e.Filter[gr] = true
+		p, err := e.Resolver.KeyPrefix(gr, cfg.Namespace)
+		if err != nil {
+			return err
+		}
+		e.Prefixes = append(e.Prefixes, p)
+	}
+	sort.Strings(e.Prefixes)
+	// Drop a prefix contained in another ("services/" would contain "services/specs/").
+	out := e.Prefixes[:0]
+	for _, p := range e.Prefixes {
+		if len(out) > 0 && strings.HasPrefix(p, out[len(out)-1]) {
+			continue
+		}
+		out = append(out, p)
+	}
+	e.Prefixes = out
+	return nil
+}
+
+// Mode says how much work Run does per key.
+type Mode int
+
+const (
+	// DecodeOnly decodes (inventory); decisions carry From but no To.
+	DecodeOnly Mode = iota
+	// Decide also encodes to the target and decides (verify, migrate).
+	Decide
+)
+
+// Run scans the selected prefixes at one revision and calls fn once per page with
+// the decisions of that page, in key order. Decoding and deciding run on
+// Config.Concurrency goroutines; at most two pages are held at once.
+func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page []reencode.Decision) error) (etcdscan.ScanStats, error) {
+	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, PageSize: e.Config.PageSize}
+	return etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
+		out := make([]reencode.Decision, len(page))
+		var wg sync.WaitGroup
+		next := make(chan int)
+		workers := min(e.Config.Concurrency, len(page))
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					out[i] = e.DecideOne(ctx, page[i], mode)
+				}
+			}()
+		}
+	feed:
+		for i := range page {
+			select {
+			case next <- i:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+		close(next)
+		wg.Wait()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.Filter != nil {
+			kept := out[:0]
+			for _, d := range out {
+				if d.Status == reencode.NotObject || e.Filter[d.Resource] {
+					kept = append(kept, d)
+				}
+			}
+			out = kept
+		}
+		return fn(out)
+	})
+}
+
+// DecideOne decodes one key and, in Decide mode, decides what to do with it.
+func (e *Env) DecideOne(ctx context.Context, kv etcdscan.KV, mode Mode) reencode.Decision {
+	obj, err := e.Decoder.Decode(ctx, kv)
+	if mode == DecodeOnly {
+		return reencode.Describe(obj, err)
+	}
+	return e.Planner.Decide(ctx, obj, err)
+}

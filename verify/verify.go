@@ -1,0 +1,346 @@
+// Package verify is the read-only audit of an etcd keyspace against a target
+// kube-apiserver release: it runs every object through reencode's decision (the
+// same one migrate acts on) without writing anything, and reports per resource what
+// is current, stale (and why) or unreadable (and why), whether CRD storedVersions
+// can be trimmed, and an exit code a runbook can gate on. It reports keys and
+// reasons only, never values.
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// DefaultShowKeys is how many keys of each class are listed per resource when
+// Options.ShowKeys is 0.
+const DefaultShowKeys = 5
+
+// Exit codes of a verify run.
+const (
+	ExitCurrent    = 0
+	ExitStale      = 3
+	ExitUnreadable = 4
+)
+
+// Options tune a verify run.
+type Options struct {
+	// ShowKeys is how many keys of each class (stale, unreadable) are listed per
+	// resource: 0 means DefaultShowKeys, a negative value lists none.
+	ShowKeys int
+}
+
+// Counts are object counts by verdict. Objects = Current + Stale + Unreadable;
+// NotObjects (compact_rev_key, health, ...) are counted apart.
+type Counts struct {
+	Objects    int64 `json:"objects"`
+	Current    int64 `json:"current"`
+	Stale      int64 `json:"stale"`
+	Unreadable int64 `json:"unreadable"`
+	NotObjects int64 `json:"notObjects,omitempty"`
+}
+
+// KeyLine is one listed key: for a stale key From, To and Reasons; for an
+// unreadable key Reason and Detail (and From as far as it was read).
+type KeyLine struct {
+	Key     string            `json:"key"`
+	From    *reencode.Form    `json:"from,omitempty"`
+	To      *reencode.Form    `json:"to,omitempty"`
+	Reasons []reencode.Reason `json:"reasons,omitempty"`
+	Reason  decode.Reason     `json:"reason,omitempty"`
+	Detail  string            `json:"detail,omitempty"`
+}
+
+// ResourceReport is the verdict for one group/resource.
+type ResourceReport struct {
+	Group    string `json:"group"`
+	Resource string `json:"resource"`
+	Counts
+	// StaleBy counts stale objects by reason (an object may have several).
+	StaleBy map[reencode.Reason]int `json:"staleBy,omitempty"`
+	// UnreadableBy counts unreadable objects by reason.
+	UnreadableBy   map[decode.Reason]int `json:"unreadableBy,omitempty"`
+	StaleKeys      []KeyLine             `json:"staleKeys,omitempty"`
+	UnreadableKeys []KeyLine             `json:"unreadableKeys,omitempty"`
+}
+
+// Name is the resource as kubectl names it: "secrets", "deviceclasses.resource.k8s.io".
+func (r ResourceReport) Name() string {
+	return schema.GroupResource{Group: r.Group, Resource: r.Resource}.String()
+}
+
+// CRDStatus says whether a CRD's status.storedVersions can be trimmed to its
+// storage version.
+type CRDStatus struct {
+	Name           string   `json:"name"`
+	Group          string   `json:"group"`
+	Resource       string   `json:"resource"`
+	StorageVersion string   `json:"storageVersion"`
+	StoredVersions []string `json:"storedVersions"`
+	// Objects is how many of the CRD's custom resources this run saw.
+	Objects int64 `json:"objects"`
+	// ObjectsNotInStorageVersion counts objects not stored in the storage version
+	// (or unreadable, so not known to be).
+	ObjectsNotInStorageVersion int64 `json:"objectsNotInStorageVersion"`
+	// Trimmable: storedVersions lists other versions than the storage version, and
+	// every object of the CRD is current and stored in the storage version.
+	Trimmable bool `json:"trimmable"`
+	// Note explains the verdict in one sentence.
+	Note string `json:"note"`
+}
+
+// Report is the outcome of a verify run.
+type Report struct {
+	Revision   int64               `json:"revision"`
+	Consistent bool                `json:"consistent"`
+	Restarts   []etcdscan.Restart  `json:"restarts,omitempty"`
+	Target     string              `json:"target"`
+	Prefixes   []string            `json:"prefixes"`
+	Namespace  string              `json:"namespace,omitempty"`
+	Summary    Counts              `json:"summary"`
+	Resources  []ResourceReport    `json:"resources"`
+	CRDs       []CRDStatus         `json:"crds"`
+	ShowKeys   int                 `json:"-"`
+	byResource map[string]*ResourceReport
+}
+
+// Run audits the keyspace the environment selects at one revision. It never
+// writes to etcd.
+func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) {
+	if env == nil {
+		return nil, errors.New("verify: no environment")
+	}
+	show := opts.ShowKeys
+	if show == 0 {
+		show = DefaultShowKeys
+	}
+	if show < 0 {
+		show = 0
+	}
+	r := &Report{
+		Target:     Target(env),
+		Prefixes:   append([]string(nil), env.Prefixes...),
+		Namespace:  env.Config.Namespace,
+		ShowKeys:   show,
+		byResource: map[string]*ResourceReport{},
+	}
+	crds := newCRDTally(env)
+	stats, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+		for i := range page {
+			r.add(env, &page[i])
+			crds.add(&page[i])
+		}
+		return nil
+	})
+	r.Revision, r.Consistent, r.Restarts = stats.Revision, stats.Consistent, stats.Restarts
+	if err != nil {
+		return nil, fmt.Errorf("verify: scan %s: %w", strings.Join(env.Prefixes, ", "), err)
+	}
+	r.Resources = make([]ResourceReport, 0, len(r.byResource))
+	for _, rr := range r.byResource {
+		r.Resources = append(r.Resources, *rr)
+	}
+	sort.Slice(r.Resources, func(i, j int) bool { return r.Resources[i].Name() < r.Resources[j].Name() })
+	r.byResource = nil
+	r.CRDs = crds.statuses()
+	return r, nil
+}
+
+// Target names the release and media type decisions are made for, e.g.
+// "kube-apiserver 1.36 (protobuf)".
+func Target(env *pipeline.Env) string {
+	if env.Target == nil {
+		return "kube-apiserver"
+	}
+	v := env.Target.Effective().EmulationVersion()
+	return fmt.Sprintf("kube-apiserver %d.%d (%s)", v.Major(), v.Minor(), decode.ShortMediaType(env.Target.MediaType()))
+}
+
+func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
+	if d.Status == reencode.NotObject {
+		r.Summary.NotObjects++
+		return
+	}
+	gr := d.Resource
+	if gr.Resource == "" {
+		gr = ResourceOfKey(env.Resolver.Prefix(), d.Key)
+	}
+	name := gr.String()
+	rr := r.byResource[name]
+	if rr == nil {
+		rr = &ResourceReport{Group: gr.Group, Resource: gr.Resource}
+		r.byResource[name] = rr
+	}
+	rr.Objects++
+	r.Summary.Objects++
+	switch d.Status {
+	case reencode.Current:
+		rr.Current++
+		r.Summary.Current++
+	case reencode.Stale:
+		rr.Stale++
+		r.Summary.Stale++
+		if rr.StaleBy == nil {
+			rr.StaleBy = map[reencode.Reason]int{}
+		}
+		for _, reason := range d.Reasons {
+			rr.StaleBy[reason]++
+		}
+		if len(rr.StaleKeys) < r.ShowKeys {
+			from, to := d.From, d.To
+			rr.StaleKeys = append(rr.StaleKeys, KeyLine{Key: d.Key, From: &from, To: &to, Reasons: append([]reencode.Reason(nil), d.Reasons...)})
+		}
+	default:
+		// Unreadable, or anything a newer pipeline may add that is not a verdict
+		// of current or stale: never count it as fine.
+		rr.Unreadable++
+		r.Summary.Unreadable++
+		reason, detail := errorReason(d)
+		if rr.UnreadableBy == nil {
+			rr.UnreadableBy = map[decode.Reason]int{}
+		}
+		rr.UnreadableBy[reason]++
+		if len(rr.UnreadableKeys) < r.ShowKeys {
+			line := KeyLine{Key: d.Key, Reason: reason, Detail: detail}
+			if d.From != (reencode.Form{}) {
+				from := d.From
+				line.From = &from
+			}
+			rr.UnreadableKeys = append(rr.UnreadableKeys, line)
+		}
+	}
+}
+
+// errorReason gives the reason and a value-free detail of an unreadable decision.
+func errorReason(d *reencode.Decision) (decode.Reason, string) {
+	if d.Err == nil {
+		return decode.Reason("unknown"), fmt.Sprintf("status %s without an error", d.Status)
+	}
+	detail := d.Err.Detail
+	if d.Err.Err != nil {
+		if detail != "" {
+			detail += ": "
+		}
+		detail += d.Err.Err.Error()
+	}
+	return d.Err.Reason, detail
+}
+
+// ResourceOfKey guesses the group/resource of a key no resource owns, for
+// reporting: "/registry/example.com/widgets/ns/x" gives widgets.example.com,
+// "/registry/foos/x" gives foos.
+func ResourceOfKey(prefix, key string) schema.GroupResource {
+	rest := strings.TrimPrefix(key, strings.TrimSuffix(prefix, "/")+"/")
+	parts := strings.Split(rest, "/")
+	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
+		return schema.GroupResource{Group: parts[0], Resource: parts[1]}
+	}
+	if parts[0] == "" {
+		return schema.GroupResource{Resource: "(unknown)"}
+	}
+	return schema.GroupResource{Resource: parts[0]}
+}
+
+// ExitCode is 0 when every object is current, 3 when something is stale but
+// everything is readable, 4 when something is unreadable (stale or not).
+func (r *Report) ExitCode() int {
+	switch {
+	case r.Summary.Unreadable > 0:
+		return ExitUnreadable
+	case r.Summary.Stale > 0:
+		return ExitStale
+	}
+	return ExitCurrent
+}
+
+// crdTally follows the objects of each CRD during the run.
+type crdTally struct {
+	env  *pipeline.Env
+	byGR map[schema.GroupResource]*crdCount
+}
+
+type crdCount struct {
+	crd                 *pipeline.CRD
+	objects             int64
+	notInStorage        int64
+	notCurrent          int64
+	storageGroupVersion string
+}
+
+func newCRDTally(env *pipeline.Env) *crdTally {
+	t := &crdTally{env: env, byGR: map[schema.GroupResource]*crdCount{}}
+	for _, c := range env.CRDs {
+		t.byGR[c.Resource] = &crdCount{crd: c, storageGroupVersion: schema.GroupVersion{Group: c.Resource.Group, Version: c.StorageVersion}.String()}
+	}
+	return t
+}
+
+func (t *crdTally) add(d *reencode.Decision) {
+	c := t.byGR[d.Resource]
+	if c == nil {
+		return
+	}
+	c.objects++
+	if d.Status != reencode.Current {
+		c.notCurrent++
+	}
+	if d.Status == reencode.Unreadable || d.From.Version != c.storageGroupVersion {
+		c.notInStorage++
+	}
+}
+
+func (t *crdTally) statuses() []CRDStatus {
+	out := make([]CRDStatus, 0, len(t.byGR))
+	for _, c := range t.byGR {
+		crd := c.crd
+		name := crd.Resource.Resource + "." + crd.Resource.Group
+		if crd.Object != nil && crd.Object.Name != "" {
+			name = crd.Object.Name
+		}
+		s := CRDStatus{
+			Name:                       name,
+			Group:                      crd.Resource.Group,
+			Resource:                   crd.Resource.Resource,
+			StorageVersion:             crd.StorageVersion,
+			StoredVersions:             append([]string{}, crd.StoredVersions...),
+			Objects:                    c.objects,
+			ObjectsNotInStorageVersion: c.notInStorage,
+		}
+		extra := false
+		for _, v := range crd.StoredVersions {
+			if v != crd.StorageVersion {
+				extra = true
+			}
+		}
+		scanned := t.env.Filter == nil || t.env.Filter[crd.Resource]
+		switch {
+		case !extra:
+			s.Note = "storedVersions lists only the storage version: nothing to trim"
+		case crd.Err != nil:
+			s.Note = "its custom resources could not be read: " + crd.Err.Error()
+		case !scanned:
+			s.Note = "not scanned (--resource excludes it): cannot tell"
+		case t.env.Config.Namespace != "":
+			s.Note = "only one namespace was scanned (--namespace): cannot tell"
+		case c.notInStorage > 0:
+			s.Note = fmt.Sprintf("%d object(s) not (known to be) stored in %s: migrate them first", c.notInStorage, c.storageGroupVersion)
+		case c.notCurrent > 0:
+			s.Note = fmt.Sprintf("%d object(s) in %s are still stale (encryption or encoding): migrate them first", c.notCurrent, c.storageGroupVersion)
+		default:
+			s.Trimmable = true
+			s.Note = fmt.Sprintf("every object is stored in %s: status.storedVersions can be trimmed to [%s]", c.storageGroupVersion, crd.StorageVersion)
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

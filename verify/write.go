@@ -1,0 +1,210 @@
+package verify
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"sigs.k8s.io/yaml"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/reencode"
+)
+
+// Write prints the report as "table" (the default), "json" or "yaml".
+func (r *Report) Write(w io.Writer, format string) error {
+	switch format {
+	case "", "table":
+		return r.writeTable(w)
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r.exported())
+	case "yaml":
+		data, err := yaml.Marshal(r.exported())
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(data)
+		return err
+	}
+	return fmt.Errorf("unknown output format %q (want table, json or yaml)", format)
+}
+
+// exported fills the slices that must show as [] rather than null.
+func (r *Report) exported() *Report {
+	c := *r
+	if c.Resources == nil {
+		c.Resources = []ResourceReport{}
+	}
+	if c.CRDs == nil {
+		c.CRDs = []CRDStatus{}
+	}
+	if c.Prefixes == nil {
+		c.Prefixes = []string{}
+	}
+	return &c
+}
+
+func (r *Report) writeTable(w io.Writer) error {
+	ew := &errWriter{w: w}
+	consistency := "consistent"
+	if !r.Consistent {
+		consistency = "NOT consistent"
+	}
+	ew.printf("Revision %d (%s), target %s\n", r.Revision, consistency, r.Target)
+	for _, rs := range r.Restarts {
+		ew.printf("WARNING: the pinned revision was compacted during the scan; continued after %s at revision %d\n", rs.AfterKey, rs.Revision)
+	}
+	ew.printf("\n")
+
+	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tOBJECTS\tCURRENT\tSTALE\tUNREADABLE\tWHY")
+	for _, rr := range r.Resources {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", rr.Name(), rr.Objects, rr.Current, rr.Stale, rr.Unreadable, why(rr))
+	}
+	s := r.Summary
+	fmt.Fprintf(tw, "TOTAL\t%d\t%d\t%d\t%d\t\n", s.Objects, s.Current, s.Stale, s.Unreadable)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if s.NotObjects > 0 {
+		ew.printf("(%d key(s) that are not API objects, such as compact_rev_key, were left out)\n", s.NotObjects)
+	}
+
+	if s.Stale > 0 && r.ShowKeys > 0 {
+		ew.printf("\nStale keys (first %d per resource):\n", r.ShowKeys)
+		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		for _, rr := range r.Resources {
+			for _, k := range rr.StaleKeys {
+				fmt.Fprintf(tw, "  %s\t%s\t->\t%s\t[%s]\n", k.Key, form(k.From), form(k.To), reasons(k.Reasons))
+			}
+			if more := rr.Stale - int64(len(rr.StaleKeys)); more > 0 && len(rr.StaleKeys) > 0 {
+				fmt.Fprintf(tw, "  ... %d more %s\t\t\t\t\n", more, rr.Name())
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if s.Unreadable > 0 && r.ShowKeys > 0 {
+		ew.printf("\nUnreadable keys (first %d per resource):\n", r.ShowKeys)
+		for _, rr := range r.Resources {
+			for _, k := range rr.UnreadableKeys {
+				line := fmt.Sprintf("  %s  %s", k.Key, k.Reason)
+				if k.Detail != "" {
+					line += ": " + k.Detail
+				}
+				ew.printf("%s\n", line)
+			}
+			if more := rr.Unreadable - int64(len(rr.UnreadableKeys)); more > 0 && len(rr.UnreadableKeys) > 0 {
+				ew.printf("  ... %d more %s\n", more, rr.Name())
+			}
+		}
+	}
+
+	if len(r.CRDs) > 0 {
+		ew.printf("\nCRDs:\n")
+		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CRD\tSTORAGE-VERSION\tSTORED-VERSIONS\tOBJECTS\tNOT-IN-STORAGE-VERSION\tTRIMMABLE")
+		for _, c := range r.CRDs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", c.Name, c.StorageVersion, strings.Join(c.StoredVersions, ","), c.Objects, c.ObjectsNotInStorageVersion, yesNo(c.Trimmable))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, c := range r.CRDs {
+			if c.Trimmable {
+				ew.printf("  %s: %s (kubectl patch crd %s --subresource=status --type=merge -p '{\"status\":{\"storedVersions\":[\"%s\"]}}')\n", c.Name, c.Note, c.Name, c.StorageVersion)
+			} else if len(c.StoredVersions) > 1 || (len(c.StoredVersions) == 1 && c.StoredVersions[0] != c.StorageVersion) {
+				ew.printf("  %s: not trimmable: %s\n", c.Name, c.Note)
+			}
+		}
+	}
+
+	ew.printf("\n%s\n", r.Verdict())
+	return ew.err
+}
+
+// Verdict is the one-line conclusion, naming the exit code.
+func (r *Report) Verdict() string {
+	s := r.Summary
+	switch r.ExitCode() {
+	case ExitUnreadable:
+		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale)
+	case ExitStale:
+		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects)
+	}
+	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target)
+}
+
+func why(rr ResourceReport) string {
+	var parts []string
+	for _, k := range sortedKeys(rr.StaleBy) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, rr.StaleBy[reencode.Reason(k)]))
+	}
+	for _, k := range sortedKeys(rr.UnreadableBy) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, rr.UnreadableBy[decode.Reason(k)]))
+	}
+	return strings.Join(parts, " ")
+}
+
+func sortedKeys[K ~string, V any](m map[K]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, string(k))
+	}
+	sort.Strings(out)
+	return out
+}
+
+func form(f *reencode.Form) string {
+	if f == nil {
+		return "?"
+	}
+	return fmt.Sprintf("%s %s %s", orQ(f.Version), orQ(f.MediaType), orQ(f.Encryption))
+}
+
+func orQ(s string) string {
+	if s == "" {
+		return "?"
+	}
+	return s
+}
+
+func reasons(rs []reencode.Reason) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ",")
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// errWriter keeps the first write error.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	fmt.Fprintf(e, format, args...)
+}
