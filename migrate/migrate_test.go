@@ -577,10 +577,17 @@ func TestPreflightRefusesAlarm(t *testing.T) {
 	c := newCluster(t, testetcd.Options{QuotaBackendBytes: 1 << 20})
 	ctx := context.Background()
 	big := strings.Repeat("x", 64<<10)
-	for i := 0; i < 64; i++ {
-		if _, err := c.cli.Put(ctx, fmt.Sprintf("/filler/%d", i), big); err != nil {
-			break // NOSPACE
+	// etcd checks the quota against the committed backend size, which lags the
+	// writes by its batch interval: keep writing, pausing, until it refuses.
+	var full error
+	for i := 0; i < 400 && full == nil; i++ {
+		_, full = c.cli.Put(ctx, fmt.Sprintf("/filler/%d", i), big)
+		if i%8 == 7 {
+			time.Sleep(120 * time.Millisecond)
 		}
+	}
+	if full == nil {
+		t.Fatal("could not fill a 1 MiB quota")
 	}
 	_, err := Run(ctx, c.env(pipeline.Config{}), Options{})
 	if err == nil || !strings.Contains(err.Error(), "NOSPACE") {
