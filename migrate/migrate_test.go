@@ -581,7 +581,7 @@ func TestPreflightRefusesAlarm(t *testing.T) {
 	// writes by its batch interval: keep writing, pausing, until it refuses.
 	var full error
 	for i := 0; i < 400 && full == nil; i++ {
-		_, full = c.cli.Put(ctx, fmt.Sprintf("/filler/%d", i), big)
+		_, full = c.cli.Put(ctx, fmt.Sprintf("/registry/zz-filler/%d", i), big)
 		if i%8 == 7 {
 			time.Sleep(120 * time.Millisecond)
 		}

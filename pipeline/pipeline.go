@@ -93,6 +93,9 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = runtime.GOMAXPROCS(0)
 	}
+	if err := checkPrefix(ctx, cli, cfg.Prefix); err != nil {
+		return nil, err
+	}
 	storage, err := decode.NewStorageConfig("", "")
 	if err != nil {
 		return nil, err
@@ -136,6 +139,32 @@ func (e *Env) Close() {
 	if e.Encryption != nil && e.Config.Encryption == nil {
 		e.Encryption.Close()
 	}
+}
+
+// checkPrefix refuses a --prefix under which etcd holds nothing while it holds
+// other keys: most likely kube-apiserver runs with a different --etcd-prefix.
+func checkPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
+	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
+	defer cancel()
+	in, err := cli.Get(rctx, strings.TrimSuffix(prefix, "/")+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("count keys under --prefix %s: %w", prefix, err)
+	}
+	if in.Count > 0 {
+		return nil
+	}
+	any, err := cli.Get(rctx, "\x00", clientv3.WithFromKey(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	if err != nil {
+		return fmt.Errorf("count keys under --prefix %s: %w", prefix, err)
+	}
+	if len(any.Kvs) == 0 {
+		return nil // an empty etcd: nothing to do, nothing wrong
+	}
+	first := string(any.Kvs[0].Key)
+	if len(first) > 80 {
+		first = first[:80] + "…"
+	}
+	return fmt.Errorf("--prefix %s: etcd has no keys under it, but has others (first: %q); set --prefix to kube-apiserver's --etcd-prefix", prefix, first)
 }
 
 // loadCRDs reads every CRD object and registers its custom resources.

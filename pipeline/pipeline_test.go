@@ -1,0 +1,33 @@
+package pipeline
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+// TestWrongPrefix: a cluster stored under another --etcd-prefix gets a one-line
+// error naming the flag and a key that is there; the right prefix works.
+func TestWrongPrefix(t *testing.T) {
+	srv := testetcd.StartT(t, testetcd.Options{})
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	if _, err := cli.Put(ctx, "/kubernetes.io/namespaces/default", "x"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Setup(ctx, cli, Config{Prefix: "/registry"})
+	if err == nil || !strings.Contains(err.Error(), "--prefix /registry") || !strings.Contains(err.Error(), "/kubernetes.io/namespaces/default") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("err = %v", err)
+	}
+	env, err := Setup(ctx, cli, Config{Prefix: "/kubernetes.io"})
+	if err != nil {
+		t.Fatalf("right prefix: %v", err)
+	}
+	env.Close()
+}
