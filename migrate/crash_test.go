@@ -14,10 +14,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -60,60 +59,6 @@ func childMigrate(endpoint string) int {
 	return 0
 }
 
-// seedMany writes n secrets under the old key and n DeviceClasses as 1.33 stored
-// them, all stale for the new configuration, in multi-key transactions.
-func (c *cluster) seedMany(n int, oldCfg string) {
-	c.t.Helper()
-	ctx := context.Background()
-	enc := c.loadEncryption(oldCfg)
-	cur := c.codec("", secretsGR)
-	old := c.codec("1.33", devclassGR)
-	var ops []clientv3.Op
-	flush := func() {
-		if len(ops) == 0 {
-			return
-		}
-		if _, err := c.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			c.t.Fatal(err)
-		}
-		ops = ops[:0]
-	}
-	for i := 0; i < n; i++ {
-		key := fmt.Sprintf("/registry/secrets/ns%d/s-%04d", i%7, i)
-		plain, err := runtime.Encode(cur, secret(fmt.Sprintf("ns%d", i%7), fmt.Sprintf("s-%04d", i), fmt.Sprintf("pw-%d", i)))
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		value, err := enc.Encrypt(ctx, secretsGR, key, plain)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		ops = append(ops, clientv3.OpPut(key, string(value)))
-		dc, err := runtime.Encode(old, deviceClass(fmt.Sprintf("dc-%04d", i)))
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		ops = append(ops, clientv3.OpPut(fmt.Sprintf("/registry/deviceclasses/dc-%04d", i), string(dc)))
-		if len(ops) >= 64 {
-			flush()
-		}
-	}
-	flush()
-}
-
-func (c *cluster) codec(emulated string, gr schema.GroupResource) runtime.Codec {
-	c.t.Helper()
-	sc, err := decode.NewStorageConfig(emulated, "")
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	rc, err := sc.Codec(gr)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return rc.Codec
-}
-
 // snapshotObjects decodes every object under /registry with env.
 func snapshotObjects(t *testing.T, env *pipeline.Env) map[string]runtime.Object {
 	t.Helper()
@@ -147,20 +92,20 @@ func snapshotObjects(t *testing.T, env *pipeline.Env) map[string]runtime.Object 
 // of its writes loses and alters nothing, and running again finishes the job. Every
 // object's decoded content is compared before and after.
 func TestKilledMidRunThenResumed(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
-	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1), identity)
-	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), aescbc("key1", 1), identity)
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	const n = 600
-	c.seedMany(n, oldCfg)
-	before := snapshotObjects(t, c.env(pipeline.Config{EncryptionConfig: newCfg}))
+	c.SeedMany(n, oldCfg)
+	before := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
 	if len(before) != 2*n {
 		t.Fatalf("seeded %d objects, want %d", len(before), 2*n)
 	}
-	startRev := c.revision()
+	startRev := c.Revision()
 
-	journal := filepath.Join(c.dir, "journal")
+	journal := filepath.Join(c.Dir, "journal")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEndpoint+"="+c.srv.Endpoint, childConfig+"="+newCfg, childJournal+"="+journal)
+	cmd.Env = append(os.Environ(), childEndpoint+"="+c.Srv.Endpoint, childConfig+"="+newCfg, childJournal+"="+journal)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -170,7 +115,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	writes := 0
-	for resp := range c.cli.Watch(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithRev(startRev+1)) {
+	for resp := range c.Cli.Watch(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithRev(startRev+1)) {
 		writes += len(resp.Events)
 		if writes >= 150 {
 			break
@@ -186,7 +131,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	cancel()
 
 	// Nothing lost or altered by the kill: every object decodes to the same content.
-	mid := snapshotObjects(t, c.env(pipeline.Config{EncryptionConfig: newCfg}))
+	mid := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
 	assertSameObjects(t, before, mid)
 
 	// The journal of the killed run is readable up to its last complete line.
@@ -195,13 +140,13 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	}
 
 	// Running again resumes: the rest is rewritten, the rewritten part is current.
-	sum := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
+	sum := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
 	if sum.Summary.Failed != 0 || sum.Summary.Current < 1 || sum.Summary.Rewritten+sum.Summary.Current != 2*n {
 		t.Fatalf("resume: %+v", sum.Summary)
 	}
-	after := snapshotObjects(t, c.env(pipeline.Config{EncryptionConfig: newCfg}))
+	after := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
 	assertSameObjects(t, before, after)
-	final := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{DryRun: true})
+	final := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{DryRun: true})
 	if final.Summary.Stale != 0 || final.Summary.Current != 2*n {
 		t.Fatalf("after resume: %+v", final.Summary)
 	}
@@ -227,24 +172,24 @@ func assertSameObjects(t *testing.T, want, got map[string]runtime.Object) {
 // run continues from the last key at a newer revision, says the snapshot was not
 // consistent, and still migrates every object exactly once.
 func TestCompactionMidRun(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
-	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1), identity)
-	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), aescbc("key1", 1), identity)
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	const n = 300
-	c.seedMany(n, oldCfg)
-	before := snapshotObjects(t, c.env(pipeline.Config{EncryptionConfig: newCfg}))
+	c.SeedMany(n, oldCfg)
+	before := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
 
 	compacted := false
 	opts := Options{QuotaBackendBytes: DefaultQuotaBackendBytes, Progress: func(n Counts) {
 		if !compacted && n.Scanned >= 100 {
 			compacted = true
-			rev := c.revision()
-			if _, err := c.cli.Compact(context.Background(), rev); err != nil {
+			rev := c.Revision()
+			if _, err := c.Cli.Compact(context.Background(), rev); err != nil {
 				t.Errorf("compact: %v", err)
 			}
 		}
 	}}
-	sum, err := Run(context.Background(), c.env(pipeline.Config{EncryptionConfig: newCfg, PageSize: 25}), opts)
+	sum, err := Run(context.Background(), c.Env(pipeline.Config{EncryptionConfig: newCfg, PageSize: 25}), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,9 +202,9 @@ func TestCompactionMidRun(t *testing.T) {
 	if sum.Summary.Failed != 0 || sum.Summary.Scanned != 2*n {
 		t.Fatalf("summary %+v", sum.Summary)
 	}
-	after := snapshotObjects(t, c.env(pipeline.Config{EncryptionConfig: newCfg}))
+	after := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
 	assertSameObjects(t, before, after)
-	final := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{DryRun: true})
+	final := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{DryRun: true})
 	if final.Summary.Stale != 0 {
 		t.Fatalf("stale after the run: %+v", final.Summary)
 	}

@@ -3,7 +3,6 @@ package migrate
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,178 +15,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubernetes/pkg/apis/coordination"
 	api "k8s.io/kubernetes/pkg/apis/core"
-	"k8s.io/kubernetes/pkg/apis/resource"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )
-
-var (
-	secretsGR    = schema.GroupResource{Resource: "secrets"}
-	configmapsGR = schema.GroupResource{Resource: "configmaps"}
-	devclassGR   = schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}
-	eventsGR     = schema.GroupResource{Resource: "events"}
-)
-
-type cluster struct {
-	t   *testing.T
-	srv *testetcd.Server
-	cli *clientv3.Client
-	dir string
-}
-
-func newCluster(t *testing.T, opts testetcd.Options) *cluster {
-	t.Helper()
-	srv := testetcd.StartT(t, opts)
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return &cluster{t: t, srv: srv, cli: cli, dir: t.TempDir()}
-}
-
-// encryptionConfig writes an EncryptionConfiguration for secrets and configmaps
-// with the given providers (YAML snippets) and returns its path.
-func (c *cluster) encryptionConfig(name string, providers ...string) string {
-	c.t.Helper()
-	var b strings.Builder
-	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets, configmaps]\n  providers:\n")
-	for _, p := range providers {
-		b.WriteString(p)
-	}
-	path := filepath.Join(c.dir, name)
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		c.t.Fatal(err)
-	}
-	return path
-}
-
-func aescbc(name string, key byte) string {
-	return fmt.Sprintf("  - aescbc:\n      keys:\n      - name: %s\n        secret: %s\n", name, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{key}, 32)))
-}
-
-const identity = "  - identity: {}\n"
-
-func (c *cluster) loadEncryption(path string) *decode.Encryption {
-	c.t.Helper()
-	enc, err := decode.LoadEncryption(context.Background(), path)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(enc.Close)
-	return enc
-}
-
-// put stores obj as kube-apiserver configured with (emulated, media, encryption
-// config) would, and returns the key's mod revision.
-func (c *cluster) put(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string, opts ...clientv3.OpOption) int64 {
-	c.t.Helper()
-	sc, err := decode.NewStorageConfig(emulated, media)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	rc, err := sc.Codec(gr)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	value, err := runtime.Encode(rc.Codec, obj)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if encPath != "" {
-		value, err = c.loadEncryption(encPath).Encrypt(context.Background(), gr, key, value)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-	}
-	resp, err := c.cli.Put(context.Background(), key, string(value), opts...)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return resp.Header.Revision
-}
-
-func (c *cluster) get(key string) (value []byte, modRev, lease int64) {
-	c.t.Helper()
-	resp, err := c.cli.Get(context.Background(), key)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if len(resp.Kvs) != 1 {
-		c.t.Fatalf("%s: not found", key)
-	}
-	kv := resp.Kvs[0]
-	return kv.Value, kv.ModRevision, kv.Lease
-}
-
-func (c *cluster) revision() int64 {
-	c.t.Helper()
-	resp, err := c.cli.Get(context.Background(), "nonexistent-probe")
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return resp.Header.Revision
-}
-
-func (c *cluster) env(cfg pipeline.Config) *pipeline.Env {
-	c.t.Helper()
-	if cfg.Prefix == "" {
-		cfg.Prefix = "/registry"
-	}
-	env, err := pipeline.Setup(context.Background(), c.cli, cfg)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(env.Close)
-	return env
-}
-
-// decision decodes one key with env and decides it.
-func decision(t *testing.T, env *pipeline.Env, c *cluster, key string) reencode.Decision {
-	t.Helper()
-	value, rev, lease := c.get(key)
-	return env.DecideOne(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev, Lease: lease}, pipeline.Decide)
-}
-
-func secret(ns, name, password string) *api.Secret {
-	return &api.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
-		Type:       api.SecretTypeOpaque,
-		Data:       map[string][]byte{"password": []byte(password)},
-	}
-}
-
-func configMap(ns, name string) *api.ConfigMap {
-	return &api.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
-		Data:       map[string]string{"app.properties": "color=blue\n"},
-	}
-}
-
-func deviceClass(name string) *resource.DeviceClass {
-	return &resource.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
-		Spec:       resource.DeviceClassSpec{Selectors: []resource.DeviceSelector{{CEL: &resource.CELDeviceSelector{Expression: `device.driver == "gpu.example.com"`}}}},
-	}
-}
-
-func event(ns, name string) *api.Event {
-	return &api.Event{
-		ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
-		InvolvedObject: api.ObjectReference{Kind: "Pod", Namespace: ns, Name: "web-0"},
-		Reason:         "Scheduled",
-		Message:        "Successfully assigned",
-		Type:           "Normal",
-		Count:          1,
-	}
-}
 
 func run(t *testing.T, env *pipeline.Env, opts Options) *Summary {
 	t.Helper()
@@ -214,18 +51,18 @@ func resourceCounts(s *Summary, gr schema.GroupResource) Counts {
 // type are each rewritten to exactly what the target writes, and a second run finds
 // everything current.
 func TestMigrateEachReason(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
-	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1), identity)
-	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), aescbc("key1", 1), identity)
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 
-	c.put("/registry/secrets/ns1/rotated", secretsGR, secret("ns1", "rotated", "hunter2"), "", "", oldCfg)
-	c.put("/registry/configmaps/ns1/plain", configmapsGR, configMap("ns1", "plain"), "", "", "") // identity -> aescbc key2
-	c.put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "1.33", "", "")         // v1beta2 -> v1
-	c.put("/registry/configmaps/ns1/json", configmapsGR, configMap("ns1", "json"), "", decode.MediaTypeJSON, newCfg)
-	c.put("/registry/configmaps/ns1/current", configmapsGR, configMap("ns1", "current"), "", "", newCfg)
-	currentBefore, currentRev, _ := c.get("/registry/configmaps/ns1/current")
+	c.Put("/registry/secrets/ns1/rotated", testcluster.SecretsGR, testcluster.Secret("ns1", "rotated", "hunter2"), "", "", oldCfg)
+	c.Put("/registry/configmaps/ns1/plain", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "plain"), "", "", "") // identity -> aescbc key2
+	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.33", "", "")      // v1beta2 -> v1
+	c.Put("/registry/configmaps/ns1/json", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "json"), "", decode.MediaTypeJSON, newCfg)
+	c.Put("/registry/configmaps/ns1/current", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "current"), "", "", newCfg)
+	currentBefore, currentRev, _ := c.Get("/registry/configmaps/ns1/current")
 
-	env := c.env(pipeline.Config{EncryptionConfig: newCfg})
+	env := c.Env(pipeline.Config{EncryptionConfig: newCfg})
 	want := map[string]string{
 		"/registry/secrets/ns1/rotated":  "encryption",
 		"/registry/configmaps/ns1/plain": "encryption",
@@ -233,23 +70,23 @@ func TestMigrateEachReason(t *testing.T) {
 		"/registry/configmaps/ns1/json":  "media-type",
 	}
 	for key, reason := range want {
-		if d := decision(t, env, c, key); d.Status != reencode.Stale || d.ReasonStrings() != reason {
+		if d := testcluster.Decision(t, env, c, key); d.Status != reencode.Stale || d.ReasonStrings() != reason {
 			t.Errorf("%s: %s %q, want stale %q", key, d.Status, d.ReasonStrings(), reason)
 		}
 	}
-	sum := run(t, env, Options{Journal: filepath.Join(c.dir, "journal")})
+	sum := run(t, env, Options{Journal: filepath.Join(c.Dir, "journal")})
 	if sum.Summary.Rewritten != 4 || sum.Summary.Current != 1 || sum.Summary.Failed != 0 || sum.Summary.Conflicts != 0 {
 		t.Fatalf("summary %+v", sum.Summary)
 	}
 	// Each value is now what kube-apiserver 1.36 with the new config writes:
 	// current for a fresh decision, under aescbc key2 for secrets and configmaps.
-	env2 := c.env(pipeline.Config{EncryptionConfig: newCfg})
+	env2 := c.Env(pipeline.Config{EncryptionConfig: newCfg})
 	for key := range want {
-		d := decision(t, env2, c, key)
+		d := testcluster.Decision(t, env2, c, key)
 		if d.Status != reencode.Current {
 			t.Errorf("after migrate %s: %s %v", key, d.Status, d.Reasons)
 		}
-		value, _, _ := c.get(key)
+		value, _, _ := c.Get(key)
 		if strings.Contains(key, "/secrets/") || strings.Contains(key, "/configmaps/") {
 			if !bytes.HasPrefix(value, []byte("k8s:enc:aescbc:v1:key2:")) {
 				t.Errorf("%s: not under aescbc key2", key)
@@ -259,11 +96,11 @@ func TestMigrateEachReason(t *testing.T) {
 			}
 		}
 	}
-	if d := decision(t, env2, c, "/registry/deviceclasses/gpu"); d.From.Version != "resource.k8s.io/v1" {
+	if d := testcluster.Decision(t, env2, c, "/registry/deviceclasses/gpu"); d.From.Version != "resource.k8s.io/v1" {
 		t.Errorf("deviceclass stored as %s", d.From.Version)
 	}
 	// The current object was not touched.
-	after, rev, _ := c.get("/registry/configmaps/ns1/current")
+	after, rev, _ := c.Get("/registry/configmaps/ns1/current")
 	if rev != currentRev || !bytes.Equal(after, currentBefore) {
 		t.Errorf("current object rewritten")
 	}
@@ -277,9 +114,9 @@ func TestMigrateEachReason(t *testing.T) {
 	}
 }
 
-func assertSameSecret(t *testing.T, c *cluster, env *pipeline.Env, key, password string) {
+func assertSameSecret(t *testing.T, c *testcluster.Cluster, env *pipeline.Env, key, password string) {
 	t.Helper()
-	value, rev, _ := c.get(key)
+	value, rev, _ := c.Get(key)
 	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev})
 	if err != nil {
 		t.Fatal(err)
@@ -293,15 +130,15 @@ func assertSameSecret(t *testing.T, c *cluster, env *pipeline.Env, key, password
 // TestMigrateToIdentity: a config whose first provider is identity decrypts and
 // writes plaintext (disaster recovery away from a key).
 func TestMigrateToIdentity(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
-	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1))
-	newCfg := c.encryptionConfig("new.yaml", identity, aescbc("key1", 1))
-	c.put("/registry/secrets/ns1/s", secretsGR, secret("ns1", "s", "pw"), "", "", oldCfg)
-	sum := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.Identity, testcluster.AESCBC("key1", 1))
+	c.Put("/registry/secrets/ns1/s", testcluster.SecretsGR, testcluster.Secret("ns1", "s", "pw"), "", "", oldCfg)
+	sum := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
 	if sum.Summary.Rewritten != 1 {
 		t.Fatalf("%+v", sum.Summary)
 	}
-	value, _, _ := c.get("/registry/secrets/ns1/s")
+	value, _, _ := c.Get("/registry/secrets/ns1/s")
 	if !bytes.HasPrefix(value, []byte("k8s\x00")) {
 		t.Fatalf("not stored as plaintext protobuf")
 	}
@@ -309,25 +146,25 @@ func TestMigrateToIdentity(t *testing.T) {
 
 // TestLeaseKept: events keep their etcd lease and its TTL keeps counting down.
 func TestLeaseKept(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
+	c := testcluster.New(t, testetcd.Options{})
 	ctx := context.Background()
-	lease, err := c.cli.Grant(ctx, 3600)
+	lease, err := c.Cli.Grant(ctx, 3600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.put("/registry/events/ns1/e1", eventsGR, event("ns1", "e1"), "", decode.MediaTypeJSON, "", clientv3.WithLease(lease.ID))
-	sum := run(t, c.env(pipeline.Config{}), Options{})
+	c.Put("/registry/events/ns1/e1", testcluster.EventsGR, testcluster.Event("ns1", "e1"), "", decode.MediaTypeJSON, "", clientv3.WithLease(lease.ID))
+	sum := run(t, c.Env(pipeline.Config{}), Options{})
 	if sum.Summary.Rewritten != 1 {
 		t.Fatalf("%+v", sum.Summary)
 	}
-	value, _, got := c.get("/registry/events/ns1/e1")
+	value, _, got := c.Get("/registry/events/ns1/e1")
 	if got != int64(lease.ID) {
 		t.Fatalf("lease %x, want %x", got, lease.ID)
 	}
 	if !bytes.HasPrefix(value, []byte("k8s\x00")) {
 		t.Fatalf("event not rewritten as protobuf")
 	}
-	ttl, err := c.cli.TimeToLive(ctx, lease.ID, clientv3.WithAttachedKeys())
+	ttl, err := c.Cli.TimeToLive(ctx, lease.ID, clientv3.WithAttachedKeys())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,24 +175,24 @@ func TestLeaseKept(t *testing.T) {
 
 // TestDryRunWritesNothing: the revision does not move and the report lists the work.
 func TestDryRunWritesNothing(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
+	c := testcluster.New(t, testetcd.Options{})
 	for i := 0; i < 30; i++ {
-		c.put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), devclassGR, deviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
+		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
 	}
-	before := c.revision()
-	sum := run(t, c.env(pipeline.Config{PageSize: 7}), Options{DryRun: true, Journal: filepath.Join(c.dir, "j")})
-	if c.revision() != before {
-		t.Fatalf("dry run moved the revision %d -> %d", before, c.revision())
+	before := c.Revision()
+	sum := run(t, c.Env(pipeline.Config{PageSize: 7}), Options{DryRun: true, Journal: filepath.Join(c.Dir, "j")})
+	if c.Revision() != before {
+		t.Fatalf("dry run moved the revision %d -> %d", before, c.Revision())
 	}
 	if sum.Summary.Stale != 30 || sum.Summary.Rewritten != 0 {
 		t.Fatalf("%+v", sum.Summary)
 	}
 	for _, r := range sum.Resources {
-		if r.Resource == devclassGR.Resource && r.Reasons[string(reencode.ReasonVersion)] != 30 {
+		if r.Resource == testcluster.DeviceClassGR.Resource && r.Reasons[string(reencode.ReasonVersion)] != 30 {
 			t.Fatalf("dry run should say why each would change: reasons %v", r.Reasons)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(c.dir, "j")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(c.Dir, "j")); !os.IsNotExist(err) {
 		t.Fatalf("dry run created the journal")
 	}
 }
@@ -363,12 +200,12 @@ func TestDryRunWritesNothing(t *testing.T) {
 // TestConcurrentWriterWins: a writer changing keys during the run keeps every one of
 // its writes; those keys are conflicts, the rest are rewritten.
 func TestConcurrentWriterWins(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
+	c := testcluster.New(t, testetcd.Options{})
 	const n = 400
 	for i := 0; i < n; i++ {
-		c.put(fmt.Sprintf("/registry/deviceclasses/dc-%03d", i), devclassGR, deviceClass(fmt.Sprintf("dc-%03d", i)), "1.33", "", "")
+		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%03d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%03d", i)), "1.33", "", "")
 	}
-	env := c.env(pipeline.Config{PageSize: 20, Concurrency: 2})
+	env := c.Env(pipeline.Config{PageSize: 20, Concurrency: 2})
 	// The other writer stores its own marker values (as an apiserver would store a
 	// fresh object) into every third key while the migration runs.
 	ctx := context.Background()
@@ -380,11 +217,11 @@ func TestConcurrentWriterWins(t *testing.T) {
 		for i := 0; i < n; i += 3 {
 			key := fmt.Sprintf("/registry/deviceclasses/dc-%03d", i)
 			sc, _ := decode.NewStorageConfig("", "")
-			rc, _ := sc.Codec(devclassGR)
-			dc := deviceClass(fmt.Sprintf("dc-%03d", i))
+			rc, _ := sc.Codec(testcluster.DeviceClassGR)
+			dc := testcluster.DeviceClass(fmt.Sprintf("dc-%03d", i))
 			dc.Labels = map[string]string{"written-by": "other"}
 			v, _ := runtime.Encode(rc.Codec, dc)
-			if _, err := c.cli.Put(ctx, key, string(v)); err != nil {
+			if _, err := c.Cli.Put(ctx, key, string(v)); err != nil {
 				t.Error(err)
 				return
 			}
@@ -396,7 +233,7 @@ func TestConcurrentWriterWins(t *testing.T) {
 	sum := run(t, env, Options{BatchOps: 8})
 	<-done
 	for key, v := range theirs {
-		got, _, _ := c.get(key)
+		got, _, _ := c.Get(key)
 		if !bytes.Equal(got, v) {
 			t.Errorf("%s: the other writer's value was overwritten", key)
 		}
@@ -406,10 +243,10 @@ func TestConcurrentWriterWins(t *testing.T) {
 		t.Fatalf("summary %+v", s)
 	}
 	// Whatever was neither theirs nor current before is now v1.
-	env2 := c.env(pipeline.Config{})
+	env2 := c.Env(pipeline.Config{})
 	for i := 0; i < n; i++ {
 		key := fmt.Sprintf("/registry/deviceclasses/dc-%03d", i)
-		if d := decision(t, env2, c, key); d.Status != reencode.Current {
+		if d := testcluster.Decision(t, env2, c, key); d.Status != reencode.Current {
 			t.Errorf("%s: %s after migrate", key, d.Status)
 		}
 	}
@@ -418,11 +255,11 @@ func TestConcurrentWriterWins(t *testing.T) {
 // TestRollbackRestoresBytes: rollback gives back byte-identical values and keeps
 // leases; a key changed after the migration is left alone.
 func TestRollbackRestoresBytes(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
-	oldCfg := c.encryptionConfig("old.yaml", aescbc("key1", 1), identity)
-	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), aescbc("key1", 1), identity)
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	ctx := context.Background()
-	lease, err := c.cli.Grant(ctx, 3600)
+	lease, err := c.Cli.Grant(ctx, 3600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,16 +267,16 @@ func TestRollbackRestoresBytes(t *testing.T) {
 	before := map[string][]byte{}
 	for i := 0; i < 10; i++ {
 		key := fmt.Sprintf("/registry/secrets/ns1/s%d", i)
-		c.put(key, secretsGR, secret("ns1", fmt.Sprintf("s%d", i), "pw"), "", "", oldCfg)
+		c.Put(key, testcluster.SecretsGR, testcluster.Secret("ns1", fmt.Sprintf("s%d", i), "pw"), "", "", oldCfg)
 		keys = append(keys, key)
 	}
-	c.put("/registry/events/ns1/e", eventsGR, event("ns1", "e"), "", decode.MediaTypeJSON, "", clientv3.WithLease(lease.ID))
+	c.Put("/registry/events/ns1/e", testcluster.EventsGR, testcluster.Event("ns1", "e"), "", decode.MediaTypeJSON, "", clientv3.WithLease(lease.ID))
 	keys = append(keys, "/registry/events/ns1/e")
 	for _, k := range keys {
-		before[k], _, _ = c.get(k)
+		before[k], _, _ = c.Get(k)
 	}
-	journal := filepath.Join(c.dir, "journal")
-	sum := run(t, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{Journal: journal})
+	journal := filepath.Join(c.Dir, "journal")
+	sum := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{Journal: journal})
 	if sum.Summary.Rewritten != 11 {
 		t.Fatalf("%+v", sum.Summary)
 	}
@@ -447,10 +284,10 @@ func TestRollbackRestoresBytes(t *testing.T) {
 		t.Fatalf("journal mode: %v %v", fi.Mode(), err)
 	}
 	// Someone updates s0 after the migration: rollback must not undo that.
-	c.put("/registry/secrets/ns1/s0", secretsGR, secret("ns1", "s0", "changed"), "", "", newCfg)
-	changed, _, _ := c.get("/registry/secrets/ns1/s0")
+	c.Put("/registry/secrets/ns1/s0", testcluster.SecretsGR, testcluster.Secret("ns1", "s0", "changed"), "", "", newCfg)
+	changed, _, _ := c.Get("/registry/secrets/ns1/s0")
 
-	res, err := Rollback(ctx, c.cli, journal, &etcdscan.Writer{Client: c.cli})
+	res, err := Rollback(ctx, c.Cli, journal, &etcdscan.Writer{Client: c.Cli})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +295,7 @@ func TestRollbackRestoresBytes(t *testing.T) {
 		t.Fatalf("rollback %+v", res)
 	}
 	for _, k := range keys[1:] {
-		got, _, l := c.get(k)
+		got, _, l := c.Get(k)
 		if !bytes.Equal(got, before[k]) {
 			t.Errorf("%s: not byte-identical after rollback", k)
 		}
@@ -466,7 +303,7 @@ func TestRollbackRestoresBytes(t *testing.T) {
 			t.Errorf("%s: lease lost in rollback", k)
 		}
 	}
-	if got, _, _ := c.get("/registry/secrets/ns1/s0"); !bytes.Equal(got, changed) {
+	if got, _, _ := c.Get("/registry/secrets/ns1/s0"); !bytes.Equal(got, changed) {
 		t.Errorf("rollback overwrote a later change")
 	}
 }
@@ -474,10 +311,10 @@ func TestRollbackRestoresBytes(t *testing.T) {
 // TestUnreadableAndNonObjectsAreNeverWritten: corrupt values, undecryptable values,
 // unknown resources and compact_rev_key are reported and left byte-identical.
 func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
-	lostCfg := c.encryptionConfig("lost.yaml", aescbc("lost", 9))
-	newCfg := c.encryptionConfig("new.yaml", aescbc("key2", 2), identity)
-	c.put("/registry/secrets/ns1/lost-key", secretsGR, secret("ns1", "lost-key", "pw"), "", "", lostCfg)
+	c := testcluster.New(t, testetcd.Options{})
+	lostCfg := c.EncryptionConfig("lost.yaml", testcluster.AESCBC("lost", 9))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.Identity)
+	c.Put("/registry/secrets/ns1/lost-key", testcluster.SecretsGR, testcluster.Secret("ns1", "lost-key", "pw"), "", "", lostCfg)
 	ctx := context.Background()
 	raw := map[string]string{
 		"/registry/secrets/ns1/garbage":     "\x00\x01\x02garbage",
@@ -488,18 +325,18 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 		"/registry/deviceclasses/wrongkind": "",
 	}
 	for k, v := range raw {
-		if _, err := c.cli.Put(ctx, k, v); err != nil {
+		if _, err := c.Cli.Put(ctx, k, v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c.put("/registry/deviceclasses/ok", devclassGR, deviceClass("ok"), "1.33", "", "")
+	c.Put("/registry/deviceclasses/ok", testcluster.DeviceClassGR, testcluster.DeviceClass("ok"), "1.33", "", "")
 	before := map[string][]byte{}
 	for k := range raw {
-		before[k], _, _ = c.get(k)
+		before[k], _, _ = c.Get(k)
 	}
-	before["/registry/secrets/ns1/lost-key"], _, _ = c.get("/registry/secrets/ns1/lost-key")
+	before["/registry/secrets/ns1/lost-key"], _, _ = c.Get("/registry/secrets/ns1/lost-key")
 
-	sum, err := Run(ctx, c.env(pipeline.Config{EncryptionConfig: newCfg}), Options{QuotaBackendBytes: DefaultQuotaBackendBytes})
+	sum, err := Run(ctx, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{QuotaBackendBytes: DefaultQuotaBackendBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +344,7 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 		t.Fatalf("summary %+v failures %+v", sum.Summary, sum.Failures)
 	}
 	for k, v := range before {
-		if got, _, _ := c.get(k); !bytes.Equal(got, v) {
+		if got, _, _ := c.Get(k); !bytes.Equal(got, v) {
 			t.Errorf("%s was written", k)
 		}
 	}
@@ -524,7 +361,7 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 // TestPreflightRefusesLiveAPIServer: a kube-apiserver identity lease renewed
 // within a minute stops the run before any write, naming the key.
 func TestPreflightRefusesLiveAPIServer(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
+	c := testcluster.New(t, testetcd.Options{})
 	now := time.Now()
 	renew := metav1.NewMicroTime(now.Add(-10 * time.Second))
 	holder := "apiserver-abc_1"
@@ -533,15 +370,15 @@ func TestPreflightRefusesLiveAPIServer(t *testing.T) {
 			Labels: map[string]string{"apiserver.kubernetes.io/identity": "kube-apiserver"}},
 		Spec: coordination.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew},
 	}
-	c.put("/registry/leases/kube-system/apiserver-abc", schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, lease, "", "", "")
-	c.put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "1.33", "", "")
-	before := c.revision()
-	env := c.env(pipeline.Config{})
+	c.Put("/registry/leases/kube-system/apiserver-abc", schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, lease, "", "", "")
+	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.33", "", "")
+	before := c.Revision()
+	env := c.Env(pipeline.Config{})
 	_, err := Run(context.Background(), env, Options{Now: func() time.Time { return now }})
 	if err == nil || !strings.Contains(err.Error(), "/registry/leases/kube-system/apiserver-abc") {
 		t.Fatalf("err = %v", err)
 	}
-	if c.revision() != before {
+	if c.Revision() != before {
 		t.Fatalf("wrote despite a live apiserver")
 	}
 	// Two minutes later the lease is stale: the run goes ahead.
@@ -554,34 +391,34 @@ func TestPreflightRefusesLiveAPIServer(t *testing.T) {
 // TestPreflightRefusesOverQuota: a rewrite that would not fit the backend quota is
 // refused with the estimate and the compaction advice.
 func TestPreflightRefusesOverQuota(t *testing.T) {
-	c := newCluster(t, testetcd.Options{})
+	c := testcluster.New(t, testetcd.Options{})
 	for i := 0; i < 50; i++ {
-		c.put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), devclassGR, deviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
+		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
 	}
-	st, err := etcdscan.Status(context.Background(), c.cli)
+	st, err := etcdscan.Status(context.Background(), c.Cli)
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := c.revision()
-	_, err = Run(context.Background(), c.env(pipeline.Config{}), Options{QuotaBackendBytes: st.DBSize + 100})
+	before := c.Revision()
+	_, err = Run(context.Background(), c.Env(pipeline.Config{}), Options{QuotaBackendBytes: st.DBSize + 100})
 	if err == nil || !strings.Contains(err.Error(), "quota") || !strings.Contains(err.Error(), "defragment") {
 		t.Fatalf("err = %v", err)
 	}
-	if c.revision() != before {
+	if c.Revision() != before {
 		t.Fatalf("wrote despite the quota")
 	}
 }
 
 // TestPreflightRefusesAlarm: etcd's NOSPACE alarm stops the run.
 func TestPreflightRefusesAlarm(t *testing.T) {
-	c := newCluster(t, testetcd.Options{QuotaBackendBytes: 1 << 20})
+	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 1 << 20})
 	ctx := context.Background()
 	big := strings.Repeat("x", 64<<10)
 	// etcd checks the quota against the committed backend size, which lags the
 	// writes by its batch interval: keep writing, pausing, until it refuses.
 	var full error
 	for i := 0; i < 400 && full == nil; i++ {
-		_, full = c.cli.Put(ctx, fmt.Sprintf("/registry/zz-filler/%d", i), big)
+		_, full = c.Cli.Put(ctx, fmt.Sprintf("/registry/zz-filler/%d", i), big)
 		if i%8 == 7 {
 			time.Sleep(120 * time.Millisecond)
 		}
@@ -589,7 +426,7 @@ func TestPreflightRefusesAlarm(t *testing.T) {
 	if full == nil {
 		t.Fatal("could not fill a 1 MiB quota")
 	}
-	_, err := Run(ctx, c.env(pipeline.Config{}), Options{})
+	_, err := Run(ctx, c.Env(pipeline.Config{}), Options{})
 	if err == nil || !strings.Contains(err.Error(), "NOSPACE") {
 		t.Fatalf("err = %v", err)
 	}

@@ -1,0 +1,247 @@
+// Package testcluster writes objects into a real (embedded) etcd the way
+// kube-apiserver would store them — through its storage codecs and encryption
+// transformers — for the tests of the packages that read and rewrite them.
+package testcluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	api "k8s.io/kubernetes/pkg/apis/core"
+	"k8s.io/kubernetes/pkg/apis/resource"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// Resources the tests use.
+var (
+	SecretsGR     = schema.GroupResource{Resource: "secrets"}
+	ConfigMapsGR  = schema.GroupResource{Resource: "configmaps"}
+	DeviceClassGR = schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}
+	EventsGR      = schema.GroupResource{Resource: "events"}
+)
+
+type Cluster struct {
+	T   *testing.T
+	Srv *testetcd.Server
+	Cli *clientv3.Client
+	Dir string
+}
+
+func New(t *testing.T, opts testetcd.Options) *Cluster {
+	t.Helper()
+	srv := testetcd.StartT(t, opts)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return &Cluster{T: t, Srv: srv, Cli: cli, Dir: t.TempDir()}
+}
+
+// EncryptionConfig writes an EncryptionConfiguration for secrets and configmaps
+// with the given providers (YAML snippets) and returns its path.
+func (c *Cluster) EncryptionConfig(name string, providers ...string) string {
+	c.T.Helper()
+	var b strings.Builder
+	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets, configmaps]\n  providers:\n")
+	for _, p := range providers {
+		b.WriteString(p)
+	}
+	path := filepath.Join(c.Dir, name)
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		c.T.Fatal(err)
+	}
+	return path
+}
+
+func AESCBC(name string, key byte) string {
+	return fmt.Sprintf("  - aescbc:\n      keys:\n      - name: %s\n        secret: %s\n", name, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{key}, 32)))
+}
+
+const Identity = "  - identity: {}\n"
+
+func (c *Cluster) LoadEncryption(path string) *decode.Encryption {
+	c.T.Helper()
+	enc, err := decode.LoadEncryption(context.Background(), path)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	c.T.Cleanup(enc.Close)
+	return enc
+}
+
+// Put stores obj as kube-apiserver configured with (emulated, media, encryption
+// config) would, and returns the key's mod revision.
+func (c *Cluster) Put(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string, opts ...clientv3.OpOption) int64 {
+	c.T.Helper()
+	sc, err := decode.NewStorageConfig(emulated, media)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	rc, err := sc.Codec(gr)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	value, err := runtime.Encode(rc.Codec, obj)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	if encPath != "" {
+		value, err = c.LoadEncryption(encPath).Encrypt(context.Background(), gr, key, value)
+		if err != nil {
+			c.T.Fatal(err)
+		}
+	}
+	resp, err := c.Cli.Put(context.Background(), key, string(value), opts...)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func (c *Cluster) Get(key string) (value []byte, modRev, lease int64) {
+	c.T.Helper()
+	resp, err := c.Cli.Get(context.Background(), key)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 {
+		c.T.Fatalf("%s: not found", key)
+	}
+	kv := resp.Kvs[0]
+	return kv.Value, kv.ModRevision, kv.Lease
+}
+
+func (c *Cluster) Revision() int64 {
+	c.T.Helper()
+	resp, err := c.Cli.Get(context.Background(), "nonexistent-probe")
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func (c *Cluster) Env(cfg pipeline.Config) *pipeline.Env {
+	c.T.Helper()
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/registry"
+	}
+	env, err := pipeline.Setup(context.Background(), c.Cli, cfg)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	c.T.Cleanup(env.Close)
+	return env
+}
+
+// Decision decodes one key with env and decides it.
+func Decision(t *testing.T, env *pipeline.Env, c *Cluster, key string) reencode.Decision {
+	t.Helper()
+	value, rev, lease := c.Get(key)
+	return env.DecideOne(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev, Lease: lease}, pipeline.Decide)
+}
+
+func Secret(ns, name, password string) *api.Secret {
+	return &api.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Type:       api.SecretTypeOpaque,
+		Data:       map[string][]byte{"password": []byte(password)},
+	}
+}
+
+func ConfigMap(ns, name string) *api.ConfigMap {
+	return &api.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Data:       map[string]string{"app.properties": "color=blue\n"},
+	}
+}
+
+func DeviceClass(name string) *resource.DeviceClass {
+	return &resource.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       resource.DeviceClassSpec{Selectors: []resource.DeviceSelector{{CEL: &resource.CELDeviceSelector{Expression: `device.driver == "gpu.example.com"`}}}},
+	}
+}
+
+func Event(ns, name string) *api.Event {
+	return &api.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)},
+		InvolvedObject: api.ObjectReference{Kind: "Pod", Namespace: ns, Name: "web-0"},
+		Reason:         "Scheduled",
+		Message:        "Successfully assigned",
+		Type:           "Normal",
+		Count:          1,
+	}
+}
+
+// SeedMany writes n secrets under the old key and n DeviceClasses as 1.33 stored
+// them, all stale for the new configuration, in multi-key transactions.
+func (c *Cluster) SeedMany(n int, oldCfg string) {
+	c.T.Helper()
+	ctx := context.Background()
+	enc := c.LoadEncryption(oldCfg)
+	cur := c.Codec("", SecretsGR)
+	old := c.Codec("1.33", DeviceClassGR)
+	var ops []clientv3.Op
+	flush := func() {
+		if len(ops) == 0 {
+			return
+		}
+		if _, err := c.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			c.T.Fatal(err)
+		}
+		ops = ops[:0]
+	}
+	for i := 0; i < n; i++ {
+		key := fmt.Sprintf("/registry/secrets/ns%d/s-%04d", i%7, i)
+		plain, err := runtime.Encode(cur, Secret(fmt.Sprintf("ns%d", i%7), fmt.Sprintf("s-%04d", i), fmt.Sprintf("pw-%d", i)))
+		if err != nil {
+			c.T.Fatal(err)
+		}
+		value, err := enc.Encrypt(ctx, SecretsGR, key, plain)
+		if err != nil {
+			c.T.Fatal(err)
+		}
+		ops = append(ops, clientv3.OpPut(key, string(value)))
+		dc, err := runtime.Encode(old, DeviceClass(fmt.Sprintf("dc-%04d", i)))
+		if err != nil {
+			c.T.Fatal(err)
+		}
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("/registry/deviceclasses/dc-%04d", i), string(dc)))
+		if len(ops) >= 64 {
+			flush()
+		}
+	}
+	flush()
+}
+
+// Codec is the storage codec of gr as kube-apiserver 1.36 emulating a release
+// ("" = 1.36) writes it.
+func (c *Cluster) Codec(emulated string, gr schema.GroupResource) runtime.Codec {
+	c.T.Helper()
+	sc, err := decode.NewStorageConfig(emulated, "")
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	rc, err := sc.Codec(gr)
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	return rc.Codec
+}
