@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+// runEtcdChild is the -etcd-child mode: an embedded etcd in its own process, so
+// that its resident memory can be measured apart from the tool and the benchmark.
+// It prints "READY <url>" and serves until its stdin is closed.
+func runEtcdChild(dir string, quota int64) error {
+	srv, err := testetcd.Start(testetcd.Options{Dir: dir, QuotaBackendBytes: quota})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("READY %s\n", srv.URL)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	srv.Close()
+	return nil
+}
+
+type etcdProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	URL   string
+	cli   *clientv3.Client
+}
+
+func startEtcd(dir string, quota int64) (*etcdProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "-etcd-child", "-etcd-dir", dir, "-quota", strconv.FormatInt(quota, 10))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "READY ") {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("etcd child did not start (%q): %v", line, err)
+	}
+	e := &etcdProc{cmd: cmd, stdin: stdin, URL: strings.TrimSpace(strings.TrimPrefix(line, "READY "))}
+	e.cli, err = clientv3.New(clientv3.Config{Endpoints: []string{e.URL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		MaxCallRecvMsgSize: 64 << 20})
+	if err != nil {
+		e.Stop()
+		return nil, err
+	}
+	return e, nil
+}
+
+// RSSKB is etcd's current resident set (VmRSS) in KiB.
+func (e *etcdProc) RSSKB() int64 { return procStatusKB(e.cmd.Process.Pid, "VmRSS:") }
+
+func procStatusKB(pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, field) {
+			f := strings.Fields(strings.TrimPrefix(l, field))
+			if len(f) > 0 {
+				v, _ := strconv.ParseInt(f[0], 10, 64)
+				return v
+			}
+		}
+	}
+	return 0
+}
+
+// Settle compacts to the current revision and defragments, so that every
+// measurement starts from a database of the same shape and the history of the
+// previous runs does not pile up towards the quota.
+func (e *etcdProc) Settle(ctx context.Context) (dbSize int64, err error) {
+	resp, err := e.cli.Get(ctx, "compact-probe")
+	if err != nil {
+		return 0, err
+	}
+	if _, err := e.cli.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil && !strings.Contains(err.Error(), "compacted") {
+		return 0, fmt.Errorf("compact: %w", err)
+	}
+	if _, err := e.cli.Defragment(ctx, e.URL); err != nil {
+		return 0, fmt.Errorf("defragment: %w", err)
+	}
+	st, err := e.cli.Status(ctx, e.URL)
+	if err != nil {
+		return 0, err
+	}
+	return st.DbSize, nil
+}
+
+func (e *etcdProc) Stop() {
+	if e.cli != nil {
+		e.cli.Close()
+	}
+	_ = e.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = e.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = e.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func clientV3Prefix() []clientv3.OpOption { return []clientv3.OpOption{clientv3.WithPrefix()} }

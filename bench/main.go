@@ -1,0 +1,481 @@
+// Command bench measures kube-etcd-migrate's verify and migrate against etcd's own
+// ceiling (raw paged reads, raw CAS rewrites of the same bytes, same page size, batch
+// size and concurrency) and, with -apiserver, against the incumbent path (no-op PUTs
+// through an in-process kube-apiserver), on an embedded etcd run as a child process.
+// Run it with `make bench` / `make bench-apiserver`; see README.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/grpclog"
+
+	"kube-etcd-migrate/etcdscan"
+)
+
+type options struct {
+	n                      int
+	staleVersion, staleKey float64
+	reps                   int
+	jsonPath               string
+	tool                   string
+	apiserver              bool
+	apiserverN             int
+	profileDir             string
+	quota                  int64
+}
+
+func main() {
+	var o options
+	var child bool
+	var childDir string
+	flag.IntVar(&o.n, "n", 100000, "objects to seed")
+	flag.Float64Var(&o.staleVersion, "stale-version", 0.3, "share of pods, deployments, events, custom resources and DeviceClasses stored stale (JSON media type, v1beta1 CR, 1.33 DeviceClass)")
+	flag.Float64Var(&o.staleKey, "stale-key", 0.3, "share of secrets and configmaps encrypted with the old aescbc key (key1; the target config is [key2, key1])")
+	flag.IntVar(&o.reps, "reps", 3, "repetitions of each measurement (median and range are reported)")
+	flag.StringVar(&o.jsonPath, "json", "bench/results.json", "write the figures here as JSON (empty: do not)")
+	flag.StringVar(&o.tool, "tool", "", "kube-etcd-migrate binary to measure (default: go build -o from the module root)")
+	flag.BoolVar(&o.apiserver, "apiserver", false, "also measure the incumbent: no-op PUTs through an in-process kube-apiserver")
+	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
+	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
+	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
+	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
+	flag.StringVar(&childDir, "etcd-dir", "", "internal: data directory of the etcd child")
+	flag.Parse()
+	if child {
+		if err := runEtcdChild(childDir, o.quota); err != nil {
+			fmt.Fprintln(os.Stderr, "etcd child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// sample is one timed run.
+type sample struct {
+	Seconds         float64 `json:"seconds"`
+	InRunSeconds    float64 `json:"inRunSeconds,omitempty"` // the tool's own duration (migrate summary)
+	Objects         int64   `json:"objects"`
+	Bytes           int64   `json:"bytes"`
+	Rewrites        int64   `json:"rewrites"`
+	PeakRSSKB       int64   `json:"peakRSSKiB,omitempty"`
+	EtcdRSSBeforeKB int64   `json:"etcdRSSBeforeKiB"`
+	EtcdRSSAfterKB  int64   `json:"etcdRSSAfterKiB"`
+}
+
+func (s sample) objPerSec() float64 { return float64(s.Objects) / s.Seconds }
+
+type stat struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func statOf(xs []float64) stat {
+	if len(xs) == 0 {
+		return stat{}
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stat{Median: m, Min: s[0], Max: s[len(s)-1]}
+}
+
+type measurement struct {
+	Name         string   `json:"name"`
+	Samples      []sample `json:"samples"`
+	ObjectsPerS  stat     `json:"objectsPerSecond"`
+	MBPerS       stat     `json:"megabytesPerSecond"`
+	RewritesPerS stat     `json:"rewritesPerSecond"`
+	InRunObjPerS stat     `json:"inRunObjectsPerSecond,omitempty"`
+	PeakRSSMB    stat     `json:"peakRSSMB,omitempty"`
+	EtcdRSSMB    struct {
+		Before stat `json:"before"`
+		After  stat `json:"after"`
+	} `json:"etcdRSSMB"`
+}
+
+func (m *measurement) finish() {
+	var ops, mbs, rws, inrun, rss, eb, ea []float64
+	for _, s := range m.Samples {
+		ops = append(ops, s.objPerSec())
+		mbs = append(mbs, float64(s.Bytes)/1e6/s.Seconds)
+		rws = append(rws, float64(s.Rewrites)/s.Seconds)
+		if s.InRunSeconds > 0 {
+			inrun = append(inrun, float64(s.Objects)/s.InRunSeconds)
+		}
+		if s.PeakRSSKB > 0 {
+			rss = append(rss, float64(s.PeakRSSKB)/1024)
+		}
+		eb = append(eb, float64(s.EtcdRSSBeforeKB)/1024)
+		ea = append(ea, float64(s.EtcdRSSAfterKB)/1024)
+	}
+	m.ObjectsPerS, m.MBPerS, m.RewritesPerS, m.InRunObjPerS, m.PeakRSSMB = statOf(ops), statOf(mbs), statOf(rws), statOf(inrun), statOf(rss)
+	m.EtcdRSSMB.Before, m.EtcdRSSMB.After = statOf(eb), statOf(ea)
+}
+
+type ratio struct {
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	Target float64 `json:"target"`
+	Met    bool    `json:"met"`
+	Note   string  `json:"note,omitempty"`
+}
+
+type results struct {
+	Machine struct {
+		CPUs      int    `json:"cpus"`
+		GoVersion string `json:"go"`
+		OS        string `json:"os"`
+		CPU       string `json:"cpuModel,omitempty"`
+	} `json:"machine"`
+	Date          string         `json:"date"`
+	N             int            `json:"n"`
+	Keys          int64          `json:"keys"`
+	KeyspaceBytes int64          `json:"keyspaceBytes"`
+	StaleObjects  int            `json:"staleObjects"`
+	StaleVersion  float64        `json:"staleVersionShare"`
+	StaleKey      float64        `json:"staleKeyShare"`
+	Reps          int            `json:"reps"`
+	PageSize      int64          `json:"pageSize"`
+	BatchOps      int            `json:"batchOps"`
+	BatchBytes    int            `json:"batchBytes"`
+	Writers       int            `json:"writers"`
+	SeedSeconds   float64        `json:"seedSeconds"`
+	Measurements  []*measurement `json:"measurements"`
+	Ratios        []ratio        `json:"ratios"`
+	APIServerN    int            `json:"apiserverN,omitempty"`
+	Notes         []string       `json:"notes,omitempty"`
+}
+
+func (r *results) get(name string) *measurement {
+	for _, m := range r.Measurements {
+		if m.Name == name {
+			return m
+		}
+	}
+	m := &measurement{Name: name}
+	r.Measurements = append(r.Measurements, m)
+	return m
+}
+
+const (
+	mVerify  = "verify (tool)"
+	mScan    = "scan ceiling"
+	mMigrate = "migrate (tool)"
+	mCAS     = "CAS ceiling"
+	mAPI     = "apiserver no-op PUT"
+	// The tool's defaults (main.go: --writers 4; etcdscan defaults).
+	toolWriters = 4
+)
+
+func run(ctx context.Context, o options) error {
+	if o.n <= 0 || o.reps <= 0 {
+		return fmt.Errorf("-n and -reps must be positive")
+	}
+	dir, err := os.MkdirTemp("", "kem-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	res := &results{N: o.n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: o.reps,
+		PageSize: etcdscan.DefaultPageSize, BatchOps: etcdscan.DefaultMaxOps, BatchBytes: etcdscan.DefaultMaxBytes, Writers: toolWriters,
+		Date: time.Now().UTC().Format(time.RFC3339)}
+	res.Machine.CPUs, res.Machine.GoVersion, res.Machine.OS = runtime.NumCPU(), runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
+	res.Machine.CPU = cpuModel()
+
+	bin := o.tool
+	if bin == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			return err
+		}
+		bin = filepath.Join(dir, "kube-etcd-migrate")
+		logf("building the tool: go build -o %s .", bin)
+		if err := buildTool(root, bin); err != nil {
+			return err
+		}
+	}
+
+	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
+	if err != nil {
+		return err
+	}
+	etcd, err := startEtcd(filepath.Join(dir, "etcd"), o.quota)
+	if err != nil {
+		return err
+	}
+	defer etcd.Stop()
+	logf("etcd child pid %d at %s (RSS %d MB)", etcd.cmd.Process.Pid, etcd.URL, etcd.RSSKB()/1024)
+
+	gen, err := newGenerator(ctx, o.n, o.staleVersion, o.staleKey, oldCfg, newCfg)
+	if err != nil {
+		return err
+	}
+	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
+		return err
+	}
+	start := time.Now()
+	seeded, err := gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true)
+	if err != nil {
+		return err
+	}
+	res.SeedSeconds = time.Since(start).Seconds()
+	stale := gen.staleKeys()
+	res.StaleObjects = len(stale)
+	logf("seeded %d objects (+%d namespaces, 1 CRD) in %.1fs (%.0f objects/s); %d stale", seeded, namespaces, res.SeedSeconds, float64(seeded)/res.SeedSeconds, len(stale))
+
+	common := []string{"--endpoints", etcd.URL, "--encryption-provider-config", newCfg}
+	reseedStale := func() error {
+		t := time.Now()
+		n, err := gen.seed(ctx, etcd.cli, func(s objSpec) bool { return s.stale }, true)
+		if err == nil {
+			logf("  re-seeded the %d stale objects and the CRD in %.1fs", n, time.Since(t).Seconds())
+		}
+		return err
+	}
+	settle := func() error {
+		_, err := etcd.Settle(ctx)
+		runtime.GC()
+		time.Sleep(500 * time.Millisecond)
+		return err
+	}
+
+	for rep := 1; rep <= o.reps; rep++ {
+		logf("repetition %d/%d", rep, o.reps)
+		// Scan ceiling.
+		if err := settle(); err != nil {
+			return err
+		}
+		before := etcd.RSSKB()
+		c, err := scanCeiling(ctx, etcd.cli, etcdscan.DefaultPageSize)
+		if err != nil {
+			return fmt.Errorf("scan ceiling: %w", err)
+		}
+		res.Keys, res.KeyspaceBytes = c.keys, c.bytes
+		res.get(mScan).Samples = append(res.get(mScan).Samples, sample{Seconds: c.elapsed.Seconds(), Objects: c.keys, Bytes: c.bytes, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+		logf("  scan ceiling: %d keys in %.2fs", c.keys, c.elapsed.Seconds())
+
+		// verify.
+		if err := settle(); err != nil {
+			return err
+		}
+		before = etcd.RSSKB()
+		tr, err := runTool(ctx, bin, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, common...)...)
+		if err != nil {
+			return err
+		}
+		var vo verifyOut
+		if err := parseJSON(tr, &vo); err != nil {
+			return err
+		}
+		if tr.exit != 3 || vo.Summary.Stale != int64(len(stale)) || vo.Summary.Unreadable != 0 {
+			return fmt.Errorf("verify: exit %d, %d stale, %d unreadable; want exit 3, %d stale (the seeding or the tool is wrong): stale/objects by resource:%s; expected stale by kind: %v; stderr: %s",
+				tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, len(stale), vo.byResource(), gen.staleByKind(), tail(tr.stderr))
+		}
+		res.get(mVerify).Samples = append(res.get(mVerify).Samples, sample{Seconds: tr.wall.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: c.bytes,
+			PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+		logf("  verify: %d objects, %d stale in %.2fs, peak RSS %d MB", vo.Summary.Objects, vo.Summary.Stale, tr.wall.Seconds(), tr.peakRSSKB/1024)
+
+		// CAS ceiling (rewrites the same bytes: the keyspace stays stale).
+		if err := settle(); err != nil {
+			return err
+		}
+		before = etcd.RSSKB()
+		c, err = casCeiling(ctx, etcd.cli, etcdscan.DefaultPageSize, stale, etcdscan.DefaultMaxOps, etcdscan.DefaultMaxBytes, toolWriters)
+		if err != nil {
+			return fmt.Errorf("CAS ceiling: %w", err)
+		}
+		if c.rewrites != int64(len(stale)) {
+			return fmt.Errorf("CAS ceiling rewrote %d keys, want %d (%d failed)", c.rewrites, len(stale), c.failed)
+		}
+		res.get(mCAS).Samples = append(res.get(mCAS).Samples, sample{Seconds: c.elapsed.Seconds(), Objects: c.keys, Bytes: c.bytes, Rewrites: c.rewrites, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+		logf("  CAS ceiling: %d keys, %d rewritten in %.2fs", c.keys, c.rewrites, c.elapsed.Seconds())
+
+		// migrate.
+		if err := settle(); err != nil {
+			return err
+		}
+		before = etcd.RSSKB()
+		tr, err = runTool(ctx, bin, append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}, common...)...)
+		if err != nil {
+			return err
+		}
+		var mo migrateOut
+		if err := parseJSON(tr, &mo); err != nil {
+			return err
+		}
+		if tr.exit != 0 || mo.Summary.Rewritten != int64(len(stale)) {
+			return fmt.Errorf("migrate: exit %d, rewrote %d, want %d; stderr: %s", tr.exit, mo.Summary.Rewritten, len(stale), tail(tr.stderr))
+		}
+		inRun, _ := time.ParseDuration(mo.Duration)
+		res.get(mMigrate).Samples = append(res.get(mMigrate).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), Objects: mo.Summary.Scanned, Bytes: c.bytes,
+			Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+		logf("  migrate: %d scanned, %d rewritten in %.2fs (in-run %s), peak RSS %d MB", mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.peakRSSKB/1024)
+		if err := reseedStale(); err != nil {
+			return err
+		}
+	}
+
+	if o.profileDir != "" {
+		if err := profileRuns(ctx, o, bin, common, reseedStale, settle); err != nil {
+			return err
+		}
+	}
+
+	if o.apiserver {
+		if err := apiserverRuns(ctx, o, res, gen, etcd, newCfg, settle); err != nil {
+			return err
+		}
+	}
+
+	for _, m := range res.Measurements {
+		m.finish()
+	}
+	addRatios(res)
+	printTable(os.Stdout, res)
+	if o.jsonPath != "" {
+		b, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		logf("figures written to %s", o.jsonPath)
+	}
+	return nil
+}
+
+func profileRuns(ctx context.Context, o options, bin string, common []string, reseed, settle func() error) error {
+	if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(o.profileDir)
+	for _, cmd := range []string{"verify", "migrate"} {
+		if err := settle(); err != nil {
+			return err
+		}
+		args := []string{cmd, "-o", "json", "--cpuprofile", filepath.Join(abs, cmd+".cpu.pprof"), "--memprofile", filepath.Join(abs, cmd+".mem.pprof")}
+		if cmd == "migrate" {
+			args = append(args, "--quota-backend-bytes", fmt.Sprint(o.quota))
+		}
+		tr, err := runTool(ctx, bin, append(args, common...)...)
+		if err != nil {
+			return err
+		}
+		logf("profiled %s in %.2fs (exit %d): %s/%s.{cpu,mem}.pprof", cmd, tr.wall.Seconds(), tr.exit, abs, cmd)
+	}
+	return reseed()
+}
+
+func ratioOf(res *results, num, den string) float64 {
+	a, b := res.get(num).ObjectsPerS.Median, res.get(den).ObjectsPerS.Median
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func addRatios(res *results) {
+	add := func(name string, v, target float64, note string) {
+		res.Ratios = append(res.Ratios, ratio{Name: name, Value: v, Target: target, Met: v >= target, Note: note})
+	}
+	add("verify / scan ceiling", ratioOf(res, mVerify, mScan), 0.5, "objects/s, medians; tool wall clock includes process start and setup")
+	add("migrate / CAS ceiling", ratioOf(res, mMigrate, mCAS), 0.7, "objects/s, medians; tool wall clock includes process start and setup")
+	if m := res.get(mMigrate); m.InRunObjPerS.Median > 0 {
+		add("migrate in-run / CAS ceiling", m.InRunObjPerS.Median/res.get(mCAS).ObjectsPerS.Median, 0.7, "the tool's own duration (after setup)")
+	}
+	if len(res.get(mAPI).Samples) > 0 {
+		add("migrate / apiserver", ratioOf(res, mMigrate, mAPI), 25, "objects/s, medians")
+	}
+	peak := res.get(mMigrate).PeakRSSMB.Max
+	if v := res.get(mVerify).PeakRSSMB.Max; v > peak {
+		peak = v
+	}
+	res.Ratios = append(res.Ratios, ratio{Name: "tool peak RSS (MB, max of all runs)", Value: peak, Target: 150, Met: peak <= 150})
+	// Drop measurements never taken (get creates them).
+	var ms []*measurement
+	for _, m := range res.Measurements {
+		if len(m.Samples) > 0 {
+			ms = append(ms, m)
+		}
+	}
+	res.Measurements = ms
+}
+
+func rng(s stat, f string) string {
+	return fmt.Sprintf(f+" ["+f+"–"+f+"]", s.Median, s.Min, s.Max)
+}
+
+func printTable(w *os.File, res *results) {
+	fmt.Fprintf(w, "\nkube-etcd-migrate benchmark: N=%d (%d keys, %.1f MB of values), %d stale; %d CPUs %s; %d reps, median [min–max]\n",
+		res.N, res.Keys, float64(res.KeyspaceBytes)/1e6, res.StaleObjects, res.Machine.CPUs, res.Machine.CPU, res.Reps)
+	fmt.Fprintf(w, "page %d keys, CAS txn %d ops / %d KiB, %d writers\n\n", res.PageSize, res.BatchOps, res.BatchBytes>>10, res.Writers)
+	fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s\n", "measurement", "objects/s", "MB/s", "rewrites/s", "peak RSS MB", "etcd RSS MB before→after")
+	for _, m := range res.Measurements {
+		rss := "-"
+		if m.PeakRSSMB.Median > 0 {
+			rss = rng(m.PeakRSSMB, "%.0f")
+		}
+		rw := "-"
+		if m.RewritesPerS.Median > 0 {
+			rw = rng(m.RewritesPerS, "%.0f")
+		}
+		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %.0f→%.0f\n", m.Name, rng(m.ObjectsPerS, "%.0f"), rng(m.MBPerS, "%.1f"), rw, rss,
+			m.EtcdRSSMB.Before.Median, m.EtcdRSSMB.After.Median)
+		if m.InRunObjPerS.Median > 0 {
+			fmt.Fprintf(w, "%-20s %-26s (the tool's own duration, without process start and setup)\n", "  in-run", rng(m.InRunObjPerS, "%.0f"))
+		}
+	}
+	fmt.Fprintln(w)
+	for _, r := range res.Ratios {
+		verdict := "MET"
+		if !r.Met {
+			verdict = "NOT MET"
+		}
+		cmp := "≥"
+		if strings.Contains(r.Name, "RSS") {
+			cmp = "≤"
+		}
+		fmt.Fprintf(w, "%-36s %8.2f   target %s %g   %s\n", r.Name, r.Value, cmp, r.Target, verdict)
+	}
+	for _, n := range res.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return ""
+}

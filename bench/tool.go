@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// buildTool builds the kube-etcd-migrate binary from the module root.
+func buildTool(root, out string) error {
+	cmd := exec.Command("go", "build", "-o", out, ".")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build -o %s . (in %s): %w", out, root, err)
+	}
+	return nil
+}
+
+// moduleRoot finds the directory of kube-etcd-migrate's go.mod from the working directory up.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(b), "module kube-etcd-migrate\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("run from inside the kube-etcd-migrate module (no go.mod found)")
+		}
+		dir = parent
+	}
+}
+
+type toolRun struct {
+	wall      time.Duration
+	peakRSSKB int64
+	exit      int
+	stdout    []byte
+	stderr    []byte
+}
+
+// runTool runs the tool as a child process and reads its peak RSS from wait4's rusage.
+func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	err := cmd.Run()
+	r := toolRun{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes()}
+	if cmd.ProcessState != nil {
+		r.exit = cmd.ProcessState.ExitCode()
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			r.peakRSSKB = ru.Maxrss // KiB on Linux
+		}
+	}
+	if err != nil && r.exit <= 0 {
+		return r, fmt.Errorf("%s %s: %w", filepath.Base(bin), args[0], err)
+	}
+	return r, nil
+}
+
+type verifyCounts struct {
+	Objects, Current, Stale, Unreadable, NotObjects int64
+}
+
+type verifyOut struct {
+	Summary   verifyCounts `json:"summary"`
+	Resources []struct {
+		Group, Resource string
+		verifyCounts
+		StaleBy map[string]int `json:"staleBy"`
+	} `json:"resources"`
+}
+
+func (v verifyOut) byResource() string {
+	var b strings.Builder
+	for _, r := range v.Resources {
+		fmt.Fprintf(&b, " %s.%s=%d/%d%v", r.Resource, r.Group, r.Stale, r.Objects, r.StaleBy)
+	}
+	return b.String()
+}
+
+type migrateOut struct {
+	Duration string `json:"duration"`
+	Summary  struct {
+		Scanned, Current, Stale, Rewritten, Conflicts, Skipped, Unreadable, Failed int64
+		BytesRead                                                                  int64 `json:"bytesRead"`
+		BytesWritten                                                               int64 `json:"bytesWritten"`
+	} `json:"summary"`
+}
+
+func parseJSON(r toolRun, v any) error {
+	if err := json.Unmarshal(r.stdout, v); err != nil {
+		return fmt.Errorf("tool output is not the expected JSON (exit %d): %v; stderr: %s", r.exit, err, tail(r.stderr))
+	}
+	return nil
+}
+
+func tail(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 800 {
+		s = "..." + s[len(s)-800:]
+	}
+	return s
+}
