@@ -1,0 +1,273 @@
+package inventory
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/yaml"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+)
+
+// lastApplied is kubectl apply's annotation: on a Secret it repeats the data.
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
+
+var secretsGR = schema.GroupResource{Resource: "secrets"}
+
+// Header is how one key is stored.
+type Header struct {
+	Key            string `json:"key"`
+	Resource       string `json:"resource,omitempty"`
+	ModRevision    int64  `json:"modRevision"`
+	CreateRevision int64  `json:"createRevision"`
+	Version        int64  `json:"version"`
+	// Lease is the lease ID in hex as etcdctl prints it; empty without a lease.
+	Lease string `json:"lease,omitempty"`
+	// LeaseTTL is the lease's remaining seconds (-1: expired), LeaseGrantedTTL
+	// its granted TTL; LeaseError says why they are unknown.
+	LeaseTTL        *int64 `json:"leaseTTL,omitempty"`
+	LeaseGrantedTTL *int64 `json:"leaseGrantedTTL,omitempty"`
+	LeaseError      string `json:"leaseError,omitempty"`
+	// Provider and KeyName say how the value is encrypted at rest; Stale that the
+	// configuration would write it with another provider or key.
+	Provider        string `json:"provider,omitempty"`
+	KeyName         string `json:"keyName,omitempty"`
+	EncryptionStale bool   `json:"encryptionStale,omitempty"`
+	MediaType       string `json:"mediaType,omitempty"`
+	APIVersion      string `json:"apiVersion,omitempty"`
+	Kind            string `json:"kind,omitempty"`
+	Size            int    `json:"size"`
+}
+
+// KeyError is why a key could not be decoded.
+type KeyError struct {
+	Reason decode.Reason `json:"reason"`
+	Detail string        `json:"detail,omitempty"`
+}
+
+type inspected struct {
+	Storage Header         `json:"storage"`
+	Object  map[string]any `json:"object,omitempty"`
+	Error   *KeyError      `json:"error,omitempty"`
+}
+
+// Inspect reads one key, decodes it as kube-apiserver would and prints its storage
+// header and the object in its stored version, as "yaml" (the header as comments)
+// or "json" ({"storage": ..., "object": ...}). Secret data, stringData and kubectl's
+// last-applied annotation are replaced by "<redacted N bytes>" unless showSecrets.
+// A key that does not decode prints the header and the reason, and returns an
+// error naming the key.
+func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets bool, format string, w io.Writer) error {
+	switch format {
+	case "", "yaml", "json":
+	default:
+		return fmt.Errorf("unknown output format %q (want yaml or json)", format)
+	}
+	if env == nil || env.Client == nil {
+		return errors.New("inspect: no environment")
+	}
+	resp, err := env.Client.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("key not found: %s", key)
+	}
+	raw := resp.Kvs[0]
+	kv := etcdscan.KV{Key: string(raw.Key), Value: raw.Value, ModRevision: raw.ModRevision, CreateRevision: raw.CreateRevision, Version: raw.Version, Lease: raw.Lease}
+	out := inspected{Storage: Header{
+		Key: kv.Key, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Size: len(kv.Value),
+	}}
+	if kv.Lease != 0 {
+		leaseInfo(ctx, env.Client, kv.Lease, &out.Storage)
+	}
+
+	obj, decodeErr := env.Decoder.Decode(ctx, kv)
+	h := &out.Storage
+	if obj.Info.Resource.Resource != "" {
+		h.Resource = obj.Info.Resource.String()
+	}
+	h.Provider, h.KeyName, h.EncryptionStale = obj.Encryption.Provider, obj.Encryption.KeyName, obj.Encryption.Stale
+	h.MediaType = obj.MediaType
+	if !obj.StoredGVK.Empty() {
+		h.APIVersion, h.Kind = obj.StoredGVK.GroupVersion().String(), obj.StoredGVK.Kind
+	}
+	if decodeErr == nil {
+		out.Object, decodeErr = external(obj)
+	}
+	if decodeErr != nil {
+		out.Object = nil
+		out.Error = keyError(decodeErr)
+		if err := out.write(w, format); err != nil {
+			return err
+		}
+		var de *decode.Error
+		if errors.As(decodeErr, &de) {
+			return fmt.Errorf("cannot decode %w", de) // de names the key
+		}
+		return fmt.Errorf("cannot decode %s: %w", key, decodeErr)
+	}
+	if obj.Info.Resource == secretsGR && !showSecrets {
+		redactSecret(out.Object)
+	}
+	return out.write(w, format)
+}
+
+func leaseInfo(ctx context.Context, cli *clientv3.Client, lease int64, h *Header) {
+	h.Lease = fmt.Sprintf("%016x", lease)
+	ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil {
+		h.LeaseError = err.Error()
+		return
+	}
+	left, granted := ttl.TTL, ttl.GrantedTTL
+	h.LeaseTTL, h.LeaseGrantedTTL = &left, &granted
+}
+
+// external converts the decoded object to its stored version as a JSON map:
+// built-ins from the internal version through their scheme, custom resources as
+// they are (already in the stored version). metadata.resourceVersion is filled from
+// the key's mod revision, as kube-apiserver does on read.
+func external(obj *decode.Object) (map[string]any, error) {
+	var m map[string]any
+	switch in := obj.Internal.(type) {
+	case *unstructured.Unstructured:
+		m = in.DeepCopy().Object
+	default:
+		if obj.Codec == nil || obj.Internal == nil {
+			return nil, decode.Errorf(obj.KV.Key, decode.ReasonCorruptPayload, nil, "decoded without a codec")
+		}
+		ext, err := obj.Codec.Scheme.ConvertToVersion(obj.Internal, obj.StoredGVK.GroupVersion())
+		if err != nil {
+			return nil, decode.Errorf(obj.KV.Key, decode.ReasonConversionFailed, nil, "convert to %s: %v", obj.StoredGVK.GroupVersion(), err)
+		}
+		data, err := json.Marshal(ext)
+		if err != nil {
+			return nil, decode.Errorf(obj.KV.Key, decode.ReasonConversionFailed, nil, "marshal %s as JSON: %v", obj.StoredGVK, err)
+		}
+		if err := json.Unmarshal(data, &m); err != nil {
+			return nil, decode.Errorf(obj.KV.Key, decode.ReasonConversionFailed, nil, "unmarshal %s JSON", obj.StoredGVK)
+		}
+	}
+	if md, ok := m["metadata"].(map[string]any); ok {
+		md["resourceVersion"] = strconv.FormatInt(obj.KV.ModRevision, 10)
+	}
+	return m, nil
+}
+
+func keyError(err error) *KeyError {
+	var de *decode.Error
+	if !errors.As(err, &de) {
+		return &KeyError{Reason: decode.ReasonCorruptPayload, Detail: err.Error()}
+	}
+	detail := de.Detail
+	if de.Err != nil {
+		if detail != "" {
+			detail += ": "
+		}
+		detail += de.Err.Error()
+	}
+	return &KeyError{Reason: de.Reason, Detail: detail}
+}
+
+// redactSecret replaces every value of a Secret's data and stringData, and kubectl's
+// last-applied annotation (which repeats them), by "<redacted N bytes>".
+func redactSecret(m map[string]any) {
+	if data, ok := m["data"].(map[string]any); ok {
+		for k, v := range data {
+			s, _ := v.(string)
+			n := len(s)
+			if b, err := base64.StdEncoding.DecodeString(s); err == nil {
+				n = len(b)
+			}
+			data[k] = redacted(n)
+		}
+	}
+	if data, ok := m["stringData"].(map[string]any); ok {
+		for k, v := range data {
+			s, _ := v.(string)
+			data[k] = redacted(len(s))
+		}
+	}
+	if md, ok := m["metadata"].(map[string]any); ok {
+		if ann, ok := md["annotations"].(map[string]any); ok {
+			if v, ok := ann[lastApplied].(string); ok {
+				ann[lastApplied] = redacted(len(v))
+			}
+		}
+	}
+}
+
+func redacted(n int) string { return fmt.Sprintf("<redacted %d bytes>", n) }
+
+func (o *inspected) write(w io.Writer, format string) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(o)
+	}
+	var b strings.Builder
+	h := o.Storage
+	line := func(name, format string, args ...any) {
+		fmt.Fprintf(&b, "# %-15s %s\n", name+":", fmt.Sprintf(format, args...))
+	}
+	line("key", "%s", h.Key)
+	if h.Resource != "" {
+		line("resource", "%s", h.Resource)
+	}
+	line("revisions", "mod %d, create %d, version %d", h.ModRevision, h.CreateRevision, h.Version)
+	switch {
+	case h.Lease == "":
+		line("lease", "none")
+	case h.LeaseError != "":
+		line("lease", "%s (TTL unknown: %s)", h.Lease, h.LeaseError)
+	case *h.LeaseTTL < 0:
+		line("lease", "%s (expired)", h.Lease)
+	default:
+		line("lease", "%s (%ds left of %ds)", h.Lease, *h.LeaseTTL, *h.LeaseGrantedTTL)
+	}
+	if h.Provider != "" {
+		enc := h.Provider
+		if h.KeyName != "" {
+			enc += ", key " + h.KeyName
+		}
+		if h.EncryptionStale {
+			enc += " (stale: new writes use another provider or key)"
+		}
+		line("encryption", "%s", enc)
+	}
+	if h.MediaType != "" {
+		line("media type", "%s", h.MediaType)
+	}
+	if h.APIVersion != "" {
+		line("stored as", "%s %s", h.APIVersion, h.Kind)
+	}
+	line("size", "%d bytes", h.Size)
+	if o.Error != nil {
+		line("error", "%s", o.Error.Reason)
+		if o.Error.Detail != "" {
+			line("detail", "%s", o.Error.Detail)
+		}
+		_, err := io.WriteString(w, b.String())
+		return err
+	}
+	data, err := yaml.Marshal(o.Object)
+	if err != nil {
+		return fmt.Errorf("%s: render YAML: %w", h.Key, err)
+	}
+	b.WriteString("---\n")
+	b.Write(data)
+	_, err = io.WriteString(w, b.String())
+	return err
+}

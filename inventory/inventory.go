@@ -1,0 +1,352 @@
+// Package inventory owns the read-only census of an etcd keyspace (the inventory
+// command: per resource the object count, bytes, stored versions, media types,
+// encryption providers and keys, leases and unreadable objects by reason) and the
+// inspect command (one key decoded, with its storage header, Secret data redacted).
+// It never writes to etcd and never prints plaintext it was not asked for.
+package inventory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// Defaults of Options.
+const (
+	DefaultShowKeys   = 5
+	DefaultNotObjects = 100
+)
+
+// unknown labels a breakdown entry that could not be read (the object is unreadable
+// before that point), so that every breakdown adds up to Count.
+const unknown = "(unknown)"
+
+// Options tune a census.
+type Options struct {
+	// ShowKeys is how many unreadable keys are listed per resource: 0 means
+	// DefaultShowKeys, a negative value lists none.
+	ShowKeys int
+	// MaxNotObjects bounds the keys that are not objects listed (all are counted):
+	// 0 means DefaultNotObjects, a negative value lists none.
+	MaxNotObjects int
+}
+
+// Key is one listed key: an unreadable object or a key that is not an object.
+type Key struct {
+	Key    string        `json:"key"`
+	Bytes  int64         `json:"bytes"`
+	Reason decode.Reason `json:"reason"`
+	Detail string        `json:"detail,omitempty"`
+}
+
+// Resource is the census of one group/resource. Versions, MediaTypes and
+// Encryption each add up to Count; what could not be read is "(unknown)".
+type Resource struct {
+	Group    string `json:"group"`
+	Resource string `json:"resource"`
+	Count    int64  `json:"count"`
+	// Bytes is the sum of the stored values' sizes (as stored, encrypted or not);
+	// MaxBytes the largest one.
+	Bytes    int64 `json:"bytes"`
+	MaxBytes int64 `json:"maxBytes"`
+	// Versions counts objects by stored apiVersion ("v1", "apps/v1").
+	Versions map[string]int64 `json:"versions"`
+	// MediaTypes counts objects by stored media type (protobuf, json, cbor).
+	MediaTypes map[string]int64 `json:"mediaTypes"`
+	// Encryption counts objects by provider:key name ("identity", "aescbc:key1").
+	Encryption map[string]int64 `json:"encryption"`
+	// WithLease counts keys attached to an etcd lease (events).
+	WithLease int64 `json:"withLease"`
+	// Unreadable counts objects that could not be decoded, UnreadableBy by reason.
+	Unreadable     int64                   `json:"unreadable"`
+	UnreadableBy   map[decode.Reason]int64 `json:"unreadableBy,omitempty"`
+	UnreadableKeys []Key                   `json:"unreadableKeys,omitempty"`
+}
+
+// Name is the resource as kubectl names it: "secrets", "deployments.apps".
+func (r *Resource) Name() string {
+	return schema.GroupResource{Group: r.Group, Resource: r.Resource}.String()
+}
+
+// Totals add up every resource.
+type Totals struct {
+	Keys       int64 `json:"keys"`
+	Objects    int64 `json:"objects"`
+	Bytes      int64 `json:"bytes"`
+	WithLease  int64 `json:"withLease"`
+	Unreadable int64 `json:"unreadable"`
+	NotObjects int64 `json:"notObjects"`
+}
+
+// Inventory is the census of the keys a run selected, read at one revision.
+type Inventory struct {
+	Revision int64 `json:"revision"`
+	// Consistent is false when the revision was compacted during the scan and the
+	// scan continued at a newer one (Restarts).
+	Consistent bool               `json:"consistent"`
+	Restarts   []etcdscan.Restart `json:"restarts,omitempty"`
+	Prefixes   []string           `json:"prefixes"`
+	Namespace  string             `json:"namespace,omitempty"`
+	Total      Totals             `json:"total"`
+	Resources  []*Resource        `json:"resources"`
+	// NotObjects lists keys under the prefix that are not API objects
+	// (/registry/health, ...), up to Options.MaxNotObjects; Total.NotObjects counts all.
+	NotObjects []Key `json:"notObjects"`
+
+	showKeys, maxNotObjects int
+	byResource              map[schema.GroupResource]*Resource
+}
+
+// Run takes the census of the keys env selects, at one revision. progress, when
+// not nil, is called after each page with the number of keys processed so far.
+func Run(ctx context.Context, env *pipeline.Env, opts Options, progress func(n int64)) (*Inventory, error) {
+	if env == nil {
+		return nil, errors.New("inventory: no environment")
+	}
+	inv := &Inventory{
+		Prefixes:      append([]string{}, env.Prefixes...),
+		Namespace:     env.Config.Namespace,
+		Resources:     []*Resource{},
+		NotObjects:    []Key{},
+		showKeys:      bound(opts.ShowKeys, DefaultShowKeys),
+		maxNotObjects: bound(opts.MaxNotObjects, DefaultNotObjects),
+		byResource:    map[schema.GroupResource]*Resource{},
+	}
+	prefix := env.Resolver.Prefix()
+	stats, err := env.Run(ctx, 0, pipeline.DecodeOnly, func(page []reencode.Decision) error {
+		for i := range page {
+			inv.add(prefix, &page[i])
+		}
+		if progress != nil {
+			progress(inv.Total.Keys)
+		}
+		return nil
+	})
+	inv.Revision, inv.Consistent, inv.Restarts = stats.Revision, stats.Consistent, stats.Restarts
+	if err != nil {
+		return nil, fmt.Errorf("inventory: scan %s: %w", strings.Join(env.Prefixes, ", "), err)
+	}
+	for _, r := range inv.byResource {
+		inv.Resources = append(inv.Resources, r)
+	}
+	sort.Slice(inv.Resources, func(i, j int) bool { return inv.Resources[i].Name() < inv.Resources[j].Name() })
+	return inv, nil
+}
+
+func bound(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+func (inv *Inventory) add(prefix string, d *reencode.Decision) {
+	inv.Total.Keys++
+	size := int64(d.OldSize)
+	if d.Status == reencode.NotObject {
+		inv.Total.NotObjects++
+		if len(inv.NotObjects) < inv.maxNotObjects {
+			k := Key{Key: d.Key, Bytes: size, Reason: decode.ReasonNotObject}
+			if d.Err != nil {
+				k.Detail = d.Err.Detail
+			}
+			inv.NotObjects = append(inv.NotObjects, k)
+		}
+		return
+	}
+	gr := d.Resource
+	if gr.Resource == "" {
+		gr = resourceOfKey(prefix, d.Key)
+	}
+	r := inv.byResource[gr]
+	if r == nil {
+		r = &Resource{Group: gr.Group, Resource: gr.Resource, Versions: map[string]int64{}, MediaTypes: map[string]int64{}, Encryption: map[string]int64{}}
+		inv.byResource[gr] = r
+	}
+	r.Count++
+	r.Bytes += size
+	r.MaxBytes = max(r.MaxBytes, size)
+	r.Versions[orUnknown(d.From.Version)]++
+	r.MediaTypes[orUnknown(d.From.MediaType)]++
+	r.Encryption[orUnknown(d.From.Encryption)]++
+	inv.Total.Objects++
+	inv.Total.Bytes += size
+	if d.Lease != 0 {
+		r.WithLease++
+		inv.Total.WithLease++
+	}
+	if d.Status == reencode.Readable {
+		return
+	}
+	// Unreadable, or any status that is not "read fine".
+	r.Unreadable++
+	inv.Total.Unreadable++
+	reason, detail := errorReason(d)
+	if r.UnreadableBy == nil {
+		r.UnreadableBy = map[decode.Reason]int64{}
+	}
+	r.UnreadableBy[reason]++
+	if len(r.UnreadableKeys) < inv.showKeys {
+		r.UnreadableKeys = append(r.UnreadableKeys, Key{Key: d.Key, Bytes: size, Reason: reason, Detail: detail})
+	}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return unknown
+	}
+	return s
+}
+
+// errorReason gives the reason and a value-free detail of an unreadable decision
+// (decode errors never carry plaintext).
+func errorReason(d *reencode.Decision) (decode.Reason, string) {
+	if d.Err == nil {
+		return decode.Reason("unknown"), fmt.Sprintf("status %s without an error", d.Status)
+	}
+	detail := d.Err.Detail
+	if d.Err.Err != nil {
+		if detail != "" {
+			detail += ": "
+		}
+		detail += d.Err.Err.Error()
+	}
+	return d.Err.Reason, detail
+}
+
+// resourceOfKey names the resource of a key no resource owns, for the census:
+// "/registry/example.com/widgets/ns/x" gives widgets.example.com,
+// "/registry/foos/x" gives foos.
+func resourceOfKey(prefix, key string) schema.GroupResource {
+	rest := strings.TrimPrefix(key, strings.TrimSuffix(prefix, "/")+"/")
+	parts := strings.Split(rest, "/")
+	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
+		return schema.GroupResource{Group: parts[0], Resource: parts[1]}
+	}
+	if parts[0] == "" {
+		return schema.GroupResource{Resource: unknown}
+	}
+	return schema.GroupResource{Resource: parts[0]}
+}
+
+// Write prints the census as "table" (the default) or "json".
+func (inv *Inventory) Write(w io.Writer, format string) error {
+	switch format {
+	case "", "table":
+		return inv.writeTable(w)
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(inv)
+	}
+	return fmt.Errorf("unknown output format %q (want table or json)", format)
+}
+
+func (inv *Inventory) writeTable(w io.Writer) error {
+	consistency := "consistent"
+	if !inv.Consistent {
+		consistency = "NOT consistent: the revision was compacted during the scan"
+	}
+	if _, err := fmt.Fprintf(w, "Revision %d (%s), prefixes %s\n", inv.Revision, consistency, strings.Join(inv.Prefixes, ", ")); err != nil {
+		return err
+	}
+	for _, rs := range inv.Restarts {
+		fmt.Fprintf(w, "WARNING: continued after %s at revision %d\n", rs.AfterKey, rs.Revision)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tOBJECTS\tBYTES\tLARGEST\tVERSIONS\tMEDIA TYPES\tENCRYPTION\tLEASES\tUNREADABLE")
+	for _, r := range inv.Resources {
+		unreadable := fmt.Sprint(r.Unreadable)
+		if r.Unreadable > 0 {
+			unreadable += " (" + breakdown(reasonCounts(r.UnreadableBy)) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name(), r.Count, humanBytes(r.Bytes), humanBytes(r.MaxBytes),
+			breakdown(r.Versions), breakdown(r.MediaTypes), breakdown(r.Encryption), r.WithLease, unreadable)
+	}
+	t := inv.Total
+	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t\t\t\t\t%d\t%d\n", t.Objects, humanBytes(t.Bytes), t.WithLease, t.Unreadable)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if t.Unreadable > 0 && inv.showKeys > 0 {
+		fmt.Fprintf(w, "\nUnreadable keys (first %d per resource):\n", inv.showKeys)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  KEY\tREASON\tDETAIL")
+		for _, r := range inv.Resources {
+			for _, k := range r.UnreadableKeys {
+				fmt.Fprintf(tw, "  %s\t%s\t%s\n", k.Key, k.Reason, k.Detail)
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if t.NotObjects > 0 {
+		fmt.Fprintf(w, "\nKeys that are not API objects (%d):\n", t.NotObjects)
+		for _, k := range inv.NotObjects {
+			fmt.Fprintf(w, "  %s (%s)\n", k.Key, humanBytes(k.Bytes))
+		}
+		if n := t.NotObjects - int64(len(inv.NotObjects)); n > 0 {
+			fmt.Fprintf(w, "  ... %d more\n", n)
+		}
+	}
+	_, err := fmt.Fprintf(w, "\n%d keys, %d objects, %s\n", t.Keys, t.Objects, humanBytes(t.Bytes))
+	return err
+}
+
+func reasonCounts(m map[decode.Reason]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[string(k)] = v
+	}
+	return out
+}
+
+// breakdown prints "v1=3,v1beta1=1", largest count first.
+func breakdown(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// humanBytes prints a size in B, KiB, MiB or GiB.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 3; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGT"[exp])
+}
