@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -18,7 +19,10 @@ import (
 	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/server/options/encryptionconfig"
 	"k8s.io/apiserver/pkg/storage/value"
+	"k8s.io/apiserver/pkg/storage/value/encrypt/envelope"
+	envelopekmsv2 "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	kmsservice "k8s.io/kms/pkg/service"
 )
 
 // apiServerID is what the KMS v2 transformer records as the writer of new DEKs.
@@ -121,17 +125,24 @@ func (e *Encryption) transformer(gr schema.GroupResource) value.Transformer {
 	return e.transformers.TransformerForResource(gr)
 }
 
-// resourceConfig returns the configuration entry kube-apiserver uses for gr: the
-// first that names it exactly, by "*.group" or by "*.*" (the apiserver rejects files
-// where a wildcard masks a later exact entry, so file order decides).
-func (e *Encryption) resourceConfig(gr schema.GroupResource) *apiserverconfig.ResourceConfiguration {
-	for i := range e.config.Resources {
-		rc := &e.config.Resources[i]
-		for _, r := range rc.Resources {
-			g := schema.ParseGroupResource(r)
-			if g == gr || (g.Resource == "*" && (g.Group == gr.Group || g.Group == "*")) {
-				return rc
+// resourceProviders returns the providers kube-apiserver uses for gr, in the order its
+// transformer tries them: those of every entry naming gr exactly (the apiserver
+// concatenates entries that repeat a resource), else those of the "*.group" entry,
+// else those of the "*.*" entry (transformerFromOverrides). The apiserver rejects
+// files where a wildcard masks a later entry, so there is at most one wildcard match.
+func (e *Encryption) resourceProviders(gr schema.GroupResource) []apiserverconfig.ProviderConfiguration {
+	for _, want := range []schema.GroupResource{gr, {Group: gr.Group, Resource: "*"}, {Group: "*", Resource: "*"}} {
+		var out []apiserverconfig.ProviderConfiguration
+		for _, rc := range e.config.Resources {
+			for _, r := range rc.Resources {
+				if schema.ParseGroupResource(r) == want {
+					out = append(out, rc.Providers...)
+					break
+				}
 			}
+		}
+		if len(out) > 0 {
+			return out
 		}
 	}
 	return nil
@@ -156,12 +167,12 @@ func providerInfo(p apiserverconfig.ProviderConfiguration) EncryptionInfo {
 
 // readable lists every provider:name the configuration can read for gr.
 func (e *Encryption) readable(gr schema.GroupResource) []EncryptionInfo {
-	rc := e.resourceConfig(gr)
-	if rc == nil {
+	providers := e.resourceProviders(gr)
+	if len(providers) == 0 {
 		return []EncryptionInfo{{Provider: ProviderIdentity}}
 	}
 	var out []EncryptionInfo
-	for _, p := range rc.Providers {
+	for _, p := range providers {
 		var keys []apiserverconfig.Key
 		switch {
 		case p.AESCBC != nil:
@@ -191,8 +202,8 @@ func (e *Encryption) WriteProvider(gr schema.GroupResource) EncryptionInfo {
 		return w
 	}
 	w := EncryptionInfo{Provider: ProviderIdentity}
-	if rc := e.resourceConfig(gr); rc != nil && len(rc.Providers) > 0 {
-		w = providerInfo(rc.Providers[0])
+	if providers := e.resourceProviders(gr); len(providers) > 0 {
+		w = providerInfo(providers[0])
 	}
 	e.write[gr] = w
 	return w
@@ -239,11 +250,11 @@ func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key s
 		}
 	}
 	if !e.canRead(gr, info) {
-		return nil, info, Errorf(key, ReasonUndecryptable, nil, "stored as %s, which %s", info, e.describeReadable(gr))
+		return nil, info, Errorf(key, ReasonUndecryptable, nil, "stored as %s, which %s", shown(info), e.describeReadable(gr))
 	}
 	if info.Provider != ProviderIdentity {
 		if err := checkBody(info.Provider, val[off:]); err != nil {
-			return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "%s: %s", info, err)
+			return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "%s: %s", shown(info), err)
 		}
 	}
 	out, stale, err := e.transformer(gr).TransformFromStorage(ctx, val, value.DefaultContext(key))
@@ -251,10 +262,19 @@ func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key s
 		if ctx.Err() != nil {
 			return nil, info, ctx.Err()
 		}
-		return nil, info, Errorf(key, ReasonUndecryptable, nil, "%s: %s", info, transformError(info, err))
+		return nil, info, Errorf(key, ReasonUndecryptable, nil, "%s: %s", shown(info), transformError(info, err))
 	}
 	info.Stale = stale
 	return out, info, nil
+}
+
+// shown is info for messages: the key name comes from the value itself, so it is
+// quoted unless it is short printable ASCII.
+func shown(info EncryptionInfo) string {
+	if info.KeyName == "" {
+		return info.Provider
+	}
+	return info.Provider + ":" + displayName(info.KeyName)
 }
 
 // transformError explains a transformer failure without quoting anything of the
@@ -306,29 +326,121 @@ func (e *Encryption) Encrypt(ctx context.Context, gr schema.GroupResource, key s
 
 // Preflight checks that each resource's write provider works before anything is
 // written: it encrypts a probe value under a key that is never stored and reads it
-// back (a KMS plugin that is down or refuses fails here, naming the resource).
+// back, and for a KMS provider it also asks the plugin itself (KMS v2: Status must
+// be healthy with a key ID, then a wrap/unwrap; KMS v1: a wrap/unwrap, as
+// kube-apiserver's healthz does). The transformer alone is not enough: a KMS v2
+// transformer keeps writing with its cached DEK for minutes after the plugin went
+// down or unhealthy. Errors name the provider and the resources it is written for.
 func (e *Encryption) Preflight(ctx context.Context, grs []schema.GroupResource) error {
-	seen := map[string]bool{}
-	var errs []error
-	probe := []byte("kube-etcd-migrate preflight")
+	type target struct {
+		gr       schema.GroupResource
+		provider apiserverconfig.ProviderConfiguration
+		grs      []string
+	}
+	var order []string
+	targets := map[string]*target{}
 	for _, gr := range grs {
 		w := e.WriteProvider(gr)
-		if w.Provider == ProviderIdentity || seen[w.String()] {
+		if w.Provider == ProviderIdentity {
 			continue
 		}
-		seen[w.String()] = true
-		key := "/kube-etcd-migrate/preflight/" + gr.String()
-		ct, err := e.transformer(gr).TransformToStorage(ctx, probe, value.DefaultContext(key))
+		t := targets[w.String()]
+		if t == nil {
+			t = &target{gr: gr, provider: e.resourceProviders(gr)[0]}
+			targets[w.String()] = t
+			order = append(order, w.String())
+		}
+		t.grs = append(t.grs, gr.String())
+	}
+	var errs []error
+	probe := []byte("kube-etcd-migrate preflight")
+	for _, name := range order {
+		t := targets[name]
+		var err error
+		if t.provider.KMS != nil {
+			err = probeKMS(ctx, t.provider.KMS)
+		}
 		if err == nil {
-			var pt []byte
-			pt, _, err = e.transformer(gr).TransformFromStorage(ctx, ct, value.DefaultContext(key))
-			if err == nil && !bytes.Equal(pt, probe) {
-				err = errors.New("probe value did not read back")
+			key := "/kube-etcd-migrate/preflight/" + t.gr.String()
+			var ct []byte
+			ct, err = e.transformer(t.gr).TransformToStorage(ctx, probe, value.DefaultContext(key))
+			if err == nil {
+				var pt []byte
+				pt, _, err = e.transformer(t.gr).TransformFromStorage(ctx, ct, value.DefaultContext(key))
+				if err == nil && !bytes.Equal(pt, probe) {
+					err = errors.New("probe value did not read back")
+				}
 			}
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("write provider %s for %s does not work: %w", w, gr, err))
+			errs = append(errs, fmt.Errorf("write provider %s for %s does not work: %w", name, strings.Join(t.grs, ", "), err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// probeKMS asks a KMS plugin directly whether it works, on a connection of its own.
+func probeKMS(ctx context.Context, cfg *apiserverconfig.KMSConfiguration) error {
+	timeout := 3 * time.Second
+	if cfg.Timeout != nil && cfg.Timeout.Duration > 0 {
+		timeout = cfg.Timeout.Duration
+	}
+	pctx, cancel := context.WithCancel(ctx) // closes the connection
+	defer cancel()
+	dek := []byte("kube-etcd-migrate-preflight-dek!")
+	if cfg.APIVersion != "v2" {
+		svc, err := envelope.NewGRPCService(pctx, cfg.Endpoint, timeout)
+		if err != nil {
+			return fmt.Errorf("KMS v1 plugin at %s: %w", cfg.Endpoint, err)
+		}
+		ct, err := svc.Encrypt(dek)
+		if err != nil {
+			return fmt.Errorf("KMS v1 plugin at %s: encrypt: %w", cfg.Endpoint, err)
+		}
+		pt, err := svc.Decrypt(ct)
+		if err != nil {
+			return fmt.Errorf("KMS v1 plugin at %s: decrypt: %w", cfg.Endpoint, err)
+		}
+		if !bytes.Equal(pt, dek) {
+			return fmt.Errorf("KMS v1 plugin at %s: decrypt did not return what was encrypted", cfg.Endpoint)
+		}
+		return nil
+	}
+	svc, err := envelopekmsv2.NewGRPCService(pctx, cfg.Endpoint, cfg.Name, timeout)
+	if err != nil {
+		return fmt.Errorf("KMS v2 plugin at %s: %w", cfg.Endpoint, err)
+	}
+	st, err := svc.Status(pctx)
+	if err != nil {
+		return fmt.Errorf("KMS v2 plugin at %s: status: %w", cfg.Endpoint, err)
+	}
+	if st.Healthz != "ok" {
+		return fmt.Errorf("KMS v2 plugin at %s: status is %q, not ok", cfg.Endpoint, truncate(st.Healthz, 200))
+	}
+	if st.Version != envelopekmsv2.KMSAPIVersionv2 && st.Version != envelopekmsv2.KMSAPIVersionv2beta1 {
+		return fmt.Errorf("KMS v2 plugin at %s: API version %q, want %s", cfg.Endpoint, truncate(st.Version, 50), envelopekmsv2.KMSAPIVersionv2)
+	}
+	if _, err := envelopekmsv2.ValidateKeyID(st.KeyID); err != nil {
+		return fmt.Errorf("KMS v2 plugin at %s: status key ID: %w", cfg.Endpoint, err)
+	}
+	uid := "kube-etcd-migrate-preflight"
+	enc, err := svc.Encrypt(pctx, uid, dek)
+	if err != nil {
+		return fmt.Errorf("KMS v2 plugin at %s: encrypt: %w", cfg.Endpoint, err)
+	}
+	pt, err := svc.Decrypt(pctx, uid, &kmsservice.DecryptRequest{Ciphertext: enc.Ciphertext, KeyID: enc.KeyID, Annotations: enc.Annotations})
+	if err != nil {
+		return fmt.Errorf("KMS v2 plugin at %s: decrypt: %w", cfg.Endpoint, err)
+	}
+	if !bytes.Equal(pt, dek) {
+		return fmt.Errorf("KMS v2 plugin at %s: decrypt did not return what was encrypted", cfg.Endpoint)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }
