@@ -215,6 +215,12 @@ func (s *StorageConfig) newCodec(gr schema.GroupResource) (*ResourceCodec, error
 	}
 	kind, ok := s.builtins[gr]
 	if !ok {
+		// Raw-storage keys (service range allocations, master leases): the apiserver
+		// asks its storage factory for these group/resources with the stored kind.
+		kind = KindFor(gr)
+		ok = kind != ""
+	}
+	if !ok {
 		return nil, fmt.Errorf("resource %s is not a built-in resource of kube-apiserver 1.36", gr)
 	}
 	example, err := legacyscheme.Scheme.New(schema.GroupVersionKind{Group: gr.Group, Version: runtime.APIVersionInternal, Kind: kind})
