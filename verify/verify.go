@@ -100,16 +100,16 @@ type CRDStatus struct {
 
 // Report is the outcome of a verify run.
 type Report struct {
-	Revision   int64               `json:"revision"`
-	Consistent bool                `json:"consistent"`
-	Restarts   []etcdscan.Restart  `json:"restarts,omitempty"`
-	Target     string              `json:"target"`
-	Prefixes   []string            `json:"prefixes"`
-	Namespace  string              `json:"namespace,omitempty"`
-	Summary    Counts              `json:"summary"`
-	Resources  []ResourceReport    `json:"resources"`
-	CRDs       []CRDStatus         `json:"crds"`
-	ShowKeys   int                 `json:"-"`
+	Revision   int64              `json:"revision"`
+	Consistent bool               `json:"consistent"`
+	Restarts   []etcdscan.Restart `json:"restarts,omitempty"`
+	Target     string             `json:"target"`
+	Prefixes   []string           `json:"prefixes"`
+	Namespace  string             `json:"namespace,omitempty"`
+	Summary    Counts             `json:"summary"`
+	Resources  []ResourceReport   `json:"resources"`
+	CRDs       []CRDStatus        `json:"crds"`
+	ShowKeys   int                `json:"-"`
 	byResource map[string]*ResourceReport
 }
 
