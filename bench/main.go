@@ -438,11 +438,15 @@ func printTable(w *os.File, res *results) {
 		if m.PeakRSSMB.Median > 0 {
 			rss = rng(m.PeakRSSMB, "%.0f")
 		}
+		mb := "-"
+		if m.MBPerS.Median > 0 {
+			mb = rng(m.MBPerS, "%.1f")
+		}
 		rw := "-"
 		if m.RewritesPerS.Median > 0 {
 			rw = rng(m.RewritesPerS, "%.0f")
 		}
-		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %.0f→%.0f\n", m.Name, rng(m.ObjectsPerS, "%.0f"), rng(m.MBPerS, "%.1f"), rw, rss,
+		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %.0f→%.0f\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss,
 			m.EtcdRSSMB.Before.Median, m.EtcdRSSMB.After.Median)
 		if m.InRunObjPerS.Median > 0 {
 			fmt.Fprintf(w, "%-20s %-26s (the tool's own duration, without process start and setup)\n", "  in-run", rng(m.InRunObjPerS, "%.0f"))
