@@ -38,14 +38,6 @@ func run(t *testing.T, env *pipeline.Env, opts Options) *Summary {
 	return sum
 }
 
-func resourceCounts(s *Summary, gr schema.GroupResource) Counts {
-	for _, r := range s.Resources {
-		if r.Group == gr.Group && r.Resource == gr.Resource {
-			return r.Counts
-		}
-	}
-	return Counts{}
-}
 
 // TestMigrateEachReason: storage version, encryption key, provider change and media
 // type are each rewritten to exactly what the target writes, and a second run finds

@@ -1,0 +1,215 @@
+package migrate
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/pipeline"
+)
+
+const crdKey = "/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com"
+
+// widgetCRD: v1beta1 (spec.oldName) and v1 (spec.newName), storage v1, objects
+// possibly still in v1beta1 (storedVersions lists both).
+func widgetCRD(conv *apiextensionsv1.CustomResourceConversion) *apiextensionsv1.CustomResourceDefinition {
+	schema := func(field string) *apiextensionsv1.CustomResourceValidation {
+		return &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+			Type: "object",
+			Properties: map[string]apiextensionsv1.JSONSchemaProps{
+				"spec": {Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{field: {Type: "string"}, "size": {Type: "integer"}}},
+			},
+		}}
+	}
+	return &apiextensionsv1.CustomResourceDefinition{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"},
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.com", UID: types.UID("crd-uid"), CreationTimestamp: metav1.Unix(1700000000, 0), Generation: 2},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group:      "example.com",
+			Names:      apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+			Scope:      apiextensionsv1.NamespaceScoped,
+			Conversion: conv,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{
+				{Name: "v1beta1", Served: true, Schema: schema("oldName")},
+				{Name: "v1", Served: true, Storage: true, Schema: schema("newName")},
+			},
+		},
+		Status: apiextensionsv1.CustomResourceDefinitionStatus{StoredVersions: []string{"v1beta1", "v1"}},
+	}
+}
+
+// putWidgets stores n widgets the way the apiextensions-apiserver stored them while
+// v1beta1 was the storage version (JSON, one trailing newline).
+func putWidgets(t *testing.T, c *testcluster.Cluster, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("w-%02d", i)
+		obj := map[string]any{
+			"apiVersion": "example.com/v1beta1", "kind": "Widget",
+			"metadata": map[string]any{"name": name, "namespace": "ns1", "uid": "uid-" + name, "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
+			"spec":     map[string]any{"oldName": "name-" + name, "size": int64(i)},
+		}
+		data, err := json.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Cli.Put(context.Background(), "/registry/example.com/widgets/ns1/"+name, string(data)+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// widgets is the summary line of the custom resources (the CRD object itself is
+// rewritten too: the test stores it without the defaults the apiserver applies).
+func widgets(s *Summary) Counts {
+	for _, r := range s.Resources {
+		if r.Group == "example.com" && r.Resource == "widgets" {
+			return r.Counts
+		}
+	}
+	return Counts{}
+}
+
+// storedCRD decodes the CRD object as stored in etcd.
+func storedCRD(t *testing.T, c *testcluster.Cluster, env *pipeline.Env) *apiextensions.CustomResourceDefinition {
+	t.Helper()
+	value, rev, _ := c.Get(crdKey)
+	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: crdKey, Value: value, ModRevision: rev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj.Internal.(*apiextensions.CustomResourceDefinition)
+}
+
+func storedWidget(t *testing.T, c *testcluster.Cluster, name string) map[string]any {
+	t.Helper()
+	value, _, _ := c.Get("/registry/example.com/widgets/ns1/" + name)
+	var m map[string]any
+	if err := json.Unmarshal(value, &m); err != nil {
+		t.Fatalf("%s: stored value is not JSON: %v", name, err)
+	}
+	return m
+}
+
+// TestMigrateCRDNoneConversion: custom resources move from v1beta1 to v1 with only
+// apiVersion changed, and the CRD's storedVersions is trimmed to [v1].
+func TestMigrateCRDNoneConversion(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
+	putWidgets(t, c, 12)
+
+	sum := run(t, c.Env(pipeline.Config{}), Options{})
+	if widgets(sum).Rewritten != 12 || sum.Summary.Failed != 0 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	w := storedWidget(t, c, "w-03")
+	spec := w["spec"].(map[string]any)
+	// None conversion changes apiVersion only; then, as in kube-apiserver's
+	// schemaCoercingConverter, the object is pruned with v1's schema, which has no
+	// oldName: the field is gone, exactly as a no-op PUT through the apiserver would
+	// have left it.
+	if w["apiVersion"] != "example.com/v1" || spec["size"] != float64(3) || spec["oldName"] != nil {
+		t.Fatalf("w-03 stored as %v", w)
+	}
+	env := c.Env(pipeline.Config{})
+	if got := storedCRD(t, c, env).Status.StoredVersions; !slices.Equal(got, []string{"v1"}) {
+		t.Fatalf("storedVersions %v, want [v1]", got)
+	}
+	if !slices.ContainsFunc(sum.CRDs, func(r CRDResult) bool { return r.Name == "widgets.example.com" && r.Action == "trimmed" }) {
+		t.Fatalf("trim not reported: %+v", sum.CRDs)
+	}
+	again := run(t, env, Options{})
+	if again.Summary.Rewritten != 0 {
+		t.Fatalf("second run rewrote %d", again.Summary.Rewritten)
+	}
+}
+
+// conversionWebhook converts widgets between v1beta1 (spec.oldName) and v1
+// (spec.newName), speaking ConversionReview v1 over HTTPS.
+type conversionWebhook struct{ calls atomic.Int64 }
+
+func (h *conversionWebhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.calls.Add(1)
+	var review apiextensionsv1.ConversionReview
+	if err := json.NewDecoder(r.Body).Decode(&review); err != nil || review.Request == nil {
+		http.Error(w, "bad review", http.StatusBadRequest)
+		return
+	}
+	resp := &apiextensionsv1.ConversionResponse{UID: review.Request.UID, Result: metav1.Status{Status: metav1.StatusSuccess}}
+	for _, raw := range review.Request.Objects {
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(raw.Raw); err != nil {
+			http.Error(w, "bad object", http.StatusBadRequest)
+			return
+		}
+		from, to := "oldName", "newName"
+		if review.Request.DesiredAPIVersion == "example.com/v1beta1" {
+			from, to = to, from
+		}
+		if v, ok, _ := unstructured.NestedString(u.Object, "spec", from); ok {
+			unstructured.RemoveNestedField(u.Object, "spec", from)
+			_ = unstructured.SetNestedField(u.Object, v, "spec", to)
+		}
+		u.SetAPIVersion(review.Request.DesiredAPIVersion)
+		resp.ConvertedObjects = append(resp.ConvertedObjects, runtime.RawExtension{Object: u})
+	}
+	review.Response, review.Request = resp, nil
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(&review)
+}
+
+// TestMigrateCRDWebhookConversion: the CRD's conversion webhook (a real HTTPS
+// server trusted through the CRD's caBundle) converts every object to v1.
+func TestMigrateCRDWebhookConversion(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	hook := &conversionWebhook{}
+	srv := httptest.NewTLSServer(hook)
+	t.Cleanup(srv.Close)
+	url := srv.URL + "/convert"
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{
+		Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: &url, CABundle: ca},
+			ConversionReviewVersions: []string{"v1"},
+		},
+	}), "", "", "")
+	putWidgets(t, c, 7)
+
+	sum := run(t, c.Env(pipeline.Config{}), Options{})
+	if widgets(sum).Rewritten != 7 || sum.Summary.Failed != 0 || sum.Summary.Unreadable != 0 {
+		t.Fatalf("%+v %+v", sum.Summary, sum.Failures)
+	}
+	if hook.calls.Load() == 0 {
+		t.Fatal("the webhook was never called")
+	}
+	for i := 0; i < 7; i++ {
+		name := fmt.Sprintf("w-%02d", i)
+		w := storedWidget(t, c, name)
+		spec := w["spec"].(map[string]any)
+		meta := w["metadata"].(map[string]any)
+		if w["apiVersion"] != "example.com/v1" || spec["newName"] != "name-"+name || spec["oldName"] != nil || meta["uid"] != "uid-"+name {
+			t.Fatalf("%s stored as %v", name, w)
+		}
+	}
+	if got := storedCRD(t, c, c.Env(pipeline.Config{})).Status.StoredVersions; !slices.Equal(got, []string{"v1"}) {
+		t.Fatalf("storedVersions %v, want [v1]", got)
+	}
+}
