@@ -38,7 +38,6 @@ func run(t *testing.T, env *pipeline.Env, opts Options) *Summary {
 	return sum
 }
 
-
 // TestMigrateEachReason: storage version, encryption key, provider change and media
 // type are each rewritten to exactly what the target writes, and a second run finds
 // everything current.
