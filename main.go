@@ -1,0 +1,498 @@
+// Command kube-etcd-migrate rewrites Kubernetes objects directly in etcd, offline,
+// to the storage version and encryption key kube-apiserver would use, and audits
+// which objects are stale or unreadable. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/grpclog"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/metrics"
+	"kube-etcd-migrate/inventory"
+	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/verify"
+)
+
+// Exit codes, documented in the README and in --help.
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitStale       = 3
+	exitUnreadable  = 4
+	exitCodesHelpTx = `EXIT CODES:
+   0  success (verify: every object current)
+   1  operational error (etcd unreachable, preflight refusal, write failures)
+   2  usage error (bad flag or argument)
+   3  verify: something is stale, everything is readable
+   4  verify/migrate: something is unreadable (no key for it, corrupt, unknown kind,
+      fields these types would lose); migrate left those objects untouched`
+)
+
+// exitError carries an exit code through urfave/cli.
+type codeError struct {
+	code int
+	err  error
+}
+
+func (e *codeError) Error() string { return e.err.Error() }
+func (e *codeError) Unwrap() error { return e.err }
+
+func usageErr(format string, args ...any) error {
+	return &codeError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+func main() {
+	// k8s.io/apiserver's etcd3 package sends gRPC's logs to klog, which would print
+	// every connection retry on stderr; the commands report errors once, on one line.
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	err := app.Run(args)
+	if err == nil {
+		return exitOK
+	}
+	var ce *codeError
+	if errors.As(err, &ce) {
+		if ce.err != nil && ce.code != exitStale && ce.code != exitUnreadable {
+			fmt.Fprintf(stderr, "error: %v\n", ce.err)
+		}
+		return ce.code
+	}
+	fmt.Fprintf(stderr, "error: %v\n", err)
+	if isUsage(err) {
+		return exitUsage
+	}
+	return exitError
+}
+
+// isUsage recognises urfave/cli's own flag errors.
+func isUsage(err error) bool {
+	msg := err.Error()
+	for _, s := range []string{"flag provided but not defined", "Required flag", "invalid value", "flag needs an argument", "No help topic", "invalid boolean"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func commonFlags() []cli.Flag {
+	flags := etcdscan.Flags()
+	return append(flags,
+		&cli.StringFlag{Name: "prefix", Value: "/registry", Usage: "etcd key prefix kube-apiserver uses (--etcd-prefix)", EnvVars: []string{"KEM_PREFIX"}},
+		&cli.StringFlag{Name: "encryption-provider-config", Usage: "kube-apiserver EncryptionConfiguration file (unchanged format); none = identity"},
+		&cli.Int64Flag{Name: "page-size", Value: etcdscan.DefaultPageSize, Usage: "keys per etcd range request"},
+		&cli.StringSliceFlag{Name: "resource", Usage: "only this resource (repeatable): secrets, deployments.apps, widgets.example.com"},
+		&cli.StringFlag{Name: "namespace", Usage: "only this namespace (needs --resource)"},
+		&cli.StringSliceFlag{Name: "conversion-webhook", Usage: "NAMESPACE/SERVICE=URL: where to reach a CRD conversion webhook service offline (repeatable)"},
+		&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile to this file"},
+		&cli.StringFlag{Name: "memprofile", Usage: "write a heap profile to this file at exit"},
+	)
+}
+
+func targetFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "target-version", Usage: "store as kube-apiserver 1.36 run with --emulated-version=VERSION would (1.33..1.36)"},
+		&cli.StringFlag{Name: "storage-media-type", Value: decode.MediaTypeProtobuf, Usage: "kube-apiserver --storage-media-type for built-in resources"},
+		&cli.IntFlag{Name: "concurrency", Value: 0, Usage: "decode/encode workers (0 = number of CPUs)"},
+	}
+}
+
+func outputFlag(def string, allowed ...string) *cli.StringFlag {
+	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: def, Usage: "output format: " + strings.Join(allowed, "|"),
+		Action: func(c *cli.Context, v string) error {
+			for _, a := range allowed {
+				if v == a {
+					return nil
+				}
+			}
+			return usageErr("--output %q: want one of %s", v, strings.Join(allowed, ", "))
+		}}
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	cli.HelpFlag = &cli.BoolFlag{Name: "help", Aliases: []string{"h"}, Usage: "show help"}
+	return &cli.App{
+		Name:                  "kube-etcd-migrate",
+		Usage:                 "rewrite Kubernetes objects in etcd to the current storage version and encryption key, offline",
+		Writer:                stdout,
+		ErrWriter:             stderr,
+		ExitErrHandler:        func(*cli.Context, error) {},
+		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return usageErr("%v", err)
+		},
+		Commands: []*cli.Command{
+			{
+				Name:         "inventory",
+				Usage:        "census per resource: count, bytes, stored versions, media types, encryption, leases, unreadable",
+				Flags:        append(commonFlags(), outputFlag("table", "table", "json")),
+				Action:       cmdInventory,
+				OnUsageError: commandUsageError,
+			},
+			{
+				Name:         "inspect",
+				Usage:        "decode one key and show it with its storage header (secrets redacted)",
+				ArgsUsage:    "KEY",
+				Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret data instead of redacting it"}),
+				Action:       cmdInspect,
+				OnUsageError: commandUsageError,
+			},
+			{
+				Name:               "verify",
+				Usage:              "read-only audit: what is current, stale or unreadable for the target release",
+				Flags:              append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}),
+				Action:             cmdVerify,
+				OnUsageError:       commandUsageError,
+				CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+			},
+			{
+				Name:  "migrate",
+				Usage: "rewrite stale objects (compare-and-swap, leases kept, journal for rollback)",
+				Flags: append(append(commonFlags(), targetFlags()...),
+					outputFlag("table", "table", "json"),
+					&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
+					&cli.StringFlag{Name: "journal", Usage: "record old values before each write (mode 0600) for 'rollback'"},
+					&cli.StringFlag{Name: "snapshot", Usage: "save an etcd snapshot here before the first write"},
+					&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
+					&cli.Int64Flag{Name: "quota-backend-bytes", Value: migrate.DefaultQuotaBackendBytes, Usage: "etcd's --quota-backend-bytes; refuse a rewrite that would not fit"},
+					&cli.IntFlag{Name: "writers", Value: 4, Usage: "concurrent write transactions"},
+					&cli.IntFlag{Name: "batch-ops", Value: etcdscan.DefaultMaxOps, Usage: "puts per CAS transaction (etcd --max-txn-ops caps it, 128 by default)"},
+					&cli.IntFlag{Name: "batch-bytes", Value: etcdscan.DefaultMaxBytes, Usage: "bytes per CAS transaction (below etcd --max-request-bytes, 1.5 MiB by default)"},
+					&cli.BoolFlag{Name: "fail-fast", Usage: "stop at the first unreadable object or failed write"},
+					&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
+				),
+				Action:             cmdMigrate,
+				OnUsageError:       commandUsageError,
+				CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+			},
+			{
+				Name:  "rollback",
+				Usage: "put back the values a migrate run replaced, from its journal (keys changed since are skipped)",
+				Flags: append(etcdscan.Flags(),
+					&cli.StringFlag{Name: "journal", Required: true, Usage: "journal written by 'migrate --journal'"},
+					outputFlag("table", "table", "json")),
+				Action:       cmdRollback,
+				OnUsageError: commandUsageError,
+			},
+		},
+	}
+}
+
+func commandUsageError(c *cli.Context, err error, _ bool) error {
+	return usageErr("%s: %v", c.Command.Name, err)
+}
+
+// session is what every command opens: etcd, profiling, the pipeline.
+type session struct {
+	cli      *clientv3.Client
+	env      *pipeline.Env
+	stopProf func()
+}
+
+func (s *session) close() {
+	if s.env != nil {
+		s.env.Close()
+	}
+	if s.cli != nil {
+		s.cli.Close()
+	}
+	if s.stopProf != nil {
+		s.stopProf()
+	}
+}
+
+func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
+	cfg, err := etcdscan.ConfigFromCLI(c)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	return etcdscan.Connect(ctx, cfg)
+}
+
+func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error) {
+	s := &session{}
+	stop, err := startProfiles(c)
+	if err != nil {
+		return nil, err
+	}
+	s.stopProf = stop
+	if c.String("namespace") != "" && len(c.StringSlice("resource")) == 0 {
+		s.close()
+		return nil, usageErr("--namespace needs --resource (the keyspace is laid out by resource first)")
+	}
+	if c.Int64("page-size") <= 0 {
+		s.close()
+		return nil, usageErr("--page-size must be positive")
+	}
+	webhooks, err := parseWebhooks(c.StringSlice("conversion-webhook"))
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	cli, err := connect(ctx, c)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.cli = cli
+	cfg := pipeline.Config{
+		Prefix:           c.String("prefix"),
+		EncryptionConfig: c.String("encryption-provider-config"),
+		Resources:        c.StringSlice("resource"),
+		Namespace:        c.String("namespace"),
+		PageSize:         c.Int64("page-size"),
+		WebhookURLs:      webhooks,
+	}
+	if withTarget {
+		cfg.TargetVersion = c.String("target-version")
+		cfg.StorageMediaType = c.String("storage-media-type")
+		cfg.Concurrency = c.Int("concurrency")
+	}
+	env, err := pipeline.Setup(ctx, cli, cfg)
+	if err != nil {
+		s.close()
+		if strings.Contains(err.Error(), "--target-version") || strings.Contains(err.Error(), "--resource") || strings.Contains(err.Error(), "--storage-media-type") {
+			return nil, usageErr("%v", err)
+		}
+		return nil, err
+	}
+	s.env = env
+	return s, nil
+}
+
+func parseWebhooks(vals []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range vals {
+		name, url, ok := strings.Cut(v, "=")
+		if !ok || !strings.Contains(name, "/") || !strings.HasPrefix(url, "https://") {
+			return nil, usageErr("--conversion-webhook %q: want NAMESPACE/SERVICE=https://HOST:PORT[/PATH]", v)
+		}
+		out[name] = url
+	}
+	return out, nil
+}
+
+func startProfiles(c *cli.Context) (func(), error) {
+	var stops []func()
+	if p := c.String("cpuprofile"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			return nil, usageErr("--cpuprofile: %v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	if p := c.String("memprofile"); p != "" {
+		stops = append(stops, func() {
+			f, err := os.Create(p)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "--memprofile: %v\n", err)
+				return
+			}
+			defer f.Close()
+			if err := pprof.WriteHeapProfile(f); err != nil {
+				fmt.Fprintf(os.Stderr, "--memprofile: %v\n", err)
+			}
+		})
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+	}, nil
+}
+
+// signalContext is cancelled on SIGINT/SIGTERM; a second signal exits at once.
+func signalContext(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		n := 0
+		for range ch {
+			n++
+			if n == 1 {
+				fmt.Fprintln(stderr, "\nstopping: finishing in-flight writes (signal again to abort now)")
+				cancel()
+				continue
+			}
+			os.Exit(130)
+		}
+	}()
+	return ctx, func() { signal.Stop(ch); cancel() }
+}
+
+func cmdInventory(c *cli.Context) error {
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	s, err := open(ctx, c, false)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	prog := newProgress(c.App.ErrWriter, "inventory", countKeys(ctx, s.env))
+	inv, err := inventory.Run(ctx, s.env, inventory.Options{}, prog.Set)
+	prog.Finish()
+	if err != nil {
+		return err
+	}
+	return inv.Write(c.App.Writer, c.String("output"))
+}
+
+func cmdInspect(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usageErr("inspect takes exactly one KEY, e.g. /registry/secrets/default/my-secret")
+	}
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	s, err := open(ctx, c, false)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	return inventory.Inspect(ctx, s.env, c.Args().First(), c.Bool("show-secrets"), c.String("output"), c.App.Writer)
+}
+
+func cmdVerify(c *cli.Context) error {
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	s, err := open(ctx, c, true)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	rep, err := verify.Run(ctx, s.env, verify.Options{ShowKeys: c.Int("show-keys")})
+	if err != nil {
+		return err
+	}
+	if err := rep.Write(c.App.Writer, c.String("output")); err != nil {
+		return err
+	}
+	if p := c.String("metrics-file"); p != "" {
+		if err := metrics.WriteVerify(p, rep); err != nil {
+			return fmt.Errorf("--metrics-file %s: %w", p, err)
+		}
+	}
+	if code := rep.ExitCode(); code != 0 {
+		return &codeError{code: code, err: fmt.Errorf("exit %d", code)}
+	}
+	return nil
+}
+
+func cmdMigrate(c *cli.Context) error {
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	if c.Int("batch-ops") <= 0 || c.Int("batch-ops") > 128 {
+		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
+	}
+	if c.Int("batch-bytes") <= 0 {
+		return usageErr("--batch-bytes must be positive")
+	}
+	if c.Int("writers") <= 0 {
+		return usageErr("--writers must be positive")
+	}
+	s, err := open(ctx, c, true)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	prog := newProgress(c.App.ErrWriter, "migrate", countKeys(ctx, s.env))
+	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
+	// transactions and the journal finish.
+	writeCtx, cancelWrites := context.WithCancel(context.Background())
+	defer cancelWrites()
+	sum, runErr := migrate.Run(ctx, s.env, migrate.Options{
+		DryRun:             c.Bool("dry-run"),
+		FailFast:           c.Bool("fail-fast"),
+		Journal:            c.String("journal"),
+		Snapshot:           c.String("snapshot"),
+		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
+		BatchOps:           c.Int("batch-ops"),
+		BatchBytes:         c.Int("batch-bytes"),
+		Writers:            c.Int("writers"),
+		WriteContext:       writeCtx,
+		Progress:           func(n migrate.Counts) { prog.Set(n.Scanned) },
+	})
+	prog.Finish()
+	if sum != nil {
+		if err := writeSummary(c.App.Writer, sum, c.String("output")); err != nil {
+			return err
+		}
+		if p := c.String("metrics-file"); p != "" {
+			if err := metrics.WriteMigrate(p, migrateFigures(sum), sum.Duration); err != nil {
+				return fmt.Errorf("--metrics-file %s: %w", p, err)
+			}
+		}
+	}
+	if runErr != nil {
+		return runErr
+	}
+	if sum.Summary.Failed > 0 {
+		return &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)}
+	}
+	if sum.Summary.Unreadable > 0 {
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable)}
+	}
+	return nil
+}
+
+func cmdRollback(c *cli.Context) error {
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	cli, err := connect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	res, err := migrate.Rollback(ctx, cli, c.String("journal"), &etcdscan.Writer{Client: cli})
+	if werr := writeRollback(c.App.Writer, res, c.String("output")); werr != nil && err == nil {
+		err = werr
+	}
+	if err != nil {
+		return err
+	}
+	if res.Failed > 0 {
+		return &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
+	}
+	return nil
+}
+
+// countKeys counts the selected keys (count-only range requests are cheap) for the
+// progress bar; 0 when unknown.
+func countKeys(ctx context.Context, env *pipeline.Env) int64 {
+	var n int64
+	for _, p := range env.Prefixes {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := env.Client.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if err != nil {
+			return 0
+		}
+		n += resp.Count
+	}
+	return n
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"kube-etcd-migrate/internal/metrics"
+	"kube-etcd-migrate/migrate"
+)
+
+// progress shows a bar on a terminal and a log line every 10 s otherwise.
+type progress struct {
+	bar   *progressbar.ProgressBar
+	w     io.Writer
+	label string
+	total int64
+	last  time.Time
+	start time.Time
+	n     int64
+}
+
+func newProgress(w io.Writer, label string, total int64) *progress {
+	p := &progress{w: w, label: label, total: total, start: time.Now(), last: time.Now()}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.bar = progressbar.NewOptions64(max(total, -1),
+			progressbar.OptionSetWriter(w),
+			progressbar.OptionSetDescription(label),
+			progressbar.OptionShowCount(),
+			progressbar.OptionShowIts(),
+			progressbar.OptionSetItsString("keys"),
+			progressbar.OptionThrottle(200*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+		)
+	}
+	return p
+}
+
+// Set records how many keys have been processed.
+func (p *progress) Set(n int64) {
+	p.n = n
+	if p.bar != nil {
+		_ = p.bar.Set64(n)
+		return
+	}
+	if time.Since(p.last) >= 10*time.Second {
+		p.last = time.Now()
+		rate := float64(n) / time.Since(p.start).Seconds()
+		if p.total > 0 {
+			fmt.Fprintf(p.w, "%s: %d/%d keys (%.0f%%), %.0f keys/s\n", p.label, n, p.total, 100*float64(n)/float64(p.total), rate)
+		} else {
+			fmt.Fprintf(p.w, "%s: %d keys, %.0f keys/s\n", p.label, n, rate)
+		}
+	}
+}
+
+func (p *progress) Finish() {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
+	if format == "json" {
+		return writeJSON(w, s)
+	}
+	verb := "rewritten"
+	if s.DryRun {
+		verb = "would rewrite"
+	}
+	for _, line := range s.Preflight {
+		fmt.Fprintf(w, "preflight: ok: %s\n", line)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "RESOURCE\tSCANNED\tCURRENT\tSTALE\tREWRITTEN\tCONFLICTS\tUNREADABLE\tFAILED\tWHY\n")
+	for _, r := range s.Resources {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", resName(r.Group, r.Resource), r.Scanned, r.Current, r.Stale, r.Rewritten, r.Conflicts, r.Unreadable, r.Failed, reasons(r.Reasons))
+	}
+	t := s.Summary
+	fmt.Fprintf(tw, "TOTAL\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", t.Scanned, t.Current, t.Stale, t.Rewritten, t.Conflicts, t.Unreadable, t.Failed)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, c := range s.CRDs {
+		fmt.Fprintf(w, "crd %s: storage version %s, storedVersions %v: %s %s\n", c.Name, c.StorageVersion, c.StoredVersions, c.Action, c.Detail)
+	}
+	for i, f := range s.Failures {
+		if i == 20 {
+			fmt.Fprintf(w, "... %d more (use -o json for all)\n", len(s.Failures)-20)
+			break
+		}
+		fmt.Fprintf(w, "%s: %s\n", f.Status, f.Error)
+	}
+	consistency := "one consistent snapshot"
+	if !s.Consistent {
+		consistency = fmt.Sprintf("NOT one snapshot: revision %d was compacted during the scan and the scan continued at a newer revision (%d restart(s)); objects written meanwhile were seen at their newer state", s.Revision, len(s.Restarts))
+	}
+	n := t.Rewritten
+	if s.DryRun {
+		n = t.Stale
+	}
+	fmt.Fprintf(w, "%s %d of %d objects in %s at revision %d (%s); %d skipped (%d unreadable, never written)\n",
+		verb, n, t.Scanned, s.DurationText, s.Revision, consistency, t.Skipped, t.Unreadable)
+	if s.Interrupted {
+		fmt.Fprintln(w, "interrupted: run the same command again to continue; current objects are skipped")
+	}
+	return nil
+}
+
+func writeRollback(w io.Writer, r migrate.RollbackResult, format string) error {
+	if format == "json" {
+		return writeJSON(w, r)
+	}
+	fmt.Fprintf(w, "restored %d, unchanged %d, skipped %d (changed since), failed %d\n", r.Restored, r.Unchanged, r.Skipped, r.Failed)
+	for _, k := range r.Keys {
+		fmt.Fprintf(w, "  %s\n", k)
+	}
+	return nil
+}
+
+func resName(group, resource string) string {
+	if group == "" {
+		return resource
+	}
+	return resource + "." + group
+}
+
+func reasons(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func migrateFigures(s *migrate.Summary) []metrics.MigrateFigures {
+	out := make([]metrics.MigrateFigures, 0, len(s.Resources))
+	for _, r := range s.Resources {
+		out = append(out, metrics.MigrateFigures{
+			Resource:   resName(r.Group, r.Resource),
+			Current:    r.Current,
+			Rewritten:  r.Rewritten,
+			Conflicts:  r.Conflicts,
+			Failed:     r.Failed,
+			Unreadable: r.Unreadable,
+			Stale:      r.Stale,
+		})
+	}
+	return out
+}
