@@ -47,9 +47,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 	}
 }
 
-// TestUnreachableEtcdBinary runs the built binary: it must fail with exit 1 and
-// exactly one line on stderr (no gRPC retry logs).
-func TestUnreachableEtcdBinary(t *testing.T) {
+// TestBinary runs the built binary: against an unreachable etcd it fails with
+// exit 1 and exactly one line on stderr (no gRPC retry logs); against a real etcd
+// its inventory writes the table and nothing on stderr.
+func TestBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -70,6 +71,29 @@ func TestUnreachableEtcdBinary(t *testing.T) {
 	}
 	if stdout.Len() != 0 {
 		t.Errorf("stdout %q, want nothing", stdout.String())
+	}
+
+	srv := testetcd.StartT(t, testetcd.Options{})
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	put(t, cli, "/registry/configmaps/default/app", schema.GroupResource{Resource: "configmaps"},
+		&api.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default"}, Data: map[string]string{"k": "v"}})
+	cmd = exec.Command(bin, "inventory", "--endpoints", srv.Endpoint)
+	cmd.Env = append(os.Environ(), "ETCDCTL_ENDPOINTS=", "ETCDCTL_CACERT=", "ETCDCTL_CERT=", "ETCDCTL_KEY=")
+	stdout.Reset()
+	stderr.Reset()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("inventory: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("inventory wrote on stderr:\n%s", stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "configmaps") || !strings.Contains(stdout.String(), "v1=1") {
+		t.Errorf("inventory table:\n%s", stdout.String())
 	}
 }
 
