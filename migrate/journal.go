@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -189,7 +190,9 @@ func Rollback(ctx context.Context, cli *clientv3.Client, path string, w *etcdsca
 		}
 		cur := resp.Kvs[0]
 		first := list[0]
-		if cur.ModRevision == first.intent.OldModRevision {
+		// Never written, or already back to the old bytes (an intent whose write
+		// did not land, later rewritten and rolled back by a later run's journal).
+		if cur.ModRevision == first.intent.OldModRevision || bytes.Equal(cur.Value, first.intent.OldValue) {
 			res.Unchanged++
 			continue
 		}
