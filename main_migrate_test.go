@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/migrate"
+)
+
+// TestRunbookCLI is the runbook an operator follows, through the CLI: verify says
+// stale (exit 3); migrate is interrupted with SIGINT mid-run, finishes its
+// in-flight writes, flushes the journal and prints the summary; verify still says
+// stale; migrate again finishes the job (exit 0); verify says current (exit 0).
+func TestRunbookCLI(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	const n = 1500
+	c.SeedMany(n, oldCfg)
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg}
+
+	code, out, stderr := runCLI(t, append([]string{"verify", "-o", "json"}, conn...)...)
+	if code != exitStale {
+		t.Fatalf("verify before: exit %d, want %d\n%s%s", code, exitStale, out, stderr)
+	}
+
+	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
+	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	journal := filepath.Join(c.Dir, "journal")
+	startRev := c.Revision()
+	cmd := exec.Command(bin, append([]string{"migrate", "-o", "json", "--journal", journal, "--writers", "1", "--batch-ops", "1"}, conn...)...)
+	var stdout, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	writes := 0
+	for resp := range c.Cli.Watch(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithRev(startRev+1)) {
+		if writes += len(resp.Events); writes >= 100 {
+			break
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != exitError {
+		t.Fatalf("interrupted migrate: %v, want exit %d\nstderr:\n%s", err, exitError, errb.String())
+	}
+	if !strings.Contains(errb.String(), "interrupted") {
+		t.Errorf("stderr does not say it was interrupted:\n%s", errb.String())
+	}
+	var sum migrate.Summary
+	if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
+		t.Fatalf("summary is not JSON: %v\n%s", err, stdout.String())
+	}
+	if !sum.Interrupted || sum.Summary.Rewritten < 100 || sum.Summary.Rewritten >= 2*n || sum.Summary.Failed != 0 {
+		t.Fatalf("interrupted summary %+v", sum.Summary)
+	}
+	// The journal was flushed: every write that landed has its "done" record.
+	data, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := strings.Count(string(data), `"op":"done"`)
+	if int64(done) != sum.Summary.Rewritten {
+		t.Fatalf("journal has %d done records, summary says %d rewritten", done, sum.Summary.Rewritten)
+	}
+	if fi, err := os.Stat(journal); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("journal mode %v (%v), want 0600", fi.Mode().Perm(), err)
+	}
+
+	if code, out, stderr = runCLI(t, append([]string{"verify"}, conn...)...); code != exitStale {
+		t.Fatalf("verify after interruption: exit %d\n%s%s", code, out, stderr)
+	}
+	if code, out, stderr = runCLI(t, append([]string{"migrate", "-o", "json"}, conn...)...); code != exitOK {
+		t.Fatalf("migrate again: exit %d\n%s%s", code, out, stderr)
+	}
+	var again migrate.Summary
+	if err := json.Unmarshal([]byte(out), &again); err != nil {
+		t.Fatal(err)
+	}
+	if again.Summary.Current != sum.Summary.Rewritten || again.Summary.Rewritten != 2*n-sum.Summary.Rewritten {
+		t.Fatalf("resumed run: %+v (first run rewrote %d)", again.Summary, sum.Summary.Rewritten)
+	}
+	if code, out, stderr = runCLI(t, append([]string{"verify"}, conn...)...); code != exitOK {
+		t.Fatalf("verify after migrate: exit %d\n%s%s", code, out, stderr)
+	}
+}
