@@ -273,10 +273,7 @@ func finish(sum *Summary, t *tally, start time.Time) *Summary {
 	}
 	sort.Slice(sum.Resources, func(i, j int) bool {
 		a, b := sum.Resources[i], sum.Resources[j]
-		if a.Group != b.Group {
-			return a.Group < b.Group
-		}
-		return a.Resource < b.Resource
+		return schema.GroupResource{Group: a.Group, Resource: a.Resource}.String() < schema.GroupResource{Group: b.Group, Resource: b.Resource}.String()
 	})
 	sum.Failures = t.failures
 	sum.Duration = time.Since(start)

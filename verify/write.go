@@ -111,7 +111,7 @@ func (r *Report) writeTable(w io.Writer) error {
 		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "CRD\tSTORAGE-VERSION\tSTORED-VERSIONS\tOBJECTS\tNOT-IN-STORAGE-VERSION\tTRIMMABLE")
 		for _, c := range r.CRDs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", c.Name, c.StorageVersion, strings.Join(c.StoredVersions, ","), c.Objects, c.ObjectsNotInStorageVersion, yesNo(c.Trimmable))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", c.Name, c.StorageVersion, strings.Join(c.StoredVersions, ","), c.Objects, c.ObjectsNotInStorageVersion, trimmable(c))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -181,6 +181,15 @@ func reasons(rs []reencode.Reason) string {
 		s[i] = string(r)
 	}
 	return strings.Join(s, ",")
+}
+
+// trimmable is the CRD table's last column: "done" when storedVersions is already
+// just the storage version.
+func trimmable(c CRDStatus) string {
+	if len(c.StoredVersions) == 1 && c.StoredVersions[0] == c.StorageVersion {
+		return "done"
+	}
+	return yesNo(c.Trimmable)
 }
 
 func yesNo(b bool) string {
