@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the KMS v1 test plugin has to speak the deprecated v1beta1 API that KMS v1 values were written with.
+
 // Package kmstest runs real KMS plugins for tests, the demo and the benchmark: gRPC
 // servers on a unix socket that speak the KMS v2 API (through k8s.io/kms/pkg/service,
 // the library real plugins are built on) and the deprecated KMS v1beta1 API, and wrap
