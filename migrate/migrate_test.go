@@ -422,3 +422,54 @@ func TestPreflightRefusesAlarm(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestFailFastStopsAtUnreadable: with --fail-fast the run stops at the first
+// unreadable object instead of going on, and says why.
+func TestFailFastStopsAtUnreadable(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	if _, err := c.Cli.Put(context.Background(), "/registry/configmaps/a/bad", "k8s\x00garbage"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 40; i++ {
+		c.Put(fmt.Sprintf("/registry/configmaps/b/cm-%02d", i), testcluster.ConfigMapsGR, testcluster.ConfigMap("b", fmt.Sprintf("cm-%02d", i)), "", decode.MediaTypeJSON, "")
+	}
+	sum, err := Run(context.Background(), c.Env(pipeline.Config{PageSize: 10}), Options{FailFast: true, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	if err == nil || !strings.Contains(err.Error(), "--fail-fast") {
+		t.Fatalf("err = %v", err)
+	}
+	if sum.Summary.Unreadable != 1 || sum.Summary.Rewritten != 0 || len(sum.Failures) != 1 || sum.Failures[0].Key != "/registry/configmaps/a/bad" {
+		t.Fatalf("%+v %+v", sum.Summary, sum.Failures)
+	}
+	// Without it, the same keyspace is migrated around the bad key.
+	sum = run(t, c.Env(pipeline.Config{PageSize: 10}), Options{})
+	if sum.Summary.Rewritten != 40 || sum.Summary.Unreadable != 1 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+}
+
+// TestSnapshotBeforeFirstWrite: --snapshot saves etcd (mode 0600) before anything
+// is rewritten: the old values are in it.
+func TestSnapshotBeforeFirstWrite(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	c.Put("/registry/configmaps/a/cm", testcluster.ConfigMapsGR, testcluster.ConfigMap("a", "cm"), "", decode.MediaTypeJSON, "")
+	old, _, _ := c.Get("/registry/configmaps/a/cm")
+	path := filepath.Join(c.Dir, "before.db")
+	sum := run(t, c.Env(pipeline.Config{}), Options{Snapshot: path})
+	if sum.Summary.Rewritten != 1 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("snapshot: %v %v", fi, err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(data, old) {
+		t.Fatal("the snapshot does not hold the value as it was before the migration")
+	}
+	if now, _, _ := c.Get("/registry/configmaps/a/cm"); bytes.Equal(now, old) {
+		t.Fatal("not rewritten")
+	}
+}
