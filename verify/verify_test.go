@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	api "k8s.io/kubernetes/pkg/apis/core"
 	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
@@ -147,5 +150,22 @@ func TestVerifyFilters(t *testing.T) {
 	}
 	if rep.Resources[0].StaleBy[reencode.ReasonMediaType] != 1 {
 		t.Fatalf("reasons %v", rep.Resources[0].StaleBy)
+	}
+}
+
+// TestEncodingOnlyDoesNotFailTheGate: an object in the target version, media type
+// and key, stored without the defaults kube-apiserver applies on read, is current
+// for the gate (exit 0) and reported as one migrate would re-encode.
+func TestEncodingOnlyDoesNotFailTheGate(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	pod := &api.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "a", UID: "uid-p", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       api.PodSpec{Containers: []api.Container{{Name: "c", Image: "nginx"}}},
+	}
+	c.Put("/registry/pods/a/p", schema.GroupResource{Resource: "pods"}, pod, "", "", "")
+	rep := verifyRun(t, c.Env(pipeline.Config{}), Options{})
+	pods := resourceReport(t, rep, "pods")
+	if rep.ExitCode() != ExitCurrent || pods.Current != 1 || pods.Reencode != 1 || rep.Summary.Reencode != 1 {
+		t.Fatalf("exit %d, pods %+v", rep.ExitCode(), pods)
 	}
 }

@@ -146,6 +146,9 @@ func why(rr ResourceReport) string {
 	for _, k := range sortedKeys(rr.StaleBy) {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, rr.StaleBy[reencode.Reason(k)]))
 	}
+	if rr.Reencode > 0 {
+		parts = append(parts, fmt.Sprintf("(current, would re-encode: %d)", rr.Reencode))
+	}
 	for _, k := range sortedKeys(rr.UnreadableBy) {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, rr.UnreadableBy[decode.Reason(k)]))
 	}
