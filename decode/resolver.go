@@ -222,3 +222,18 @@ func (r *Resolver) KeyPrefix(gr schema.GroupResource, namespace string) (string,
 func (r *Resolver) CRDKeyPrefix() string {
 	return r.prefix + "/" + CRDGroupResource.Group + "/" + CRDGroupResource.Resource + "/"
 }
+
+// GuessResource names, for reports, the resource of a key that no resource owns:
+// "/registry/example.com/widgets/ns/x" gives widgets.example.com, "/registry/foos/x"
+// gives foos, anything else "(unknown)".
+func GuessResource(prefix, key string) schema.GroupResource {
+	rest := strings.TrimPrefix(key, strings.TrimSuffix(prefix, "/")+"/")
+	parts := strings.Split(rest, "/")
+	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
+		return schema.GroupResource{Group: parts[0], Resource: parts[1]}
+	}
+	if parts[0] == "" {
+		return schema.GroupResource{Resource: "(unknown)"}
+	}
+	return schema.GroupResource{Resource: parts[0]}
+}

@@ -171,7 +171,7 @@ func (inv *Inventory) add(prefix string, d *reencode.Decision) {
 	}
 	gr := d.Resource
 	if gr.Resource == "" {
-		gr = resourceOfKey(prefix, d.Key)
+		gr = decode.GuessResource(prefix, d.Key)
 	}
 	r := inv.byResource[gr]
 	if r == nil {
@@ -196,7 +196,7 @@ func (inv *Inventory) add(prefix string, d *reencode.Decision) {
 	// Unreadable, or any status that is not "read fine".
 	r.Unreadable++
 	inv.Total.Unreadable++
-	reason, detail := errorReason(d)
+	reason, detail := d.ErrorReason()
 	if r.UnreadableBy == nil {
 		r.UnreadableBy = map[decode.Reason]int64{}
 	}
@@ -213,36 +213,7 @@ func orUnknown(s string) string {
 	return s
 }
 
-// errorReason gives the reason and a value-free detail of an unreadable decision
-// (decode errors never carry plaintext).
-func errorReason(d *reencode.Decision) (decode.Reason, string) {
-	if d.Err == nil {
-		return decode.Reason("unknown"), fmt.Sprintf("status %s without an error", d.Status)
-	}
-	detail := d.Err.Detail
-	if d.Err.Err != nil {
-		if detail != "" {
-			detail += ": "
-		}
-		detail += d.Err.Err.Error()
-	}
-	return d.Err.Reason, detail
-}
 
-// resourceOfKey names the resource of a key no resource owns, for the census:
-// "/registry/example.com/widgets/ns/x" gives widgets.example.com,
-// "/registry/foos/x" gives foos.
-func resourceOfKey(prefix, key string) schema.GroupResource {
-	rest := strings.TrimPrefix(key, strings.TrimSuffix(prefix, "/")+"/")
-	parts := strings.Split(rest, "/")
-	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
-		return schema.GroupResource{Group: parts[0], Resource: parts[1]}
-	}
-	if parts[0] == "" {
-		return schema.GroupResource{Resource: unknown}
-	}
-	return schema.GroupResource{Resource: parts[0]}
-}
 
 // Write prints the census as "table" (the default) or "json".
 func (inv *Inventory) Write(w io.Writer, format string) error {

@@ -328,3 +328,19 @@ func diffPaths(path string, a, b any, max int) []string {
 	}
 	return out
 }
+
+// ErrorReason gives the reason and a value-free detail of an unreadable (or
+// not-an-object) decision; decode errors never carry plaintext.
+func (d *Decision) ErrorReason() (decode.Reason, string) {
+	if d.Err == nil {
+		return decode.Reason("unknown"), fmt.Sprintf("status %s without an error", d.Status)
+	}
+	detail := d.Err.Detail
+	if d.Err.Err != nil {
+		if detail != "" {
+			detail += ": "
+		}
+		detail += d.Err.Err.Error()
+	}
+	return d.Err.Reason, detail
+}

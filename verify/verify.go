@@ -178,7 +178,7 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 	}
 	gr := d.Resource
 	if gr.Resource == "" {
-		gr = ResourceOfKey(env.Resolver.Prefix(), d.Key)
+		gr = decode.GuessResource(env.Resolver.Prefix(), d.Key)
 	}
 	name := gr.String()
 	rr := r.byResource[name]
@@ -217,7 +217,7 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 		// of current or stale: never count it as fine.
 		rr.Unreadable++
 		r.Summary.Unreadable++
-		reason, detail := errorReason(d)
+		reason, detail := d.ErrorReason()
 		if rr.UnreadableBy == nil {
 			rr.UnreadableBy = map[decode.Reason]int{}
 		}
@@ -233,35 +233,7 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 	}
 }
 
-// errorReason gives the reason and a value-free detail of an unreadable decision.
-func errorReason(d *reencode.Decision) (decode.Reason, string) {
-	if d.Err == nil {
-		return decode.Reason("unknown"), fmt.Sprintf("status %s without an error", d.Status)
-	}
-	detail := d.Err.Detail
-	if d.Err.Err != nil {
-		if detail != "" {
-			detail += ": "
-		}
-		detail += d.Err.Err.Error()
-	}
-	return d.Err.Reason, detail
-}
 
-// ResourceOfKey guesses the group/resource of a key no resource owns, for
-// reporting: "/registry/example.com/widgets/ns/x" gives widgets.example.com,
-// "/registry/foos/x" gives foos.
-func ResourceOfKey(prefix, key string) schema.GroupResource {
-	rest := strings.TrimPrefix(key, strings.TrimSuffix(prefix, "/")+"/")
-	parts := strings.Split(rest, "/")
-	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
-		return schema.GroupResource{Group: parts[0], Resource: parts[1]}
-	}
-	if parts[0] == "" {
-		return schema.GroupResource{Resource: "(unknown)"}
-	}
-	return schema.GroupResource{Resource: parts[0]}
-}
 
 // ExitCode is 0 when every object is current, 3 when something is stale but
 // everything is readable, 4 when something is unreadable (stale or not).
