@@ -213,8 +213,6 @@ func orUnknown(s string) string {
 	return s
 }
 
-
-
 // Write prints the census as "table" (the default) or "json".
 func (inv *Inventory) Write(w io.Writer, format string) error {
 	switch format {

@@ -233,8 +233,6 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 	}
 }
 
-
-
 // ExitCode is 0 when every object is current, 3 when something is stale but
 // everything is readable, 4 when something is unreadable (stale or not).
 func (r *Report) ExitCode() int {
