@@ -3,23 +3,19 @@ package inventory
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	api "k8s.io/kubernetes/pkg/apis/core"
 	"k8s.io/kubernetes/pkg/apis/resource"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/pipeline"
 )
@@ -33,95 +29,19 @@ var (
 const password = "hunter22-very-secret"
 
 type cluster struct {
-	t      *testing.T
-	cli    *clientv3.Client
-	dir    string
-	encCfg string // aescbc key1 (writes), identity; for secrets
+	*testcluster.Cluster
+	encCfg string // aescbc key1 (writes), identity
 }
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	srv := testetcd.StartT(t, testetcd.Options{})
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	c := &cluster{t: t, cli: cli, dir: t.TempDir()}
-	c.encCfg = c.encryptionConfig("enc.yaml", aescbc("key1", 1), "  - identity: {}\n")
+	c := &cluster{Cluster: testcluster.New(t, testetcd.Options{})}
+	c.encCfg = c.EncryptionConfig("enc.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
 	return c
 }
 
-func (c *cluster) encryptionConfig(name string, providers ...string) string {
-	c.t.Helper()
-	var b strings.Builder
-	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n")
-	for _, p := range providers {
-		b.WriteString(p)
-	}
-	path := filepath.Join(c.dir, name)
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		c.t.Fatal(err)
-	}
-	return path
-}
-
-func aescbc(name string, key byte) string {
-	return fmt.Sprintf("  - aescbc:\n      keys:\n      - name: %s\n        secret: %s\n", name, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{key}, 32)))
-}
-
-// encode gives obj's value as kube-apiserver (emulated, media, encryption config
-// encPath) would store it under key.
-func (c *cluster) encode(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string) []byte {
-	c.t.Helper()
-	sc, err := decode.NewStorageConfig(emulated, media)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	rc, err := sc.Codec(gr)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	value, err := runtime.Encode(rc.Codec, obj)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if encPath != "" {
-		enc, err := decode.LoadEncryption(context.Background(), encPath)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		defer enc.Close()
-		value, err = enc.Encrypt(context.Background(), gr, key, value)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-	}
-	return value
-}
-
-func (c *cluster) putRaw(key string, value []byte, opts ...clientv3.OpOption) {
-	c.t.Helper()
-	if _, err := c.cli.Put(context.Background(), key, string(value), opts...); err != nil {
-		c.t.Fatal(err)
-	}
-}
-
-func (c *cluster) put(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string, opts ...clientv3.OpOption) []byte {
-	c.t.Helper()
-	v := c.encode(key, gr, obj, emulated, media, encPath)
-	c.putRaw(key, v, opts...)
-	return v
-}
-
 func (c *cluster) env() *pipeline.Env {
-	c.t.Helper()
-	env, err := pipeline.Setup(context.Background(), c.cli, pipeline.Config{Prefix: "/registry", EncryptionConfig: c.encCfg})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(env.Close)
-	return env
+	return c.Env(pipeline.Config{Prefix: "/registry", EncryptionConfig: c.encCfg})
 }
 
 func meta(ns, name string) metav1.ObjectMeta {
@@ -158,34 +78,34 @@ func event(ns, name string) *api.Event {
 
 // seed writes a mixed keyspace and returns the lease of the events.
 func (c *cluster) seed() clientv3.LeaseID {
-	c.t.Helper()
-	other := c.encryptionConfig("other.yaml", aescbc("gone", 9))
-	c.put("/registry/secrets/default/db", secretsGR, secret("default", "db"), "", "", c.encCfg)
-	c.put("/registry/secrets/default/api", secretsGR, secret("default", "api"), "", "", c.encCfg)
-	c.put("/registry/secrets/kube-system/plain", secretsGR, secret("kube-system", "plain"), "", "", "")
+	c.T.Helper()
+	other := c.EncryptionConfig("other.yaml", testcluster.AESCBC("gone", 9))
+	c.Put("/registry/secrets/default/db", secretsGR, secret("default", "db"), "", "", c.encCfg)
+	c.Put("/registry/secrets/default/api", secretsGR, secret("default", "api"), "", "", c.encCfg)
+	c.Put("/registry/secrets/kube-system/plain", secretsGR, secret("kube-system", "plain"), "", "", "")
 	// Encrypted with a key the configuration no longer has.
-	c.put("/registry/secrets/default/lost", secretsGR, secret("default", "lost"), "", "", other)
+	c.Put("/registry/secrets/default/lost", secretsGR, secret("default", "lost"), "", "", other)
 
-	c.put("/registry/configmaps/default/proto", configmapsGR, configMap("default", "proto"), "", "", "")
-	c.put("/registry/configmaps/default/json", configmapsGR, configMap("default", "json"), "", decode.MediaTypeJSON, "")
-	full := c.encode("/registry/configmaps/default/truncated", configmapsGR, configMap("default", "truncated"), "", "", "")
-	c.putRaw("/registry/configmaps/default/truncated", full[:len(full)/2])
-	c.putRaw("/registry/configmaps/default/garbage", []byte("this is not a kubernetes object"))
+	c.Put("/registry/configmaps/default/proto", configmapsGR, configMap("default", "proto"), "", "", "")
+	c.Put("/registry/configmaps/default/json", configmapsGR, configMap("default", "json"), "", decode.MediaTypeJSON, "")
+	full := c.Encode("/registry/configmaps/default/truncated", configmapsGR, configMap("default", "truncated"), "", "", "")
+	c.PutRaw("/registry/configmaps/default/truncated", full[:len(full)/2])
+	c.PutRaw("/registry/configmaps/default/garbage", []byte("this is not a kubernetes object"))
 
-	c.put("/registry/deviceclasses/old-gpu", devclassGR, deviceClass("old-gpu"), "1.33", "", "")
-	c.put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "", "", "")
+	c.Put("/registry/deviceclasses/old-gpu", devclassGR, deviceClass("old-gpu"), "1.33", "", "")
+	c.Put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "", "", "")
 
-	lease, err := c.cli.Grant(context.Background(), 3600)
+	lease, err := c.Cli.Grant(context.Background(), 3600)
 	if err != nil {
-		c.t.Fatal(err)
+		c.T.Fatal(err)
 	}
-	c.put("/registry/events/default/e1", eventsGR, event("default", "e1"), "", "", "", clientv3.WithLease(lease.ID))
-	c.put("/registry/events/default/e2", eventsGR, event("default", "e2"), "", "", "", clientv3.WithLease(lease.ID))
+	c.Put("/registry/events/default/e1", eventsGR, event("default", "e1"), "", "", "", clientv3.WithLease(lease.ID))
+	c.Put("/registry/events/default/e2", eventsGR, event("default", "e2"), "", "", "", clientv3.WithLease(lease.ID))
 
-	c.putRaw("/registry/example.com/widgets/default/w1", []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w1"}}`))
-	c.putRaw("/registry/health", []byte(`{"health":"true"}`))
+	c.PutRaw("/registry/example.com/widgets/default/w1", []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w1"}}`))
+	c.PutRaw("/registry/health", []byte(`{"health":"true"}`))
 	// Outside the prefix: never scanned.
-	c.putRaw("compact_rev_key", []byte("1"))
+	c.PutRaw("compact_rev_key", []byte("1"))
 	return lease.ID
 }
 
@@ -274,7 +194,7 @@ func TestInventoryMixedKeyspace(t *testing.T) {
 	}
 	var size int64
 	for _, k := range []string{"proto", "json", "truncated", "garbage"} {
-		resp, err := c.cli.Get(context.Background(), "/registry/configmaps/default/"+k)
+		resp, err := c.Cli.Get(context.Background(), "/registry/configmaps/default/"+k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -387,7 +307,7 @@ func TestInventoryJSON(t *testing.T) {
 func TestInventoryResourceFilter(t *testing.T) {
 	c := newCluster(t)
 	c.seed()
-	env, err := pipeline.Setup(context.Background(), c.cli, pipeline.Config{Prefix: "/registry", EncryptionConfig: c.encCfg, Resources: []string{"events"}})
+	env, err := pipeline.Setup(context.Background(), c.Cli, pipeline.Config{Prefix: "/registry", EncryptionConfig: c.encCfg, Resources: []string{"events"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,8 @@ type Cluster struct {
 	Srv *testetcd.Server
 	Cli *clientv3.Client
 	Dir string
+
+	encs map[string]*decode.Encryption
 }
 
 func New(t *testing.T, opts testetcd.Options) *Cluster {
@@ -78,27 +80,26 @@ const Identity = "  - identity: {}\n"
 
 func (c *Cluster) LoadEncryption(path string) *decode.Encryption {
 	c.T.Helper()
+	if enc := c.encs[path]; enc != nil {
+		return enc
+	}
 	enc, err := decode.LoadEncryption(context.Background(), path)
 	if err != nil {
 		c.T.Fatal(err)
 	}
 	c.T.Cleanup(enc.Close)
+	if c.encs == nil {
+		c.encs = map[string]*decode.Encryption{}
+	}
+	c.encs[path] = enc
 	return enc
 }
 
-// Put stores obj as kube-apiserver configured with (emulated, media, encryption
-// config) would, and returns the key's mod revision.
-func (c *Cluster) Put(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string, opts ...clientv3.OpOption) int64 {
+// Encode gives obj's value as kube-apiserver configured with (emulated release,
+// media type, encryption config encPath) would store it under key.
+func (c *Cluster) Encode(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string) []byte {
 	c.T.Helper()
-	sc, err := decode.NewStorageConfig(emulated, media)
-	if err != nil {
-		c.T.Fatal(err)
-	}
-	rc, err := sc.Codec(gr)
-	if err != nil {
-		c.T.Fatal(err)
-	}
-	value, err := runtime.Encode(rc.Codec, obj)
+	value, err := runtime.Encode(c.Codec(emulated, media, gr), obj)
 	if err != nil {
 		c.T.Fatal(err)
 	}
@@ -108,11 +109,24 @@ func (c *Cluster) Put(key string, gr schema.GroupResource, obj runtime.Object, e
 			c.T.Fatal(err)
 		}
 	}
+	return value
+}
+
+// PutRaw stores value under key as it is.
+func (c *Cluster) PutRaw(key string, value []byte, opts ...clientv3.OpOption) int64 {
+	c.T.Helper()
 	resp, err := c.Cli.Put(context.Background(), key, string(value), opts...)
 	if err != nil {
 		c.T.Fatal(err)
 	}
 	return resp.Header.Revision
+}
+
+// Put stores obj as kube-apiserver configured with (emulated, media, encryption
+// config) would, and returns the key's mod revision.
+func (c *Cluster) Put(key string, gr schema.GroupResource, obj runtime.Object, emulated, media, encPath string, opts ...clientv3.OpOption) int64 {
+	c.T.Helper()
+	return c.PutRaw(key, c.Encode(key, gr, obj, emulated, media, encPath), opts...)
 }
 
 func (c *Cluster) Get(key string) (value []byte, modRev, lease int64) {
@@ -196,8 +210,8 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 	c.T.Helper()
 	ctx := context.Background()
 	enc := c.LoadEncryption(oldCfg)
-	cur := c.Codec("", SecretsGR)
-	old := c.Codec("1.33", DeviceClassGR)
+	cur := c.Codec("", "", SecretsGR)
+	old := c.Codec("1.33", "", DeviceClassGR)
 	var ops []clientv3.Op
 	flush := func() {
 		if len(ops) == 0 {
@@ -232,10 +246,10 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 }
 
 // Codec is the storage codec of gr as kube-apiserver 1.36 emulating a release
-// ("" = 1.36) writes it.
-func (c *Cluster) Codec(emulated string, gr schema.GroupResource) runtime.Codec {
+// ("" = 1.36) with a storage media type ("" = protobuf) writes it.
+func (c *Cluster) Codec(emulated, media string, gr schema.GroupResource) runtime.Codec {
 	c.T.Helper()
-	sc, err := decode.NewStorageConfig(emulated, "")
+	sc, err := decode.NewStorageConfig(emulated, media)
 	if err != nil {
 		c.T.Fatal(err)
 	}
