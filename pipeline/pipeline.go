@@ -263,47 +263,84 @@ const (
 
 // Run scans the selected prefixes at one revision and calls fn once per page with
 // the decisions of that page, in key order. Decoding and deciding run on
-// Config.Concurrency goroutines; at most two pages are held at once.
+// Config.Concurrency goroutines and overlap fn: while fn handles one page (migrate
+// writes it), the next is fetched and decoded. At most four pages are held at once
+// (one prefetched by the scan, one being decoded, one queued, one in fn).
 func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page []reencode.Decision) error) (etcdscan.ScanStats, error) {
-	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, PageSize: e.Config.PageSize}
-	return etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
-		out := make([]reencode.Decision, len(page))
-		var wg sync.WaitGroup
-		next := make(chan int)
-		workers := min(e.Config.Concurrency, len(page))
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range next {
-					out[i] = e.DecideOne(ctx, page[i], mode)
-				}
-			}()
-		}
-	feed:
-		for i := range page {
-			select {
-			case next <- i:
-			case <-ctx.Done():
-				break feed
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	decided := make(chan []reencode.Decision, 1)
+	var fnErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for page := range decided {
+			if fnErr != nil {
+				continue // drain
+			}
+			if err := fn(page); err != nil {
+				fnErr = err
+				cancel()
 			}
 		}
-		close(next)
-		wg.Wait()
+	}()
+	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, PageSize: e.Config.PageSize}
+	stats, err := etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
+		out := e.decidePage(ctx, page, mode)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if e.Filter != nil {
-			kept := out[:0]
-			for _, d := range out {
-				if d.Status == reencode.NotObject || e.Filter[d.Resource] {
-					kept = append(kept, d)
-				}
-			}
-			out = kept
+		select {
+		case decided <- out:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return fn(out)
 	})
+	close(decided)
+	<-done
+	if fnErr != nil {
+		return stats, fnErr
+	}
+	return stats, err
+}
+
+// decidePage decodes (and decides) one page on Config.Concurrency goroutines and
+// applies the resource filter.
+func (e *Env) decidePage(ctx context.Context, page []etcdscan.KV, mode Mode) []reencode.Decision {
+	out := make([]reencode.Decision, len(page))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	workers := min(e.Config.Concurrency, len(page))
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				out[i] = e.DecideOne(ctx, page[i], mode)
+			}
+		}()
+	}
+feed:
+	for i := range page {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if e.Filter != nil {
+		kept := out[:0]
+		for _, d := range out {
+			if d.Status == reencode.NotObject || e.Filter[d.Resource] {
+				kept = append(kept, d)
+			}
+		}
+		out = kept
+	}
+	return out
 }
 
 // DecideOne decodes one key and, in Decide mode, decides what to do with it.

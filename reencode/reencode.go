@@ -153,9 +153,6 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		if enc == nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUnknownResource, nil, "no CRD encoder for %s", obj.Info.Resource))
 		}
-		if err := enc.RoundTrip(obj.Plaintext); err != nil {
-			return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
-		}
 		d.To.Version = schema.GroupVersion{Group: obj.Info.Resource.Group, Version: enc.StorageVersion()}.String()
 		d.To.MediaType = "json"
 		u, ok := obj.Internal.(*unstructured.Unstructured)
@@ -170,9 +167,6 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		target, err := p.Target.Codec(obj.Info.Resource)
 		if err != nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUnknownResource, err, ""))
-		}
-		if err := RoundTrip(obj); err != nil {
-			return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
 		}
 		d.To.Version = target.StorageVersion.String()
 		d.To.MediaType = decode.ShortMediaType(target.MediaType)
@@ -208,6 +202,16 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 	if len(d.Reasons) == 0 {
 		d.Status = Current
 		return d
+	}
+	// Only what would be written needs the lose-fields guard: a current object is
+	// left as it is. It decodes the stored value once more, so it runs last.
+	if obj.Info.Custom {
+		err = p.custom[obj.Info.Resource].RoundTrip(obj.Plaintext)
+	} else {
+		err = RoundTrip(obj)
+	}
+	if err != nil {
+		return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
 	}
 	d.Status = Stale
 	value := newPlain
