@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/grpclog"
+	"k8s.io/klog/v2"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
@@ -61,7 +63,19 @@ func main() {
 	// k8s.io/apiserver's etcd3 package sends gRPC's logs to klog, which would print
 	// every connection retry on stderr; the commands report errors once, on one line.
 	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
+	// kube-apiserver's transformers log each failed decryption through klog; the
+	// reports already name those keys, and logs must not grow with the keyspace.
+	silenceKlog()
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+func silenceKlog() {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("alsologtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+	klog.SetOutput(io.Discard)
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"os"
@@ -81,7 +82,15 @@ func TestBinary(t *testing.T) {
 	defer cli.Close()
 	put(t, cli, "/registry/configmaps/default/app", schema.GroupResource{Resource: "configmaps"},
 		&api.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default"}, Data: map[string]string{"k": "v"}})
-	cmd = exec.Command(bin, "inventory", "--endpoints", srv.Endpoint)
+	// A value no configured key can decrypt: reported in the table, not logged.
+	if _, err := cli.Put(context.Background(), "/registry/secrets/default/locked", "k8s:enc:aescbc:v1:gone:"+strings.Repeat("\x01", 48)); err != nil {
+		t.Fatal(err)
+	}
+	encCfg := filepath.Join(t.TempDir(), "enc.yaml")
+	if err := os.WriteFile(encCfg, []byte("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n      - name: gone\n        secret: "+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))+"\n  - identity: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(bin, "inventory", "--endpoints", srv.Endpoint, "--encryption-provider-config", encCfg)
 	cmd.Env = append(os.Environ(), "ETCDCTL_ENDPOINTS=", "ETCDCTL_CACERT=", "ETCDCTL_CERT=", "ETCDCTL_KEY=")
 	stdout.Reset()
 	stderr.Reset()
