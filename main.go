@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -66,7 +67,20 @@ func main() {
 	// kube-apiserver's transformers log each failed decryption through klog; the
 	// reports already name those keys, and logs must not grow with the keyspace.
 	silenceKlog()
+	limitMemory()
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+// defaultMemoryLimit is the Go runtime's soft memory limit unless GOMEMLIMIT is
+// set. A run holds a few pages of objects at a time (tens of MB), but allocates
+// about its keyspace's size in short-lived garbage; without a limit the collector
+// lets that garbage, and so the RSS, grow with the allocation rate.
+const defaultMemoryLimit = 64 << 20
+
+func limitMemory() {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 }
 
 func silenceKlog() {
