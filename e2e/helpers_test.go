@@ -133,12 +133,29 @@ func staleResources(t *testing.T, rep *verify.Report) []string {
 	return out
 }
 
-// expectCurrent asserts verify finds everything current (exit 0).
+// reencodeResources names the resources with objects current in version
+// and key whose re-encoding would still change their bytes.
+func reencodeResources(rep *verify.Report) []string {
+	var out []string
+	for _, r := range rep.Resources {
+		if r.Reencode > 0 {
+			out = append(out, r.Name())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// expectCurrent asserts verify finds everything current (exit 0) and
+// nothing left whose re-encoding would change its bytes.
 func (c *cluster) expectCurrent(cfg pipeline.Config) {
 	c.t.Helper()
 	rep := c.verify(cfg)
 	if code := rep.ExitCode(); code != verify.ExitCurrent {
 		c.t.Fatalf("verify exit %d after migrate, want 0: stale %v, summary %+v", code, staleResources(c.t, rep), rep.Summary)
+	}
+	if got := reencodeResources(rep); len(got) > 0 {
+		c.t.Errorf("verify after migrate: %v still have objects a re-encode would change (summary %+v)", got, rep.Summary)
 	}
 }
 
