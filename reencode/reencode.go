@@ -186,7 +186,8 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 	if obj.Encryption.Stale {
 		d.Reasons = append(d.Reasons, ReasonEncryption)
 	}
-	if !bytes.Equal(newPlain, obj.Plaintext) {
+	samePlain := bytes.Equal(newPlain, obj.Plaintext)
+	if !samePlain {
 		switch {
 		case d.From.Version != d.To.Version:
 			d.Reasons = append(d.Reasons, ReasonVersion)
@@ -204,10 +205,15 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		return d
 	}
 	// Only what would be written needs the lose-fields guard: a current object is
-	// left as it is. It decodes the stored value once more, so it runs last.
-	if obj.Info.Custom {
+	// left as it is. It decodes the stored value once more, so it runs last. A
+	// value whose plaintext is unchanged (only its encryption is stale) is written
+	// back byte for byte and cannot lose anything.
+	switch {
+	case samePlain:
+		err = nil
+	case obj.Info.Custom:
 		err = p.custom[obj.Info.Resource].RoundTrip(obj.Plaintext)
-	} else {
+	default:
 		err = RoundTrip(obj)
 	}
 	if err != nil {
