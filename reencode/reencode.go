@@ -16,7 +16,6 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 
@@ -171,7 +170,10 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		d.To.Version = target.StorageVersion.String()
 		d.To.MediaType = decode.ShortMediaType(target.MediaType)
 		// Encode a copy: the versioning encoder may set fields on what it is given.
-		newPlain, err = runtime.Encode(target.Codec, obj.Internal.DeepCopyObject())
+		// Sized like the stored value: the buffer is not regrown while encoding.
+		buf := bytes.NewBuffer(make([]byte, 0, len(obj.Plaintext)+len(obj.Plaintext)/4+64))
+		err = target.Codec.Encode(obj.Internal.DeepCopyObject(), buf)
+		newPlain = buf.Bytes()
 		if err != nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, nil, "encode to %s: %v", target.StorageVersion, err))
 		}
