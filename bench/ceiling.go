@@ -40,8 +40,12 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 		defer close(pages)
 		key := prefix
 		var rev int64
+		// The same range windows as the tool's scanner (etcdscan.NarrowWindow),
+		// so both pay etcd the same counting cost.
+		windows := []string{end}
 		for {
-			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(pageSize)}
+			wEnd := windows[len(windows)-1]
+			opts := []clientv3.OpOption{clientv3.WithRange(wEnd), clientv3.WithLimit(pageSize)}
 			if rev != 0 {
 				opts = append(opts, clientv3.WithRev(rev))
 			}
@@ -63,9 +67,18 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 				return
 			}
 			if !resp.More || len(resp.Kvs) == 0 {
-				return
+				if len(windows) == 1 {
+					return
+				}
+				key = wEnd
+				windows = windows[:len(windows)-1]
+				continue
 			}
-			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+			last := string(resp.Kvs[len(resp.Kvs)-1].Key)
+			key = last + "\x00"
+			if w := etcdscan.NarrowWindow(prefix, last, wEnd, resp.Count-int64(len(resp.Kvs)), pageSize); w != "" {
+				windows = append(windows, w)
+			}
 		}
 	}()
 	for p := range pages {

@@ -219,3 +219,132 @@ func TestScanStops(t *testing.T) {
 		t.Fatalf("cancelled context: got %v after %d pages", err, pages)
 	}
 }
+
+// TestScanWindowsSeeEveryKeyOnce: the scan narrows its range requests to key
+// directories (NarrowWindow); whatever the shape of the keyspace it must still
+// return every key exactly once, in key order, at the pinned revision, also
+// when that revision is compacted in the middle of a narrowed window.
+func TestScanWindowsSeeEveryKeyOnce(t *testing.T) {
+	s, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	var keys []string
+	put := func(k string) {
+		t.Helper()
+		if _, err := c.Put(ctx, k, "v-"+k); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	put("/registry/compact_rev_key")
+	put("/registry/health")
+	put("/registry/pods/")        // a key that is itself a directory name
+	put("/registry/pods/ns-big/") // and one inside
+	for ns := 0; ns < 12; ns++ {
+		n := 1 + ns*ns/4 // namespaces from 1 to 31 keys
+		for i := 0; i < n; i++ {
+			put(fmt.Sprintf("/registry/pods/ns-%02d/p-%02d", ns, i))
+		}
+	}
+	for i := 0; i < 40; i++ {
+		put(fmt.Sprintf("/registry/namespaces/n-%02d", i)) // cluster-scoped: no deeper directory
+	}
+	for i := 0; i < 25; i++ {
+		put(fmt.Sprintf("/registry/example.com/widgets/team-%d/w-%02d", i%3, i)) // custom resources
+	}
+	put("/registry/z\xff\xff/a/b")
+	put("/registry\xff")
+	put("/registrx/outside")
+	slices.Sort(keys)
+	var want []string
+	for _, k := range keys {
+		if k >= "/registry/" && k < "/registry0" {
+			want = append(want, k)
+		}
+	}
+
+	for _, pageSize := range []int64{1, 3, 7, 500} {
+		var got []string
+		if _, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/"}, PageSize: pageSize}, func(page []KV) error {
+			for _, kv := range page {
+				if string(kv.Value) != "v-"+kv.Key {
+					t.Errorf("page size %d: %q has value %q", pageSize, kv.Key, kv.Value)
+				}
+				got = append(got, kv.Key)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("page size %d: scan returned %d keys, want %d:\n got %q\nwant %q", pageSize, len(got), len(want), got, want)
+		}
+	}
+
+	// Whole keyspace (no end) with windows.
+	var all []string
+	if _, err := Scan(ctx, c, ScanOptions{Prefixes: []string{""}, PageSize: 2}, func(page []KV) error {
+		for _, kv := range page {
+			all = append(all, kv.Key)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(all, keys) {
+		t.Fatalf("whole keyspace: %d keys, want %d", len(all), len(keys))
+	}
+
+	// Compaction inside a narrowed window (the pods of ns-11, the 8th page of 4).
+	count := map[string]int{}
+	pages := 0
+	stats, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/"}, PageSize: 4}, func(page []KV) error {
+		for _, kv := range page {
+			count[kv.Key]++
+		}
+		if pages++; pages == 8 {
+			if _, err := c.Put(ctx, "/unrelated", "x"); err != nil {
+				return err
+			}
+			rev, err := s.Revision(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := c.Compact(ctx, rev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("scan through a compaction: %v", err)
+	}
+	if stats.Consistent || len(count) != len(want) {
+		t.Fatalf("after a compaction: %d keys (want %d), stats %+v", len(count), len(want), stats)
+	}
+	for k, n := range count {
+		if n != 1 {
+			t.Errorf("%s seen %d times", k, n)
+		}
+	}
+}
+
+func TestNarrowWindow(t *testing.T) {
+	for _, tc := range []struct {
+		prefix, lastKey, end string
+		remaining            int64
+		want                 string
+	}{
+		{"/registry/", "/registry/pods/default/a", "/registry0", 100, "/registry/pods0"},
+		{"/registry/", "/registry/pods/default/a", "/registry/pods0", 100, "/registry/pods/default0"},
+		{"/registry/", "/registry/pods/default/a", "/registry/pods/default0", 100, ""},       // nothing narrower
+		{"/registry/", "/registry/pods/default/a", "/registry0", 20, ""},                     // few pages left: keep the window
+		{"/registry/", "/registry/namespaces/kube-system", "/registry/namespaces0", 100, ""}, // cluster-scoped
+		{"/registry/", "/registry/health", "/registry0", 100, ""},
+		{"", "/registry/pods/a", "\x00", 100, "0"}, // every key starting with "/"
+		{"/registry", "/registry/pods/a", "/registrz", 100, "/registry0"},
+	} {
+		if got := NarrowWindow(tc.prefix, tc.lastKey, tc.end, tc.remaining, 5); got != tc.want {
+			t.Errorf("NarrowWindow(%q, %q, %q, %d) = %q, want %q", tc.prefix, tc.lastKey, tc.end, tc.remaining, got, tc.want)
+		}
+	}
+}
