@@ -169,10 +169,12 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		}
 		d.To.Version = target.StorageVersion.String()
 		d.To.MediaType = decode.ShortMediaType(target.MediaType)
-		// Encode a copy: the versioning encoder may set fields on what it is given.
+		// The object is encoded in place, as GuaranteedUpdate does: the decoded
+		// object belongs to this decision and is dropped after it (the
+		// versioning encoder restores the kind it sets while encoding).
 		// Sized like the stored value: the buffer is not regrown while encoding.
 		buf := bytes.NewBuffer(make([]byte, 0, len(obj.Plaintext)+len(obj.Plaintext)/4+64))
-		err = target.Codec.Encode(obj.Internal.DeepCopyObject(), buf)
+		err = target.Codec.Encode(obj.Internal, buf)
 		newPlain = buf.Bytes()
 		if err != nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, nil, "encode to %s: %v", target.StorageVersion, err))
