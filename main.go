@@ -141,7 +141,7 @@ func targetFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "target-version", Usage: "store as kube-apiserver 1.36 run with --emulated-version=VERSION would (1.33..1.36)"},
 		&cli.StringFlag{Name: "storage-media-type", Value: decode.MediaTypeProtobuf, Usage: "kube-apiserver --storage-media-type for built-in resources"},
-		&cli.IntFlag{Name: "concurrency", Value: 0, Usage: "decode/encode workers (0 = number of CPUs)"},
+		&cli.IntFlag{Name: "concurrency", Value: 0, Usage: "decode/encode workers (0 = twice the number of CPUs)"},
 	}
 }
 
