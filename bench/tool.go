@@ -8,8 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -51,24 +51,63 @@ type toolRun struct {
 	stderr    []byte
 }
 
-// runTool runs the tool as a child process and reads its peak RSS from wait4's rusage.
+// runTool runs the tool as a child process and samples its peak RSS (VmHWM in
+// /proc/PID/status, a high-water mark) every 20 ms while it runs. wait4's
+// ru_maxrss cannot be used: Go starts children with clone(CLONE_VM|CLONE_VFORK),
+// and exec records the parent's resident set as the child's high-water mark, so
+// it reported this benchmark's own RSS (which grows with N) instead of the tool's.
 func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
-	err := cmd.Run()
-	r := toolRun{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes()}
+	if err := cmd.Start(); err != nil {
+		return toolRun{}, fmt.Errorf("%s %s: %w", filepath.Base(bin), args[0], err)
+	}
+	var peak int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if kb := vmHWM(cmd.Process.Pid); kb > peak {
+				peak = kb
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(stop)
+	<-sampled
+	r := toolRun{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes(), peakRSSKB: peak}
 	if cmd.ProcessState != nil {
 		r.exit = cmd.ProcessState.ExitCode()
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			r.peakRSSKB = ru.Maxrss // KiB on Linux
-		}
 	}
 	if err != nil && r.exit <= 0 {
 		return r, fmt.Errorf("%s %s: %w", filepath.Base(bin), args[0], err)
 	}
 	return r, nil
+}
+
+// vmHWM reads a live process's peak resident set in KiB (0 once it has exited).
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb
+		}
+	}
+	return 0
 }
 
 type verifyCounts struct {
