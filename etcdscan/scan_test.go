@@ -159,14 +159,7 @@ func TestScanCompactedMidScan(t *testing.T) {
 			if _, err := c.Put(ctx, "/registry/configmaps/050", "rewritten by someone"); err != nil {
 				return err
 			}
-			if _, err := c.Put(ctx, "/unrelated", "x"); err != nil {
-				return err
-			}
-			rev, err := s.Revision(ctx)
-			if err != nil {
-				return err
-			}
-			if _, err := c.Compact(ctx, rev); err != nil {
+			if err := writeAndCompact(ctx, s, c); err != nil {
 				return err
 			}
 		}
@@ -302,14 +295,7 @@ func TestScanWindowsSeeEveryKeyOnce(t *testing.T) {
 			count[kv.Key]++
 		}
 		if pages++; pages == 8 {
-			if _, err := c.Put(ctx, "/unrelated", "x"); err != nil {
-				return err
-			}
-			rev, err := s.Revision(ctx)
-			if err != nil {
-				return err
-			}
-			if _, err := c.Compact(ctx, rev); err != nil {
+			if err := writeAndCompact(ctx, s, c); err != nil {
 				return err
 			}
 		}
@@ -347,4 +333,18 @@ func TestNarrowWindow(t *testing.T) {
 			t.Errorf("NarrowWindow(%q, %q, %q, %d) = %q, want %q", tc.prefix, tc.lastKey, tc.end, tc.remaining, got, tc.want)
 		}
 	}
+}
+
+// writeAndCompact moves the revision on with a write outside the scanned
+// prefixes and compacts etcd up to it, as a compaction during a scan would.
+func writeAndCompact(ctx context.Context, s *testetcd.Server, c *clientv3.Client) error {
+	if _, err := c.Put(ctx, "/unrelated", "x"); err != nil {
+		return err
+	}
+	rev, err := s.Revision(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = c.Compact(ctx, rev)
+	return err
 }
