@@ -106,6 +106,8 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 		{"The migration: compare-and-swap writes, leases kept, old values journaled for rollback.", append([]string{"migrate", "--journal", "migrate.journal"}, enc...), 0},
 		{"The audit again: exit 0, everything current.", append([]string{"verify"}, enc...), 0},
 		{"The census after the migration.", append([]string{"inventory"}, enc...), 0},
+		{"If the upgrade had to be undone: put the journaled old bytes back (compare-and-swap on the new mod revisions).", []string{"rollback", "--journal", "migrate.journal"}, 0},
+		{"Back where it started: the same audit says stale again (exit 3).", append([]string{"verify", "--show-keys", "1"}, enc...), 3},
 	}
 
 	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL)
