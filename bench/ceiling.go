@@ -25,10 +25,9 @@ type ceilingResult struct {
 	elapsed                       time.Duration
 }
 
-// rawScan reads [prefix, end) at one revision in pages of pageSize, one page
+// rawScan reads every key under prefix at one revision in pages of pageSize, one page
 // ahead of the consumer (the tool's scanner prefetches one page too).
 func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize int64, fn func([]rawKV) error) (keys, bytes int64, err error) {
-	end := etcdscan.PrefixEnd(prefix)
 	type page struct {
 		kvs []rawKV
 		err error
@@ -38,13 +37,12 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 	defer cancel()
 	go func() {
 		defer close(pages)
-		key := prefix
 		var rev int64
-		// The same range windows as the tool's scanner (etcdscan.NarrowWindow),
+		// The same range requests as the tool's scanner (etcdscan.RangeWalk),
 		// so both pay etcd the same counting cost.
-		windows := []string{end}
+		walk := etcdscan.NewRangeWalk(prefix, pageSize)
 		for {
-			wEnd := windows[len(windows)-1]
+			key, wEnd := walk.Range()
 			opts := []clientv3.OpOption{clientv3.WithRange(wEnd), clientv3.WithLimit(pageSize)}
 			if rev != 0 {
 				opts = append(opts, clientv3.WithRev(rev))
@@ -66,18 +64,12 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 			case <-ctx.Done():
 				return
 			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				if len(windows) == 1 {
-					return
-				}
-				key = wEnd
-				windows = windows[:len(windows)-1]
-				continue
+			var last string
+			if len(resp.Kvs) > 0 {
+				last = string(resp.Kvs[len(resp.Kvs)-1].Key)
 			}
-			last := string(resp.Kvs[len(resp.Kvs)-1].Key)
-			key = last + "\x00"
-			if w := etcdscan.NarrowWindow(prefix, last, wEnd, resp.Count-int64(len(resp.Kvs)), pageSize); w != "" {
-				windows = append(windows, w)
+			if !walk.Next(last, len(resp.Kvs), resp.More, resp.Count) {
+				return
 			}
 		}
 	}()

@@ -102,8 +102,8 @@ func vmHWM(pid int) int64 {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" { // "VmHWM:  12345 kB"
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
 			return kb
 		}
 	}

@@ -92,67 +92,53 @@ func StoredGVK(key string, plaintext []byte) (schema.GroupVersionKind, string, e
 // without copying the object's raw bytes as runtime.Unknown.Unmarshal does (a
 // third of the bytes a scan allocated went there).
 func envelopeTypeMeta(b []byte) (apiVersion, kind string, err error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", "", protowire.ParseError(n)
+	// typeMeta, raw, contentEncoding, contentType are all bytes fields.
+	err = bytesFields(b, 4, func(num protowire.Number, v []byte) error {
+		if num != 1 {
+			return nil
 		}
-		b = b[n:]
-		if num >= 1 && num <= 4 { // typeMeta, raw, contentEncoding, contentType
-			if typ != protowire.BytesType {
-				return "", "", fmt.Errorf("field %d has wire type %d, want bytes", num, typ)
-			}
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", "", fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
-			}
-			if num == 1 {
-				if apiVersion, kind, err = typeMetaFields(v); err != nil {
-					return "", "", fmt.Errorf("typeMeta: %w", err)
-				}
-			}
-			b = b[n:]
-			continue
-		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return "", "", fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
-		}
-		b = b[n:]
-	}
-	return apiVersion, kind, nil
-}
-
-func typeMetaFields(b []byte) (apiVersion, kind string, err error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", "", protowire.ParseError(n)
-		}
-		b = b[n:]
-		if num == 1 || num == 2 {
-			if typ != protowire.BytesType {
-				return "", "", fmt.Errorf("field %d has wire type %d, want bytes", num, typ)
-			}
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", "", protowire.ParseError(n)
-			}
+		return bytesFields(v, 2, func(num protowire.Number, v []byte) error {
 			if num == 1 {
 				apiVersion = string(v)
 			} else {
 				kind = string(v)
 			}
+			return nil
+		})
+	})
+	return apiVersion, kind, err
+}
+
+// bytesFields walks the protobuf message b, checking its wire format, and
+// calls fn with the value of each field numbered 1..last, which must be of the
+// bytes wire type; other fields are skipped.
+func bytesFields(b []byte, last protowire.Number, fn func(num protowire.Number, v []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num < 1 || num > last {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
+			}
 			b = b[n:]
 			continue
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
+		if typ != protowire.BytesType {
+			return fmt.Errorf("field %d has wire type %d, want bytes", num, typ)
+		}
+		v, n := protowire.ConsumeBytes(b)
 		if n < 0 {
-			return "", "", protowire.ParseError(n)
+			return fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
+		}
+		if err := fn(num, v); err != nil {
+			return fmt.Errorf("field %d: %w", num, err)
 		}
 		b = b[n:]
 	}
-	return apiVersion, kind, nil
+	return nil
 }
 
 // jsonErrorSummary keeps JSON errors free of the value's content.

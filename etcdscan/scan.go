@@ -151,14 +151,9 @@ func (p *producer) run(ctx context.Context, out chan<- scanPage) {
 		}
 	}
 	for _, prefix := range p.opts.Prefixes {
-		key := prefix
-		if prefix == "" {
-			key = "\x00"
-		}
-		// windows is a stack of range ends, the widest (the prefix's) first.
-		windows := []string{PrefixEnd(prefix)}
+		walk := NewRangeWalk(prefix, p.opts.PageSize)
 		for {
-			end := windows[len(windows)-1]
+			key, end := walk.Range()
 			kvs, more, count, err := p.page(ctx, key, end)
 			if err != nil {
 				send(scanPage{err: err})
@@ -166,32 +161,69 @@ func (p *producer) run(ctx context.Context, out chan<- scanPage) {
 			}
 			if len(kvs) > 0 {
 				p.lastKey = kvs[len(kvs)-1].Key
-				key = p.lastKey + "\x00"
 				if !send(scanPage{kvs: kvs}) {
 					return
 				}
 			}
-			if !more || len(kvs) == 0 {
-				if len(windows) == 1 {
-					break
-				}
-				// The window is read; go on after it, in the enclosing one.
-				key = end
-				windows = windows[:len(windows)-1]
-				continue
-			}
-			if w := NarrowWindow(prefix, p.lastKey, end, count-int64(len(kvs)), p.opts.PageSize); w != "" {
-				windows = append(windows, w)
+			if !walk.Next(p.lastKey, len(kvs), more, count) {
+				break
 			}
 		}
 	}
 }
 
+// RangeWalk turns one prefix into the sequence of limited range requests that
+// read it in key order, narrowing them to key directories (see narrowWindow).
+// Use Range for the next request and Next to record its answer.
+type RangeWalk struct {
+	prefix   string
+	pageSize int64
+	key      string
+	windows  []string // a stack of range ends, the widest (the prefix's) first
+}
+
+// NewRangeWalk starts a walk of every key under prefix ("" for all keys).
+func NewRangeWalk(prefix string, pageSize int64) *RangeWalk {
+	key := prefix
+	if prefix == "" {
+		key = "\x00"
+	}
+	return &RangeWalk{prefix: prefix, pageSize: pageSize, key: key, windows: []string{PrefixEnd(prefix)}}
+}
+
+// Range is the next request: [key, end), limited to the page size.
+func (w *RangeWalk) Range() (key, end string) {
+	return w.key, w.windows[len(w.windows)-1]
+}
+
+// Next records etcd's answer to Range: the last key returned (ignored when n
+// is 0), the number of keys returned, and the response's More and Count. It
+// reports whether the prefix has more to read.
+func (w *RangeWalk) Next(lastKey string, n int, more bool, count int64) bool {
+	end := w.windows[len(w.windows)-1]
+	if n > 0 {
+		w.key = lastKey + "\x00"
+	}
+	if !more || n == 0 {
+		if len(w.windows) == 1 {
+			return false
+		}
+		// The window is read; go on after it, in the enclosing one.
+		w.key = end
+		w.windows = w.windows[:len(w.windows)-1]
+		return true
+	}
+	if nw := narrowWindow(w.prefix, lastKey, end, count-int64(n), w.pageSize); nw != "" {
+		w.windows = append(w.windows, nw)
+	}
+	return true
+}
+
 // narrowAfterPages is how many pages must remain in a window before the scan
-// narrows it (see NarrowWindow).
+// narrows it (see narrowWindow).
 const narrowAfterPages = 4
 
-// NarrowWindow returns the end of a narrower range to page through next, or
+// narrowWindow returns the end of a narrower range to page through next, or
 // "" to keep end. etcd (3.6) answers a range request with a limit by visiting
 // every key of the whole range to count them, so paging through [key, end)
 // costs O(keys²/page): a 1M-key keyspace is ten times slower per key than a
@@ -201,7 +233,7 @@ const narrowAfterPages = 4
 // is smaller, and returns to [dirEnd, end) when it is read. Every request still
 // covers a contiguous range in key order and counts at most what it would
 // have counted without windows.
-func NarrowWindow(prefix, lastKey, end string, remaining, pageSize int64) string {
+func narrowWindow(prefix, lastKey, end string, remaining, pageSize int64) string {
 	if remaining <= narrowAfterPages*pageSize || len(lastKey) <= len(prefix) {
 		return ""
 	}

@@ -214,7 +214,7 @@ func TestScanStops(t *testing.T) {
 }
 
 // TestScanWindowsSeeEveryKeyOnce: the scan narrows its range requests to key
-// directories (NarrowWindow); whatever the shape of the keyspace it must still
+// directories (RangeWalk); whatever the shape of the keyspace it must still
 // return every key exactly once, in key order, at the pinned revision, also
 // when that revision is compacted in the middle of a narrowed window.
 func TestScanWindowsSeeEveryKeyOnce(t *testing.T) {
@@ -329,8 +329,8 @@ func TestNarrowWindow(t *testing.T) {
 		{"", "/registry/pods/a", "\x00", 100, "0"}, // every key starting with "/"
 		{"/registry", "/registry/pods/a", "/registrz", 100, "/registry0"},
 	} {
-		if got := NarrowWindow(tc.prefix, tc.lastKey, tc.end, tc.remaining, 5); got != tc.want {
-			t.Errorf("NarrowWindow(%q, %q, %q, %d) = %q, want %q", tc.prefix, tc.lastKey, tc.end, tc.remaining, got, tc.want)
+		if got := narrowWindow(tc.prefix, tc.lastKey, tc.end, tc.remaining, 5); got != tc.want {
+			t.Errorf("narrowWindow(%q, %q, %q, %d) = %q, want %q", tc.prefix, tc.lastKey, tc.end, tc.remaining, got, tc.want)
 		}
 	}
 }
