@@ -24,11 +24,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/metrics"
-	"kube-etcd-migrate/inventory"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/verify"
 )
 
 // Exit codes, documented in the README and in --help.
@@ -170,58 +166,11 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			return usageErr("%v", err)
 		},
 		Commands: []*cli.Command{
-			{
-				Name:         "inventory",
-				Usage:        "census per resource: count, bytes, stored versions, media types, encryption, leases, unreadable",
-				Flags:        append(commonFlags(), outputFlag("table", "table", "json")),
-				Action:       cmdInventory,
-				OnUsageError: commandUsageError,
-			},
-			{
-				Name:         "inspect",
-				Usage:        "decode one key and show it with its storage header (secrets redacted)",
-				ArgsUsage:    "KEY",
-				Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret data instead of redacting it"}),
-				Action:       cmdInspect,
-				OnUsageError: commandUsageError,
-			},
-			{
-				Name:               "verify",
-				Usage:              "read-only audit: what is current, stale or unreadable for the target release",
-				Flags:              append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}),
-				Action:             cmdVerify,
-				OnUsageError:       commandUsageError,
-				CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
-			},
-			{
-				Name:  "migrate",
-				Usage: "rewrite stale objects (compare-and-swap, leases kept, journal for rollback)",
-				Flags: append(append(commonFlags(), targetFlags()...),
-					outputFlag("table", "table", "json"),
-					&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
-					&cli.StringFlag{Name: "journal", Usage: "record old values before each write (mode 0600) for 'rollback'"},
-					&cli.StringFlag{Name: "snapshot", Usage: "save an etcd snapshot here before the first write"},
-					&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
-					&cli.Int64Flag{Name: "quota-backend-bytes", Value: migrate.DefaultQuotaBackendBytes, Usage: "etcd's --quota-backend-bytes; refuse a rewrite that would not fit"},
-					&cli.IntFlag{Name: "writers", Value: 4, Usage: "concurrent write transactions"},
-					&cli.IntFlag{Name: "batch-ops", Value: etcdscan.DefaultMaxOps, Usage: "puts per CAS transaction (etcd --max-txn-ops caps it, 128 by default)"},
-					&cli.IntFlag{Name: "batch-bytes", Value: etcdscan.DefaultMaxBytes, Usage: "bytes per CAS transaction (below etcd --max-request-bytes, 1.5 MiB by default)"},
-					&cli.BoolFlag{Name: "fail-fast", Usage: "stop at the first unreadable object or failed write"},
-					&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
-				),
-				Action:             cmdMigrate,
-				OnUsageError:       commandUsageError,
-				CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
-			},
-			{
-				Name:  "rollback",
-				Usage: "put back the values a migrate run replaced, from its journal (keys changed since are skipped)",
-				Flags: append(etcdscan.Flags(),
-					&cli.StringFlag{Name: "journal", Required: true, Usage: "journal written by 'migrate --journal'"},
-					outputFlag("table", "table", "json")),
-				Action:       cmdRollback,
-				OnUsageError: commandUsageError,
-			},
+			inventoryCommand(),
+			inspectCommand(),
+			verifyCommand(),
+			migrateCommand(),
+			rollbackCommand(),
 		},
 	}
 }
@@ -371,142 +320,6 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 		}
 	}()
 	return ctx, func() { signal.Stop(ch); cancel() }
-}
-
-func cmdInventory(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	s, err := open(ctx, c, false)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	prog := newProgress(c.App.ErrWriter, "inventory", countKeys(ctx, s.env))
-	inv, err := inventory.Run(ctx, s.env, inventory.Options{}, prog.Set)
-	prog.Finish()
-	if err != nil {
-		return err
-	}
-	return inv.Write(c.App.Writer, c.String("output"))
-}
-
-func cmdInspect(c *cli.Context) error {
-	if c.NArg() != 1 {
-		return usageErr("inspect takes exactly one KEY, e.g. /registry/secrets/default/my-secret")
-	}
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	s, err := open(ctx, c, false)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	return inventory.Inspect(ctx, s.env, c.Args().First(), c.Bool("show-secrets"), c.String("output"), c.App.Writer)
-}
-
-func cmdVerify(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	s, err := open(ctx, c, true)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	rep, err := verify.Run(ctx, s.env, verify.Options{ShowKeys: c.Int("show-keys")})
-	if err != nil {
-		return err
-	}
-	if err := rep.Write(c.App.Writer, c.String("output")); err != nil {
-		return err
-	}
-	if p := c.String("metrics-file"); p != "" {
-		if err := metrics.WriteVerify(p, rep); err != nil {
-			return fmt.Errorf("--metrics-file %s: %w", p, err)
-		}
-	}
-	if code := rep.ExitCode(); code != 0 {
-		return &codeError{code: code, err: fmt.Errorf("exit %d", code)}
-	}
-	return nil
-}
-
-func cmdMigrate(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	if c.Int("batch-ops") <= 0 || c.Int("batch-ops") > 128 {
-		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
-	}
-	if c.Int("batch-bytes") <= 0 {
-		return usageErr("--batch-bytes must be positive")
-	}
-	if c.Int("writers") <= 0 {
-		return usageErr("--writers must be positive")
-	}
-	s, err := open(ctx, c, true)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	prog := newProgress(c.App.ErrWriter, "migrate", countKeys(ctx, s.env))
-	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
-	// transactions and the journal finish.
-	writeCtx, cancelWrites := context.WithCancel(context.Background())
-	defer cancelWrites()
-	sum, runErr := migrate.Run(ctx, s.env, migrate.Options{
-		DryRun:             c.Bool("dry-run"),
-		FailFast:           c.Bool("fail-fast"),
-		Journal:            c.String("journal"),
-		Snapshot:           c.String("snapshot"),
-		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
-		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
-		BatchOps:           c.Int("batch-ops"),
-		BatchBytes:         c.Int("batch-bytes"),
-		Writers:            c.Int("writers"),
-		WriteContext:       writeCtx,
-		Progress:           func(n migrate.Counts) { prog.Set(n.Scanned) },
-	})
-	prog.Finish()
-	if sum != nil {
-		if err := writeSummary(c.App.Writer, sum, c.String("output")); err != nil {
-			return err
-		}
-		if p := c.String("metrics-file"); p != "" {
-			if err := metrics.WriteMigrate(p, migrateFigures(sum), sum.Duration); err != nil {
-				return fmt.Errorf("--metrics-file %s: %w", p, err)
-			}
-		}
-	}
-	if runErr != nil {
-		return runErr
-	}
-	if sum.Summary.Failed > 0 {
-		return &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)}
-	}
-	if sum.Summary.Unreadable > 0 {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable)}
-	}
-	return nil
-}
-
-func cmdRollback(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	cli, err := connect(ctx, c)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	res, err := migrate.Rollback(ctx, cli, c.String("journal"), &etcdscan.Writer{Client: cli})
-	if werr := writeRollback(c.App.Writer, res, c.String("output")); werr != nil && err == nil {
-		err = werr
-	}
-	if err != nil {
-		return err
-	}
-	if res.Failed > 0 {
-		return &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
-	}
-	return nil
 }
 
 // countKeys counts the selected keys (count-only range requests are cheap) for the

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/inventory"
+)
+
+func inspectCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "inspect",
+		Usage:        "decode one key and show it with its storage header (secrets redacted)",
+		ArgsUsage:    "KEY",
+		Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret data instead of redacting it"}),
+		Action:       cmdInspect,
+		OnUsageError: commandUsageError,
+	}
+}
+
+func cmdInspect(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usageErr("inspect takes exactly one KEY, e.g. /registry/secrets/default/my-secret")
+	}
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	s, err := open(ctx, c, false)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	return inventory.Inspect(ctx, s.env, c.Args().First(), c.Bool("show-secrets"), c.String("output"), c.App.Writer)
+}
