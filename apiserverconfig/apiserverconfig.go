@@ -1,0 +1,559 @@
+// Package apiserverconfig reads the configuration of the cluster's own
+// kube-apiserver: its command line, taken from its static-pod manifest (as
+// kubeadm writes /etc/kubernetes/manifests/kube-apiserver.yaml), from a flags
+// file (a command line or one flag per line, as in a systemd unit) or from the
+// tool's own --runtime-config and --feature-gates. The command line is parsed by
+// kube-apiserver 1.36's own flag set (cmd/kube-apiserver/app/options), so every
+// flag it accepts is accepted and every value it rejects is an error naming the
+// flag. From it come what decides what is stored and where: the etcd
+// connection, --etcd-prefix, --encryption-provider-config, --storage-media-type,
+// --emulated-version, the API enablement (--runtime-config merged by the
+// apiserver's own resourceconfig code) and the feature gates, which Apply sets
+// process-wide exactly as kube-apiserver does at start-up. Paths in a manifest
+// are container paths and are mapped to host paths through the pod's hostPath
+// volumes, as the kubelet mounts them.
+package apiserverconfig
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/mattn/go-shellwords"
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	serverstorage "k8s.io/apiserver/pkg/server/storage"
+	"k8s.io/apiserver/pkg/util/compatibility"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	basecompatibility "k8s.io/component-base/compatibility"
+	"k8s.io/component-base/featuregate"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	"k8s.io/kubernetes/pkg/controlplane"
+	"k8s.io/kubernetes/third_party/forked/golang/expansion"
+)
+
+// Source names where a setting came from, for the one line the commands print.
+type Source string
+
+const (
+	FromDefault  Source = "default"
+	FromManifest Source = "manifest"
+	FromFlags    Source = "flags-file"
+	FromTool     Source = "command line"
+)
+
+// Config is what the tool takes from kube-apiserver's command line. Paths are
+// host paths.
+type Config struct {
+	EtcdServers      []string
+	EtcdCAFile       string
+	EtcdCertFile     string
+	EtcdKeyFile      string
+	EtcdPrefix       string
+	EncryptionConfig string
+	StorageMediaType string
+	// EmulatedVersion is --emulated-version ("" = the binary's, 1.36).
+	EmulatedVersion string
+	// RuntimeConfig and FeatureGates are the raw flag values, for reports.
+	RuntimeConfig string
+	FeatureGates  string
+
+	// From records where each of the settings above came from, by flag name.
+	From map[string]Source
+	// File is the manifest or flags file read, "" when none.
+	File string
+
+	opts     *options.ServerRunOptions
+	registry basecompatibility.ComponentGlobalsRegistry
+}
+
+// Input is what the operator gave.
+type Input struct {
+	// Manifest is --apiserver-manifest, FlagsFile --apiserver-flags-file (at most one).
+	Manifest  string
+	FlagsFile string
+	// Container names the manifest's container ("" = the one named kube-apiserver,
+	// or the only one).
+	Container string
+	// RuntimeConfig and FeatureGates are the tool's own --runtime-config and
+	// --feature-gates, applied after the file's (as kube-apiserver applies a
+	// repeated flag: key by key, the later wins).
+	RuntimeConfig []string
+	FeatureGates  []string
+	// EmulatedVersion is the tool's --emulated-version (wins over the file's).
+	EmulatedVersion string
+}
+
+// relevant are the flags the tool takes, in the order they are reported.
+var relevant = []string{
+	"etcd-servers", "etcd-cafile", "etcd-certfile", "etcd-keyfile", "etcd-prefix",
+	"encryption-provider-config", "storage-media-type", "runtime-config", "feature-gates", "emulated-version",
+}
+
+// pathFlags are container paths in a manifest.
+var pathFlags = map[string]bool{"etcd-cafile": true, "etcd-certfile": true, "etcd-keyfile": true, "encryption-provider-config": true}
+
+// Load parses kube-apiserver's command line from in and returns what the tool
+// takes from it. Nothing process-wide changes until Apply.
+func Load(in Input) (*Config, error) {
+	if in.Manifest != "" && in.FlagsFile != "" {
+		return nil, fmt.Errorf("--apiserver-manifest and --apiserver-flags-file: give one of them")
+	}
+	var args []string
+	var mounts *hostMounts
+	from := map[string]Source{}
+	cfg := &Config{From: from}
+	switch {
+	case in.Manifest != "":
+		var err error
+		args, mounts, err = readManifest(in.Manifest, in.Container)
+		if err != nil {
+			return nil, err
+		}
+		cfg.File = in.Manifest
+	case in.FlagsFile != "":
+		var err error
+		args, err = readFlagsFile(in.FlagsFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.File = in.FlagsFile
+	}
+	fileSource := FromManifest
+	if in.FlagsFile != "" {
+		fileSource = FromFlags
+	}
+
+	opts, reg := newOptions()
+	fs := flagSet(opts)
+	name := cfg.File
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%s: kube-apiserver would reject its command line: %w", name, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%s: kube-apiserver takes no arguments, found %q", name, fs.Arg(0))
+	}
+	fs.Visit(func(f *pflag.Flag) { from[f.Name] = fileSource })
+	// The tool's own values come last, as a repeated flag would.
+	for _, v := range in.RuntimeConfig {
+		if err := fs.Set("runtime-config", v); err != nil {
+			return nil, fmt.Errorf("--runtime-config %q: %w", v, err)
+		}
+		from["runtime-config"] = FromTool
+	}
+	for _, v := range in.FeatureGates {
+		if err := fs.Set("feature-gates", v); err != nil {
+			return nil, fmt.Errorf("--feature-gates %q: %w", v, err)
+		}
+		from["feature-gates"] = FromTool
+	}
+	if in.EmulatedVersion != "" {
+		if err := fs.Set("emulated-version", in.EmulatedVersion); err != nil {
+			return nil, fmt.Errorf("--emulated-version %q: %w", in.EmulatedVersion, err)
+		}
+		from["emulated-version"] = FromTool
+	}
+	// The private registry takes --emulated-version and --feature-gates as
+	// kube-apiserver's does (emulation first, then gates) and so rejects what
+	// kube-apiserver would reject; nothing process-wide changes here.
+	if err := reg.Set(); err != nil {
+		return nil, fmt.Errorf("%s: --feature-gates/--emulated-version: %w", orDefault(name, "kube-apiserver flags"), err)
+	}
+	if err := validate(opts, name); err != nil {
+		return nil, err
+	}
+	if len(opts.Etcd.EtcdServersOverrides) > 0 {
+		return nil, fmt.Errorf("%s: --etcd-servers-overrides %s: resources kept in another etcd are not supported; run the tool once per etcd with --resource", name, strings.Join(opts.Etcd.EtcdServersOverrides, ","))
+	}
+
+	sc := opts.Etcd.StorageConfig
+	cfg.EtcdServers = sc.Transport.ServerList
+	cfg.EtcdCAFile = sc.Transport.TrustedCAFile
+	cfg.EtcdCertFile = sc.Transport.CertFile
+	cfg.EtcdKeyFile = sc.Transport.KeyFile
+	cfg.EtcdPrefix = sc.Prefix
+	cfg.EncryptionConfig = opts.Etcd.EncryptionProviderConfigFilepath
+	cfg.StorageMediaType = opts.Etcd.DefaultStorageMediaType
+	cfg.RuntimeConfig = fs.Lookup("runtime-config").Value.String()
+	cfg.FeatureGates = stripKubePrefix(fs.Lookup("feature-gates").Value.String())
+	if from["emulated-version"] != "" {
+		v := reg.EffectiveVersionFor(basecompatibility.DefaultKubeComponent).EmulationVersion()
+		cfg.EmulatedVersion = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+	}
+	if mounts != nil {
+		for flag, p := range map[string]*string{"etcd-cafile": &cfg.EtcdCAFile, "etcd-certfile": &cfg.EtcdCertFile, "etcd-keyfile": &cfg.EtcdKeyFile, "encryption-provider-config": &cfg.EncryptionConfig} {
+			if *p == "" {
+				continue
+			}
+			host, err := mounts.hostPath(*p)
+			if err != nil {
+				return nil, fmt.Errorf("%s: --%s %s: %w", name, flag, *p, err)
+			}
+			*p = host
+		}
+	}
+	cfg.opts = opts
+	cfg.registry = reg
+	return cfg, nil
+}
+
+// newOptions returns kube-apiserver's options with a private copy of the
+// process's component globals (effective version and feature gate), so that
+// parsing and validating a command line changes nothing process-wide.
+func newOptions() (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry) {
+	opts := options.NewServerRunOptions()
+	reg := basecompatibility.NewComponentGlobalsRegistry()
+	gate := utilfeature.DefaultMutableFeatureGate.DeepCopy()
+	if err := reg.Register(basecompatibility.DefaultKubeComponent, compatibility.DefaultBuildEffectiveVersion(), gate); err != nil {
+		panic(err) // a fresh registry has no component yet
+	}
+	opts.GenericServerRunOptions.ComponentGlobalsRegistry = reg
+	return opts, reg
+}
+
+// flagSet is kube-apiserver's whole flag set, global flags included.
+func flagSet(opts *options.ServerRunOptions) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
+	fs.SetOutput(discard{})
+	for _, f := range opts.Flags().FlagSets {
+		fs.AddFlagSet(f)
+	}
+	// kube-apiserver's global flags (cmd/kube-apiserver/app: verflag and
+	// globalflag): --version and --help take no part in storage.
+	fs.String("version", "false", "")
+	fs.Lookup("version").NoOptDefVal = "true"
+	fs.BoolP("help", "h", false, "")
+	return fs
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// validate runs kube-apiserver's validation of the options the tool uses.
+func validate(opts *options.ServerRunOptions, name string) error {
+	if name == "" {
+		name = "kube-apiserver flags"
+	}
+	var errs []error
+	errs = append(errs, opts.Etcd.Validate()...)
+	errs = append(errs, opts.APIEnablement.Validate(legacyscheme.Scheme, apiextensionsapiserver.Scheme, aggregatorscheme.Scheme)...)
+	errs = append(errs, opts.GenericServerRunOptions.ComponentGlobalsRegistry.Validate()...)
+	if len(errs) > 0 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return fmt.Errorf("%s: kube-apiserver would reject it: %s", name, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// EffectiveVersion is kube-apiserver's effective version under --emulated-version.
+func (c *Config) EffectiveVersion() basecompatibility.EffectiveVersion {
+	return c.registry.EffectiveVersionFor(basecompatibility.DefaultKubeComponent)
+}
+
+// Apply sets the process's feature gate as kube-apiserver sets its own at
+// start-up (emulation and min-compatibility versions first, then
+// --feature-gates): the strategies, defaulting and storage decisions the tool
+// runs read it. It is meant to be called once per process, before any object is
+// decoded.
+func (c *Config) Apply() error {
+	ev := c.EffectiveVersion()
+	gate := utilfeature.DefaultMutableFeatureGate
+	if err := gate.SetEmulationVersionAndMinCompatibilityVersion(ev.EmulationVersion(), ev.MinCompatibilityVersion()); err != nil {
+		return fmt.Errorf("--emulated-version: %w", err)
+	}
+	if c.FeatureGates != "" {
+		if err := gate.Set(c.FeatureGates); err != nil {
+			return fmt.Errorf("--feature-gates: %w", err)
+		}
+	}
+	return nil
+}
+
+// stripKubePrefix turns the registry's "kube:A=true,kube:B=false" (or the
+// unprefixed form) into the gate's own "A=true,B=false".
+func stripKubePrefix(v string) string {
+	parts := strings.Split(v, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		p = strings.TrimPrefix(p, basecompatibility.DefaultKubeComponent+":")
+		parts[i] = strings.TrimPrefix(p, ":")
+	}
+	return strings.Join(parts, ",")
+}
+
+// ResourceConfig merges kube-apiserver's default API enablement with
+// --runtime-config through the apiserver's own APIEnablementOptions.ApplyTo,
+// for the given effective version.
+func (c *Config) ResourceConfig(ev basecompatibility.EffectiveVersion) (*serverstorage.ResourceConfig, error) {
+	gc := &genericapiserver.Config{
+		EffectiveVersion:                        ev,
+		EmulationForwardCompatible:              c.opts.GenericServerRunOptions.EmulationForwardCompatible,
+		RuntimeConfigEmulationForwardCompatible: c.opts.GenericServerRunOptions.RuntimeConfigEmulationForwardCompatible,
+	}
+	if err := c.opts.APIEnablement.ApplyTo(gc, controlplane.DefaultAPIResourceConfigSource(), legacyscheme.Scheme); err != nil {
+		return nil, fmt.Errorf("--runtime-config %q: %w", c.RuntimeConfig, err)
+	}
+	return gc.MergedResourceConfig, nil
+}
+
+// FeatureGate is the feature gate as the flags set it (a private copy: Apply
+// sets the process's own).
+func (c *Config) FeatureGate() featuregate.FeatureGate {
+	return c.registry.FeatureGateFor(basecompatibility.DefaultKubeComponent)
+}
+
+// EmulationForwardCompatible reports kube-apiserver's flag of that name.
+func (c *Config) EmulationForwardCompatible() (emulation, runtimeConfig bool) {
+	return c.opts.GenericServerRunOptions.EmulationForwardCompatible, c.opts.GenericServerRunOptions.RuntimeConfigEmulationForwardCompatible
+}
+
+// Describe is the one line the commands print: what was taken from where. It
+// names files, never their contents.
+func (c *Config) Describe() string {
+	var parts []string
+	for _, f := range relevant {
+		src := c.From[f]
+		if src == "" {
+			continue
+		}
+		var v string
+		switch f {
+		case "etcd-servers":
+			v = strings.Join(c.EtcdServers, ",")
+		case "etcd-cafile":
+			v = c.EtcdCAFile
+		case "etcd-certfile":
+			v = c.EtcdCertFile
+		case "etcd-keyfile":
+			v = c.EtcdKeyFile
+		case "etcd-prefix":
+			v = c.EtcdPrefix
+		case "encryption-provider-config":
+			v = c.EncryptionConfig
+		case "storage-media-type":
+			v = c.StorageMediaType
+		case "runtime-config":
+			v = c.RuntimeConfig
+		case "feature-gates":
+			v = c.FeatureGates
+		case "emulated-version":
+			v = c.EmulatedVersion
+		}
+		parts = append(parts, fmt.Sprintf("--%s=%s (%s)", f, v, src))
+	}
+	if len(parts) == 0 {
+		return "kube-apiserver defaults"
+	}
+	head := "kube-apiserver"
+	if c.File != "" {
+		head += " " + c.File
+	}
+	return head + ": " + strings.Join(parts, " ")
+}
+
+// SetFrom records that the tool's own flag overrode a setting.
+func (c *Config) SetFrom(flag string, src Source) { c.From[flag] = src }
+
+// manifestCodecs decode a static pod as the kubelet does (any version of the
+// core scheme, YAML or JSON).
+var manifestCodecs = serializer.NewCodecFactory(legacyscheme.Scheme)
+
+func readManifest(file, container string) ([]string, *hostMounts, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--apiserver-manifest: %w", err)
+	}
+	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(data, nil, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--apiserver-manifest %s: not a Pod manifest: %s", file, oneLine(err))
+	}
+	pod := &corev1.Pod{}
+	if err := legacyscheme.Scheme.Convert(obj, pod, nil); err != nil {
+		return nil, nil, fmt.Errorf("--apiserver-manifest %s: not a Pod manifest (%s)", file, obj.GetObjectKind().GroupVersionKind().Kind)
+	}
+	c, err := pickContainer(pod, container)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--apiserver-manifest %s: %w", file, err)
+	}
+	// The kubelet expands $(VAR) in command and args from the container's env.
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env[e.Name] = expansion.Expand(e.Value, expansion.MappingFuncFor(env))
+		}
+	}
+	mapping := expansion.MappingFuncFor(env)
+	var line []string
+	for _, a := range append(append([]string(nil), c.Command...), c.Args...) {
+		line = append(line, expansion.Expand(a, mapping))
+	}
+	args := dropProgram(line)
+	mounts, err := newHostMounts(pod, c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--apiserver-manifest %s: %w", file, err)
+	}
+	return args, mounts, nil
+}
+
+func pickContainer(pod *corev1.Pod, name string) (*corev1.Container, error) {
+	var names []string
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		names = append(names, c.Name)
+		if name != "" && c.Name == name {
+			return c, nil
+		}
+	}
+	if name == "" {
+		if len(pod.Spec.Containers) == 1 {
+			return &pod.Spec.Containers[0], nil
+		}
+		for i := range pod.Spec.Containers {
+			if pod.Spec.Containers[i].Name == "kube-apiserver" {
+				return &pod.Spec.Containers[i], nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("no container named %q (containers: %s)", orDefault(name, "kube-apiserver"), strings.Join(names, ", "))
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// dropProgram drops the program (and anything before the first flag), e.g.
+// "kube-apiserver" or "/usr/local/bin/kube-apiserver".
+func dropProgram(words []string) []string {
+	for i, w := range words {
+		if strings.HasPrefix(w, "-") {
+			return words[i:]
+		}
+	}
+	return nil
+}
+
+func readFlagsFile(file string) ([]string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--apiserver-flags-file: %w", err)
+	}
+	var words []string
+	var cont strings.Builder
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimRight(line, " \t\r")
+		trimmed := strings.TrimSpace(line)
+		if cont.Len() == 0 && (trimmed == "" || strings.HasPrefix(trimmed, "#") || strings.HasPrefix(trimmed, ";")) {
+			continue
+		}
+		if strings.HasSuffix(line, "\\") {
+			cont.WriteString(strings.TrimSuffix(line, "\\"))
+			cont.WriteString(" ")
+			continue
+		}
+		cont.WriteString(line)
+		full := strings.TrimSpace(cont.String())
+		cont.Reset()
+		// A systemd unit: only ExecStart holds the command line.
+		if k, v, ok := strings.Cut(full, "="); ok && isUnitKey(k) {
+			if k != "ExecStart" {
+				continue
+			}
+			full = v
+		}
+		if strings.HasPrefix(full, "[") {
+			continue
+		}
+		w, err := shellwords.Parse(full)
+		if err != nil {
+			return nil, fmt.Errorf("--apiserver-flags-file %s: %w", file, err)
+		}
+		words = append(words, w...)
+	}
+	for _, w := range words {
+		if strings.Contains(w, "${") || (strings.HasPrefix(w, "$") && len(w) > 1) {
+			return nil, fmt.Errorf("--apiserver-flags-file %s: %q refers to an environment variable; write its value instead", file, w)
+		}
+	}
+	return dropProgram(words), nil
+}
+
+func isUnitKey(k string) bool {
+	if k == "" || strings.ContainsAny(k, " -") {
+		return false
+	}
+	return k[0] >= 'A' && k[0] <= 'Z'
+}
+
+// hostMounts maps container paths to host paths through hostPath volumes.
+type hostMounts struct {
+	mounts []mount // longest mount path first
+}
+
+type mount struct {
+	container string
+	host      string
+}
+
+func newHostMounts(pod *corev1.Pod, c *corev1.Container) (*hostMounts, error) {
+	hostPaths := map[string]string{}
+	for _, v := range pod.Spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	m := &hostMounts{}
+	for _, vm := range c.VolumeMounts {
+		host, ok := hostPaths[vm.Name]
+		if !ok {
+			continue // not a hostPath volume: nothing on the host to read
+		}
+		if vm.SubPath != "" {
+			host = filepath.Join(host, vm.SubPath)
+		}
+		m.mounts = append(m.mounts, mount{container: path.Clean(vm.MountPath), host: host})
+	}
+	sort.SliceStable(m.mounts, func(i, j int) bool { return len(m.mounts[i].container) > len(m.mounts[j].container) })
+	return m, nil
+}
+
+func (m *hostMounts) hostPath(p string) (string, error) {
+	if !path.IsAbs(p) {
+		return "", fmt.Errorf("a relative path in a static pod is relative to the container's working directory; give an absolute path")
+	}
+	clean := path.Clean(p)
+	for _, mt := range m.mounts {
+		if clean == mt.container {
+			return mt.host, nil
+		}
+		if rel, ok := strings.CutPrefix(clean, strings.TrimSuffix(mt.container, "/")+"/"); ok {
+			return filepath.Join(mt.host, filepath.FromSlash(rel)), nil
+		}
+	}
+	return "", fmt.Errorf("no hostPath volume is mounted at or above it in the container, so the file is not on the host")
+}
+
+func oneLine(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+var _ runtime.Decoder = manifestCodecs.UniversalDeserializer()

@@ -1,0 +1,211 @@
+package apiserverconfig
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+const kubeadmManifest = "../testdata/kubeadm/kube-apiserver.yaml"
+
+func TestManifestKubeadm(t *testing.T) {
+	cfg, err := Load(Input{Manifest: kubeadmManifest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string][2]string{
+		"etcd servers":      {strings.Join(cfg.EtcdServers, ","), "https://127.0.0.1:2379"},
+		"etcd CA":           {cfg.EtcdCAFile, "/etc/kubernetes/pki/etcd/ca.crt"},
+		"etcd cert":         {cfg.EtcdCertFile, "/etc/kubernetes/pki/apiserver-etcd-client.crt"},
+		"etcd key":          {cfg.EtcdKeyFile, "/etc/kubernetes/pki/apiserver-etcd-client.key"},
+		"prefix":            {cfg.EtcdPrefix, "/cluster-a/registry"},
+		"encryption config": {cfg.EncryptionConfig, "/etc/kubernetes/encryption/encryption-config.yaml"}, // mounted from another host directory
+		"media type":        {cfg.StorageMediaType, "application/vnd.kubernetes.protobuf"},               // kube-apiserver's default
+		"emulated version":  {cfg.EmulatedVersion, ""},
+	}
+	for what, c := range checks {
+		if c[0] != c[1] {
+			t.Errorf("%s: got %q, want %q", what, c[0], c[1])
+		}
+	}
+	line := cfg.Describe()
+	for _, want := range []string{kubeadmManifest, "--etcd-prefix=/cluster-a/registry (manifest)", "--encryption-provider-config=/etc/kubernetes/encryption/encryption-config.yaml (manifest)"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("Describe() = %q, want it to contain %q", line, want)
+		}
+	}
+	if strings.Contains(line, "storage-media-type") {
+		t.Errorf("Describe() = %q names a flag the manifest does not set", line)
+	}
+}
+
+// writeManifest writes the kubeadm manifest with one command-line edit.
+func writeManifest(t *testing.T, edit func(string) string) string {
+	t.Helper()
+	data, err := os.ReadFile(kubeadmManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
+	if err := os.WriteFile(p, []byte(edit(string(data))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func addFlag(flag string) func(string) string {
+	return func(s string) string {
+		return strings.Replace(s, "    - --advertise-address=10.0.0.5\n", "    - --advertise-address=10.0.0.5\n    - "+flag+"\n", 1)
+	}
+}
+
+func TestManifestRuntimeConfigAndGates(t *testing.T) {
+	p := writeManifest(t, func(s string) string {
+		s = addFlag("--runtime-config=resource.k8s.io/v1beta2=true")(s)
+		s = addFlag("--feature-gates=DRAAdminAccess=false")(s)
+		return addFlag("--emulated-version=1.35")(s)
+	})
+	// The tool's own flags come after the manifest's, key by key.
+	cfg, err := Load(Input{Manifest: p, FeatureGates: []string{"DRAConsumableCapacity=false"}, RuntimeConfig: []string{"storagemigration.k8s.io/v1beta1=true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.EmulatedVersion != "1.35" {
+		t.Errorf("emulated version %q, want 1.35", cfg.EmulatedVersion)
+	}
+	if ev := cfg.EffectiveVersion().EmulationVersion(); ev.String() != "1.35" {
+		t.Errorf("effective emulation version %s, want 1.35", ev)
+	}
+	for _, want := range []string{"DRAAdminAccess=false", "DRAConsumableCapacity=false"} {
+		if !strings.Contains(cfg.FeatureGates, want) {
+			t.Errorf("feature gates %q lack %q", cfg.FeatureGates, want)
+		}
+	}
+	if cfg.From["feature-gates"] != FromTool || cfg.From["emulated-version"] != FromManifest {
+		t.Errorf("sources %v", cfg.From)
+	}
+	if cfg.FeatureGate().Enabled("DRAAdminAccess") {
+		t.Errorf("DRAAdminAccess enabled, the manifest disables it")
+	}
+	rc, err := cfg.ResourceConfig(cfg.EffectiveVersion())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for gvr, want := range map[schema.GroupVersionResource]bool{
+		{Group: "resource.k8s.io", Version: "v1beta2", Resource: "deviceclasses"}:                    true,
+		{Group: "resource.k8s.io", Version: "v1beta1", Resource: "deviceclasses"}:                    false,
+		{Group: "storagemigration.k8s.io", Version: "v1beta1", Resource: "storageversionmigrations"}: true,
+		{Group: "apps", Version: "v1", Resource: "deployments"}:                                      true,
+	} {
+		if got := rc.ResourceEnabled(gvr); got != want {
+			t.Errorf("%s enabled = %v, want %v", gvr, got, want)
+		}
+	}
+}
+
+func TestRejectsWhatKubeAPIServerRejects(t *testing.T) {
+	cases := map[string]struct {
+		in   func(t *testing.T) Input
+		want string
+	}{
+		"unknown flag": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--no-such-flag=1"))}
+		}, "no-such-flag"},
+		"unknown feature gate in manifest": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--feature-gates=NoSuchGate=true"))}
+		}, "NoSuchGate"},
+		"unknown feature gate from the tool": {func(t *testing.T) Input {
+			return Input{FeatureGates: []string{"NoSuchGate=true"}}
+		}, "NoSuchGate"},
+		"bad runtime-config": {func(t *testing.T) Input {
+			return Input{RuntimeConfig: []string{"no.such.group/v9=true"}}
+		}, "no.such.group/v9"},
+		"emulated version out of range": {func(t *testing.T) Input {
+			return Input{EmulatedVersion: "1.20"}
+		}, "1.20"},
+		"bad media type": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--storage-media-type=text/plain"))}
+		}, "storage-media-type"},
+		"etcd-servers-overrides": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--etcd-servers-overrides=/events#https://127.0.0.1:2381"))}
+		}, "--etcd-servers-overrides"},
+		"not a pod": {func(t *testing.T) Input {
+			p := filepath.Join(t.TempDir(), "x.yaml")
+			os.WriteFile(p, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"), 0o600)
+			return Input{Manifest: p}
+		}, "not a Pod manifest"},
+		"not yaml": {func(t *testing.T) Input {
+			p := filepath.Join(t.TempDir(), "x.yaml")
+			os.WriteFile(p, []byte("\x00\x01garbage"), 0o600)
+			return Input{Manifest: p}
+		}, "x.yaml"},
+		"missing file": {func(t *testing.T) Input {
+			return Input{Manifest: "/nonexistent/kube-apiserver.yaml"}
+		}, "/nonexistent/kube-apiserver.yaml"},
+		"path outside every hostPath": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, func(s string) string {
+				return strings.Replace(s, "/etc/kubernetes/enc/encryption-config.yaml", "/opt/enc.yaml", 1)
+			})}
+		}, "--encryption-provider-config /opt/enc.yaml"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := Load(c.in(t))
+			if err == nil {
+				t.Fatalf("accepted")
+			}
+			if !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line naming %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestFlagsFile(t *testing.T) {
+	dir := t.TempDir()
+	unit := filepath.Join(dir, "kube-apiserver.service")
+	os.WriteFile(unit, []byte(`[Unit]
+Description=Kubernetes API Server
+
+[Service]
+ExecStart=/usr/local/bin/kube-apiserver \
+  --etcd-servers=https://10.0.0.1:2379,https://10.0.0.2:2379 \
+  --etcd-prefix=/k8s \
+  --encryption-provider-config="/etc/kubernetes/encryption config.yaml" \
+  --runtime-config=api/all=true \
+  --v=2
+Restart=on-failure
+`), 0o600)
+	cfg, err := Load(Input{FlagsFile: unit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.EtcdServers, ","); got != "https://10.0.0.1:2379,https://10.0.0.2:2379" {
+		t.Errorf("etcd servers %q", got)
+	}
+	if cfg.EtcdPrefix != "/k8s" || cfg.EncryptionConfig != "/etc/kubernetes/encryption config.yaml" {
+		t.Errorf("prefix %q, encryption config %q", cfg.EtcdPrefix, cfg.EncryptionConfig)
+	}
+	if cfg.From["etcd-prefix"] != FromFlags {
+		t.Errorf("etcd-prefix from %q", cfg.From["etcd-prefix"])
+	}
+
+	perLine := filepath.Join(dir, "flags")
+	os.WriteFile(perLine, []byte("# one flag per line\n--etcd-servers=http://127.0.0.1:2379\n--storage-media-type=application/json\n"), 0o600)
+	cfg, err = Load(Input{FlagsFile: perLine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StorageMediaType != "application/json" {
+		t.Errorf("media type %q", cfg.StorageMediaType)
+	}
+
+	envRef := filepath.Join(dir, "env")
+	os.WriteFile(envRef, []byte("kube-apiserver $KUBE_API_ARGS\n"), 0o600)
+	if _, err := Load(Input{FlagsFile: envRef}); err == nil || !strings.Contains(err.Error(), "environment variable") {
+		t.Errorf("an unexpanded $VAR: %v", err)
+	}
+}
