@@ -245,7 +245,11 @@ func validate(opts *options.ServerRunOptions, name string) error {
 		name = "kube-apiserver flags"
 	}
 	var errs []error
-	errs = append(errs, opts.Etcd.Validate()...)
+	if name != "kube-apiserver flags" {
+		// A whole command line from a file must be one kube-apiserver accepts;
+		// without one, the tool's own etcd flags say where etcd is.
+		errs = append(errs, opts.Etcd.Validate()...)
+	}
 	errs = append(errs, opts.APIEnablement.Validate(legacyscheme.Scheme, apiextensionsapiserver.Scheme, aggregatorscheme.Scheme)...)
 	errs = append(errs, opts.GenericServerRunOptions.ComponentGlobalsRegistry.Validate()...)
 	if len(errs) > 0 {

@@ -85,8 +85,24 @@ type StorageConfig struct {
 
 // NewStorageConfig returns the storage configuration of kube-apiserver 1.36 run with
 // --emulated-version=emulatedVersion ("" = 1.36) and --storage-media-type=mediaType
-// ("" = protobuf).
+// ("" = protobuf), with its default API enablement.
 func NewStorageConfig(emulatedVersion, mediaType string) (*StorageConfig, error) {
+	return NewStorageConfigFor(StorageOptions{EmulatedVersion: emulatedVersion, MediaType: mediaType})
+}
+
+// StorageOptions are the kube-apiserver flags that decide storage versions.
+type StorageOptions struct {
+	EmulatedVersion string // --emulated-version; "" = 1.36
+	MediaType       string // --storage-media-type; "" = protobuf
+	// ResourceConfig is the API enablement merged with --runtime-config (a
+	// version disabled there is not a storage version); nil = the defaults.
+	ResourceConfig *serverstorage.ResourceConfig
+}
+
+// NewStorageConfigFor returns the storage configuration kube-apiserver 1.36
+// builds from these flags.
+func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
+	emulatedVersion, mediaType := o.EmulatedVersion, o.MediaType
 	ev, err := EffectiveVersion(emulatedVersion)
 	if err != nil {
 		return nil, err
@@ -102,7 +118,10 @@ func NewStorageConfig(emulatedVersion, mediaType string) (*StorageConfig, error)
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType
 	cfg := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
-	cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
+	cfg.APIResourceConfig = o.ResourceConfig
+	if cfg.APIResourceConfig == nil {
+		cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
+	}
 	cfg.DefaultResourceEncoding.SetEffectiveVersion(ev)
 	factory, err := cfg.Complete(etcdOpts).New()
 	if err != nil {

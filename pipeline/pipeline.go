@@ -18,9 +18,11 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/updatepath"
 )
 
 // Config is what every command shares.
@@ -44,6 +46,12 @@ type Config struct {
 	CustomResources CustomResourceFactory
 	// Encryption, when set, is used instead of loading EncryptionConfig.
 	Encryption *decode.Encryption
+	// APIServer is the target kube-apiserver's configuration (its flags:
+	// --runtime-config, --feature-gates, --emulated-version); nil = its
+	// defaults with --emulated-version=TargetVersion. It decides the storage
+	// versions and the versions served, hence what the field manager of a no-op
+	// update keeps. Feature gates are process-wide: the caller applies them.
+	APIServer *apiserverconfig.Config
 }
 
 // CustomResourceCodec reads and writes one CRD's custom resources.
@@ -103,7 +111,7 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	if err != nil {
 		return nil, err
 	}
-	target, err := decode.NewStorageConfig(cfg.TargetVersion, cfg.StorageMediaType)
+	target, update, err := targetAPIServer(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -128,6 +136,7 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 		Decoder:    decode.NewDecoder(res, storage, enc),
 		Planner:    reencode.NewPlanner(target, enc),
 	}
+	env.Planner.Update = update
 	if err := env.loadCRDs(ctx); err != nil {
 		return nil, err
 	}
@@ -135,6 +144,43 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 		return nil, err
 	}
 	return env, nil
+}
+
+// targetAPIServer builds what the target kube-apiserver stores (storage
+// versions, media type) and does on a no-op update, from its flags.
+func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, error) {
+	api := cfg.APIServer
+	if api == nil {
+		var err error
+		api, err = apiserverconfig.Load(apiserverconfig.Input{EmulatedVersion: cfg.TargetVersion})
+		if err != nil {
+			return nil, nil, fmt.Errorf("--target-version %q: %w", cfg.TargetVersion, err)
+		}
+	}
+	emulated := cfg.TargetVersion
+	if emulated == "" {
+		emulated = api.EmulatedVersion
+	}
+	ev, err := decode.EffectiveVersion(emulated)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := api.ResourceConfig(ev)
+	if err != nil {
+		return nil, nil, err
+	}
+	target, err := decode.NewStorageConfigFor(decode.StorageOptions{EmulatedVersion: emulated, MediaType: cfg.StorageMediaType, ResourceConfig: rc})
+	if err != nil {
+		return nil, nil, err
+	}
+	emulation, runtimeConfig := api.EmulationForwardCompatible()
+	update := updatepath.New(updatepath.Config{
+		ResourceConfig:                          rc,
+		Effective:                               ev,
+		EmulationForwardCompatible:              emulation,
+		RuntimeConfigEmulationForwardCompatible: runtimeConfig,
+	})
+	return target, update, nil
 }
 
 // Close releases the encryption providers (KMS connections).

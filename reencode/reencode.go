@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 
@@ -44,6 +45,10 @@ const (
 	// ReasonEncoding: same version, media type and key, but the apiserver would
 	// write different bytes (defaulting added fields, an older field order, ...).
 	ReasonEncoding Reason = "encoding"
+	// ReasonManagedFields: kube-apiserver's field manager would change
+	// managedFields on a no-op update (entries for versions it no longer
+	// serves, more than ten update managers, undecodable entries).
+	ReasonManagedFields Reason = "managed-fields"
 )
 
 // Form describes how an object is (or would be) stored.
@@ -88,12 +93,22 @@ type CustomResourceEncoder interface {
 	RoundTrip(plaintext []byte) error
 }
 
+// UpdatePath does to a decoded built-in object what kube-apiserver's update
+// handler does before encoding on a no-op update (its field manager), in place,
+// and reports whether the object changed; *updatepath.Path implements it.
+type UpdatePath interface {
+	Apply(obj runtime.Object) (bool, error)
+}
+
 // Planner holds the target: storage versions and media type (a StorageConfig built
-// for the target release), the write encryption, and the CRDs' encoders.
+// for the target release), the write encryption, the update path of the target
+// apiserver, and the CRDs' encoders.
 type Planner struct {
 	Target     *decode.StorageConfig
 	Encryption Encrypter
-	custom     map[schema.GroupResource]CustomResourceEncoder
+	// Update, when set, runs before encoding built-ins.
+	Update UpdatePath
+	custom map[schema.GroupResource]CustomResourceEncoder
 }
 
 // NewPlanner returns a planner for the target configuration.
@@ -147,6 +162,7 @@ func Describe(obj *decode.Object, decodeErr error) Decision {
 func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) Decision {
 	var newPlain []byte
 	var err error
+	managedChanged := false
 	if obj.Info.Custom {
 		enc := p.custom[obj.Info.Resource]
 		if enc == nil {
@@ -169,6 +185,12 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		}
 		d.To.Version = target.StorageVersion.String()
 		d.To.MediaType = decode.ShortMediaType(target.MediaType)
+		if p.Update != nil {
+			managedChanged, err = p.Update.Apply(obj.Internal)
+			if err != nil {
+				return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, err, "no-op update path"))
+			}
+		}
 		// The object is encoded in place, as GuaranteedUpdate does: the decoded
 		// object belongs to this decision and is dropped after it (the
 		// versioning encoder restores the kind it sets while encoding).
@@ -197,11 +219,15 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 			d.Reasons = append(d.Reasons, ReasonVersion)
 		case d.From.MediaType != d.To.MediaType:
 			d.Reasons = append(d.Reasons, ReasonMediaType)
+		case managedChanged:
 		default:
 			d.Reasons = append(d.Reasons, ReasonEncoding)
 		}
 		if d.From.Version != d.To.Version && d.From.MediaType != d.To.MediaType {
 			d.Reasons = append(d.Reasons, ReasonMediaType)
+		}
+		if managedChanged {
+			d.Reasons = append(d.Reasons, ReasonManagedFields)
 		}
 	}
 	if len(d.Reasons) == 0 {

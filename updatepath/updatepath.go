@@ -1,0 +1,319 @@
+// Package updatepath does to a decoded built-in object what kube-apiserver's
+// update handler does to it on a no-op update (GET, then PUT unchanged) before
+// the storage layer encodes it: the field manager. kube-apiserver runs
+// structured-merge-diff's updater on every write, with a type converter built
+// from the OpenAPI models of the versions it serves; a managedFields entry whose
+// apiVersion that converter does not know (a version no longer served, or never
+// enabled by --runtime-config) is deleted, more than ten update managers are
+// merged, and undecodable managedFields are dropped. This package builds the
+// same type converters, the way kube-apiserver's generic server builds them
+// (one for the legacy core group, one for every other group it installs, one
+// each for the apiextensions and aggregator servers), from the served resources
+// that the API enablement (--runtime-config) and the emulated version leave, and
+// runs k8s.io/apimachinery's own field manager on the object. It changes only
+// managedFields, and reports whether it did.
+package updatepath
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/managedfields"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	"k8s.io/apiserver/pkg/registry/rest"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	serverstorage "k8s.io/apiserver/pkg/server/storage"
+	utilopenapi "k8s.io/apiserver/pkg/util/openapi"
+	basecompatibility "k8s.io/component-base/compatibility"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
+	openapibuilder3 "k8s.io/kube-openapi/pkg/builder3"
+	openapicommon "k8s.io/kube-openapi/pkg/common"
+	openapiutil "k8s.io/kube-openapi/pkg/util"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	generatedopenapi "k8s.io/kubernetes/pkg/generated/openapi"
+)
+
+// Manager is the field manager name a no-op update by this tool would record.
+// A no-op update changes no field, so no entry is ever added under it.
+const Manager = "kube-etcd-migrate"
+
+// Config is the served API: what kube-apiserver installs.
+type Config struct {
+	// ResourceConfig is the merged API enablement (defaults + --runtime-config);
+	// nil = kube-apiserver's defaults.
+	ResourceConfig *serverstorage.ResourceConfig
+	// Effective is the effective (emulated) version.
+	Effective basecompatibility.EffectiveVersion
+	// EmulationForwardCompatible and RuntimeConfigEmulationForwardCompatible
+	// are kube-apiserver's flags of those names.
+	EmulationForwardCompatible              bool
+	RuntimeConfigEmulationForwardCompatible bool
+}
+
+// server is one of kube-apiserver's type converters and what it serves.
+type server int
+
+const (
+	legacyServer     server = iota // /api: the core group
+	kubeServer                     // /apis of kube-apiserver's own groups
+	extensionsServer               // apiextensions-apiserver: apiextensions.k8s.io
+	aggregatorServer               // kube-aggregator: apiregistration.k8s.io
+)
+
+// Path runs the field manager of a no-op update. It is safe for concurrent use.
+type Path struct {
+	cfg Config
+
+	once       sync.Once
+	initErr    error
+	converters map[server]managedfields.TypeConverter
+	preferred  map[schema.GroupKind]schema.GroupVersionKind // served version a client would use
+
+	mu       sync.Mutex
+	managers map[schema.GroupKind]*managedfields.FieldManager
+}
+
+// New returns the update path of kube-apiserver serving cfg. The type
+// converters are built on first use (it takes a second or two).
+func New(cfg Config) *Path {
+	return &Path{cfg: cfg, managers: map[schema.GroupKind]*managedfields.FieldManager{}}
+}
+
+// Apply runs the field manager of a no-op update on obj, an internal object as
+// decoded from storage, and reports whether its managedFields changed. obj is
+// changed in place.
+func (p *Path) Apply(obj runtime.Object) (bool, error) {
+	acc, err := meta.Accessor(obj)
+	if err != nil {
+		return false, nil // no metadata: the field manager leaves it alone
+	}
+	before := acc.GetManagedFields()
+	if len(before) == 0 {
+		// With no managedFields the field manager does nothing on an update
+		// (it never starts tracking an existing object on update).
+		return false, nil
+	}
+	gvks, _, err := p.scheme(obj).ObjectKinds(obj)
+	if err != nil || len(gvks) == 0 {
+		return false, fmt.Errorf("field manager: kind of %T: %v", obj, err)
+	}
+	fm, err := p.manager(gvks[0].GroupKind(), obj)
+	if err != nil {
+		return false, err
+	}
+	if fm == nil {
+		return false, nil
+	}
+	kept := make([]metav1.ManagedFieldsEntry, len(before))
+	copy(kept, before)
+	live := obj.DeepCopyObject()
+	out := fm.UpdateNoErrors(live, obj, Manager)
+	after := kept
+	if outAcc, err := meta.Accessor(out); err == nil {
+		after = outAcc.GetManagedFields()
+		if out != obj {
+			acc.SetManagedFields(after)
+		}
+	}
+	return !apiequality.Semantic.DeepEqual(kept, after), nil
+}
+
+func (p *Path) scheme(obj runtime.Object) *runtime.Scheme {
+	switch {
+	case legacyscheme.Scheme.Recognizes(kindOf(legacyscheme.Scheme, obj)):
+		return legacyscheme.Scheme
+	case apiextensionsapiserver.Scheme.Recognizes(kindOf(apiextensionsapiserver.Scheme, obj)):
+		return apiextensionsapiserver.Scheme
+	}
+	return aggregatorscheme.Scheme
+}
+
+func kindOf(s *runtime.Scheme, obj runtime.Object) schema.GroupVersionKind {
+	gvks, _, err := s.ObjectKinds(obj)
+	if err != nil || len(gvks) == 0 {
+		return schema.GroupVersionKind{}
+	}
+	return gvks[0]
+}
+
+// manager is the field manager of gk's endpoint in its preferred served
+// version, nil when kube-apiserver serves gk in no version (then no update
+// through the API can happen).
+func (p *Path) manager(gk schema.GroupKind, obj runtime.Object) (*managedfields.FieldManager, error) {
+	p.once.Do(func() { p.initErr = p.init() })
+	if p.initErr != nil {
+		return nil, p.initErr
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if fm, ok := p.managers[gk]; ok {
+		return fm, nil
+	}
+	gvk, ok := p.preferred[gk]
+	if !ok {
+		p.managers[gk] = nil
+		return nil, nil
+	}
+	s := p.scheme(obj)
+	fm, err := managedfields.NewDefaultFieldManager(
+		p.converters[serverOf(gk.Group)],
+		runtime.UnsafeObjectConvertor(s),
+		s,
+		s,
+		gvk,
+		schema.GroupVersion{Group: gk.Group, Version: runtime.APIVersionInternal},
+		"",
+		nil, // reset fields only filter fields an update changes; a no-op changes none
+	)
+	if err != nil {
+		return nil, fmt.Errorf("field manager for %s: %w", gvk, err)
+	}
+	p.managers[gk] = fm
+	return fm, nil
+}
+
+func serverOf(group string) server {
+	switch group {
+	case "":
+		return legacyServer
+	case "apiextensions.k8s.io":
+		return extensionsServer
+	case "apiregistration.k8s.io":
+		return aggregatorServer
+	}
+	return kubeServer
+}
+
+// kindStorage stands for a REST storage of one kind: what kube-apiserver's
+// emulation filter asks of a storage is the kind it serves.
+type kindStorage struct{ obj runtime.Object }
+
+func (k kindStorage) New() runtime.Object { return k.obj.DeepCopyObject() }
+func (k kindStorage) Destroy()            {}
+
+var _ rest.Storage = kindStorage{}
+
+// init finds the served resources per group and builds the type converters as
+// genericapiserver.getOpenAPIModels does.
+func (p *Path) init() error {
+	rc := p.cfg.ResourceConfig
+	if rc == nil {
+		return fmt.Errorf("updatepath: no API resource configuration")
+	}
+	evaluator, err := genericapiserver.NewResourceExpirationEvaluatorFromOptions(genericapiserver.ResourceExpirationEvaluatorOptions{
+		CurrentVersion:                          p.cfg.Effective.EmulationVersion(),
+		Prerelease:                              p.cfg.Effective.BinaryVersion().PreRelease(),
+		EmulationForwardCompatible:              p.cfg.EmulationForwardCompatible,
+		RuntimeConfigEmulationForwardCompatible: p.cfg.RuntimeConfigEmulationForwardCompatible,
+	})
+	if err != nil {
+		return fmt.Errorf("updatepath: %w", err)
+	}
+	defs := utilopenapi.GetOpenAPIDefinitionsWithoutDisabledFeatures(generatedopenapi.GetOpenAPIDefinitions)
+	namer := openapinamer.NewDefinitionNamer(legacyscheme.Scheme, apiextensionsapiserver.Scheme, aggregatorscheme.Scheme)
+	openAPIConfig := genericapiserver.DefaultOpenAPIV3Config(defs, namer)
+
+	names := map[server][]string{}
+	p.preferred = map[schema.GroupKind]schema.GroupVersionKind{}
+	for _, s := range []*runtime.Scheme{legacyscheme.Scheme, apiextensionsapiserver.Scheme, aggregatorscheme.Scheme} {
+		for _, group := range groups(s) {
+			served, err := servedKinds(s, group, rc, evaluator)
+			if err != nil {
+				return err
+			}
+			for _, v := range s.PrioritizedVersionsForGroup(group) {
+				for _, k := range served[v.Version] {
+					obj, err := s.New(v.WithKind(k))
+					if err != nil {
+						return fmt.Errorf("updatepath: %w", err)
+					}
+					names[serverOf(group)] = append(names[serverOf(group)], openapiutil.GetCanonicalTypeName(obj))
+					gk := schema.GroupKind{Group: group, Kind: k}
+					if _, ok := p.preferred[gk]; !ok {
+						p.preferred[gk] = v.WithKind(k)
+					}
+				}
+			}
+		}
+	}
+	p.converters = map[server]managedfields.TypeConverter{}
+	for srv, ns := range names {
+		tc, err := typeConverter(openAPIConfig, ns)
+		if err != nil {
+			return fmt.Errorf("updatepath: type converter: %w", err)
+		}
+		p.converters[srv] = tc
+	}
+	return nil
+}
+
+func typeConverter(cfg *openapicommon.OpenAPIV3Config, names []string) (managedfields.TypeConverter, error) {
+	sort.Strings(names)
+	spec, err := openapibuilder3.BuildOpenAPIDefinitionsForResources(cfg, names...)
+	if err != nil {
+		return nil, err
+	}
+	return managedfields.NewTypeConverter(spec, false)
+}
+
+// groups lists a scheme's API groups.
+func groups(s *runtime.Scheme) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, gv := range s.PrioritizedVersionsAllGroups() {
+		if !seen[gv.Group] {
+			seen[gv.Group] = true
+			out = append(out, gv.Group)
+		}
+	}
+	return out
+}
+
+// servedKinds lists, per version of group, the persisted kinds kube-apiserver
+// serves: enabled by the resource configuration and not removed or not yet
+// introduced at the emulated version (kube-apiserver's own filter).
+func servedKinds(s *runtime.Scheme, group string, rc *serverstorage.ResourceConfig, evaluator genericapiserver.ResourceExpirationEvaluator) (map[string][]string, error) {
+	storage := map[string]map[string]rest.Storage{}
+	for _, gv := range s.PrioritizedVersionsForGroup(group) {
+		for kind := range s.KnownTypes(gv) {
+			if strings.HasSuffix(kind, "List") || !s.Recognizes(gv.WithKind(kind+"List")) {
+				continue
+			}
+			plural, _ := meta.UnsafeGuessKindToResource(gv.WithKind(kind))
+			if !rc.ResourceEnabled(plural) {
+				continue
+			}
+			obj, err := s.New(gv.WithKind(kind))
+			if err != nil {
+				return nil, fmt.Errorf("updatepath: %w", err)
+			}
+			if storage[gv.Version] == nil {
+				storage[gv.Version] = map[string]rest.Storage{}
+			}
+			storage[gv.Version][plural.Resource] = kindStorage{obj}
+		}
+	}
+	if err := evaluator.RemoveUnavailableKinds(group, s, storage, rc); err != nil {
+		return nil, fmt.Errorf("updatepath: served kinds of %q: %w", group, err)
+	}
+	out := map[string][]string{}
+	for v, rs := range storage {
+		for _, st := range rs {
+			gvks, _, err := s.ObjectKinds(st.New())
+			if err != nil || len(gvks) == 0 {
+				continue
+			}
+			out[v] = append(out[v], gvks[0].Kind)
+		}
+		sort.Strings(out[v])
+	}
+	return out, nil
+}
