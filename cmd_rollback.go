@@ -13,7 +13,7 @@ func rollbackCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "rollback",
 		Usage: "put back the values a migrate run replaced, from its journal (keys changed since are skipped)",
-		Flags: append(etcdscan.Flags(),
+		Flags: append(append(etcdscan.Flags(), apiServerFlags()...),
 			&cli.StringFlag{Name: "journal", Required: true, Usage: "journal written by 'migrate --journal'"},
 			outputFlag("table", "table", "json")),
 		Action:       cmdRollback,

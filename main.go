@@ -120,7 +120,7 @@ func isUsage(err error) bool {
 }
 
 func commonFlags() []cli.Flag {
-	flags := etcdscan.Flags()
+	flags := append(etcdscan.Flags(), apiServerFlags()...)
 	return append(flags,
 		&cli.StringFlag{Name: "prefix", Value: "/registry", Usage: "etcd key prefix kube-apiserver uses (--etcd-prefix)", EnvVars: []string{"KEM_PREFIX"}},
 		&cli.StringFlag{Name: "encryption-provider-config", Usage: "kube-apiserver EncryptionConfiguration file (unchanged format); none = identity"},
@@ -199,9 +199,13 @@ func (s *session) close() {
 }
 
 func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
-	cfg, err := etcdscan.ConfigFromCLI(c)
+	api, err := apiServerConfig(c)
 	if err != nil {
-		return nil, usageErr("%v", err)
+		return nil, err
+	}
+	cfg, err := etcdConfig(c, api)
+	if err != nil {
+		return nil, err
 	}
 	return etcdscan.Connect(ctx, cfg)
 }
@@ -226,25 +230,46 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		s.close()
 		return nil, err
 	}
-	cli, err := connect(ctx, c)
+	api, err := apiServerConfig(c)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	ecfg, err := etcdConfig(c, api)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	// kube-apiserver's feature gates and emulated version are process-wide:
+	// its strategies and defaulting read them, as in kube-apiserver itself.
+	if err := api.Apply(); err != nil {
+		s.close()
+		return nil, usageErr("%v", err)
+	}
+	cli, err := etcdscan.Connect(ctx, ecfg)
 	if err != nil {
 		s.close()
 		return nil, err
 	}
 	s.cli = cli
+	api.EtcdPrefix = fromAPIServer(c, api, "prefix", "etcd-prefix", api.EtcdPrefix)
+	api.EncryptionConfig = fromAPIServer(c, api, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
 	cfg := pipeline.Config{
-		Prefix:           c.String("prefix"),
-		EncryptionConfig: c.String("encryption-provider-config"),
+		APIServer:        api,
+		Prefix:           api.EtcdPrefix,
+		EncryptionConfig: api.EncryptionConfig,
 		Resources:        c.StringSlice("resource"),
 		Namespace:        c.String("namespace"),
 		PageSize:         c.Int64("page-size"),
 		WebhookURLs:      webhooks,
 	}
 	if withTarget {
-		cfg.TargetVersion = c.String("target-version")
-		cfg.StorageMediaType = c.String("storage-media-type")
+		cfg.TargetVersion = api.EmulatedVersion
+		api.StorageMediaType = fromAPIServer(c, api, "storage-media-type", "storage-media-type", api.StorageMediaType)
+		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
 	}
+	reportAPIServer(c, api)
 	env, err := pipeline.Setup(ctx, cli, cfg)
 	if err != nil {
 		s.close()

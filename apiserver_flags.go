@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
+)
+
+// apiServerFlags configure the tool from the cluster's own kube-apiserver.
+func apiServerFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "apiserver-manifest", Usage: "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): take etcd, prefix, encryption, media type, runtime config, feature gates and emulated version from its command line; container paths are mapped through its hostPath volumes; the tool's own flags override it"},
+		&cli.StringFlag{Name: "apiserver-flags-file", Usage: "kube-apiserver's command line in a file (one line, one flag per line, or a systemd unit's ExecStart), read like --apiserver-manifest"},
+		&cli.StringSliceFlag{Name: "runtime-config", Usage: "kube-apiserver --runtime-config (e.g. resource.k8s.io/v1beta2=true): which API versions are served, hence the storage versions and the managedFields a no-op update keeps; applied after the manifest's, key by key"},
+		&cli.StringSliceFlag{Name: "feature-gates", Usage: "kube-apiserver --feature-gates (e.g. DRAAdminAccess=false); applied after the manifest's, key by key"},
+	}
+}
+
+// apiServerConfig reads kube-apiserver's configuration from the flags above
+// (and --target-version, the tool's name for --emulated-version). Errors are
+// usage errors naming the flag or file.
+func apiServerConfig(c *cli.Context) (*apiserverconfig.Config, error) {
+	api, err := apiserverconfig.Load(apiserverconfig.Input{
+		Manifest:        c.String("apiserver-manifest"),
+		FlagsFile:       c.String("apiserver-flags-file"),
+		RuntimeConfig:   c.StringSlice("runtime-config"),
+		FeatureGates:    c.StringSlice("feature-gates"),
+		EmulatedVersion: c.String("target-version"),
+	})
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	return api, nil
+}
+
+// etcdConfig is the etcd connection: the tool's flags, else kube-apiserver's
+// --etcd-servers and --etcd-{ca,cert,key}file, else etcdctl's defaults.
+func etcdConfig(c *cli.Context, api *apiserverconfig.Config) (etcdscan.Config, error) {
+	cfg, err := etcdscan.ConfigFromCLI(c)
+	if err != nil {
+		return cfg, usageErr("%v", err)
+	}
+	override := func(toolFlag, apiFlag string, dst *string, v string) {
+		if c.IsSet(toolFlag) {
+			if api.From[apiFlag] != "" {
+				api.SetFrom(apiFlag, apiserverconfig.FromTool)
+			}
+			return
+		}
+		if api.From[apiFlag] != "" {
+			*dst = v
+		}
+	}
+	override("cacert", "etcd-cafile", &cfg.CACert, api.EtcdCAFile)
+	override("cert", "etcd-certfile", &cfg.Cert, api.EtcdCertFile)
+	override("key", "etcd-keyfile", &cfg.Key, api.EtcdKeyFile)
+	if c.IsSet("endpoints") {
+		if api.From["etcd-servers"] != "" {
+			api.SetFrom("etcd-servers", apiserverconfig.FromTool)
+		}
+		api.EtcdServers = cfg.Endpoints
+	} else if api.From["etcd-servers"] != "" {
+		cfg.Endpoints = api.EtcdServers
+	}
+	api.EtcdCAFile, api.EtcdCertFile, api.EtcdKeyFile = cfg.CACert, cfg.Cert, cfg.Key
+	if err := cfg.Validate(); err != nil {
+		if api.File != "" {
+			return cfg, usageErr("%v (from %s)", err, api.File)
+		}
+		return cfg, usageErr("%v", err)
+	}
+	return cfg, nil
+}
+
+// fromAPIServer returns the tool's flag value if it was given, else
+// kube-apiserver's (apiFlag) when its command line set it, else the tool's
+// default; the source is recorded for the one-line report.
+func fromAPIServer(c *cli.Context, api *apiserverconfig.Config, toolFlag, apiFlag, apiValue string) string {
+	if c.IsSet(toolFlag) || api.From[apiFlag] == "" {
+		if api.From[apiFlag] != "" {
+			api.SetFrom(apiFlag, apiserverconfig.FromTool)
+		}
+		return c.String(toolFlag)
+	}
+	return apiValue
+}
+
+// reportAPIServer prints the one line saying what was taken from where, when
+// anything came from kube-apiserver's configuration. It names files and flags,
+// never key material.
+func reportAPIServer(c *cli.Context, api *apiserverconfig.Config) {
+	if api.File == "" && len(c.StringSlice("runtime-config")) == 0 && len(c.StringSlice("feature-gates")) == 0 {
+		return
+	}
+	fmt.Fprintln(c.App.ErrWriter, "using "+api.Describe())
+}
