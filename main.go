@@ -90,7 +90,7 @@ func silenceKlog() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	err := app.Run(args)
+	err := app.Run(interspersed(app, args))
 	if err == nil {
 		return exitOK
 	}
