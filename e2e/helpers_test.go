@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -260,19 +261,23 @@ func snapshot(t *testing.T, cfg *rest.Config, gvrs []schema.GroupVersionResource
 }
 
 // content is an object without its resourceVersion (a direct etcd write moves
-// it; nothing else may change).
+// it; nothing else may change) and its managedFields (compared on their own).
 func content(u *unstructured.Unstructured) map[string]any {
 	c := u.DeepCopy()
 	c.SetResourceVersion("")
+	c.SetManagedFields(nil)
 	return c.Object
 }
 
 // sameContent asserts every object of before is served with the same content
-// by the server behind cfg.
+// by the server behind cfg, and with the managedFields kube-apiserver's field
+// manager would leave of them on its next write: every entry of a version it
+// serves, unchanged, and none of a version it does not.
 func sameContent(t *testing.T, cfg *rest.Config, before map[objKey]*unstructured.Unstructured) {
 	t.Helper()
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(cfg)
+	served := servedGroupVersions(t, cfg)
 	for k, want := range before {
 		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
 		if err != nil {
@@ -281,6 +286,9 @@ func sameContent(t *testing.T, cfg *rest.Config, before map[objKey]*unstructured
 		}
 		if d := cmp.Diff(content(want), content(got)); d != "" {
 			t.Errorf("%s: content changed by the migration (-before +after):\n%s", k, d)
+		}
+		if d := cmp.Diff(managedFieldsLeft(want, served), got.GetManagedFields(), cmpopts.EquateEmpty()); d != "" {
+			t.Errorf("%s: managedFields are not what kube-apiserver's field manager leaves (-want +got):\n%s", k, d)
 		}
 	}
 }

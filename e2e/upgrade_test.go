@@ -28,6 +28,7 @@ import (
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
 )
 
 // createWorkload creates, through the API, objects of many kinds in namespace
@@ -220,6 +221,7 @@ func TestUpgrade133To136(t *testing.T) {
 		RuntimeConfig:   "resource.k8s.io/v1beta1=true",
 	})
 	createWorkload(t, kubernetes.NewForConfigOrDie(rc), "shop")
+	createManagedFieldsVariety(t, rc, "shop")
 	assertStoredAs(t, c.cli, "/registry/resourceclaims/shop/gpu-claim", "resource.k8s.io/v1beta1", "ResourceClaim", "under emulated 1.33")
 	c.stop()
 
@@ -228,6 +230,14 @@ func TestUpgrade133To136(t *testing.T) {
 	gvrs := servedResources(t, rc)
 	before := snapshot(t, rc, gvrs)
 	t.Logf("%d objects served by 1.36 before the migration", len(before))
+	// Reads do not run the field manager: 1.36 serves the managedFields
+	// entries written through resource.k8s.io/v1beta1, which it no longer
+	// serves, and its next write of each object drops them.
+	dropped := droppedEntries(before, servedGroupVersions(t, rc))
+	t.Logf("managedFields entries of unserved versions: %v", dropped)
+	if dropped[schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}] < 4 {
+		t.Fatalf("the DeviceClasses created through v1beta1 carry %d managedFields entries of it, want >= 4 (the test's premise)", dropped[schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}])
+	}
 	assertStoredAs(t, c.cli, "/registry/deviceclasses/shop-gpu", "resource.k8s.io/v1beta1", "DeviceClass", "after reads on 1.36")
 
 	// kube-apiserver 1.36 itself rewrites a Job and a PVC it wrote on a
@@ -262,6 +272,13 @@ func TestUpgrade133To136(t *testing.T) {
 	if got := staleResources(t, rep); !slices.Equal(got, versionStale) {
 		t.Errorf("verify names stale resources %v, want %v", got, versionStale)
 	}
+	// Besides their storage version, the DRA objects written through v1beta1
+	// are stale by their managedFields, and verify says so.
+	for _, r := range rep.Resources {
+		if r.Name() == "deviceclasses.resource.k8s.io" && r.StaleBy[reencode.ReasonManagedFields] < 3 {
+			t.Errorf("verify: deviceclasses stale by %v, want >= 3 by managed-fields", r.StaleBy)
+		}
+	}
 	// Jobs and PVCs are current in storage version and key, but 1.36
 	// defaults them on read (a Job's labels from its template, a PVC's
 	// status.phase Pending), so re-encoding differs from the stored bytes and
@@ -282,11 +299,10 @@ func TestUpgrade133To136(t *testing.T) {
 	assertStoredAs(t, c.cli, "/registry/deviceclasses/shop-gpu", "resource.k8s.io/v1", "DeviceClass", "after migrate")
 	assertStoredAs(t, c.cli, "/registry/resourceslices/shop-node-1-gpus", "resource.k8s.io/v1", "ResourceSlice", "after migrate")
 
-	// 5. plain 1.36: same content, and no object is rewritten by a no-op update.
-	// resource.k8s.io/v1beta1 stays served: the DRA objects' managedFields
-	// were recorded through it, and the field manager drops entries of an
-	// unserved version on any update, which is a write of its own.
-	rc = c.start(apiservertest.Options{RuntimeConfig: "resource.k8s.io/v1beta1=true"})
+	// 5. plain 1.36 (resource.k8s.io/v1beta1 no longer served): same content,
+	// managedFields as its field manager leaves them, and no object of any
+	// resource is rewritten by a no-op update.
+	rc = c.start(apiservertest.Options{})
 	sameContent(t, rc, before)
 	n := noOpUpdates(t, rc)
 	t.Logf("no-op update of %d objects", n)

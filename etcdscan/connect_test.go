@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testpki"
 )
 
 // parseFlags runs a cli app with Flags() and returns what ConfigFromCLI made of args.
@@ -55,10 +56,10 @@ func TestFlagsDefaultsAndEnv(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	ca := newCA(t, dir, "ca")
-	cert, key := ca.issue(t, dir, "client", false)
+	ca := testpki.NewCA(t, dir, "ca")
+	cert, key := ca.Issue(t, dir, "client", false)
 	t.Setenv("ETCDCTL_ENDPOINTS", "10.0.0.1:2379,https://10.0.0.2:2379")
-	t.Setenv("ETCDCTL_CACERT", ca.file)
+	t.Setenv("ETCDCTL_CACERT", ca.File)
 	t.Setenv("ETCDCTL_CERT", cert)
 	t.Setenv("ETCDCTL_KEY", key)
 	t.Setenv("ETCDCTL_DIAL_TIMEOUT", "7s")
@@ -71,7 +72,7 @@ func TestFlagsDefaultsAndEnv(t *testing.T) {
 	if len(eps) != 2 || eps[0] != "https://10.0.0.1:2379" || eps[1] != "https://10.0.0.2:2379" {
 		t.Fatalf("endpoints from env: %v", eps)
 	}
-	if cfg.CACert != ca.file || cfg.Cert != cert || cfg.Key != key || cfg.DialTimeout != 7*time.Second || cfg.CommandTimeout != time.Minute {
+	if cfg.CACert != ca.File || cfg.Cert != cert || cfg.Key != key || cfg.DialTimeout != 7*time.Second || cfg.CommandTimeout != time.Minute {
 		t.Fatalf("env fallback: %+v", cfg)
 	}
 
@@ -88,8 +89,8 @@ func TestFlagsDefaultsAndEnv(t *testing.T) {
 func TestFlagsValidation(t *testing.T) {
 	clearEtcdctlEnv(t)
 	dir := t.TempDir()
-	ca := newCA(t, dir, "ca")
-	cert, key := ca.issue(t, dir, "client", false)
+	ca := testpki.NewCA(t, dir, "ca")
+	cert, key := ca.Issue(t, dir, "client", false)
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {
 		args []string
@@ -135,17 +136,17 @@ func assertOneLine(t *testing.T, err error, wants ...string) {
 
 func TestConnectTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca := newCA(t, dir, "ca")
-	otherCA := newCA(t, dir, "other-ca")
-	srvCert, srvKey := ca.issue(t, dir, "server", true)
-	cliCert, cliKey := ca.issue(t, dir, "client", false)
-	foreignCert, foreignKey := otherCA.issue(t, dir, "foreign-client", false)
-	s := testetcd.StartT(t, testetcd.Options{TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.file}})
+	ca := testpki.NewCA(t, dir, "ca")
+	otherCA := testpki.NewCA(t, dir, "other-ca")
+	srvCert, srvKey := ca.Issue(t, dir, "server", true)
+	cliCert, cliKey := ca.Issue(t, dir, "client", false)
+	foreignCert, foreignKey := otherCA.Issue(t, dir, "foreign-client", false)
+	s := testetcd.StartT(t, testetcd.Options{TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
 	ctx := context.Background()
 	base := Config{Endpoints: []string{s.Endpoint}, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second}
 
 	good := base
-	good.CACert, good.Cert, good.Key = ca.file, cliCert, cliKey
+	good.CACert, good.Cert, good.Key = ca.File, cliCert, cliKey
 	c, err := Connect(ctx, good)
 	if err != nil {
 		t.Fatalf("connect with the right CA and client certificate: %v", err)
@@ -157,13 +158,13 @@ func TestConnectTLS(t *testing.T) {
 
 	good.DialTimeout = time.Second // the failures below wait for it
 	wrongCA := good
-	wrongCA.CACert = otherCA.file
+	wrongCA.CACert = otherCA.File
 	_, err = Connect(ctx, wrongCA)
-	assertOneLine(t, err, "TLS", s.Endpoint, "not signed by --cacert "+otherCA.file)
+	assertOneLine(t, err, "TLS", s.Endpoint, "not signed by --cacert "+otherCA.File)
 
 	noClientCert := base
 	noClientCert.DialTimeout = time.Second
-	noClientCert.CACert = ca.file
+	noClientCert.CACert = ca.File
 	_, err = Connect(ctx, noClientCert)
 	assertOneLine(t, err, "TLS", s.Endpoint, "requires a client certificate", "--cert")
 

@@ -25,6 +25,9 @@ import (
 type Options struct {
 	// EtcdURL is the etcd client URL, e.g. testetcd.Server.URL. Required.
 	EtcdURL string
+	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are --etcd-cafile,
+	// --etcd-certfile and --etcd-keyfile, for an etcd that serves TLS.
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
 	// Prefix is --etcd-prefix; default "/registry".
 	Prefix string
 	// EmulatedVersion, e.g. "1.33", becomes --emulated-version=1.33 (which
@@ -76,6 +79,9 @@ func Start(t testing.TB, opts Options) *Server {
 
 	storageConfig := storagebackend.NewDefaultConfig(opts.Prefix, nil)
 	storageConfig.Transport.ServerList = []string{opts.EtcdURL}
+	storageConfig.Transport.TrustedCAFile = opts.EtcdCAFile
+	storageConfig.Transport.CertFile = opts.EtcdCertFile
+	storageConfig.Transport.KeyFile = opts.EtcdKeyFile
 	if !opts.KeepCompaction {
 		storageConfig.CompactionInterval = 0
 	}

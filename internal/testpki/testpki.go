@@ -1,4 +1,7 @@
-package etcdscan
+// Package testpki writes throwaway certificate authorities and certificates for
+// tests that need TLS between real servers (etcd's client listener, its client
+// certificates).
+package testpki
 
 import (
 	"crypto/ecdsa"
@@ -15,14 +18,15 @@ import (
 	"time"
 )
 
-type testCA struct {
+// CA is a test certificate authority; File is its PEM certificate.
+type CA struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
-	file string
+	File string
 }
 
-// newCA writes a self-signed CA certificate into dir.
-func newCA(t *testing.T, dir, name string) *testCA {
+// NewCA writes a self-signed CA certificate into dir.
+func NewCA(t testing.TB, dir, name string) *CA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -47,11 +51,12 @@ func newCA(t *testing.T, dir, name string) *testCA {
 	}
 	file := filepath.Join(dir, name+".crt")
 	writePEM(t, file, "CERTIFICATE", der)
-	return &testCA{cert: cert, key: key, file: file}
+	return &CA{cert: cert, key: key, File: file}
 }
 
-// issue writes a leaf certificate and key signed by the CA; returns the file names.
-func (ca *testCA) issue(t *testing.T, dir, name string, server bool) (certFile, keyFile string) {
+// Issue writes a leaf certificate and key signed by the CA (for 127.0.0.1 and
+// localhost when server is set) and returns the file names.
+func (ca *CA) Issue(t testing.TB, dir, name string, server bool) (certFile, keyFile string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -85,7 +90,7 @@ func (ca *testCA) issue(t *testing.T, dir, name string, server bool) (certFile, 
 	return certFile, keyFile
 }
 
-func writePEM(t *testing.T, file, typ string, der []byte) {
+func writePEM(t testing.TB, file, typ string, der []byte) {
 	t.Helper()
 	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
