@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -41,6 +42,10 @@ const (
 	verifyCurrentStatus = "current"
 )
 
+// BuildInfo is 1, labelled with the tool's version, the Kubernetes release whose
+// codecs judged the objects, the VCS revision and the Go version; in every file.
+const BuildInfo = "kube_etcd_migrate_build_info"
+
 // now is replaced by tests.
 var now = time.Now
 
@@ -65,7 +70,7 @@ func WriteVerify(path string, rep *verify.Report) error {
 	consistent := gauge(VerifyConsistent, "1 when the last verify run read every key at one revision, 0 when the revision was compacted during the scan.")
 	exitCode := gauge(VerifyExitCode, "Exit code of the last verify run: 0 all current, 3 something stale, 4 something unreadable.")
 	lastRun := gauge(VerifyLastRun, "Unix time the last verify run finished.")
-	reg.MustRegister(objects, remaining, notObjects, revision, consistent, exitCode, lastRun)
+	reg.MustRegister(objects, remaining, notObjects, revision, consistent, exitCode, lastRun, buildInfo())
 
 	for _, r := range rep.Resources {
 		name := r.Name()
@@ -116,7 +121,7 @@ func WriteMigrate(path string, figs []MigrateFigures, d time.Duration) error {
 	}, []string{resourceLabel, "kind"})
 	duration := gauge(MigrateDuration, "Duration of the last migrate run in seconds.")
 	lastRun := gauge(MigrateLastRun, "Unix time the last migrate run finished.")
-	reg.MustRegister(migrated, remaining, objects, failures, duration, lastRun)
+	reg.MustRegister(migrated, remaining, objects, failures, duration, lastRun, buildInfo())
 
 	for _, f := range figs {
 		if f.Resource == "" {
@@ -137,6 +142,17 @@ func WriteMigrate(path string, figs []MigrateFigures, d time.Duration) error {
 	duration.Set(d.Seconds())
 	lastRun.Set(float64(now().Unix()))
 	return write(path, reg)
+}
+
+// buildInfo is the build_info gauge of the running binary.
+func buildInfo() prometheus.Collector {
+	b := buildinfo.Get()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: BuildInfo,
+		Help: "Always 1: the kube-etcd-migrate build that wrote this file, and the Kubernetes release whose scheme and storage factory it carries.",
+	}, []string{"version", "kubernetes", "revision", "goversion"})
+	g.WithLabelValues(b.Version, b.Kubernetes, b.Commit, b.Go).Set(1)
+	return g
 }
 
 func gauge(name, help string) prometheus.Gauge {

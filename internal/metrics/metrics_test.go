@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -117,6 +118,7 @@ func TestWriteVerify(t *testing.T) {
 	if got := mfs[RemainingObjects].GetType(); got != dto.MetricType_GAUGE {
 		t.Errorf("%s is a %s, want a gauge as upstream", RemainingObjects, got)
 	}
+	checkBuildInfo(t, mfs)
 	// Only the metrics file is left in the directory (no temporary file).
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -183,6 +185,20 @@ func TestWriteMigrate(t *testing.T) {
 	}
 	if got := mfs[MigratedObjects].GetType(); got != dto.MetricType_COUNTER {
 		t.Errorf("%s is a %s, want a counter as upstream", MigratedObjects, got)
+	}
+	checkBuildInfo(t, mfs)
+}
+
+// checkBuildInfo: the file says which build wrote it and which Kubernetes release
+// it carries. (Go records no module versions in the test binary of a library
+// package, so Kubernetes is "unknown" here; the CLI's tests check the release
+// through the binary's metrics file.)
+func checkBuildInfo(t *testing.T, mfs map[string]*dto.MetricFamily) {
+	t.Helper()
+	b := buildinfo.Get()
+	labels := map[string]string{"version": b.Version, "kubernetes": b.Kubernetes, "revision": b.Commit, "goversion": b.Go}
+	if got := value(t, mfs, BuildInfo, labels); got != 1 {
+		t.Errorf("%s%v = %v, want 1", BuildInfo, labels, got)
 	}
 }
 

@@ -1,0 +1,67 @@
+package buildinfo
+
+import (
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"testing"
+)
+
+// goList asks the go command for a module's version as go.mod resolves it.
+func goList(t *testing.T, module string) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}", module).Output()
+	if err != nil {
+		t.Fatalf("go list -m %s: %v", module, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestGetReportsTheModulesBuiltWith: this test binary does not link
+// k8s.io/kubernetes (the CLI's tests check that its binary reports it).
+func TestGetReportsTheModulesBuiltWith(t *testing.T) {
+	info := Get()
+	if info.Kubernetes != Unknown {
+		t.Errorf("Kubernetes %q in a binary that does not link %s", info.Kubernetes, KubernetesModule)
+	}
+	if want := strings.TrimPrefix(goList(t, "go.etcd.io/etcd/api/v3"), "v"); info.EtcdClient != want {
+		t.Errorf("EtcdClient %q, go.mod has %q", info.EtcdClient, want)
+	}
+	if info.Go != runtime.Version() || info.Platform != runtime.GOOS+"/"+runtime.GOARCH {
+		t.Errorf("Go %q platform %q", info.Go, info.Platform)
+	}
+	if info.Version == "" {
+		t.Error("empty version")
+	}
+}
+
+func TestFromBuildInfo(t *testing.T) {
+	bi := &debug.BuildInfo{
+		Main: debug.Module{Path: "kube-etcd-migrate", Version: "v0.0.0-20260101120000-0123456789ab+dirty"},
+		Deps: []*debug.Module{
+			{Path: "k8s.io/api", Version: "v0.36.3"},
+			{Path: KubernetesModule, Version: "v1.36.0", Replace: &debug.Module{Path: KubernetesModule, Version: "v1.36.3"}},
+		},
+		Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "0123456789abcdef"},
+			{Key: "vcs.time", Value: "2026-01-01T12:00:00Z"},
+			{Key: "vcs.modified", Value: "true"},
+		},
+	}
+	got := fromBuildInfo(bi, "")
+	if got.Version != bi.Main.Version || got.Kubernetes != "v1.36.3" || got.Commit != "0123456789abcdef" || got.CommitTime != "2026-01-01T12:00:00Z" || !got.Modified {
+		t.Errorf("from VCS stamp: %+v", got)
+	}
+	if got := fromBuildInfo(bi, "v1.2.3"); got.Version != "v1.2.3" || got.Commit != "0123456789abcdef" {
+		t.Errorf("-ldflags version must win: %+v", got)
+	}
+	// go run / go test: no module version, no VCS.
+	dev := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "")
+	if dev.Version != "devel" || dev.Kubernetes != Unknown || dev.Commit != "" {
+		t.Errorf("devel build: %+v", dev)
+	}
+	if none := fromBuildInfo(nil, ""); none.Version != "devel" || none.Kubernetes != Unknown {
+		t.Errorf("no build info: %+v", none)
+	}
+}
