@@ -24,6 +24,9 @@ type ScanOptions struct {
 	Prefixes []string
 	// Revision pins the scan; 0 pins the revision of the first page.
 	Revision int64
+	// KeepRevision makes a compaction of Revision an error instead of going on
+	// at the current revision (a revision the caller asked for explicitly).
+	KeepRevision bool
 	// PageSize is the number of keys per request (default 500).
 	PageSize int64
 	// CommandTimeout bounds one page request (default 30s).
@@ -263,7 +266,7 @@ func (p *producer) page(ctx context.Context, key, end string) ([]KV, bool, int64
 			resp, gerr = p.cli.Get(c, key, ops...)
 			return gerr
 		})
-		if errors.Is(err, rpctypes.ErrCompacted) && p.rev > 0 {
+		if errors.Is(err, rpctypes.ErrCompacted) && p.rev > 0 && !p.opts.KeepRevision {
 			if p.firstRev == 0 {
 				p.firstRev = p.rev
 			}

@@ -109,7 +109,8 @@ type Inventory struct {
 	byResource              map[schema.GroupResource]*Resource
 }
 
-// Run takes the census of the keys env selects, at one revision. progress, when
+// Run takes the census of the keys env selects, at one revision
+// (env.Config.Revision, or the current one). progress, when
 // not nil, is called after each page with the number of keys processed so far.
 func Run(ctx context.Context, env *pipeline.Env, opts Options, progress func(n int64)) (*Inventory, error) {
 	if env == nil {
@@ -125,7 +126,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options, progress func(n i
 		byResource:    map[schema.GroupResource]*Resource{},
 	}
 	prefix := env.Resolver.Prefix()
-	stats, err := env.Run(ctx, 0, pipeline.DecodeOnly, func(page []reencode.Decision) error {
+	stats, err := env.Run(ctx, env.Config.Revision, pipeline.DecodeOnly, func(page []reencode.Decision) error {
 		for i := range page {
 			inv.add(prefix, &page[i])
 		}

@@ -52,6 +52,12 @@ type Config struct {
 	// versions and the versions served, hence what the field manager of a no-op
 	// update keeps. Feature gates are process-wide: the caller applies them.
 	APIServer *apiserverconfig.Config
+	// Revision, when set (--revision), is the revision read-only runs read at,
+	// CRDs included; it must not be compacted. 0 is the current revision.
+	Revision int64
+	// SnapshotFile names the snapshot file the etcd is a private copy of
+	// (--snapshot-file), for reports; "" for a live etcd.
+	SnapshotFile string
 }
 
 // CustomResourceCodec reads and writes one CRD's custom resources.
@@ -105,6 +111,9 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 		cfg.Concurrency = 2 * runtime.GOMAXPROCS(0)
 	}
 	if err := checkPrefix(ctx, cli, cfg.Prefix); err != nil {
+		return nil, err
+	}
+	if err := checkRevision(ctx, cli, cfg.Revision); err != nil {
 		return nil, err
 	}
 	storage, err := decode.NewStorageConfig("", "")
@@ -216,9 +225,38 @@ func checkPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error
 	return fmt.Errorf("--prefix %s: etcd has no keys under it, but has others (first: %q); set --prefix to kube-apiserver's --etcd-prefix", prefix, first)
 }
 
+// checkRevision refuses a --revision etcd cannot serve: in the future, or
+// compacted (etcd keeps no older values).
+func checkRevision(ctx context.Context, cli *clientv3.Client, rev int64) error {
+	if rev == 0 {
+		return nil
+	}
+	if rev < 0 {
+		return fmt.Errorf("--revision %d: must be positive", rev)
+	}
+	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
+	defer cancel()
+	resp, err := cli.Get(rctx, "\x00", clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("--revision %d: read the current revision: %w", rev, err)
+	}
+	if cur := resp.Header.Revision; rev > cur {
+		return fmt.Errorf("--revision %d: etcd is at revision %d", rev, cur)
+	}
+	compacted, err := etcdscan.CompactRevision(rctx, cli)
+	if err != nil {
+		return fmt.Errorf("--revision %d: %w", rev, err)
+	}
+	if rev < compacted {
+		return fmt.Errorf("--revision %d is compacted: the oldest revision etcd still has is %d", rev, compacted)
+	}
+	return nil
+}
+
 // loadCRDs reads every CRD object and registers its custom resources.
 func (e *Env) loadCRDs(ctx context.Context) error {
-	_, err := etcdscan.Scan(ctx, e.Client, etcdscan.ScanOptions{Prefixes: []string{e.Resolver.CRDKeyPrefix()}, PageSize: e.Config.PageSize}, func(page []etcdscan.KV) error {
+	opts := etcdscan.ScanOptions{Prefixes: []string{e.Resolver.CRDKeyPrefix()}, PageSize: e.Config.PageSize, Revision: e.Config.Revision, KeepRevision: e.Config.Revision > 0}
+	_, err := etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
 		for _, kv := range page {
 			obj, err := e.Decoder.Decode(ctx, kv)
 			if err != nil {
@@ -311,10 +349,13 @@ const (
 )
 
 // Run scans the selected prefixes at one revision and calls fn once per page with
-// the decisions of that page, in key order. Decoding and deciding run on
-// Config.Concurrency goroutines and overlap fn: while fn handles one page (migrate
-// writes it), the next is fetched and decoded. At most four pages are held at once
-// (one prefetched by the scan, one being decoded, one queued, one in fn).
+// the decisions of that page, in key order. A revision given (not 0) is kept: its
+// compaction during the scan is an error, where the current revision, pinned at
+// the first page, moves on to a newer one and says so in the stats. Decoding and
+// deciding run on Config.Concurrency goroutines and overlap fn: while fn handles
+// one page (migrate writes it), the next is fetched and decoded. At most four
+// pages are held at once (one prefetched by the scan, one being decoded, one
+// queued, one in fn).
 func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page []reencode.Decision) error) (etcdscan.ScanStats, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -333,7 +374,7 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 			}
 		}
 	}()
-	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, PageSize: e.Config.PageSize}
+	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, KeepRevision: revision > 0, PageSize: e.Config.PageSize}
 	stats, err := etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
 		out := e.decidePage(ctx, page, mode)
 		if err := ctx.Err(); err != nil {

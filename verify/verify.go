@@ -119,8 +119,8 @@ type Report struct {
 	byResource map[string]*ResourceReport
 }
 
-// Run audits the keyspace the environment selects at one revision. It never
-// writes to etcd.
+// Run audits the keyspace the environment selects at one revision
+// (env.Config.Revision, or the current one). It never writes to etcd.
 func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) {
 	if env == nil {
 		return nil, errors.New("verify: no environment")
@@ -140,7 +140,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		byResource: map[string]*ResourceReport{},
 	}
 	crds := newCRDTally(env)
-	stats, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+	stats, err := env.Run(ctx, env.Config.Revision, pipeline.Decide, func(page []reencode.Decision) error {
 		for i := range page {
 			r.add(env, &page[i])
 			crds.add(&page[i])
