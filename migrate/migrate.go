@@ -40,6 +40,9 @@ type Options struct {
 	// WriteContext is used for writes; it should outlive a SIGINT so in-flight
 	// writes finish. nil = the run context.
 	WriteContext context.Context
+	// PrivateEtcd, when set, names the snapshot file the etcd is a private copy
+	// of: no kube-apiserver can reach it, so the live-apiserver check is moot.
+	PrivateEtcd string
 }
 
 // Counts are a summary's figures, overall or for one resource.
@@ -123,6 +126,9 @@ func (t *tally) fail(f Failure) {
 func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error) {
 	start := time.Now()
 	sum := &Summary{DryRun: opts.DryRun, Consistent: true}
+	if env.Config.Revision != 0 {
+		return sum, fmt.Errorf("migrate reads and writes the current revision: --revision %d is for the read-only commands", env.Config.Revision)
+	}
 	t := &tally{resources: map[schema.GroupResource]*ResourceSummary{}, crdPending: map[schema.GroupResource]int64{}}
 	writeCtx := opts.WriteContext
 	if writeCtx == nil {

@@ -28,30 +28,9 @@ func (e *PreflightError) Error() string { return "preflight: " + e.Msg + " (noth
 // Preflight runs the checks that must pass before the first write and returns a
 // line per check passed.
 func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
-	var done []string
-	now := time.Now
-	if opts.Now != nil {
-		now = opts.Now
-	}
-
-	alarms, err := etcdscan.Alarms(ctx, env.Client)
+	done, err := PreflightOffline(ctx, env, opts)
 	if err != nil {
 		return done, err
-	}
-	if len(alarms) > 0 {
-		return done, &PreflightError{Msg: fmt.Sprintf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
-	}
-	done = append(done, "etcd has no active alarm")
-
-	if !opts.AllowLiveAPIServer {
-		key, when, err := liveAPIServer(ctx, env, now())
-		if err != nil {
-			return done, err
-		}
-		if key != "" {
-			return done, &PreflightError{Msg: fmt.Sprintf("a kube-apiserver looks alive: %s was renewed %s ago; stop every kube-apiserver first, or pass --allow-live-apiserver", key, when.Round(time.Second))}
-		}
-		done = append(done, "no kube-apiserver lease renewed within the last minute")
 	}
 
 	quota := opts.QuotaBackendBytes
@@ -98,6 +77,41 @@ func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 		return done, &PreflightError{Msg: "write encryption provider: " + err.Error()}
 	}
 	done = append(done, "write encryption providers encrypt and decrypt a probe value")
+	return done, nil
+}
+
+// PreflightOffline runs the checks any write needs (migrate's, quarantine's):
+// etcd has no alarm, and no kube-apiserver is alive (unless
+// opts.AllowLiveAPIServer, or the etcd is a private copy of a snapshot file
+// that no kube-apiserver can reach, opts.PrivateEtcd).
+func PreflightOffline(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+	var done []string
+	now := time.Now
+	if opts.Now != nil {
+		now = opts.Now
+	}
+	alarms, err := etcdscan.Alarms(ctx, env.Client)
+	if err != nil {
+		return done, err
+	}
+	if len(alarms) > 0 {
+		return done, &PreflightError{Msg: fmt.Sprintf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
+	}
+	done = append(done, "etcd has no active alarm")
+
+	switch {
+	case opts.PrivateEtcd != "":
+		done = append(done, "no kube-apiserver can reach this etcd: a private copy of "+opts.PrivateEtcd)
+	case !opts.AllowLiveAPIServer:
+		key, when, err := liveAPIServer(ctx, env, now())
+		if err != nil {
+			return done, err
+		}
+		if key != "" {
+			return done, &PreflightError{Msg: fmt.Sprintf("a kube-apiserver looks alive: %s was renewed %s ago; stop every kube-apiserver first, or pass --allow-live-apiserver", key, when.Round(time.Second))}
+		}
+		done = append(done, "no kube-apiserver lease renewed within the last minute")
+	}
 	return done, nil
 }
 
