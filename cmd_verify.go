@@ -32,7 +32,7 @@ func cmdVerify(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := rep.Write(c.App.Writer, c.String("output")); err != nil {
+	if err := writeReport(c.App.Writer, c.String("output"), rep.Write); err != nil {
 		return err
 	}
 	if p := c.String("metrics-file"); p != "" {

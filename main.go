@@ -24,6 +24,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/pipeline"
 )
 
@@ -155,8 +156,16 @@ func outputFlag(def string, allowed ...string) *cli.StringFlag {
 
 func newApp(stdout, stderr io.Writer) *cli.App {
 	cli.HelpFlag = &cli.BoolFlag{Name: "help", Aliases: []string{"h"}, Usage: "show help"}
+	cli.VersionFlag = &cli.BoolFlag{Name: "version", Usage: "print the version (see the version command)"}
+	cli.VersionPrinter = func(c *cli.Context) {
+		if err := writeVersion(c.App.Writer, "text"); err != nil {
+			fmt.Fprintf(c.App.ErrWriter, "error: %v\n", err)
+		}
+	}
 	return &cli.App{
 		Name:                  "kube-etcd-migrate",
+		Version:               buildinfo.Get().Version,
+		EnableBashCompletion:  true,
 		Usage:                 "rewrite Kubernetes objects in etcd to the current storage version and encryption key, offline",
 		Writer:                stdout,
 		ErrWriter:             stderr,
@@ -171,6 +180,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			verifyCommand(),
 			migrateCommand(),
 			rollbackCommand(),
+			versionCommand(),
+			completionCommand(),
 		},
 	}
 }

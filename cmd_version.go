@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"sigs.k8s.io/yaml"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/buildinfo"
+)
+
+// versionReport is what `version` and `--version` print.
+type versionReport struct {
+	buildinfo.Info
+	// KubeAPIServer is the kube-apiserver binary version whose storage the tool
+	// reproduces, TargetVersions the --target-version values it accepts (the
+	// --emulated-version range of that kube-apiserver), oldest first.
+	KubeAPIServer        string   `json:"kubeAPIServer"`
+	TargetVersions       []string `json:"targetVersions"`
+	DefaultTargetVersion string   `json:"defaultTargetVersion"`
+}
+
+func newVersionReport() (versionReport, error) {
+	r := versionReport{Info: buildinfo.Get()}
+	ev, err := decode.EffectiveVersion("")
+	if err != nil {
+		return r, err
+	}
+	bv := ev.BinaryVersion()
+	r.KubeAPIServer = fmt.Sprintf("%d.%d", bv.Major(), bv.Minor())
+	r.DefaultTargetVersion = fmt.Sprintf("%d.%d", ev.EmulationVersion().Major(), ev.EmulationVersion().Minor())
+	// Ask the same function --target-version goes through which versions it
+	// accepts, from the binary version down until it refuses one.
+	for m := int(bv.Minor()); m >= 0; m-- {
+		v := fmt.Sprintf("%d.%d", bv.Major(), m)
+		if _, err := decode.EffectiveVersion(v); err != nil {
+			break
+		}
+		r.TargetVersions = append([]string{v}, r.TargetVersions...)
+	}
+	return r, nil
+}
+
+func writeVersion(w io.Writer, format string) error {
+	r, err := newVersionReport()
+	if err != nil {
+		return err
+	}
+	switch format {
+	case "json":
+		return writeJSON(w, r)
+	case "yaml":
+		data, err := yaml.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(data)
+		return err
+	}
+	commit := "none recorded"
+	if r.Commit != "" {
+		commit = r.Commit
+		if r.CommitTime != "" {
+			commit += " (" + r.CommitTime + ")"
+		}
+		if r.Modified {
+			commit += ", with uncommitted changes"
+		}
+	}
+	_, err = fmt.Fprintf(w, `kube-etcd-migrate %s
+  commit:          %s
+  kubernetes:      %s (kube-apiserver %s: scheme, storage factory, encryption transformers)
+  target versions: %s (--target-version; default %s)
+  etcd client:     %s
+  go:              %s %s
+`, r.Version, commit, r.Kubernetes, r.KubeAPIServer, strings.Join(r.TargetVersions, ", "), r.DefaultTargetVersion, r.EtcdClient, r.Go, r.Platform)
+	return err
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "version",
+		Usage:        "the tool's version, the Kubernetes release it carries, the target versions it can emulate, etcd client and Go versions",
+		Flags:        []cli.Flag{outputFlag("text", "text", "json", "yaml")},
+		Action:       cmdVersion,
+		OnUsageError: commandUsageError,
+	}
+}
+
+func cmdVersion(c *cli.Context) error {
+	if c.NArg() != 0 {
+		return usageErr("version takes no arguments")
+	}
+	return writeVersion(c.App.Writer, c.String("output"))
+}
