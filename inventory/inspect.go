@@ -11,13 +11,17 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
 )
 
 // lastApplied is kubectl apply's annotation: on a Secret it repeats the data.
@@ -58,8 +62,21 @@ type KeyError struct {
 
 type inspected struct {
 	Storage Header         `json:"storage"`
+	Rewrite *Rewrite       `json:"rewrite,omitempty"`
 	Object  map[string]any `json:"object,omitempty"`
 	Error   *KeyError      `json:"error,omitempty"`
+}
+
+// Rewrite is what a no-op update through the target kube-apiserver would do to
+// the object (what migrate would write), without the values.
+type Rewrite struct {
+	Status  reencode.Status   `json:"status"`
+	Reasons []reencode.Reason `json:"reasons,omitempty"`
+	To      reencode.Form     `json:"to"`
+	// ManagedFieldsDropped lists the managedFields entries kube-apiserver's
+	// field manager would delete, as "manager operation apiVersion".
+	ManagedFieldsDropped []string `json:"managedFieldsDropped,omitempty"`
+	Error                string   `json:"error,omitempty"`
 }
 
 // Inspect reads one key, decodes it as kube-apiserver would and prints its storage
@@ -105,6 +122,9 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 	}
 	if decodeErr == nil {
 		out.Object, decodeErr = external(obj)
+	}
+	if decodeErr == nil {
+		out.Rewrite = rewrite(ctx, env, obj)
 	}
 	if decodeErr != nil {
 		out.Object = nil
@@ -164,6 +184,51 @@ func external(obj *decode.Object) (map[string]any, error) {
 		md["resourceVersion"] = strconv.FormatInt(obj.KV.ModRevision, 10)
 	}
 	return m, nil
+}
+
+// rewrite runs the decision migrate would take on obj (after the object was
+// printed: the decision re-encodes it in place).
+func rewrite(ctx context.Context, env *pipeline.Env, obj *decode.Object) *Rewrite {
+	before := managedFields(obj.Internal)
+	d := env.Planner.Decide(ctx, obj, nil)
+	r := &Rewrite{Status: d.Status, Reasons: d.Reasons, To: d.To}
+	if d.Err != nil {
+		_, r.Error = d.ErrorReason()
+	}
+	after := map[string]bool{}
+	for _, e := range managedFields(obj.Internal) {
+		after[entryName(e)] = true
+	}
+	for _, e := range before {
+		if !after[entryName(e)] {
+			r.ManagedFieldsDropped = append(r.ManagedFieldsDropped, entryName(e))
+		}
+	}
+	return r
+}
+
+func joinReasons(rs []reencode.Reason) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+func managedFields(obj runtime.Object) []metav1.ManagedFieldsEntry {
+	acc, err := apimeta.Accessor(obj)
+	if err != nil {
+		return nil
+	}
+	return append([]metav1.ManagedFieldsEntry(nil), acc.GetManagedFields()...)
+}
+
+func entryName(e metav1.ManagedFieldsEntry) string {
+	s := e.Manager + " " + string(e.Operation) + " " + e.APIVersion
+	if e.Subresource != "" {
+		s += " /" + e.Subresource
+	}
+	return s
 }
 
 func keyError(err error) *KeyError {
@@ -254,6 +319,19 @@ func (o *inspected) write(w io.Writer, format string) error {
 		line("stored as", "%s %s", h.APIVersion, h.Kind)
 	}
 	line("size", "%d bytes", h.Size)
+	if r := o.Rewrite; r != nil {
+		switch r.Status {
+		case reencode.Stale:
+			line("migrate", "would rewrite it (%s) as %s %s, %s", joinReasons(r.Reasons), r.To.Version, r.To.MediaType, r.To.Encryption)
+		case reencode.Current:
+			line("migrate", "current: nothing to rewrite")
+		default:
+			line("migrate", "%s: %s", r.Status, r.Error)
+		}
+		for _, e := range r.ManagedFieldsDropped {
+			line("drops entry", "managedFields %s (version not served by the target kube-apiserver)", e)
+		}
+	}
 	if o.Error != nil {
 		line("error", "%s", o.Error.Reason)
 		if o.Error.Detail != "" {

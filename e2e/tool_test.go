@@ -1,0 +1,65 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// The tool as an operator runs it: the binary built from this module, once per
+// test binary. Flags that are process-wide in kube-apiserver (feature gates)
+// stay in the tool's own process, away from the in-process kube-apiservers.
+var tool struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+	out  []byte
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if tool.dir != "" {
+		os.RemoveAll(tool.dir)
+	}
+	os.Exit(code)
+}
+
+func toolBinary(t *testing.T) string {
+	t.Helper()
+	tool.once.Do(func() {
+		tool.dir, tool.err = os.MkdirTemp("", "kube-etcd-migrate-e2e-")
+		if tool.err != nil {
+			return
+		}
+		tool.path = filepath.Join(tool.dir, "kube-etcd-migrate")
+		cmd := exec.Command("go", "build", "-o", tool.path, "..")
+		tool.out, tool.err = cmd.CombinedOutput()
+	})
+	if tool.err != nil {
+		t.Fatalf("build the tool: %v\n%s", tool.err, tool.out)
+	}
+	return tool.path
+}
+
+// runTool runs the binary and returns its stdout, stderr and exit code.
+func runTool(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(toolBinary(t), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	t.Logf("kube-etcd-migrate %v: exit %d\n%s", args, code, stderr.String())
+	return stdout.String(), stderr.String(), code
+}
