@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testetcd"
@@ -185,6 +187,32 @@ func TestScanCompactedMidScan(t *testing.T) {
 	}
 	if stats.Keys != int64(len(start)) {
 		t.Fatalf("stats.Keys %d, want %d", stats.Keys, len(start))
+	}
+}
+
+// TestScanKeepRevision: a revision the caller asked for is never left for a
+// newer one: its compaction mid-scan is an error naming it.
+func TestScanKeepRevision(t *testing.T) {
+	s, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	putKeys(t, c, "/registry/configmaps/", 40)
+	rev, err := s.Revision(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := 0
+	_, err = Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/configmaps/"}, PageSize: 8, Revision: rev, KeepRevision: true}, func(page []KV) error {
+		pages++
+		if pages == 1 {
+			return writeAndCompact(ctx, s, c)
+		}
+		return nil
+	})
+	if !errors.Is(err, rpctypes.ErrCompacted) || !strings.Contains(err.Error(), fmt.Sprintf("at revision %d", rev)) {
+		t.Fatalf("scan at a kept revision compacted mid-scan: %v, want a compaction error naming revision %d", err, rev)
+	}
+	if pages > 2 { // the page read ahead before the compaction may still come
+		t.Errorf("%d pages handed over after the compaction", pages-1)
 	}
 }
 

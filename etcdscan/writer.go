@@ -31,11 +31,23 @@ const (
 
 // Put is one value to write back if the key still has ModRevision.
 // ModRevision 0 means "only if the key does not exist" (and the put then
-// creates it without a lease).
+// creates it, attached to Lease if that is set).
 type Put struct {
 	Key         string
 	Value       []byte
 	ModRevision int64
+	// Delete removes the key, if it still has ModRevision, instead of writing Value.
+	Delete bool
+	// Lease is the lease a creation (ModRevision 0) is attached to; 0: none.
+	// An existing key always keeps its own lease.
+	Lease int64
+}
+
+func (p Put) verb() string {
+	if p.Delete {
+		return "delete"
+	}
+	return "put"
 }
 
 // PutStatus is the outcome of one Put.
@@ -43,7 +55,8 @@ type PutStatus int
 
 // Outcomes of a Put.
 const (
-	// Written: the value is stored; NewModRevision is its mod revision.
+	// Written: the value is stored (a Delete: the key is gone); NewModRevision
+	// is its mod revision (the revision of the delete).
 	Written PutStatus = iota + 1
 	// Conflict: the key was modified or deleted since it was read; nothing was written.
 	Conflict
@@ -172,7 +185,7 @@ func (w *Writer) Write(ctx context.Context, puts []Put) []PutResult {
 func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []PutResult) {
 	if err := ctx.Err(); err != nil {
 		for _, i := range idx {
-			res[i].Status, res[i].Err = Failed, fmt.Errorf("put %s: %w", puts[i].Key, err)
+			res[i].Status, res[i].Err = Failed, fmt.Errorf("%s %s: %w", puts[i].verb(), puts[i].Key, err)
 		}
 		return
 	}
@@ -200,7 +213,7 @@ func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []Pu
 		w.writeBatch(ctx, puts, idx[h:], res)
 	case err != nil:
 		for _, i := range idx {
-			res[i].Status, res[i].Err = Failed, fmt.Errorf("put %s (in a transaction of %d keys): %w", puts[i].Key, len(idx), err)
+			res[i].Status, res[i].Err = Failed, fmt.Errorf("%s %s (in a transaction of %d keys): %w", puts[i].verb(), puts[i].Key, len(idx), err)
 		}
 	case resp.Succeeded:
 		w.txns.Add(1)
@@ -218,7 +231,12 @@ func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []Pu
 // putOp keeps the key's lease: a put without a lease would detach the key from
 // it for ever (events would never expire).
 func putOp(p Put) clientv3.Op {
-	if p.ModRevision == 0 {
+	switch {
+	case p.Delete:
+		return clientv3.OpDelete(p.Key)
+	case p.ModRevision == 0 && p.Lease != 0:
+		return clientv3.OpPut(p.Key, string(p.Value), clientv3.WithLease(clientv3.LeaseID(p.Lease)))
+	case p.ModRevision == 0:
 		return clientv3.OpPut(p.Key, string(p.Value)) // creation: no lease to keep
 	}
 	return clientv3.OpPut(p.Key, string(p.Value), clientv3.WithIgnoreLease())
@@ -242,9 +260,9 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 	ambiguous = ambiguous || amb
 	switch {
 	case err != nil && isTooLarge(err):
-		r.Status, r.Err = Failed, fmt.Errorf("put %s (%d bytes): larger than etcd accepts (--max-request-bytes): %w", p.Key, len(p.Value), err)
+		r.Status, r.Err = Failed, fmt.Errorf("%s %s (%d bytes): larger than etcd accepts (--max-request-bytes): %w", p.verb(), p.Key, len(p.Value), err)
 	case err != nil:
-		r.Status, r.Err = Failed, fmt.Errorf("put %s: %w", p.Key, err)
+		r.Status, r.Err = Failed, fmt.Errorf("%s %s: %w", p.verb(), p.Key, err)
 	case resp.Succeeded:
 		r.Status, r.NewModRevision = Written, resp.Header.Revision
 	default:
@@ -256,12 +274,17 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 			}
 		}
 		switch {
+		case cur == nil && p.Delete && ambiguous:
+			// An earlier attempt deleted it.
+			r.Status, r.NewModRevision = Written, resp.Header.Revision
 		case cur == nil:
-			r.Status, r.Err = Conflict, fmt.Errorf("put %s: key deleted since read at mod revision %d", p.Key, p.ModRevision)
-		case ambiguous && bytes.Equal(curVal, p.Value):
+			r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key deleted since read at mod revision %d", p.verb(), p.Key, p.ModRevision)
+		case ambiguous && !p.Delete && bytes.Equal(curVal, p.Value):
 			r.Status, r.NewModRevision = Written, *cur
+		case p.ModRevision == 0:
+			r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key created meanwhile (mod revision %d)", p.verb(), p.Key, *cur)
 		default:
-			r.Status, r.Err = Conflict, fmt.Errorf("put %s: key modified since read (mod revision %d, read at %d)", p.Key, *cur, p.ModRevision)
+			r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key modified since read (mod revision %d, read at %d)", p.verb(), p.Key, *cur, p.ModRevision)
 		}
 	}
 }

@@ -156,6 +156,55 @@ func TestWriterKeepsLease(t *testing.T) {
 	}
 }
 
+// TestWriterDeletesAndCreates: a Delete removes a key only if it still has
+// the mod revision read (in a batch and alone); a creation (mod revision 0)
+// only if the key is absent, attached to the lease given.
+func TestWriterDeletesAndCreates(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	putKeys(t, c, "/registry/secrets/", 4)
+	kvs := readAll(t, c, "/registry/secrets/")
+	if _, err := c.Put(ctx, kvs[1].Key, "rewritten since read"); err != nil {
+		t.Fatal(err)
+	}
+	var dels []Put
+	for _, kv := range kvs {
+		dels = append(dels, Put{Key: kv.Key, ModRevision: kv.ModRevision, Delete: true})
+	}
+	w := &Writer{Client: c}
+	res := w.Write(ctx, dels)
+	for i, r := range res {
+		_, _, _, exists := getKV(t, c, r.Key)
+		switch {
+		case i == 1 && (r.Status != Conflict || !exists || !strings.Contains(r.Err.Error(), "delete "+r.Key)):
+			t.Errorf("changed key: %v %v, exists %v", r.Status, r.Err, exists)
+		case i != 1 && (r.Status != Written || exists || r.NewModRevision <= kvs[i].ModRevision):
+			t.Errorf("%s: %v %v rev %d, exists %v", r.Key, r.Status, r.Err, r.NewModRevision, exists)
+		}
+	}
+
+	lease, err := c.Grant(ctx, 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creates := []Put{
+		{Key: kvs[0].Key, Value: []byte("back"), Lease: int64(lease.ID)},
+		{Key: kvs[1].Key, Value: []byte("back")}, // still there: not created
+		{Key: kvs[2].Key, Value: []byte("back")},
+	}
+	res = w.Write(ctx, creates)
+	for i, want := range []struct {
+		status PutStatus
+		value  string
+		lease  int64
+	}{{Written, "back", int64(lease.ID)}, {Conflict, "rewritten since read", 0}, {Written, "back", 0}} {
+		val, _, l, _ := getKV(t, c, creates[i].Key)
+		if res[i].Status != want.status || val != want.value || l != want.lease {
+			t.Errorf("create %s: %v %v, value %q lease %x; want %v %q lease %x", creates[i].Key, res[i].Status, res[i].Err, val, l, want.status, want.value, want.lease)
+		}
+	}
+}
+
 func TestWriterBatchesByBytes(t *testing.T) {
 	_, c := startClient(t, testetcd.Options{MaxRequestBytes: 64 << 10})
 	ctx := context.Background()
