@@ -157,7 +157,8 @@ func createCR(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVersionResour
 
 // TestCustomResourceStorageVersion: two CRDs move their storage version from
 // v1beta1 to v1, one with conversion None, one with a conversion webhook (a
-// real HTTPS server, URL config, caBundle). After the migration the
+// real HTTPS server, URL config, caBundle); the widgets' v1beta1, through which
+// objects were created, is then set served: false. After the migration the
 // apiserver's CRDs list only v1 in status.storedVersions, every custom
 // resource is served unchanged, and no-op updates write nothing.
 func TestCustomResourceStorageVersion(t *testing.T) {
@@ -214,9 +215,28 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	assertStoredJSON(t, c, "/registry/none.example.com/widgets/default/w-v1", "none.example.com/v1")
 	assertStoredJSON(t, c, "/registry/hook.example.com/gadgets/default/g0", "hook.example.com/v1beta1")
 
-	before := snapshot(t, rc, []schema.GroupVersionResource{widgets, gadgets, widgetsBeta, gadgetsBeta})
-	if len(before) != 16 {
-		t.Fatalf("served %d custom resources through v1 and v1beta1, want 16", len(before))
+	// The widgets' v1beta1 is then no longer served: the objects created
+	// through it keep managedFields entries of a version served: false,
+	// which kube-apiserver keeps (the CRD still lists it).
+	crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, none.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd.Spec.Versions[0].Served = false
+	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("stop serving %s v1beta1: %v", none.Name, err)
+	}
+	waitCRD(t, ext, none.Name, "v1beta1 not served", func(c *apiextensionsv1.CustomResourceDefinition) bool {
+		return !c.Spec.Versions[0].Served && established(c)
+	})
+	waitServed(t, dyn, widgetsBeta, false)
+
+	before := snapshot(t, rc, []schema.GroupVersionResource{widgets, gadgets, gadgetsBeta})
+	if len(before) != 12 {
+		t.Fatalf("served %d custom resources through widgets v1 and gadgets v1 and v1beta1, want 12", len(before))
+	}
+	if n := len(before[objKey{GVR: widgets, Namespace: "default", Name: "w0"}].GetManagedFields()); n == 0 {
+		t.Fatalf("widget w0 has no managedFields: the test's premise")
 	}
 	c.stop()
 
@@ -270,5 +290,21 @@ func assertStoredJSON(t *testing.T, c *cluster, key, apiVersion string) {
 	}
 	if tm.APIVersion != apiVersion {
 		t.Fatalf("%s stored as %s, want %s", key, tm.APIVersion, apiVersion)
+	}
+}
+
+// waitServed waits until listing gvr succeeds (served) or fails (not served).
+func waitServed(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVersionResource, served bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{})
+		if (err == nil) == served {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s served=%v never took effect (last error %v)", gvr, served, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

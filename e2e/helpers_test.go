@@ -277,7 +277,7 @@ func sameContent(t *testing.T, cfg *rest.Config, before map[objKey]*unstructured
 	t.Helper()
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(cfg)
-	served := servedGroupVersions(t, cfg)
+	served := keptGroupVersions(t, cfg)
 	for k, want := range before {
 		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -69,8 +70,11 @@ func createManagedFieldsVariety(t *testing.T, rc *rest.Config, ns string) {
 
 func ptrTrue() *bool { b := true; return &b }
 
-// servedGroupVersions lists the group/versions the server behind rc serves.
-func servedGroupVersions(t *testing.T, rc *rest.Config) map[string]bool {
+// keptGroupVersions lists the group/versions whose managedFields entries the
+// field manager of the server behind rc keeps: every version it serves, and
+// for custom resources every version in their CRD's spec.versions, served or
+// not (apiextensions-apiserver builds its type converter from all of them).
+func keptGroupVersions(t *testing.T, rc *rest.Config) map[string]bool {
 	t.Helper()
 	groups, err := discovery.NewDiscoveryClientForConfigOrDie(rc).ServerGroups()
 	if err != nil {
@@ -82,12 +86,21 @@ func servedGroupVersions(t *testing.T, rc *rest.Config) map[string]bool {
 			out[v.GroupVersion] = true
 		}
 	}
+	crds, err := apiextensionsclient.NewForConfigOrDie(rc).ApiextensionsV1().CustomResourceDefinitions().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list CRDs: %v", err)
+	}
+	for _, crd := range crds.Items {
+		for _, v := range crd.Spec.Versions {
+			out[crd.Spec.Group+"/"+v.Name] = true
+		}
+	}
 	return out
 }
 
 // managedFieldsLeft is what kube-apiserver's field manager leaves of an
-// object's managedFields on its next write: the entries of versions the
-// server serves, unchanged.
+// object's managedFields on its next write: the entries of the versions it
+// keeps (keptGroupVersions), unchanged.
 func managedFieldsLeft(u *unstructured.Unstructured, served map[string]bool) []metav1.ManagedFieldsEntry {
 	var out []metav1.ManagedFieldsEntry
 	for _, e := range u.GetManagedFields() {

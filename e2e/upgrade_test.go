@@ -233,7 +233,7 @@ func TestUpgrade133To136(t *testing.T) {
 	// Reads do not run the field manager: 1.36 serves the managedFields
 	// entries written through resource.k8s.io/v1beta1, which it no longer
 	// serves, and its next write of each object drops them.
-	dropped := droppedEntries(before, servedGroupVersions(t, rc))
+	dropped := droppedEntries(before, keptGroupVersions(t, rc))
 	t.Logf("managedFields entries of unserved versions: %v", dropped)
 	if dropped[schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}] < 4 {
 		t.Fatalf("the DeviceClasses created through v1beta1 carry %d managedFields entries of it, want >= 4 (the test's premise)", dropped[schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}])
