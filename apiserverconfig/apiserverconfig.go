@@ -99,9 +99,6 @@ var relevant = []string{
 	"encryption-provider-config", "storage-media-type", "runtime-config", "feature-gates", "emulated-version",
 }
 
-// pathFlags are container paths in a manifest.
-var pathFlags = map[string]bool{"etcd-cafile": true, "etcd-certfile": true, "etcd-keyfile": true, "encryption-provider-config": true}
-
 // Load parses kube-apiserver's command line from in and returns what the tool
 // takes from it. Nothing process-wide changes until Apply.
 func Load(in Input) (*Config, error) {

@@ -28,7 +28,7 @@ func path(t *testing.T, runtimeConfig ...string) *Path {
 func entry(manager, apiVersion, fields string) metav1.ManagedFieldsEntry {
 	return metav1.ManagedFieldsEntry{
 		Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: apiVersion,
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)},
+		FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(fields),
 	}
 }
 
@@ -93,7 +93,7 @@ func TestServedVersionsKept(t *testing.T) {
 
 func TestCorruptManagedFieldsDropped(t *testing.T) {
 	p := path(t)
-	dc := deviceClass(metav1.ManagedFieldsEntry{Manager: "x", Operation: "Bogus", APIVersion: "resource.k8s.io/v1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{`)}})
+	dc := deviceClass(metav1.ManagedFieldsEntry{Manager: "x", Operation: "Bogus", APIVersion: "resource.k8s.io/v1", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{`)})
 	changed, err := p.Apply(dc)
 	if err != nil {
 		t.Fatal(err)
