@@ -294,6 +294,15 @@ func transformError(info EncryptionInfo, err error) string {
 	return msg
 }
 
+// CanRead reports whether the configuration has, for gr, the provider and key
+// named in a value's prefix (info as Decrypt reports it). An undecryptable value
+// it can read was refused by a configured key or KMS plugin (wrong key
+// material, a plugin error); one it cannot read is under a key the
+// configuration does not have.
+func (e *Encryption) CanRead(gr schema.GroupResource, info EncryptionInfo) bool {
+	return e.canRead(gr, info)
+}
+
 func (e *Encryption) canRead(gr schema.GroupResource, info EncryptionInfo) bool {
 	for _, r := range e.readable(gr) {
 		if r.Provider == info.Provider && (r.KeyName == info.KeyName || r.Provider == ProviderIdentity) {
