@@ -1,0 +1,407 @@
+// Package quarantine removes from etcd the objects kube-apiserver cannot serve —
+// under an encryption key the configuration no longer has, or whose envelope or
+// payload does not decode — so that LISTs of their resource work again after a
+// key loss. It removes only objects of the resources and for the reasons the
+// operator names, each with compare-and-swap on its mod revision, after writing
+// its key, raw value, lease and revisions to a journal (mode 0600) from which
+// migrate.Rollback creates it again. It never removes an object that decrypts
+// and decodes, nor one a configured key or KMS plugin refused (a wrong key file
+// or a plugin outage is not a lost key), nor, under a key that refused others,
+// one that decrypted to something undecodable (aescbc does not authenticate:
+// wrong key material sometimes "decrypts" to garbage).
+package quarantine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// Removable are the reasons a quarantine may be asked to remove objects for:
+// kube-apiserver cannot read such a value with this configuration either.
+var Removable = []decode.Reason{
+	decode.ReasonUndecryptable,
+	decode.ReasonCorruptEnvelope,
+	decode.ReasonCorruptPayload,
+	decode.ReasonUnknownKind,
+}
+
+// ParseReasons reads --reason values (repeatable, comma separated).
+func ParseReasons(vals []string) ([]decode.Reason, error) {
+	var out []decode.Reason
+	for _, v := range vals {
+		for _, r := range strings.Split(v, ",") {
+			r = strings.TrimSpace(r)
+			if r == "" {
+				continue
+			}
+			reason := decode.Reason(r)
+			switch {
+			case slices.Contains(Removable, reason):
+				if !slices.Contains(out, reason) {
+					out = append(out, reason)
+				}
+			case reason == decode.ReasonWouldLoseFields || reason == decode.ReasonConversionFailed:
+				return nil, fmt.Errorf("--reason %s: such objects decode (kube-apiserver serves them); quarantine never removes a readable object", r)
+			default:
+				return nil, fmt.Errorf("--reason %s: not a reason quarantine removes objects for (want %s)", r, joinReasons(Removable))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--reason: name at least one of %s", joinReasons(Removable))
+	}
+	return out, nil
+}
+
+func joinReasons(rs []decode.Reason) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Options control a quarantine.
+type Options struct {
+	// Reasons to remove objects for (required; see Removable).
+	Reasons []decode.Reason
+	DryRun  bool
+	// Journal is the file the removed values are recorded in (required unless DryRun).
+	Journal            string
+	AllowLiveAPIServer bool
+	// PrivateEtcd names the snapshot file the etcd is a private copy of.
+	PrivateEtcd string
+	// BatchOps is the number of deletes per transaction (default etcdscan.DefaultMaxOps).
+	BatchOps int
+	// Now is the clock of the live-apiserver check (tests).
+	Now func() time.Time
+	// WriteContext is used for the deletes and the journal: it should outlive a
+	// SIGINT so that a batch in flight finishes. nil = the run context.
+	WriteContext context.Context
+}
+
+// Entry statuses.
+const (
+	StatusRemoved     = "removed"
+	StatusWouldRemove = "would remove"
+	StatusConflict    = "conflict"
+	StatusFailed      = "failed"
+	StatusKept        = "kept"
+)
+
+// Entry is one unreadable object of the selected resources.
+type Entry struct {
+	Key         string        `json:"key"`
+	Resource    string        `json:"resource"`
+	Reason      decode.Reason `json:"reason"`
+	Detail      string        `json:"detail,omitempty"`
+	Encryption  string        `json:"encryption,omitempty"`
+	Bytes       int           `json:"bytes"`
+	ModRevision int64         `json:"modRevision"`
+	Lease       string        `json:"lease,omitempty"`
+	Status      string        `json:"status"`
+	// Note says why a kept object is kept, or why a removal did not happen.
+	Note string `json:"note,omitempty"`
+
+	encryption decode.EncryptionInfo
+}
+
+// Result is what a quarantine found and did.
+type Result struct {
+	DryRun     bool               `json:"dryRun"`
+	Revision   int64              `json:"revision"`
+	Consistent bool               `json:"consistent"`
+	Restarts   []etcdscan.Restart `json:"restarts,omitempty"`
+	Reasons    []decode.Reason    `json:"reasons"`
+	Prefixes   []string           `json:"prefixes"`
+	Journal    string             `json:"journal,omitempty"`
+	Preflight  []string           `json:"preflight,omitempty"`
+	// Objects is the number of objects scanned, Unreadable those that did not
+	// read; each of those is removed, would be, conflicted, failed or is kept.
+	Objects     int64 `json:"objects"`
+	Unreadable  int64 `json:"unreadable"`
+	Removed     int64 `json:"removed"`
+	WouldRemove int64 `json:"wouldRemove"`
+	Conflicts   int64 `json:"conflicts"`
+	Failed      int64 `json:"failed"`
+	Kept        int64 `json:"kept"`
+	// Entries lists every unreadable object (kept ones up to maxKeptListed).
+	Entries      []Entry `json:"entries"`
+	Interrupted  bool    `json:"interrupted,omitempty"`
+	Duration     string  `json:"duration"`
+	keptListed   int
+	keptUnlisted int64
+}
+
+// maxKeptListed bounds the kept objects listed (all are counted).
+const maxKeptListed = 1000
+
+// Run quarantines what env selects. env must have a resource filter
+// (--resource). The result is complete even when err is set.
+func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) {
+	start := time.Now()
+	res := &Result{DryRun: opts.DryRun, Consistent: true, Reasons: opts.Reasons, Prefixes: env.Prefixes, Journal: opts.Journal, Entries: []Entry{}}
+	defer func() { res.Duration = time.Since(start).Round(time.Millisecond).String() }()
+	switch {
+	case len(opts.Reasons) == 0:
+		return res, fmt.Errorf("--reason: name at least one of %s", joinReasons(Removable))
+	case env.Filter == nil:
+		return res, errors.New("--resource: name the resource(s) to quarantine objects of (quarantine never works on every resource at once)")
+	case env.Config.Revision != 0:
+		return res, fmt.Errorf("quarantine reads and writes the current revision: --revision %d is for the read-only commands", env.Config.Revision)
+	case !opts.DryRun && opts.Journal == "":
+		return res, errors.New("--journal: required (the removed values are recorded there, for rollback); or --dry-run")
+	}
+	writeCtx := opts.WriteContext
+	if writeCtx == nil {
+		writeCtx = ctx
+	}
+
+	var journal *migrate.Journal
+	if !opts.DryRun {
+		checks, err := migrate.PreflightOffline(ctx, env, migrate.Options{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, Now: opts.Now})
+		res.Preflight = checks
+		if err != nil {
+			return res, err
+		}
+		journal, err = migrate.OpenJournal(opts.Journal)
+		if err != nil {
+			return res, err
+		}
+		defer journal.Close()
+	}
+
+	// Pass 1: find the unreadable objects. Values are not kept: a candidate is
+	// read again, and decoded again, right before it is removed.
+	var candidates []*Entry
+	refused := map[string]bool{} // provider:key that a configured key or plugin refused
+	stats, scanErr := env.Run(ctx, 0, pipeline.DecodeOnly, func(page []reencode.Decision) error {
+		for i := range page {
+			d := &page[i]
+			if d.Status == reencode.NotObject {
+				continue
+			}
+			res.Objects++
+			if d.Status == reencode.Readable {
+				continue
+			}
+			res.Unreadable++
+			e := entryOf(d)
+			switch {
+			case !slices.Contains(opts.Reasons, e.Reason):
+				res.keep(e, "its reason is not named (--reason)")
+			case e.Reason == decode.ReasonUndecryptable && env.Encryption.CanRead(d.Resource, e.encryption):
+				refused[e.encryption.String()] = true
+				res.keep(e, fmt.Sprintf("the configured %s refused it (wrong key material, or a KMS plugin error): fix the key or the plugin, or remove it from the configuration to quarantine such objects", e.encryption))
+			default:
+				candidates = append(candidates, e)
+			}
+		}
+		return nil
+	})
+	res.Revision, res.Consistent, res.Restarts = stats.Revision, stats.Consistent, stats.Restarts
+	if scanErr != nil {
+		if ctx.Err() != nil {
+			res.Interrupted = true
+			return res.finish(), errors.New("interrupted before anything was removed")
+		}
+		return res.finish(), fmt.Errorf("quarantine: scan %s: %w", strings.Join(env.Prefixes, ", "), scanErr)
+	}
+	// A key that refused values may also have "decrypted" others to garbage.
+	var remove []*Entry
+	for _, e := range candidates {
+		if e.encryption.Provider != decode.ProviderIdentity && refused[e.encryption.String()] && e.Reason != decode.ReasonUndecryptable && e.Reason != decode.ReasonCorruptEnvelope {
+			res.keep(e, fmt.Sprintf("the configured %s refused other values: this one likely decrypted to garbage with wrong key material", e.encryption))
+			continue
+		}
+		remove = append(remove, e)
+	}
+	if opts.DryRun {
+		for _, e := range remove {
+			e.Status = StatusWouldRemove
+			res.WouldRemove++
+			res.Entries = append(res.Entries, *e)
+		}
+		return res.finish(), nil
+	}
+	if len(remove) == 0 {
+		return res.finish(), nil
+	}
+
+	// Pass 2: journal and remove, a batch at a time.
+	if err := journal.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
+		return res.finish(), err
+	}
+	w := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps}
+	batch := opts.BatchOps
+	if batch <= 0 {
+		batch = etcdscan.DefaultMaxOps
+	}
+	for len(remove) > 0 {
+		if ctx.Err() != nil {
+			res.Interrupted = true
+			for _, e := range remove {
+				res.keep(e, "not reached: interrupted")
+			}
+			return res.finish(), errors.New("interrupted: the batches in flight finished; run again to go on")
+		}
+		n := min(batch, len(remove))
+		if err := removeBatch(writeCtx, env, w, journal, remove[:n], res); err != nil {
+			return res.finish(), err
+		}
+		remove = remove[n:]
+	}
+	return res.finish(), nil
+}
+
+func entryOf(d *reencode.Decision) *Entry {
+	reason, detail := d.ErrorReason()
+	e := &Entry{
+		Key: d.Key, Resource: d.Resource.String(), Reason: reason, Detail: detail, Encryption: d.From.Encryption,
+		Bytes: d.OldSize, ModRevision: d.ModRevision,
+	}
+	if d.Lease != 0 {
+		e.Lease = fmt.Sprintf("%016x", d.Lease)
+	}
+	// EncryptionInfo.String is provider[:key]; provider names have no ':'.
+	provider, key, _ := strings.Cut(d.From.Encryption, ":")
+	e.encryption = decode.EncryptionInfo{Provider: provider, KeyName: key}
+	return e
+}
+
+func (r *Result) keep(e *Entry, note string) {
+	r.Kept++
+	if r.keptListed >= maxKeptListed {
+		r.keptUnlisted++
+		return
+	}
+	r.keptListed++
+	e.Status, e.Note = StatusKept, note
+	r.Entries = append(r.Entries, *e)
+}
+
+func (r *Result) finish() *Result {
+	sort.SliceStable(r.Entries, func(i, j int) bool { return r.Entries[i].Key < r.Entries[j].Key })
+	return r
+}
+
+// removeBatch reads each entry again, checks it is the value decided on and
+// still unreadable for the same reason, journals it and deletes it with
+// compare-and-swap on its mod revision.
+func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *migrate.Journal, es []*Entry, res *Result) error {
+	var intents []migrate.DeleteIntent
+	var dels []etcdscan.Put
+	var pending []*Entry
+	for _, e := range es {
+		resp, err := env.Client.Get(ctx, e.Key)
+		if err != nil {
+			return fmt.Errorf("quarantine: read %s: %w (nothing of this batch was removed)", e.Key, err)
+		}
+		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != e.ModRevision {
+			e.Status, e.Note = StatusConflict, "changed or deleted since it was read: left alone (run again to see it)"
+			res.Conflicts++
+			res.Entries = append(res.Entries, *e)
+			continue
+		}
+		kv := resp.Kvs[0]
+		d := env.DecideOne(ctx, etcdscan.KV{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease}, pipeline.DecodeOnly)
+		if d.Status != reencode.Unreadable || d.Err == nil || d.Err.Reason != e.Reason {
+			res.keep(e, fmt.Sprintf("read again, it is %s: left alone", d.Status))
+			continue
+		}
+		intents = append(intents, migrate.DeleteIntent{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision,
+			Version: kv.Version, Lease: kv.Lease, Reason: string(e.Reason)})
+		dels = append(dels, etcdscan.Put{Key: e.Key, ModRevision: kv.ModRevision, Delete: true})
+		pending = append(pending, e)
+	}
+	if len(dels) == 0 {
+		return nil
+	}
+	if err := j.DeleteIntents(intents); err != nil {
+		return fmt.Errorf("%w (nothing of this batch was removed)", err)
+	}
+	results := w.Write(ctx, dels)
+	if err := j.Deleted(results); err != nil {
+		return err
+	}
+	for i, r := range results {
+		e := pending[i]
+		switch r.Status {
+		case etcdscan.Written:
+			e.Status = StatusRemoved
+			res.Removed++
+		case etcdscan.Conflict:
+			e.Status, e.Note = StatusConflict, "changed since it was read: left alone (run again to see it)"
+			res.Conflicts++
+		default:
+			e.Status, e.Note = StatusFailed, fmt.Sprint(r.Err)
+			res.Failed++
+		}
+		res.Entries = append(res.Entries, *e)
+	}
+	return nil
+}
+
+// Write prints the result as "table" or "json".
+func (r *Result) Write(w io.Writer, format string) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	case "", "table":
+	default:
+		return fmt.Errorf("unknown output format %q (want table or json)", format)
+	}
+	consistency := "consistent"
+	if !r.Consistent {
+		consistency = "NOT consistent: the revision was compacted during the scan"
+	}
+	fmt.Fprintf(w, "Revision %d (%s), %s, reasons %s\n", r.Revision, consistency, strings.Join(r.Prefixes, ", "), joinReasons(r.Reasons))
+	for _, p := range r.Preflight {
+		fmt.Fprintf(w, "preflight: %s\n", p)
+	}
+	if len(r.Entries) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tRESOURCE\tREASON\tSTORED AS\tSTATUS\tNOTE")
+		for _, e := range r.Entries {
+			note := e.Note
+			if note == "" {
+				note = e.Detail
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Key, e.Resource, e.Reason, e.Encryption, e.Status, note)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if r.keptUnlisted > 0 {
+			fmt.Fprintf(w, "... and %d more kept\n", r.keptUnlisted)
+		}
+	}
+	fmt.Fprintln(w)
+	if r.DryRun {
+		_, err := fmt.Fprintf(w, "dry run: would remove %d of %d unreadable object(s) (%d objects scanned), keep %d; nothing was written\n", r.WouldRemove, r.Unreadable, r.Objects, r.Kept)
+		return err
+	}
+	fmt.Fprintf(w, "removed %d of %d unreadable object(s) (%d objects scanned), kept %d, conflicts %d, failed %d", r.Removed, r.Unreadable, r.Objects, r.Kept, r.Conflicts, r.Failed)
+	if r.Removed > 0 {
+		fmt.Fprintf(w, "; their values are in the journal %s ('rollback --journal %s' puts them back)", r.Journal, r.Journal)
+	}
+	_, err := fmt.Fprintln(w)
+	return err
+}
