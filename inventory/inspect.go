@@ -38,8 +38,9 @@ type Header struct {
 	Version        int64  `json:"version"`
 	// Lease is the lease ID in hex as etcdctl prints it; empty without a lease.
 	Lease string `json:"lease,omitempty"`
-	// LeaseTTL is the lease's remaining seconds (-1: expired), LeaseGrantedTTL
-	// its granted TTL; LeaseError says why they are unknown.
+	// LeaseTTL is the lease's remaining seconds (-1: expired; absent for a
+	// snapshot file, which does not record it), LeaseGrantedTTL its granted TTL;
+	// LeaseError says why they are unknown.
 	LeaseTTL        *int64 `json:"leaseTTL,omitempty"`
 	LeaseGrantedTTL *int64 `json:"leaseGrantedTTL,omitempty"`
 	LeaseError      string `json:"leaseError,omitempty"`
@@ -94,11 +95,18 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 	if env == nil || env.Client == nil {
 		return errors.New("inspect: no environment")
 	}
-	resp, err := env.Client.Get(ctx, key)
+	var opts []clientv3.OpOption
+	if env.Config.Revision > 0 {
+		opts = append(opts, clientv3.WithRev(env.Config.Revision))
+	}
+	resp, err := env.Client.Get(ctx, key, opts...)
 	if err != nil {
 		return fmt.Errorf("get %s: %w", key, err)
 	}
 	if len(resp.Kvs) == 0 {
+		if env.Config.Revision > 0 {
+			return fmt.Errorf("key not found at revision %d: %s", env.Config.Revision, key)
+		}
 		return fmt.Errorf("key not found: %s", key)
 	}
 	raw := resp.Kvs[0]
@@ -107,7 +115,7 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 		Key: kv.Key, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Size: len(kv.Value),
 	}}
 	if kv.Lease != 0 {
-		leaseInfo(ctx, env.Client, kv.Lease, &out.Storage)
+		leaseInfo(ctx, env.Client, kv.Lease, env.Config.SnapshotFile != "", &out.Storage)
 	}
 
 	obj, decodeErr := env.Decoder.Decode(ctx, kv)
@@ -144,15 +152,22 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 	return out.write(w, format)
 }
 
-func leaseInfo(ctx context.Context, cli *clientv3.Client, lease int64, h *Header) {
+// leaseInfo fills the lease's TTLs. A snapshot file does not record the time a
+// lease had left (etcd gives it its full TTL when restored): only the granted
+// TTL is reported.
+func leaseInfo(ctx context.Context, cli *clientv3.Client, lease int64, snapshot bool, h *Header) {
 	h.Lease = fmt.Sprintf("%016x", lease)
 	ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(lease))
 	if err != nil {
 		h.LeaseError = err.Error()
 		return
 	}
-	left, granted := ttl.TTL, ttl.GrantedTTL
-	h.LeaseTTL, h.LeaseGrantedTTL = &left, &granted
+	granted := ttl.GrantedTTL
+	h.LeaseGrantedTTL = &granted
+	if ttl.TTL < 0 || !snapshot {
+		left := ttl.TTL
+		h.LeaseTTL = &left
+	}
 }
 
 // external converts the decoded object to its stored version as a JSON map:
@@ -297,6 +312,8 @@ func (o *inspected) write(w io.Writer, format string) error {
 		line("lease", "none")
 	case h.LeaseError != "":
 		line("lease", "%s (TTL unknown: %s)", h.Lease, h.LeaseError)
+	case h.LeaseTTL == nil:
+		line("lease", "%s (granted %ds; a snapshot does not record the time left: restored, it starts again)", h.Lease, *h.LeaseGrantedTTL)
 	case *h.LeaseTTL < 0:
 		line("lease", "%s (expired)", h.Lease)
 	default:

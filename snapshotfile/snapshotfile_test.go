@@ -271,6 +271,24 @@ func TestReadEqualsLiveEtcd(t *testing.T) {
 		t.Errorf("after the reads: %v", err)
 	}
 
+	// inspect: a key's lease shows its granted TTL only (a snapshot does not
+	// record the time left); a deleted key is found at an older --revision.
+	var out bytes.Buffer
+	if err := inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, EncryptionConfig: f.encCfg}), f.leased, false, "json", &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"leaseGrantedTTL": 600`) || strings.Contains(out.String(), `"leaseTTL"`) {
+		t.Errorf("inspect %s on the file:\n%s", f.leased, out.String())
+	}
+	out.Reset()
+	if err := inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Revision: f.beforeDel}), f.deleted, false, "yaml", &out); err != nil {
+		t.Errorf("inspect %s at revision %d: %v", f.deleted, f.beforeDel, err)
+	}
+	err = inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap}), f.deleted, false, "yaml", &out)
+	if err == nil || !strings.Contains(err.Error(), "key not found") {
+		t.Errorf("inspect %s at the snapshot's revision: %v, want not found", f.deleted, err)
+	}
+
 	dir := s.Dir()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
