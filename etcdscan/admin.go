@@ -2,16 +2,20 @@ package etcdscan
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"weak"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/snapshot"
+	"go.uber.org/zap"
 )
 
 // StatusInfo summarises the members reachable through the client's endpoints.
@@ -61,61 +65,51 @@ func Alarms(ctx context.Context, cli *clientv3.Client) ([]string, error) {
 	return out, nil
 }
 
-// Snapshot saves a snapshot of the leader's backend (of the first endpoint
-// when no leader is found) to path: written to a temporary file of mode 0600
-// in the same directory, checked for etcd's sha256 trailer, synced, then
-// renamed into place. The snapshot is restorable with etcdutl snapshot restore.
-func Snapshot(ctx context.Context, cli *clientv3.Client, path string) (err error) {
+// Snapshot saves a snapshot of the leader's backend (of the first endpoint when
+// no leader is found) to path, restorable with etcdutl snapshot restore. It is
+// etcd's own snapshot.SaveWithVersion (what `etcdctl snapshot save` runs): it
+// streams into path+".part" created with mode 0600, checks etcd's sha256
+// trailer (a truncated stream fails), fsyncs and renames into place, removing
+// the part file on failure. A part file left by an interrupted run is removed
+// first, so the data is never written into a file of a wider mode; the
+// directory is synced after the rename. Errors name the endpoint and path.
+//
+// SaveWithVersion opens its own client to that one member: cli's endpoints'
+// TLS and credentials are the ones Connect opened it with; a client made
+// elsewhere is reached with its user and password and without TLS.
+func Snapshot(ctx context.Context, cli *clientv3.Client, path string) error {
 	ep := snapshotEndpoint(ctx, cli)
-	conn, err := cli.Dial(ep)
-	if err != nil {
-		return fmt.Errorf("snapshot: dial %s: %w", ep, err)
+	cfg := configOf(cli)
+	cfg.Endpoints = []string{ep}
+	if err := os.Remove(path + ".part"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("snapshot of %s to %s: %w", ep, path, err)
 	}
-	defer conn.Close()
-	m := clientv3.NewMaintenanceFromMaintenanceClient(clientv3.RetryMaintenanceClient(cli, conn), cli)
-
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".part-*")
-	if err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+	if _, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), cfg, path); err != nil {
+		return fmt.Errorf("snapshot of %s to %s: %w", ep, path, err)
 	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(0o600); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
-	rc, err := m.Snapshot(ctx)
-	if err != nil {
-		return fmt.Errorf("snapshot of %s: %w", ep, err)
-	}
-	defer rc.Close()
-	n, err := io.Copy(f, rc)
-	if err != nil {
-		return fmt.Errorf("snapshot of %s: %w", ep, err)
-	}
-	// etcd appends the sha256 of the database; its absence means a truncated stream.
-	if n%512 != sha256.Size {
-		return fmt.Errorf("snapshot of %s: no sha256 trailer after %d bytes (truncated?)", ep, n)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
-	if d, derr := os.Open(dir); derr == nil {
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		_ = d.Sync()
 		d.Close()
 	}
 	return nil
+}
+
+// clientConfigs holds the configuration Connect opened each client with, until
+// the client is garbage: etcd's snapshot package needs a configuration, not a
+// client, and a client does not give its own back.
+var clientConfigs sync.Map // weak.Pointer[clientv3.Client] -> clientv3.Config
+
+func rememberConfig(cli *clientv3.Client, cfg clientv3.Config) {
+	key := weak.Make(cli)
+	clientConfigs.Store(key, cfg)
+	runtime.AddCleanup(cli, func(k weak.Pointer[clientv3.Client]) { clientConfigs.Delete(k) }, key)
+}
+
+func configOf(cli *clientv3.Client) clientv3.Config {
+	if cfg, ok := clientConfigs.Load(weak.Make(cli)); ok {
+		return cfg.(clientv3.Config)
+	}
+	return clientv3.Config{Username: cli.Username, Password: cli.Password, DialTimeout: DefaultDialTimeout, Logger: zap.NewNop()}
 }
 
 func snapshotEndpoint(ctx context.Context, cli *clientv3.Client) string {

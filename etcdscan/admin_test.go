@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testpki"
 )
 
 func TestStatusSnapshotCompactRevision(t *testing.T) {
@@ -66,6 +68,27 @@ func TestStatusSnapshotCompactRevision(t *testing.T) {
 		t.Fatalf("snapshot left temporary files: %v", entries)
 	}
 
+	// A part file left by an interrupted save, readable by all: the new snapshot
+	// is never written into it with that mode, and it is gone afterwards.
+	again := filepath.Join(dir, "again.db")
+	if err := os.WriteFile(again+".part", []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Snapshot(ctx, c, again); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(again); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 4096 {
+		t.Fatalf("snapshot over a leftover part file: %v %v", fi, err)
+	}
+	if _, err := os.Stat(again + ".part"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("part file left: %v", err)
+	}
+	// An impossible path: the error names it, nothing is created.
+	missing := filepath.Join(dir, "no-such-dir", "x.db")
+	if err := Snapshot(ctx, c, missing); err == nil || !strings.Contains(err.Error(), missing) || strings.Count(err.Error(), "\n") != 0 {
+		t.Fatalf("snapshot into a missing directory: %v", err)
+	}
+
 	if rev, err := CompactRevision(ctx, c); err != nil || rev != 0 {
 		t.Fatalf("never compacted: %d %v", rev, err)
 	}
@@ -79,6 +102,46 @@ func TestStatusSnapshotCompactRevision(t *testing.T) {
 	putKeys(t, c, "/registry/more/", 3)
 	if rev, err := CompactRevision(ctx, c); err != nil || rev != cur-17 {
 		t.Fatalf("compacted at %d: got %d %v", cur-17, rev, err)
+	}
+}
+
+// TestSnapshotTLSAndAuth: the snapshot is taken with the TLS material and the
+// credentials the client was connected with (etcd's snapshot package opens its
+// own client to the member).
+func TestSnapshotTLSAndAuth(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "ca")
+	srvCert, srvKey := ca.Issue(t, dir, "server", true)
+	cliCert, cliKey := ca.Issue(t, dir, "client", false)
+	s := testetcd.StartT(t, testetcd.Options{TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
+	ctx := context.Background()
+	cfg := Config{Endpoints: []string{s.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second}
+	admin, err := Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "root", "s3cret"); return err },
+		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := admin.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin.Close()
+	cfg.Username, cfg.Password = "root", "s3cret"
+	c, err := Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	path := filepath.Join(dir, "tls.db")
+	if err := Snapshot(ctx, c, path); err != nil {
+		t.Fatalf("snapshot over TLS with auth: %v", err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 4096 {
+		t.Fatalf("snapshot file %v %v", fi, err)
 	}
 }
 

@@ -180,18 +180,20 @@ func Connect(ctx context.Context, cfg Config) (*clientv3.Client, error) {
 	}
 	tc, _ := cfg.tlsConfig()
 	eps := cfg.endpoints()
-	cli, err := clientv3.New(clientv3.Config{
+	ccfg := clientv3.Config{
 		Endpoints:   eps,
 		TLS:         tc,
 		Username:    cfg.Username,
 		Password:    cfg.Password,
 		DialTimeout: cfg.DialTimeout,
 		Logger:      zap.NewNop(),
-	})
+	}
+	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		// New only fails early on configuration or, with --user, on Authenticate.
 		return nil, describeErr(ctx, cfg, tc, strings.Join(eps, ","), err)
 	}
+	rememberConfig(cli, ccfg)
 	if err := probe(ctx, cli, cfg, tc); err != nil {
 		cli.Close()
 		return nil, err
