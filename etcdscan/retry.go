@@ -3,12 +3,12 @@ package etcdscan
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // DefaultRetries bounds the attempts made for one request on transient errors.
@@ -54,41 +54,34 @@ func isTooLarge(err error) bool {
 	return false
 }
 
-// backoff sleeps before retry number attempt (1-based): 100ms doubling up to
-// 5s, with jitter. It returns the context's error if it ends first.
-func backoff(ctx context.Context, attempt int) error {
-	d := 100 * time.Millisecond << min(attempt-1, 6)
-	if d > 5*time.Second {
-		d = 5 * time.Second
-	}
-	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// retryBackoff is the wait between attempts: 100ms doubling up to 5s, plus up
+// to half again at random, for as many retries as the caller allows.
+var retryBackoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: DefaultRetries, Cap: 5 * time.Second}
 
 // withRetry runs op with a per-attempt timeout, retrying transient errors up
-// to retries times. ambiguous is set when an attempt failed in a way that may
-// still have been applied (relevant for writes).
+// to retries times with retryBackoff between attempts (apimachinery's wait
+// loop; etcd's client retries only reads on an unavailable member, and says
+// nothing about whether a failed write may have been applied). ambiguous is
+// set when an attempt failed in a way that may still have been applied
+// (relevant for writes). The error is op's last, or the context's.
 func withRetry(ctx context.Context, timeout time.Duration, retries int, op func(ctx context.Context) error) (ambiguous bool, err error) {
-	for attempt := 0; ; attempt++ {
+	attempt := 0
+	werr := retryBackoff.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		err = op(actx)
 		cancel()
-		if err == nil || !isTransient(ctx, err) || attempt >= retries {
-			if ctx.Err() != nil && err != nil {
-				return ambiguous, ctx.Err()
-			}
-			return ambiguous, err
+		if err == nil {
+			return true, nil
 		}
+		if !isTransient(ctx, err) || attempt >= retries {
+			return false, err
+		}
+		attempt++
 		ambiguous = true
-		if berr := backoff(ctx, attempt+1); berr != nil {
-			return ambiguous, berr
-		}
+		return false, nil
+	})
+	if ctx.Err() != nil && (err != nil || werr != nil) {
+		return ambiguous, ctx.Err()
 	}
+	return ambiguous, werr
 }

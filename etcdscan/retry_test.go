@@ -2,8 +2,11 @@ package etcdscan
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"kube-etcd-migrate/internal/testetcd"
 )
@@ -71,5 +74,47 @@ func TestWriterSurvivesEtcdRestart(t *testing.T) {
 	}
 	if st := w.Stats(); st.Retries == 0 {
 		t.Errorf("stats %+v: the outage should have cost retries", st)
+	}
+}
+
+// TestWithRetry: transient errors are retried (and make the outcome ambiguous),
+// others are returned at once, the last error when the retries run out, and the
+// context's error when it ends during the wait.
+func TestWithRetry(t *testing.T) {
+	ctx := context.Background()
+	calls := 0
+	amb, err := withRetry(ctx, time.Second, 3, func(context.Context) error {
+		if calls++; calls < 3 {
+			return rpctypes.ErrLeaderChanged
+		}
+		return nil
+	})
+	if err != nil || !amb || calls != 3 {
+		t.Errorf("two leader changes then success: ambiguous %v, err %v, %d calls", amb, err, calls)
+	}
+
+	calls = 0
+	amb, err = withRetry(ctx, time.Second, 3, func(context.Context) error { calls++; return rpctypes.ErrPermissionDenied })
+	if !errors.Is(err, rpctypes.ErrPermissionDenied) || amb || calls != 1 {
+		t.Errorf("permission denied: ambiguous %v, err %v, %d calls", amb, err, calls)
+	}
+
+	calls = 0
+	amb, err = withRetry(ctx, time.Second, 2, func(context.Context) error { calls++; return rpctypes.ErrNoLeader })
+	if !errors.Is(err, rpctypes.ErrNoLeader) || !amb || calls != 3 {
+		t.Errorf("no leader throughout, 2 retries: ambiguous %v, err %v, %d calls", amb, err, calls)
+	}
+
+	// A per-attempt timeout is transient; the caller's deadline is not.
+	calls = 0
+	cctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+	defer cancel()
+	_, err = withRetry(cctx, 20*time.Millisecond, DefaultRetries, func(c context.Context) error {
+		calls++
+		<-c.Done()
+		return c.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || calls < 2 || calls > 4 {
+		t.Errorf("caller's deadline: err %v after %d calls", err, calls)
 	}
 }
