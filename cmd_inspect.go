@@ -11,7 +11,7 @@ func inspectCommand() *cli.Command {
 		Name:         "inspect",
 		Usage:        "decode one key and show it with its storage header (secrets redacted)",
 		ArgsUsage:    "KEY",
-		Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret data instead of redacting it"}),
+		Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret data instead of redacting it"}, revisionFlag()),
 		Action:       cmdInspect,
 		OnUsageError: commandUsageError,
 	}

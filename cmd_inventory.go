@@ -10,7 +10,7 @@ func inventoryCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "inventory",
 		Usage:        "census per resource: count, bytes, stored versions, media types, encryption, leases, unreadable",
-		Flags:        append(commonFlags(), outputFlag("table", "table", "json")),
+		Flags:        append(commonFlags(), outputFlag("table", "table", "json"), revisionFlag()),
 		Action:       cmdInventory,
 		OnUsageError: commandUsageError,
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -15,7 +16,7 @@ func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
 		Usage: "rewrite stale objects (compare-and-swap, leases kept, journal for rollback)",
-		Flags: append(append(commonFlags(), targetFlags()...),
+		Flags: append(append(append(commonFlags(), targetFlags()...),
 			outputFlag("table", "table", "json"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
 			&cli.StringFlag{Name: "journal", Usage: "record old values before each write (mode 0600) for 'rollback'"},
@@ -27,7 +28,9 @@ func migrateCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch-bytes", Value: etcdscan.DefaultMaxBytes, Usage: "bytes per CAS transaction (below etcd --max-request-bytes, 1.5 MiB by default)"},
 			&cli.BoolFlag{Name: "fail-fast", Usage: "stop at the first unreadable object or failed write"},
 			&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
-		),
+			&cli.BoolFlag{Name: "requested", Usage: "carry out exactly the cluster's pending StorageVersionMigration requests, in kube-controller-manager's order, and record each outcome in the request as it does (needs a target kube-apiserver serving storagemigration.k8s.io)"},
+			&cli.BoolFlag{Name: "record", Usage: "after the migration, write a finished StorageVersionMigration for each resource rewritten, so the cluster's API shows it (needs a target kube-apiserver serving storagemigration.k8s.io, else nothing is written)"},
+		), outputSnapshotFlags()...),
 		Action:             cmdMigrate,
 		OnUsageError:       commandUsageError,
 		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
@@ -46,11 +49,24 @@ func cmdMigrate(c *cli.Context) error {
 	if c.Int("writers") <= 0 {
 		return usageErr("--writers must be positive")
 	}
+	if c.String("snapshot-file") != "" && c.String("snapshot") != "" {
+		return usageErr("--snapshot: with --snapshot-file, that file is the backup (it is never modified)")
+	}
+	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
+		return err
+	}
 	s, err := open(ctx, c, true)
 	if err != nil {
 		return err
 	}
 	defer s.close()
+	if c.Bool("requested") {
+		return cmdMigrateRequested(ctx, c, s)
+	}
+	if err := checkRecord(c, s.env); err != nil {
+		return err
+	}
+	started := time.Now()
 	prog := newProgress(c.App.ErrWriter, "migrate", countKeys(ctx, s.env))
 	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
 	// transactions and the journal finish.
@@ -68,10 +84,12 @@ func cmdMigrate(c *cli.Context) error {
 		Writers:            c.Int("writers"),
 		WriteContext:       writeCtx,
 		Progress:           func(n migrate.Counts) { prog.Set(n.Scanned) },
+		PrivateEtcd:        c.String("snapshot-file"),
 	})
 	prog.Finish()
+	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, writeCtx)
 	if sum != nil {
-		if err := writeSummary(c.App.Writer, sum, c.String("output")); err != nil {
+		if err := writeMigrateReport(c.App.Writer, sum, records, c.String("output")); err != nil {
 			return err
 		}
 		if p := c.String("metrics-file"); p != "" {
@@ -81,10 +99,16 @@ func cmdMigrate(c *cli.Context) error {
 		}
 	}
 	if runErr != nil {
-		return runErr
+		return noOutput(s, runErr)
+	}
+	if recordErr != nil {
+		return recordErr
 	}
 	if sum.Summary.Failed > 0 {
-		return &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)}
+		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)})
+	}
+	if err := writeOutputSnapshot(ctx, c, s); err != nil {
+		return err
 	}
 	if sum.Summary.Unreadable > 0 {
 		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable)}

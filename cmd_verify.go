@@ -6,6 +6,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/metrics"
+	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/verify"
 )
 
@@ -13,7 +14,7 @@ func verifyCommand() *cli.Command {
 	return &cli.Command{
 		Name:               "verify",
 		Usage:              "read-only audit: what is current, stale or unreadable for the target release",
-		Flags:              append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}),
+		Flags:              append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}, revisionFlag()),
 		Action:             cmdVerify,
 		OnUsageError:       commandUsageError,
 		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
@@ -32,7 +33,11 @@ func cmdVerify(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := writeReport(c.App.Writer, c.String("output"), rep.Write); err != nil {
+	plan, err := storagemigration.PlanRequests(ctx, s.env, rep)
+	if err != nil {
+		return err
+	}
+	if err := writeReport(c.App.Writer, c.String("output"), verifyWithRequests(rep, plan)); err != nil {
 		return err
 	}
 	if p := c.String("metrics-file"); p != "" {

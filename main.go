@@ -26,6 +26,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/snapshotfile"
 )
 
 // Exit codes, documented in the README and in --help.
@@ -121,7 +122,7 @@ func isUsage(err error) bool {
 }
 
 func commonFlags() []cli.Flag {
-	flags := append(etcdscan.Flags(), apiServerFlags()...)
+	flags := append(append(etcdscan.Flags(), snapshotFlags()...), apiServerFlags()...)
 	return append(flags,
 		&cli.StringFlag{Name: "prefix", Value: "/registry", Usage: "etcd key prefix kube-apiserver uses (--etcd-prefix)", EnvVars: []string{"KEM_PREFIX"}},
 		&cli.StringFlag{Name: "encryption-provider-config", Usage: "kube-apiserver EncryptionConfiguration file (unchanged format); none = identity"},
@@ -180,6 +181,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			verifyCommand(),
 			migrateCommand(),
 			rollbackCommand(),
+			quarantineCommand(),
 			versionCommand(),
 			completionCommand(),
 		},
@@ -190,9 +192,11 @@ func commandUsageError(c *cli.Context, err error, _ bool) error {
 	return usageErr("%s: %v", c.Command.Name, err)
 }
 
-// session is what every command opens: etcd, profiling, the pipeline.
+// session is what every command opens: etcd (or a snapshot file's private
+// copy), profiling, the pipeline.
 type session struct {
 	cli      *clientv3.Client
+	snap     *snapshotfile.Snapshot
 	env      *pipeline.Env
 	stopProf func()
 }
@@ -203,6 +207,9 @@ func (s *session) close() {
 	}
 	if s.cli != nil {
 		s.cli.Close()
+	}
+	if s.snap != nil {
+		s.snap.Close()
 	}
 	if s.stopProf != nil {
 		s.stopProf()
@@ -246,10 +253,13 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		s.close()
 		return nil, err
 	}
-	ecfg, err := etcdConfig(c, api)
-	if err != nil {
-		s.close()
-		return nil, err
+	snapshotFile := c.String("snapshot-file")
+	var ecfg etcdscan.Config
+	if snapshotFile == "" {
+		if ecfg, err = etcdConfig(c, api); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	// kube-apiserver's feature gates and emulated version are process-wide:
 	// its strategies and defaulting read them, as in kube-apiserver itself.
@@ -257,12 +267,20 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		s.close()
 		return nil, usageErr("%v", err)
 	}
-	cli, err := etcdscan.Connect(ctx, ecfg)
-	if err != nil {
-		s.close()
-		return nil, err
+	var cli *clientv3.Client
+	if snapshotFile != "" {
+		if s.snap, err = openSnapshot(ctx, c); err != nil {
+			s.close()
+			return nil, err
+		}
+		cli = s.snap.Client
+	} else {
+		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
+			s.close()
+			return nil, err
+		}
+		s.cli = cli
 	}
-	s.cli = cli
 	api.EtcdPrefix = fromAPIServer(c, api, "prefix", "etcd-prefix", api.EtcdPrefix)
 	api.EncryptionConfig = fromAPIServer(c, api, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
 	cfg := pipeline.Config{
@@ -273,6 +291,12 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		Namespace:        c.String("namespace"),
 		PageSize:         c.Int64("page-size"),
 		WebhookURLs:      webhooks,
+		Revision:         c.Int64("revision"),
+		SnapshotFile:     snapshotFile,
+	}
+	if s.snap != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
+		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
+		cfg.Revision = s.snap.Info.Revision
 	}
 	if withTarget {
 		cfg.TargetVersion = api.EmulatedVersion
@@ -352,6 +376,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				cancel()
 				continue
 			}
+			snapshotfile.RemoveTempDirs()
 			os.Exit(130)
 		}
 	}()

@@ -184,6 +184,9 @@ func writeRollback(w io.Writer, r migrate.RollbackResult, format string) error {
 	for _, k := range r.Keys {
 		fmt.Fprintf(w, "  %s\n", k)
 	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
 	return nil
 }
 

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/seed"
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+// seededSnapshot seeds a stale cluster (seed.Cluster), saves a snapshot of it
+// and returns the etcd, the seed and the file.
+func seededSnapshot(t *testing.T) (*testetcd.Server, *seed.Result, string) {
+	t.Helper()
+	srv := testetcd.StartT(t, testetcd.Options{})
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	res, err := seed.Cluster(context.Background(), cli, seed.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(t.TempDir(), "backup.db")
+	if err := etcdscan.Snapshot(context.Background(), cli, snap); err != nil {
+		t.Fatal(err)
+	}
+	return srv, res, snap
+}
+
+func sum256(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// TestSnapshotFileCLI: inventory and verify of a snapshot file print what they
+// print for the live etcd, with the same exit codes, and one line on stderr
+// about the file; migrate writes a re-encrypted copy, verifies it (exit 0 for
+// that copy) and never touches the input.
+func TestSnapshotFileCLI(t *testing.T) {
+	srv, res, snap := seededSnapshot(t)
+	before := sum256(t, snap)
+	t.Setenv("TMPDIR", t.TempDir())
+	for _, cmd := range [][]string{
+		{"inventory"},
+		{"verify", "--encryption-provider-config", res.NewConfig},
+		{"inspect", res.SecretKey, "--encryption-provider-config", res.NewConfig},
+	} {
+		liveCode, live, liveErr := runCLI(t, append(cmd, "--endpoints", srv.Endpoint)...)
+		code, out, stderr := runCLI(t, append(cmd, "--snapshot-file", snap)...)
+		if code != liveCode || out != live {
+			t.Errorf("%v: exit %d on the file, %d live; stdout differs: %v\nfile:\n%s\nlive:\n%s\nstderr %s %s", cmd, code, liveCode, out != live, out, live, stderr, liveErr)
+		}
+		if lines := strings.Split(strings.TrimSpace(stderr), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "snapshot "+snap+": sha256 verified, revision ") {
+			t.Errorf("%v: stderr %q, want one line describing the file", cmd, stderr)
+		}
+	}
+	if code, _, _ := runCLI(t, "verify", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig); code != exitStale {
+		t.Fatalf("verify of the seeded snapshot: exit %d, want 3", code)
+	}
+
+	out := filepath.Join(t.TempDir(), "rotated.db")
+	journal := filepath.Join(t.TempDir(), "journal")
+	code, stdout, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig, "--journal", journal)
+	if code != exitOK {
+		t.Fatalf("migrate --snapshot-file: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"no kube-apiserver can reach this etcd: a private copy of " + snap, "wrote " + out, "verified " + out + ", restored afresh", "verify would exit 0"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("migrate output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("output %v %v, want mode 0600", fi, err)
+	}
+	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", out, "--encryption-provider-config", res.NewConfig); code != exitOK {
+		t.Errorf("verify of the output: exit %d (%s)", code, stderr)
+	}
+	// Again: the output exists.
+	if code, _, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig); code != exitUsage || !strings.Contains(stderr, "--force") {
+		t.Errorf("migrate onto an existing output: exit %d %q", code, stderr)
+	}
+	if sum256(t, snap) != before {
+		t.Error("the input snapshot changed")
+	}
+	if left, _ := os.ReadDir(os.Getenv("TMPDIR")); len(left) != 0 {
+		t.Errorf("left in $TMPDIR: %v", left)
+	}
+}
+
+// TestQuarantineSnapshotFileCLI: key1 is lost; quarantine of a backup's
+// secrets under it writes a copy whose every object reads with key2 alone, and
+// a journal that rollback can replay.
+func TestQuarantineSnapshotFileCLI(t *testing.T) {
+	_, res, snap := seededSnapshot(t)
+	before := sum256(t, snap)
+	newCfg, err := os.ReadFile(res.NewConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rotated configuration without key1's two lines.
+	var kept []string
+	lines := strings.Split(string(newCfg), "\n")
+	for i := 0; i < len(lines); i++ {
+		if strings.Contains(lines[i], "name: key1") {
+			i++ // and its secret
+			continue
+		}
+		kept = append(kept, lines[i])
+	}
+	key2Only := filepath.Join(t.TempDir(), "key2-only.yaml")
+	if err := os.WriteFile(key2Only, []byte(strings.Join(kept, "\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", snap, "--encryption-provider-config", key2Only); code != exitUnreadable {
+		t.Fatalf("verify with key1 lost: exit %d, want 4 (%s)", code, stderr)
+	}
+	code, stdout, stderr := runCLI(t, "quarantine", "--snapshot-file", snap, "--encryption-provider-config", key2Only, "--reason", "undecryptable", "--resource", "secrets", "--dry-run")
+	if code != exitOK || !strings.Contains(stdout, "dry run: would remove 24 of 24 unreadable") {
+		t.Fatalf("dry run: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	out := filepath.Join(t.TempDir(), "cleared.db")
+	journal := filepath.Join(t.TempDir(), "quarantine.journal")
+	code, stdout, stderr = runCLI(t, "quarantine", "--snapshot-file", snap, "--output-snapshot", out, "--journal", journal,
+		"--encryption-provider-config", key2Only, "--reason", "undecryptable", "--resource", "secrets")
+	if code != exitOK || !strings.Contains(stdout, "removed 24 of 24 unreadable") || !strings.Contains(stdout, "0 unreadable") {
+		t.Fatalf("quarantine: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if code, out, stderr := runCLI(t, "verify", "--snapshot-file", out, "--encryption-provider-config", key2Only, "-o", "json"); code == exitUnreadable || !strings.Contains(out, `"unreadable": 0`) {
+		t.Errorf("verify of the quarantined copy: exit %d\n%s\n%s", code, out, stderr)
+	}
+	if fi, err := os.Stat(journal); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() == 0 {
+		t.Errorf("journal %v %v", fi, err)
+	}
+	if sum256(t, snap) != before {
+		t.Error("the input snapshot changed")
+	}
+}
+
+func TestSnapshotFileUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "exists.db")
+	if err := os.WriteFile(existing, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "--output-snapshot", filepath.Join(dir, "o.db")}, "--output-snapshot needs --snapshot-file"},
+		{[]string{"migrate", "--snapshot-file", existing}, "give --output-snapshot"},
+		{[]string{"migrate", "--snapshot-file", existing, "--dry-run", "--output-snapshot", filepath.Join(dir, "o.db")}, "--dry-run"},
+		{[]string{"migrate", "--snapshot-file", existing, "--output-snapshot", existing, "--force"}, "is the --snapshot-file itself"},
+		{[]string{"migrate", "--snapshot-file", filepath.Join(dir, "in.db"), "--output-snapshot", existing}, "exists"},
+		{[]string{"migrate", "--snapshot-file", existing, "--snapshot", filepath.Join(dir, "s.db"), "--dry-run"}, "--snapshot"},
+		{[]string{"quarantine", "--resource", "secrets", "--journal", "j"}, "--reason"},
+		{[]string{"quarantine", "--reason", "would-lose-fields", "--resource", "secrets", "--journal", "j"}, "never removes a readable object"},
+		{[]string{"quarantine", "--reason", "undecryptable", "--journal", "j"}, "--resource"},
+		{[]string{"quarantine", "--reason", "undecryptable", "--resource", "secrets"}, "--journal"},
+	} {
+		code, _, stderr := runCLI(t, tc.args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and one line saying %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	// A damaged file is an operational error naming it.
+	code, _, stderr := runCLI(t, "verify", "--snapshot-file", existing)
+	if code != exitError || !strings.Contains(stderr, existing) || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("verify of a non-snapshot: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// TestSnapshotFileSignals: SIGINT while a snapshot file is being opened or
+// read removes the private copy; so does a second signal that exits at once.
+func TestSnapshotFileSignals(t *testing.T) {
+	_, res, snap := seededSnapshot(t)
+	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, signals := range []int{1, 2} {
+		tmp := t.TempDir()
+		cmd := exec.Command(bin, "verify", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig)
+		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Wait for the private directory, then interrupt.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if left, _ := os.ReadDir(tmp); len(left) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no private directory appeared")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		for i := 0; i < signals; i++ {
+			_ = cmd.Process.Signal(syscall.SIGINT)
+			time.Sleep(20 * time.Millisecond)
+		}
+		err := cmd.Wait()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("%d signal(s): %v", signals, err)
+		}
+		// 1 (interrupted), 130 (second signal); 3 if it finished first.
+		if code := exit.ExitCode(); code != 1 && code != 130 && code != 3 {
+			t.Errorf("%d signal(s): exit %d, stderr %q", signals, code, stderr.String())
+		}
+		if left, _ := os.ReadDir(tmp); len(left) != 0 {
+			t.Errorf("%d signal(s): left in $TMPDIR: %v (stderr %s)", signals, left, stderr.String())
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/snapshotfile"
+	"kube-etcd-migrate/verify"
+)
+
+// snapshotFlags read an etcd snapshot file instead of a live etcd (every
+// command but rollback).
+func snapshotFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: a copy is restored by etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled"},
+		&cli.BoolFlag{Name: "skip-hash-check", Usage: "read a --snapshot-file without etcd's sha256 trailer (a member's member/snap/db) or whose trailer does not match, as etcdutl's --skip-hash-check"},
+	}
+}
+
+// revisionFlag is for the read-only commands.
+func revisionFlag() cli.Flag {
+	return &cli.Int64Flag{Name: "revision", Usage: "read at this etcd revision (it must not be compacted); default the current one, a --snapshot-file's own"}
+}
+
+// outputSnapshotFlags are for the commands that write into a snapshot file's copy.
+func outputSnapshotFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "output-snapshot", Usage: "with --snapshot-file: write the result here as a new etcd snapshot (mode 0600, atomically; compacted: only the latest value of each key), then verify it"},
+		&cli.BoolFlag{Name: "force", Usage: "replace an existing --output-snapshot"},
+	}
+}
+
+// checkSnapshotOutput validates --snapshot-file/--output-snapshot for a
+// command that writes, before anything is opened.
+func checkSnapshotOutput(c *cli.Context, dryRun bool) error {
+	in, out := c.String("snapshot-file"), c.String("output-snapshot")
+	switch {
+	case out != "" && in == "":
+		return usageErr("--output-snapshot needs --snapshot-file (a live etcd is written in place)")
+	case in == "":
+		return nil
+	case dryRun && out != "":
+		return usageErr("--output-snapshot with --dry-run: nothing would be written")
+	case !dryRun && out == "":
+		return usageErr("--snapshot-file %s is never modified: give --output-snapshot FILE for the result, or --dry-run", in)
+	case dryRun:
+		return nil
+	}
+	if err := snapshotfile.CheckOutput(in, out, c.Bool("force")); err != nil {
+		return usageErr("%v", err)
+	}
+	return nil
+}
+
+// snapshotOptions are the private etcd's options for the snapshot file path:
+// etcd auth from --user/--password, and a quota that is no limit to a copy
+// (the file's own size twice, at least 8 GiB, at least --quota-backend-bytes).
+func snapshotOptions(c *cli.Context, path string) snapshotfile.Options {
+	user, password := c.String("user"), c.String("password")
+	if name, pass, ok := strings.Cut(user, ":"); ok && password == "" {
+		user, password = name, pass
+	}
+	quota := int64(8 << 30)
+	if q := c.Int64("quota-backend-bytes"); q > quota {
+		quota = q
+	}
+	if fi, err := os.Stat(path); err == nil && 2*fi.Size() > quota {
+		quota = 2 * fi.Size()
+	}
+	return snapshotfile.Options{Username: user, Password: password, QuotaBackendBytes: quota}
+}
+
+// openSnapshot opens --snapshot-file and says on stderr what it is.
+func openSnapshot(ctx context.Context, c *cli.Context) (*snapshotfile.Snapshot, error) {
+	path := c.String("snapshot-file")
+	opts := snapshotOptions(c, path)
+	opts.SkipHashCheck = c.Bool("skip-hash-check")
+	snap, err := snapshotfile.Open(ctx, path, opts)
+	if err != nil {
+		return nil, err
+	}
+	describeSnapshot(c.App.ErrWriter, snap.Info)
+	return snap, nil
+}
+
+func describeSnapshot(w io.Writer, in snapshotfile.Info) {
+	hash := "sha256 verified"
+	if in.Hash == snapshotfile.HashSkipped {
+		hash = "sha256 not checked (--skip-hash-check; every record read through)"
+	}
+	fmt.Fprintf(w, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s) holding %d key(s); read through a private copy, removed on exit\n",
+		in.Path, hash, in.Revision, max(in.CompactRevision, 1), in.Leases, in.LeasedKeys)
+}
+
+// saveAndVerify writes the private etcd to --output-snapshot, then opens that
+// file afresh (etcd's restore, as a restore after a disaster would) and verifies
+// it with the same configuration. It prints the verdict and returns it.
+func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer) (*verify.Report, error) {
+	out := c.String("output-snapshot")
+	if err := s.snap.Save(ctx, out, c.Bool("force")); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
+	}
+	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it\n", out, humanSize(fi.Size()), s.snap.Info.Revision)
+	snap, err := snapshotfile.Open(ctx, out, snapshotOptions(c, out))
+	if err != nil {
+		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
+	}
+	defer snap.Close()
+	cfg := s.env.Config
+	cfg.SnapshotFile, cfg.Revision = out, 0
+	cfg.Encryption = nil
+	env, err := pipeline.Setup(ctx, snap.Client, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--output-snapshot %s: verify: %w", out, err)
+	}
+	defer env.Close()
+	rep, err := verify.Run(ctx, env, verify.Options{ShowKeys: -1})
+	if err != nil {
+		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
+	}
+	sum := rep.Summary
+	fmt.Fprintf(w, "verified %s, restored afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
+		out, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
+	return rep, nil
+}
+
+func humanSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// hasFlag reports whether the running command defines the flag.
+func hasFlag(c *cli.Context, name string) bool {
+	if c.Command == nil {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// writeOutputSnapshot saves and verifies --output-snapshot after a run on a
+// snapshot file that wrote all it had to; the verdict goes to stdout (stderr
+// with -o json). Objects still stale in the output are an error.
+func writeOutputSnapshot(ctx context.Context, c *cli.Context, s *session) error {
+	if s.snap == nil || c.Bool("dry-run") {
+		return nil
+	}
+	w := c.App.Writer
+	if c.String("output") == "json" {
+		w = c.App.ErrWriter
+	}
+	rep, err := saveAndVerify(ctx, c, s, w)
+	if err != nil {
+		return err
+	}
+	if rep.Summary.Stale > 0 {
+		return &codeError{code: exitError, err: fmt.Errorf("--output-snapshot %s: %d object(s) still stale in it", c.String("output-snapshot"), rep.Summary.Stale)}
+	}
+	return nil
+}
+
+// noOutput adds to the error of a run on a snapshot file that no output was written.
+func noOutput(s *session, err error) error {
+	if s.snap == nil || err == nil {
+		return err
+	}
+	var ce *codeError
+	if errors.As(err, &ce) {
+		return &codeError{code: ce.code, err: fmt.Errorf("%w (no --output-snapshot written)", ce.err)}
+	}
+	return fmt.Errorf("%w (no --output-snapshot written)", err)
+}
