@@ -270,5 +270,29 @@ func TestBinaryFlagsAnywhereAndVersions(t *testing.T) {
 		if code, _, stderr := execBin(t, bin, "completion", "fish"); code != exitUsage || !strings.Contains(stderr, "fish") {
 			t.Errorf("completion fish: exit %d %q", code, stderr)
 		}
+
+		// The whole loop as bash runs it on TAB: the script's function, the binary on
+		// PATH, bash-completion's word splitting.
+		t.Run("bash end to end", func(t *testing.T) {
+			const bashCompletion = "/usr/share/bash-completion/bash_completion"
+			if _, err := os.Stat(bashCompletion); err != nil {
+				t.Skipf("%s not installed (Debian: bash-completion)", bashCompletion)
+			}
+			script := `source ` + bashCompletion + `
+source <(kube-etcd-migrate completion bash)
+tab() { COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}; COMPREPLY=(); _cli_bash_autocomplete; echo "${COMPREPLY[*]}"; }
+tab kube-etcd-migrate ver
+tab kube-etcd-migrate verify --encryption-p
+tab kube-etcd-migrate inspect /registry/x --show
+tab kube-etcd-migrate completion ""
+`
+			cmd := exec.Command("bash", "-c", script)
+			cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+			out, err := cmd.CombinedOutput()
+			want := "verify version\n--encryption-provider-config\n--show-secrets\nbash zsh\n"
+			if err != nil || string(out) != want {
+				t.Errorf("bash completion: %v\n got %q\nwant %q", err, out, want)
+			}
+		})
 	})
 }
