@@ -45,6 +45,10 @@ type Options struct {
 	KeepCompaction bool
 	// ExtraFlags are appended last and so win over everything above.
 	ExtraFlags []string
+	// SkipHealthz returns as soon as the server serves, without waiting for
+	// /healthz: for a server that is not expected to become healthy (an etcd
+	// holding values no configured key decrypts).
+	SkipHealthz bool
 }
 
 // Server is a running kube-apiserver.
@@ -91,6 +95,7 @@ func Start(t testing.TB, opts Options) *Server {
 	// No client-certificate / front-proxy authentication: the tests use the
 	// loopback token, and generating the CAs and keys costs start-up time.
 	instance.EnableCertAuth = false
+	instance.SkipHealthzCheck = opts.SkipHealthz
 
 	begin := time.Now()
 	result, err := kubeapiservertesting.StartTestServer(scoped, instance, flags, storageConfig)
