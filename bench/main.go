@@ -1,6 +1,7 @@
 // Command bench measures kube-etcd-migrate's verify and migrate against etcd's own
 // ceiling (raw paged reads, raw CAS rewrites of the same bytes, same page size, batch
-// size and concurrency) and, with -apiserver, against the incumbent path (no-op PUTs
+// size and concurrency), verify of a snapshot file of the same keyspace against a
+// bare read of that file and, with -apiserver, against the incumbent path (no-op PUTs
 // through an in-process kube-apiserver), on an embedded etcd run as a child process.
 // Run it with `make bench` / `make bench-apiserver`; see README.md.
 package main
@@ -33,6 +34,7 @@ type options struct {
 	apiserverN             int
 	profileDir             string
 	quota                  int64
+	snapshot               bool
 }
 
 func main() {
@@ -49,6 +51,7 @@ func main() {
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
 	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
+	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure reading an etcd snapshot file of the keyspace (verify --snapshot-file beside a bare read of the file)")
 	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
 	flag.StringVar(&childDir, "etcd-dir", "", "internal: data directory of the etcd child")
 	flag.Parse()
@@ -340,6 +343,12 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
+	if o.snapshot {
+		if err := snapshotRuns(ctx, o, res, bin, dir, etcd, newCfg, len(stale), settle); err != nil {
+			return err
+		}
+	}
+
 	if o.profileDir != "" {
 		if err := profileRuns(ctx, o, bin, common, reseedStale, settle); err != nil {
 			return err
@@ -354,6 +363,9 @@ func run(ctx context.Context, o options) error {
 
 	for _, m := range res.Measurements {
 		m.finish()
+	}
+	if n := snapshotNote(res); n != "" {
+		res.Notes = append(res.Notes, n)
 	}
 	addRatios(res)
 	printTable(os.Stdout, res)
@@ -446,8 +458,11 @@ func printTable(w *os.File, res *results) {
 		if m.RewritesPerS.Median > 0 {
 			rw = rng(m.RewritesPerS, "%.0f")
 		}
-		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %.0f→%.0f\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss,
-			m.EtcdRSSMB.Before.Median, m.EtcdRSSMB.After.Median)
+		etcdRSS := "-" // no etcd child involved (a snapshot file)
+		if m.EtcdRSSMB.Before.Median > 0 || m.EtcdRSSMB.After.Median > 0 {
+			etcdRSS = fmt.Sprintf("%.0f→%.0f", m.EtcdRSSMB.Before.Median, m.EtcdRSSMB.After.Median)
+		}
+		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %s\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss, etcdRSS)
 		if m.InRunObjPerS.Median > 0 {
 			fmt.Fprintf(w, "%-20s %-26s (the tool's own duration, without process start and setup)\n", "  in-run", rng(m.InRunObjPerS, "%.0f"))
 		}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"kube-etcd-migrate/etcdscan"
+)
+
+const (
+	mSnapCeiling = "snapshot bare read"
+	mSnapVerify  = "verify --snapshot"
+)
+
+// snapshotRuns measures reading an etcd snapshot file of the seeded keyspace:
+// the ceiling is a bare read of the same file by etcd's own code (etcdutl
+// snapshot status: bbolt's integrity check, then every record read, decoded
+// and hashed), beside the tool's verify --snapshot-file (checks, restore into
+// a private etcd, the scan, decode and decisions, all within its wall time).
+// Objects are the keyspace's keys.
+func snapshotRuns(ctx context.Context, o options, res *results, bin, dir string, etcd *etcdProc, newCfg string, stale int, settle func() error) error {
+	path := filepath.Join(dir, "bench-snapshot.db")
+	if err := etcdscan.Snapshot(ctx, etcd.cli, path); err != nil {
+		return fmt.Errorf("snapshot of the seeded etcd: %w", err)
+	}
+	defer os.Remove(path)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	logf("snapshot file: %.1f MB", float64(fi.Size())/1e6)
+	for rep := 1; rep <= o.reps; rep++ {
+		logf("snapshot repetition %d/%d", rep, o.reps)
+		if err := settle(); err != nil {
+			return err
+		}
+		start := time.Now()
+		st, err := snapshot.NewV3(zap.NewNop()).Status(path)
+		if err != nil {
+			return fmt.Errorf("etcdutl snapshot status: %w", err)
+		}
+		elapsed := time.Since(start)
+		res.get(mSnapCeiling).Samples = append(res.get(mSnapCeiling).Samples, sample{Seconds: elapsed.Seconds(), Objects: int64(st.TotalKey), Bytes: fi.Size()})
+		logf("  bare read: %d keys in %.2fs", st.TotalKey, elapsed.Seconds())
+
+		if err := settle(); err != nil {
+			return err
+		}
+		tr, err := runTool(ctx, bin, "verify", "-o", "json", "--show-keys", "-1", "--snapshot-file", path, "--encryption-provider-config", newCfg)
+		if err != nil {
+			return err
+		}
+		var vo verifyOut
+		if err := parseJSON(tr, &vo); err != nil {
+			return err
+		}
+		if tr.exit != 3 || vo.Summary.Stale != int64(stale) || vo.Summary.Unreadable != 0 {
+			return fmt.Errorf("verify --snapshot-file: exit %d, %d stale, %d unreadable; want exit 3, %d stale; stderr: %s", tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, stale, tail(tr.stderr))
+		}
+		res.get(mSnapVerify).Samples = append(res.get(mSnapVerify).Samples, sample{Seconds: tr.wall.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: fi.Size(), PeakRSSKB: tr.peakRSSKB})
+		logf("  verify --snapshot-file: %d objects in %.2fs, peak RSS %d MB (the private etcd included)", vo.Summary.Objects, tr.wall.Seconds(), tr.peakRSSKB/1024)
+	}
+	return nil
+}
+
+// snapshotNote says how reading a snapshot file compares with its ceilings.
+func snapshotNote(res *results) string {
+	v := res.get(mSnapVerify).ObjectsPerS.Median
+	if v == 0 {
+		return ""
+	}
+	return fmt.Sprintf("snapshot file: verify --snapshot-file %.0f objects/s = %.2f x the bare read of the file, %.2f x verify against the live etcd (its wall time includes the checks, the restore and the private etcd's start; its peak RSS includes that etcd)",
+		v, v/res.get(mSnapCeiling).ObjectsPerS.Median, v/res.get(mVerify).ObjectsPerS.Median)
+}
