@@ -39,6 +39,7 @@ import (
 	openapiutil "k8s.io/kube-openapi/pkg/util"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	generatedopenapi "k8s.io/kubernetes/pkg/generated/openapi"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
 // Manager is the field manager name a no-op update by this tool would record.
@@ -162,22 +163,79 @@ func (p *Path) manager(gk schema.GroupKind, obj runtime.Object) (*managedfields.
 		p.managers[gk] = nil
 		return nil, nil
 	}
-	s := p.scheme(obj)
+	// Reset fields only filter fields an update changes; a no-op changes none.
+	fm, err := p.newFieldManager(gvk, p.scheme(obj), "", nil)
+	if err != nil {
+		return nil, err
+	}
+	p.managers[gk] = fm
+	return fm, nil
+}
+
+func (p *Path) newFieldManager(gvk schema.GroupVersionKind, s *runtime.Scheme, subresource string, resetFields map[fieldpath.APIVersion]fieldpath.Filter) (*managedfields.FieldManager, error) {
 	fm, err := managedfields.NewDefaultFieldManager(
-		p.converters[serverOf(gk.Group)],
+		p.converters[serverOf(gvk.Group)],
 		runtime.UnsafeObjectConvertor(s),
 		s,
 		s,
 		gvk,
-		schema.GroupVersion{Group: gk.Group, Version: runtime.APIVersionInternal},
-		"",
-		nil, // reset fields only filter fields an update changes; a no-op changes none
+		schema.GroupVersion{Group: gvk.Group, Version: runtime.APIVersionInternal},
+		subresource,
+		resetFields,
 	)
 	if err != nil {
 		return nil, fmt.Errorf("field manager for %s: %w", gvk, err)
 	}
-	p.managers[gk] = fm
 	return fm, nil
+}
+
+// FieldManager is the field manager kube-apiserver installs on the endpoint
+// of gk (subresource "" or "status") in the preferred version it serves, with
+// the reset fields of the endpoint's storage strategy, as the generic
+// apiserver's installer builds it. Writers of objects other than no-op
+// updates (a create, a status update) run it as kube-apiserver's create and
+// update handlers do: UpdateNoErrors(live, new, manager), live being a new
+// empty object on create. It is nil, with no error, when kube-apiserver
+// serves gk in no version.
+func (p *Path) FieldManager(gk schema.GroupKind, subresource string, strategy rest.ResetFieldsStrategy) (*managedfields.FieldManager, error) {
+	p.once.Do(func() { p.initErr = p.init() })
+	if p.initErr != nil {
+		return nil, p.initErr
+	}
+	gvk, ok := p.preferred[gk]
+	if !ok {
+		return nil, nil
+	}
+	var reset map[fieldpath.APIVersion]fieldpath.Filter
+	if strategy != nil {
+		reset = fieldpath.NewExcludeFilterSetMap(strategy.GetResetFields())
+	}
+	return p.newFieldManager(gvk, schemeOf(gk.Group), subresource, reset)
+}
+
+// ServedVersion is the version of gk kube-apiserver serves that a client
+// would use (its preferred one), and whether it serves gk at all: its
+// resource enabled by the API enablement (--runtime-config) and available at
+// the emulated version. Feature gates that keep a group's REST storage from
+// being installed are the caller's to check.
+func (p *Path) ServedVersion(gk schema.GroupKind) (schema.GroupVersionKind, bool, error) {
+	p.once.Do(func() { p.initErr = p.init() })
+	if p.initErr != nil {
+		return schema.GroupVersionKind{}, false, p.initErr
+	}
+	gvk, ok := p.preferred[gk]
+	return gvk, ok, nil
+}
+
+// schemeOf is the scheme of the server that serves group.
+func schemeOf(group string) *runtime.Scheme {
+	switch serverOf(group) {
+	case extensionsServer:
+		return apiextensionsapiserver.Scheme
+	case aggregatorServer:
+		return aggregatorscheme.Scheme
+	}
+	return legacyscheme.Scheme
 }
 
 func serverOf(group string) server {
