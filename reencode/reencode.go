@@ -250,16 +250,44 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
 	}
 	d.Status = Stale
-	value := newPlain
-	if p.Encryption != nil {
-		value, err = p.Encryption.Encrypt(ctx, obj.Info.Resource, d.Key, newPlain)
-		if err != nil {
-			// The write provider failing is an operational error, not the object's.
-			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUndecryptable, err, "encrypt with %s", write))
-		}
+	value, err := p.encrypt(ctx, obj.Info.Resource, d.Key, newPlain)
+	if err != nil {
+		// The write provider failing is an operational error, not the object's.
+		return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUndecryptable, err, "encrypt with %s", write))
 	}
 	d.NewValue = value
 	return d
+}
+
+// encrypt encrypts a new value for key with the first provider configured
+// for gr (identity without an Encrypter).
+func (p *Planner) encrypt(ctx context.Context, gr schema.GroupResource, key string, plaintext []byte) ([]byte, error) {
+	if p.Encryption == nil {
+		return plaintext, nil
+	}
+	return p.Encryption.Encrypt(ctx, gr, key, plaintext)
+}
+
+// Encode gives the value kube-apiserver would store at key for a built-in
+// object (an internal object, as decoded): the target storage codec of gr
+// (storage version, media type), then the first encryption provider
+// configured for gr, as a write of the target apiserver. It is for writes
+// that are not no-op updates (a status update, a creation): the caller runs
+// kube-apiserver's create or update path on the object first.
+func (p *Planner) Encode(ctx context.Context, gr schema.GroupResource, key string, obj runtime.Object) ([]byte, error) {
+	target, err := p.Target.Codec(gr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	var buf bytes.Buffer
+	if err := target.Codec.Encode(obj, &buf); err != nil {
+		return nil, fmt.Errorf("%s: encode to %s: %w", key, target.StorageVersion, err)
+	}
+	value, err := p.encrypt(ctx, gr, key, buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("%s: encrypt: %w", key, err)
+	}
+	return value, nil
 }
 
 func (p *Planner) unreadable(d Decision, err *decode.Error) Decision {
