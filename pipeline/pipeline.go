@@ -303,6 +303,24 @@ func (e *Env) loadCRDs(ctx context.Context) error {
 	return nil
 }
 
+// Narrow returns a run over the given resources only, as Config.Resources
+// would select them (no namespace filter), sharing e's codecs, encryption,
+// CRDs and decisions: nothing is set up again. Close e, not the result.
+func (e *Env) Narrow(resources ...schema.GroupResource) (*Env, error) {
+	n := *e
+	n.Config.Resources = make([]string, len(resources))
+	for i, gr := range resources {
+		n.Config.Resources[i] = gr.String()
+	}
+	n.Config.Namespace = ""
+	n.Config.Encryption = e.Encryption // shared: closing n closes nothing
+	n.Prefixes, n.Filter = nil, nil
+	if err := n.selectPrefixes(); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
 func (e *Env) selectPrefixes() error {
 	cfg := e.Config
 	if len(cfg.Resources) == 0 {
