@@ -73,7 +73,7 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 			out = append(out, r)
 			continue
 		}
-		others, err := countOtherVersions(ctx, env, crd)
+		others, err := NotInStorageVersion(ctx, env, crd)
 		if err != nil {
 			return out, err
 		}
@@ -94,7 +94,10 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 	return out, nil
 }
 
-func countOtherVersions(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD) (int64, error) {
+// NotInStorageVersion counts, by a fresh scan of its custom resources at the
+// current revision, the objects of crd not stored in its storage version or
+// not readable: status.storedVersions may be trimmed only when there are none.
+func NotInStorageVersion(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD) (int64, error) {
 	prefix, err := env.Resolver.KeyPrefix(crd.Resource, "")
 	if err != nil {
 		return 0, err

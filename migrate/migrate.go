@@ -43,6 +43,10 @@ type Options struct {
 	// PrivateEtcd, when set, names the snapshot file the etcd is a private copy
 	// of: no kube-apiserver can reach it, so the live-apiserver check is moot.
 	PrivateEtcd string
+	// KeepStoredVersions leaves CRD status.storedVersions alone: the caller
+	// decides the trim (storagemigration does, with the upstream controller's
+	// generation check).
+	KeepStoredVersions bool
 }
 
 // Counts are a summary's figures, overall or for one resource.
@@ -259,9 +263,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	case scanErr != nil:
 		err = scanErr
 	}
-	if err == nil && !opts.DryRun {
+	if err == nil && !opts.DryRun && !opts.KeepStoredVersions {
 		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, w, journal)
-	} else if err == nil {
+	} else if err == nil && !opts.KeepStoredVersions {
 		sum.CRDs = PlanStoredVersions(env, t.crdPending)
 	}
 	return finish(sum, t, start), err
