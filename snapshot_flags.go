@@ -111,12 +111,12 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
-	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it\n", out, humanSize(fi.Size()), s.snap.Info.Revision)
 	snap, err := snapshotfile.Open(ctx, out, snapshotOptions(c, out))
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
 	}
 	defer snap.Close()
+	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, humanSize(fi.Size()), snap.Info.Revision, snap.Info.Leases, snap.Info.LeasedKeys)
 	cfg := s.env.Config
 	cfg.SnapshotFile, cfg.Revision = out, 0
 	cfg.Encryption = nil
@@ -130,8 +130,12 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
 	sum := rep.Summary
-	fmt.Fprintf(w, "verified %s, restored afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
-		out, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
+	what := ""
+	if len(cfg.Resources) > 0 {
+		what = " (" + strings.Join(cfg.Resources, ", ") + ")"
+	}
+	fmt.Fprintf(w, "verified %s%s, restored afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
+		out, what, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
 	return rep, nil
 }
 

@@ -380,11 +380,9 @@ func (r *Result) Write(w io.Writer, format string) error {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "KEY\tRESOURCE\tREASON\tSTORED AS\tSTATUS\tNOTE")
 		for _, e := range r.Entries {
-			note := e.Note
-			if note == "" {
-				note = e.Detail
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Key, e.Resource, e.Reason, e.Encryption, e.Status, note)
+			// Why it is unreadable is in STORED AS and REASON (the detail is in
+			// the JSON); the note says why something is kept or not removed.
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Key, e.Resource, e.Reason, e.Encryption, e.Status, e.Note)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
