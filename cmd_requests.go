@@ -42,6 +42,9 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 	if len(c.StringSlice("resource")) > 0 || c.String("namespace") != "" {
 		return usageErr("--requested: the requests name their resources; --resource and --namespace do not apply")
 	}
+	if c.String("snapshot-file") != "" {
+		return usageErr("--requested works on the cluster's etcd, not on --snapshot-file (an output snapshot must be current in every resource, a request migrates one)")
+	}
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
 	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx)})
