@@ -409,3 +409,37 @@ func TestNotServedAndRecord(t *testing.T) {
 		t.Errorf("pending request changed: %+v", p.Status)
 	}
 }
+
+// TestConflictReported: a request changed by someone else after the tool
+// read it is reported as a conflict and left as they wrote it: the tool's
+// compare-and-swap fails and it does not retry.
+func TestConflictReported(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	putRequest(c, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{})
+	env := c.Env(pipeline.Config{APIServer: servingAPI(t, true)})
+	wr, err := newWriter(env, migrate.Options{}, func() time.Time { return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := "/registry/storageversionmigrations/ghosts"
+	cur, err := wr.get(ctx, key)
+	if err != nil || cur == nil {
+		t.Fatalf("get: %v %v", cur, err)
+	}
+	// Someone else (kube-controller-manager) finishes it meanwhile.
+	theirs := finished(svmapi.MigrationFailed, "StorageVersionMigrationFailed", "resource does not exist in discovery")
+	putRequest(c, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{Conditions: theirs})
+	value, rev, _ := c.Get(key)
+
+	old := cur.obj.(*svmapi.StorageVersionMigration)
+	upd := old.DeepCopy()
+	setCondition(upd, svmapi.MigrationRunning, reasonRunning, messageRunning, metav1.NewTime(now))
+	out, err := wr.finish(ctx, Outcome{Name: "ghosts"}, cur, old, upd, ResultFailed)
+	if err != nil || out.Result != ResultConflict || !strings.Contains(out.Message, "someone else") {
+		t.Fatalf("outcome %+v, err %v: want a conflict", out, err)
+	}
+	if v, r, _ := c.Get(key); r != rev || !bytes.Equal(v, value) {
+		t.Errorf("the other writer's request was overwritten")
+	}
+}
