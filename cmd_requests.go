@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/internal/metrics"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/storagemigration"
@@ -59,6 +60,11 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 			return err
 		}
 	}
+	if p := c.String("metrics-file"); p != "" && res != nil && !res.DryRun {
+		if err := metrics.WriteMigrate(p, requestFigures(res), requestsDuration(res)); err != nil {
+			return fmt.Errorf("--metrics-file %s: %w", p, err)
+		}
+	}
 	if runErr != nil {
 		return runErr
 	}
@@ -75,6 +81,41 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 		return &codeError{code: exitUnreadable, err: fmt.Errorf("unreadable object(s) left untouched: the requests of their resources are Failed")}
 	}
 	return nil
+}
+
+// requestFigures are the metrics of the requests' migrations, per resource:
+// a resource migrated by several requests adds up what was found stale and
+// written; current and unreadable are the last run's.
+func requestFigures(res *storagemigration.Result) []metrics.MigrateFigures {
+	var out []metrics.MigrateFigures
+	at := map[string]int{}
+	for _, o := range res.Requests {
+		if o.Migration == nil {
+			continue
+		}
+		for _, f := range migrateFigures(o.Migration) {
+			i, ok := at[f.Resource]
+			if !ok {
+				at[f.Resource] = len(out)
+				out = append(out, f)
+				continue
+			}
+			g := &out[i]
+			g.Current, g.Rewritten, g.Conflicts = f.Current, g.Rewritten+f.Rewritten, g.Conflicts+f.Conflicts
+			g.Failed, g.Unreadable, g.Stale = g.Failed+f.Failed, f.Unreadable, g.Stale+f.Stale
+		}
+	}
+	return out
+}
+
+func requestsDuration(res *storagemigration.Result) time.Duration {
+	var d time.Duration
+	for _, o := range res.Requests {
+		if o.Migration != nil {
+			d += o.Migration.Duration
+		}
+	}
+	return d
 }
 
 // checkRecord refuses --record, before anything is written, when the target
@@ -132,6 +173,10 @@ func writeMigrateReport(w io.Writer, sum *migrate.Summary, recs []storagemigrati
 		})
 	}
 	if err := writeSummary(w, sum, format); err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		_, err := fmt.Fprintln(w, "record: no resource was rewritten, so no StorageVersionMigration was written")
 		return err
 	}
 	for _, r := range recs {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -168,9 +169,14 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 	if r := revision(); r != rev {
 		t.Fatalf("the dry run wrote (revision %d -> %d)", rev, r)
 	}
-	out, stderr, code = tool(append([]string{"migrate", "--requested", "--allow-live-apiserver", "--journal", filepath.Join(c.dir, "journal"), "-o", "json"}, api...)...)
+	metricsFile := filepath.Join(c.dir, "requested.prom")
+	out, stderr, code = tool(append([]string{"migrate", "--requested", "--allow-live-apiserver", "--journal", filepath.Join(c.dir, "journal"), "--metrics-file", metricsFile, "-o", "json"}, api...)...)
 	if code != 0 {
 		t.Fatalf("migrate --requested: exit %d\n%s\n%s", code, out, stderr)
+	}
+	if m, err := os.ReadFile(metricsFile); err != nil || !strings.Contains(string(m), `storage_migrator_core_migrator_migrated_objects{resource="secrets"} 3`) ||
+		!strings.Contains(string(m), `storage_migrator_core_migrator_migrated_objects{resource="widgets.svm.example.com"} 3`) {
+		t.Errorf("--metrics-file of --requested: %v\n%s", err, m)
 	}
 	var res storagemigration.Result
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
