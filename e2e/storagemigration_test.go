@@ -216,9 +216,12 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 		t.Fatalf("records %+v: none for configmaps", recorded.Records)
 	}
 	assertPrefix(t, c, "/registry/configmaps/app/cfg-0", "k8s:enc:aescbc:v1:key2:")
-	// inspect shows a request like any object.
+	// inventory and inspect show the requests like any object.
 	if out, stderr, code := tool("inspect", "/registry/storageversionmigrations/secrets-1", "-o", "json"); code != 0 || !strings.Contains(out, "StorageVersionMigrationSucceeded") {
 		t.Errorf("inspect a request: exit %d\n%s\n%s", code, out, stderr)
+	}
+	if out, stderr, code := tool("inventory"); code != 0 || !strings.Contains(out, "storageversionmigrations.storagemigration.k8s.io") {
+		t.Errorf("inventory: exit %d, no storageversionmigrations\n%s\n%s", code, out, stderr)
 	}
 
 	// 5. kube-apiserver with the same flags: the requests as the controller leaves them.
