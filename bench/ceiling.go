@@ -162,3 +162,45 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 	}
 	return res, err
 }
+
+// sweepPoint is one run of the CAS ceiling at one setting.
+type sweepPoint struct {
+	Ops           int     `json:"batchOps"`
+	Writers       int     `json:"writers"`
+	ObjectsPerS   float64 `json:"objectsPerSecond"`
+	EtcdRSSAfterM float64 `json:"etcdRSSAfterMB"`
+}
+
+// The settings the sweep tries (the issue: 16-128 puts per transaction, 4-32 in flight).
+var (
+	sweepOps     = []int{16, 32, 64, 128}
+	sweepWriters = []int{4, 8, 16, 32}
+)
+
+// casSweep runs the CAS ceiling once at every setting and keeps the fastest as
+// the ceiling's own best settings (res.CeilingOps, res.CeilingWriters).
+func casSweep(ctx context.Context, res *results, etcd *etcdProc, stale map[string]bool, settle func() error) error {
+	best := 0.0
+	for _, ops := range sweepOps {
+		for _, writers := range sweepWriters {
+			if err := settle(); err != nil {
+				return err
+			}
+			c, err := casCeiling(ctx, etcd.cli, etcdscan.DefaultPageSize, stale, ops, etcdscan.DefaultMaxBytes, writers)
+			if err != nil {
+				return fmt.Errorf("CAS ceiling sweep (%d puts/txn, %d in flight): %w", ops, writers, err)
+			}
+			if c.rewrites != int64(len(stale)) {
+				return fmt.Errorf("CAS ceiling sweep rewrote %d keys, want %d (%d failed)", c.rewrites, len(stale), c.failed)
+			}
+			p := sweepPoint{Ops: ops, Writers: writers, ObjectsPerS: float64(c.keys) / c.elapsed.Seconds(), EtcdRSSAfterM: float64(etcd.RSSKB()) / 1024}
+			res.CASSweep = append(res.CASSweep, p)
+			logf("  sweep: CAS ceiling %3d puts/txn, %2d in flight: %.0f objects/s, etcd RSS %.0f MB", ops, writers, p.ObjectsPerS, p.EtcdRSSAfterM)
+			if p.ObjectsPerS > best {
+				best, res.CeilingOps, res.CeilingWriters = p.ObjectsPerS, ops, writers
+			}
+		}
+	}
+	logf("  sweep: best %d puts/txn, %d in flight (%.0f objects/s)", res.CeilingOps, res.CeilingWriters, best)
+	return nil
+}

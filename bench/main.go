@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -35,6 +36,9 @@ type options struct {
 	profileDir             string
 	quota                  int64
 	snapshot               bool
+	dataset                string
+	rotationN              int
+	sweep                  bool
 }
 
 func main() {
@@ -51,7 +55,10 @@ func main() {
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
 	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
-	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure reading an etcd snapshot file of the keyspace (verify --snapshot-file beside a bare read of the file)")
+	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure reading an etcd snapshot file of the keyspace (verify --snapshot-file beside a bare read of the file; mixed dataset)")
+	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), or all (both, one after the other, each on its own etcd)")
+	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
+	flag.BoolVar(&o.sweep, "sweep", true, "find the CAS ceiling's best settings first (16-128 puts per transaction x 4-32 in flight, one run each); false: the tool's own settings")
 	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
 	flag.StringVar(&childDir, "etcd-dir", "", "internal: data directory of the etcd child")
 	flag.Parse()
@@ -63,10 +70,71 @@ func main() {
 		return
 	}
 	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))
-	if err := run(context.Background(), o); err != nil {
+	if err := runAll(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// runAll builds the tool once and measures each dataset on its own etcd.
+func runAll(ctx context.Context, o options) error {
+	var datasets []string
+	switch o.dataset {
+	case "mixed", "rotation":
+		datasets = []string{o.dataset}
+	case "all":
+		datasets = []string{"mixed", "rotation"}
+	default:
+		return fmt.Errorf("-dataset %q: want mixed, rotation or all", o.dataset)
+	}
+	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 {
+		return fmt.Errorf("-n, -rotation-n and -reps must be positive")
+	}
+	dir, err := os.MkdirTemp("", "kem-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if o.tool == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			return err
+		}
+		o.tool = filepath.Join(dir, "kube-etcd-migrate")
+		logf("building the tool: go build -o %s .", o.tool)
+		if err := buildTool(root, o.tool); err != nil {
+			return err
+		}
+	}
+	var all []*results
+	for _, ds := range datasets {
+		dso := o
+		if ds == "rotation" {
+			dso.n, dso.staleKey, dso.snapshot, dso.apiserver = o.rotationN, 1, false, false
+			if o.jsonPath != "" {
+				dso.jsonPath = strings.TrimSuffix(o.jsonPath, ".json") + "-rotation.json"
+			}
+		}
+		if o.profileDir != "" && len(datasets) > 1 {
+			dso.profileDir = filepath.Join(o.profileDir, ds)
+		}
+		dsDir := filepath.Join(dir, ds)
+		if err := os.Mkdir(dsDir, 0o700); err != nil {
+			return err
+		}
+		res, err := run(ctx, dso, ds, dsDir)
+		if err != nil {
+			return fmt.Errorf("%s dataset: %w", ds, err)
+		}
+		all = append(all, res)
+	}
+	if len(all) > 1 {
+		fmt.Println("\n==== all datasets ====")
+		for _, res := range all {
+			printTable(os.Stdout, res)
+		}
+	}
+	return nil
 }
 
 func logf(format string, args ...any) {
@@ -154,23 +222,29 @@ type results struct {
 		OS        string `json:"os"`
 		CPU       string `json:"cpuModel,omitempty"`
 	} `json:"machine"`
-	Date          string         `json:"date"`
-	N             int            `json:"n"`
-	Keys          int64          `json:"keys"`
-	KeyspaceBytes int64          `json:"keyspaceBytes"`
-	StaleObjects  int            `json:"staleObjects"`
-	StaleVersion  float64        `json:"staleVersionShare"`
-	StaleKey      float64        `json:"staleKeyShare"`
-	Reps          int            `json:"reps"`
-	PageSize      int64          `json:"pageSize"`
-	BatchOps      int            `json:"batchOps"`
-	BatchBytes    int            `json:"batchBytes"`
-	Writers       int            `json:"writers"`
-	SeedSeconds   float64        `json:"seedSeconds"`
-	Measurements  []*measurement `json:"measurements"`
-	Ratios        []ratio        `json:"ratios"`
-	APIServerN    int            `json:"apiserverN,omitempty"`
-	Notes         []string       `json:"notes,omitempty"`
+	Date          string   `json:"date"`
+	Dataset       string   `json:"dataset"`
+	LoadAvg       []string `json:"loadAverageBeforeAfter,omitempty"` // /proc/loadavg: other work on the machine
+	N             int      `json:"n"`
+	Keys          int64    `json:"keys"`
+	KeyspaceBytes int64    `json:"keyspaceBytes"`
+	StaleObjects  int      `json:"staleObjects"`
+	StaleVersion  float64  `json:"staleVersionShare"`
+	StaleKey      float64  `json:"staleKeyShare"`
+	Reps          int      `json:"reps"`
+	PageSize      int64    `json:"pageSize"`
+	BatchOps      int      `json:"batchOps"`
+	BatchBytes    int      `json:"batchBytes"`
+	Writers       int      `json:"writers"`
+	// The CAS ceiling's best settings, from the sweep (CASSweep), used for "CAS ceiling".
+	CeilingOps     int            `json:"ceilingBatchOps"`
+	CeilingWriters int            `json:"ceilingWriters"`
+	CASSweep       []sweepPoint   `json:"casSweep,omitempty"`
+	SeedSeconds    float64        `json:"seedSeconds"`
+	Measurements   []*measurement `json:"measurements"`
+	Ratios         []ratio        `json:"ratios"`
+	APIServerN     int            `json:"apiserverN,omitempty"`
+	Notes          []string       `json:"notes,omitempty"`
 }
 
 func (r *results) get(name string) *measurement {
@@ -189,40 +263,27 @@ const (
 	mScan    = "scan ceiling"
 	mMigrate = "migrate (tool)"
 	mCAS     = "CAS ceiling"
+	mCASTool = "CAS @tool flags" // the ceiling at the tool's own batch size and writers
 	mAPI     = "apiserver no-op PUT"
 	// The tool's defaults (main.go: --writers 4; etcdscan defaults).
 	toolWriters = 4
 )
 
-func run(ctx context.Context, o options) error {
-	if o.n <= 0 || o.reps <= 0 {
-		return fmt.Errorf("-n and -reps must be positive")
-	}
-	dir, err := os.MkdirTemp("", "kem-bench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-
-	res := &results{N: o.n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: o.reps,
+func run(ctx context.Context, o options, dataset, dir string) (*results, error) {
+	res := &results{Dataset: dataset, N: o.n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: o.reps,
 		PageSize: etcdscan.DefaultPageSize, BatchOps: etcdscan.DefaultMaxOps, BatchBytes: etcdscan.DefaultMaxBytes, Writers: toolWriters,
 		Date: time.Now().UTC().Format(time.RFC3339)}
+	if dataset == "rotation" {
+		res.StaleVersion = 0
+	}
 	res.Machine.CPUs, res.Machine.GoVersion, res.Machine.OS = runtime.NumCPU(), runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
 	res.Machine.CPU = cpuModel()
+	res.LoadAvg = append(res.LoadAvg, loadAvg())
+	return res, runDataset(ctx, o, res, dataset, dir)
+}
 
+func runDataset(ctx context.Context, o options, res *results, dataset, dir string) error {
 	bin := o.tool
-	if bin == "" {
-		root, err := moduleRoot()
-		if err != nil {
-			return err
-		}
-		bin = filepath.Join(dir, "kube-etcd-migrate")
-		logf("building the tool: go build -o %s .", bin)
-		if err := buildTool(root, bin); err != nil {
-			return err
-		}
-	}
-
 	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
 	if err != nil {
 		return err
@@ -232,9 +293,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer etcd.Stop()
-	logf("etcd child pid %d at %s (RSS %d MB)", etcd.cmd.Process.Pid, etcd.URL, etcd.RSSKB()/1024)
+	logf("%s dataset: etcd child pid %d at %s (RSS %d MB)", dataset, etcd.cmd.Process.Pid, etcd.URL, etcd.RSSKB()/1024)
 
-	gen, err := newGenerator(ctx, o.n, o.staleVersion, o.staleKey, oldCfg, newCfg)
+	gen, err := newGenerator(ctx, o.n, o.staleVersion, o.staleKey, oldCfg, newCfg, dataset == "rotation")
 	if err != nil {
 		return err
 	}
@@ -267,6 +328,13 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	res.CeilingOps, res.CeilingWriters = etcdscan.DefaultMaxOps, toolWriters
+	if o.sweep {
+		if err := casSweep(ctx, res, etcd, stale, settle); err != nil {
+			return err
+		}
+	}
+
 	for rep := 1; rep <= o.reps; rep++ {
 		logf("repetition %d/%d", rep, o.reps)
 		// Scan ceiling.
@@ -295,6 +363,9 @@ func run(ctx context.Context, o options) error {
 		if err := parseJSON(tr, &vo); err != nil {
 			return err
 		}
+		if err := checkRotationVerdicts(dataset, vo); err != nil {
+			return err
+		}
 		if tr.exit != 3 || vo.Summary.Stale != int64(len(stale)) || vo.Summary.Unreadable != 0 {
 			return fmt.Errorf("verify: exit %d, %d stale, %d unreadable; want exit 3, %d stale (the seeding or the tool is wrong): stale/objects by resource:%s; expected stale by kind: %v; stderr: %s",
 				tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, len(stale), vo.byResource(), gen.staleByKind(), tail(tr.stderr))
@@ -303,20 +374,26 @@ func run(ctx context.Context, o options) error {
 			PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
 		logf("  verify: %d objects, %d stale in %.2fs, peak RSS %d MB", vo.Summary.Objects, vo.Summary.Stale, tr.wall.Seconds(), tr.peakRSSKB/1024)
 
-		// CAS ceiling (rewrites the same bytes: the keyspace stays stale).
-		if err := settle(); err != nil {
-			return err
+		// CAS ceilings (rewrite the same bytes: the keyspace stays stale): at
+		// their best settings and at the tool's own.
+		for _, cc := range []struct {
+			name         string
+			ops, writers int
+		}{{mCAS, res.CeilingOps, res.CeilingWriters}, {mCASTool, etcdscan.DefaultMaxOps, toolWriters}} {
+			if err := settle(); err != nil {
+				return err
+			}
+			before = etcd.RSSKB()
+			c, err = casCeiling(ctx, etcd.cli, etcdscan.DefaultPageSize, stale, cc.ops, etcdscan.DefaultMaxBytes, cc.writers)
+			if err != nil {
+				return fmt.Errorf("CAS ceiling: %w", err)
+			}
+			if c.rewrites != int64(len(stale)) {
+				return fmt.Errorf("CAS ceiling rewrote %d keys, want %d (%d failed)", c.rewrites, len(stale), c.failed)
+			}
+			res.get(cc.name).Samples = append(res.get(cc.name).Samples, sample{Seconds: c.elapsed.Seconds(), Objects: c.keys, Bytes: c.bytes, Rewrites: c.rewrites, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+			logf("  %s (%d puts/txn, %d in flight): %d keys, %d rewritten in %.2fs", cc.name, cc.ops, cc.writers, c.keys, c.rewrites, c.elapsed.Seconds())
 		}
-		before = etcd.RSSKB()
-		c, err = casCeiling(ctx, etcd.cli, etcdscan.DefaultPageSize, stale, etcdscan.DefaultMaxOps, etcdscan.DefaultMaxBytes, toolWriters)
-		if err != nil {
-			return fmt.Errorf("CAS ceiling: %w", err)
-		}
-		if c.rewrites != int64(len(stale)) {
-			return fmt.Errorf("CAS ceiling rewrote %d keys, want %d (%d failed)", c.rewrites, len(stale), c.failed)
-		}
-		res.get(mCAS).Samples = append(res.get(mCAS).Samples, sample{Seconds: c.elapsed.Seconds(), Objects: c.keys, Bytes: c.bytes, Rewrites: c.rewrites, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
-		logf("  CAS ceiling: %d keys, %d rewritten in %.2fs", c.keys, c.rewrites, c.elapsed.Seconds())
 
 		// migrate.
 		if err := settle(); err != nil {
@@ -367,6 +444,7 @@ func run(ctx context.Context, o options) error {
 	if n := snapshotNote(res); n != "" {
 		res.Notes = append(res.Notes, n)
 	}
+	res.LoadAvg = append(res.LoadAvg, loadAvg())
 	addRatios(res)
 	printTable(os.Stdout, res)
 	if o.jsonPath != "" {
@@ -374,7 +452,16 @@ func run(ctx context.Context, o options) error {
 		if err := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
-		logf("figures written to %s", o.jsonPath)
+		txt := strings.TrimSuffix(o.jsonPath, ".json") + ".txt"
+		f, err := os.Create(txt)
+		if err != nil {
+			return err
+		}
+		printTable(f, res)
+		if err := f.Close(); err != nil {
+			return err
+		}
+		logf("figures written to %s and %s", o.jsonPath, txt)
 	}
 	return nil
 }
@@ -426,6 +513,11 @@ func addRatios(res *results) {
 		peak = v
 	}
 	res.Ratios = append(res.Ratios, ratio{Name: "tool peak RSS (MB, max of all runs)", Value: peak, Target: 150, Met: peak <= 150})
+	if m, c := res.get(mMigrate), res.get(mCASTool); len(m.Samples) > 0 && len(c.Samples) > 0 {
+		a, b := m.EtcdRSSMB.After.Median, c.EtcdRSSMB.After.Median
+		res.Ratios = append(res.Ratios, ratio{Name: "etcd RSS MB after migrate (vs CAS@16)", Value: a, Target: math.Round(b), Met: a <= b,
+			Note: "etcd's resident set after migrate, medians, against after the CAS ceiling at 16 puts per transaction"})
+	}
 	// Drop measurements never taken (get creates them).
 	var ms []*measurement
 	for _, m := range res.Measurements {
@@ -441,9 +533,24 @@ func rng(s stat, f string) string {
 }
 
 func printTable(w *os.File, res *results) {
-	fmt.Fprintf(w, "\nkube-etcd-migrate benchmark: N=%d (%d keys, %.1f MB of values), %d stale; %d CPUs %s; %d reps, median [min–max]\n",
-		res.N, res.Keys, float64(res.KeyspaceBytes)/1e6, res.StaleObjects, res.Machine.CPUs, res.Machine.CPU, res.Reps)
-	fmt.Fprintf(w, "page %d keys, CAS txn %d ops / %d KiB, %d writers\n\n", res.PageSize, res.BatchOps, res.BatchBytes>>10, res.Writers)
+	fmt.Fprintf(w, "\nkube-etcd-migrate benchmark, %s dataset: N=%d (%d keys, %.1f MB of values), %d stale; %d CPUs %s; %d reps, median [min–max]\n",
+		res.Dataset, res.N, res.Keys, float64(res.KeyspaceBytes)/1e6, res.StaleObjects, res.Machine.CPUs, res.Machine.CPU, res.Reps)
+	fmt.Fprintf(w, "tool: page %d keys, CAS txn %d ops / %d KiB, %d writers (its defaults); CAS ceiling at its best: %d ops, %d in flight\n",
+		res.PageSize, res.BatchOps, res.BatchBytes>>10, res.Writers, res.CeilingOps, res.CeilingWriters)
+	if len(res.LoadAvg) > 0 {
+		fmt.Fprintf(w, "load average (1, 5, 15 min) before / after: %s\n", strings.Join(res.LoadAvg, " / "))
+	}
+	if len(res.CASSweep) > 0 {
+		fmt.Fprintf(w, "CAS ceiling sweep (objects/s, one run each):")
+		for i, p := range res.CASSweep {
+			if i%len(sweepWriters) == 0 {
+				fmt.Fprintf(w, "\n  %3d puts/txn:", p.Ops)
+			}
+			fmt.Fprintf(w, "  %2d in flight %6.0f", p.Writers, p.ObjectsPerS)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s\n", "measurement", "objects/s", "MB/s", "rewrites/s", "peak RSS MB", "etcd RSS MB before→after")
 	for _, m := range res.Measurements {
 		rss := "-"
@@ -482,6 +589,37 @@ func printTable(w *os.File, res *results) {
 	for _, n := range res.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}
+}
+
+// loadAvg is the machine's load average over 1, 5 and 15 minutes.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// checkRotationVerdicts: on the rotation dataset every secret is stale for its
+// key only (a no-op update through kube-apiserver would change nothing else,
+// managedFields included).
+func checkRotationVerdicts(dataset string, vo verifyOut) error {
+	if dataset != "rotation" {
+		return nil
+	}
+	for _, r := range vo.Resources {
+		if r.Resource != "secrets" || r.Group != "" {
+			continue
+		}
+		if len(r.StaleBy) != 1 || r.StaleBy["encryption"] != int(r.Stale) {
+			return fmt.Errorf("rotation dataset: secrets stale by %v, want encryption only", r.StaleBy)
+		}
+	}
+	return nil
 }
 
 func cpuModel() string {

@@ -90,6 +90,9 @@ type generator struct {
 	leases                  []clientv3.LeaseID
 	secretData              [4][]byte // 1, 2, 3, 4 KiB
 	templates               map[string]runtime.Object
+	// rotation: the key-rotation dataset (every object a 2 KB secret with the
+	// managedFields a client's create leaves, under the old key); see rotation.go.
+	rotation bool
 }
 
 func mix(i int) float64 {
@@ -104,7 +107,7 @@ func mix(i int) float64 {
 func (g *generator) spec(i int) objSpec {
 	b := i % 100
 	k := kind(0)
-	for b >= mixBounds[k] {
+	for b >= mixBounds[k] && !g.rotation {
 		k++
 	}
 	s := objSpec{i: i, kind: k, ns: fmt.Sprintf("bench-%02d", i%namespaces)}
@@ -144,8 +147,8 @@ var created = metav1.Unix(1700000000, 0)
 
 func uid(i int) types.UID { return types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)) }
 
-func newGenerator(ctx context.Context, n int, staleVersion, staleKey float64, oldCfg, newCfg string) (*generator, error) {
-	g := &generator{n: n, staleVersion: staleVersion, staleKey: staleKey}
+func newGenerator(ctx context.Context, n int, staleVersion, staleKey float64, oldCfg, newCfg string, rotation bool) (*generator, error) {
+	g := &generator{n: n, staleVersion: staleVersion, staleKey: staleKey, rotation: rotation}
 	var err error
 	if g.oldEnc, err = decode.LoadEncryption(ctx, oldCfg); err != nil {
 		return nil, err
@@ -254,6 +257,7 @@ func (g *generator) buildTemplates() error {
 	labels := map[string]string{"app": "web", "tier": "frontend"}
 	tpl := map[string]runtime.Object{
 		"secret":    &api.Secret{ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: "t", CreationTimestamp: created}, Type: api.SecretTypeOpaque},
+		"rotation":  rotationSecret(),
 		"configmap": &api.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: "t", CreationTimestamp: created, Labels: labels}, Data: map[string]string{"app.properties": strings.Repeat("feature.flag.enabled=true\n", 30)}},
 		"pod": &api.Pod{ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: "t", CreationTimestamp: created, Labels: labels}, Spec: podSpec(),
 			Status: api.PodStatus{Phase: api.PodRunning, PodIPs: []api.PodIP{{IP: "10.0.0.7"}}, Conditions: []api.PodCondition{{Type: api.PodReady, Status: api.ConditionTrue, LastTransitionTime: created}}}},
@@ -267,7 +271,7 @@ func (g *generator) buildTemplates() error {
 		"deviceclass": &resource.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "t", CreationTimestamp: created},
 			Spec: resource.DeviceClassSpec{Selectors: []resource.DeviceSelector{{CEL: &resource.CELDeviceSelector{Expression: `device.driver == "gpu.example.com"`}}}}},
 	}
-	grs := map[string]schema.GroupResource{"secret": grOf[kSecret], "configmap": grOf[kConfigMap], "pod": grOf[kPod], "deployment": grOf[kDeployment], "event": grOf[kEvent], "deviceclass": grOf[kDeviceClass]}
+	grs := map[string]schema.GroupResource{"secret": grOf[kSecret], "rotation": grOf[kSecret], "configmap": grOf[kConfigMap], "pod": grOf[kPod], "deployment": grOf[kDeployment], "event": grOf[kEvent], "deviceclass": grOf[kDeviceClass]}
 	g.templates = map[string]runtime.Object{}
 	for name, obj := range tpl {
 		fp, err := fixpoint(g.current, grs[name], obj)
@@ -321,6 +325,12 @@ func (w *worker) value(ctx context.Context, s objSpec) ([]byte, error) {
 	var err error
 	switch s.kind {
 	case kSecret:
+		if g.rotation {
+			o := w.obj["rotation"]
+			setMeta(o, s)
+			plain, err = w.encode(g.current, gr, o)
+			break
+		}
 		o := w.obj["secret"].(*api.Secret)
 		setMeta(o, s)
 		o.Data = map[string][]byte{"tls.key": g.secretData[s.i%4]}
@@ -395,6 +405,9 @@ func (g *generator) fixedObjects() (map[string][]byte, error) {
 			return nil, err
 		}
 		out["/registry/namespaces/"+ns.Name] = b
+	}
+	if g.rotation {
+		return out, nil // secrets only: no CRD
 	}
 	fp, err := fixpoint(g.current, decode.CRDGroupResource, g.crd.DeepCopy())
 	if err != nil {
