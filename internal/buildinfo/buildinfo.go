@@ -15,8 +15,9 @@ import (
 	etcdversion "go.etcd.io/etcd/api/v3/version"
 )
 
-// version is set by `make release` with -ldflags -X; empty in other builds.
-var version string
+// version and commit are set by `make release` with -ldflags -X (it builds a
+// clean copy of the commit, without VCS information); empty in other builds.
+var version, commit string
 
 // KubernetesModule is the module whose scheme, conversions, defaulting and storage
 // factory the tool runs.
@@ -51,10 +52,10 @@ func Get() Info {
 	if !ok {
 		bi = nil
 	}
-	return fromBuildInfo(bi, version)
+	return fromBuildInfo(bi, version, commit)
 }
 
-func fromBuildInfo(bi *debug.BuildInfo, stamped string) Info {
+func fromBuildInfo(bi *debug.BuildInfo, stamped, stampedCommit string) Info {
 	info := Info{
 		Version:    "devel",
 		Kubernetes: Unknown,
@@ -88,6 +89,9 @@ func fromBuildInfo(bi *debug.BuildInfo, stamped string) Info {
 	}
 	if stamped != "" {
 		info.Version = stamped
+	}
+	if stampedCommit != "" && info.Commit == "" {
+		info.Commit = stampedCommit
 	}
 	return info
 }

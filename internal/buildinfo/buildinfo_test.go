@@ -49,19 +49,24 @@ func TestFromBuildInfo(t *testing.T) {
 			{Key: "vcs.modified", Value: "true"},
 		},
 	}
-	got := fromBuildInfo(bi, "")
+	got := fromBuildInfo(bi, "", "")
 	if got.Version != bi.Main.Version || got.Kubernetes != "v1.36.3" || got.Commit != "0123456789abcdef" || got.CommitTime != "2026-01-01T12:00:00Z" || !got.Modified {
 		t.Errorf("from VCS stamp: %+v", got)
 	}
-	if got := fromBuildInfo(bi, "v1.2.3"); got.Version != "v1.2.3" || got.Commit != "0123456789abcdef" {
+	if got := fromBuildInfo(bi, "v1.2.3", ""); got.Version != "v1.2.3" || got.Commit != "0123456789abcdef" {
 		t.Errorf("-ldflags version must win: %+v", got)
 	}
 	// go run / go test: no module version, no VCS.
-	dev := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "")
+	dev := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "", "")
 	if dev.Version != "devel" || dev.Kubernetes != Unknown || dev.Commit != "" {
 		t.Errorf("devel build: %+v", dev)
 	}
-	if none := fromBuildInfo(nil, ""); none.Version != "devel" || none.Kubernetes != Unknown {
+	if none := fromBuildInfo(nil, "", ""); none.Version != "devel" || none.Kubernetes != Unknown {
 		t.Errorf("no build info: %+v", none)
+	}
+	// make release: a clean copy without VCS information, version and commit stamped.
+	rel := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "v1.2.3", "0123456789abcdef")
+	if rel.Version != "v1.2.3" || rel.Commit != "0123456789abcdef" || rel.Modified {
+		t.Errorf("release build: %+v", rel)
 	}
 }
