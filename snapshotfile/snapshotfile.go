@@ -96,6 +96,7 @@ type Snapshot struct {
 var (
 	openMu   sync.Mutex
 	openDirs = map[string]bool{}
+	exiting  bool // RemoveTempDirs ran: the process is exiting, Open makes nothing more
 )
 
 // RemoveTempDirs removes the private directories of every snapshot still open.
@@ -104,8 +105,17 @@ var (
 func RemoveTempDirs() {
 	openMu.Lock()
 	defer openMu.Unlock()
+	exiting = true
 	for d := range openDirs {
-		os.RemoveAll(d)
+		// The embedded etcd may still be creating files in it: remove until
+		// it stays gone (briefly: the process exits right after).
+		for i := 0; i < 20; i++ {
+			_ = os.RemoveAll(d)
+			if _, err := os.Stat(d); os.IsNotExist(err) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 		delete(openDirs, d)
 	}
 }
@@ -118,11 +128,18 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 	if err != nil {
 		return nil, err
 	}
+	// Made and registered under the lock, so that a RemoveTempDirs racing
+	// with it (a second SIGINT) either sees it or stops it being made.
+	openMu.Lock()
+	if exiting {
+		openMu.Unlock()
+		return nil, fmt.Errorf("snapshot file %s: interrupted", path)
+	}
 	dir, err := os.MkdirTemp(opts.TempDir, "kube-etcd-migrate-snapshot-")
 	if err != nil {
+		openMu.Unlock()
 		return nil, fmt.Errorf("snapshot file %s: private directory: %w", path, err)
 	}
-	openMu.Lock()
 	openDirs[dir] = true
 	openMu.Unlock()
 	s = &Snapshot{dir: dir, Info: Info{Path: path, Size: size, Hash: hash}}
