@@ -78,7 +78,9 @@ type Path struct {
 	converters map[server]managedfields.TypeConverter
 	preferred  map[schema.GroupKind]schema.GroupVersionKind // served version a client would use
 
-	mu       sync.Mutex
+	// managers caches the field manager of each kind (nil: not served);
+	// read by every decode worker, written once per kind.
+	mu       sync.RWMutex
 	managers map[schema.GroupKind]*managedfields.FieldManager
 }
 
@@ -152,6 +154,12 @@ func (p *Path) manager(gk schema.GroupKind, obj runtime.Object) (*managedfields.
 	p.once.Do(func() { p.initErr = p.init() })
 	if p.initErr != nil {
 		return nil, p.initErr
+	}
+	p.mu.RLock()
+	fm, ok := p.managers[gk]
+	p.mu.RUnlock()
+	if ok {
+		return fm, nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
