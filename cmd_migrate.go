@@ -23,7 +23,7 @@ func migrateCommand() *cli.Command {
 			&cli.StringFlag{Name: "snapshot", Usage: "save an etcd snapshot here before the first write"},
 			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
 			&cli.Int64Flag{Name: "quota-backend-bytes", Value: migrate.DefaultQuotaBackendBytes, Usage: "etcd's --quota-backend-bytes; refuse a rewrite that would not fit"},
-			&cli.IntFlag{Name: "writers", Value: 4, Usage: "concurrent write transactions"},
+			&cli.IntFlag{Name: "writers", Value: migrate.DefaultWriters, Usage: "concurrent write transactions"},
 			&cli.IntFlag{Name: "batch-ops", Value: etcdscan.DefaultMaxOps, Usage: "puts per CAS transaction (etcd --max-txn-ops caps it, 128 by default)"},
 			&cli.IntFlag{Name: "batch-bytes", Value: etcdscan.DefaultMaxBytes, Usage: "bytes per CAS transaction (below etcd --max-request-bytes, 1.5 MiB by default)"},
 			&cli.BoolFlag{Name: "fail-fast", Usage: "stop at the first unreadable object or failed write"},

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/grpclog"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/migrate"
 )
 
 type options struct {
@@ -265,8 +266,8 @@ const (
 	mCAS     = "CAS ceiling"
 	mCASTool = "CAS @tool flags" // the ceiling at the tool's own batch size and writers
 	mAPI     = "apiserver no-op PUT"
-	// The tool's defaults (main.go: --writers 4; etcdscan defaults).
-	toolWriters = 4
+	// The tool's defaults (migrate.DefaultWriters; etcdscan defaults).
+	toolWriters = migrate.DefaultWriters
 )
 
 func run(ctx context.Context, o options, dataset, dir string) (*results, error) {
