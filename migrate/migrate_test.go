@@ -349,8 +349,9 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 	}
 }
 
-// TestPreflightRefusesLiveAPIServer: a kube-apiserver identity lease renewed
-// within a minute stops the run before any write, naming the key.
+// TestPreflightRefusesLiveAPIServer: kube-apiserver identity leases renewed
+// within a minute stop the run before any write, naming every such key and its
+// node.
 func TestPreflightRefusesLiveAPIServer(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	now := time.Now()
@@ -362,12 +363,25 @@ func TestPreflightRefusesLiveAPIServer(t *testing.T) {
 		Spec: coordination.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew},
 	}
 	c.Put("/registry/leases/kube-system/apiserver-abc", schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, lease, "", "", "")
+	// An HA control plane: a second node's kube-apiserver is alive too, a
+	// third one stopped long ago. The refusal names both live ones and their
+	// nodes, not the stopped one.
+	for name, age := range map[string]time.Duration{"apiserver-def": 20 * time.Second, "apiserver-old": 10 * time.Minute} {
+		l := lease.DeepCopy()
+		l.Name = name
+		l.Labels = map[string]string{"apiserver.kubernetes.io/identity": "kube-apiserver", "kubernetes.io/hostname": "cp-" + name[len(name)-3:]}
+		r := metav1.NewMicroTime(now.Add(-age))
+		l.Spec.RenewTime = &r
+		c.Put("/registry/leases/kube-system/"+name, schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, l, "", "", "")
+	}
 	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.33", "", "")
 	before := c.Revision()
 	env := c.Env(pipeline.Config{})
 	_, err := Run(context.Background(), env, Options{Now: func() time.Time { return now }})
-	if err == nil || !strings.Contains(err.Error(), "/registry/leases/kube-system/apiserver-abc") {
-		t.Fatalf("err = %v", err)
+	if err == nil || !strings.Contains(err.Error(), "/registry/leases/kube-system/apiserver-abc renewed 10s ago") ||
+		!strings.Contains(err.Error(), "cp-def: /registry/leases/kube-system/apiserver-def renewed 20s ago") ||
+		!strings.Contains(err.Error(), "2 lease(s)") || strings.Contains(err.Error(), "apiserver-old") {
+		t.Fatalf("err = %v; want both live leases named with their nodes, not the stopped one", err)
 	}
 	if c.Revision() != before {
 		t.Fatalf("wrote despite a live apiserver")

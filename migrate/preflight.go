@@ -103,25 +103,46 @@ func PreflightOffline(ctx context.Context, env *pipeline.Env, opts Options) ([]s
 	case opts.PrivateEtcd != "":
 		done = append(done, "no kube-apiserver can reach this etcd: a private copy of "+opts.PrivateEtcd)
 	case !opts.AllowLiveAPIServer:
-		key, when, err := liveAPIServer(ctx, env, now())
+		live, err := liveAPIServers(ctx, env, now())
 		if err != nil {
 			return done, err
 		}
-		if key != "" {
-			return done, &PreflightError{Msg: fmt.Sprintf("a kube-apiserver looks alive: %s was renewed %s ago; stop every kube-apiserver first, or pass --allow-live-apiserver", key, when.Round(time.Second))}
+		if len(live) > 0 {
+			seen := make([]string, len(live))
+			for i, l := range live {
+				seen[i] = l.String()
+			}
+			return done, &PreflightError{Msg: fmt.Sprintf("a kube-apiserver looks alive: %d lease(s) renewed within the last minute: %s; stop every kube-apiserver first, or pass --allow-live-apiserver", len(live), strings.Join(seen, "; "))}
 		}
 		done = append(done, "no kube-apiserver lease renewed within the last minute")
 	}
 	return done, nil
 }
 
-// liveAPIServer finds a kube-apiserver identity lease or master lease renewed
-// within liveWindow.
-func liveAPIServer(ctx context.Context, env *pipeline.Env, now time.Time) (string, time.Duration, error) {
+// liveLease is a kube-apiserver lease renewed within liveWindow.
+type liveLease struct {
+	Key  string
+	Host string // the lease's kubernetes.io/hostname label, "" when it has none
+	Age  time.Duration
+}
+
+func (l liveLease) String() string {
+	s := fmt.Sprintf("%s renewed %s ago", l.Key, l.Age.Round(time.Second))
+	if l.Host != "" {
+		s = l.Host + ": " + s
+	}
+	return s
+}
+
+// liveAPIServers lists every kube-apiserver lease (identity leases under
+// leases/kube-system/, and master leases) renewed within liveWindow, so that an
+// HA control plane's operator sees every node still running one.
+func liveAPIServers(ctx context.Context, env *pipeline.Env, now time.Time) ([]liveLease, error) {
+	var live []liveLease
 	prefix := env.Resolver.Prefix()
 	resp, err := env.Client.Get(ctx, prefix+"/leases/kube-system/", clientv3.WithPrefix())
 	if err != nil {
-		return "", 0, fmt.Errorf("preflight: read %s/leases/kube-system/: %w", prefix, err)
+		return nil, fmt.Errorf("preflight: read %s/leases/kube-system/: %w", prefix, err)
 	}
 	for _, kv := range resp.Kvs {
 		obj, err := env.Decoder.Decode(ctx, etcdscan.KV{Key: string(kv.Key), Value: kv.Value, ModRevision: kv.ModRevision})
@@ -133,25 +154,25 @@ func liveAPIServer(ctx context.Context, env *pipeline.Env, now time.Time) (strin
 			continue
 		}
 		if age := now.Sub(lease.Spec.RenewTime.Time); age < liveWindow {
-			return string(kv.Key), age, nil
+			live = append(live, liveLease{Key: string(kv.Key), Host: lease.Labels["kubernetes.io/hostname"], Age: age})
 		}
 	}
 	ml, err := env.Client.Get(ctx, prefix+"/masterleases/", clientv3.WithPrefix())
 	if err != nil {
-		return "", 0, fmt.Errorf("preflight: read %s/masterleases/: %w", prefix, err)
+		return nil, fmt.Errorf("preflight: read %s/masterleases/: %w", prefix, err)
 	}
 	for _, kv := range ml.Kvs {
 		// Master leases carry an etcd lease of about 15 s that the apiserver renews:
-		// one that still exists was renewed recently.
+		// one that still exists was renewed recently. The key names the apiserver's IP.
 		if kv.Lease == 0 {
 			continue
 		}
 		ttl, err := env.Client.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 		if err == nil && ttl.TTL > 0 {
-			return string(kv.Key), time.Duration(ttl.GrantedTTL-ttl.TTL) * time.Second, nil
+			live = append(live, liveLease{Key: string(kv.Key), Age: time.Duration(ttl.GrantedTTL-ttl.TTL) * time.Second})
 		}
 	}
-	return "", 0, nil
+	return live, nil
 }
 
 func isAPIServerLease(l *coordination.Lease) bool {
