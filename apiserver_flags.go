@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -46,7 +48,7 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config) (etcdscan.Config, e
 	override := func(toolFlag, apiFlag string, dst *string, v string) {
 		if c.IsSet(toolFlag) {
 			if api.From[apiFlag] != "" {
-				api.SetFrom(apiFlag, apiserverconfig.FromTool)
+				api.SetFrom(apiFlag, toolSource(toolFlag, *dst))
 			}
 			return
 		}
@@ -59,7 +61,7 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config) (etcdscan.Config, e
 	override("key", "etcd-keyfile", &cfg.Key, api.EtcdKeyFile)
 	if c.IsSet("endpoints") {
 		if api.From["etcd-servers"] != "" {
-			api.SetFrom("etcd-servers", apiserverconfig.FromTool)
+			api.SetFrom("etcd-servers", toolSource("endpoints", strings.Join(cfg.Endpoints, ",")))
 		}
 		api.EtcdServers = cfg.Endpoints
 	} else if api.From["etcd-servers"] != "" {
@@ -73,6 +75,17 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config) (etcdscan.Config, e
 		return cfg, usageErr("%v", err)
 	}
 	return cfg, nil
+}
+
+// toolSource says where the tool's own value of an etcdctl flag came from:
+// its ETCDCTL_* environment variable when that holds the value, else the
+// command line.
+func toolSource(flag, value string) apiserverconfig.Source {
+	env := "ETCDCTL_" + strings.ToUpper(flag)
+	if v := os.Getenv(env); v != "" && strings.ReplaceAll(v, " ", "") == value {
+		return apiserverconfig.Source("$" + env)
+	}
+	return apiserverconfig.FromTool
 }
 
 // fromAPIServer returns the tool's flag value if it was given, else

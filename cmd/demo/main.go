@@ -98,16 +98,28 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 
 	newCfg := filepath.Base(res.NewConfig)
 	enc := []string{"--encryption-provider-config", newCfg}
+	// kube-apiserver's own command line, as a systemd unit or a kubeadm
+	// manifest holds it: the tool takes etcd, the prefix and the encryption
+	// configuration from it (--apiserver-manifest reads a static pod).
+	flagsFile := "kube-apiserver.flags"
+	flags := fmt.Sprintf("# kube-apiserver's command line (one flag per line, as in its systemd unit)\n--etcd-servers=%s\n--etcd-prefix=/registry\n--encryption-provider-config=%s\n--authorization-mode=Node,RBAC\n", srv.URL, res.NewConfig)
+	if err := os.WriteFile(filepath.Join(tmp, flagsFile), []byte(flags), 0o600); err != nil {
+		fmt.Fprintf(stderr, "demo: %v\n", err)
+		return 1
+	}
+	api := []string{"--apiserver-flags-file", flagsFile}
 	steps := []step{
+		{"Which Kubernetes release this binary stores objects as (its scheme and storage factory).", []string{"version"}, 0},
 		{"What is in etcd, per resource: versions, media types, encryption keys, leases.", append([]string{"inventory"}, enc...), 0},
-		{"One secret with its storage header; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
-		{"Read-only audit against 1.36 and the new key: exit 3 means stale objects, all readable.", append([]string{"verify"}, enc...), 3},
-		{"What a migration would rewrite, writing nothing.", append([]string{"migrate", "--dry-run"}, enc...), 0},
-		{"The migration: compare-and-swap writes, leases kept, old values journaled for rollback.", append([]string{"migrate", "--journal", "migrate.journal"}, enc...), 0},
-		{"The audit again: exit 0, everything current.", append([]string{"verify"}, enc...), 0},
+		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
+		{"Read-only audit against 1.36 and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
+		{"What a migration would rewrite, writing nothing.", append([]string{"migrate", "--dry-run"}, api...), 0},
+		{"The migration: a snapshot first, compare-and-swap writes, leases kept, old values journaled for rollback.", append([]string{"migrate", "--snapshot", "pre-migrate.db", "--journal", "migrate.journal"}, api...), 0},
+		{"The audit again: exit 0, everything current.", append([]string{"verify"}, api...), 0},
 		{"The census after the migration.", append([]string{"inventory"}, enc...), 0},
+		{"The backup taken before the migration, read from the file: still stale (3), but readable with these keys (not 4).", append([]string{"verify", "--snapshot-file", "pre-migrate.db", "--show-keys", "1"}, enc...), 3},
 		{"If the upgrade had to be undone: put the journaled old bytes back (compare-and-swap on the new mod revisions).", []string{"rollback", "--journal", "migrate.journal"}, 0},
-		{"Back where it started: the same audit says stale again (exit 3).", append([]string{"verify", "--show-keys", "1"}, enc...), 3},
+		{"Back where it started: the same audit says stale again (exit 3).", append([]string{"verify", "--show-keys", "1"}, api...), 3},
 	}
 
 	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL)
