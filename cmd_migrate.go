@@ -72,20 +72,9 @@ func cmdMigrate(c *cli.Context) error {
 	// transactions and the journal finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	sum, runErr := migrate.Run(ctx, s.env, migrate.Options{
-		DryRun:             c.Bool("dry-run"),
-		FailFast:           c.Bool("fail-fast"),
-		Journal:            c.String("journal"),
-		Snapshot:           c.String("snapshot"),
-		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
-		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
-		BatchOps:           c.Int("batch-ops"),
-		BatchBytes:         c.Int("batch-bytes"),
-		Writers:            c.Int("writers"),
-		WriteContext:       writeCtx,
-		Progress:           func(n migrate.Counts) { prog.Set(n.Scanned) },
-		PrivateEtcd:        c.String("snapshot-file"),
-	})
+	opts := migrateOptions(c, writeCtx)
+	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
+	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
 	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, writeCtx)
 	if sum != nil {
