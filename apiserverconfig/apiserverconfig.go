@@ -93,12 +93,6 @@ type Input struct {
 	EmulatedVersion string
 }
 
-// relevant are the flags the tool takes, in the order they are reported.
-var relevant = []string{
-	"etcd-servers", "etcd-cafile", "etcd-certfile", "etcd-keyfile", "etcd-prefix",
-	"encryption-provider-config", "storage-media-type", "runtime-config", "feature-gates", "emulated-version",
-}
-
 // Load parses kube-apiserver's command line from in and returns what the tool
 // takes from it. Nothing process-wide changes until Apply.
 func Load(in Input) (*Config, error) {
@@ -325,35 +319,21 @@ func (c *Config) EmulationForwardCompatible() (emulation, runtimeConfig bool) {
 // names files, never their contents.
 func (c *Config) Describe() string {
 	var parts []string
-	for _, f := range relevant {
-		src := c.From[f]
-		if src == "" {
-			continue
+	for _, f := range []struct{ flag, value string }{
+		{"etcd-servers", strings.Join(c.EtcdServers, ",")},
+		{"etcd-cafile", c.EtcdCAFile},
+		{"etcd-certfile", c.EtcdCertFile},
+		{"etcd-keyfile", c.EtcdKeyFile},
+		{"etcd-prefix", c.EtcdPrefix},
+		{"encryption-provider-config", c.EncryptionConfig},
+		{"storage-media-type", c.StorageMediaType},
+		{"runtime-config", c.RuntimeConfig},
+		{"feature-gates", c.FeatureGates},
+		{"emulated-version", c.EmulatedVersion},
+	} {
+		if src := c.From[f.flag]; src != "" {
+			parts = append(parts, fmt.Sprintf("--%s=%s (%s)", f.flag, f.value, src))
 		}
-		var v string
-		switch f {
-		case "etcd-servers":
-			v = strings.Join(c.EtcdServers, ",")
-		case "etcd-cafile":
-			v = c.EtcdCAFile
-		case "etcd-certfile":
-			v = c.EtcdCertFile
-		case "etcd-keyfile":
-			v = c.EtcdKeyFile
-		case "etcd-prefix":
-			v = c.EtcdPrefix
-		case "encryption-provider-config":
-			v = c.EncryptionConfig
-		case "storage-media-type":
-			v = c.StorageMediaType
-		case "runtime-config":
-			v = c.RuntimeConfig
-		case "feature-gates":
-			v = c.FeatureGates
-		case "emulated-version":
-			v = c.EmulatedVersion
-		}
-		parts = append(parts, fmt.Sprintf("--%s=%s (%s)", f, v, src))
 	}
 	if len(parts) == 0 {
 		return "kube-apiserver defaults"
