@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/verify"
@@ -116,7 +117,7 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
 	}
 	defer snap.Close()
-	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, humanSize(fi.Size()), snap.Info.Revision, snap.Info.Leases, snap.Info.LeasedKeys)
+	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, migrate.HumanBytes(fi.Size()), snap.Info.Revision, snap.Info.Leases, snap.Info.LeasedKeys)
 	cfg := s.env.Config
 	cfg.SnapshotFile, cfg.Revision = out, 0
 	cfg.Encryption = nil
@@ -137,19 +138,6 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 	fmt.Fprintf(w, "verified %s%s, restored afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
 		out, what, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
 	return rep, nil
-}
-
-func humanSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
 // hasFlag reports whether the running command defines the flag.

@@ -55,13 +55,13 @@ func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 	}
 	if st.DBSize+estimate > quota {
 		return done, &PreflightError{Msg: fmt.Sprintf("the rewrite would add about %s to a %s database, past the %s quota (--quota-backend-bytes); compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), migrate fewer resources at a time (--resource), or raise the quota if etcd runs with a larger one",
-			human(estimate), human(st.DBSize), human(quota))}
+			HumanBytes(estimate), HumanBytes(st.DBSize), HumanBytes(quota))}
 	}
 	how := "at most"
 	if exact {
 		how = "about"
 	}
-	done = append(done, fmt.Sprintf("database %s + rewrite %s %s fits the %s quota; compact and defragment afterwards to reclaim it", human(st.DBSize), how, human(estimate), human(quota)))
+	done = append(done, fmt.Sprintf("database %s + rewrite %s %s fits the %s quota; compact and defragment afterwards to reclaim it", HumanBytes(st.DBSize), how, HumanBytes(estimate), HumanBytes(quota)))
 
 	grs := env.Storage.BuiltinResources()
 	for _, crd := range env.CRDs {
@@ -199,7 +199,9 @@ func bytesToRewrite(ctx context.Context, env *pipeline.Env) (int64, error) {
 	return n, nil
 }
 
-func human(b int64) string {
+// HumanBytes prints a size in B, KiB, MiB, ... with one decimal, as the
+// preflight and the snapshot report do.
+func HumanBytes(b int64) string {
 	const unit = 1024
 	if b < unit {
 		return fmt.Sprintf("%d B", b)
