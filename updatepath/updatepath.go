@@ -37,6 +37,7 @@ import (
 	openapibuilder3 "k8s.io/kube-openapi/pkg/builder3"
 	openapicommon "k8s.io/kube-openapi/pkg/common"
 	openapiutil "k8s.io/kube-openapi/pkg/util"
+	"k8s.io/kube-openapi/pkg/validation/spec"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	generatedopenapi "k8s.io/kubernetes/pkg/generated/openapi"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
@@ -76,6 +77,7 @@ type Path struct {
 	once       sync.Once
 	initErr    error
 	converters map[server]managedfields.TypeConverter
+	specs      map[server]map[string]*spec.Schema           // the models each converter was built from
 	preferred  map[schema.GroupKind]schema.GroupVersionKind // served version a client would use
 
 	// managers caches the field manager of each kind (nil: not served);
@@ -235,6 +237,21 @@ func (p *Path) ServedVersion(gk schema.GroupKind) (schema.GroupVersionKind, bool
 	return gvk, ok, nil
 }
 
+// CustomResourceStaticSpec is the OpenAPI spec kube-apiserver's
+// apiextensions server hands its custom resource handler (the
+// StaticOpenAPISpec its generic server sets in the APIGroupInfo of
+// apiextensions.k8s.io while building that group's type converter, from
+// the resources it serves), on which apiextensions-apiserver builds the
+// type converter of every CRD. It is nil when that server serves nothing.
+// The models are shared: callers must not change them.
+func (p *Path) CustomResourceStaticSpec() (map[string]*spec.Schema, error) {
+	p.once.Do(func() { p.initErr = p.init() })
+	if p.initErr != nil {
+		return nil, p.initErr
+	}
+	return p.specs[extensionsServer], nil
+}
+
 // schemeOf is the scheme of the server that serves group.
 func schemeOf(group string) *runtime.Scheme {
 	switch serverOf(group) {
@@ -311,23 +328,26 @@ func (p *Path) init() error {
 		}
 	}
 	p.converters = map[server]managedfields.TypeConverter{}
+	p.specs = map[server]map[string]*spec.Schema{}
 	for srv, ns := range names {
-		tc, err := typeConverter(openAPIConfig, ns)
+		tc, models, err := typeConverter(openAPIConfig, ns)
 		if err != nil {
 			return fmt.Errorf("updatepath: type converter: %w", err)
 		}
 		p.converters[srv] = tc
+		p.specs[srv] = models
 	}
 	return nil
 }
 
-func typeConverter(cfg *openapicommon.OpenAPIV3Config, names []string) (managedfields.TypeConverter, error) {
+func typeConverter(cfg *openapicommon.OpenAPIV3Config, names []string) (managedfields.TypeConverter, map[string]*spec.Schema, error) {
 	sort.Strings(names)
-	spec, err := openapibuilder3.BuildOpenAPIDefinitionsForResources(cfg, names...)
+	models, err := openapibuilder3.BuildOpenAPIDefinitionsForResources(cfg, names...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return managedfields.NewTypeConverter(spec, false)
+	tc, err := managedfields.NewTypeConverter(models, false)
+	return tc, models, err
 }
 
 // groups lists a scheme's API groups.
