@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
 	"k8s.io/apimachinery/pkg/runtime/serializer/recognizer"
+	"k8s.io/kube-openapi/pkg/validation/spec"
 )
 
 // DefaultHTTPTimeout bounds one conversion webhook call when Options.HTTPTimeout is 0.
@@ -47,6 +48,14 @@ type Options struct {
 	WebhookURLs map[string]string
 	// HTTPTimeout bounds each conversion webhook call (0: DefaultHTTPTimeout).
 	HTTPTimeout time.Duration
+	// StaticOpenAPISpec gives the static OpenAPI spec kube-apiserver's
+	// apiextensions server builds its CRDs' type converters on
+	// (updatepath.Path.CustomResourceStaticSpec). NoOpUpdate calls it once,
+	// on first use, and fails without it.
+	StaticOpenAPISpec func() (map[string]*spec.Schema, error)
+	// Manager is the field manager name NoOpUpdate updates as; a no-op
+	// update changes no field, so no entry is ever added under it.
+	Manager string
 }
 
 // StoredInfo describes a stored value.
@@ -66,6 +75,14 @@ type Codec struct {
 	preserveUnknownFields bool
 	storage               runtime.Codec
 	webhook               *webhookConverter // nil for the None strategy
+
+	// NoOpUpdate's configuration and its field manager's parts, built on first use.
+	crd         *apiextensionsv1.CustomResourceDefinition // defaulted as kube-apiserver reads it
+	webhookURLs map[string]string
+	httpTimeout time.Duration
+	staticSpec  func() (map[string]*spec.Schema, error)
+	manager     string
+	noOp        noOpUpdateState
 }
 
 // NewCodec builds the codec of crd's custom resources, as getOrCreateServingInfoFor
@@ -97,7 +114,17 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		versions:              map[string]bool{},
 		schemas:               map[string]*structuralschema.Structural{},
 		preserveUnknownFields: crd.Spec.PreserveUnknownFields,
+		crd:                   crd,
+		webhookURLs:           opts.WebhookURLs,
+		httpTimeout:           opts.HTTPTimeout,
+		staticSpec:            opts.StaticOpenAPISpec,
+		manager:               opts.Manager,
 	}
+	if c.httpTimeout <= 0 {
+		c.httpTimeout = DefaultHTTPTimeout
+	}
+	// The CRD as kube-apiserver's decoder hands it to the CRD handler.
+	apiextensionsv1.SetObjectDefaults_CustomResourceDefinition(c.crd)
 
 	// Structural schemas per version: getOrCreateServingInfoFor.
 	for _, v := range crd.Spec.Versions {

@@ -5,8 +5,10 @@
 // metadata coercion, structural defaulting of the stored version) and what it
 // writes back (conversion None/Webhook to the storage version, pruning in the
 // storage version's schema, JSON as unstructured.UnstructuredJSONScheme
-// encodes it), plus a lose-fields guard (RoundTrip) and the storedVersions
-// that a completed migration allows to trim.
+// encodes it), what its update handler does to an object on a no-op update
+// (NoOpUpdate: the CRD's field manager, as getOrCreateServingInfoFor builds
+// it), plus a lose-fields guard (RoundTrip) and the storedVersions that a
+// completed migration allows to trim.
 //
 // The storage codec reproduced here is the one built by
 // crdConversionRESTOptionsGetter.GetRESTOptions in
