@@ -7,6 +7,7 @@ import (
 
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/updatepath"
 )
 
 // crCodec adapts customresource.Codec to the decode and reencode interfaces.
@@ -21,9 +22,15 @@ func (c crCodec) DecodeStored(plaintext []byte) (*unstructured.Unstructured, sch
 	return u, info.GVK, mt, err
 }
 
-func defaultCustomResources(webhooks map[string]string) CustomResourceFactory {
+// defaultCustomResources builds codecs whose no-op update runs the field
+// manager of the target kube-apiserver's apiextensions server.
+func defaultCustomResources(webhooks map[string]string, update *updatepath.Path) CustomResourceFactory {
 	return func(crd *apiextensionsv1.CustomResourceDefinition) (CustomResourceCodec, error) {
-		c, err := customresource.NewCodec(crd, customresource.Options{WebhookURLs: webhooks})
+		c, err := customresource.NewCodec(crd, customresource.Options{
+			WebhookURLs:       webhooks,
+			StaticOpenAPISpec: update.CustomResourceStaticSpec,
+			Manager:           updatepath.Manager,
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -132,7 +132,7 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 		}
 	}
 	if cfg.CustomResources == nil {
-		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs)
+		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, update)
 	}
 	res := decode.NewResolver(cfg.Prefix, storage)
 	env := &Env{

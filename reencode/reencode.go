@@ -47,7 +47,9 @@ const (
 	ReasonEncoding Reason = "encoding"
 	// ReasonManagedFields: kube-apiserver's field manager would change
 	// managedFields on a no-op update (entries for versions it no longer
-	// serves, more than ten update managers, undecodable entries).
+	// serves, more than ten update managers, undecodable entries; for a
+	// custom resource, all of them once one names a version its CRD no
+	// longer lists).
 	ReasonManagedFields Reason = "managed-fields"
 )
 
@@ -86,9 +88,12 @@ type Encrypter interface {
 }
 
 // CustomResourceEncoder writes one CRD's custom resources as the
-// apiextensions-apiserver would.
+// apiextensions-apiserver would. NoOpUpdate does to a decoded custom resource
+// what its update handler does before encoding on a no-op update (its field
+// manager), in place, and reports whether managedFields changed.
 type CustomResourceEncoder interface {
 	StorageVersion() string
+	NoOpUpdate(obj *unstructured.Unstructured) (bool, error)
 	Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error)
 	RoundTrip(plaintext []byte) error
 }
@@ -174,7 +179,12 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		if !ok {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonCorruptPayload, nil, "custom resource did not decode to an unstructured object"))
 		}
-		newPlain, err = enc.Encode(ctx, u.DeepCopy())
+		u = u.DeepCopy()
+		managedChanged, err = enc.NoOpUpdate(u)
+		if err != nil {
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, err, "no-op update path"))
+		}
+		newPlain, err = enc.Encode(ctx, u)
 		if err != nil {
 			return p.unreadable(d, keyError(d.Key, decode.ReasonConversionFailed, err))
 		}

@@ -1,0 +1,220 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+
+	"kube-etcd-migrate/internal/apiservertest"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/verify"
+)
+
+// TestCustomResourceVersionRemoved: custom resources written through v1beta1
+// carry managedFields entries of it. The storage version moves to v1, the
+// tool migrates them, and the operator then removes v1beta1 from the CRDs
+// (one with conversion None, one with a webhook). kube-apiserver's next write
+// of such an object clears its managedFields (its field manager cannot
+// convert to a version the CRD no longer lists), so verify must call those
+// objects stale by their managedFields and migrate must write what
+// kube-apiserver would: afterwards a no-op update of every object writes
+// nothing. Objects whose entries name v1 only, or that have no managedFields,
+// are current throughout.
+func TestCustomResourceVersionRemoved(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	hook := startConversionWebhook(t)
+
+	rc := c.start(apiservertest.Options{})
+	ext := apiextensionsclient.NewForConfigOrDie(rc)
+	dyn := dynamic.NewForConfigOrDie(rc)
+
+	props := map[string]apiextensionsv1.JSONSchemaProps{"size": {Type: "integer"}, "color": {Type: "string"}}
+	none := twoVersionCRD("removal.example.com", "sprockets", "Sprocket", props, props, &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter})
+	hooked := twoVersionCRD("hook.example.com", "gizmos", "Gizmo",
+		map[string]apiextensionsv1.JSONSchemaProps{"oldName": {Type: "string"}},
+		map[string]apiextensionsv1.JSONSchemaProps{"name": {Type: "string"}},
+		&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter, Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To(hook.srv.URL + "/convert"), CABundle: hook.caBundle()},
+			ConversionReviewVersions: []string{"v1"},
+		}})
+	for _, crd := range []*apiextensionsv1.CustomResourceDefinition{none, hooked} {
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create CRD %s: %v", crd.Name, err)
+		}
+		waitCRD(t, ext, crd.Name, "established", established)
+	}
+	sprocketsBeta := schema.GroupVersionResource{Group: "removal.example.com", Version: "v1beta1", Resource: "sprockets"}
+	gizmosBeta := schema.GroupVersionResource{Group: "hook.example.com", Version: "v1beta1", Resource: "gizmos"}
+	sprockets, gizmos := sprocketsBeta, gizmosBeta
+	sprockets.Version, gizmos.Version = "v1", "v1"
+
+	// Written through v1beta1, so that managedFields name it: a server-side
+	// apply, a create then a kubectl-edit-style update, and an object whose
+	// managedFields were reset (none at all).
+	apply := func(gvr schema.GroupVersionResource, kind, name, spec string) {
+		t.Helper()
+		body := fmt.Sprintf(`{"apiVersion":%q,"kind":%q,"metadata":{"name":%q,"labels":{"owner":"ssa"}},"spec":%s}`, gvr.GroupVersion().String(), kind, name, spec)
+		if _, err := dyn.Resource(gvr).Namespace("default").Patch(ctx, name, types.ApplyPatchType, []byte(body), metav1.PatchOptions{FieldManager: "kubectl", Force: ptr.To(true)}); err != nil {
+			t.Fatalf("server-side apply %s %s: %v", gvr, name, err)
+		}
+	}
+	edit := func(gvr schema.GroupVersionResource, name string) {
+		t.Helper()
+		ri := dyn.Resource(gvr).Namespace("default")
+		got, err := ri.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.SetLabels(map[string]string{"tier": "e2e", "edited": "yes"})
+		if _, err := ri.Update(ctx, got, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
+			t.Fatalf("update %s %s: %v", gvr, name, err)
+		}
+	}
+	reset := func(gvr schema.GroupVersionResource, name string) {
+		t.Helper()
+		ri := dyn.Resource(gvr).Namespace("default")
+		got, err := ri.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.SetManagedFields([]metav1.ManagedFieldsEntry{{}}) // kube-apiserver's way to reset them
+		upd, err := ri.Update(ctx, got, metav1.UpdateOptions{})
+		if err != nil || len(upd.GetManagedFields()) != 0 {
+			t.Fatalf("reset managedFields of %s %s: %v (%d entries left)", gvr, name, err, len(upd.GetManagedFields()))
+		}
+	}
+	createCR(t, dyn, sprocketsBeta, "Sprocket", "default", "created", map[string]any{"size": int64(1)})
+	edit(sprocketsBeta, "created")
+	apply(sprocketsBeta, "Sprocket", "applied", `{"size":2,"color":"red"}`)
+	createCR(t, dyn, sprocketsBeta, "Sprocket", "default", "untracked", map[string]any{"size": int64(3)})
+	reset(sprocketsBeta, "untracked")
+	createCR(t, dyn, gizmosBeta, "Gizmo", "default", "created", map[string]any{"oldName": "g"})
+	edit(gizmosBeta, "created")
+	apply(gizmosBeta, "Gizmo", "applied", `{"oldName":"a"}`)
+
+	// The storage version moves to v1; one object of each is then written
+	// through v1 only.
+	for _, name := range []string{none.Name, hooked.Name} {
+		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd.Spec.Versions[0].Storage, crd.Spec.Versions[1].Storage = false, true
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("move %s storage to v1: %v", name, err)
+		}
+		waitCRD(t, ext, name, "recorded v1 in storedVersions", func(c *apiextensionsv1.CustomResourceDefinition) bool {
+			return slices.Equal(c.Status.StoredVersions, []string{"v1beta1", "v1"}) && established(c)
+		})
+	}
+	createCR(t, dyn, sprockets, "Sprocket", "default", "v1-only", map[string]any{"size": int64(9)})
+	createCR(t, dyn, gizmos, "Gizmo", "default", "v1-only", map[string]any{"name": "v1"})
+
+	before := snapshot(t, rc, []schema.GroupVersionResource{sprockets, gizmos})
+	withBeta := map[objKey]bool{} // the objects with a managedFields entry of v1beta1
+	for k, u := range before {
+		for _, e := range u.GetManagedFields() {
+			if e.APIVersion == k.GVR.Group+"/v1beta1" {
+				withBeta[k] = true
+			}
+		}
+	}
+	if len(before) != 7 || len(withBeta) != 4 {
+		t.Fatalf("%d custom resources, %d with managedFields of v1beta1; want 7 and 4 (the test's premise)", len(before), len(withBeta))
+	}
+	c.stop()
+
+	// The tool moves every object to v1 and trims storedVersions.
+	cfg := pipeline.Config{Prefix: "/registry"}
+	c.migrate(cfg)
+	c.expectCurrent(cfg)
+
+	// The operator removes v1beta1 from the CRDs.
+	rc = c.start(apiservertest.Options{})
+	ext = apiextensionsclient.NewForConfigOrDie(rc)
+	for _, name := range []string{none.Name, hooked.Name} {
+		crd := waitCRD(t, ext, name, "established after the migration", established)
+		if !slices.Equal(crd.Status.StoredVersions, []string{"v1"}) {
+			t.Fatalf("CRD %s status.storedVersions = %v after the migration, want [v1]", name, crd.Status.StoredVersions)
+		}
+		crd.Spec.Versions = crd.Spec.Versions[1:]
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("remove v1beta1 from %s: %v", name, err)
+		}
+		waitCRD(t, ext, name, "without v1beta1", func(c *apiextensionsv1.CustomResourceDefinition) bool {
+			return len(c.Spec.Versions) == 1 && c.Spec.Versions[0].Name == "v1" && established(c)
+		})
+	}
+	// Reads do not run the field manager: the entries are still served.
+	for k := range withBeta {
+		got, err := dynamic.NewForConfigOrDie(rc).Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(before[k].GetManagedFields(), got.GetManagedFields()); d != "" {
+			t.Fatalf("%s: managedFields changed by a read (-before +after):\n%s", k, d)
+		}
+	}
+	c.stop()
+
+	rep := c.verify(cfg)
+	if code := rep.ExitCode(); code != verify.ExitStale {
+		t.Errorf("verify exit %d after v1beta1 was removed, want 3 (summary %+v)", code, rep.Summary)
+	}
+	if got, want := staleResources(t, rep), []string{"gizmos.hook.example.com", "sprockets.removal.example.com"}; !slices.Equal(got, want) {
+		t.Errorf("verify names stale %v, want %v", got, want)
+	}
+	for _, r := range rep.Resources {
+		if r.Stale > 0 && (r.Stale != 2 || r.StaleBy[reencode.ReasonManagedFields] != 2) {
+			t.Errorf("verify: %s stale %d by %v, want 2 by managed-fields", r.Name(), r.Stale, r.StaleBy)
+		}
+	}
+	sum := c.migrate(cfg)
+	if sum.Summary.Rewritten != int64(len(withBeta)) {
+		t.Errorf("migrate rewrote %d objects, want the %d with managedFields of v1beta1 (summary %+v)", sum.Summary.Rewritten, len(withBeta), sum.Summary)
+	}
+	c.expectCurrent(cfg)
+
+	// kube-apiserver's verdict: every object is as it would write it.
+	rc = c.start(apiservertest.Options{})
+	for _, name := range []string{none.Name, hooked.Name} {
+		waitCRD(t, apiextensionsclient.NewForConfigOrDie(rc), name, "established after restart", established)
+	}
+	dyn = dynamic.NewForConfigOrDie(rc)
+	for k, want := range before {
+		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("%s: %v", k, err)
+			continue
+		}
+		if d := cmp.Diff(content(want), content(got)); d != "" {
+			t.Errorf("%s: content changed (-before +after):\n%s", k, d)
+		}
+		wantManaged := want.GetManagedFields()
+		if withBeta[k] {
+			wantManaged = nil // kube-apiserver's field manager clears them all
+		}
+		if d := cmp.Diff(wantManaged, got.GetManagedFields()); d != "" {
+			t.Errorf("%s: managedFields (-want +got):\n%s", k, d)
+		}
+	}
+	t.Logf("no-op update of %d objects", noOpUpdates(t, rc))
+	for k := range before {
+		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
+		if err == nil && withBeta[k] && len(got.GetManagedFields()) != 0 {
+			t.Errorf("%s: managedFields after kube-apiserver's no-op update: %v", k, got.GetManagedFields())
+		}
+	}
+}
