@@ -362,8 +362,11 @@ type Mode int
 const (
 	// DecodeOnly decodes (inventory); decisions carry From but no To.
 	DecodeOnly Mode = iota
-	// Decide also encodes to the target and decides (verify, migrate).
+	// Decide also encodes to the target, decides, and encrypts the value to
+	// write (migrate).
 	Decide
+	// Classify decides as Decide does without the value to write (verify).
+	Classify
 )
 
 // Run scans the selected prefixes at one revision and calls fn once per page with
@@ -451,11 +454,15 @@ feed:
 	return out
 }
 
-// DecideOne decodes one key and, in Decide mode, decides what to do with it.
+// DecideOne decodes one key and, in Decide or Classify mode, decides what to do
+// with it.
 func (e *Env) DecideOne(ctx context.Context, kv etcdscan.KV, mode Mode) reencode.Decision {
 	obj, err := e.Decoder.Decode(ctx, kv)
-	if mode == DecodeOnly {
+	switch mode {
+	case DecodeOnly:
 		return reencode.Describe(obj, err)
+	case Classify:
+		return e.Planner.Classify(ctx, obj, err)
 	}
 	return e.Planner.Decide(ctx, obj, err)
 }

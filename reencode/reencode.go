@@ -133,7 +133,18 @@ func (p *Planner) Decide(ctx context.Context, obj *decode.Object, decodeErr erro
 	if d.Status != Readable {
 		return d
 	}
-	return p.decide(ctx, obj, d)
+	return p.decide(ctx, obj, d, true)
+}
+
+// Classify is Decide without the value to write: the same status, reasons and
+// errors, but NewValue stays nil, so nothing is encrypted. It is for reports
+// (verify), which never write.
+func (p *Planner) Classify(ctx context.Context, obj *decode.Object, decodeErr error) Decision {
+	d := Describe(obj, decodeErr)
+	if d.Status != Readable {
+		return d
+	}
+	return p.decide(ctx, obj, d, false)
 }
 
 // Describe records how an object is stored, without deciding anything: Status is
@@ -164,7 +175,7 @@ func Describe(obj *decode.Object, decodeErr error) Decision {
 	return d
 }
 
-func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) Decision {
+func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, withValue bool) Decision {
 	var newPlain []byte
 	var err error
 	managedChanged := false
@@ -260,6 +271,9 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision) De
 		return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
 	}
 	d.Status = Stale
+	if !withValue {
+		return d
+	}
 	value, err := p.encrypt(ctx, obj.Info.Resource, d.Key, newPlain)
 	if err != nil {
 		// The write provider failing is an operational error, not the object's.

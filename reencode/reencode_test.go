@@ -209,3 +209,27 @@ func mustUnknown(t *testing.T, apiVersion, kind string) []byte {
 	}
 	return b
 }
+
+// verify classifies: the same verdict as migrate's Decide, without encrypting a
+// value it never writes.
+func TestClassifyIsDecideWithoutTheValue(t *testing.T) {
+	value := write(t, storageConfig(t, "1.33", ""), deviceClassesGR, deviceClass())
+	target := storageConfig(t, "", "")
+	decide := func(classify bool) Decision {
+		obj, err := decodeKV(t, "/registry/deviceclasses/gpu", value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if classify {
+			return NewPlanner(target, nil).Classify(context.Background(), obj, nil)
+		}
+		return NewPlanner(target, nil).Decide(context.Background(), obj, nil)
+	}
+	d, c := decide(false), decide(true)
+	if c.Status != Stale || c.Status != d.Status || c.ReasonStrings() != d.ReasonStrings() || c.From != d.From || c.To != d.To {
+		t.Fatalf("Classify: %s %q %v→%v; Decide: %s %q %v→%v", c.Status, c.ReasonStrings(), c.From, c.To, d.Status, d.ReasonStrings(), d.From, d.To)
+	}
+	if c.NewValue != nil || d.NewValue == nil {
+		t.Fatalf("Classify computed a value to write (%d bytes), or Decide did not (%d bytes)", len(c.NewValue), len(d.NewValue))
+	}
+}

@@ -140,7 +140,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		byResource: map[string]*ResourceReport{},
 	}
 	crds := newCRDTally(env)
-	stats, err := env.Run(ctx, env.Config.Revision, pipeline.Decide, func(page []reencode.Decision) error {
+	stats, err := env.Run(ctx, env.Config.Revision, pipeline.Classify, func(page []reencode.Decision) error {
 		for i := range page {
 			r.add(env, &page[i])
 			crds.add(&page[i])
