@@ -77,8 +77,11 @@ type Path struct {
 	once       sync.Once
 	initErr    error
 	converters map[server]managedfields.TypeConverter
-	specs      map[server]map[string]*spec.Schema           // the models each converter was built from
-	preferred  map[schema.GroupKind]schema.GroupVersionKind // served version a client would use
+	// crSpec is the apiextensions server's models (CustomResourceStaticSpec);
+	// the other servers' models are dropped once their converters are built
+	// (those of the core server alone hold megabytes).
+	crSpec    map[string]*spec.Schema
+	preferred map[schema.GroupKind]schema.GroupVersionKind // served version a client would use
 
 	// managers caches the field manager of each kind (nil: not served);
 	// read by every decode worker, written once per kind.
@@ -249,7 +252,7 @@ func (p *Path) CustomResourceStaticSpec() (map[string]*spec.Schema, error) {
 	if p.initErr != nil {
 		return nil, p.initErr
 	}
-	return p.specs[extensionsServer], nil
+	return p.crSpec, nil
 }
 
 // schemeOf is the scheme of the server that serves group.
@@ -328,14 +331,15 @@ func (p *Path) init() error {
 		}
 	}
 	p.converters = map[server]managedfields.TypeConverter{}
-	p.specs = map[server]map[string]*spec.Schema{}
 	for srv, ns := range names {
 		tc, models, err := typeConverter(openAPIConfig, ns)
 		if err != nil {
 			return fmt.Errorf("updatepath: type converter: %w", err)
 		}
 		p.converters[srv] = tc
-		p.specs[srv] = models
+		if srv == extensionsServer {
+			p.crSpec = models
+		}
 	}
 	return nil
 }
