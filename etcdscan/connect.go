@@ -16,9 +16,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/experimental"
-	"google.golang.org/grpc/mem"
 )
 
 // Defaults of the connection flags; dial and command timeouts are etcdctl's.
@@ -190,7 +187,6 @@ func Connect(ctx context.Context, cfg Config) (*clientv3.Client, error) {
 		Password:    cfg.Password,
 		DialTimeout: cfg.DialTimeout,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{experimental.WithBufferPool(bufferPool)},
 	}
 	cli, err := clientv3.New(ccfg)
 	if err != nil {
@@ -204,15 +200,6 @@ func Connect(ctx context.Context, cfg Config) (*clientv3.Client, error) {
 	}
 	return cli, nil
 }
-
-// bufferPool is gRPC's own tiered buffer pool with the tiers between 32 KiB and
-// 1 MiB that its default lacks. gRPC marshals each request into a pooled buffer
-// of the smallest tier that fits it, and clears the whole buffer on every reuse:
-// with the default tiers (256 B, a page, 16 KiB, 32 KiB, 1 MiB) a write
-// transaction of 16 two-kilobyte values (about 37 KiB) takes a 1 MiB buffer, so
-// the writers in flight held 16 MiB of a 64 MiB memory limit, and every
-// transaction cleared a megabyte.
-var bufferPool = mem.NewTieredBufferPool(256, 4<<10, 16<<10, 32<<10, 64<<10, 128<<10, 256<<10, 512<<10, 1<<20)
 
 // probe asks every endpoint for its status (reachability, TLS), then reads one
 // key through the cluster (authentication), like `etcdctl endpoint health`.
