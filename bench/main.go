@@ -20,7 +20,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/grpclog"
+	"google.golang.org/grpc/mem"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/migrate"
@@ -32,6 +34,7 @@ type options struct {
 	reps                   int
 	jsonPath               string
 	tool                   string
+	baseline               string
 	apiserver              bool
 	apiserverN             int
 	profileDir             string
@@ -51,6 +54,7 @@ func main() {
 	flag.Float64Var(&o.staleKey, "stale-key", 0.3, "share of secrets and configmaps encrypted with the old aescbc key (key1; the target config is [key2, key1])")
 	flag.IntVar(&o.reps, "reps", 3, "repetitions of each measurement (median and range are reported)")
 	flag.StringVar(&o.jsonPath, "json", "bench/results.json", "write the figures here as JSON (empty: do not)")
+	flag.StringVar(&o.baseline, "baseline", "", "another kube-etcd-migrate binary (an earlier build) to measure right after the tool in every repetition, on the same keyspace: rows \"verify (baseline)\" and \"migrate (baseline)\"")
 	flag.StringVar(&o.tool, "tool", "", "kube-etcd-migrate binary to measure (default: go build -o from the module root)")
 	flag.BoolVar(&o.apiserver, "apiserver", false, "also measure the incumbent: no-op PUTs through an in-process kube-apiserver")
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
@@ -138,6 +142,13 @@ func runAll(ctx context.Context, o options) error {
 	return nil
 }
 
+// The ceilings' clients get the tool's gRPC buffer pool (see the command's
+// init): with gRPC's default one each 16-put transaction would marshal into a
+// cleared 1 MiB buffer, and the ceiling would not be at its best.
+func init() {
+	experimental.SetDefaultBufferPool(mem.NewTieredBufferPool(256, 4<<10, 16<<10, 32<<10, 64<<10, 128<<10, 256<<10, 512<<10, 1<<20))
+}
+
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%s] "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 }
@@ -146,6 +157,7 @@ func logf(format string, args ...any) {
 type sample struct {
 	Seconds         float64 `json:"seconds"`
 	InRunSeconds    float64 `json:"inRunSeconds,omitempty"` // the tool's own duration (migrate summary)
+	CPUSeconds      float64 `json:"cpuSeconds,omitempty"`   // the tool's user + system CPU time, whole process
 	Objects         int64   `json:"objects"`
 	Bytes           int64   `json:"bytes"`
 	Rewrites        int64   `json:"rewrites"`
@@ -183,15 +195,21 @@ type measurement struct {
 	RewritesPerS stat     `json:"rewritesPerSecond"`
 	InRunObjPerS stat     `json:"inRunObjectsPerSecond,omitempty"`
 	PeakRSSMB    stat     `json:"peakRSSMB,omitempty"`
-	EtcdRSSMB    struct {
+	// CPUMicros is the tool's CPU time per object scanned (µs, whole process):
+	// unlike objects/s it hardly depends on what else runs on the machine.
+	CPUMicros stat `json:"cpuMicrosPerObject,omitempty"`
+	EtcdRSSMB struct {
 		Before stat `json:"before"`
 		After  stat `json:"after"`
 	} `json:"etcdRSSMB"`
 }
 
 func (m *measurement) finish() {
-	var ops, mbs, rws, inrun, rss, eb, ea []float64
+	var ops, mbs, rws, inrun, rss, cpu, eb, ea []float64
 	for _, s := range m.Samples {
+		if s.CPUSeconds > 0 && s.Objects > 0 {
+			cpu = append(cpu, s.CPUSeconds*1e6/float64(s.Objects))
+		}
 		ops = append(ops, s.objPerSec())
 		mbs = append(mbs, float64(s.Bytes)/1e6/s.Seconds)
 		rws = append(rws, float64(s.Rewrites)/s.Seconds)
@@ -206,6 +224,7 @@ func (m *measurement) finish() {
 	}
 	m.ObjectsPerS, m.MBPerS, m.RewritesPerS, m.InRunObjPerS, m.PeakRSSMB = statOf(ops), statOf(mbs), statOf(rws), statOf(inrun), statOf(rss)
 	m.EtcdRSSMB.Before, m.EtcdRSSMB.After = statOf(eb), statOf(ea)
+	m.CPUMicros = statOf(cpu)
 }
 
 type ratio struct {
@@ -263,9 +282,12 @@ const (
 	mVerify  = "verify (tool)"
 	mScan    = "scan ceiling"
 	mMigrate = "migrate (tool)"
-	mCAS     = "CAS ceiling"
-	mCASTool = "CAS @tool flags" // the ceiling at the tool's own batch size and writers
-	mAPI     = "apiserver no-op PUT"
+	// -baseline: another build of the tool, measured beside it.
+	mVerifyBase  = "verify (baseline)"
+	mMigrateBase = "migrate (baseline)"
+	mCAS         = "CAS ceiling"
+	mCASTool     = "CAS @tool flags" // the ceiling at the tool's own batch size and writers
+	mAPI         = "apiserver no-op PUT"
 	// The tool's defaults (migrate.DefaultWriters; etcdscan defaults).
 	toolWriters = migrate.DefaultWriters
 )
@@ -336,6 +358,13 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 		}
 	}
 
+	// The tool, and the -baseline binary measured right after it on the same
+	// keyspace (rows "verify (baseline)", "migrate (baseline)").
+	type measured struct{ bin, verify, migrate string }
+	tools := []measured{{bin, mVerify, mMigrate}}
+	if o.baseline != "" {
+		tools = append(tools, measured{o.baseline, mVerifyBase, mMigrateBase})
+	}
 	for rep := 1; rep <= o.reps; rep++ {
 		logf("repetition %d/%d", rep, o.reps)
 		// Scan ceiling.
@@ -351,29 +380,31 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 		res.get(mScan).Samples = append(res.get(mScan).Samples, sample{Seconds: c.elapsed.Seconds(), Objects: c.keys, Bytes: c.bytes, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
 		logf("  scan ceiling: %d keys in %.2fs", c.keys, c.elapsed.Seconds())
 
-		// verify.
-		if err := settle(); err != nil {
-			return err
+		// verify (and the baseline's, right after it).
+		for _, v := range tools {
+			if err := settle(); err != nil {
+				return err
+			}
+			before := etcd.RSSKB()
+			tr, err := runTool(ctx, v.bin, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, common...)...)
+			if err != nil {
+				return err
+			}
+			var vo verifyOut
+			if err := parseJSON(tr, &vo); err != nil {
+				return err
+			}
+			if err := checkRotationVerdicts(dataset, vo); err != nil {
+				return err
+			}
+			if tr.exit != 3 || vo.Summary.Stale != int64(len(stale)) || vo.Summary.Unreadable != 0 {
+				return fmt.Errorf("%s: exit %d, %d stale, %d unreadable; want exit 3, %d stale (the seeding or the tool is wrong): stale/objects by resource:%s; expected stale by kind: %v; stderr: %s",
+					v.verify, tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, len(stale), vo.byResource(), gen.staleByKind(), tail(tr.stderr))
+			}
+			res.get(v.verify).Samples = append(res.get(v.verify).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: c.bytes,
+				PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+			logf("  %s: %d objects, %d stale in %.2fs (CPU %.2fs), peak RSS %d MB", v.verify, vo.Summary.Objects, vo.Summary.Stale, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
 		}
-		before = etcd.RSSKB()
-		tr, err := runTool(ctx, bin, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, common...)...)
-		if err != nil {
-			return err
-		}
-		var vo verifyOut
-		if err := parseJSON(tr, &vo); err != nil {
-			return err
-		}
-		if err := checkRotationVerdicts(dataset, vo); err != nil {
-			return err
-		}
-		if tr.exit != 3 || vo.Summary.Stale != int64(len(stale)) || vo.Summary.Unreadable != 0 {
-			return fmt.Errorf("verify: exit %d, %d stale, %d unreadable; want exit 3, %d stale (the seeding or the tool is wrong): stale/objects by resource:%s; expected stale by kind: %v; stderr: %s",
-				tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, len(stale), vo.byResource(), gen.staleByKind(), tail(tr.stderr))
-		}
-		res.get(mVerify).Samples = append(res.get(mVerify).Samples, sample{Seconds: tr.wall.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: c.bytes,
-			PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
-		logf("  verify: %d objects, %d stale in %.2fs, peak RSS %d MB", vo.Summary.Objects, vo.Summary.Stale, tr.wall.Seconds(), tr.peakRSSKB/1024)
 
 		// CAS ceilings (rewrite the same bytes: the keyspace stays stale): at
 		// their best settings and at the tool's own.
@@ -396,29 +427,32 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			logf("  %s (%d puts/txn, %d in flight): %d keys, %d rewritten in %.2fs", cc.name, cc.ops, cc.writers, c.keys, c.rewrites, c.elapsed.Seconds())
 		}
 
-		// migrate.
-		if err := settle(); err != nil {
-			return err
+		// migrate (and the baseline's, right after it).
+		for _, v := range tools {
+			if err := settle(); err != nil {
+				return err
+			}
+			before := etcd.RSSKB()
+			tr, err := runTool(ctx, v.bin, append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}, common...)...)
+			if err != nil {
+				return err
+			}
+			var mo migrateOut
+			if err := parseJSON(tr, &mo); err != nil {
+				return err
+			}
+			if tr.exit != 0 || mo.Summary.Rewritten != int64(len(stale)) {
+				return fmt.Errorf("%s: exit %d, rewrote %d, want %d; stderr: %s", v.migrate, tr.exit, mo.Summary.Rewritten, len(stale), tail(tr.stderr))
+			}
+			inRun, _ := time.ParseDuration(mo.Duration)
+			res.get(v.migrate).Samples = append(res.get(v.migrate).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: mo.Summary.Scanned, Bytes: c.bytes,
+				Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+			logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak RSS %d MB", v.migrate, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakRSSKB/1024)
+			if err := reseedStale(); err != nil {
+				return err
+			}
 		}
-		before = etcd.RSSKB()
-		tr, err = runTool(ctx, bin, append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}, common...)...)
-		if err != nil {
-			return err
-		}
-		var mo migrateOut
-		if err := parseJSON(tr, &mo); err != nil {
-			return err
-		}
-		if tr.exit != 0 || mo.Summary.Rewritten != int64(len(stale)) {
-			return fmt.Errorf("migrate: exit %d, rewrote %d, want %d; stderr: %s", tr.exit, mo.Summary.Rewritten, len(stale), tail(tr.stderr))
-		}
-		inRun, _ := time.ParseDuration(mo.Duration)
-		res.get(mMigrate).Samples = append(res.get(mMigrate).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), Objects: mo.Summary.Scanned, Bytes: c.bytes,
-			Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
-		logf("  migrate: %d scanned, %d rewritten in %.2fs (in-run %s), peak RSS %d MB", mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.peakRSSKB/1024)
-		if err := reseedStale(); err != nil {
-			return err
-		}
+
 	}
 
 	if o.snapshot {
@@ -519,6 +553,14 @@ func addRatios(res *results) {
 		res.Ratios = append(res.Ratios, ratio{Name: "etcd RSS MB after migrate (vs CAS@16)", Value: a, Target: math.Round(b), Met: a <= b,
 			Note: "etcd's resident set after migrate, medians, against after the CAS ceiling at 16 puts per transaction"})
 	}
+	for _, p := range [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}} {
+		t, b := res.get(p[0]), res.get(p[1])
+		if len(t.Samples) == 0 || len(b.Samples) == 0 || b.CPUMicros.Median == 0 {
+			continue
+		}
+		res.Notes = append(res.Notes, fmt.Sprintf("%s against %s: %.2f × its objects/s, %.2f × its CPU per object (medians)",
+			p[0], p[1], t.ObjectsPerS.Median/b.ObjectsPerS.Median, t.CPUMicros.Median/b.CPUMicros.Median))
+	}
 	// Drop measurements never taken (get creates them).
 	var ms []*measurement
 	for _, m := range res.Measurements {
@@ -552,7 +594,7 @@ func printTable(w *os.File, res *results) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s\n", "measurement", "objects/s", "MB/s", "rewrites/s", "peak RSS MB", "etcd RSS MB before→after")
+	fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %-24s\n", "measurement", "objects/s", "MB/s", "rewrites/s", "peak RSS MB", "tool CPU µs/object", "etcd RSS MB before→after")
 	for _, m := range res.Measurements {
 		rss := "-"
 		if m.PeakRSSMB.Median > 0 {
@@ -570,7 +612,11 @@ func printTable(w *os.File, res *results) {
 		if m.EtcdRSSMB.Before.Median > 0 || m.EtcdRSSMB.After.Median > 0 {
 			etcdRSS = fmt.Sprintf("%.0f→%.0f", m.EtcdRSSMB.Before.Median, m.EtcdRSSMB.After.Median)
 		}
-		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %s\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss, etcdRSS)
+		cpu := "-"
+		if m.CPUMicros.Median > 0 {
+			cpu = rng(m.CPUMicros, "%.0f")
+		}
+		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %s\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss, cpu, etcdRSS)
 		if m.InRunObjPerS.Median > 0 {
 			fmt.Fprintf(w, "%-20s %-26s (the tool's own duration, without process start and setup)\n", "  in-run", rng(m.InRunObjPerS, "%.0f"))
 		}
