@@ -12,11 +12,19 @@
 package apiservertest
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	flowcontrolbootstrap "k8s.io/apiserver/pkg/apis/flowcontrol/bootstrap"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 )
@@ -49,6 +57,16 @@ type Options struct {
 	// /healthz: for a server that is not expected to become healthy (an etcd
 	// holding values no configured key decrypts).
 	SkipHealthz bool
+	// PriorityAndFairness leaves API Priority and Fairness on, as in a real
+	// cluster: the server then creates and keeps up to date the bootstrap
+	// FlowSchemas and PriorityLevelConfigurations (its post-start hook
+	// priority-and-fairness-config-producer, which /healthz waits for) and
+	// writes their status conditions. Start then also waits until every
+	// bootstrap object exists and every FlowSchema carries the Dangling
+	// condition of the P&F configuration controller, so that no write of
+	// the server's own races the test's. By default P&F is off
+	// (--enable-priority-and-fairness=false), which saves start-up time.
+	PriorityAndFairness bool
 }
 
 // Server is a running kube-apiserver.
@@ -60,7 +78,8 @@ type Server struct {
 	// Flags are the command-line flags the server was started with.
 	Flags []string
 	// StartupDuration is how long Start took until /healthz was ok and the
-	// default namespace existed.
+	// default namespace existed (with PriorityAndFairness, also until the
+	// P&F bootstrap objects had settled).
 	StartupDuration time.Duration
 
 	tb       *scopedTB
@@ -104,16 +123,81 @@ func Start(t testing.TB, opts Options) *Server {
 		t.Fatalf("apiservertest: start kube-apiserver (flags %q): %v", flags, err)
 	}
 	s := &Server{
-		ClientConfig:    result.ClientConfig,
-		Prefix:          opts.Prefix,
-		Flags:           flags,
-		StartupDuration: time.Since(begin),
-		tb:              scoped,
-		tearDown:        result.TearDownFn,
+		ClientConfig: result.ClientConfig,
+		Prefix:       opts.Prefix,
+		Flags:        flags,
+		tb:           scoped,
+		tearDown:     result.TearDownFn,
 	}
 	t.Cleanup(s.Stop)
+	if opts.PriorityAndFairness && !opts.SkipHealthz {
+		if err := waitPriorityAndFairnessSettled(s.ClientConfig); err != nil {
+			t.Fatalf("apiservertest: %v", err)
+		}
+	}
+	s.StartupDuration = time.Since(begin)
 	t.Logf("apiservertest: kube-apiserver ready in %s with flags %q", s.StartupDuration.Round(time.Millisecond), flags)
 	return s
+}
+
+// waitPriorityAndFairnessSettled waits until every bootstrap FlowSchema and
+// PriorityLevelConfiguration kube-apiserver ensures (the lists in
+// k8s.io/apiserver's flowcontrol bootstrap package) exists, and the P&F
+// configuration controller has written the Dangling condition of every
+// FlowSchema (it does so through server-side apply of the status, once
+// after start and then only when the condition changes).
+func waitPriorityAndFairnessSettled(cfg *rest.Config) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		missing = missing[:0]
+		fss, err := cs.FlowcontrolV1().FlowSchemas().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		plcs, err := cs.FlowcontrolV1().PriorityLevelConfigurations().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		haveFS := map[string]bool{}
+		for _, fs := range fss.Items {
+			haveFS[fs.Name] = true
+			if !hasCondition(fs.Status.Conditions, flowcontrolv1.FlowSchemaConditionDangling) {
+				missing = append(missing, "flowschemas/"+fs.Name+" condition Dangling")
+			}
+		}
+		havePLC := map[string]bool{}
+		for _, plc := range plcs.Items {
+			havePLC[plc.Name] = true
+		}
+		for _, fs := range slices.Concat(flowcontrolbootstrap.MandatoryFlowSchemas, flowcontrolbootstrap.SuggestedFlowSchemas) {
+			if !haveFS[fs.Name] {
+				missing = append(missing, "flowschemas/"+fs.Name)
+			}
+		}
+		for _, plc := range slices.Concat(flowcontrolbootstrap.MandatoryPriorityLevelConfigurations, flowcontrolbootstrap.SuggestedPriorityLevelConfigurations) {
+			if !havePLC[plc.Name] {
+				missing = append(missing, "prioritylevelconfigurations/"+plc.Name)
+			}
+		}
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("API Priority and Fairness bootstrap objects not settled (missing %v): %w", missing, err)
+	}
+	return nil
+}
+
+func hasCondition(conds []flowcontrolv1.FlowSchemaCondition, t flowcontrolv1.FlowSchemaConditionType) bool {
+	for _, c := range conds {
+		if c.Type == t {
+			return true
+		}
+	}
+	return false
 }
 
 // Flags returns the kube-apiserver flags Start derives from opts.
@@ -134,10 +218,12 @@ func Flags(opts Options) []string {
 	if opts.EncryptionConfigPath != "" {
 		flags = append(flags, "--encryption-provider-config="+opts.EncryptionConfigPath)
 	}
-	flags = append(flags,
+	if !opts.PriorityAndFairness {
 		// Priority and fairness runs its own config controllers and
-		// bootstraps objects; the tests never need it.
-		"--enable-priority-and-fairness=false",
+		// bootstraps objects; most tests do not need them.
+		flags = append(flags, "--enable-priority-and-fairness=false")
+	}
+	flags = append(flags,
 		// The tests create objects directly; no default ServiceAccount,
 		// no namespace lifecycle waits on informers.
 		"--disable-admission-plugins=ServiceAccount",
