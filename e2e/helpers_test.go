@@ -301,9 +301,20 @@ func sameContent(t *testing.T, cfg *rest.Config, before map[objKey]*unstructured
 // how many objects it checked.
 func noOpUpdates(t *testing.T, cfg *rest.Config) int {
 	t.Helper()
+	n := 0
+	for _, c := range noOpUpdatesByResource(t, cfg) {
+		n += c
+	}
+	return n
+}
+
+// noOpUpdatesByResource is noOpUpdates, counting the objects it checked per
+// resource.
+func noOpUpdatesByResource(t *testing.T, cfg *rest.Config) map[schema.GroupResource]int {
+	t.Helper()
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(cfg)
-	n := 0
+	n := map[schema.GroupResource]int{}
 	for _, gvr := range servedResources(t, cfg) {
 		if volatile[gvr.GroupResource()] {
 			continue
@@ -333,7 +344,7 @@ func noOpUpdates(t *testing.T, cfg *rest.Config) int {
 				}
 				continue
 			}
-			n++
+			n[gvr.GroupResource()]++
 			if upd.GetResourceVersion() != got.GetResourceVersion() {
 				t.Errorf("%s: a no-op update was written (resourceVersion %s -> %s): the kube-apiserver found it stale or re-encoded it differently\n%s",
 					k, got.GetResourceVersion(), upd.GetResourceVersion(), cmp.Diff(got.Object, upd.Object))

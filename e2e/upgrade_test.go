@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -20,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	flowcontrolbootstrap "k8s.io/apiserver/pkg/apis/flowcontrol/bootstrap"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -29,6 +33,7 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/verify"
 )
 
 // createWorkload creates, through the API, objects of many kinds in namespace
@@ -215,10 +220,15 @@ func TestUpgrade133To136(t *testing.T) {
 	cfg := pipeline.Config{Prefix: "/registry"}
 
 	// 1. kube-apiserver 1.36.3 emulating 1.33 with DRA (beta, off by default then) on.
+	// Every server of this test runs API Priority and Fairness, as a real
+	// cluster does: its bootstrap FlowSchemas and PriorityLevelConfigurations
+	// (and their status, written by its configuration controller) are in etcd
+	// when the tool runs, and in the no-op update of step 5.
 	rc := c.start(apiservertest.Options{
-		EmulatedVersion: "1.33",
-		FeatureGates:    "DynamicResourceAllocation=true",
-		RuntimeConfig:   "resource.k8s.io/v1beta1=true",
+		EmulatedVersion:     "1.33",
+		FeatureGates:        "DynamicResourceAllocation=true",
+		RuntimeConfig:       "resource.k8s.io/v1beta1=true",
+		PriorityAndFairness: true,
 	})
 	createWorkload(t, kubernetes.NewForConfigOrDie(rc), "shop")
 	createManagedFieldsVariety(t, rc, "shop")
@@ -226,7 +236,7 @@ func TestUpgrade133To136(t *testing.T) {
 	c.stop()
 
 	// 2. A plain 1.36 server reads everything (reads do not rewrite): the reference content.
-	rc = c.start(apiservertest.Options{})
+	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	gvrs := servedResources(t, rc)
 	before := snapshot(t, rc, gvrs)
 	t.Logf("%d objects served by 1.36 before the migration", len(before))
@@ -272,6 +282,16 @@ func TestUpgrade133To136(t *testing.T) {
 	if got := staleResources(t, rep); !slices.Equal(got, versionStale) {
 		t.Errorf("verify names stale resources %v, want %v", got, versionStale)
 	}
+	// The P&F bootstrap objects are in etcd, and the tool reads them.
+	apf := apfBootstrapCounts(t, c.cli, cfg.Prefix)
+	for gr, want := range apf {
+		i := slices.IndexFunc(rep.Resources, func(r verify.ResourceReport) bool { return r.Group == gr.Group && r.Resource == gr.Resource })
+		if i < 0 {
+			t.Errorf("verify does not report %s (etcd holds %d)", gr, want)
+		} else if got := rep.Resources[i].Objects; got != int64(want) {
+			t.Errorf("verify reports %d %s, etcd holds %d", got, gr, want)
+		}
+	}
 	// Besides their storage version, the DRA objects written through v1beta1
 	// are stale by their managedFields, and verify says so.
 	for _, r := range rep.Resources {
@@ -302,10 +322,67 @@ func TestUpgrade133To136(t *testing.T) {
 	// 5. plain 1.36 (resource.k8s.io/v1beta1 no longer served): same content,
 	// managedFields as its field manager leaves them, and no object of any
 	// resource is rewritten by a no-op update.
-	rc = c.start(apiservertest.Options{})
+	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	sameContent(t, rc, before)
-	n := noOpUpdates(t, rc)
+	byResource := noOpUpdatesByResource(t, rc)
+	n := 0
+	for _, k := range byResource {
+		n += k
+	}
 	t.Logf("no-op update of %d objects", n)
+	for gr, want := range apf {
+		if byResource[gr] < want {
+			t.Errorf("the no-op update covered %d %s, etcd held %d when the tool ran", byResource[gr], gr, want)
+		}
+	}
+	t.Logf("no-op update covered P&F bootstrap objects: %d flowschemas, %d prioritylevelconfigurations",
+		byResource[flowSchemas], byResource[priorityLevels])
+}
+
+var (
+	flowSchemas    = schema.GroupResource{Group: "flowcontrol.apiserver.k8s.io", Resource: "flowschemas"}
+	priorityLevels = schema.GroupResource{Group: "flowcontrol.apiserver.k8s.io", Resource: "prioritylevelconfigurations"}
+)
+
+// apfBootstrapCounts counts the FlowSchemas and PriorityLevelConfigurations
+// in etcd, and fails the test unless every bootstrap object kube-apiserver
+// ensures (k8s.io/apiserver's flowcontrol bootstrap lists) is among them.
+func apfBootstrapCounts(t *testing.T, cli *clientv3.Client, prefix string) map[schema.GroupResource]int {
+	t.Helper()
+	ctx := context.Background()
+	out := map[schema.GroupResource]int{}
+	for gr, names := range map[schema.GroupResource][]string{
+		flowSchemas:    bootstrapNames(flowcontrolbootstrap.MandatoryFlowSchemas, flowcontrolbootstrap.SuggestedFlowSchemas),
+		priorityLevels: bootstrapNames(flowcontrolbootstrap.MandatoryPriorityLevelConfigurations, flowcontrolbootstrap.SuggestedPriorityLevelConfigurations),
+	} {
+		dir := prefix + "/" + gr.Resource + "/"
+		resp, err := cli.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatalf("etcd get %s: %v", dir, err)
+		}
+		have := map[string]bool{}
+		for _, kv := range resp.Kvs {
+			have[strings.TrimPrefix(string(kv.Key), dir)] = true
+		}
+		for _, name := range names {
+			if !have[name] {
+				t.Fatalf("P&F bootstrap object %s%s is not in etcd", dir, name)
+			}
+		}
+		out[gr] = len(resp.Kvs)
+	}
+	t.Logf("P&F objects in etcd: %d flowschemas, %d prioritylevelconfigurations", out[flowSchemas], out[priorityLevels])
+	return out
+}
+
+func bootstrapNames[T metav1.Object](lists ...[]T) []string {
+	var out []string
+	for _, l := range lists {
+		for _, o := range l {
+			out = append(out, o.GetName())
+		}
+	}
+	return out
 }
 
 // probeDefaultedOnRead creates a Job and a PVC through a running 1.36 server
