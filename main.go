@@ -90,9 +90,21 @@ func init() {
 	experimental.SetDefaultBufferPool(mem.NewTieredBufferPool(256, 4<<10, 16<<10, 32<<10, 64<<10, 128<<10, 256<<10, 512<<10, 1<<20))
 }
 
+// defaultGCPercent is the collector's GOGC unless GOGC is set. The live heap of
+// a run is small (12-20 MB: the scheme, the field manager's type converters and
+// the pages in flight), so at Go's default of 100 the collector ran every 13 MB
+// of garbage, some 250 times in a 50,000-secret key rotation; at 200 it runs
+// half as often and the memory limit above still bounds the heap (measured
+// side by side: 0.82x the CPU per object for verify, 0.90x for migrate, peak
+// RSS 124 -> 139 MB and 137 -> 142 MB).
+const defaultGCPercent = 200
+
 func limitMemory() {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(defaultGCPercent)
 	}
 }
 
