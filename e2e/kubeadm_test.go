@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -33,7 +35,11 @@ import (
 // migrates and verifies again; kube-apiserver started with the same flags then
 // serves every object unchanged and rewrites none on a no-op update. The
 // managedFields written through resource.k8s.io/v1beta2 survive because the
-// manifest's --runtime-config keeps that version served.
+// manifest's --runtime-config keeps that version served. API Priority and
+// Fairness is on, as in a kubeadm cluster, and its FlowSchemas and
+// PriorityLevelConfigurations are encrypted too: the tool rewrites every one of
+// the apiserver's bootstrap objects (status conditions included) under the new
+// key, and the apiserver's no-op update then finds nothing to change in them.
 func TestKubeadmManifest(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -56,10 +62,12 @@ func TestKubeadmManifest(t *testing.T) {
 		ns            = "payments"
 	)
 	enc := &cluster{t: t, dir: encDir}
-	encFile := enc.writeEncryptionConfig("encryption-config.yaml", []string{"secrets"}, aescbcProvider("key1", 1), identityProvider)
+	encrypted := []string{"secrets", flowSchemas.String(), priorityLevels.String()}
+	encFile := enc.writeEncryptionConfig("encryption-config.yaml", encrypted, aescbcProvider("key1", 1), identityProvider)
 	opts := apiservertest.Options{
 		EtcdURL: "https://" + etcd.Endpoint, EtcdCAFile: ca.File, EtcdCertFile: cliCert, EtcdKeyFile: cliKey,
 		Prefix: prefix, EncryptionConfigPath: encFile, RuntimeConfig: runtimeConfig, FeatureGates: featureGates,
+		PriorityAndFairness: true,
 	}
 
 	// 1. The cluster as it runs: secrets under key1, DRA objects applied
@@ -89,7 +97,7 @@ func TestKubeadmManifest(t *testing.T) {
 	srv.Stop()
 
 	// 2. Key rotation: key2 first, key1 still there to read.
-	enc.writeEncryptionConfig("encryption-config.yaml", []string{"secrets"}, aescbcProvider("key2", 2), aescbcProvider("key1", 1), identityProvider)
+	enc.writeEncryptionConfig("encryption-config.yaml", encrypted, aescbcProvider("key2", 2), aescbcProvider("key1", 1), identityProvider)
 
 	// 3. The kubeadm manifest of this control plane: container paths under
 	// /etc/kubernetes/pki and /etc/kubernetes/enc, mounted from this test's
@@ -101,8 +109,8 @@ func TestKubeadmManifest(t *testing.T) {
 		"    - --advertise-address=10.0.0.5\n":  "    - --advertise-address=10.0.0.5\n    - --runtime-config=" + runtimeConfig + "\n    - --feature-gates=" + featureGates + "\n",
 	})
 
-	// 4. verify: stale (the secrets' key), nothing else; it says where its
-	// configuration came from.
+	// 4. verify: stale (the secrets' and P&F objects' key), nothing else; it
+	// says where its configuration came from.
 	out, stderr, code := runTool(t, "verify", "--apiserver-manifest", manifest, "-o", "json")
 	if code != 3 {
 		t.Fatalf("verify before migrate: exit %d, want 3\n%s", code, stderr)
@@ -119,16 +127,34 @@ func TestKubeadmManifest(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("verify -o json: %v\n%s", err, out)
 	}
+	cli, err := etcdscan.Connect(ctx, etcdscan.Config{Endpoints: []string{etcd.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 5 * time.Second, CommandTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	apf := apfBootstrapCounts(t, cli, prefix)
+	reported := map[schema.GroupResource]bool{}
 	for _, r := range rep.Resources {
+		gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
 		switch {
 		case r.Name() == "secrets":
 			if r.Stale != 3 || r.StaleBy[reencode.ReasonEncryption] != 3 {
 				t.Errorf("secrets: stale %d by %v, want 3 by encryption", r.Stale, r.StaleBy)
 			}
+		case apf[gr] > 0:
+			if r.Stale != int64(apf[gr]) || r.StaleBy[reencode.ReasonEncryption] != apf[gr] || len(r.StaleBy) != 1 {
+				t.Errorf("%s: stale %d by %v, want all %d by encryption", gr, r.Stale, r.StaleBy, apf[gr])
+			}
+			reported[gr] = true
 		case r.Stale > 0:
 			// v1beta2 is served (--runtime-config in the manifest): its
 			// managedFields entries stay, nothing else is stale.
-			t.Errorf("%s: stale %d by %v, want nothing stale but the secrets", r.Name(), r.Stale, r.StaleBy)
+			t.Errorf("%s: stale %d by %v, want nothing stale but the encrypted resources", r.Name(), r.Stale, r.StaleBy)
+		}
+	}
+	for gr, n := range apf {
+		if !reported[gr] {
+			t.Errorf("verify does not report %s (etcd holds %d)", gr, n)
 		}
 	}
 
@@ -141,19 +167,15 @@ func TestKubeadmManifest(t *testing.T) {
 	if _, stderr, code := runTool(t, "verify", "--apiserver-manifest", manifest); code != 0 {
 		t.Fatalf("verify after migrate: exit %d, want 0\n%s", code, stderr)
 	}
-	cli, err := etcdscan.Connect(ctx, etcdscan.Config{Endpoints: []string{etcd.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 5 * time.Second, CommandTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	for i := 0; i < 3; i++ {
-		key := fmt.Sprintf("%s/secrets/%s/db-%d", prefix, ns, i)
-		resp, err := cli.Get(ctx, key)
-		if err != nil || len(resp.Kvs) != 1 {
-			t.Fatalf("%s: %v", key, err)
+	for _, dir := range []string{prefix + "/secrets/" + ns + "/", prefix + "/flowschemas/", prefix + "/prioritylevelconfigurations/"} {
+		resp, err := cli.Get(ctx, dir, clientv3.WithPrefix())
+		if err != nil || len(resp.Kvs) == 0 {
+			t.Fatalf("%s: %d keys, %v", dir, len(resp.Kvs), err)
 		}
-		if v := resp.Kvs[0].Value; !bytes.HasPrefix(v, []byte("k8s:enc:aescbc:v1:key2:")) {
-			t.Errorf("%s is not under key2 after migrate (starts %q)", key, v[:min(len(v), 24)])
+		for _, kv := range resp.Kvs {
+			if v := kv.Value; !bytes.HasPrefix(v, []byte("k8s:enc:aescbc:v1:key2:")) {
+				t.Errorf("%s is not under key2 after migrate (starts %q)", kv.Key, v[:min(len(v), 24)])
+			}
 		}
 	}
 
@@ -161,8 +183,14 @@ func TestKubeadmManifest(t *testing.T) {
 	// and a no-op update of every object of every resource writes nothing.
 	srv = apiservertest.Start(t, opts)
 	sameContent(t, srv.ClientConfig, before)
-	t.Logf("no-op update of %d objects", noOpUpdates(t, srv.ClientConfig))
+	byResource := noOpUpdatesByResource(t, srv.ClientConfig)
 	srv.Stop()
+	for gr, n := range apf {
+		if byResource[gr] < n {
+			t.Errorf("the no-op update covered %d %s, the tool rewrote %d", byResource[gr], gr, n)
+		}
+	}
+	t.Logf("no-op update of %d objects, %d flowschemas and %d prioritylevelconfigurations among them", total(byResource), byResource[flowSchemas], byResource[priorityLevels])
 
 	// A flag the manifest's kube-apiserver would reject is a usage error
 	// naming it, and nothing runs.

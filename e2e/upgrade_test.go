@@ -325,11 +325,7 @@ func TestUpgrade133To136(t *testing.T) {
 	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	sameContent(t, rc, before)
 	byResource := noOpUpdatesByResource(t, rc)
-	n := 0
-	for _, k := range byResource {
-		n += k
-	}
-	t.Logf("no-op update of %d objects", n)
+	t.Logf("no-op update of %d objects", total(byResource))
 	for gr, want := range apf {
 		if byResource[gr] < want {
 			t.Errorf("the no-op update covered %d %s, etcd held %d when the tool ran", byResource[gr], gr, want)
@@ -373,6 +369,14 @@ func apfBootstrapCounts(t *testing.T, cli *clientv3.Client, prefix string) map[s
 	}
 	t.Logf("P&F objects in etcd: %d flowschemas, %d prioritylevelconfigurations", out[flowSchemas], out[priorityLevels])
 	return out
+}
+
+func total[K comparable](m map[K]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func bootstrapNames[T metav1.Object](lists ...[]T) []string {
