@@ -155,6 +155,29 @@ func createCR(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVersionResour
 	}
 }
 
+// createCRDPair creates two CRDs that serve v1beta1 (their storage version)
+// and v1, and waits until both are established: none (group, plural, kind)
+// with conversion None and props in both versions, and hooked converted by
+// hook (oldName in v1beta1, name in v1).
+func createCRDPair(ctx context.Context, t *testing.T, ext apiextensionsclient.Interface, hook *conversionWebhook, props map[string]apiextensionsv1.JSONSchemaProps, none, hooked [3]string) (noneCRD, hookedCRD *apiextensionsv1.CustomResourceDefinition) {
+	t.Helper()
+	noneCRD = twoVersionCRD(none[0], none[1], none[2], props, props, &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter})
+	hookedCRD = twoVersionCRD(hooked[0], hooked[1], hooked[2],
+		map[string]apiextensionsv1.JSONSchemaProps{"oldName": {Type: "string"}},
+		map[string]apiextensionsv1.JSONSchemaProps{"name": {Type: "string"}},
+		&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter, Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To(hook.srv.URL + "/convert"), CABundle: hook.caBundle()},
+			ConversionReviewVersions: []string{"v1"},
+		}})
+	for _, crd := range []*apiextensionsv1.CustomResourceDefinition{noneCRD, hookedCRD} {
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create CRD %s: %v", crd.Name, err)
+		}
+		waitCRD(t, ext, crd.Name, "established", established)
+	}
+	return noneCRD, hookedCRD
+}
+
 // TestCustomResourceStorageVersion: two CRDs move their storage version from
 // v1beta1 to v1, one with conversion None, one with a conversion webhook (a
 // real HTTPS server, URL config, caBundle); the widgets' v1beta1, through which
@@ -171,20 +194,7 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	dyn := dynamic.NewForConfigOrDie(rc)
 
 	props := map[string]apiextensionsv1.JSONSchemaProps{"size": {Type: "integer"}, "color": {Type: "string", Default: &apiextensionsv1.JSON{Raw: []byte(`"blue"`)}}}
-	none := twoVersionCRD("none.example.com", "widgets", "Widget", props, props, &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter})
-	hooked := twoVersionCRD("hook.example.com", "gadgets", "Gadget",
-		map[string]apiextensionsv1.JSONSchemaProps{"oldName": {Type: "string"}},
-		map[string]apiextensionsv1.JSONSchemaProps{"name": {Type: "string"}},
-		&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter, Webhook: &apiextensionsv1.WebhookConversion{
-			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To(hook.srv.URL + "/convert"), CABundle: hook.caBundle()},
-			ConversionReviewVersions: []string{"v1"},
-		}})
-	for _, crd := range []*apiextensionsv1.CustomResourceDefinition{none, hooked} {
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create CRD %s: %v", crd.Name, err)
-		}
-		waitCRD(t, ext, crd.Name, "established", established)
-	}
+	none, hooked := createCRDPair(ctx, t, ext, hook, props, [3]string{"none.example.com", "widgets", "Widget"}, [3]string{"hook.example.com", "gadgets", "Gadget"})
 	widgetsBeta := schema.GroupVersionResource{Group: "none.example.com", Version: "v1beta1", Resource: "widgets"}
 	gadgetsBeta := schema.GroupVersionResource{Group: "hook.example.com", Version: "v1beta1", Resource: "gadgets"}
 	widgets, gadgets := widgetsBeta, gadgetsBeta

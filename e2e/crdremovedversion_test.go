@@ -41,20 +41,7 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 	dyn := dynamic.NewForConfigOrDie(rc)
 
 	props := map[string]apiextensionsv1.JSONSchemaProps{"size": {Type: "integer"}, "color": {Type: "string"}}
-	none := twoVersionCRD("removal.example.com", "sprockets", "Sprocket", props, props, &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter})
-	hooked := twoVersionCRD("hook.example.com", "gizmos", "Gizmo",
-		map[string]apiextensionsv1.JSONSchemaProps{"oldName": {Type: "string"}},
-		map[string]apiextensionsv1.JSONSchemaProps{"name": {Type: "string"}},
-		&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter, Webhook: &apiextensionsv1.WebhookConversion{
-			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To(hook.srv.URL + "/convert"), CABundle: hook.caBundle()},
-			ConversionReviewVersions: []string{"v1"},
-		}})
-	for _, crd := range []*apiextensionsv1.CustomResourceDefinition{none, hooked} {
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create CRD %s: %v", crd.Name, err)
-		}
-		waitCRD(t, ext, crd.Name, "established", established)
-	}
+	none, hooked := createCRDPair(ctx, t, ext, hook, props, [3]string{"removal.example.com", "sprockets", "Sprocket"}, [3]string{"hook.example.com", "gizmos", "Gizmo"})
 	sprocketsBeta := schema.GroupVersionResource{Group: "removal.example.com", Version: "v1beta1", Resource: "sprockets"}
 	gizmosBeta := schema.GroupVersionResource{Group: "hook.example.com", Version: "v1beta1", Resource: "gizmos"}
 	sprockets, gizmos := sprocketsBeta, gizmosBeta
