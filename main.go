@@ -331,8 +331,10 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
 	}
-	reportAPIServer(c, api)
 	env, err := pipeline.Setup(ctx, cli, cfg)
+	// After Setup, success or not: the line names the KMS endpoints mapped
+	// while the encryption configuration was loaded.
+	reportAPIServer(c, api)
 	if err != nil {
 		s.close()
 		if strings.Contains(err.Error(), "--target-version") || strings.Contains(err.Error(), "--resource") || strings.Contains(err.Error(), "--storage-media-type") {
@@ -404,6 +406,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				continue
 			}
 			snapshotfile.RemoveTempDirs()
+			decode.RemoveTempDirs()
 			os.Exit(130)
 		}
 	}()

@@ -11,11 +11,13 @@
 // apiserver's own resourceconfig code) and the feature gates, which Apply sets
 // process-wide exactly as kube-apiserver does at start-up. Paths in a manifest
 // are container paths and are mapped to host paths through the pod's hostPath
-// volumes, as the kubelet mounts them.
+// volumes, as the kubelet mounts them; so are the KMS plugin sockets named in
+// the manifest's encryption configuration (KMSEndpointMapper).
 package apiserverconfig
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -34,6 +36,7 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/featuregate"
+	kmsutil "k8s.io/kms/pkg/util"
 	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app/options"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
@@ -74,7 +77,13 @@ type Config struct {
 
 	opts     *options.ServerRunOptions
 	registry basecompatibility.ComponentGlobalsRegistry
+	// mounts are the manifest's hostPath mounts (nil without a manifest).
+	mounts *hostMounts
+	// kmsMapped lists the KMS endpoints mapped to host paths, for Describe.
+	kmsMapped []mappedEndpoint
 }
+
+type mappedEndpoint struct{ container, host string }
 
 // Input is what the operator gave.
 type Input struct {
@@ -194,6 +203,7 @@ func Load(in Input) (*Config, error) {
 	}
 	cfg.opts = opts
 	cfg.registry = reg
+	cfg.mounts = mounts
 	return cfg, nil
 }
 
@@ -332,7 +342,13 @@ func (c *Config) Describe() string {
 		{"emulated-version", c.EmulatedVersion},
 	} {
 		if src := c.From[f.flag]; src != "" {
-			parts = append(parts, fmt.Sprintf("--%s=%s (%s)", f.flag, f.value, src))
+			note := string(src)
+			if f.flag == "encryption-provider-config" && src == FromManifest {
+				for _, m := range c.kmsMapped {
+					note += fmt.Sprintf("; kms endpoint %s -> %s", m.container, m.host)
+				}
+			}
+			parts = append(parts, fmt.Sprintf("--%s=%s (%s)", f.flag, f.value, note))
 		}
 	}
 	if len(parts) == 0 {
@@ -343,6 +359,65 @@ func (c *Config) Describe() string {
 		head += " " + c.File
 	}
 	return head + ": " + strings.Join(parts, " ")
+}
+
+// KMSEndpointMapper returns the function that maps the KMS plugin endpoints
+// written in the encryption configuration at path to the endpoints the tool
+// dials (for decode.EncryptionOptions.MapKMSEndpoint), or nil when there is
+// nothing to map: path is not the manifest's --encryption-provider-config (the
+// tool's own flag overrode it, or it came from a flags file: host paths). In a
+// manifest's encryption configuration, a KMS endpoint is a socket path inside
+// kube-apiserver's container; the function maps it through the pod's hostPath
+// volumes as it maps the manifest's own paths, so the tool reaches the plugin
+// where kube-apiserver does. Mapped endpoints are named by Describe.
+func (c *Config) KMSEndpointMapper(path string) func(endpoint string) (string, error) {
+	if c == nil || c.mounts == nil || path == "" || path != c.EncryptionConfig || c.From["encryption-provider-config"] != FromManifest {
+		return nil
+	}
+	return c.hostKMSEndpoint
+}
+
+// hostKMSEndpoint maps one KMS endpoint, as kube-apiserver reads it
+// (k8s.io/kms's ParseEndpoint: the path of a unix:// URL, "@name" for an
+// abstract socket).
+func (c *Config) hostKMSEndpoint(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return endpoint, nil // kube-apiserver's validation refuses it, naming the field
+	}
+	sock, err := kmsutil.ParseEndpoint(endpoint)
+	if err != nil || sock == "" {
+		return endpoint, nil // not unix://: refused by the validation too
+	}
+	if strings.HasPrefix(sock, "@") {
+		// An abstract socket is a name in the network namespace, not a file:
+		// nothing to map (a static pod with hostNetwork shares the host's).
+		return endpoint, nil
+	}
+	host, err := c.mounts.hostPath(sock)
+	if err != nil {
+		// Not under a hostPath mount, the socket is in the container's own
+		// filesystem (e.g. an emptyDir shared with a plugin sidecar): dialling
+		// the path as written would reach whatever is at that path on the
+		// host, not kube-apiserver's plugin, and the failure would show up
+		// only as values that do not decrypt. An operator expects the tool to
+		// stop here, as it does for the manifest's own paths, saying how to
+		// point it at the plugin.
+		return "", fmt.Errorf("endpoint %s: no hostPath volume of %s is mounted at or above %s in the container, so the tool cannot reach the KMS plugin where kube-apiserver does; give the tool --encryption-provider-config with a copy of the file whose endpoint is the plugin's socket on this host", endpoint, c.File, path.Dir(sock))
+	}
+	if host == sock {
+		return endpoint, nil
+	}
+	u.Path, u.RawPath = filepath.ToSlash(host), ""
+	mapped := u.String()
+	seen := false
+	for _, m := range c.kmsMapped {
+		seen = seen || m.container == endpoint
+	}
+	if !seen {
+		c.kmsMapped = append(c.kmsMapped, mappedEndpoint{container: endpoint, host: mapped})
+	}
+	return mapped, nil
 }
 
 // SetFrom records that the tool's own flag overrode a setting.

@@ -51,6 +51,8 @@ type Config struct {
 	// defaults with --emulated-version=TargetVersion. It decides the storage
 	// versions and the versions served, hence what the field manager of a no-op
 	// update keeps. Feature gates are process-wide: the caller applies them.
+	// When EncryptionConfig is its manifest's, the KMS plugin endpoints in it
+	// are mapped to host paths through the manifest's hostPath volumes.
 	APIServer *apiserverconfig.Config
 	// Revision, when set (--revision), is the revision read-only runs read at,
 	// CRDs included; it must not be compacted. 0 is the current revision.
@@ -126,7 +128,8 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	}
 	enc := cfg.Encryption
 	if enc == nil {
-		enc, err = decode.LoadEncryption(ctx, cfg.EncryptionConfig)
+		// From a manifest, the KMS plugins' sockets are container paths too.
+		enc, err = decode.LoadEncryptionWith(ctx, cfg.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: cfg.APIServer.KMSEndpointMapper(cfg.EncryptionConfig)})
 		if err != nil {
 			return nil, err
 		}

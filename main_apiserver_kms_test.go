@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testetcd"
+)
+
+// TestAPIServerManifestKMSSocket: kube-apiserver's manifest mounts the KMS
+// plugin's socket directory from the host at another path in its container,
+// and its encryption configuration names the container path. verify with the
+// manifest reads a secret kube-apiserver wrote through the plugin (it dials
+// the host path, and says so on stderr); the tool's own
+// --encryption-provider-config is used as written; a socket under no hostPath
+// mount is one line naming the endpoint and the manifest.
+func TestAPIServerManifestKMSSocket(t *testing.T) {
+	const containerEndpoint = "unix:///var/run/kmsplugin/kms.sock"
+	c := testcluster.New(t, testetcd.Options{})
+	plugin := kmstest.StartV2T(t, "kek-1")
+	kms := func(endpoint string) string {
+		return fmt.Sprintf("  - kms: {apiVersion: v2, name: vault, endpoint: %q, timeout: 3s}\n", endpoint)
+	}
+	// The configuration as kube-apiserver uses it, reaching the plugin from its container.
+	hostCfg := c.EncryptionConfig("host.yaml", kms(plugin.Endpoint()), testcluster.Identity)
+	c.Put("/registry/secrets/default/db", testcluster.SecretsGR, testcluster.Secret("default", "db", "pw"), "", "", hostCfg)
+
+	encDir := t.TempDir()
+	encFile := filepath.Join(encDir, "encryption-config.yaml")
+	written := strings.Replace(readFile(t, hostCfg), plugin.Endpoint(), containerEndpoint, 1)
+	if err := os.WriteFile(encFile, []byte(written), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	manifest := func(socketMount bool) string {
+		p := kubeadmManifest(t, c.Srv.Endpoint, "--encryption-provider-config=/etc/kubernetes/enc/encryption-config.yaml")
+		s := strings.Replace(readFile(t, p), "      path: /etc/kubernetes/encryption\n", "      path: "+encDir+"\n", 1)
+		if socketMount {
+			s = strings.Replace(s, "    - mountPath: /etc/kubernetes/enc\n", "    - mountPath: /var/run/kmsplugin\n      name: kms-socket\n    - mountPath: /etc/kubernetes/enc\n", 1)
+			s = strings.Replace(s, "status: {}", "  - hostPath:\n      path: "+filepath.Dir(plugin.SocketPath())+"\n      type: Directory\n    name: kms-socket\nstatus: {}", 1)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	mounted := manifest(true)
+	decrypts := plugin.DecryptCalls()
+	code, stdout, stderr := runCLI(t, "verify", "--apiserver-manifest", mounted)
+	if code != exitOK {
+		t.Fatalf("verify with the manifest: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if plugin.DecryptCalls() == decrypts {
+		t.Errorf("verify did not read the secret through the plugin")
+	}
+	if want := "--encryption-provider-config=" + encFile + " (manifest; kms endpoint " + containerEndpoint + " -> " + plugin.Endpoint() + ")"; !strings.Contains(stderr, want) {
+		t.Errorf("stderr lacks %q:\n%s", want, stderr)
+	}
+
+	code, _, stderr = runCLI(t, "verify", "--apiserver-manifest", mounted, "--encryption-provider-config", hostCfg)
+	if code != exitOK || strings.Contains(stderr, "kms endpoint") || !strings.Contains(stderr, "--encryption-provider-config="+hostCfg+" (command line)") {
+		t.Errorf("the tool's own --encryption-provider-config: exit %d, stderr %q; want exit 0, that file as written", code, stderr)
+	}
+
+	unmounted := manifest(false)
+	code, _, stderr = runCLI(t, "verify", "--apiserver-manifest", unmounted)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	last := lines[len(lines)-1]
+	if code != exitError || !strings.Contains(last, containerEndpoint) || !strings.Contains(last, unmounted) {
+		t.Errorf("socket under no hostPath mount: exit %d, stderr %q; want exit %d, a line naming %s and %s", code, stderr, exitError, containerEndpoint, unmounted)
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
