@@ -107,12 +107,18 @@ func RemoveTempDirs() {
 	defer openMu.Unlock()
 	exiting = true
 	for d := range openDirs {
-		// The embedded etcd may still be creating files in it: remove until
-		// it stays gone (briefly: the process exits right after).
-		for i := 0; i < 20; i++ {
+		// etcdutl's restore or the embedded etcd may still be creating files
+		// in it, and their MkdirAll recreates a directory removed under them:
+		// remove it until it has stayed gone for four checks in a row (20 ms),
+		// for at most half a second (the process exits right after). A
+		// directory gone at the first check only was seen left behind under
+		// load.
+		for gone, deadline := 0, time.Now().Add(500*time.Millisecond); gone < 4 && time.Now().Before(deadline); {
 			_ = os.RemoveAll(d)
 			if _, err := os.Stat(d); os.IsNotExist(err) {
-				break
+				gone++
+			} else {
+				gone = 0
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
