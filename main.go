@@ -342,6 +342,9 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		}
 		return nil, err
 	}
+	for _, w := range env.Warnings {
+		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
+	}
 	s.env = env
 	return s, nil
 }

@@ -76,6 +76,36 @@ func TestAPIServerManifestKMSSocket(t *testing.T) {
 	}
 }
 
+// TestVerifyKMSPluginStopped: verify with the KMS v2 plugin that encrypted a
+// secret stopped says so once on stderr, naming the plugin and its endpoint;
+// the secret is reported undecryptable with an error naming them too, the
+// configmap stored unencrypted still reads (stale: not under the plugin), and
+// the exit code is 4.
+func TestVerifyKMSPluginStopped(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	plugin := kmstest.StartV2T(t, "kek-1")
+	endpoint := plugin.Endpoint()
+	cfg := c.EncryptionConfig("enc.yaml", fmt.Sprintf("  - kms: {apiVersion: v2, name: vault, endpoint: %q, timeout: 1s}\n", endpoint), testcluster.Identity)
+	c.Put("/registry/secrets/default/db", testcluster.SecretsGR, testcluster.Secret("default", "db", "pw"), "", "", cfg)
+	c.Put("/registry/configmaps/default/app", testcluster.ConfigMapsGR, testcluster.ConfigMap("default", "app"), "", "", "")
+	plugin.Close()
+
+	code, stdout, stderr := runCLI(t, "verify", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", cfg, "-o", "json")
+	if code != exitUnreadable {
+		t.Errorf("exit %d, want %d\n%s%s", code, exitUnreadable, stdout, stderr)
+	}
+	want := `warning: KMS v2 plugin "vault" at ` + endpoint + " is unreachable"
+	if n := strings.Count(stderr, want); n != 1 || strings.Count(stderr, "warning:") != 1 {
+		t.Errorf("stderr has %d lines %q, want exactly one:\n%s", n, want, stderr)
+	}
+	if !strings.Contains(stdout, `KMS v2 plugin \"vault\" at `+endpoint+" could not decrypt it") || strings.Contains(stdout, "unexpected nil transformer") {
+		t.Errorf("report does not name the plugin and endpoint for the secret:\n%s", stdout)
+	}
+	if strings.Count(stdout, `"reason": "undecryptable"`) != 1 || !strings.Contains(stdout, `"key": "/registry/configmaps/default/app"`) {
+		t.Errorf("want the secret alone unreadable and the configmap read:\n%s", stdout)
+	}
+}
+
 func readFile(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -423,7 +425,7 @@ func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key s
 		if ctx.Err() != nil {
 			return nil, info, ctx.Err()
 		}
-		return nil, info, Errorf(key, ReasonUndecryptable, nil, "%s: %s", shown(info), transformError(info, err))
+		return nil, info, Errorf(key, ReasonUndecryptable, nil, "%s: %s", shown(info), e.transformError(gr, info, err))
 	}
 	info.Stale = stale
 	return out, info, nil
@@ -440,19 +442,52 @@ func shown(info EncryptionInfo) string {
 
 // transformError explains a transformer failure without quoting anything of the
 // value: a wrong key, a value moved from another key (authenticated data), or a KMS
-// plugin that refused.
-func transformError(info EncryptionInfo, err error) string {
+// plugin that refused, named with its endpoint.
+func (e *Encryption) transformError(gr schema.GroupResource, info EncryptionInfo, err error) string {
 	msg := err.Error()
 	switch info.Provider {
 	case ProviderAESCBC, ProviderAESGCM, ProviderSecretbox:
 		return "the configured key of that name does not decrypt it (different key material, or a value copied from another key)"
 	case ProviderKMSv1, ProviderKMSv2:
-		if len(msg) > 300 {
-			msg = msg[:300] + "…"
+		if strings.Contains(msg, kmsv2NoState) {
+			// The apiserver's KMS v2 transformer has no state (no DEK, no key
+			// ID) until the plugin has answered a healthy Status: it says only
+			// this, for every value, while the plugin is down.
+			msg = "the plugin has not answered a healthy status since the tool started (unreachable or unhealthy), so kube-apiserver's KMS v2 transformer cannot decrypt anything with it"
 		}
-		return "KMS plugin could not decrypt it: " + msg
+		return e.kmsPluginFor(gr, info) + " could not decrypt it: " + oneLine(msg, 300)
 	}
 	return msg
+}
+
+// kmsv2NoState is what the apiserver's KMS v2 transformer returns for every
+// value before its plugin's first healthy Status
+// (encryptionconfig.kmsv2PluginProbe.getCurrentState).
+const kmsv2NoState = "got unexpected nil transformer"
+
+// kmsPluginFor names the KMS plugin of gr's configuration that info's prefix
+// names, with the endpoint dialled.
+func (e *Encryption) kmsPluginFor(gr schema.GroupResource, info EncryptionInfo) string {
+	for _, p := range e.resourceProviders(gr) {
+		if p.KMS != nil && p.KMS.Name == info.KeyName && providerInfo(p).Provider == info.Provider {
+			return kmsPlugin(info.Provider, p.KMS.Name, p.KMS.Endpoint)
+		}
+	}
+	return "KMS plugin"
+}
+
+// kmsPlugin is how messages name a KMS plugin: KMS v2 plugin "vault" at unix:///... .
+func kmsPlugin(provider, name, endpoint string) string {
+	v := "v2"
+	if provider == ProviderKMSv1 {
+		v = "v1"
+	}
+	return fmt.Sprintf("KMS %s plugin %q at %s", v, name, endpoint)
+}
+
+// oneLine keeps a message from a plugin or gRPC to one line of at most n bytes.
+func oneLine(msg string, n int) string {
+	return truncate(strings.Join(strings.Fields(msg), " "), n)
 }
 
 // CanRead reports whether the configuration has, for gr, the provider and key
@@ -549,8 +584,104 @@ func (e *Encryption) Preflight(ctx context.Context, grs []schema.GroupResource) 
 	return errors.Join(errs...)
 }
 
-// probeKMS asks a KMS plugin directly whether it works, on a connection of its own.
+// KMSPluginError is a KMS plugin of the configuration that does not work, as
+// probeKMS found: unreachable, or answering unhealthy or with an error.
+type KMSPluginError struct {
+	Provider string // ProviderKMSv2 or ProviderKMSv1
+	Name     string // the provider's name in the configuration
+	Endpoint string // the endpoint dialled (after any mapping)
+	Err      error
+}
+
+func (e *KMSPluginError) Error() string {
+	return kmsPlugin(e.Provider, e.Name, e.Endpoint) + ": " + oneLine(e.Err.Error(), 300)
+}
+
+func (e *KMSPluginError) Unwrap() error { return e.Err }
+
+// Unreachable reports whether the plugin did not answer at all (no socket, no
+// server, or no answer within the provider's timeout), as opposed to answering
+// unhealthy or with an error.
+func (e *KMSPluginError) Unreachable() bool {
+	switch status.Code(e.Err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return errors.Is(e.Err, context.DeadlineExceeded)
+}
+
+// ReadWarning is the one line for an operator of a read-only run: which plugin,
+// where, what it said, and that nothing it encrypted can be read.
+func (e *KMSPluginError) ReadWarning() string {
+	state := "does not work"
+	if e.Unreachable() {
+		state = "is unreachable"
+	}
+	return fmt.Sprintf("%s %s (%s): nothing it encrypted can be decrypted, those objects are reported undecryptable", kmsPlugin(e.Provider, e.Name, e.Endpoint), state, oneLine(e.Err.Error(), 300))
+}
+
+// CheckKMSPlugins asks every KMS plugin that the providers of grs read with
+// (grs nil: of every resource in the configuration) whether it works, as
+// Preflight asks the write provider's (probeKMS: KMS v2 Status, then a
+// wrap/unwrap; KMS v1 a wrap/unwrap), each plugin once, at the same time,
+// on connections of their own. kube-apiserver's KMS v2 transformer has
+// nothing to decrypt with until its plugin has answered a healthy Status,
+// and then fails each value with a message that names no plugin: this names
+// it once. The result is in configuration order, nil when all work.
+func (e *Encryption) CheckKMSPlugins(ctx context.Context, grs []schema.GroupResource) []*KMSPluginError {
+	var providers []apiserverconfig.ProviderConfiguration
+	if grs == nil {
+		for _, rc := range e.config.Resources {
+			providers = append(providers, rc.Providers...)
+		}
+	} else {
+		for _, gr := range grs {
+			providers = append(providers, e.resourceProviders(gr)...)
+		}
+	}
+	var plugins []*apiserverconfig.KMSConfiguration
+	seen := map[string]bool{}
+	for _, p := range providers {
+		if p.KMS == nil {
+			continue
+		}
+		id := p.KMS.APIVersion + "\x00" + p.KMS.Name + "\x00" + p.KMS.Endpoint
+		if !seen[id] {
+			seen[id] = true
+			plugins = append(plugins, p.KMS)
+		}
+	}
+	errs := make([]error, len(plugins))
+	var wg sync.WaitGroup
+	for i, cfg := range plugins {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = probeKMS(ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	var out []*KMSPluginError
+	for _, err := range errs {
+		var perr *KMSPluginError
+		if errors.As(err, &perr) {
+			out = append(out, perr)
+		}
+	}
+	return out
+}
+
+// probeKMS asks a KMS plugin directly whether it works, on a connection of its
+// own; a failure is a *KMSPluginError.
 func probeKMS(ctx context.Context, cfg *apiserverconfig.KMSConfiguration) error {
+	if err := askKMS(ctx, cfg); err != nil {
+		return &KMSPluginError{Provider: providerInfo(apiserverconfig.ProviderConfiguration{KMS: cfg}).Provider, Name: cfg.Name, Endpoint: cfg.Endpoint, Err: err}
+	}
+	return nil
+}
+
+// askKMS is probeKMS's conversation with the plugin.
+func askKMS(ctx context.Context, cfg *apiserverconfig.KMSConfiguration) error {
 	timeout := 3 * time.Second
 	if cfg.Timeout != nil && cfg.Timeout.Duration > 0 {
 		timeout = cfg.Timeout.Duration
@@ -561,49 +692,49 @@ func probeKMS(ctx context.Context, cfg *apiserverconfig.KMSConfiguration) error 
 	if cfg.APIVersion != "v2" {
 		svc, err := envelope.NewGRPCService(pctx, cfg.Endpoint, timeout)
 		if err != nil {
-			return fmt.Errorf("KMS v1 plugin at %s: %w", cfg.Endpoint, err)
+			return err
 		}
 		ct, err := svc.Encrypt(dek)
 		if err != nil {
-			return fmt.Errorf("KMS v1 plugin at %s: encrypt: %w", cfg.Endpoint, err)
+			return fmt.Errorf("encrypt: %w", err)
 		}
 		pt, err := svc.Decrypt(ct)
 		if err != nil {
-			return fmt.Errorf("KMS v1 plugin at %s: decrypt: %w", cfg.Endpoint, err)
+			return fmt.Errorf("decrypt: %w", err)
 		}
 		if !bytes.Equal(pt, dek) {
-			return fmt.Errorf("KMS v1 plugin at %s: decrypt did not return what was encrypted", cfg.Endpoint)
+			return errors.New("decrypt did not return what was encrypted")
 		}
 		return nil
 	}
 	svc, err := envelopekmsv2.NewGRPCService(pctx, cfg.Endpoint, cfg.Name, timeout)
 	if err != nil {
-		return fmt.Errorf("KMS v2 plugin at %s: %w", cfg.Endpoint, err)
+		return err
 	}
 	st, err := svc.Status(pctx)
 	if err != nil {
-		return fmt.Errorf("KMS v2 plugin at %s: status: %w", cfg.Endpoint, err)
+		return fmt.Errorf("status: %w", err)
 	}
 	if st.Healthz != "ok" {
-		return fmt.Errorf("KMS v2 plugin at %s: status is %q, not ok", cfg.Endpoint, truncate(st.Healthz, 200))
+		return fmt.Errorf("status is %q, not ok", truncate(st.Healthz, 200))
 	}
 	if st.Version != envelopekmsv2.KMSAPIVersionv2 && st.Version != envelopekmsv2.KMSAPIVersionv2beta1 {
-		return fmt.Errorf("KMS v2 plugin at %s: API version %q, want %s", cfg.Endpoint, truncate(st.Version, 50), envelopekmsv2.KMSAPIVersionv2)
+		return fmt.Errorf("API version %q, want %s", truncate(st.Version, 50), envelopekmsv2.KMSAPIVersionv2)
 	}
 	if _, err := envelopekmsv2.ValidateKeyID(st.KeyID); err != nil {
-		return fmt.Errorf("KMS v2 plugin at %s: status key ID: %w", cfg.Endpoint, err)
+		return fmt.Errorf("status key ID: %w", err)
 	}
 	uid := "kube-etcd-migrate-preflight"
 	enc, err := svc.Encrypt(pctx, uid, dek)
 	if err != nil {
-		return fmt.Errorf("KMS v2 plugin at %s: encrypt: %w", cfg.Endpoint, err)
+		return fmt.Errorf("encrypt: %w", err)
 	}
 	pt, err := svc.Decrypt(pctx, uid, &kmsservice.DecryptRequest{Ciphertext: enc.Ciphertext, KeyID: enc.KeyID, Annotations: enc.Annotations})
 	if err != nil {
-		return fmt.Errorf("KMS v2 plugin at %s: decrypt: %w", cfg.Endpoint, err)
+		return fmt.Errorf("decrypt: %w", err)
 	}
 	if !bytes.Equal(pt, dek) {
-		return fmt.Errorf("KMS v2 plugin at %s: decrypt did not return what was encrypted", cfg.Endpoint)
+		return errors.New("decrypt did not return what was encrypted")
 	}
 	return nil
 }

@@ -98,6 +98,9 @@ type Env struct {
 	Prefixes []string
 	// Filter, when set, limits the run to these resources.
 	Filter map[schema.GroupResource]bool
+	// Warnings are one line each for the operator (stderr), found by Setup:
+	// a KMS plugin the selected resources read with that does not work.
+	Warnings []string
 }
 
 // Setup prepares a run: storage codecs, encryption, CRDs (read from etcd at the
@@ -155,7 +158,28 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	if err := env.selectPrefixes(); err != nil {
 		return nil, err
 	}
+	env.checkKMSPlugins(ctx)
 	return env, nil
+}
+
+// checkKMSPlugins asks the KMS plugins of the selected resources whether they
+// work (decode.CheckKMSPlugins) and makes a warning of each that does not: a
+// plugin that is down makes only what it encrypted unreadable, other providers
+// still read the rest, and each of those objects is reported undecryptable
+// (verify's exit code says so), so the run goes on; the warning says, once,
+// which plugin at which endpoint is at fault.
+func (e *Env) checkKMSPlugins(ctx context.Context) {
+	var grs []schema.GroupResource
+	if e.Filter != nil {
+		grs = make([]schema.GroupResource, 0, len(e.Filter))
+		for gr := range e.Filter {
+			grs = append(grs, gr)
+		}
+		sort.Slice(grs, func(i, j int) bool { return grs[i].String() < grs[j].String() })
+	}
+	for _, err := range e.Encryption.CheckKMSPlugins(ctx, grs) {
+		e.Warnings = append(e.Warnings, err.ReadWarning())
+	}
 }
 
 // targetAPIServer builds what the target kube-apiserver stores (storage
