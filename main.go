@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"k8s.io/klog/v2"
 
+	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
@@ -337,6 +338,12 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 	reportAPIServer(c, api)
 	if err != nil {
 		s.close()
+		// A path of the manifest the tool cannot reach: the configuration
+		// given is wrong, as for the manifest's own paths (apiServerConfig).
+		var unmapped *apiserverconfig.UnmappedKMSEndpointError
+		if errors.As(err, &unmapped) {
+			return nil, usageErr("%v", err)
+		}
 		if strings.Contains(err.Error(), "--target-version") || strings.Contains(err.Error(), "--resource") || strings.Contains(err.Error(), "--storage-media-type") {
 			return nil, usageErr("%v", err)
 		}

@@ -403,7 +403,7 @@ func (c *Config) hostKMSEndpoint(endpoint string) (string, error) {
 		// only as values that do not decrypt. An operator expects the tool to
 		// stop here, as it does for the manifest's own paths, saying how to
 		// point it at the plugin.
-		return "", fmt.Errorf("endpoint %s: no hostPath volume of %s is mounted at or above %s in the container, so the tool cannot reach the KMS plugin where kube-apiserver does; give the tool --encryption-provider-config with a copy of the file whose endpoint is the plugin's socket on this host", endpoint, c.File, path.Dir(sock))
+		return "", &UnmappedKMSEndpointError{Endpoint: endpoint, Manifest: c.File, Dir: path.Dir(sock)}
 	}
 	if host == sock {
 		return endpoint, nil
@@ -418,6 +418,20 @@ func (c *Config) hostKMSEndpoint(endpoint string) (string, error) {
 		c.kmsMapped = append(c.kmsMapped, mappedEndpoint{container: endpoint, host: mapped})
 	}
 	return mapped, nil
+}
+
+// UnmappedKMSEndpointError is a KMS plugin endpoint of the manifest's
+// encryption configuration under none of its hostPath volumes: a
+// configuration error, as a manifest path under none is (Load), found only
+// once the encryption configuration is read.
+type UnmappedKMSEndpointError struct {
+	Endpoint string // as the configuration writes it
+	Manifest string
+	Dir      string // the socket's directory in the container
+}
+
+func (e *UnmappedKMSEndpointError) Error() string {
+	return fmt.Sprintf("endpoint %s: no hostPath volume of %s is mounted at or above %s in the container, so the tool cannot reach the KMS plugin where kube-apiserver does; give the tool --encryption-provider-config with a copy of the file whose endpoint is the plugin's socket on this host", e.Endpoint, e.Manifest, e.Dir)
 }
 
 // SetFrom records that the tool's own flag overrode a setting.

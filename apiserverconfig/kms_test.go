@@ -3,6 +3,7 @@ package apiserverconfig
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,8 +157,9 @@ func TestManifestKMSEndpointNotMapped(t *testing.T) {
 		if ep == "unix:///@kms-abstract" && (err != nil || got != ep) {
 			t.Errorf("abstract socket %s mapped to %q, %v; want it kept", ep, got, err)
 		}
-		if ep != "unix:///@kms-abstract" && (err == nil || !strings.Contains(err.Error(), ep)) {
-			t.Errorf("%s (outside the mount once cleaned): %q, %v; want an error naming it", ep, got, err)
+		var unmapped *UnmappedKMSEndpointError
+		if ep != "unix:///@kms-abstract" && (!errors.As(err, &unmapped) || unmapped.Endpoint != ep || unmapped.Manifest != cfg.File || !strings.Contains(err.Error(), ep)) {
+			t.Errorf("%s (outside the mount once cleaned): %q, %v; want an *UnmappedKMSEndpointError naming it and the manifest", ep, got, err)
 		}
 	}
 	cfg.SetFrom("encryption-provider-config", FromTool)
