@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-func mustCodec(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition, opts Options) *Codec {
+func mustCodec(t testing.TB, crd *apiextensionsv1.CustomResourceDefinition, opts Options) *Codec {
 	t.Helper()
 	c, err := NewCodec(crd, opts)
 	if err != nil {

@@ -24,7 +24,7 @@ var (
 
 // staticSpec is the static OpenAPI spec of kube-apiserver 1.36 run with
 // default flags, built once for the package's tests.
-func staticSpec(t *testing.T) func() (map[string]*spec.Schema, error) {
+func staticSpec(t testing.TB) func() (map[string]*spec.Schema, error) {
 	t.Helper()
 	staticSpecOnce.Do(func() {
 		cfg, err := apiserverconfig.Load(apiserverconfig.Input{})
@@ -43,7 +43,7 @@ func staticSpec(t *testing.T) func() (map[string]*spec.Schema, error) {
 	return staticSpecPath.CustomResourceStaticSpec
 }
 
-func updateOptions(t *testing.T) Options {
+func updateOptions(t testing.TB) Options {
 	return Options{StaticOpenAPISpec: staticSpec(t), Manager: updatepath.Manager}
 }
 
@@ -70,7 +70,7 @@ func widgetManagedFields() []interface{} {
 
 // storedWithManagedFields is a widget stored in version by kube-apiserver,
 // with managedFields (nil: none).
-func storedWithManagedFields(t *testing.T, version string, managed []interface{}) []byte {
+func storedWithManagedFields(t testing.TB, version string, managed []interface{}) []byte {
 	t.Helper()
 	obj := storedWidget(version, map[string]interface{}{"color": "red", "size": int64(2)})
 	if managed != nil {
@@ -218,5 +218,26 @@ func TestNoOpUpdateNeedsTheStaticSpec(t *testing.T) {
 	}
 	if _, err := c.NoOpUpdate(u); err == nil || !strings.Contains(err.Error(), "StaticOpenAPISpec") {
 		t.Errorf("NoOpUpdate without a static spec: error %v", err)
+	}
+}
+
+// BenchmarkNoOpUpdate is the field manager's cost on a custom resource with
+// two managedFields entries of listed versions (nothing to change), as
+// updatepath's BenchmarkApply is for a built-in object.
+func BenchmarkNoOpUpdate(b *testing.B) {
+	c := mustCodec(b, widgetCRD("v1", false), updateOptions(b))
+	u, _, err := c.Decode(storedWithManagedFields(b, "v1", widgetManagedFields()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.NoOpUpdate(u.DeepCopy()); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if changed, err := c.NoOpUpdate(u.DeepCopy()); err != nil || changed {
+			b.Fatalf("changed=%v err=%v", changed, err)
+		}
 	}
 }
