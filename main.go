@@ -42,7 +42,8 @@ const (
 	exitCodesHelpTx = `EXIT CODES:
    0  success (verify: every object current)
    1  operational error (etcd unreachable, preflight refusal, write failures)
-   2  usage error (bad flag or argument)
+   2  usage error (bad flag or argument; a manifest path or KMS plugin socket
+      under no hostPath mount)
    3  verify: something is stale, everything is readable
    4  verify/migrate: something is unreadable (no key for it, corrupt, unknown kind,
       fields these types would lose); migrate left those objects untouched`
