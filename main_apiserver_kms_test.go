@@ -79,8 +79,8 @@ func TestAPIServerManifestKMSSocket(t *testing.T) {
 // TestVerifyKMSPluginStopped: verify with the KMS v2 plugin that encrypted a
 // secret stopped says so once on stderr, naming the plugin and its endpoint;
 // the secret is reported undecryptable with an error naming them too, the
-// configmap stored unencrypted still reads (stale: not under the plugin), and
-// the exit code is 4.
+// configmap stored unencrypted still reads (stale: not under the plugin), the
+// JSON report carries the warning too, and the exit code is 4.
 func TestVerifyKMSPluginStopped(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	plugin := kmstest.StartV2T(t, "kek-1")
@@ -100,6 +100,9 @@ func TestVerifyKMSPluginStopped(t *testing.T) {
 	}
 	if !strings.Contains(stdout, `KMS v2 plugin \"vault\" at `+endpoint+" could not decrypt it") || strings.Contains(stdout, "unexpected nil transformer") {
 		t.Errorf("report does not name the plugin and endpoint for the secret:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, `"warnings": [`) || !strings.Contains(stdout, `KMS v2 plugin \"vault\" at `+endpoint+" is unreachable") {
+		t.Errorf("the JSON report does not carry the warning:\n%s", stdout)
 	}
 	if strings.Count(stdout, `"reason": "undecryptable"`) != 1 || !strings.Contains(stdout, `"key": "/registry/configmaps/default/app"`) {
 		t.Errorf("want the secret alone unreadable and the configmap read:\n%s", stdout)

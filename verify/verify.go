@@ -115,7 +115,11 @@ type Report struct {
 	Summary    Counts             `json:"summary"`
 	Resources  []ResourceReport   `json:"resources"`
 	CRDs       []CRDStatus        `json:"crds"`
-	ShowKeys   int                `json:"-"`
+	// Warnings are the environment's (pipeline.Env.Warnings, e.g. a KMS
+	// plugin that does not work), also printed on stderr: a runbook reading
+	// the report sees why objects are unreadable.
+	Warnings   []string `json:"warnings,omitempty"`
+	ShowKeys   int      `json:"-"`
 	byResource map[string]*ResourceReport
 }
 
@@ -136,6 +140,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		Target:     Target(env),
 		Prefixes:   append([]string(nil), env.Prefixes...),
 		Namespace:  env.Config.Namespace,
+		Warnings:   append([]string(nil), env.Warnings...),
 		ShowKeys:   show,
 		byResource: map[string]*ResourceReport{},
 	}
