@@ -16,7 +16,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -32,6 +31,7 @@ import (
 	"go.uber.org/zap"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/loopback"
 )
 
 // Options tune Open.
@@ -187,7 +187,7 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 	// socket): a free loopback port is picked, and picked again if another
 	// process took it in between. Clients only ever use the unix socket.
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort()
+		port, err := loopback.FreePort()
 		if err != nil {
 			return fileError(path, "pick a loopback port: %v", err)
 		}
@@ -488,12 +488,3 @@ func (s *Snapshot) Close() error {
 
 // Dir is the private directory (tests).
 func (s *Snapshot) Dir() string { return s.dir }
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}

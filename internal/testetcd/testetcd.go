@@ -5,7 +5,6 @@ package testetcd
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"kube-etcd-migrate/internal/loopback"
 )
 
 // Options tune the embedded server. The zero value is a plain-HTTP single member.
@@ -61,11 +62,11 @@ func Start(opts Options) (*Server, error) {
 		}
 		dir, remove = d, true
 	}
-	clientPort, err := freePort()
+	clientPort, err := loopback.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	peerPort, err := freePort()
+	peerPort, err := loopback.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -207,13 +208,4 @@ func StartT(t TB, opts Options) *Server {
 	}
 	t.Cleanup(s.Close)
 	return s
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
