@@ -127,11 +127,7 @@ func put(t *testing.T, cli *clientv3.Client, key string, gr schema.GroupResource
 
 func TestInventoryAndInspectCLI(t *testing.T) {
 	srv := testetcd.StartT(t, testetcd.Options{})
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := srv.ClientT(t)
 	om := func(ns, name string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: metav1.Unix(1700000000, 0)}
 	}

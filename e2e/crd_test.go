@@ -178,6 +178,25 @@ func createCRDPair(ctx context.Context, t *testing.T, ext apiextensionsclient.In
 	return noneCRD, hookedCRD
 }
 
+// moveStorageToV1 makes v1 the storage version of the named CRDs (made by
+// createCRDPair) and waits until kube-apiserver records it in storedVersions.
+func moveStorageToV1(ctx context.Context, t *testing.T, ext apiextensionsclient.Interface, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd.Spec.Versions[0].Storage, crd.Spec.Versions[1].Storage = false, true
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("move %s storage to v1: %v", name, err)
+		}
+		waitCRD(t, ext, name, "recorded v1 in storedVersions", func(c *apiextensionsv1.CustomResourceDefinition) bool {
+			return slices.Equal(c.Status.StoredVersions, []string{"v1beta1", "v1"}) && established(c)
+		})
+	}
+}
+
 // TestCustomResourceStorageVersion: two CRDs move their storage version from
 // v1beta1 to v1, one with conversion None, one with a conversion webhook (a
 // real HTTPS server, URL config, caBundle); the widgets' v1beta1, through which
@@ -205,19 +224,7 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	}
 
 	// Move the storage version to v1.
-	for _, name := range []string{none.Name, hooked.Name} {
-		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		crd.Spec.Versions[0].Storage, crd.Spec.Versions[1].Storage = false, true
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("move %s storage to v1: %v", name, err)
-		}
-		waitCRD(t, ext, name, "recorded v1 in storedVersions", func(c *apiextensionsv1.CustomResourceDefinition) bool {
-			return slices.Equal(c.Status.StoredVersions, []string{"v1beta1", "v1"}) && established(c)
-		})
-	}
+	moveStorageToV1(ctx, t, ext, none.Name, hooked.Name)
 	// One object of each written in v1 once the apiserver stores v1.
 	createCR(t, dyn, widgets, "Widget", "default", "w-v1", map[string]any{"size": int64(9)})
 	createCR(t, dyn, gadgets, "Gadget", "default", "g-v1", map[string]any{"name": "gadget-v1"})

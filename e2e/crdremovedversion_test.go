@@ -93,19 +93,7 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 
 	// The storage version moves to v1; one object of each is then written
 	// through v1 only.
-	for _, name := range []string{none.Name, hooked.Name} {
-		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		crd.Spec.Versions[0].Storage, crd.Spec.Versions[1].Storage = false, true
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("move %s storage to v1: %v", name, err)
-		}
-		waitCRD(t, ext, name, "recorded v1 in storedVersions", func(c *apiextensionsv1.CustomResourceDefinition) bool {
-			return slices.Equal(c.Status.StoredVersions, []string{"v1beta1", "v1"}) && established(c)
-		})
-	}
+	moveStorageToV1(ctx, t, ext, none.Name, hooked.Name)
 	createCR(t, dyn, sprockets, "Sprocket", "default", "v1-only", map[string]any{"size": int64(9)})
 	createCR(t, dyn, gizmos, "Gizmo", "default", "v1-only", map[string]any{"name": "v1"})
 

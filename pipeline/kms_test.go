@@ -18,11 +18,7 @@ import (
 // encrypt, has no warning; with the plugin up there is none.
 func TestSetupWarnsOfStoppedKMSPlugin(t *testing.T) {
 	srv := testetcd.StartT(t, testetcd.Options{})
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := srv.ClientT(t)
 	ctx := context.Background()
 	plugin := kmstest.StartV2T(t, "kek-1")
 	endpoint := plugin.Endpoint()

@@ -12,16 +12,12 @@ import (
 // error naming the flag and a key that is there; the right prefix works.
 func TestWrongPrefix(t *testing.T) {
 	srv := testetcd.StartT(t, testetcd.Options{})
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := srv.ClientT(t)
 	ctx := context.Background()
 	if _, err := cli.Put(ctx, "/kubernetes.io/namespaces/default", "x"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Setup(ctx, cli, Config{Prefix: "/registry"})
+	_, err := Setup(ctx, cli, Config{Prefix: "/registry"})
 	if err == nil || !strings.Contains(err.Error(), "--prefix /registry") || !strings.Contains(err.Error(), "/kubernetes.io/namespaces/default") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("err = %v", err)
 	}

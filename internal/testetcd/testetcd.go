@@ -199,6 +199,18 @@ type TB interface {
 	Cleanup(func())
 }
 
+// ClientT is Client for a test: it fails the test on error and closes the
+// client when the test ends.
+func (s *Server) ClientT(t TB) *clientv3.Client {
+	t.Helper()
+	cli, err := s.Client()
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
 // StartT starts a server for a test and stops it when the test ends.
 func StartT(t TB, opts Options) *Server {
 	t.Helper()
