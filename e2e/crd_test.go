@@ -208,7 +208,7 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	c := newCluster(t)
 	hook := startConversionWebhook(t)
 
-	rc := c.start(apiservertest.Options{})
+	rc := c.start(apiservertest.Options{PriorityAndFairness: true})
 	ext := apiextensionsclient.NewForConfigOrDie(rc)
 	dyn := dynamic.NewForConfigOrDie(rc)
 
@@ -285,7 +285,7 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	assertStoredJSON(t, c, "/registry/none.example.com/widgets/default/w0", "none.example.com/v1")
 	assertStoredJSON(t, c, "/registry/hook.example.com/gadgets/default/g0", "hook.example.com/v1")
 
-	rc = c.start(apiservertest.Options{})
+	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	ext = apiextensionsclient.NewForConfigOrDie(rc)
 	for _, name := range []string{none.Name, hooked.Name} {
 		crd := waitCRD(t, ext, name, "established after restart", established)

@@ -36,7 +36,7 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 	c := newCluster(t)
 	hook := startConversionWebhook(t)
 
-	rc := c.start(apiservertest.Options{})
+	rc := c.start(apiservertest.Options{PriorityAndFairness: true})
 	ext := apiextensionsclient.NewForConfigOrDie(rc)
 	dyn := dynamic.NewForConfigOrDie(rc)
 
@@ -117,7 +117,7 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 	c.expectCurrent(cfg)
 
 	// The operator removes v1beta1 from the CRDs.
-	rc = c.start(apiservertest.Options{})
+	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	ext = apiextensionsclient.NewForConfigOrDie(rc)
 	for _, name := range []string{none.Name, hooked.Name} {
 		crd := waitCRD(t, ext, name, "established after the migration", established)
@@ -163,7 +163,7 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 	c.expectCurrent(cfg)
 
 	// kube-apiserver's verdict: every object is as it would write it.
-	rc = c.start(apiservertest.Options{})
+	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	for _, name := range []string{none.Name, hooked.Name} {
 		waitCRD(t, apiextensionsclient.NewForConfigOrDie(rc), name, "established after restart", established)
 	}

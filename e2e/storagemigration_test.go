@@ -47,7 +47,7 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 	)
 	resources := []string{"secrets", "configmaps"}
 	enc := c.writeEncryptionConfig("encryption.yaml", resources, aescbcProvider("key1", 1), identityProvider)
-	opts := apiservertest.Options{FeatureGates: gates, RuntimeConfig: runtime, EncryptionConfigPath: enc}
+	opts := apiservertest.Options{FeatureGates: gates, RuntimeConfig: runtime, EncryptionConfigPath: enc, PriorityAndFairness: true}
 
 	rc := c.start(opts)
 	cs := kubernetes.NewForConfigOrDie(rc)
