@@ -21,7 +21,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/grpclog"
-	"google.golang.org/grpc/mem"
 	"k8s.io/klog/v2"
 
 	"kube-etcd-migrate/apiserverconfig"
@@ -79,17 +78,12 @@ func main() {
 // lets that garbage, and so the RSS, grow with the allocation rate.
 const defaultMemoryLimit = 64 << 20
 
-// grpcBufferPool is gRPC's own tiered buffer pool with the tiers between 32 KiB
-// and 1 MiB that its default lacks. gRPC marshals each request into a pooled
-// buffer of the smallest tier that fits it, and clears the whole buffer on every
-// reuse: with the default tiers (256 B, a page, 16 KiB, 32 KiB, 1 MiB) a write
-// transaction of 16 two-kilobyte values (about 37 KiB) takes a 1 MiB buffer, so
-// the 16 writers in flight held 16 MiB of the 64 MiB memory limit, and every
-// transaction cleared a megabyte. gRPC reads its default pool for marshalling
-// (a dial option does not reach it), and it may be replaced only before any
-// gRPC use: hence an init of the command, not of a package.
+// gRPC's buffer pool with the tiers its default lacks (etcdscan.BufferPool
+// says why). gRPC reads its default pool for marshalling (a dial option does
+// not reach it), and it may be replaced only before any gRPC use: hence an
+// init of the command, not of a package.
 func init() {
-	experimental.SetDefaultBufferPool(mem.NewTieredBufferPool(256, 4<<10, 16<<10, 32<<10, 64<<10, 128<<10, 256<<10, 512<<10, 1<<20))
+	experimental.SetDefaultBufferPool(etcdscan.BufferPool())
 }
 
 // defaultGCPercent is the collector's GOGC unless GOGC is set. The live heap of

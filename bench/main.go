@@ -22,7 +22,6 @@ import (
 
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/grpclog"
-	"google.golang.org/grpc/mem"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/migrate"
@@ -79,7 +78,7 @@ func main() {
 	// marshal into a cleared 1 MiB buffer, and the ceiling would not be at its
 	// best. Not in the etcd child above: that is a stock etcd server. Set
 	// before this process's first gRPC use.
-	experimental.SetDefaultBufferPool(mem.NewTieredBufferPool(256, 4<<10, 16<<10, 32<<10, 64<<10, 128<<10, 256<<10, 512<<10, 1<<20))
+	experimental.SetDefaultBufferPool(etcdscan.BufferPool())
 	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))
 	if err := runAll(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

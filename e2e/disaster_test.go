@@ -64,7 +64,7 @@ func restoreCluster(t *testing.T, path string) *cluster {
 		t.Fatalf("etcdutl snapshot restore %s: %v", path, err)
 	}
 	etcd := testetcd.StartT(t, testetcd.Options{Dir: dir})
-	return &cluster{t: t, etcd: etcd, cli: etcdClient(t, etcd), dir: t.TempDir()}
+	return &cluster{t: t, etcd: etcd, cli: etcd.ClientT(t), dir: t.TempDir()}
 }
 
 // TestSnapshotReencryption: a backup taken while secrets and configmaps were

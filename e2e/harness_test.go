@@ -62,16 +62,6 @@ func etcdGet(t *testing.T, cli *clientv3.Client, key string) *clientv3.GetRespon
 	return resp
 }
 
-func etcdClient(t *testing.T, etcd *testetcd.Server) *clientv3.Client {
-	t.Helper()
-	cli, err := etcd.Client()
-	if err != nil {
-		t.Fatalf("etcd client: %v", err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 // assertStoredAs reads key from etcd and checks the protobuf envelope's apiVersion and kind.
 func assertStoredAs(t *testing.T, cli *clientv3.Client, key, apiVersion, kind, why string) {
 	t.Helper()
@@ -98,7 +88,7 @@ func assertStoredAs(t *testing.T, cli *clientv3.Client, key, apiVersion, kind, w
 func TestAPIServerEmulatedStorageVersion(t *testing.T) {
 	ctx := context.Background()
 	etcd := testetcd.StartT(t, testetcd.Options{})
-	cli := etcdClient(t, etcd)
+	cli := etcd.ClientT(t)
 
 	// Phase 1: kube-apiserver 1.36.3 emulating 1.33, DRA (beta, off by default in 1.33) turned on.
 	s133 := apiservertest.Start(t, apiservertest.Options{
@@ -391,7 +381,7 @@ func TestCapturedValues(t *testing.T) {
 	}
 
 	etcd := testetcd.StartT(t, testetcd.Options{})
-	cli := etcdClient(t, etcd)
+	cli := etcd.ClientT(t)
 	srv := apiservertest.Start(t, apiservertest.Options{EtcdURL: etcd.URL, EncryptionConfigPath: encPath})
 	createCapturedObjects(ctx, t, srv)
 

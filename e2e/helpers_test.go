@@ -44,7 +44,7 @@ type cluster struct {
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	etcd := testetcd.StartT(t, testetcd.Options{})
-	return &cluster{t: t, etcd: etcd, cli: etcdClient(t, etcd), dir: t.TempDir()}
+	return &cluster{t: t, etcd: etcd, cli: etcd.ClientT(t), dir: t.TempDir()}
 }
 
 // start starts a kube-apiserver on the cluster's etcd (stopping the previous one).

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/pipeline"
@@ -90,12 +89,8 @@ func widgets(s *Summary) Counts {
 // storedCRD decodes the CRD object as stored in etcd.
 func storedCRD(t *testing.T, c *testcluster.Cluster, env *pipeline.Env) *apiextensions.CustomResourceDefinition {
 	t.Helper()
-	value, rev, _ := c.Get(crdKey)
-	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: crdKey, Value: value, ModRevision: rev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return obj.Internal.(*apiextensions.CustomResourceDefinition)
+	obj, _ := testcluster.Stored(t, env, c, crdKey)
+	return obj.(*apiextensions.CustomResourceDefinition)
 }
 
 func storedWidget(t *testing.T, c *testcluster.Cluster, name string) map[string]any {

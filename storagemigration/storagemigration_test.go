@@ -105,23 +105,14 @@ func putCRD(t *testing.T, c *testcluster.Cluster, generation int64, conds ...api
 // storedRequest decodes a request as stored now.
 func storedRequest(t *testing.T, c *testcluster.Cluster, env *pipeline.Env, name string) (*svmapi.StorageVersionMigration, int64) {
 	t.Helper()
-	key := "/registry/storageversionmigrations/" + name
-	value, rev, _ := c.Get(key)
-	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return obj.Internal.(*svmapi.StorageVersionMigration), rev
+	obj, rev := testcluster.Stored(t, env, c, "/registry/storageversionmigrations/"+name)
+	return obj.(*svmapi.StorageVersionMigration), rev
 }
 
 func storedCRD(t *testing.T, c *testcluster.Cluster, env *pipeline.Env) *apiextensions.CustomResourceDefinition {
 	t.Helper()
-	value, rev, _ := c.Get(crdKey)
-	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: crdKey, Value: value, ModRevision: rev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return obj.Internal.(*apiextensions.CustomResourceDefinition)
+	obj, _ := testcluster.Stored(t, env, c, crdKey)
+	return obj.(*apiextensions.CustomResourceDefinition)
 }
 
 // finished are the conditions the controller leaves on a request it

@@ -164,6 +164,18 @@ func (c *Cluster) Env(cfg pipeline.Config) *pipeline.Env {
 	return env
 }
 
+// Stored decodes one key as stored now with env and returns the internal
+// object and its mod revision.
+func Stored(t *testing.T, env *pipeline.Env, c *Cluster, key string) (runtime.Object, int64) {
+	t.Helper()
+	value, rev, _ := c.Get(key)
+	obj, err := env.Decoder.Decode(context.Background(), etcdscan.KV{Key: key, Value: value, ModRevision: rev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj.Internal, rev
+}
+
 // Decision decodes one key with env and decides it.
 func Decision(t *testing.T, env *pipeline.Env, c *Cluster, key string) reencode.Decision {
 	t.Helper()
