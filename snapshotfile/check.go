@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/server/v3/lease/leasepb"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.etcd.io/etcd/server/v3/storage/schema"
+	"google.golang.org/protobuf/proto"
 )
 
 // Hash says how the file's integrity was established.
@@ -166,13 +167,11 @@ func checkRecord(name []byte) func(k, v []byte) error {
 				}
 			}()
 			mvcc.BytesToBucketKey(k) // panics on a malformed revision
-			var kv mvccpb.KeyValue
-			return kv.Unmarshal(v)
+			return proto.Unmarshal(v, &mvccpb.KeyValue{})
 		}
 	case bytes.Equal(name, schema.Lease.Name()):
 		return func(_, v []byte) error {
-			var l leasepb.Lease
-			return l.Unmarshal(v)
+			return proto.Unmarshal(v, &leasepb.Lease{})
 		}
 	}
 	return func(_, _ []byte) error { return nil }
