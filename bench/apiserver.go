@@ -100,7 +100,7 @@ func (b *benchTB) runCleanups() {
 	}
 }
 
-// startAPIServer starts kube-apiserver 1.36 in-process with the flags the
+// startAPIServer starts the linked kube-apiserver in-process with the flags the
 // project's apiservertest harness uses.
 func startAPIServer(etcdURL, encCfg string) (*rest.Config, func(), error) {
 	klog.SetOutput(io.Discard)

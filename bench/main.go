@@ -49,7 +49,7 @@ func main() {
 	var child bool
 	var childDir string
 	flag.IntVar(&o.n, "n", 100000, "objects to seed")
-	flag.Float64Var(&o.staleVersion, "stale-version", 0.3, "share of pods, deployments, events, custom resources and DeviceClasses stored stale (JSON media type, v1beta1 CR, 1.33 DeviceClass)")
+	flag.Float64Var(&o.staleVersion, "stale-version", 0.3, "share of pods, deployments, events, custom resources and DeviceClasses stored stale (JSON media type, v1beta1 CR, 1.34 DeviceClass)")
 	flag.Float64Var(&o.staleKey, "stale-key", 0.3, "share of secrets and configmaps encrypted with the old aescbc key (key1; the target config is [key2, key1])")
 	flag.IntVar(&o.reps, "reps", 3, "repetitions of each measurement (median and range are reported)")
 	flag.StringVar(&o.jsonPath, "json", "bench/results.json", "write the figures here as JSON (empty: do not)")

@@ -84,7 +84,7 @@ type generator struct {
 	n                       int
 	staleVersion, staleKey  float64
 	oldEnc, newEnc          *decode.Encryption
-	current, stale133, json *decode.StorageConfig
+	current, staleOld, json *decode.StorageConfig
 	crCodec                 *customresource.Codec
 	crd                     *apiextensionsv1.CustomResourceDefinition
 	leases                  []clientv3.LeaseID
@@ -159,7 +159,7 @@ func newGenerator(ctx context.Context, n int, staleVersion, staleKey float64, ol
 	if g.current, err = decode.NewStorageConfig("", ""); err != nil {
 		return nil, err
 	}
-	if g.stale133, err = decode.NewStorageConfig("1.33", ""); err != nil {
+	if g.staleOld, err = decode.NewStorageConfig("1.34", ""); err != nil {
 		return nil, err
 	}
 	if g.json, err = decode.NewStorageConfig("", decode.MediaTypeJSON); err != nil {
@@ -356,7 +356,7 @@ func (w *worker) value(ctx context.Context, s objSpec) ([]byte, error) {
 		setMeta(o, s)
 		sc := g.current
 		if s.stale {
-			sc = g.stale133 // stored by an apiserver emulating 1.33: older storage version
+			sc = g.staleOld // stored by an apiserver of release 1.34: older storage version
 		}
 		plain, err = w.encode(sc, gr, o)
 	case kWidget:

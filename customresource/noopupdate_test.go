@@ -121,21 +121,24 @@ func TestNoOpUpdateKeepsEntriesOfListedVersions(t *testing.T) {
 	}
 }
 
-// Once v1beta1 is removed from spec.versions, the CR converter refuses it,
-// the field manager fails and kube-apiserver's UpdateNoErrors clears every
-// managedFields entry (measured on 1.36.3: a no-op PUT empties them).
-func TestNoOpUpdateClearsManagedFieldsOfRemovedVersion(t *testing.T) {
+// Once v1beta1 is removed from spec.versions, the CR converter refuses it and
+// the field manager fails. kube-apiserver 1.37's UpdateNoErrors then keeps the
+// live object's managedFields (1.36 cleared them all; measured on 1.36.3, a
+// no-op PUT emptied them): the stored bytes come back unchanged, as a no-op
+// PUT to kube-apiserver 1.37 leaves them (e2e TestCustomResourceVersionRemoved).
+func TestNoOpUpdateKeepsManagedFieldsOfRemovedVersion(t *testing.T) {
 	crd := widgetCRD("v1", false)
 	crd.Spec.Versions = crd.Spec.Versions[1:]
 	crd.Status.StoredVersions = []string{"v1"}
 	c := mustCodec(t, crd, updateOptions(t))
 
-	changed, out := runNoOpUpdate(t, c, storedWithManagedFields(t, "v1", widgetManagedFields()))
-	if !changed {
-		t.Errorf("NoOpUpdate reports managedFields unchanged with an entry of the removed v1beta1")
+	withRemoved := storedWithManagedFields(t, "v1", widgetManagedFields())
+	changed, out := runNoOpUpdate(t, c, withRemoved)
+	if changed {
+		t.Errorf("NoOpUpdate reports managedFields changed with an entry of the removed v1beta1; 1.37 keeps them")
 	}
-	if want := storedWithManagedFields(t, "v1", nil); !bytes.Equal(out, want) {
-		t.Errorf("encoded\n%s\nwant (no managedFields)\n%s", out, want)
+	if !bytes.Equal(out, withRemoved) {
+		t.Errorf("encoded\n%s\nwant (managedFields kept)\n%s", out, withRemoved)
 	}
 
 	// Entries of v1 only: nothing to do.

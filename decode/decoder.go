@@ -108,7 +108,7 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	}
 	obj.Codec = rc
 	if !rc.Scheme.Recognizes(gvk) {
-		return obj, Errorf(kv.Key, ReasonUnknownKind, nil, "no kind %q is registered for version %q in kube-apiserver 1.36", gvk.Kind, gvk.GroupVersion())
+		return obj, Errorf(kv.Key, ReasonUnknownKind, nil, "no kind %q is registered for version %q in kube-apiserver %s", gvk.Kind, gvk.GroupVersion(), LinkedRelease())
 	}
 	if want := expectedKind(rc, info.Resource); gvk.Kind != want {
 		return obj, Errorf(kv.Key, ReasonCorruptPayload, nil, "stored kind %s under a %s key (expected %s)", gvk.Kind, info.Resource, want)

@@ -68,26 +68,42 @@ func TestResolverAndStorageVersionsMatchUpstream(t *testing.T) {
 	upstreamOracle(t, "")
 }
 
-func TestStorageVersionsMatchUpstreamWhenEmulating134(t *testing.T) {
-	upstreamOracle(t, "1.34")
+// Every older release the tool writes for: the storage versions upstream's
+// data gives for a server at that release.
+func TestStorageVersionsMatchUpstreamAtOlderReleases(t *testing.T) {
+	for _, v := range TargetVersions() {
+		if v == LinkedRelease() {
+			continue
+		}
+		t.Run(v, func(t *testing.T) { upstreamOracle(t, v) })
+	}
 }
 
-// At --emulated-version=1.33 the real kube-apiserver 1.36 binary clamps the minimum
-// compatibility version to its floor (1.33, binary-3), so types introduced in 1.33
-// are storable. Upstream's test data assumes no floor (1.32) and so disagrees; the
-// e2e test checks this against a real apiserver.
-func TestEmulating133StoresDRAAsV1beta2(t *testing.T) {
-	storage, err := NewStorageConfig("1.33", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, res := range []string{"deviceclasses", "resourceclaimtemplates"} {
-		rc, err := storage.Codec(schema.GroupResource{Group: "resource.k8s.io", Resource: res})
+// kube-apiserver 1.37 run with --emulated-version=1.34 clamps its minimum
+// compatibility version to its own floor (1.34), so types introduced in 1.34
+// are storable: DRA objects as resource.k8s.io/v1. A real 1.34 has 1.33 and
+// stores them as v1beta2. --target-version 1.34 means the real release; a
+// manifest's --emulated-version the emulation.
+func TestRealReleaseAndEmulationDiffer(t *testing.T) {
+	for _, c := range []struct {
+		release, emulated, want string
+	}{
+		{"1.34", "", "resource.k8s.io/v1beta2"},
+		{LinkedRelease(), "1.34", "resource.k8s.io/v1"},
+		{"1.35", "", "resource.k8s.io/v1"},
+	} {
+		storage, err := NewStorageConfigFor(StorageOptions{Release: c.release, EmulatedVersion: c.emulated})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rc.StorageVersion.String() != "resource.k8s.io/v1beta2" {
-			t.Errorf("%s at 1.33: %s, want resource.k8s.io/v1beta2", res, rc.StorageVersion)
+		for _, res := range []string{"deviceclasses", "resourceclaimtemplates"} {
+			rc, err := storage.Codec(schema.GroupResource{Group: "resource.k8s.io", Resource: res})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.StorageVersion.String() != c.want {
+				t.Errorf("%s of release %s emulating %q: stored as %s, want %s", res, c.release, c.emulated, rc.StorageVersion, c.want)
+			}
 		}
 	}
 }
@@ -161,13 +177,16 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 	if p, _ := r.KeyPrefix(schema.GroupResource{Resource: "nodes"}, ""); p != "/registry/minions/" {
 		t.Errorf("nodes prefix %q", p)
 	}
-	for _, bad := range []string{"1.20", "1.37", "banana"} {
+	if got := TargetRange(); got != "1.34..1.37" {
+		t.Errorf("TargetRange() = %s, want 1.34..1.37 (kube-apiserver 1.37 reaches back three releases)", got)
+	}
+	for _, bad := range []string{"1.20", "1.34", "1.38", "banana"} {
 		_, err := NewStorageConfig(bad, "")
 		if err == nil {
 			t.Errorf("--target-version %s accepted", bad)
 			continue
 		}
-		if !strings.Contains(err.Error(), "1.33..1.36") {
+		if !strings.Contains(err.Error(), "1.34..1.37") || !strings.Contains(err.Error(), "--target-version") {
 			t.Errorf("--target-version %s: error does not give the allowed range: %v", bad, err)
 		}
 	}

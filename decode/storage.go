@@ -69,8 +69,8 @@ type ResourceCodec struct {
 	Codecs serializer.CodecFactory
 }
 
-// StorageConfig builds the same storage codecs kube-apiserver 1.36 builds, for one
-// emulated version and storage media type.
+// StorageConfig builds the same storage codecs a kube-apiserver release builds
+// (the linked one, or an older one it can emulate), for one storage media type.
 type StorageConfig struct {
 	factory   *serverstorage.DefaultStorageFactory
 	mediaType string
@@ -83,27 +83,29 @@ type StorageConfig struct {
 	codecs map[schema.GroupResource]*ResourceCodec
 }
 
-// NewStorageConfig returns the storage configuration of kube-apiserver 1.36 run with
-// --emulated-version=emulatedVersion ("" = 1.36) and --storage-media-type=mediaType
-// ("" = protobuf), with its default API enablement.
-func NewStorageConfig(emulatedVersion, mediaType string) (*StorageConfig, error) {
-	return NewStorageConfigFor(StorageOptions{EmulatedVersion: emulatedVersion, MediaType: mediaType})
+// NewStorageConfig returns the storage configuration of kube-apiserver release
+// ("" = the linked one; see TargetEffectiveVersion) with --storage-media-type=
+// mediaType ("" = protobuf), with its default API enablement.
+func NewStorageConfig(release, mediaType string) (*StorageConfig, error) {
+	return NewStorageConfigFor(StorageOptions{Release: release, MediaType: mediaType})
 }
 
-// StorageOptions are the kube-apiserver flags that decide storage versions.
+// StorageOptions are what decides storage versions: the target kube-apiserver's
+// release and flags.
 type StorageOptions struct {
-	EmulatedVersion string // --emulated-version; "" = 1.36
+	Release         string // the kube-apiserver release, MAJOR.MINOR; "" = the linked one
+	EmulatedVersion string // its --emulated-version; "" = none (the release itself)
 	MediaType       string // --storage-media-type; "" = protobuf
 	// ResourceConfig is the API enablement merged with --runtime-config (a
 	// version disabled there is not a storage version); nil = the defaults.
 	ResourceConfig *serverstorage.ResourceConfig
 }
 
-// NewStorageConfigFor returns the storage configuration kube-apiserver 1.36
-// builds from these flags.
+// NewStorageConfigFor returns the storage configuration the target
+// kube-apiserver builds from these flags.
 func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
-	emulatedVersion, mediaType := o.EmulatedVersion, o.MediaType
-	ev, err := EffectiveVersion(emulatedVersion)
+	mediaType := o.MediaType
+	ev, err := TargetEffectiveVersion(o.Release, o.EmulatedVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -136,23 +138,103 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	}, nil
 }
 
-// EffectiveVersion returns kube-apiserver 1.36's effective version emulating v
-// ("" = no emulation), or an error giving the allowed range.
+// EffectiveVersion returns the effective version of the real kube-apiserver of
+// release v ("" = the linked one), as TargetEffectiveVersion(v, "").
 func EffectiveVersion(v string) (basecompatibility.MutableEffectiveVersion, error) {
+	return TargetEffectiveVersion(v, "")
+}
+
+// TargetEffectiveVersion returns the effective version of kube-apiserver of
+// release ("" = the linked one) run with --emulated-version=emulated ("" =
+// none), reproduced by the linked kube-apiserver's own compatibility code.
+//
+// Storage versions follow the minimum compatibility version: a version of a
+// resource is stored only once every release from it on can read it. A real
+// kube-apiserver of release R emulating E has min compatibility E-1, clamped
+// to its own floor R-3. The linked binary emulating an older release clamps
+// to its own, newer floor instead (1.37 emulating 1.34: 1.34, where a real
+// 1.34 has 1.33, and would store DRA objects as resource.k8s.io/v1 where a
+// real 1.34 stores v1beta2). So the minimum compatibility version is set to
+// what the target release itself has, after the linked binary has validated
+// the emulation.
+func TargetEffectiveVersion(release, emulated string) (basecompatibility.MutableEffectiveVersion, error) {
 	ev := compatibility.DefaultBuildEffectiveVersion()
-	if v == "" {
+	if release == "" && emulated == "" {
 		return ev, nil
 	}
+	binary := ev.BinaryVersion()
 	allowed := ev.AllowedEmulationVersionRange()
-	parsed, err := parseMajorMinor(v)
-	if err != nil {
-		return nil, fmt.Errorf("--target-version %q: %w (allowed %s)", v, err, allowed)
+	rel := version.MajorMinor(binary.Major(), binary.Minor())
+	if release != "" {
+		parsed, err := parseMajorMinor(release)
+		if err != nil {
+			return nil, fmt.Errorf("--target-version %q: %w (allowed %s)", release, err, TargetRange())
+		}
+		rel = parsed
 	}
-	ev.SetEmulationVersion(parsed)
+	emu := rel
+	if emulated != "" {
+		parsed, err := parseMajorMinor(emulated)
+		if err != nil {
+			return nil, fmt.Errorf("--emulated-version %q: %w (allowed %s)", emulated, err, allowed)
+		}
+		if parsed.GreaterThan(rel) {
+			return nil, fmt.Errorf("--emulated-version %s: kube-apiserver %s cannot emulate a newer release", emulated, rel)
+		}
+		emu = parsed
+	}
+	if rel.GreaterThan(version.MajorMinor(binary.Major(), binary.Minor())) {
+		return nil, fmt.Errorf("--target-version %s: newer than the Kubernetes release this tool carries (%d.%d); use a kube-etcd-migrate built with Kubernetes %s (allowed %s)", rel, binary.Major(), binary.Minor(), rel, TargetRange())
+	}
+	ev.SetEmulationVersion(emu)
 	if errs := ev.Validate(); len(errs) > 0 {
-		return nil, fmt.Errorf("--target-version %q: kube-apiserver %s cannot emulate it: allowed %s", v, ev.BinaryVersion(), allowed)
+		if emulated != "" {
+			return nil, fmt.Errorf("--emulated-version %s: kube-apiserver %d.%d cannot emulate it: allowed %s", emu, binary.Major(), binary.Minor(), allowed)
+		}
+		return nil, fmt.Errorf("--target-version %s: kube-apiserver %d.%d cannot reproduce it: allowed %s", rel, binary.Major(), binary.Minor(), TargetRange())
 	}
+	ev.SetMinCompatibilityVersion(minCompatibility(rel, emu))
 	return ev, nil
+}
+
+// minCompatibility is kube-apiserver release rel's default
+// --min-compatibility-version when it emulates emu: emu-1, but not below its
+// floor rel-3 (k8s.io/apiserver's compatibility.DefaultBuildEffectiveVersion;
+// its lower bound, 1.31, is below every release the linked one reaches).
+func minCompatibility(rel, emu *version.Version) *version.Version {
+	floor := version.MajorMinor(rel.Major(), rel.Minor()).SubtractMinor(3)
+	minCompat := version.MajorMinor(emu.Major(), emu.Minor()).SubtractMinor(1)
+	if minCompat.LessThan(floor) {
+		return floor
+	}
+	return minCompat
+}
+
+// TargetRange is the range of --target-version the linked kube-apiserver can
+// reproduce, "1.34..1.37".
+func TargetRange() string {
+	vs := TargetVersions()
+	if len(vs) == 0 {
+		return "none"
+	}
+	return vs[0] + ".." + vs[len(vs)-1]
+}
+
+// TargetVersions lists the releases --target-version accepts, oldest first:
+// the linked release and those its emulation reaches.
+func TargetVersions() []string {
+	ev := compatibility.DefaultBuildEffectiveVersion()
+	bv := ev.BinaryVersion()
+	var out []string
+	for m := int(bv.Minor()); m >= 0; m-- {
+		probe := compatibility.DefaultBuildEffectiveVersion()
+		probe.SetEmulationVersion(version.MajorMinor(bv.Major(), uint(m)))
+		if len(probe.Validate()) > 0 {
+			break
+		}
+		out = append([]string{fmt.Sprintf("%d.%d", bv.Major(), m)}, out...)
+	}
+	return out
 }
 
 // Effective is the effective version this configuration emulates.
@@ -240,7 +322,7 @@ func (s *StorageConfig) newCodec(gr schema.GroupResource) (*ResourceCodec, error
 		ok = kind != ""
 	}
 	if !ok {
-		return nil, fmt.Errorf("resource %s is not a built-in resource of kube-apiserver 1.36", gr)
+		return nil, fmt.Errorf("resource %s is not a built-in resource of kube-apiserver %s", gr, LinkedRelease())
 	}
 	example, err := legacyscheme.Scheme.New(schema.GroupVersionKind{Group: gr.Group, Version: runtime.APIVersionInternal, Kind: kind})
 	if err != nil {
@@ -306,4 +388,11 @@ func parseMajorMinor(v string) (*version.Version, error) {
 		return nil, fmt.Errorf("not a MAJOR.MINOR version")
 	}
 	return version.MajorMinor(parsed.Major(), parsed.Minor()), nil
+}
+
+// LinkedRelease is the Kubernetes release (MAJOR.MINOR) whose kube-apiserver
+// code the tool carries, e.g. "1.37", from the linked modules' build version.
+func LinkedRelease() string {
+	bv := compatibility.DefaultBuildEffectiveVersion().BinaryVersion()
+	return fmt.Sprintf("%d.%d", bv.Major(), bv.Minor())
 }

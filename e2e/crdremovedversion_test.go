@@ -17,20 +17,19 @@ import (
 
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/verify"
 )
 
 // TestCustomResourceVersionRemoved: custom resources written through v1beta1
 // carry managedFields entries of it. The storage version moves to v1, the
 // tool migrates them, and the operator then removes v1beta1 from the CRDs
-// (one with conversion None, one with a webhook). kube-apiserver's next write
-// of such an object clears its managedFields (its field manager cannot
-// convert to a version the CRD no longer lists), so verify must call those
-// objects stale by their managedFields and migrate must write what
-// kube-apiserver would: afterwards a no-op update of every object writes
-// nothing. Objects whose entries name v1 only, or that have no managedFields,
-// are current throughout.
+// (one with conversion None, one with a webhook). kube-apiserver's field
+// manager then cannot convert to a version the CRD no longer lists: 1.36
+// cleared every managedFields entry of such an object on its next write,
+// 1.37 keeps the live object's entries (apimachinery's UpdateNoErrors since
+// 1.37). So with 1.37 nothing is stale: verify says current, migrate writes
+// nothing, and a no-op update of every object writes nothing and leaves the
+// entries of v1beta1 in place.
 func TestCustomResourceVersionRemoved(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
@@ -145,20 +144,12 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 	c.stop()
 
 	rep := c.verify(cfg)
-	if code := rep.ExitCode(); code != verify.ExitStale {
-		t.Errorf("verify exit %d after v1beta1 was removed, want 3 (summary %+v)", code, rep.Summary)
-	}
-	if got, want := staleResources(t, rep), []string{"gizmos.hook.example.com", "sprockets.removal.example.com"}; !slices.Equal(got, want) {
-		t.Errorf("verify names stale %v, want %v", got, want)
-	}
-	for _, r := range rep.Resources {
-		if r.Stale > 0 && (r.Stale != 2 || r.StaleBy[reencode.ReasonManagedFields] != 2) {
-			t.Errorf("verify: %s stale %d by %v, want 2 by managed-fields", r.Name(), r.Stale, r.StaleBy)
-		}
+	if code := rep.ExitCode(); code != verify.ExitCurrent {
+		t.Errorf("verify exit %d after v1beta1 was removed, want 0: kube-apiserver 1.37 keeps the entries (summary %+v)", code, rep.Summary)
 	}
 	sum := c.migrate(cfg)
-	if sum.Summary.Rewritten != int64(len(withBeta)) {
-		t.Errorf("migrate rewrote %d objects, want the %d with managedFields of v1beta1 (summary %+v)", sum.Summary.Rewritten, len(withBeta), sum.Summary)
+	if sum.Summary.Rewritten != 0 {
+		t.Errorf("migrate rewrote %d objects after v1beta1 was removed, want 0 (summary %+v)", sum.Summary.Rewritten, sum.Summary)
 	}
 	c.expectCurrent(cfg)
 
@@ -177,19 +168,19 @@ func TestCustomResourceVersionRemoved(t *testing.T) {
 		if d := cmp.Diff(content(want), content(got)); d != "" {
 			t.Errorf("%s: content changed (-before +after):\n%s", k, d)
 		}
-		wantManaged := want.GetManagedFields()
-		if withBeta[k] {
-			wantManaged = nil // kube-apiserver's field manager clears them all
-		}
-		if d := cmp.Diff(wantManaged, got.GetManagedFields()); d != "" {
+		if d := cmp.Diff(want.GetManagedFields(), got.GetManagedFields()); d != "" {
 			t.Errorf("%s: managedFields (-want +got):\n%s", k, d)
 		}
 	}
 	t.Logf("no-op update of %d objects", noOpUpdates(t, rc))
-	for k := range before {
+	for k := range withBeta {
 		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
-		if err == nil && withBeta[k] && len(got.GetManagedFields()) != 0 {
-			t.Errorf("%s: managedFields after kube-apiserver's no-op update: %v", k, got.GetManagedFields())
+		if err != nil {
+			t.Errorf("%s: %v", k, err)
+			continue
+		}
+		if d := cmp.Diff(before[k].GetManagedFields(), got.GetManagedFields()); d != "" {
+			t.Errorf("%s: managedFields after kube-apiserver's no-op update (-before +after):\n%s", k, d)
 		}
 	}
 }

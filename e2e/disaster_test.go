@@ -152,9 +152,10 @@ func TestQuarantineAfterKeyLoss(t *testing.T) {
 	rc := c.start(apiservertest.Options{EncryptionConfigPath: key2Only, SkipHealthz: true})
 	cs = kubernetes.NewForConfigOrDie(rc)
 	createSecrets(t, cs, "new", encObjects)
-	// kube-apiserver 1.36 cannot fill its watch cache of secrets: every LIST
-	// fails and it never becomes healthy (storage-readiness).
-	if _, err := cs.CoreV1().Secrets(encNS).List(ctx, metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "unable to transform key") {
+	// kube-apiserver cannot fill its watch cache of secrets: every LIST fails
+	// ("corrupt object ... not transformable" in 1.37) and it never becomes
+	// healthy (storage-readiness).
+	if _, err := cs.CoreV1().Secrets(encNS).List(ctx, metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "not transformable") {
 		t.Fatalf("LIST secrets with key1 lost: %v; want the undecryptable secrets to fail it", err)
 	}
 	if _, err := cs.CoreV1().RESTClient().Get().AbsPath("/healthz").Param("verbose", "1").DoRaw(ctx); err == nil || !strings.Contains(err.Error(), "[-]poststarthook/storage-readiness failed") {

@@ -1,4 +1,4 @@
-// Package e2e holds the end-to-end tests: kube-apiserver 1.36 runs in-process
+// Package e2e holds the end-to-end tests: the linked kube-apiserver (1.37) runs in-process
 // on an embedded etcd, the tool migrates what it wrote, and every assertion is
 // on what kube-apiserver serves afterwards (upgrade with emulated versions,
 // key rotation and disaster recovery incl. KMS v2, CRD conversion, events'

@@ -198,7 +198,7 @@ func createWorkload(t *testing.T, cs kubernetes.Interface, ns string) {
 }
 
 // versionStale are the resources kube-apiserver emulating 1.33 stores in a
-// beta version and 1.36 in v1: DRA (resource.k8s.io/v1beta1, v1 since 1.34)
+// beta version and 1.37 in v1: DRA (resource.k8s.io/v1beta1, v1 since 1.34)
 // and the service IP allocator's objects the apiserver itself writes
 // (networking.k8s.io/v1beta1, v1 since 1.33, so not yet at min compatibility 1.32).
 var versionStale = []string{
@@ -210,16 +210,16 @@ var versionStale = []string{
 	"servicecidrs.networking.k8s.io",
 }
 
-// TestUpgrade133To136: objects written by kube-apiserver emulating 1.33 (DRA
-// in resource.k8s.io/v1beta1) are migrated offline to what 1.36 stores, and a
-// plain 1.36 kube-apiserver then serves every object with the same content and
+// TestUpgrade133To137: objects written by kube-apiserver emulating 1.33 (DRA
+// in resource.k8s.io/v1beta1) are migrated offline to what 1.37 stores, and a
+// plain 1.37 kube-apiserver then serves every object with the same content and
 // finds nothing to rewrite on a no-op update.
-func TestUpgrade133To136(t *testing.T) {
+func TestUpgrade133To137(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
 	cfg := pipeline.Config{Prefix: "/registry"}
 
-	// 1. kube-apiserver 1.36.3 emulating 1.33 with DRA (beta, off by default then) on.
+	// 1. kube-apiserver 1.37.2 (the in-process test server) emulating 1.33 with DRA (beta, off by default then) on.
 	// Every server of this test runs API Priority and Fairness, as a real
 	// cluster does: its bootstrap FlowSchemas and PriorityLevelConfigurations
 	// (and their status, written by its configuration controller) are in etcd
@@ -235,12 +235,12 @@ func TestUpgrade133To136(t *testing.T) {
 	assertStoredAs(t, c.cli, "/registry/resourceclaims/shop/gpu-claim", "resource.k8s.io/v1beta1", "ResourceClaim", "under emulated 1.33")
 	c.stop()
 
-	// 2. A plain 1.36 server reads everything (reads do not rewrite): the reference content.
+	// 2. A plain 1.37 server reads everything (reads do not rewrite): the reference content.
 	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
 	gvrs := servedResources(t, rc)
 	before := snapshot(t, rc, gvrs)
-	t.Logf("%d objects served by 1.36 before the migration", len(before))
-	// Reads do not run the field manager: 1.36 serves the managedFields
+	t.Logf("%d objects served by 1.37 before the migration", len(before))
+	// Reads do not run the field manager: 1.37 serves the managedFields
 	// entries written through resource.k8s.io/v1beta1, which it no longer
 	// serves, and its next write of each object drops them.
 	dropped := droppedEntries(before, keptGroupVersions(t, rc))
@@ -248,9 +248,9 @@ func TestUpgrade133To136(t *testing.T) {
 	if dropped[schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}] < 4 {
 		t.Fatalf("the DeviceClasses created through v1beta1 carry %d managedFields entries of it, want >= 4 (the test's premise)", dropped[schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}])
 	}
-	assertStoredAs(t, c.cli, "/registry/deviceclasses/shop-gpu", "resource.k8s.io/v1beta1", "DeviceClass", "after reads on 1.36")
+	assertStoredAs(t, c.cli, "/registry/deviceclasses/shop-gpu", "resource.k8s.io/v1beta1", "DeviceClass", "after reads on 1.37")
 
-	// kube-apiserver 1.36 itself rewrites a Job and a PVC it wrote on a
+	// kube-apiserver 1.37 itself rewrites a Job and a PVC it wrote on a
 	// no-op update (defaulting on read changes them): so verify rightly
 	// calls such objects stale.
 	probeDefaultedOnRead(t, rc)
@@ -299,13 +299,14 @@ func TestUpgrade133To136(t *testing.T) {
 			t.Errorf("verify: deviceclasses stale by %v, want >= 3 by managed-fields", r.StaleBy)
 		}
 	}
-	// Jobs and PVCs are current in storage version and key, but 1.36
-	// defaults them on read (a Job's labels from its template, a PVC's
-	// status.phase Pending), so re-encoding differs from the stored bytes and
-	// kube-apiserver rewrites them on their next update, as shown above.
-	// verify counts them as current-with-re-encode, not as stale.
-	if got := reencodeResources(rep); !slices.Equal(got, []string{"jobs.batch", "persistentvolumeclaims"}) {
-		t.Errorf("verify names re-encode-only resources %v, want [jobs.batch persistentvolumeclaims]", got)
+	// Jobs, PVCs and StatefulSets are current in storage version and key,
+	// but 1.37 defaults them on read (a Job's labels from its template, a
+	// PVC's status.phase Pending, a StatefulSet field 1.33 did not have), so
+	// re-encoding differs from the stored bytes and kube-apiserver rewrites
+	// them on their next update, as shown above for Jobs and PVCs. verify
+	// counts them as current-with-re-encode, not as stale.
+	if got := reencodeResources(rep); !slices.Equal(got, []string{"jobs.batch", "persistentvolumeclaims", "statefulsets.apps"}) {
+		t.Errorf("verify names re-encode-only resources %v, want [jobs.batch persistentvolumeclaims statefulsets.apps]", got)
 	}
 
 	// 4. migrate, then verify says current. migrate writes every object
@@ -319,7 +320,7 @@ func TestUpgrade133To136(t *testing.T) {
 	assertStoredAs(t, c.cli, "/registry/deviceclasses/shop-gpu", "resource.k8s.io/v1", "DeviceClass", "after migrate")
 	assertStoredAs(t, c.cli, "/registry/resourceslices/shop-node-1-gpus", "resource.k8s.io/v1", "ResourceSlice", "after migrate")
 
-	// 5. plain 1.36 (resource.k8s.io/v1beta1 no longer served): same content,
+	// 5. plain 1.37 (resource.k8s.io/v1beta1 no longer served): same content,
 	// managedFields as its field manager leaves them, and no object of any
 	// resource is rewritten by a no-op update.
 	rc = c.start(apiservertest.Options{PriorityAndFairness: true})
@@ -389,7 +390,7 @@ func bootstrapNames[T metav1.Object](lists ...[]T) []string {
 	return out
 }
 
-// probeDefaultedOnRead creates a Job and a PVC through a running 1.36 server
+// probeDefaultedOnRead creates a Job and a PVC through a running 1.37 server
 // and shows that a no-op update of either is written.
 func probeDefaultedOnRead(t *testing.T, rc *rest.Config) {
 	t.Helper()
@@ -418,7 +419,7 @@ func probeDefaultedOnRead(t *testing.T, rc *rest.Config) {
 			t.Fatal(err)
 		}
 		if upd.GetResourceVersion() == got.GetResourceVersion() {
-			t.Errorf("%s default/probe: kube-apiserver 1.36 did not rewrite it on a no-op update; the test's premise is wrong", gvr.Resource)
+			t.Errorf("%s default/probe: kube-apiserver 1.37 did not rewrite it on a no-op update; the test's premise is wrong", gvr.Resource)
 		}
 	}
 }

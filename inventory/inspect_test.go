@@ -83,7 +83,7 @@ func TestInspectStoredVersionAndLease(t *testing.T) {
 	if err := Inspect(context.Background(), env, "/registry/deviceclasses/old-gpu", false, "yaml", &out); err != nil {
 		t.Fatal(err)
 	}
-	old := storageVersion(t, "1.33", devclassGR)
+	old := storageVersion(t, "1.34", devclassGR)
 	if !strings.Contains(out.String(), "apiVersion: "+old+"\n") || !strings.Contains(out.String(), fmt.Sprintf("# %-15s %s DeviceClass", "stored as:", old)) || !strings.Contains(out.String(), "kind: DeviceClass") {
 		t.Errorf("object not shown in its stored version:\n%s", out.String())
 	}

@@ -92,7 +92,7 @@ func (c *cluster) seed() clientv3.LeaseID {
 	c.PutRaw("/registry/configmaps/default/truncated", full[:len(full)/2])
 	c.PutRaw("/registry/configmaps/default/garbage", []byte("this is not a kubernetes object"))
 
-	c.Put("/registry/deviceclasses/old-gpu", devclassGR, deviceClass("old-gpu"), "1.33", "", "")
+	c.Put("/registry/deviceclasses/old-gpu", devclassGR, deviceClass("old-gpu"), "1.34", "", "")
 	c.Put("/registry/deviceclasses/gpu", devclassGR, deviceClass("gpu"), "", "", "")
 
 	lease, err := c.Cli.Grant(context.Background(), 3600)
@@ -205,9 +205,9 @@ func TestInventoryMixedKeyspace(t *testing.T) {
 	}
 
 	dc := find(t, inv, "deviceclasses.resource.k8s.io")
-	oldVersion := storageVersion(t, "1.33", devclassGR)
+	oldVersion := storageVersion(t, "1.34", devclassGR)
 	if oldVersion == "resource.k8s.io/v1" {
-		t.Fatalf("kube-apiserver emulating 1.33 stores deviceclasses in %s: the test needs an older version", oldVersion)
+		t.Fatalf("kube-apiserver 1.34 stores deviceclasses in %s: the test needs an older version", oldVersion)
 	}
 	eq(t, "deviceclass versions", dc.Versions, map[string]int64{oldVersion: 1, "resource.k8s.io/v1": 1})
 

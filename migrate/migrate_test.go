@@ -48,7 +48,7 @@ func TestMigrateEachReason(t *testing.T) {
 
 	c.Put("/registry/secrets/ns1/rotated", testcluster.SecretsGR, testcluster.Secret("ns1", "rotated", "hunter2"), "", "", oldCfg)
 	c.Put("/registry/configmaps/ns1/plain", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "plain"), "", "", "") // identity -> aescbc key2
-	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.33", "", "")      // v1beta2 -> v1
+	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")      // v1beta2 -> v1
 	c.Put("/registry/configmaps/ns1/json", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "json"), "", decode.MediaTypeJSON, newCfg)
 	c.Put("/registry/configmaps/ns1/current", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "current"), "", "", newCfg)
 	currentBefore, currentRev, _ := c.Get("/registry/configmaps/ns1/current")
@@ -168,7 +168,7 @@ func TestLeaseKept(t *testing.T) {
 func TestDryRunWritesNothing(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	for i := 0; i < 30; i++ {
-		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
+		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.34", "", "")
 	}
 	before := c.Revision()
 	sum := run(t, c.Env(pipeline.Config{PageSize: 7}), Options{DryRun: true, Journal: filepath.Join(c.Dir, "j")})
@@ -194,7 +194,7 @@ func TestConcurrentWriterWins(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	const n = 400
 	for i := 0; i < n; i++ {
-		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%03d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%03d", i)), "1.33", "", "")
+		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%03d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%03d", i)), "1.34", "", "")
 	}
 	env := c.Env(pipeline.Config{PageSize: 20, Concurrency: 2})
 	// The other writer stores its own marker values (as an apiserver would store a
@@ -320,7 +320,7 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c.Put("/registry/deviceclasses/ok", testcluster.DeviceClassGR, testcluster.DeviceClass("ok"), "1.33", "", "")
+	c.Put("/registry/deviceclasses/ok", testcluster.DeviceClassGR, testcluster.DeviceClass("ok"), "1.34", "", "")
 	before := map[string][]byte{}
 	for k := range raw {
 		before[k], _, _ = c.Get(k)
@@ -374,7 +374,7 @@ func TestPreflightRefusesLiveAPIServer(t *testing.T) {
 		l.Spec.RenewTime = &r
 		c.Put("/registry/leases/kube-system/"+name, schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, l, "", "", "")
 	}
-	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.33", "", "")
+	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
 	before := c.Revision()
 	env := c.Env(pipeline.Config{})
 	_, err := Run(context.Background(), env, Options{Now: func() time.Time { return now }})
@@ -398,7 +398,7 @@ func TestPreflightRefusesLiveAPIServer(t *testing.T) {
 func TestPreflightRefusesOverQuota(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	for i := 0; i < 50; i++ {
-		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.33", "", "")
+		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.34", "", "")
 	}
 	st, err := etcdscan.Status(context.Background(), c.Cli)
 	if err != nil {

@@ -364,7 +364,7 @@ func RoundTrip(obj *decode.Object) error {
 			return fmt.Errorf("re-encode %s: %w", gvk, err)
 		}
 		if !bytes.Equal(buf.Bytes(), obj.Plaintext) {
-			return fmt.Errorf("the %s types of kube-apiserver 1.36 do not give back the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, len(obj.Plaintext), buf.Len())
+			return fmt.Errorf("the %s types of kube-apiserver %s do not give back the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, decode.LinkedRelease(), len(obj.Plaintext), buf.Len())
 		}
 		return nil
 	case decode.MediaTypeJSON:
@@ -385,7 +385,7 @@ func RoundTrip(obj *decode.Object) error {
 			return err
 		}
 		if !reflect.DeepEqual(a, b) {
-			return fmt.Errorf("the %s types of kube-apiserver 1.36 do not give back the stored JSON document: fields %s would be lost or changed", gvk, strings.Join(diffPaths("", a, b, 5), ", "))
+			return fmt.Errorf("the %s types of kube-apiserver %s do not give back the stored JSON document: fields %s would be lost or changed", gvk, decode.LinkedRelease(), strings.Join(diffPaths("", a, b, 5), ", "))
 		}
 		return nil
 	}

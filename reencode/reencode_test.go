@@ -86,7 +86,7 @@ func TestCurrentObjectIsNotRewritten(t *testing.T) {
 }
 
 func TestOlderStorageVersionIsRewrittenToTarget(t *testing.T) {
-	old := storageConfig(t, "1.33", "")
+	old := storageConfig(t, "1.34", "")
 	value := write(t, old, deviceClassesGR, deviceClass())
 	if !bytes.Contains(value, []byte("resource.k8s.io/v1beta2")) {
 		t.Fatalf("seed value not stored as v1beta2")
@@ -115,9 +115,9 @@ func TestOlderStorageVersionIsRewrittenToTarget(t *testing.T) {
 	if d2 := NewPlanner(target, nil).Decide(context.Background(), obj2, nil); d2.Status != Current {
 		t.Fatalf("after rewrite: %s %v", d2.Status, d2.Reasons)
 	}
-	// ... and the original is current when the target is 1.33.
+	// ... and the original is current when the target is 1.34.
 	if d3 := NewPlanner(old, nil).Decide(context.Background(), obj, nil); d3.Status != Current {
-		t.Fatalf("target 1.33: %s %v", d3.Status, d3.Reasons)
+		t.Fatalf("target 1.34: %s %v", d3.Status, d3.Reasons)
 	}
 }
 
@@ -213,7 +213,7 @@ func mustUnknown(t *testing.T, apiVersion, kind string) []byte {
 // verify classifies: the same verdict as migrate's Decide, without encrypting a
 // value it never writes.
 func TestClassifyIsDecideWithoutTheValue(t *testing.T) {
-	value := write(t, storageConfig(t, "1.33", ""), deviceClassesGR, deviceClass())
+	value := write(t, storageConfig(t, "1.34", ""), deviceClassesGR, deviceClass())
 	target := storageConfig(t, "", "")
 	decide := func(classify bool) Decision {
 		obj, err := decodeKV(t, "/registry/deviceclasses/gpu", value)

@@ -9,16 +9,23 @@ import (
 	svmregistry "k8s.io/kubernetes/pkg/registry/storagemigration/storagemigration"
 )
 
-// TestServedVersion: storagemigration.k8s.io/v1beta1 is served only when
-// --runtime-config enables it (beta, off by default in 1.36).
+// TestServedVersion: StorageVersionMigration is GA in 1.37, served as
+// storagemigration.k8s.io/v1 by default; with v1 disabled by --runtime-config
+// only the beta (off by default) serves it, and with both off nothing does.
 func TestServedVersion(t *testing.T) {
 	gk := storagemigration.Kind("StorageVersionMigration")
-	if _, ok, err := path(t).ServedVersion(gk); err != nil || ok {
-		t.Errorf("defaults: served=%v err=%v, want not served", ok, err)
-	}
-	gvk, ok, err := path(t, "storagemigration.k8s.io/v1beta1=true").ServedVersion(gk)
-	if err != nil || !ok || gvk.Version != "v1beta1" {
-		t.Errorf("enabled: %v served=%v err=%v", gvk, ok, err)
+	for _, c := range []struct {
+		runtimeConfig []string
+		want          string // "" = not served
+	}{
+		{nil, "v1"},
+		{[]string{"storagemigration.k8s.io/v1=false"}, ""},
+		{[]string{"storagemigration.k8s.io/v1=false", "storagemigration.k8s.io/v1beta1=true"}, "v1beta1"},
+	} {
+		gvk, ok, err := path(t, c.runtimeConfig...).ServedVersion(gk)
+		if err != nil || ok != (c.want != "") || (ok && gvk.Version != c.want) {
+			t.Errorf("--runtime-config %v: %v served=%v err=%v, want %q", c.runtimeConfig, gvk, ok, err, c.want)
+		}
 	}
 }
 
@@ -26,7 +33,7 @@ func TestServedVersion(t *testing.T) {
 // records a create without the status its strategy resets; the /status
 // endpoint's records the status only, under its subresource.
 func TestFieldManagerResetFields(t *testing.T) {
-	p := path(t, "storagemigration.k8s.io/v1beta1=true")
+	p := path(t)
 	gk := storagemigration.Kind("StorageVersionMigration")
 	main, err := p.FieldManager(gk, "", svmregistry.Strategy)
 	if err != nil || main == nil {
@@ -52,7 +59,7 @@ func TestFieldManagerResetFields(t *testing.T) {
 		t.Fatalf("status update: %+v", out.ManagedFields)
 	}
 	// Not served: no field manager.
-	if fm, err := path(t).FieldManager(gk, "", svmregistry.Strategy); err != nil || fm != nil {
+	if fm, err := path(t, "storagemigration.k8s.io/v1=false").FieldManager(gk, "", svmregistry.Strategy); err != nil || fm != nil {
 		t.Errorf("not served: %v %v", fm, err)
 	}
 }

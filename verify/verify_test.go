@@ -60,7 +60,7 @@ func TestVerifyGate(t *testing.T) {
 	for i := 0; i < 8; i++ {
 		c.Put(fmt.Sprintf("/registry/secrets/ns1/s-%d", i), testcluster.SecretsGR, testcluster.Secret("ns1", fmt.Sprintf("s-%d", i), "hunter2"), "", "", oldCfg)
 	}
-	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.33", "", "")
+	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
 	rev := c.Revision()
 	rep = verifyRun(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{ShowKeys: 2})
 	if rep.ExitCode() != ExitStale || rep.Summary.Stale != 9 || rep.Summary.Unreadable != 0 {

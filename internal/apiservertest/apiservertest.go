@@ -3,7 +3,7 @@
 // existing etcd, for the end-to-end tests and the capture of reference values.
 //
 // Several servers may be started one after another on the same etcd within a
-// single test (for example an emulated 1.33 server, then a 1.36 one), as long
+// single test (for example an emulated 1.34 server, then a 1.37 one), as long
 // as the previous one is stopped first: the kube-apiserver test server mutates
 // process-wide feature gates, which Stop restores. For the same reason, tests
 // that start servers with different emulated versions or feature gates must
@@ -39,7 +39,7 @@ type Options struct {
 	// Prefix is --etcd-prefix; default "/registry".
 	Prefix string
 	// EmulatedVersion, e.g. "1.33", becomes --emulated-version=1.33 (which
-	// also changes the storage versions). Empty: the binary version (1.36).
+	// also changes the storage versions). Empty: the binary version (1.37).
 	EmulatedVersion string
 	// FeatureGates is --feature-gates, e.g. "DynamicResourceAllocation=true".
 	FeatureGates string

@@ -34,7 +34,7 @@ type Info struct {
 	// the Go toolchain derived from the VCS (a tag, or a pseudo-version with
 	// "+dirty" for uncommitted changes), else "devel".
 	Version string `json:"version"`
-	// Kubernetes is the k8s.io/kubernetes module version (v1.36.3).
+	// Kubernetes is the k8s.io/kubernetes module version (v1.37.2).
 	Kubernetes string `json:"kubernetes"`
 	// Commit, CommitTime and Modified are the VCS stamp, when the build had one.
 	Commit     string `json:"commit,omitempty"`

@@ -287,7 +287,7 @@ func owner(apiVersion, kind, name string, id types.UID) metav1.OwnerReference {
 	return metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: id, Controller: &yes, BlockOwnerDeletion: &yes}
 }
 
-// deviceClasses writes DRA DeviceClasses as older apiservers stored them; 1.36 stores
+// deviceClasses writes DRA DeviceClasses as older apiservers stored them; 1.37 stores
 // resource.k8s.io/v1. Two as kube-apiserver 1.33 (DRA beta, resource.k8s.io/v1beta1
 // enabled) stored them: v1beta1, as e2e.TestAPIServerEmulatedStorageVersion observed
 // on a real kube-apiserver emulating 1.33. Two written by 1.34: v1beta2.

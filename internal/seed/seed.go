@@ -52,17 +52,17 @@ type Result struct {
 	Revision int64
 }
 
-// Stale objects the seed writes on purpose, against kube-apiserver 1.36 with NewConfig:
+// Stale objects the seed writes on purpose, against the linked kube-apiserver (1.37) with NewConfig:
 //   - every secret: aescbc under key1 (the rotation's old key), and one secret that
 //     predates encryption (identity);
 //   - DeviceClasses written by 1.33 (resource.k8s.io/v1beta1) and 1.34 (v1beta2);
-//     1.36 stores v1;
+//     1.37 stores v1;
 //   - configmaps and deployments of every fourth team namespace in JSON, as an
 //     apiserver run with --storage-media-type=application/json wrote them;
 //   - widgets.example.com written at v1beta1 before the CRD's storage version moved
 //     to v1 (status.storedVersions [v1beta1, v1]).
 //
-// Everything else is current for 1.36 (protobuf, byte-identical after a decode and
+// Everything else is current for 1.37 (protobuf, byte-identical after a decode and
 // re-encode) so that the census shows a mix.
 
 var (
@@ -166,7 +166,7 @@ type writer struct {
 	counts   map[string]int
 }
 
-// storage returns kube-apiserver 1.36's storage config emulating version with media type.
+// storage returns the storage config of kube-apiserver release version with media type.
 func (w *writer) storage(emulated, media string) (*decode.StorageConfig, error) {
 	id := emulated + "|" + media
 	if sc, ok := w.configs[id]; ok {
@@ -182,7 +182,7 @@ func (w *writer) storage(emulated, media string) (*decode.StorageConfig, error) 
 
 // how an object is written.
 type how struct {
-	emulated string // --emulated-version of the apiserver that wrote it; "" = 1.36
+	emulated string // --emulated-version of the apiserver that wrote it; "" = the linked one
 	// version, when set, overrides the storage version (same media type): what an
 	// older release stored where emulation does not reproduce it.
 	version   schema.GroupVersion

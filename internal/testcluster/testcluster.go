@@ -216,14 +216,14 @@ func Event(ns, name string) *api.Event {
 	}
 }
 
-// SeedMany writes n secrets under the old key and n DeviceClasses as 1.33 stored
+// SeedMany writes n secrets under the old key and n DeviceClasses as kube-apiserver 1.34 stored
 // them, all stale for the new configuration, in multi-key transactions.
 func (c *Cluster) SeedMany(n int, oldCfg string) {
 	c.T.Helper()
 	ctx := context.Background()
 	enc := c.LoadEncryption(oldCfg)
 	cur := c.Codec("", "", SecretsGR)
-	old := c.Codec("1.33", "", DeviceClassGR)
+	old := c.Codec("1.34", "", DeviceClassGR)
 	var ops []clientv3.Op
 	flush := func() {
 		if len(ops) == 0 {
@@ -257,8 +257,8 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 	flush()
 }
 
-// Codec is the storage codec of gr as kube-apiserver 1.36 emulating a release
-// ("" = 1.36) with a storage media type ("" = protobuf) writes it.
+// Codec is the storage codec of gr as the real kube-apiserver of a release
+// ("" = the linked one, decode.NewStorageConfig) with a storage media type ("" = protobuf) writes it.
 func (c *Cluster) Codec(emulated, media string, gr schema.GroupResource) runtime.Codec {
 	c.T.Helper()
 	sc, err := decode.NewStorageConfig(emulated, media)
