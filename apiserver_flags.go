@@ -26,11 +26,11 @@ func apiServerFlags() []cli.Flag {
 // usage errors naming the flag or file.
 func apiServerConfig(c *cli.Context) (*apiserverconfig.Config, error) {
 	api, err := apiserverconfig.Load(apiserverconfig.Input{
-		Manifest:        c.String("apiserver-manifest"),
-		FlagsFile:       c.String("apiserver-flags-file"),
-		RuntimeConfig:   c.StringSlice("runtime-config"),
-		FeatureGates:    c.StringSlice("feature-gates"),
-		EmulatedVersion: c.String("target-version"),
+		Manifest:      c.String("apiserver-manifest"),
+		FlagsFile:     c.String("apiserver-flags-file"),
+		RuntimeConfig: c.StringSlice("runtime-config"),
+		FeatureGates:  c.StringSlice("feature-gates"),
+		TargetVersion: c.String("target-version"),
 	})
 	if err != nil {
 		return nil, usageErr("%v", err)

@@ -60,6 +60,9 @@ func cmdMigrate(c *cli.Context) error {
 		return err
 	}
 	defer s.close()
+	if err := knowTheRelease(c, s.env); err != nil {
+		return err
+	}
 	if c.Bool("requested") {
 		return cmdMigrateRequested(ctx, c, s)
 	}

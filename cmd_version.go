@@ -16,8 +16,9 @@ import (
 type versionReport struct {
 	buildinfo.Info
 	// KubeAPIServer is the kube-apiserver binary version whose storage the tool
-	// reproduces, TargetVersions the --target-version values it accepts (the
-	// --emulated-version range of that kube-apiserver), oldest first.
+	// reproduces, TargetVersions the --target-version values it accepts (that
+	// release and the older ones its emulation reaches), oldest first;
+	// DefaultTargetVersion what read-only commands assume when nothing says.
 	KubeAPIServer        string   `json:"kubeAPIServer"`
 	TargetVersions       []string `json:"targetVersions"`
 	DefaultTargetVersion string   `json:"defaultTargetVersion"`
@@ -25,22 +26,10 @@ type versionReport struct {
 
 func newVersionReport() (versionReport, error) {
 	r := versionReport{Info: buildinfo.Get()}
-	ev, err := decode.EffectiveVersion("")
-	if err != nil {
-		return r, err
-	}
-	bv := ev.BinaryVersion()
-	r.KubeAPIServer = fmt.Sprintf("%d.%d", bv.Major(), bv.Minor())
-	r.DefaultTargetVersion = fmt.Sprintf("%d.%d", ev.EmulationVersion().Major(), ev.EmulationVersion().Minor())
-	// Ask the same function --target-version goes through which versions it
-	// accepts, from the binary version down until it refuses one.
-	for m := int(bv.Minor()); m >= 0; m-- {
-		v := fmt.Sprintf("%d.%d", bv.Major(), m)
-		if _, err := decode.EffectiveVersion(v); err != nil {
-			break
-		}
-		r.TargetVersions = append([]string{v}, r.TargetVersions...)
-	}
+	r.KubeAPIServer = decode.LinkedRelease()
+	r.DefaultTargetVersion = r.KubeAPIServer
+	// The same function --target-version goes through says which it accepts.
+	r.TargetVersions = decode.TargetVersions()
 	return r, nil
 }
 
@@ -73,7 +62,7 @@ func writeVersion(w io.Writer, format string) error {
 	_, err = fmt.Fprintf(w, `kube-etcd-migrate %s
   commit:          %s
   kubernetes:      %s (kube-apiserver %s: scheme, storage factory, encryption transformers)
-  target versions: %s (--target-version; default %s)
+  target versions: %s (--target-version; read-only commands assume %s when nothing says which)
   etcd client:     %s
   go:              %s %s
 `, r.Version, commit, r.Kubernetes, r.KubeAPIServer, strings.Join(r.TargetVersions, ", "), r.DefaultTargetVersion, r.EtcdClient, r.Go, r.Platform)

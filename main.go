@@ -160,7 +160,7 @@ func commonFlags() []cli.Flag {
 
 func targetFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "target-version", Usage: "store as kube-apiserver 1.36 run with --emulated-version=VERSION would (1.33..1.36)"},
+		&cli.StringFlag{Name: "target-version", Usage: "the Kubernetes release (MAJOR.MINOR) the cluster's kube-apiserver runs or is being upgraded to: store as that release's own kube-apiserver does (" + decode.TargetRange() + "); else from --apiserver-manifest's image, else kubeadm-config in etcd; migrate refuses when none says it"},
 		&cli.StringFlag{Name: "storage-media-type", Value: decode.MediaTypeProtobuf, Usage: "kube-apiserver --storage-media-type for built-in resources"},
 		&cli.IntFlag{Name: "concurrency", Value: 0, Usage: "decode/encode workers (0 = twice the number of CPUs)"},
 	}
@@ -221,12 +221,16 @@ type session struct {
 	cli      *clientv3.Client
 	snap     *snapshotfile.Snapshot
 	env      *pipeline.Env
+	enc      *decode.Encryption // loaded before Setup (to read kubeadm-config), handed to it
 	stopProf func()
 }
 
 func (s *session) close() {
 	if s.env != nil {
 		s.env.Close()
+	}
+	if s.enc != nil {
+		s.enc.Close()
 	}
 	if s.cli != nil {
 		s.cli.Close()
@@ -321,8 +325,15 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
 		cfg.Revision = s.snap.Info.Revision
 	}
+	if withTarget && api.Release == "" {
+		// Nothing said which release the cluster runs: kubeadm says it in etcd.
+		if err := releaseFromCluster(ctx, c, s, cli, api, &cfg); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	if withTarget {
-		cfg.TargetVersion = api.EmulatedVersion
+		cfg.TargetVersion = api.Release
 		api.StorageMediaType = fromAPIServer(c, api, "storage-media-type", "storage-media-type", api.StorageMediaType)
 		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
@@ -349,6 +360,53 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 	}
 	s.env = env
 	return s, nil
+}
+
+// releaseFromCluster reads the release kubeadm recorded in etcd
+// (pipeline.ClusterRelease) and, when there is one, makes it the target and
+// applies its feature gates and emulation again. The encryption providers
+// loaded for it are handed to Setup.
+func releaseFromCluster(ctx context.Context, c *cli.Context, s *session, etcd *clientv3.Client, api *apiserverconfig.Config, cfg *pipeline.Config) error {
+	enc, err := pipeline.LoadEncryption(ctx, *cfg)
+	if err != nil {
+		return err
+	}
+	s.enc = enc
+	cfg.Encryption = enc
+	rel, err := pipeline.ClusterRelease(ctx, etcd, cfg.Prefix, enc)
+	if err != nil {
+		// Not fatal: the release is then unknown, which migrate refuses and
+		// verify states.
+		fmt.Fprintf(c.App.ErrWriter, "warning: the release in kubeadm's ClusterConfiguration cannot be read: %v\n", err)
+		return nil
+	}
+	if rel == "" {
+		return nil
+	}
+	if err := api.SetRelease(rel, apiserverconfig.FromKubeadm); err != nil {
+		return usageErr("%v; give --target-version", err)
+	}
+	if err := api.Apply(); err != nil {
+		return usageErr("%v", err)
+	}
+	return nil
+}
+
+// knowTheRelease refuses to write when nothing said which Kubernetes release
+// the cluster's kube-apiserver runs (or is being upgraded to): the storage
+// versions, served versions and field managers differ by release, and bytes
+// written for the wrong one are rewritten, or misread, by the right one. A dry
+// run writes nothing and goes on, stating the release it assumed.
+func knowTheRelease(c *cli.Context, env *pipeline.Env) error {
+	api := env.Config.APIServer
+	if api != nil && api.Release != "" {
+		return nil
+	}
+	if c.Bool("dry-run") {
+		fmt.Fprintf(c.App.ErrWriter, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", decode.LinkedRelease())
+		return nil
+	}
+	return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(decode.TargetVersions(), ", "))
 }
 
 func parseWebhooks(vals []string) (map[string]string, error) {

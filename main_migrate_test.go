@@ -43,7 +43,7 @@ func TestRunbookCLI(t *testing.T) {
 	}
 	journal := filepath.Join(c.Dir, "journal")
 	startRev := c.Revision()
-	cmd := exec.Command(bin, append([]string{"migrate", "-o", "json", "--journal", journal, "--writers", "1", "--batch-ops", "1"}, conn...)...)
+	cmd := exec.Command(bin, append([]string{"migrate", "--target-version", "1.37", "-o", "json", "--journal", journal, "--writers", "1", "--batch-ops", "1"}, conn...)...)
 	var stdout, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &errb
 	if err := cmd.Start(); err != nil {
@@ -91,7 +91,7 @@ func TestRunbookCLI(t *testing.T) {
 	if code, out, stderr = runCLI(t, append([]string{"verify"}, conn...)...); code != exitStale {
 		t.Fatalf("verify after interruption: exit %d\n%s%s", code, out, stderr)
 	}
-	if code, out, stderr = runCLI(t, append([]string{"migrate", "-o", "json"}, conn...)...); code != exitOK {
+	if code, out, stderr = runCLI(t, append([]string{"migrate", "-o", "json", "--target-version", "1.37"}, conn...)...); code != exitOK {
 		t.Fatalf("migrate again: exit %d\n%s%s", code, out, stderr)
 	}
 	var again migrate.Summary

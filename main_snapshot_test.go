@@ -76,7 +76,7 @@ func TestSnapshotFileCLI(t *testing.T) {
 
 	out := filepath.Join(t.TempDir(), "rotated.db")
 	journal := filepath.Join(t.TempDir(), "journal")
-	code, stdout, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig, "--journal", journal)
+	code, stdout, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig, "--journal", journal, "--target-version", "1.37")
 	if code != exitOK {
 		t.Fatalf("migrate --snapshot-file: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -92,7 +92,7 @@ func TestSnapshotFileCLI(t *testing.T) {
 		t.Errorf("verify of the output: exit %d (%s)", code, stderr)
 	}
 	// Again: the output exists.
-	if code, _, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig); code != exitUsage || !strings.Contains(stderr, "--force") {
+	if code, _, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig, "--target-version", "1.37"); code != exitUsage || !strings.Contains(stderr, "--force") {
 		t.Errorf("migrate onto an existing output: exit %d %q", code, stderr)
 	}
 	if sum256(t, snap) != before {

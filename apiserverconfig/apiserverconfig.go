@@ -3,7 +3,7 @@
 // kubeadm writes /etc/kubernetes/manifests/kube-apiserver.yaml), from a flags
 // file (a command line or one flag per line, as in a systemd unit) or from the
 // tool's own --runtime-config and --feature-gates. The command line is parsed by
-// kube-apiserver 1.36's own flag set (cmd/kube-apiserver/app/options), so every
+// the linked kube-apiserver's own flag set (cmd/kube-apiserver/app/options), so every
 // flag it accepts is accepted and every value it rejects is an error naming the
 // flag. From it come what decides what is stored and where: the etcd
 // connection, --etcd-prefix, --encryption-provider-config, --storage-media-type,
@@ -17,6 +17,7 @@ package apiserverconfig
 
 import (
 	"fmt"
+	"kube-etcd-migrate/decode"
 	"net/url"
 	"os"
 	"path"
@@ -52,6 +53,10 @@ const (
 	FromManifest Source = "manifest"
 	FromFlags    Source = "flags-file"
 	FromTool     Source = "command line"
+	// FromImage: the release, from the manifest container's image tag.
+	FromImage Source = "manifest image"
+	// FromKubeadm: the release, from kubeadm's ClusterConfiguration in etcd.
+	FromKubeadm Source = "kubeadm-config in etcd"
 )
 
 // Config is what the tool takes from kube-apiserver's command line. Paths are
@@ -64,8 +69,16 @@ type Config struct {
 	EtcdPrefix       string
 	EncryptionConfig string
 	StorageMediaType string
-	// EmulatedVersion is --emulated-version ("" = the binary's, 1.36).
+	// Release is the Kubernetes release (MAJOR.MINOR) of the kube-apiserver
+	// the tool writes for: the tool's --target-version, else the manifest's
+	// image tag, else what SetRelease was told (kubeadm's ClusterConfiguration
+	// in etcd); "" = unknown (the linked release is assumed; From["release"]
+	// says where it came from).
+	Release string
+	// EmulatedVersion is the file's --emulated-version ("" = none: the release's own).
 	EmulatedVersion string
+	// Image is the manifest container's image, "" without a manifest.
+	Image string
 	// RuntimeConfig and FeatureGates are the raw flag values, for reports.
 	RuntimeConfig string
 	FeatureGates  string
@@ -77,6 +90,8 @@ type Config struct {
 
 	opts     *options.ServerRunOptions
 	registry basecompatibility.ComponentGlobalsRegistry
+	// effective is the registry's effective version, set to the release's.
+	effective basecompatibility.MutableEffectiveVersion
 	// mounts are the manifest's hostPath mounts (nil without a manifest).
 	mounts *hostMounts
 	// kmsMapped lists the KMS endpoints mapped to host paths, for Describe.
@@ -98,8 +113,9 @@ type Input struct {
 	// repeated flag: key by key, the later wins).
 	RuntimeConfig []string
 	FeatureGates  []string
-	// EmulatedVersion is the tool's --emulated-version (wins over the file's).
-	EmulatedVersion string
+	// TargetVersion is the tool's --target-version: the release of the
+	// cluster's kube-apiserver (the file's image must agree).
+	TargetVersion string
 }
 
 // Load parses kube-apiserver's command line from in and returns what the tool
@@ -115,7 +131,7 @@ func Load(in Input) (*Config, error) {
 	switch {
 	case in.Manifest != "":
 		var err error
-		args, mounts, err = readManifest(in.Manifest, in.Container)
+		args, mounts, cfg.Image, err = readManifest(in.Manifest, in.Container)
 		if err != nil {
 			return nil, err
 		}
@@ -133,7 +149,7 @@ func Load(in Input) (*Config, error) {
 		fileSource = FromFlags
 	}
 
-	opts, reg := newOptions()
+	opts, reg, ev := newOptions()
 	fs := flagSet(opts)
 	name := cfg.File
 	if err := fs.Parse(args); err != nil {
@@ -156,11 +172,29 @@ func Load(in Input) (*Config, error) {
 		}
 		from["feature-gates"] = FromTool
 	}
-	if in.EmulatedVersion != "" {
-		if err := fs.Set("emulated-version", in.EmulatedVersion); err != nil {
-			return nil, fmt.Errorf("--emulated-version %q: %w", in.EmulatedVersion, err)
+	emulated := ""
+	if from["emulated-version"] != "" {
+		emulated = fs.Lookup("emulated-version").Value.String()
+	}
+	release, releaseFrom, err := targetRelease(in.TargetVersion, cfg.Image, emulated, fileSource, name)
+	if err != nil {
+		return nil, err
+	}
+	if release != "" {
+		if _, err := decode.TargetEffectiveVersion(release, emulated); err != nil {
+			if releaseFrom == FromImage {
+				return nil, fmt.Errorf("%s: kube-apiserver image %s: %w", name, cfg.Image, err)
+			}
+			return nil, err
 		}
-		from["emulated-version"] = FromTool
+		from["release"] = releaseFrom
+		if emulated == "" {
+			// The registry emulates the release (its feature gates at that
+			// version); min compatibility is set below, as the release has it.
+			if err := fs.Set("emulated-version", release); err != nil {
+				return nil, fmt.Errorf("--target-version %q: %w", release, err)
+			}
+		}
 	}
 	// The private registry takes --emulated-version and --feature-gates as
 	// kube-apiserver's does (emulation first, then gates) and so rejects what
@@ -185,10 +219,11 @@ func Load(in Input) (*Config, error) {
 	cfg.StorageMediaType = opts.Etcd.DefaultStorageMediaType
 	cfg.RuntimeConfig = fs.Lookup("runtime-config").Value.String()
 	cfg.FeatureGates = stripKubePrefix(fs.Lookup("feature-gates").Value.String())
-	if from["emulated-version"] != "" {
+	if emulated != "" {
 		v := reg.EffectiveVersionFor(basecompatibility.DefaultKubeComponent).EmulationVersion()
 		cfg.EmulatedVersion = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
 	}
+	cfg.Release = release
 	if mounts != nil {
 		for flag, p := range map[string]*string{"etcd-cafile": &cfg.EtcdCAFile, "etcd-certfile": &cfg.EtcdCertFile, "etcd-keyfile": &cfg.EtcdKeyFile, "encryption-provider-config": &cfg.EncryptionConfig} {
 			if *p == "" {
@@ -203,22 +238,27 @@ func Load(in Input) (*Config, error) {
 	}
 	cfg.opts = opts
 	cfg.registry = reg
+	cfg.effective = ev
 	cfg.mounts = mounts
+	if err := cfg.setEffective(); err != nil {
+		return nil, err
+	}
 	return cfg, nil
 }
 
 // newOptions returns kube-apiserver's options with a private copy of the
 // process's component globals (effective version and feature gate), so that
 // parsing and validating a command line changes nothing process-wide.
-func newOptions() (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry) {
+func newOptions() (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry, basecompatibility.MutableEffectiveVersion) {
 	opts := options.NewServerRunOptions()
 	reg := basecompatibility.NewComponentGlobalsRegistry()
 	gate := utilfeature.DefaultMutableFeatureGate.DeepCopy()
-	if err := reg.Register(basecompatibility.DefaultKubeComponent, compatibility.DefaultBuildEffectiveVersion(), gate); err != nil {
+	ev := compatibility.DefaultBuildEffectiveVersion()
+	if err := reg.Register(basecompatibility.DefaultKubeComponent, ev, gate); err != nil {
 		panic(err) // a fresh registry has no component yet
 	}
 	opts.GenericServerRunOptions.ComponentGlobalsRegistry = reg
-	return opts, reg
+	return opts, reg, ev
 }
 
 // flagSet is kube-apiserver's whole flag set, global flags included.
@@ -340,6 +380,7 @@ func (c *Config) Describe() string {
 		{"runtime-config", c.RuntimeConfig},
 		{"feature-gates", c.FeatureGates},
 		{"emulated-version", c.EmulatedVersion},
+		{"release", c.Release},
 	} {
 		if src := c.From[f.flag]; src != "" {
 			note := string(src)
@@ -347,6 +388,10 @@ func (c *Config) Describe() string {
 				for _, m := range c.kmsMapped {
 					note += fmt.Sprintf("; kms endpoint %s -> %s", m.container, m.host)
 				}
+			}
+			if f.flag == "release" {
+				parts = append(parts, fmt.Sprintf("release %s (%s)", f.value, note))
+				continue
 			}
 			parts = append(parts, fmt.Sprintf("--%s=%s (%s)", f.flag, f.value, note))
 		}
@@ -441,22 +486,22 @@ func (c *Config) SetFrom(flag string, src Source) { c.From[flag] = src }
 // core scheme, YAML or JSON).
 var manifestCodecs = serializer.NewCodecFactory(legacyscheme.Scheme)
 
-func readManifest(file, container string) ([]string, *hostMounts, error) {
+func readManifest(file, container string) ([]string, *hostMounts, string, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--apiserver-manifest: %w", err)
+		return nil, nil, "", fmt.Errorf("--apiserver-manifest: %w", err)
 	}
 	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--apiserver-manifest %s: not a Pod manifest: %s", file, oneLine(err))
+		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: not a Pod manifest: %s", file, oneLine(err))
 	}
 	pod := &corev1.Pod{}
 	if err := legacyscheme.Scheme.Convert(obj, pod, nil); err != nil {
-		return nil, nil, fmt.Errorf("--apiserver-manifest %s: not a Pod manifest (%s)", file, obj.GetObjectKind().GroupVersionKind().Kind)
+		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: not a Pod manifest (%s)", file, obj.GetObjectKind().GroupVersionKind().Kind)
 	}
 	c, err := pickContainer(pod, container)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--apiserver-manifest %s: %w", file, err)
+		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: %w", file, err)
 	}
 	// The kubelet expands $(VAR) in command and args from the container's env.
 	env := map[string]string{}
@@ -473,9 +518,9 @@ func readManifest(file, container string) ([]string, *hostMounts, error) {
 	args := dropProgram(line)
 	mounts, err := newHostMounts(pod, c)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--apiserver-manifest %s: %w", file, err)
+		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: %w", file, err)
 	}
-	return args, mounts, nil
+	return args, mounts, c.Image, nil
 }
 
 func pickContainer(pod *corev1.Pod, name string) (*corev1.Container, error) {

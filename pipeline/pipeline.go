@@ -29,7 +29,7 @@ import (
 type Config struct {
 	Prefix           string   // etcd prefix, "/registry"
 	EncryptionConfig string   // --encryption-provider-config; "" = identity
-	TargetVersion    string   // --target-version; "" = 1.36
+	TargetVersion    string   // --target-version (when APIServer is nil); "" = the linked release
 	StorageMediaType string   // --storage-media-type; "" = protobuf
 	Resources        []string // --resource filters
 	Namespace        string   // --namespace filter
@@ -87,7 +87,7 @@ type CRD struct {
 type Env struct {
 	Client     *clientv3.Client
 	Config     Config
-	Storage    *decode.StorageConfig // decoding (kube-apiserver 1.36)
+	Storage    *decode.StorageConfig // decoding (the linked kube-apiserver)
 	Target     *decode.StorageConfig // encoding (target release and media type)
 	Encryption *decode.Encryption
 	Resolver   *decode.Resolver
@@ -125,14 +125,15 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	if err != nil {
 		return nil, err
 	}
-	target, update, err := targetAPIServer(cfg)
+	target, update, api, err := targetAPIServer(cfg)
 	if err != nil {
 		return nil, err
 	}
+	cfg.APIServer = api
 	enc := cfg.Encryption
 	if enc == nil {
 		// From a manifest, the KMS plugins' sockets are container paths too.
-		enc, err = decode.LoadEncryptionWith(ctx, cfg.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: cfg.APIServer.KMSEndpointMapper(cfg.EncryptionConfig)})
+		enc, err = LoadEncryption(ctx, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -184,30 +185,23 @@ func (e *Env) checkKMSPlugins(ctx context.Context) {
 
 // targetAPIServer builds what the target kube-apiserver stores (storage
 // versions, media type) and does on a no-op update, from its flags.
-func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, error) {
+func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, *apiserverconfig.Config, error) {
 	api := cfg.APIServer
 	if api == nil {
 		var err error
-		api, err = apiserverconfig.Load(apiserverconfig.Input{EmulatedVersion: cfg.TargetVersion})
+		api, err = apiserverconfig.Load(apiserverconfig.Input{TargetVersion: cfg.TargetVersion})
 		if err != nil {
-			return nil, nil, fmt.Errorf("--target-version %q: %w", cfg.TargetVersion, err)
+			return nil, nil, nil, err
 		}
 	}
-	emulated := cfg.TargetVersion
-	if emulated == "" {
-		emulated = api.EmulatedVersion
-	}
-	ev, err := decode.EffectiveVersion(emulated)
-	if err != nil {
-		return nil, nil, err
-	}
+	ev := api.EffectiveVersion()
 	rc, err := api.ResourceConfig(ev)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	target, err := decode.NewStorageConfigFor(decode.StorageOptions{EmulatedVersion: emulated, MediaType: cfg.StorageMediaType, ResourceConfig: rc})
+	target, err := decode.NewStorageConfigFor(decode.StorageOptions{Release: api.Release, EmulatedVersion: api.EmulatedVersion, MediaType: cfg.StorageMediaType, ResourceConfig: rc})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	emulation, runtimeConfig := api.EmulationForwardCompatible()
 	update := updatepath.New(updatepath.Config{
@@ -216,7 +210,7 @@ func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, error
 		EmulationForwardCompatible:              emulation,
 		RuntimeConfigEmulationForwardCompatible: runtimeConfig,
 	})
-	return target, update, nil
+	return target, update, api, nil
 }
 
 // Close releases the encryption providers (KMS connections).

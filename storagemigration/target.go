@@ -121,7 +121,7 @@ func Serving(env *pipeline.Env) (bool, string, error) {
 	api := env.Config.APIServer
 	if api == nil {
 		var err error
-		api, err = apiserverconfig.Load(apiserverconfig.Input{EmulatedVersion: env.Config.TargetVersion})
+		api, err = apiserverconfig.Load(apiserverconfig.Input{TargetVersion: env.Config.TargetVersion})
 		if err != nil {
 			return false, "", err
 		}

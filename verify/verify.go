@@ -166,14 +166,24 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 	return r, nil
 }
 
-// Target names the release and media type decisions are made for, e.g.
-// "kube-apiserver 1.36 (protobuf)".
+// Target names the release and media type decisions are made for, and where
+// the release came from, e.g. "kube-apiserver 1.37 (protobuf; release from the
+// manifest image)" or "kube-apiserver 1.37 (protobuf; release assumed: nothing
+// said which the cluster runs)".
 func Target(env *pipeline.Env) string {
 	if env.Target == nil {
 		return "kube-apiserver"
 	}
-	v := env.Target.Effective().EmulationVersion()
-	return fmt.Sprintf("kube-apiserver %d.%d (%s)", v.Major(), v.Minor(), decode.ShortMediaType(env.Target.MediaType()))
+	api := env.Config.APIServer
+	name := "kube-apiserver " + api.ReleaseOrLinked()
+	if api != nil && api.EmulatedVersion != "" {
+		name += " emulating " + api.EmulatedVersion
+	}
+	src := "release assumed: nothing said which the cluster runs"
+	if api != nil && api.Release != "" {
+		src = "release from the " + string(api.From["release"])
+	}
+	return fmt.Sprintf("%s (%s; %s)", name, decode.ShortMediaType(env.Target.MediaType()), src)
 }
 
 func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {

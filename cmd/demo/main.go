@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"kube-etcd-migrate/decode"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -90,7 +91,7 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "# Seeded %d objects as kube-apiserver wrote them (%s).\n", res.Objects, counts(res.Counts))
 	fmt.Fprintln(stdout, "# The story: secrets were encrypted with aescbc key1; the operator has now rotated to key2")
-	fmt.Fprintln(stdout, "# (encryption-config-new.yaml: aescbc [key2, key1], identity) and upgraded to kube-apiserver 1.36,")
+	fmt.Fprintf(stdout, "# (encryption-config-new.yaml: aescbc [key2, key1], identity) and upgraded to kube-apiserver %s,\n", decode.LinkedRelease())
 	fmt.Fprintln(stdout, "# which stores DeviceClasses as resource.k8s.io/v1 and widgets.example.com as v1. Older writes are stale:")
 	fmt.Fprintln(stdout, "# secrets under key1, DeviceClasses at v1beta1/v1beta2, widgets at v1beta1, some objects in JSON.")
 	fmt.Fprintln(stdout, "# kube-apiserver is stopped (its identity lease is old); etcd keeps running.")
@@ -107,12 +108,14 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "demo: %v\n", err)
 		return 1
 	}
-	api := []string{"--apiserver-flags-file", flagsFile}
+	// A flags file does not say which release runs it (a manifest's image
+	// would): --target-version does, and migrate refuses to write without it.
+	api := []string{"--apiserver-flags-file", flagsFile, "--target-version", decode.LinkedRelease()}
 	steps := []step{
 		{"Which Kubernetes release this binary stores objects as (its scheme and storage factory).", []string{"version"}, 0},
 		{"What is in etcd, per resource: versions, media types, encryption keys, leases.", append([]string{"inventory"}, enc...), 0},
 		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
-		{"Read-only audit against 1.36 and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
+		{"Read-only audit against " + decode.LinkedRelease() + " and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
 		{"What a migration would rewrite, writing nothing.", append([]string{"migrate", "--dry-run"}, api...), 0},
 		{"The migration: a snapshot first, compare-and-swap writes, leases kept, old values journaled for rollback.", append([]string{"migrate", "--snapshot", "pre-migrate.db", "--journal", "migrate.journal"}, api...), 0},
 		{"The audit again: exit 0, everything current.", append([]string{"verify"}, api...), 0},

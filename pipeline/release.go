@@ -1,0 +1,73 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	api "k8s.io/kubernetes/pkg/apis/core"
+	"sigs.k8s.io/yaml"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+)
+
+// KubeadmConfigKey is where kubeadm keeps its ClusterConfiguration: the
+// ConfigMap kube-system/kubeadm-config, under the etcd prefix.
+func KubeadmConfigKey(prefix string) string {
+	return strings.TrimSuffix(prefix, "/") + "/configmaps/kube-system/kubeadm-config"
+}
+
+// LoadEncryption loads cfg's encryption configuration as Setup does (KMS
+// plugin endpoints of a manifest's configuration mapped to host paths), for a
+// caller that needs it before Setup and then hands it over in cfg.Encryption
+// (and closes it itself).
+func LoadEncryption(ctx context.Context, cfg Config) (*decode.Encryption, error) {
+	return decode.LoadEncryptionWith(ctx, cfg.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: cfg.APIServer.KMSEndpointMapper(cfg.EncryptionConfig)})
+}
+
+// ClusterRelease reads the Kubernetes release a kubeadm cluster says it runs:
+// kubernetesVersion of the ClusterConfiguration in kubeadm's kubeadm-config
+// ConfigMap, decrypted and decoded as kube-apiserver reads it. It returns ""
+// with no error when there is no such ConfigMap (not a kubeadm cluster), and
+// an error naming the key when it is there but cannot be read.
+func ClusterRelease(ctx context.Context, cli *clientv3.Client, prefix string, enc *decode.Encryption) (string, error) {
+	key := KubeadmConfigKey(prefix)
+	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
+	defer cancel()
+	resp, err := cli.Get(rctx, key)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	kv := resp.Kvs[0]
+	storage, err := decode.NewStorageConfig("", "")
+	if err != nil {
+		return "", err
+	}
+	dec := decode.NewDecoder(decode.NewResolver(prefix, storage), storage, enc)
+	obj, err := dec.Decode(ctx, etcdscan.KV{Key: key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease})
+	if err != nil {
+		return "", fmt.Errorf("kubeadm's ClusterConfiguration: %w", err)
+	}
+	cm, ok := obj.Internal.(*api.ConfigMap)
+	if !ok {
+		return "", fmt.Errorf("%s: not a ConfigMap", key)
+	}
+	raw, ok := cm.Data["ClusterConfiguration"]
+	if !ok {
+		return "", nil
+	}
+	// Only kubernetesVersion is read; kubeadm writes it in every
+	// ClusterConfiguration version (v1beta3, v1beta4).
+	var cc struct {
+		KubernetesVersion string `json:"kubernetesVersion"`
+	}
+	if err := yaml.Unmarshal([]byte(raw), &cc); err != nil {
+		return "", fmt.Errorf("%s: ClusterConfiguration: %v", key, err)
+	}
+	return cc.KubernetesVersion, nil
+}
