@@ -358,6 +358,9 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 	for _, w := range env.Warnings {
 		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
 	}
+	if api.Contradiction != "" && c.Command.Name != "migrate" {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", api.Contradiction, api.Release)
+	}
 	s.env = env
 	return s, nil
 }
@@ -399,6 +402,9 @@ func releaseFromCluster(ctx context.Context, c *cli.Context, s *session, etcd *c
 // run writes nothing and goes on, stating the release it assumed.
 func knowTheRelease(c *cli.Context, env *pipeline.Env) error {
 	api := env.Config.APIServer
+	if api != nil && api.Contradiction != "" {
+		return usageErr("%s; give the release the cluster's kube-apiserver will run, or the manifest it will run with; nothing was written", api.Contradiction)
+	}
 	if api != nil && api.Release != "" {
 		return nil
 	}

@@ -92,6 +92,11 @@ func TestTargetRelease(t *testing.T) {
 	if code != exitUsage || !strings.Contains(stderr, "--target-version 1.36 contradicts "+manifest) || !strings.Contains(stderr, "registry.k8s.io/kube-apiserver:v1.37.2 is release 1.37") {
 		t.Errorf("--target-version 1.36 against a 1.37.2 image: exit %d, stderr %q", code, stderr)
 	}
+	// Before an upgrade, a read-only check for the release upgraded to warns.
+	code, _, stderr = runCLI(t, "verify", "--apiserver-manifest", manifest, "--target-version", "1.36")
+	if code != 3 || !strings.Contains(stderr, "warning: --target-version 1.36 contradicts "+manifest) || !strings.Contains(stderr, "judging for 1.36") {
+		t.Errorf("verify --target-version 1.36 against a 1.37.2 image: exit %d, stderr %q; want 3 and a warning", code, stderr)
+	}
 	newer := strings.Replace(readFile(t, manifest), "kube-apiserver:v1.37.2", "kube-apiserver:v1.38.0", 1)
 	if err := os.WriteFile(manifest, []byte(newer), 0o600); err != nil {
 		t.Fatal(err)

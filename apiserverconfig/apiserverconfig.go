@@ -79,6 +79,10 @@ type Config struct {
 	EmulatedVersion string
 	// Image is the manifest container's image, "" without a manifest.
 	Image string
+	// Contradiction says how the manifest's image contradicts the tool's
+	// --target-version (which wins), "" when it does not: migrate refuses to
+	// write, a read-only command warns (a check before an upgrade).
+	Contradiction string
 	// RuntimeConfig and FeatureGates are the raw flag values, for reports.
 	RuntimeConfig string
 	FeatureGates  string
@@ -174,9 +178,9 @@ func Load(in Input) (*Config, error) {
 	}
 	emulated := ""
 	if from["emulated-version"] != "" {
-		emulated = fs.Lookup("emulated-version").Value.String()
+		emulated = kubeEmulatedVersion(fs.Lookup("emulated-version").Value)
 	}
-	release, releaseFrom, err := targetRelease(in.TargetVersion, cfg.Image, emulated, fileSource, name)
+	release, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, cfg.Image, emulated, name)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +228,7 @@ func Load(in Input) (*Config, error) {
 		cfg.EmulatedVersion = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
 	}
 	cfg.Release = release
+	cfg.Contradiction = contradiction
 	if mounts != nil {
 		for flag, p := range map[string]*string{"etcd-cafile": &cfg.EtcdCAFile, "etcd-certfile": &cfg.EtcdCertFile, "etcd-keyfile": &cfg.EtcdKeyFile, "encryption-provider-config": &cfg.EncryptionConfig} {
 			if *p == "" {
@@ -325,6 +330,25 @@ func (c *Config) Apply() error {
 		}
 	}
 	return nil
+}
+
+// kubeEmulatedVersion is kube-apiserver's own entry of --emulated-version
+// ("1.35", or "kube=1.35" among other components').
+func kubeEmulatedVersion(v pflag.Value) string {
+	sv, ok := v.(pflag.SliceValue)
+	if !ok {
+		return v.String()
+	}
+	for _, e := range sv.GetSlice() {
+		component, version, found := strings.Cut(e, "=")
+		if !found {
+			return component
+		}
+		if component == basecompatibility.DefaultKubeComponent {
+			return version
+		}
+	}
+	return ""
 }
 
 // stripKubePrefix turns the registry's "kube:A=true,kube:B=false" (or the

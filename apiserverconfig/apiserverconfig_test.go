@@ -123,8 +123,11 @@ func TestRejectsWhatKubeAPIServerRejects(t *testing.T) {
 		"bad runtime-config": {func(t *testing.T) Input {
 			return Input{RuntimeConfig: []string{"no.such.group/v9=true"}}
 		}, "no.such.group/v9"},
-		"emulated version out of range": {func(t *testing.T) Input {
-			return Input{EmulatedVersion: "1.20"}
+		"target version out of range": {func(t *testing.T) Input {
+			return Input{TargetVersion: "1.20"}
+		}, "1.20"},
+		"emulated version in the manifest out of range": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--emulated-version=1.20"))}
 		}, "1.20"},
 		"bad media type": {func(t *testing.T) Input {
 			return Input{Manifest: writeManifest(t, addFlag("--storage-media-type=text/plain"))}

@@ -12,13 +12,15 @@ import (
 // targetRelease decides which kube-apiserver release the tool writes for, from
 // the tool's --target-version and the manifest's image and --emulated-version.
 // An image of another minor than --target-version contradicts it, unless
-// --target-version names what that image emulates. "" = no evidence.
-func targetRelease(flag, image, emulated string, fileSource Source, file string) (string, Source, error) {
+// --target-version names what that image emulates: --target-version wins and
+// the contradiction is returned as text (migrate refuses it; a read-only
+// command warns, as for a check before an upgrade). "" = no evidence.
+func targetRelease(flag, image, emulated string, file string) (release string, from Source, contradiction string, err error) {
 	var flagRel, imageRel string
 	if flag != "" {
 		v, err := majorMinor(flag)
 		if err != nil {
-			return "", "", fmt.Errorf("--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, decode.TargetRange())
+			return "", "", "", fmt.Errorf("--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, decode.TargetRange())
 		}
 		flagRel = v
 	}
@@ -29,25 +31,25 @@ func targetRelease(flag, image, emulated string, fileSource Source, file string)
 	case flagRel != "" && imageRel != "" && flagRel != imageRel:
 		if emulated != "" {
 			if e, err := majorMinor(emulated); err == nil && e == flagRel {
-				return imageRel, FromImage, nil // the image's release, emulating --target-version
+				return imageRel, FromImage, "", nil // the image's release, emulating --target-version
 			}
 		}
-		return "", "", fmt.Errorf("--target-version %s contradicts %s: its kube-apiserver image %s is release %s; give the release the cluster's kube-apiserver runs", flagRel, file, image, imageRel)
+		return flagRel, FromTool, fmt.Sprintf("--target-version %s contradicts %s: its kube-apiserver image %s is release %s", flagRel, file, image, imageRel), nil
 	case flagRel != "":
 		if emulated != "" {
 			if e, err := majorMinor(emulated); err == nil && e != flagRel {
 				ev, _ := version.ParseGeneric(e)
 				fv, _ := version.ParseGeneric(flagRel)
 				if ev != nil && fv != nil && ev.GreaterThan(fv) {
-					return "", "", fmt.Errorf("--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
+					return "", "", "", fmt.Errorf("--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
 				}
 			}
 		}
-		return flagRel, FromTool, nil
+		return flagRel, FromTool, "", nil
 	case imageRel != "":
-		return imageRel, FromImage, nil
+		return imageRel, FromImage, "", nil
 	}
-	return "", "", nil
+	return "", "", "", nil
 }
 
 // ImageRelease is the Kubernetes release (MAJOR.MINOR) of a kube-apiserver
