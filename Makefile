@@ -18,7 +18,7 @@ RELEASE_VERSION   ?= $(shell git describe --tags --match 'v*' --always HEAD 2>/d
 RELEASE_LDFLAGS   := -s -w -X kube-etcd-migrate/internal/buildinfo.version=$(RELEASE_VERSION) -X kube-etcd-migrate/internal/buildinfo.commit=$(RELEASE_COMMIT)
 RELEASE_PLATFORMS := linux/amd64 linux/arm64
 
-.PHONY: build release demo test lint unit fuzz bench bench-apiserver clean
+.PHONY: build release demo test lint releases bump-kubernetes fuzz bench bench-apiserver clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -52,8 +52,21 @@ lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
-# Every test, including the end-to-end tests that start kube-apiserver in-process.
-test: lint
+# The previous releases' binaries the tests play (internal/modbuild: the
+# previous Kubernetes release's kube-apiserver, the previous etcd server), each
+# built once from its own module into the user cache, before the test binaries
+# run in parallel; a later run finds them there.
+releases:
+	$(GO) run ./internal/modbuild/prebuild
+
+# Move to another Kubernetes release (docs/releasing.md): make bump-kubernetes KUBERNETES=v1.38.0
+bump-kubernetes:
+	@test -n "$(KUBERNETES)" || { echo "usage: make bump-kubernetes KUBERNETES=vX.Y.Z"; exit 2; }
+	$(GO) run ./internal/modbuild/bump $(KUBERNETES)
+
+# Every test, including the end-to-end tests that start kube-apiserver in-process
+# and the previous release's kube-apiserver as a process.
+test: lint releases
 	$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./...
 
 # Short fuzzing of the decoders (the seed corpora already run in `make test`).
