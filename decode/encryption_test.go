@@ -484,8 +484,23 @@ func TestCorruptEnvelope(t *testing.T) {
 	// a success, and always a typed reason.
 	for name, v := range map[string][]byte{"kms2": kms2, "kms": kms1, "aescbc": cbcValue(t, "key1", material1, testPlain)} {
 		_, prefix := splitEnvelope(v)
+		// AES-CBC (aescbc, and KMS v1's data after its length-prefixed DEK)
+		// authenticates nothing: a value cut at a block boundary decrypts
+		// whenever its last block happens to end in valid PKCS#7 padding
+		// (about 1 in 256), as in kube-apiserver; the decoder then finds
+		// the payload corrupt. Only there may a cut decrypt.
+		cbcData := -1
+		switch name {
+		case "aescbc":
+			cbcData = prefix
+		case "kms":
+			cbcData = prefix + 2 + int(v[prefix])<<8 + int(v[prefix+1])
+		}
 		for n := prefix; n < len(v); n++ {
 			_, _, err := e.Decrypt(ctx, secretsGR, secretKey, v[:n])
+			if err == nil && cbcData >= 0 && n-cbcData >= 2*aes.BlockSize && (n-cbcData)%aes.BlockSize == 0 {
+				continue
+			}
 			var de *Error
 			if !errors.As(err, &de) || (de.Reason != ReasonCorruptEnvelope && de.Reason != ReasonUndecryptable) {
 				t.Fatalf("%s cut to %d bytes: %v, want corrupt-envelope or undecryptable", name, n, err)

@@ -180,7 +180,7 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 	if got := TargetRange(); got != "1.34..1.37" {
 		t.Errorf("TargetRange() = %s, want 1.34..1.37 (kube-apiserver 1.37 reaches back three releases)", got)
 	}
-	for _, bad := range []string{"1.20", "1.34", "1.38", "banana"} {
+	for _, bad := range []string{"1.20", "1.33", "1.38", "banana"} {
 		_, err := NewStorageConfig(bad, "")
 		if err == nil {
 			t.Errorf("--target-version %s accepted", bad)
