@@ -1,5 +1,8 @@
-// Package testetcd starts a real etcd server (go.etcd.io/etcd/server/v3/embed) on
-// loopback in a temporary directory, for tests, the demo and the benchmark.
+// Package testetcd starts a real etcd server on loopback in a temporary
+// directory, for tests, the demo and the benchmark: the release this module
+// links, embedded (go.etcd.io/etcd/server/v3/embed), or an older release's
+// etcd binary built from its own module (internal/modbuild) and run as a
+// process (Options.Version); and a cluster of embedded members (StartCluster).
 package testetcd
 
 import (
@@ -31,6 +34,11 @@ type Options struct {
 	// TLS, when set, serves clients over TLS and requires client certificates
 	// signed by TLS.TrustedCAFile.
 	TLS *TLSFiles
+	// Version is the etcd server release: "" (or Linked) for the one this
+	// module links, embedded in the process; another, e.g.
+	// modbuild.PreviousEtcd ("v3.6.16"), is that release's etcd binary, built
+	// once per machine by modbuild and run as a child process.
+	Version string
 }
 
 // TLSFiles are PEM files for a TLS client listener.
@@ -38,17 +46,24 @@ type TLSFiles struct {
 	CertFile, KeyFile, TrustedCAFile string
 }
 
-// Server is a running embedded etcd.
+// Server is a running etcd member: embedded, or a child process.
 type Server struct {
-	Etcd      *embed.Etcd
-	Endpoint  string // host:port of the client listener
-	URL       string // scheme://host:port
+	// Etcd is the embedded server (nil for a process, or while stopped).
+	Etcd     *embed.Etcd
+	Endpoint string // host:port of the client listener
+	URL      string // scheme://host:port
+	// Version is the server's release, as etcd reports it ("3.7.3").
+	Version   string
 	dir       string
 	removeDir bool
 	opts      Options
 	clientURL url.URL
 	peerURL   url.URL
-	mu        sync.Mutex
+	// name and initialCluster: the member's name and --initial-cluster.
+	name           string
+	initialCluster string
+	proc           *process
+	mu             sync.Mutex
 }
 
 // Start starts an etcd member listening on 127.0.0.1 and waits until it serves.
@@ -84,7 +99,9 @@ func Start(opts Options) (*Server, error) {
 		opts:      opts,
 		clientURL: *cu,
 		peerURL:   *pu,
+		name:      "testetcd",
 	}
+	s.initialCluster = s.name + "=" + pu.String()
 	if err := s.start(); err != nil {
 		if remove {
 			os.RemoveAll(dir)
@@ -95,15 +112,28 @@ func Start(opts Options) (*Server, error) {
 }
 
 func (s *Server) start() error {
+	if !IsLinked(s.opts.Version) {
+		return s.startProcess()
+	}
+	e, err := s.startEmbedded()
+	if err != nil {
+		return err
+	}
+	return s.waitReady(e)
+}
+
+// startEmbedded starts the member; it is ready when ReadyNotify says so (a
+// member of a cluster only once a quorum is up).
+func (s *Server) startEmbedded() (*embed.Etcd, error) {
 	opts := s.opts
 	cfg := embed.NewConfig()
-	cfg.Name = "testetcd"
+	cfg.Name = s.name
 	cfg.Dir = filepath.Join(s.dir, "data")
 	cfg.ListenClientUrls = []url.URL{s.clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
 	cfg.ListenPeerUrls = []url.URL{s.peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.InitialCluster = s.initialCluster
 	cfg.LogLevel = "error"
 	cfg.Logger = "zap"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
@@ -124,16 +154,21 @@ func (s *Server) start() error {
 	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return fmt.Errorf("start embedded etcd: %w", err)
+		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
+	return e, nil
+}
+
+func (s *Server) waitReady(e *embed.Etcd) error {
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
 		e.Close()
-		return fmt.Errorf("embedded etcd did not become ready within 60s")
+		return fmt.Errorf("embedded etcd %s did not become ready within 60s", s.name)
 	}
 	s.mu.Lock()
 	s.Etcd = e
+	s.Version = LinkedVersion
 	s.mu.Unlock()
 	return nil
 }
@@ -142,21 +177,24 @@ func (s *Server) start() error {
 // on the same address (clients see the outage a real restart causes).
 func (s *Server) Stop() {
 	s.mu.Lock()
-	e := s.Etcd
-	s.Etcd = nil
+	e, p := s.Etcd, s.proc
+	s.Etcd, s.proc = nil, nil
 	s.mu.Unlock()
 	if e != nil {
 		e.Close()
+	}
+	if p != nil {
+		p.stop()
 	}
 }
 
 // Restart starts a stopped member again on the same address and data.
 func (s *Server) Restart() error {
 	s.mu.Lock()
-	running := s.Etcd != nil
+	running := s.Etcd != nil || s.proc != nil
 	s.mu.Unlock()
 	if running {
-		return fmt.Errorf("embedded etcd is running")
+		return fmt.Errorf("etcd %s is running", s.name)
 	}
 	return s.start()
 }

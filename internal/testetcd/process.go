@@ -1,0 +1,171 @@
+package testetcd
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/version"
+
+	"kube-etcd-migrate/internal/modbuild"
+)
+
+// Linked is Options.Version for the etcd server release this module links
+// (go.mod's go.etcd.io/etcd/server/v3), run embedded.
+const Linked = ""
+
+// LinkedVersion is that release, as etcd reports it ("3.7.3").
+var LinkedVersion = version.Version
+
+// Versions are the etcd server releases the tests of etcd-version-dependent
+// behaviour run against: the linked one, embedded, and the previous minor
+// (modbuild.PreviousEtcd), its own binary.
+func Versions() []string { return []string{Linked, modbuild.PreviousEtcd} }
+
+// IsLinked reports whether v names the linked release.
+func IsLinked(v string) bool {
+	return v == Linked || strings.TrimPrefix(v, "v") == LinkedVersion
+}
+
+// Name is v as a subtest name: "etcd-3.7.3", "etcd-3.6.16".
+func Name(v string) string {
+	if IsLinked(v) {
+		return "etcd-" + LinkedVersion
+	}
+	return "etcd-" + strings.TrimPrefix(v, "v")
+}
+
+// Runner is what Each needs of a test (*testing.T).
+type Runner[T any] interface {
+	Run(name string, f func(T)) bool
+}
+
+// Each runs f as one subtest per release of Versions, named by Name.
+func Each[T Runner[T]](t T, f func(t T, version string)) {
+	for _, v := range Versions() {
+		t.Run(Name(v), func(t T) { f(t, v) })
+	}
+}
+
+// process is an etcd binary running as a child of the test process.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // its exit status, once done
+}
+
+// startProcess starts the member as a child process running the release
+// s.opts.Version, built by modbuild, and waits until it serves clients.
+func (s *Server) startProcess() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	bin, err := modbuild.Build(ctx, modbuild.Etcd("v"+strings.TrimPrefix(s.opts.Version, "v")))
+	if err != nil {
+		return err
+	}
+	opts := s.opts
+	args := []string{
+		"--name", s.name,
+		"--data-dir", filepath.Join(s.dir, "data"),
+		"--listen-client-urls", s.clientURL.String(),
+		"--advertise-client-urls", s.clientURL.String(),
+		"--listen-peer-urls", s.peerURL.String(),
+		"--initial-advertise-peer-urls", s.peerURL.String(),
+		"--initial-cluster", s.initialCluster,
+		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "info",
+	}
+	if opts.QuotaBackendBytes > 0 {
+		args = append(args, "--quota-backend-bytes", strconv.FormatInt(opts.QuotaBackendBytes, 10))
+	}
+	if opts.MaxTxnOps > 0 {
+		args = append(args, "--max-txn-ops", strconv.FormatUint(uint64(opts.MaxTxnOps), 10))
+	}
+	if opts.MaxRequestBytes > 0 {
+		args = append(args, "--max-request-bytes", strconv.FormatUint(uint64(opts.MaxRequestBytes), 10))
+	}
+	if opts.TLS != nil {
+		args = append(args, "--cert-file", opts.TLS.CertFile, "--key-file", opts.TLS.KeyFile,
+			"--trusted-ca-file", opts.TLS.TrustedCAFile, "--client-cert-auth")
+	}
+	logPath := filepath.Join(s.dir, "etcd.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	// The server dies with the test process, whatever ends it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		logFile.Close()
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	// The log goes to etcd.log; the line etcd writes when it starts serving
+	// clients (after its ready notification) says it is up.
+	serving := make(chan struct{})
+	go func() {
+		defer logFile.Close()
+		r := bufio.NewReader(stderr)
+		seen := false
+		for {
+			line, err := r.ReadString('\n')
+			_, _ = logFile.WriteString(line)
+			if !seen && strings.Contains(line, "serving client traffic") {
+				seen = true
+				close(serving)
+			}
+			if err != nil {
+				_, _ = io.Copy(logFile, r)
+				break
+			}
+		}
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case <-serving:
+	case <-p.done:
+		return fmt.Errorf("etcd %s (%s) exited before serving: %v; its log: %s", s.opts.Version, bin, p.err, logTail(logPath))
+	case <-time.After(60 * time.Second):
+		p.stop()
+		return fmt.Errorf("etcd %s (%s) did not serve clients within 60s; its log: %s", s.opts.Version, bin, logTail(logPath))
+	}
+	s.mu.Lock()
+	s.proc = p
+	s.Version = strings.TrimPrefix(s.opts.Version, "v")
+	s.mu.Unlock()
+	return nil
+}
+
+// stop ends the process as a service manager would: SIGTERM, then SIGKILL
+// if it is still there after 30 s.
+func (p *process) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func logTail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
