@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	etcdversion "go.etcd.io/etcd/api/v3/version"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +18,11 @@ import (
 )
 
 func TestStatusSnapshotCompactRevision(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+	testetcd.Each(t, testStatusSnapshotCompactRevision)
+}
+
+func testStatusSnapshotCompactRevision(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	putKeys(t, c, "/registry/pods/", 50)
 
@@ -27,8 +30,8 @@ func TestStatusSnapshotCompactRevision(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.DBSize <= 0 || st.DBSizeInUse <= 0 || st.DBSizeInUse > st.DBSize || st.Leader == 0 || st.Version != etcdversion.Version {
-		t.Fatalf("status %+v", st)
+	if st.DBSize <= 0 || st.DBSizeInUse <= 0 || st.DBSizeInUse > st.DBSize || st.Leader == 0 || st.Version != s.Version {
+		t.Fatalf("status %+v (server version %s)", st, s.Version)
 	}
 	alarms, err := Alarms(ctx, c)
 	if err != nil || len(alarms) != 0 {
@@ -109,12 +112,14 @@ func TestStatusSnapshotCompactRevision(t *testing.T) {
 // TestSnapshotTLSAndAuth: the snapshot is taken with the TLS material and the
 // credentials the client was connected with (etcd's snapshot package opens its
 // own client to the member).
-func TestSnapshotTLSAndAuth(t *testing.T) {
+func TestSnapshotTLSAndAuth(t *testing.T) { testetcd.Each(t, testSnapshotTLSAndAuth) }
+
+func testSnapshotTLSAndAuth(t *testing.T, version string) {
 	dir := t.TempDir()
 	ca := testpki.NewCA(t, dir, "ca")
 	srvCert, srvKey := ca.Issue(t, dir, "server", true)
 	cliCert, cliKey := ca.Issue(t, dir, "client", false)
-	s := testetcd.StartT(t, testetcd.Options{TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
+	s := testetcd.StartT(t, testetcd.Options{Version: version, TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
 	ctx := context.Background()
 	cfg := Config{Endpoints: []string{s.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second}
 	admin, err := Connect(ctx, cfg)
@@ -146,8 +151,10 @@ func TestSnapshotTLSAndAuth(t *testing.T) {
 	}
 }
 
-func TestAlarmsNoSpace(t *testing.T) {
-	_, c := startClient(t, testetcd.Options{QuotaBackendBytes: 2 << 20})
+func TestAlarmsNoSpace(t *testing.T) { testetcd.Each(t, testAlarmsNoSpace) }
+
+func testAlarmsNoSpace(t *testing.T, version string) {
+	_, c := startClient(t, testetcd.Options{Version: version, QuotaBackendBytes: 2 << 20})
 	ctx := context.Background()
 	big := strings.Repeat("x", 128<<10)
 	var err error

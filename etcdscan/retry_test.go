@@ -24,8 +24,10 @@ func restartAfter(t *testing.T, s *testetcd.Server, pause time.Duration) <-chan 
 	return done
 }
 
-func TestScanSurvivesEtcdRestart(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+func TestScanSurvivesEtcdRestart(t *testing.T) { testetcd.Each(t, testScanSurvivesEtcdRestart) }
+
+func testScanSurvivesEtcdRestart(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	keys := putKeys(t, c, "/registry/pods/", 40)
 	var got []string
 	var restarted <-chan error
@@ -54,8 +56,10 @@ func TestScanSurvivesEtcdRestart(t *testing.T) {
 	}
 }
 
-func TestWriterSurvivesEtcdRestart(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+func TestWriterSurvivesEtcdRestart(t *testing.T) { testetcd.Each(t, testWriterSurvivesEtcdRestart) }
+
+func testWriterSurvivesEtcdRestart(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	putKeys(t, c, "/registry/secrets/", 10)
 	var puts []Put
 	for _, kv := range readAll(t, c, "/registry/secrets/") {

@@ -88,8 +88,10 @@ func TestScanPrefixesInOrder(t *testing.T) {
 	}
 }
 
-func TestScanPinnedRevision(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+func TestScanPinnedRevision(t *testing.T) { testetcd.Each(t, testScanPinnedRevision) }
+
+func testScanPinnedRevision(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	keys := putKeys(t, c, "/registry/pods/", 40)
 	rev, err := s.Revision(ctx)
@@ -145,8 +147,10 @@ func TestScanPinnedRevision(t *testing.T) {
 	}
 }
 
-func TestScanCompactedMidScan(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+func TestScanCompactedMidScan(t *testing.T) { testetcd.Each(t, testScanCompactedMidScan) }
+
+func testScanCompactedMidScan(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	start := append(putKeys(t, c, "/registry/configmaps/", 60), putKeys(t, c, "/registry/secrets/", 30)...)
 	count := map[string]int{}
@@ -192,8 +196,10 @@ func TestScanCompactedMidScan(t *testing.T) {
 
 // TestScanKeepRevision: a revision the caller asked for is never left for a
 // newer one: its compaction mid-scan is an error naming it.
-func TestScanKeepRevision(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+func TestScanKeepRevision(t *testing.T) { testetcd.Each(t, testScanKeepRevision) }
+
+func testScanKeepRevision(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	putKeys(t, c, "/registry/configmaps/", 40)
 	rev, err := s.Revision(ctx)
@@ -245,8 +251,10 @@ func TestScanStops(t *testing.T) {
 // directories (RangeWalk); whatever the shape of the keyspace it must still
 // return every key exactly once, in key order, at the pinned revision, also
 // when that revision is compacted in the middle of a narrowed window.
-func TestScanWindowsSeeEveryKeyOnce(t *testing.T) {
-	s, c := startClient(t, testetcd.Options{})
+func TestScanWindowsSeeEveryKeyOnce(t *testing.T) { testetcd.Each(t, testScanWindowsSeeEveryKeyOnce) }
+
+func testScanWindowsSeeEveryKeyOnce(t *testing.T, version string) {
+	s, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	var keys []string
 	put := func(k string) {

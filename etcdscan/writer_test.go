@@ -38,8 +38,10 @@ func getKV(t *testing.T, c *clientv3.Client, key string) (value string, modRev, 
 	return string(kv.Value), kv.ModRevision, kv.Lease, true
 }
 
-func TestWriterCASConflictsPerKey(t *testing.T) {
-	_, c := startClient(t, testetcd.Options{})
+func TestWriterCASConflictsPerKey(t *testing.T) { testetcd.Each(t, testWriterCASConflictsPerKey) }
+
+func testWriterCASConflictsPerKey(t *testing.T, version string) {
+	_, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	putKeys(t, c, "/registry/secrets/", 6)
 	kvs := readAll(t, c, "/registry/secrets/")
@@ -106,8 +108,10 @@ func TestWriterCASConflictsPerKey(t *testing.T) {
 	}
 }
 
-func TestWriterKeepsLease(t *testing.T) {
-	_, c := startClient(t, testetcd.Options{})
+func TestWriterKeepsLease(t *testing.T) { testetcd.Each(t, testWriterKeepsLease) }
+
+func testWriterKeepsLease(t *testing.T, version string) {
+	_, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	lease, err := c.Grant(ctx, 3600)
 	if err != nil {
@@ -159,8 +163,10 @@ func TestWriterKeepsLease(t *testing.T) {
 // TestWriterDeletesAndCreates: a Delete removes a key only if it still has
 // the mod revision read (in a batch and alone); a creation (mod revision 0)
 // only if the key is absent, attached to the lease given.
-func TestWriterDeletesAndCreates(t *testing.T) {
-	_, c := startClient(t, testetcd.Options{})
+func TestWriterDeletesAndCreates(t *testing.T) { testetcd.Each(t, testWriterDeletesAndCreates) }
+
+func testWriterDeletesAndCreates(t *testing.T, version string) {
+	_, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	putKeys(t, c, "/registry/secrets/", 4)
 	kvs := readAll(t, c, "/registry/secrets/")
@@ -205,8 +211,10 @@ func TestWriterDeletesAndCreates(t *testing.T) {
 	}
 }
 
-func TestWriterBatchesByBytes(t *testing.T) {
-	_, c := startClient(t, testetcd.Options{MaxRequestBytes: 64 << 10})
+func TestWriterBatchesByBytes(t *testing.T) { testetcd.Each(t, testWriterBatchesByBytes) }
+
+func testWriterBatchesByBytes(t *testing.T, version string) {
+	_, c := startClient(t, testetcd.Options{Version: version, MaxRequestBytes: 64 << 10})
 	ctx := context.Background()
 	for i := 0; i < 30; i++ {
 		if _, err := c.Put(ctx, fmt.Sprintf("/registry/configmaps/ns/cm%02d", i), "x"); err != nil {
@@ -268,8 +276,10 @@ func TestWriterBatchesByBytes(t *testing.T) {
 	}
 }
 
-func TestWriterSplitsOnTooManyOps(t *testing.T) {
-	_, c := startClient(t, testetcd.Options{MaxTxnOps: 4})
+func TestWriterSplitsOnTooManyOps(t *testing.T) { testetcd.Each(t, testWriterSplitsOnTooManyOps) }
+
+func testWriterSplitsOnTooManyOps(t *testing.T, version string) {
+	_, c := startClient(t, testetcd.Options{Version: version, MaxTxnOps: 4})
 	putKeys(t, c, "/registry/leases/", 20)
 	var puts []Put
 	for _, kv := range readAll(t, c, "/registry/leases/") {
