@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/raft/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -35,8 +36,14 @@ func isTransient(ctx context.Context, err error) bool {
 		return true // the per-request timeout, the caller's context is live
 	}
 	if s, ok := status.FromError(err); ok {
-		switch s.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded:
+		switch {
+		case s.Code() == codes.Unavailable, s.Code() == codes.DeadlineExceeded:
+			return true
+		case s.Code() == codes.Unknown && s.Message() == raft.ErrProposalDropped.Error():
+			// etcd (3.6 and 3.7) hands raft's own error to the client, with
+			// no rpctypes error of its own, when the member could not propose
+			// the request: a leader transfer (move-leader) is under way, or
+			// it knows no leader. Nothing was applied; the next leader takes it.
 			return true
 		}
 	}

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/raft/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"kube-etcd-migrate/internal/testetcd"
 )
@@ -95,6 +98,19 @@ func TestWithRetry(t *testing.T) {
 	})
 	if err != nil || !amb || calls != 3 {
 		t.Errorf("two leader changes then success: ambiguous %v, err %v, %d calls", amb, err, calls)
+	}
+
+	// During a leader transfer etcd passes raft's "proposal dropped" on as an
+	// unknown gRPC error: retried too.
+	calls = 0
+	amb, err = withRetry(ctx, time.Second, 3, func(context.Context) error {
+		if calls++; calls < 2 {
+			return status.Error(codes.Unknown, raft.ErrProposalDropped.Error())
+		}
+		return nil
+	})
+	if err != nil || !amb || calls != 2 {
+		t.Errorf("proposal dropped then success: ambiguous %v, err %v, %d calls", amb, err, calls)
 	}
 
 	calls = 0

@@ -56,6 +56,13 @@ func New(t *testing.T, opts testetcd.Options) *Cluster {
 	return &Cluster{T: t, Srv: srv, Cli: cli, Dir: t.TempDir()}
 }
 
+// NewOn is New on etcd the test started itself (a cluster of several
+// members, testetcd.StartCluster): cli is its client; Srv is nil.
+func NewOn(t *testing.T, cli *clientv3.Client) *Cluster {
+	t.Helper()
+	return &Cluster{T: t, Cli: cli, Dir: t.TempDir()}
+}
+
 // EncryptionConfig writes an EncryptionConfiguration for secrets and configmaps
 // with the given providers (YAML snippets) and returns its path.
 func (c *Cluster) EncryptionConfig(name string, providers ...string) string {
