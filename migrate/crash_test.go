@@ -202,8 +202,10 @@ func assertSameObjects(t *testing.T, want, got map[string]runtime.Object) {
 // TestCompactionMidRun: etcd compacts past the pinned revision during the scan; the
 // run continues from the last key at a newer revision, says the snapshot was not
 // consistent, and still migrates every object exactly once.
-func TestCompactionMidRun(t *testing.T) {
-	c := testcluster.New(t, testetcd.Options{})
+func TestCompactionMidRun(t *testing.T) { testetcd.Each(t, testCompactionMidRun) }
+
+func testCompactionMidRun(t *testing.T, version string) {
+	c := testcluster.New(t, testetcd.Options{Version: version})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	const n = 300

@@ -136,8 +136,10 @@ func TestMigrateToIdentity(t *testing.T) {
 }
 
 // TestLeaseKept: events keep their etcd lease and its TTL keeps counting down.
-func TestLeaseKept(t *testing.T) {
-	c := testcluster.New(t, testetcd.Options{})
+func TestLeaseKept(t *testing.T) { testetcd.Each(t, testLeaseKept) }
+
+func testLeaseKept(t *testing.T, version string) {
+	c := testcluster.New(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	lease, err := c.Cli.Grant(ctx, 3600)
 	if err != nil {
@@ -190,8 +192,10 @@ func TestDryRunWritesNothing(t *testing.T) {
 
 // TestConcurrentWriterWins: a writer changing keys during the run keeps every one of
 // its writes; those keys are conflicts, the rest are rewritten.
-func TestConcurrentWriterWins(t *testing.T) {
-	c := testcluster.New(t, testetcd.Options{})
+func TestConcurrentWriterWins(t *testing.T) { testetcd.Each(t, testConcurrentWriterWins) }
+
+func testConcurrentWriterWins(t *testing.T, version string) {
+	c := testcluster.New(t, testetcd.Options{Version: version})
 	const n = 400
 	for i := 0; i < n; i++ {
 		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%03d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%03d", i)), "1.34", "", "")
@@ -245,8 +249,10 @@ func TestConcurrentWriterWins(t *testing.T) {
 
 // TestRollbackRestoresBytes: rollback gives back byte-identical values and keeps
 // leases; a key changed after the migration is left alone.
-func TestRollbackRestoresBytes(t *testing.T) {
-	c := testcluster.New(t, testetcd.Options{})
+func TestRollbackRestoresBytes(t *testing.T) { testetcd.Each(t, testRollbackRestoresBytes) }
+
+func testRollbackRestoresBytes(t *testing.T, version string) {
+	c := testcluster.New(t, testetcd.Options{Version: version})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	ctx := context.Background()
@@ -415,8 +421,10 @@ func TestPreflightRefusesOverQuota(t *testing.T) {
 }
 
 // TestPreflightRefusesAlarm: etcd's NOSPACE alarm stops the run.
-func TestPreflightRefusesAlarm(t *testing.T) {
-	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 1 << 20})
+func TestPreflightRefusesAlarm(t *testing.T) { testetcd.Each(t, testPreflightRefusesAlarm) }
+
+func testPreflightRefusesAlarm(t *testing.T, version string) {
+	c := testcluster.New(t, testetcd.Options{Version: version, QuotaBackendBytes: 1 << 20})
 	ctx := context.Background()
 	big := strings.Repeat("x", 64<<10)
 	// etcd checks the quota against the committed backend size, which lags the
@@ -463,8 +471,10 @@ func TestFailFastStopsAtUnreadable(t *testing.T) {
 
 // TestSnapshotBeforeFirstWrite: --snapshot saves etcd (mode 0600) before anything
 // is rewritten: the old values are in it.
-func TestSnapshotBeforeFirstWrite(t *testing.T) {
-	c := testcluster.New(t, testetcd.Options{})
+func TestSnapshotBeforeFirstWrite(t *testing.T) { testetcd.Each(t, testSnapshotBeforeFirstWrite) }
+
+func testSnapshotBeforeFirstWrite(t *testing.T, version string) {
+	c := testcluster.New(t, testetcd.Options{Version: version})
 	c.Put("/registry/configmaps/a/cm", testcluster.ConfigMapsGR, testcluster.ConfigMap("a", "cm"), "", decode.MediaTypeJSON, "")
 	old, _, _ := c.Get("/registry/configmaps/a/cm")
 	path := filepath.Join(c.Dir, "before.db")
