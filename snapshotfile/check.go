@@ -49,17 +49,19 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // etcd wrote); without it, every record of every bucket is read through etcd's
 // own decoders, so that a damaged file fails here with a message instead of
 // crashing etcd's restore.
-func checkFile(path string, skipHash bool) (size int64, hash Hash, err error) {
+// It also returns the versions the file records (versions.storage is ""
+// for etcd 3.5 and older, which record none).
+func checkFile(path string, skipHash bool) (size int64, hash Hash, v versions, err error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return 0, "", fileError(path, "%v", err)
+		return 0, "", versions{}, fileError(path, "%v", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return 0, "", fileError(path, "not a regular file")
+		return 0, "", versions{}, fileError(path, "not a regular file")
 	}
 	size = fi.Size()
 	dataSize := size
@@ -70,17 +72,18 @@ func checkFile(path string, skipHash bool) (size int64, hash Hash, err error) {
 	case skipHash:
 		hash = HashSkipped
 	case !hasTrailer(size):
-		return 0, "", fileError(path, "no sha256 trailer: truncated, or not a snapshot saved by etcdctl/etcdutl (a member's member/snap/db has none: read it with --skip-hash-check)")
+		return 0, "", versions{}, fileError(path, "no sha256 trailer: truncated, or not a snapshot saved by etcdctl/etcdutl (a member's member/snap/db has none: read it with --skip-hash-check)")
 	default:
 		if err := checkDigest(path, dataSize); err != nil {
-			return 0, "", err
+			return 0, "", versions{}, err
 		}
 		hash = HashVerified
 	}
-	if err := checkDatabase(path, dataSize, hash != HashVerified); err != nil {
-		return 0, "", err
+	v, err = checkDatabase(path, dataSize, hash != HashVerified)
+	if err != nil {
+		return 0, "", versions{}, err
 	}
-	return size, hash, nil
+	return size, hash, v, nil
 }
 
 // checkDigest compares the sha256 of the first dataSize bytes with the trailer.
@@ -107,7 +110,7 @@ func checkDigest(path string, dataSize int64) error {
 // checkDatabase opens the file read-only with bbolt (etcd's storage engine) in
 // a goroutine of its own that turns memory faults into panics, so that a
 // damaged file is an error, never a crash.
-func checkDatabase(path string, dataSize int64, full bool) error {
+func checkDatabase(path string, dataSize int64, full bool) (v versions, err error) {
 	done := make(chan error, 1)
 	go func() {
 		debug.SetPanicOnFault(true)
@@ -116,12 +119,13 @@ func checkDatabase(path string, dataSize int64, full bool) error {
 				done <- fileError(path, "damaged database: %v", r)
 			}
 		}()
-		done <- readDatabase(path, dataSize, full)
+		done <- readDatabase(path, dataSize, full, &v)
 	}()
-	return <-done
+	err = <-done
+	return v, err
 }
 
-func readDatabase(path string, dataSize int64, full bool) error {
+func readDatabase(path string, dataSize int64, full bool, v *versions) error {
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return fileError(path, "locked by a running etcd member: stop the member or copy the file first")
@@ -139,6 +143,7 @@ func readDatabase(path string, dataSize int64, full bool) error {
 				return fileError(path, "not an etcd snapshot: no %q bucket", b.Name())
 			}
 		}
+		*v = readVersions(tx)
 		if !full {
 			return nil
 		}

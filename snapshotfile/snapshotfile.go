@@ -75,6 +75,13 @@ type Info struct {
 	// Leases counts the etcd leases in the snapshot; LeasedKeys the keys attached to one.
 	Leases     int   `json:"leases"`
 	LeasedKeys int64 `json:"leasedKeys"`
+	// StorageVersion and ClusterVersion are the storage schema version and
+	// the cluster version the file records, those of the etcd cluster that
+	// wrote it ("3.6.0"; no storage version for etcd 3.5 and older). Save
+	// keeps them: an etcd refuses a data directory of a newer schema or
+	// cluster version than its own.
+	StorageVersion string `json:"storageVersion,omitempty"`
+	ClusterVersion string `json:"clusterVersion,omitempty"`
 }
 
 // Snapshot is a snapshot file served by a private embedded etcd.
@@ -130,7 +137,7 @@ func RemoveTempDirs() {
 // directory and serves it. The file is opened read-only and never changed.
 // Errors are one line naming the file. The caller must Close the snapshot.
 func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err error) {
-	size, hash, err := checkFile(path, opts.SkipHashCheck)
+	size, hash, v, err := checkFile(path, opts.SkipHashCheck)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +155,7 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 	}
 	openDirs[dir] = true
 	openMu.Unlock()
-	s = &Snapshot{dir: dir, Info: Info{Path: path, Size: size, Hash: hash}}
+	s = &Snapshot{dir: dir, Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.storage, ClusterVersion: v.cluster}}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fileError(path, "etcd could not restore it: %v", r)
@@ -431,6 +438,9 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	tmp.Close()
 	defer os.Remove(tmpPath)
 	if err := etcdscan.Snapshot(ctx, s.Client, tmpPath); err != nil {
+		return fmt.Errorf("--output-snapshot %s: %w", out, err)
+	}
+	if err := keepVersions(tmpPath, versions{storage: s.Info.StorageVersion, cluster: s.Info.ClusterVersion}); err != nil {
 		return fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
 	if err := publish(tmpPath, out, force); err != nil {

@@ -532,3 +532,77 @@ func TestSave(t *testing.T) {
 		t.Error("the input changed")
 	}
 }
+
+// TestSaveRestoresOnItsOwnEtcd: a snapshot taken of an etcd 3.6 (or 3.7)
+// cluster, changed through the file and saved, is restored by that
+// release's own etcdutl and served by that release's etcd: the saved file
+// keeps the storage and cluster versions of the input (the private etcd,
+// the linked 3.7, raises both to its own, which etcd 3.6 refuses to start
+// on), with the change, the other keys and the lease.
+func TestSaveRestoresOnItsOwnEtcd(t *testing.T) { testetcd.Each(t, testSaveRestoresOnItsOwnEtcd) }
+
+func testSaveRestoresOnItsOwnEtcd(t *testing.T, version string) {
+	ctx := context.Background()
+	src := testetcd.StartT(t, testetcd.Options{Version: version})
+	cli := src.ClientT(t)
+	lease, err := cli.Grant(ctx, 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := cli.Put(ctx, fmt.Sprintf("/registry/configmaps/ns/cm-%02d", i), "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, "/registry/events/ns/e", "event", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	in := filepath.Join(t.TempDir(), "in.db")
+	if err := etcdscan.Snapshot(ctx, cli, in); err != nil {
+		t.Fatal(err)
+	}
+	minor := src.Version[:strings.LastIndex(src.Version, ".")] + ".0"
+	s := open(t, in, snapshotfile.Options{})
+	if s.Info.StorageVersion != minor || s.Info.ClusterVersion != minor {
+		t.Errorf("Info %+v: want storage and cluster version %s", s.Info, minor)
+	}
+	if _, err := s.Client.Put(ctx, "/registry/configmaps/ns/cm-07", "rewritten"); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out.db")
+	if err := s.Save(ctx, out, false); err != nil {
+		t.Fatal(err)
+	}
+	o := open(t, out, snapshotfile.Options{})
+	if o.Info.StorageVersion != minor || o.Info.ClusterVersion != minor || o.Info.Hash != snapshotfile.HashVerified {
+		t.Errorf("saved file %+v: want storage and cluster version %s, hash verified", o.Info, minor)
+	}
+
+	dst := testetcd.StartT(t, testetcd.Options{Version: version, RestoreFrom: out})
+	if dst.Version != src.Version {
+		t.Fatalf("restored into etcd %s, want %s", dst.Version, src.Version)
+	}
+	dcli := dst.ClientT(t)
+	resp, err := dcli.Get(ctx, "/registry/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 21 {
+		t.Fatalf("restored %d keys, want 21", len(resp.Kvs))
+	}
+	for _, kv := range resp.Kvs {
+		want := "old"
+		switch string(kv.Key) {
+		case "/registry/configmaps/ns/cm-07":
+			want = "rewritten"
+		case "/registry/events/ns/e":
+			want = "event"
+			if kv.Lease != int64(lease.ID) {
+				t.Errorf("%s: lease %x, want %x", kv.Key, kv.Lease, lease.ID)
+			}
+		}
+		if string(kv.Value) != want {
+			t.Errorf("%s = %q, want %q", kv.Key, kv.Value, want)
+		}
+	}
+}

@@ -211,6 +211,16 @@ func Etcd(version string) Spec {
 	}
 }
 
+// Etcdutl is the Spec of etcdutl at version (e.g. "v3.6.16"), the offline
+// tool of that etcd release (snapshot restore), from go.etcd.io/etcd/etcdutl/v3.
+func Etcdutl(version string) Spec {
+	return Spec{
+		Name:    "etcdutl-" + version,
+		Require: map[string]string{"go.etcd.io/etcd/etcdutl/v3": version},
+		Package: "go.etcd.io/etcd/etcdutl/v3",
+	}
+}
+
 // stagingModules lists the modules k8s.io/kubernetes@version replaces with
 // ./staging directories, from its own go.mod.
 func stagingModules(ctx context.Context, version string) ([]string, error) {

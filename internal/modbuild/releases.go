@@ -19,5 +19,5 @@ func Releases(ctx context.Context) ([]Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []Spec{apiserver, Etcd(PreviousEtcd)}, nil
+	return []Spec{apiserver, Etcd(PreviousEtcd), Etcdutl(PreviousEtcd)}, nil
 }

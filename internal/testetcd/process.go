@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/version"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
 
 	"kube-etcd-migrate/internal/modbuild"
 )
@@ -53,6 +55,38 @@ func Each[T Runner[T]](t T, f func(t T, version string)) {
 	for _, v := range Versions() {
 		t.Run(Name(v), func(t T) { f(t, v) })
 	}
+}
+
+// restore restores s.opts.RestoreFrom into the member's data directory
+// with the etcdutl of its release: etcdutl's own snapshot package for the
+// linked one, that release's etcdutl binary (modbuild) otherwise.
+func (s *Server) restore() error {
+	dataDir := filepath.Join(s.dir, "data")
+	if IsLinked(s.opts.Version) {
+		err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+			SnapshotPath:   s.opts.RestoreFrom,
+			Name:           s.name,
+			OutputDataDir:  dataDir,
+			PeerURLs:       []string{s.peerURL.String()},
+			InitialCluster: s.initialCluster,
+		})
+		if err != nil {
+			return fmt.Errorf("etcdutl %s snapshot restore %s: %w", LinkedVersion, s.opts.RestoreFrom, err)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	bin, err := modbuild.Build(ctx, modbuild.Etcdutl("v"+strings.TrimPrefix(s.opts.Version, "v")))
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, "snapshot", "restore", s.opts.RestoreFrom, "--name", s.name, "--data-dir", dataDir,
+		"--initial-cluster", s.initialCluster, "--initial-advertise-peer-urls", s.peerURL.String()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("etcdutl %s snapshot restore %s: %v: %s", s.opts.Version, s.opts.RestoreFrom, err, out)
+	}
+	return nil
 }
 
 // process is an etcd binary running as a child of the test process.
@@ -162,8 +196,21 @@ func (p *process) stop() {
 	}
 }
 
+// logTail is what the log says went wrong: its fatal, panic and error lines
+// (zap's JSON), else its end.
 func logTail(path string) string {
 	b, _ := os.ReadFile(path)
+	var bad []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, lvl := range []string{`"level":"fatal"`, `"level":"panic"`, `"level":"error"`} {
+			if strings.Contains(l, lvl) {
+				bad = append(bad, l)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return strings.Join(bad, "\n")
+	}
 	if len(b) > 2000 {
 		b = b[len(b)-2000:]
 	}

@@ -39,6 +39,10 @@ type Options struct {
 	// modbuild.PreviousEtcd ("v3.6.16"), is that release's etcd binary, built
 	// once per machine by modbuild and run as a child process.
 	Version string
+	// RestoreFrom, when set, is an etcd snapshot file restored into the new
+	// data directory before the first start, with the etcdutl of Version,
+	// as an operator restores a backup into a cluster of that release.
+	RestoreFrom string
 }
 
 // TLSFiles are PEM files for a TLS client listener.
@@ -112,6 +116,13 @@ func Start(opts Options) (*Server, error) {
 }
 
 func (s *Server) start() error {
+	if s.opts.RestoreFrom != "" {
+		if _, err := os.Stat(filepath.Join(s.dir, "data")); os.IsNotExist(err) {
+			if err := s.restore(); err != nil {
+				return err
+			}
+		}
+	}
 	if !IsLinked(s.opts.Version) {
 		return s.startProcess()
 	}
@@ -254,7 +265,7 @@ func StartT(t TB, opts Options) *Server {
 	t.Helper()
 	s, err := Start(opts)
 	if err != nil {
-		t.Fatalf("embedded etcd: %v", err)
+		t.Fatalf("etcd: %v", err)
 	}
 	t.Cleanup(s.Close)
 	return s

@@ -1,0 +1,135 @@
+package snapshotfile
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/coreos/go-semver/semver"
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/server/v3/storage/backend"
+	"go.etcd.io/etcd/server/v3/storage/schema"
+	"go.uber.org/zap"
+)
+
+// versions are the etcd versions a database file records: its storage
+// schema version (etcd 3.6 and later) and the cluster version.
+type versions struct{ storage, cluster string }
+
+// readVersions reads them with etcd's own bucket and key names.
+func readVersions(tx *bolt.Tx) versions {
+	var v versions
+	if sv := schema.ReadStorageVersionFromSnapshot(tx); sv != nil {
+		v.storage = sv.String()
+	}
+	if b := tx.Bucket(schema.Cluster.Name()); b != nil {
+		v.cluster = string(b.Get(schema.ClusterClusterVersionKeyName))
+	}
+	return v
+}
+
+// noWAL is the WAL of a snapshot file: it has none (a restore writes a new
+// one), so no WAL entry stands in the way of a lower storage version.
+type noWAL struct{}
+
+func (noWAL) MinimalEtcdVersion() *semver.Version { return nil }
+
+// keepVersions gives the snapshot at path (with etcd's sha256 trailer) the
+// storage and cluster versions of the input, want, where they are lower
+// than the file's. The private etcd is the linked release (3.7), which
+// raises both to its own when it starts; etcd 3.6 refuses to start on a
+// data directory restored from such a file ("Failed to validate schema:
+// version 3.7.0 is not supported", then "invalid downgrade; server version
+// is lower than determined cluster version"). The schema is migrated down
+// with etcd's own migration (what `etcdutl migrate --target-version` does to
+// a data directory), the cluster version saved with etcd's membership
+// store, and the trailer written again. A version the input does not record
+// (etcd 3.5 has no storage version) is left as it is.
+func keepVersions(path string, want versions) error {
+	var storage, cluster *semver.Version
+	for _, v := range []struct {
+		s   string
+		dst **semver.Version
+	}{{want.storage, &storage}, {want.cluster, &cluster}} {
+		if v.s == "" {
+			continue
+		}
+		p, err := semver.NewVersion(v.s)
+		if err != nil {
+			return fmt.Errorf("version %q of the input: %w", v.s, err)
+		}
+		*v.dst = p
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !hasTrailer(fi.Size()) {
+		return fmt.Errorf("the snapshot etcd sent has no sha256 trailer (%d bytes)", fi.Size())
+	}
+	have, err := versionsOf(path)
+	if err != nil {
+		return err
+	}
+	lower := func(want *semver.Version, have string) bool {
+		h, err := semver.NewVersion(have)
+		return want != nil && err == nil && want.LessThan(*h)
+	}
+	downStorage, downCluster := lower(storage, have.storage), lower(cluster, have.cluster)
+	if !downStorage && !downCluster {
+		return nil
+	}
+	if err := os.Truncate(path, fi.Size()-sha256.Size); err != nil {
+		return err
+	}
+	lg := zap.NewNop()
+	be := backend.NewDefaultBackend(lg, path)
+	if downCluster {
+		schema.NewMembershipBackend(lg, be).MustSaveClusterVersionToBackend(cluster)
+	}
+	if downStorage {
+		err = schema.Migrate(lg, be.BatchTx(), noWAL{}, *storage)
+	}
+	be.ForceCommit()
+	if cerr := be.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("storage version %s -> %s: %w", have.storage, storage, err)
+	}
+	return appendTrailer(path)
+}
+
+// versionsOf reads the versions a database file records.
+func versionsOf(path string) (versions, error) {
+	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		return versions{}, err
+	}
+	defer db.Close()
+	var v versions
+	err = db.View(func(tx *bolt.Tx) error {
+		v = readVersions(tx)
+		return nil
+	})
+	return v, err
+}
+
+// appendTrailer appends the sha256 of the database, as etcd does to a
+// snapshot it sends.
+func appendTrailer(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return err
+	}
+	if _, err := f.Write(h.Sum(nil)); err != nil {
+		return err
+	}
+	return f.Sync()
+}
