@@ -44,8 +44,8 @@ func (noWAL) MinimalEtcdVersion() *semver.Version { return nil }
 // is lower than determined cluster version"). The schema is migrated down
 // with etcd's own migration (what `etcdutl migrate --target-version` does to
 // a data directory), the cluster version saved with etcd's membership
-// store, and the trailer written again. A version the input does not record
-// (etcd 3.5 has no storage version) is left as it is.
+// store, and the trailer written again. The input of an etcd 3.5 cluster
+// records no storage version: the file is given the 3.5 schema.
 func keepVersions(path string, want versions) error {
 	var storage, cluster *semver.Version
 	for _, v := range []struct {
@@ -60,6 +60,11 @@ func keepVersions(path string, want versions) error {
 			return fmt.Errorf("version %q of the input: %w", v.s, err)
 		}
 		*v.dst = p
+	}
+	if storage == nil && cluster != nil && cluster.LessThan(semver.Version{Major: 3, Minor: 6}) {
+		// etcd 3.5 records no storage version: its schema is the cluster's
+		// (etcd's migration to 3.5 removes the field again).
+		storage = &semver.Version{Major: cluster.Major, Minor: cluster.Minor}
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
