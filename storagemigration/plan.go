@@ -65,6 +65,10 @@ func PlanRequests(ctx context.Context, env *pipeline.Env, rep *verify.Report) (*
 	if err != nil {
 		return nil, err
 	}
+	ctrl, err := controllerOf(env)
+	if err != nil {
+		return nil, err
+	}
 	p := &Plan{Served: served, NotServed: why, Finished: reqs.Finished(), Pending: []PlannedRequest{}, Unreadable: reqs.Unreadable}
 	byName := map[string]verify.ResourceReport{}
 	for _, r := range rep.Resources {
@@ -101,7 +105,7 @@ func PlanRequests(ctx context.Context, env *pipeline.Env, rep *verify.Report) (*
 				}
 				if pr.Unreadable > 0 {
 					pr.Action = "fail"
-					pr.Message = fmt.Sprintf(messageUnhandledFn, fmt.Sprintf("%d object(s) could not be read and were left untouched", pr.Unreadable))
+					pr.Message = ctrl.objectsFailedMessage(pr.Unreadable, pr.Objects, fmt.Sprintf("%d object(s) could not be read and were left untouched", pr.Unreadable))
 				}
 			}
 			if t.crd != nil {

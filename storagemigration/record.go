@@ -83,9 +83,9 @@ func Record(ctx context.Context, env *pipeline.Env, sum *migrate.Summary, starte
 		message := ""
 		switch {
 		case r.Unreadable > 0:
-			message = fmt.Sprintf(messageUnhandledFn, fmt.Sprintf("%d object(s) could not be read and were left untouched", r.Unreadable))
+			message = wr.ctrl.objectsFailedMessage(r.Unreadable+r.Failed, objects(r.Counts), fmt.Sprintf("%d object(s) could not be read and were left untouched", r.Unreadable))
 		case r.Failed > 0:
-			message = fmt.Sprintf(messageUnhandledFn, fmt.Sprintf("%d write(s) failed", r.Failed))
+			message = wr.ctrl.objectsFailedMessage(r.Failed, objects(r.Counts), fmt.Sprintf("%d write(s) failed", r.Failed))
 		}
 		if err := wr.record(ctx, prefix+rec.Name, &rec, gr, sum.Revision, message); err != nil {
 			return out, fmt.Errorf("record %s: %w", rec.Name, err)
@@ -117,7 +117,7 @@ func (wr *writer) record(ctx context.Context, key string, rec *Recorded, gr sche
 	upd.Status.ResourceVersion = strconv.FormatInt(revision, 10)
 	rec.Result = ResultSucceeded
 	if failure == "" {
-		setCondition(upd, svmapi.MigrationSucceeded, reasonSucceeded, "", now)
+		setCondition(upd, svmapi.MigrationSucceeded, reasonSucceeded, wr.ctrl.succeededMessage(), now)
 	} else {
 		rec.Result, rec.Message = ResultFailed, failure
 		setCondition(upd, svmapi.MigrationFailed, reasonFailed, failure, now)

@@ -203,7 +203,7 @@ func (wr *writer) run(ctx context.Context, r Request, opts Options) (Outcome, er
 		}
 		out.Result = ResultWouldSucceed
 		if msg := unreadableMessage(sum); msg != "" {
-			out.Result, out.Message = ResultWouldFail, fmt.Sprintf(messageUnhandledFn, msg)
+			out.Result, out.Message = ResultWouldFail, wr.ctrl.objectsFailedMessage(sum.Summary.Unreadable, objects(sum.Summary), msg)
 		}
 		if t.crd != nil {
 			out.CRD = &CRDOutcome{Name: t.crd.Object.Name, StoredVersions: t.crd.StoredVersions}
@@ -258,7 +258,7 @@ func (wr *writer) run(ctx context.Context, r Request, opts Options) (Outcome, er
 	}
 	success, message := true, ""
 	if msg := unreadableMessage(sum); msg != "" {
-		success, message = false, fmt.Sprintf(messageUnhandledFn, msg)
+		success, message = false, wr.ctrl.objectsFailedMessage(sum.Summary.Unreadable, objects(sum.Summary), msg)
 	}
 
 	// 3. The CRD: the tool re-checks its objects before storedVersions may
@@ -270,7 +270,7 @@ func (wr *writer) run(ctx context.Context, r Request, opts Options) (Outcome, er
 				return out, err
 			}
 			if n > 0 {
-				success, message = false, fmt.Sprintf(messageUnhandledFn, fmt.Sprintf("%d object(s) of %s not stored in %s/%s when re-checked after the migration", n, gr, gr.Group, t.crd.StorageVersion))
+				success, message = false, wr.ctrl.objectsFailedMessage(int64(n), objects(sum.Summary), fmt.Sprintf("%d object(s) of %s not stored in %s/%s when re-checked after the migration", n, gr, gr.Group, t.crd.StorageVersion))
 			}
 		}
 		out.CRD, err = wr.finishCRD(ctx, t.crd, success)
@@ -295,7 +295,7 @@ func (wr *writer) run(ctx context.Context, r Request, opts Options) (Outcome, er
 	now := metav1.NewTime(wr.now())
 	result := ResultSucceeded
 	if success {
-		setCondition(upd, svmapi.MigrationSucceeded, reasonSucceeded, "", now)
+		setCondition(upd, svmapi.MigrationSucceeded, reasonSucceeded, wr.ctrl.succeededMessage(), now)
 	} else {
 		result = ResultFailed
 		setCondition(upd, svmapi.MigrationFailed, reasonFailed, message, now)
@@ -326,6 +326,10 @@ func (wr *writer) finish(ctx context.Context, out Outcome, cur *stored, old, upd
 
 // unreadableMessage says which objects a migration could not read ("" when
 // none): the controller fails a request on an object it cannot migrate.
+// objects are the objects of a run's resource: what the controller counts
+// as its total (the objects of its informer's list).
+func objects(c migrate.Counts) int64 { return c.Current + c.Stale + c.Unreadable }
+
 func unreadableMessage(sum *migrate.Summary) string {
 	n := sum.Summary.Unreadable
 	if n == 0 {

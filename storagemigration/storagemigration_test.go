@@ -36,13 +36,37 @@ var (
 	widgets = schema.GroupResource{Group: "example.com", Resource: "widgets"}
 )
 
-// servingAPI is kube-apiserver's configuration with the API on.
-func servingAPI(t *testing.T, on bool) *apiserverconfig.Config {
+// release is a target release and what its kube-controller-manager writes
+// on requests: 1.36 through storagemigration.k8s.io/v1beta1, 1.37 (GA)
+// through v1, saying "Migration completed" when it succeeds.
+type release struct {
+	target, api, succeeded string
+}
+
+var (
+	r136 = release{target: "1.36", api: "v1beta1"}
+	r137 = release{target: "1.37", api: "v1", succeeded: "Migration completed"}
+)
+
+// eachRelease runs f for the target releases 1.36 and 1.37.
+func eachRelease(t *testing.T, f func(t *testing.T, r release)) {
+	for _, r := range []release{r136, r137} {
+		t.Run(r.target, func(t *testing.T) { f(t, r) })
+	}
+}
+
+// servingAPI is kube-apiserver r's configuration with the API on (1.36:
+// the feature gate and --runtime-config; 1.37: its defaults) or off (1.36:
+// its defaults; 1.37: storagemigration.k8s.io/v1=false).
+func servingAPI(t *testing.T, r release, on bool) *apiserverconfig.Config {
 	t.Helper()
-	in := apiserverconfig.Input{}
-	if on {
+	in := apiserverconfig.Input{EmulatedVersion: r.target}
+	switch {
+	case on && r == r136:
 		in.FeatureGates = []string{"StorageVersionMigrator=true"}
 		in.RuntimeConfig = []string{"storagemigration.k8s.io/v1beta1=true"}
+	case !on && r == r137:
+		in.RuntimeConfig = []string{"storagemigration.k8s.io/v1=false"}
 	}
 	api, err := apiserverconfig.Load(in)
 	if err != nil {
@@ -51,17 +75,17 @@ func servingAPI(t *testing.T, on bool) *apiserverconfig.Config {
 	return api
 }
 
-// putRequest stores a request as kube-apiserver created it (for kubectl
-// create, whose field manager recorded the spec).
-func putRequest(c *testcluster.Cluster, name string, created time.Time, gr schema.GroupResource, status svmapi.StorageVersionMigrationStatus) {
+// putRequest stores a request as kube-apiserver r created it (for kubectl
+// create at r's version, whose field manager recorded the spec).
+func putRequest(c *testcluster.Cluster, r release, name string, created time.Time, gr schema.GroupResource, status svmapi.StorageVersionMigrationStatus) {
 	c.Put("/registry/storageversionmigrations/"+name, GroupResource, &svmapi.StorageVersionMigration{
 		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(created), ManagedFields: []metav1.ManagedFieldsEntry{{
-			Manager: "kubectl-create", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "storagemigration.k8s.io/v1beta1", Time: &metav1.Time{Time: created},
+			Manager: "kubectl-create", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "storagemigration.k8s.io/" + r.api, Time: &metav1.Time{Time: created},
 			FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:resource":{"f:group":{},"f:resource":{}}}}`),
 		}}},
 		Spec:   svmapi.StorageVersionMigrationSpec{Resource: metav1.GroupResource{Group: gr.Group, Resource: gr.Resource}},
 		Status: status,
-	}, "", "", "")
+	}, r.target, "", "")
 }
 
 // putCRD stores widgets.example.com: v1beta1 and v1 (storage), objects
@@ -146,9 +170,13 @@ func results(res *Result) []string {
 // TestRequestsAsTheControllerLeavesThem: pending requests for secrets (two,
 // after a key rotation), a CRD whose storage version moved, a resource that
 // does not exist and one kube-apiserver does not store are carried out in
-// the controller's order and left as kube-controller-manager 1.36 leaves
-// them; a finished request is not touched; a second run finds nothing to do.
+// the controller's order and left as kube-controller-manager of the target
+// release leaves them (1.36 through v1beta1, 1.37 through v1); a finished request is not touched; a second run finds nothing to do.
 func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
+	eachRelease(t, testRequestsAsTheControllerLeavesThem)
+}
+
+func testRequestsAsTheControllerLeavesThem(t *testing.T, r release) {
 	c := testcluster.New(t, testetcd.Options{})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
@@ -156,16 +184,16 @@ func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
 		c.Put(fmt.Sprintf("/registry/secrets/ns1/s%d", i), testcluster.SecretsGR, testcluster.Secret("ns1", fmt.Sprintf("s%d", i), "pw"), "", "", oldCfg)
 	}
 	putCRD(t, c, 2)
-	putRequest(c, "b-secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
-	putRequest(c, "a-secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
-	putRequest(c, "widgets", t0.Add(time.Second), widgets, svmapi.StorageVersionMigrationStatus{})
-	putRequest(c, "ghosts", t0.Add(2*time.Second), schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{})
-	putRequest(c, "reviews", t0.Add(3*time.Second), schema.GroupResource{Group: "authentication.k8s.io", Resource: "tokenreviews"}, svmapi.StorageVersionMigrationStatus{})
-	done := svmapi.StorageVersionMigrationStatus{ResourceVersion: "5", Conditions: finished(svmapi.MigrationSucceeded, "StorageVersionMigrationSucceeded", "")}
-	putRequest(c, "done", t0.Add(-time.Hour), testcluster.ConfigMapsGR, done)
+	putRequest(c, r, "b-secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
+	putRequest(c, r, "a-secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
+	putRequest(c, r, "widgets", t0.Add(time.Second), widgets, svmapi.StorageVersionMigrationStatus{})
+	putRequest(c, r, "ghosts", t0.Add(2*time.Second), schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{})
+	putRequest(c, r, "reviews", t0.Add(3*time.Second), schema.GroupResource{Group: "authentication.k8s.io", Resource: "tokenreviews"}, svmapi.StorageVersionMigrationStatus{})
+	done := svmapi.StorageVersionMigrationStatus{ResourceVersion: "5", Conditions: finished(svmapi.MigrationSucceeded, "StorageVersionMigrationSucceeded", r.succeeded)}
+	putRequest(c, r, "done", t0.Add(-time.Hour), testcluster.ConfigMapsGR, done)
 	_, doneRev := storedRequest(t, c, c.Env(pipeline.Config{}), "done")
 
-	env := c.Env(pipeline.Config{APIServer: servingAPI(t, true), EncryptionConfig: newCfg})
+	env := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg})
 	journal := c.Dir + "/journal"
 	res := run(t, env, migrate.Options{Journal: journal})
 	if got, want := results(res), []string{"a-secrets=Succeeded", "b-secrets=Succeeded", "widgets=Succeeded", "ghosts=Failed", "reviews=skipped"}; !slices.Equal(got, want) {
@@ -189,7 +217,7 @@ func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
 	var rvs []int64
 	for _, name := range []string{"a-secrets", "b-secrets", "widgets"} {
 		svm, _ := storedRequest(t, c, env, name)
-		if d := cmp.Diff(finished(svmapi.MigrationSucceeded, "StorageVersionMigrationSucceeded", ""), svm.Status.Conditions); d != "" {
+		if d := cmp.Diff(finished(svmapi.MigrationSucceeded, "StorageVersionMigrationSucceeded", r.succeeded), svm.Status.Conditions); d != "" {
 			t.Errorf("%s: conditions (-controller +tool):\n%s", name, d)
 		}
 		rv, err := strconv.ParseInt(svm.Status.ResourceVersion, 10, 64)
@@ -203,7 +231,7 @@ func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
 				entry = &svm.ManagedFields[i]
 			}
 		}
-		if entry == nil || entry.Subresource != "status" || entry.Operation != metav1.ManagedFieldsOperationUpdate || entry.APIVersion != "storagemigration.k8s.io/v1beta1" ||
+		if entry == nil || entry.Subresource != "status" || entry.Operation != metav1.ManagedFieldsOperationUpdate || entry.APIVersion != "storagemigration.k8s.io/"+r.api ||
 			!strings.Contains(entry.FieldsV1.GetRawString(), `"f:conditions"`) || !strings.Contains(entry.FieldsV1.GetRawString(), `"f:resourceVersion"`) {
 			t.Errorf("%s: managedFields %+v: want the tool's status update recorded as kube-apiserver's field manager records it", name, svm.ManagedFields)
 		}
@@ -245,7 +273,7 @@ func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
 	// Every write is journaled: a rollback puts the pending requests back.
 	// A second run: nothing pending but the unsupported one, nothing written.
 	rev := c.Revision()
-	again := run(t, c.Env(pipeline.Config{APIServer: servingAPI(t, true), EncryptionConfig: newCfg}), migrate.Options{})
+	again := run(t, c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}), migrate.Options{})
 	if got := results(again); !slices.Equal(got, []string{"reviews=skipped"}) || again.Finished != 5 {
 		t.Errorf("second run: %v (finished %d)", got, again.Finished)
 	}
@@ -270,6 +298,10 @@ func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
 // Failed with the controller's reason and a message naming the key, and that
 // object is left untouched.
 func TestRunningRequestGenerationAndUnreadable(t *testing.T) {
+	eachRelease(t, testRunningRequestGenerationAndUnreadable)
+}
+
+func testRunningRequestGenerationAndUnreadable(t *testing.T, r release) {
 	c := testcluster.New(t, testetcd.Options{})
 	lost := c.EncryptionConfig("lost.yaml", testcluster.AESCBC("key9", 9))
 	cfg := c.EncryptionConfig("cfg.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
@@ -280,13 +312,13 @@ func TestRunningRequestGenerationAndUnreadable(t *testing.T) {
 	running := svmapi.StorageVersionMigrationStatus{ResourceVersion: "7", Conditions: []metav1.Condition{
 		{Type: "Running", Status: metav1.ConditionTrue, Reason: "MigrationRunning", Message: "The migration is running", LastTransitionTime: metav1.NewTime(t0)},
 	}}
-	putRequest(c, "widgets", t0, widgets, running)
+	putRequest(c, r, "widgets", t0, widgets, running)
 	c.Put("/registry/configmaps/ns1/lost", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "lost"), "", "", lost)
 	c.Put("/registry/configmaps/ns1/fine", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "fine"), "", "", "")
-	putRequest(c, "configmaps", t0.Add(time.Second), testcluster.ConfigMapsGR, svmapi.StorageVersionMigrationStatus{})
+	putRequest(c, r, "configmaps", t0.Add(time.Second), testcluster.ConfigMapsGR, svmapi.StorageVersionMigrationStatus{})
 	lostValue, lostRev, _ := c.Get("/registry/configmaps/ns1/lost")
 
-	env := c.Env(pipeline.Config{APIServer: servingAPI(t, true), EncryptionConfig: cfg})
+	env := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: cfg})
 	res := run(t, env, migrate.Options{})
 	if got, want := results(res), []string{"widgets=Succeeded", "configmaps=Failed"}; !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
@@ -294,7 +326,7 @@ func TestRunningRequestGenerationAndUnreadable(t *testing.T) {
 	w, _ := storedRequest(t, c, env, "widgets")
 	wantConds := []metav1.Condition{
 		{Type: "Running", Status: metav1.ConditionFalse, Reason: "MigrationCompleted", Message: "Migration completed", LastTransitionTime: metav1.NewTime(now)},
-		{Type: "Succeeded", Status: metav1.ConditionTrue, Reason: "StorageVersionMigrationSucceeded", LastTransitionTime: metav1.NewTime(now)},
+		{Type: "Succeeded", Status: metav1.ConditionTrue, Reason: "StorageVersionMigrationSucceeded", Message: r.succeeded, LastTransitionTime: metav1.NewTime(now)},
 	}
 	if d := cmp.Diff(wantConds, w.Status.Conditions); d != "" || w.Status.ResourceVersion != "7" {
 		t.Errorf("widgets: resourceVersion %q (want the controller's 7), conditions (-want +got):\n%s", w.Status.ResourceVersion, d)
@@ -311,10 +343,12 @@ func TestRunningRequestGenerationAndUnreadable(t *testing.T) {
 		t.Errorf("w0 not migrated: %s", v)
 	}
 
+	// 1.37's controller counts what it could not migrate: 1 of the 2.
 	cm, _ := storedRequest(t, c, env, "configmaps")
 	failed := condition(cm.Status.Conditions, "Failed")
+	prefix := map[release]string{r137: "1/2 not yet migrated. "}[r]
 	if failed == nil || failed.Reason != "StorageVersionMigrationFailed" ||
-		!strings.HasPrefix(failed.Message, "migration encountered unhandled error: 1 object(s) could not be read and were left untouched, first /registry/configmaps/ns1/lost: undecryptable") ||
+		!strings.HasPrefix(failed.Message, prefix+"migration encountered unhandled error: 1 object(s) could not be read and were left untouched, first /registry/configmaps/ns1/lost: undecryptable") ||
 		!strings.Contains(failed.Message, "key9") {
 		t.Errorf("configmaps Failed condition %+v", failed)
 	}
@@ -336,17 +370,23 @@ func condition(conds []metav1.Condition, t string) *metav1.Condition {
 // enabled) --requested and --record refuse and write nothing; with the API
 // on, a record of a migration is created as kube-apiserver creates an
 // object, finished, and named after the tool and the start time.
-func TestNotServedAndRecord(t *testing.T) {
+func TestNotServedAndRecord(t *testing.T) { eachRelease(t, testNotServedAndRecord) }
+
+func testNotServedAndRecord(t *testing.T, r release) {
 	c := testcluster.New(t, testetcd.Options{})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
 	c.Put("/registry/secrets/ns1/s", testcluster.SecretsGR, testcluster.Secret("ns1", "s", "pw"), "", "", oldCfg)
-	putRequest(c, "secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
+	putRequest(c, r, "secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
 	rev := c.Revision()
 
-	off := c.Env(pipeline.Config{APIServer: servingAPI(t, false), EncryptionConfig: newCfg})
+	off := c.Env(pipeline.Config{APIServer: servingAPI(t, r, false), EncryptionConfig: newCfg})
 	_, err := RunRequested(context.Background(), off, Options{Migrate: migrate.Options{AllowLiveAPIServer: true}})
-	if err == nil || !strings.Contains(err.Error(), "StorageVersionMigrator feature gate is off") || !strings.Contains(err.Error(), "--runtime-config=storagemigration.k8s.io/v1beta1=true") || !strings.Contains(err.Error(), "nothing was written") {
+	// 1.36 by default: the gate and the API off; 1.37: the API turned off.
+	if err == nil {
+		t.Fatal("--requested without the API: no error")
+	}
+	if gateOff := strings.Contains(err.Error(), "StorageVersionMigrator feature gate is off"); gateOff != (r == r136) || !strings.Contains(err.Error(), "--runtime-config=storagemigration.k8s.io/"+r.api+"=true") || !strings.Contains(err.Error(), "nothing was written") {
 		t.Errorf("--requested without the API: %v", err)
 	}
 	if _, err := Record(context.Background(), off, &migrate.Summary{Resources: []migrate.ResourceSummary{{Resource: "secrets", Counts: migrate.Counts{Rewritten: 1}}}}, t0, migrate.Options{}, nil); err == nil || !strings.Contains(err.Error(), "no record was written") {
@@ -356,7 +396,7 @@ func TestNotServedAndRecord(t *testing.T) {
 		t.Fatalf("refusals wrote (revision %d -> %d)", rev, c.Revision())
 	}
 
-	on := c.Env(pipeline.Config{APIServer: servingAPI(t, true), EncryptionConfig: newCfg, Resources: []string{"secrets"}})
+	on := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg, Resources: []string{"secrets"}})
 	sum, err := migrate.Run(context.Background(), on, migrate.Options{AllowLiveAPIServer: true})
 	if err != nil || sum.Summary.Rewritten != 1 {
 		t.Fatalf("migrate: %v %+v", err, sum.Summary)
@@ -370,10 +410,18 @@ func TestNotServedAndRecord(t *testing.T) {
 		t.Fatalf("records %+v", recs)
 	}
 	svm, _ := storedRequest(t, c, on, name)
+	// Stored as both releases' kube-apiserver store it: v1beta1 (1.37's
+	// storage factory keeps it for one release after v1).
+	value, modRev, _ := c.Get("/registry/storageversionmigrations/" + name)
+	if obj, err := on.Decoder.Decode(context.Background(), etcdscan.KV{Key: "/registry/storageversionmigrations/" + name, Value: value, ModRevision: modRev}); err != nil {
+		t.Error(err)
+	} else if obj.StoredGVK.Version != "v1beta1" {
+		t.Errorf("record stored as %v, want storagemigration.k8s.io/v1beta1", obj.StoredGVK)
+	}
 	if svm.UID == "" || svm.CreationTimestamp.IsZero() || svm.Labels[ManagedByLabel] != Manager || svm.Spec.Resource != (metav1.GroupResource{Resource: "secrets"}) {
 		t.Errorf("record metadata/spec %+v %+v", svm.ObjectMeta, svm.Spec)
 	}
-	if d := cmp.Diff(finished(svmapi.MigrationSucceeded, "StorageVersionMigrationSucceeded", ""), svm.Status.Conditions); d != "" {
+	if d := cmp.Diff(finished(svmapi.MigrationSucceeded, "StorageVersionMigrationSucceeded", r.succeeded), svm.Status.Conditions); d != "" {
 		t.Errorf("record conditions (-controller +tool):\n%s", d)
 	}
 	if svm.Status.ResourceVersion != strconv.FormatInt(sum.Revision, 10) {
@@ -381,9 +429,10 @@ func TestNotServedAndRecord(t *testing.T) {
 	}
 	var subs []string
 	for _, e := range svm.ManagedFields {
-		subs = append(subs, e.Manager+"/"+e.Subresource)
+		subs = append(subs, e.Manager+"/"+e.Subresource+"@"+e.APIVersion)
 	}
-	if !slices.Equal(subs, []string{"kube-etcd-migrate/", "kube-etcd-migrate/status"}) {
+	at := "@storagemigration.k8s.io/" + r.api
+	if !slices.Equal(subs, []string{"kube-etcd-migrate/" + at, "kube-etcd-migrate/status" + at}) {
 		t.Errorf("record managedFields %v: want the create and the status update", subs)
 	}
 	// The same name again: a conflict, nothing overwritten.
@@ -405,9 +454,10 @@ func TestNotServedAndRecord(t *testing.T) {
 // read it is reported as a conflict and left as they wrote it: the tool's
 // compare-and-swap fails and it does not retry.
 func TestConflictReported(t *testing.T) {
+	r := r137
 	c := testcluster.New(t, testetcd.Options{})
-	putRequest(c, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{})
-	env := c.Env(pipeline.Config{APIServer: servingAPI(t, true)})
+	putRequest(c, r, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{})
+	env := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true)})
 	wr, err := newWriter(env, migrate.Options{}, func() time.Time { return now })
 	if err != nil {
 		t.Fatal(err)
@@ -420,7 +470,7 @@ func TestConflictReported(t *testing.T) {
 	}
 	// Someone else (kube-controller-manager) finishes it meanwhile.
 	theirs := finished(svmapi.MigrationFailed, "StorageVersionMigrationFailed", "resource does not exist in discovery")
-	putRequest(c, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{Conditions: theirs})
+	putRequest(c, r, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{Conditions: theirs})
 	value, rev, _ := c.Get(key)
 
 	old := cur.obj.(*svmapi.StorageVersionMigration)

@@ -137,10 +137,18 @@ func Serving(env *pipeline.Env) (bool, string, error) {
 	gate := api.FeatureGate().Enabled(features.StorageVersionMigrator)
 	var why []string
 	if !gate {
-		why = append(why, "the StorageVersionMigrator feature gate is off (--feature-gates=StorageVersionMigrator=true)")
+		why = append(why, "the StorageVersionMigrator feature gate is off (--feature-gates=StorageVersionMigrator=true; on by default from 1.37)")
 	}
 	if !served {
-		why = append(why, "storagemigration.k8s.io/v1beta1 is not served (--runtime-config=storagemigration.k8s.io/v1beta1=true, from --emulated-version 1.35)")
+		ctrl, err := controllerOf(env)
+		if err != nil {
+			return false, "", err
+		}
+		if v := ctrl.apiVersion(); v == "v1" {
+			why = append(why, "storagemigration.k8s.io/v1 is not served (--runtime-config=storagemigration.k8s.io/v1=true; on by default from 1.37)")
+		} else {
+			why = append(why, "storagemigration.k8s.io/"+v+" is not served (--runtime-config=storagemigration.k8s.io/"+v+"=true, from --emulated-version 1.35)")
+		}
 	}
 	if len(why) > 0 {
 		return false, "the target kube-apiserver does not serve StorageVersionMigrations: " + strings.Join(why, " and "), nil

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
 	apiserverstorage "k8s.io/apiserver/pkg/storage"
 	svmapi "k8s.io/kubernetes/pkg/apis/storagemigration"
@@ -74,6 +73,7 @@ type strategy interface {
 type writer struct {
 	env  *pipeline.Env
 	path *updatepath.Path
+	ctrl controller
 	w    *etcdscan.Writer
 	// ctx is for writes: it outlives a SIGINT so a write in flight finishes.
 	ctx     context.Context
@@ -89,6 +89,10 @@ func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*wri
 	if err != nil {
 		return nil, err
 	}
+	ctrl, err := controllerOf(env)
+	if err != nil {
+		return nil, err
+	}
 	if now == nil {
 		now = time.Now
 	}
@@ -97,7 +101,7 @@ func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*wri
 		ctx = context.Background()
 	}
 	return &writer{
-		env: env, path: path, ctx: ctx, now: now, journal: o.Journal, snapshot: o.Snapshot,
+		env: env, path: path, ctrl: ctrl, ctx: ctx, now: now, journal: o.Journal, snapshot: o.Snapshot,
 		w: &etcdscan.Writer{Client: env.Client, MaxOps: o.BatchOps, MaxBytes: o.BatchBytes},
 	}, nil
 }
@@ -148,10 +152,27 @@ func (wr *writer) updateStatus(ctx context.Context, gk schema.GroupKind, s strat
 	if fm != nil {
 		upd = fm.UpdateNoErrors(old, upd, Manager)
 	}
-	if err := rest.BeforeUpdate(s, genericapirequest.WithNamespace(ctx, ""), upd, old); err != nil {
+	name := ""
+	if a, err := meta.Accessor(old); err == nil {
+		name = a.GetName()
+	}
+	if err := rest.BeforeUpdate(s, requestContext(ctx, wr.gvk(gk), "status", "update", name), upd, old); err != nil {
 		return nil, fmt.Errorf("kube-apiserver would refuse the status update: %w", err)
 	}
 	return upd, nil
+}
+
+// gvk is the version of gk a request is made at: the one the target
+// kube-apiserver serves to clients (StorageVersionMigrations: the one its
+// controller uses).
+func (wr *writer) gvk(gk schema.GroupKind) schema.GroupVersionKind {
+	if gvk, served, err := wr.path.ServedVersion(gk); err == nil && served {
+		return gvk
+	}
+	if gk == kind {
+		return gk.WithVersion(wr.ctrl.apiVersion())
+	}
+	return gk.WithVersion("v1")
 }
 
 // create runs kube-apiserver's create path on obj, a new request: the
@@ -172,7 +193,7 @@ func (wr *writer) create(ctx context.Context, obj *svmapi.StorageVersionMigratio
 		return nil, fmt.Errorf("field manager returned %T", out)
 	}
 	rest.FillObjectMetaSystemFields(created)
-	if err := rest.BeforeCreate(svmregistry.Strategy, genericapirequest.WithNamespace(ctx, ""), created); err != nil {
+	if err := rest.BeforeCreate(svmregistry.Strategy, requestContext(ctx, wr.gvk(kind), "", "create", ""), created); err != nil {
 		return nil, fmt.Errorf("kube-apiserver would refuse to create it: %w", err)
 	}
 	return created, nil

@@ -1,0 +1,87 @@
+package storagemigration
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/pipeline"
+)
+
+// controller is what the target release's kube-controller-manager
+// (pkg/controller/storageversionmigrator of that release) writes on the
+// requests it finishes, where releases differ. 1.36 reads and writes them
+// through storagemigration.k8s.io/v1beta1; 1.37, where the API is GA,
+// through storagemigration.k8s.io/v1 (kube-apiserver 1.37 still stores them
+// as v1beta1: its storage factory keeps that version for one release, which
+// the target's storage configuration says), and says more: its Succeeded
+// condition reads "Migration completed", and a request failed on an object
+// counts what was not migrated.
+type controller struct {
+	// minor is the release's minor version (36, 37).
+	minor int
+}
+
+// controllerOf is the controller of the release the tool writes for:
+// --target-version, else the kube-apiserver's --emulated-version, else the
+// release the tool links.
+func controllerOf(env *pipeline.Env) (controller, error) {
+	emulated := env.Config.TargetVersion
+	if emulated == "" && env.Config.APIServer != nil {
+		emulated = env.Config.APIServer.EmulatedVersion
+	}
+	ev, err := decode.EffectiveVersion(emulated)
+	if err != nil {
+		return controller{}, err
+	}
+	return controller{minor: int(ev.EmulationVersion().Minor())}, nil
+}
+
+// apiVersion is the version of storagemigration.k8s.io the controller uses.
+func (c controller) apiVersion() string {
+	if c.minor >= 37 {
+		return "v1"
+	}
+	return "v1beta1"
+}
+
+// succeededMessage is the message of the Succeeded condition.
+func (c controller) succeededMessage() string {
+	if c.minor >= 37 {
+		return messageCompleted // runMigration: "Migration completed"
+	}
+	return "" // sync: setStatusConditions(..., migrationSuccessStatusReason, "")
+}
+
+// objectsFailedMessage is the Failed condition's message when objects of
+// the resource could not be migrated (notMigrated of total): 1.37's
+// failMigrationWithObjectsMigrated, 1.36's failMigration.
+func (c controller) objectsFailedMessage(notMigrated, total int64, err string) string {
+	if c.minor >= 37 {
+		return fmt.Sprintf("%d/%d not yet migrated. "+messageUnhandledFn, notMigrated, total, err)
+	}
+	return fmt.Sprintf(messageUnhandledFn, err)
+}
+
+// requestContext is the context kube-apiserver's handler gives a request to
+// gk's endpoint (subresource "" or "status") at version: the RequestInfo
+// its declarative validation (1.37) takes the API version and subresource
+// from.
+func requestContext(ctx context.Context, gvk schema.GroupVersionKind, subresource, verb, name string) context.Context {
+	plural, _ := meta.UnsafeGuessKindToResource(gvk)
+	ctx = genericapirequest.WithNamespace(ctx, "")
+	return genericapirequest.WithRequestInfo(ctx, &genericapirequest.RequestInfo{
+		IsResourceRequest: true,
+		Verb:              verb,
+		APIPrefix:         "apis",
+		APIGroup:          gvk.Group,
+		APIVersion:        gvk.Version,
+		Resource:          plural.Resource,
+		Subresource:       subresource,
+		Name:              name,
+	})
+}
