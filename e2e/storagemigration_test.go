@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	svmv1beta1 "k8s.io/api/storagemigration/v1beta1"
+	svmv1 "k8s.io/api/storagemigration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,29 +25,26 @@ import (
 	"kube-etcd-migrate/storagemigration"
 )
 
-// TestStorageVersionMigrationRequests: kube-apiserver serving
-// storagemigration.k8s.io (feature gate and --runtime-config) gets requests
+// TestStorageVersionMigrationRequests: kube-apiserver 1.37 serving
+// storagemigration.k8s.io/v1 (GA, on by default) gets requests
 // for secrets (twice, after a key rotation), for a CRD whose storage version
 // moved and for a resource that does not exist; kube-controller-manager is
 // not running, so they stay pending. With kube-apiserver stopped, --record
-// without the API refuses and writes nothing; verify lists the requests and
+// for a kube-apiserver with the API turned off refuses and writes nothing; verify lists the requests and
 // what each would rewrite; migrate --requested carries them out; migrate
 // --record migrates the rest (configmaps) and records it. kube-apiserver
 // started again with the same flags then serves the requests Succeeded /
-// Failed exactly as the controller leaves them, the record finished, the
+// Failed exactly as 1.37's controller leaves them (through v1, the tool's
+// managedFields entries at v1), the record finished, the
 // CRD's storedVersions trimmed, the secrets under the new key, and a no-op
 // update of every object (the requests included) writes nothing.
 func TestStorageVersionMigrationRequests(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
-	const (
-		gates   = "StorageVersionMigrator=true"
-		runtime = "storagemigration.k8s.io/v1beta1=true"
-		group   = "svm.example.com"
-	)
+	const group = "svm.example.com"
 	resources := []string{"secrets", "configmaps"}
 	enc := c.writeEncryptionConfig("encryption.yaml", resources, aescbcProvider("key1", 1), identityProvider)
-	opts := apiservertest.Options{FeatureGates: gates, RuntimeConfig: runtime, EncryptionConfigPath: enc, PriorityAndFairness: true}
+	opts := apiservertest.Options{EncryptionConfigPath: enc, PriorityAndFairness: true}
 
 	rc := c.start(opts)
 	cs := kubernetes.NewForConfigOrDie(rc)
@@ -87,7 +84,7 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 		return slices.Equal(c.Status.StoredVersions, []string{"v1beta1", "v1"})
 	})
 	// The requests, as an operator creates them.
-	svms := cs.StoragemigrationV1beta1().StorageVersionMigrations()
+	svms := cs.StoragemigrationV1().StorageVersionMigrations()
 	requests := map[string]metav1.GroupResource{
 		"secrets-1": {Resource: "secrets"},
 		"secrets-2": {Resource: "secrets"},
@@ -95,7 +92,7 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 		"ghosts":    {Group: group, Resource: "ghosts"},
 	}
 	for _, name := range []string{"secrets-1", "secrets-2", "widgets", "ghosts"} {
-		if _, err := svms.Create(ctx, &svmv1beta1.StorageVersionMigration{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: svmv1beta1.StorageVersionMigrationSpec{Resource: requests[name]}}, metav1.CreateOptions{}); err != nil {
+		if _, err := svms.Create(ctx, &svmv1.StorageVersionMigration{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: svmv1.StorageVersionMigrationSpec{Resource: requests[name]}}, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create request %s: %v", name, err)
 		}
 	}
@@ -104,7 +101,7 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 	// Key rotation: key2 first, key1 still there to read.
 	c.writeEncryptionConfig("encryption.yaml", resources, aescbcProvider("key2", 2), aescbcProvider("key1", 1), identityProvider)
 	etcd := []string{"--endpoints", c.etcd.Endpoint, "--encryption-provider-config", enc}
-	api := []string{"--feature-gates", gates, "--runtime-config", runtime}
+	api := []string{"--target-version", "1.37"}
 	tool := func(args ...string) (string, string, int) {
 		t.Helper()
 		return runTool(t, append(args, etcd...)...)
@@ -120,7 +117,8 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 
 	// 1. --record where kube-apiserver would not serve the records: refused.
 	rev := revision()
-	if _, stderr, code := tool("migrate", "--record", "--allow-live-apiserver"); code != 1 || !strings.Contains(stderr, "StorageVersionMigrator feature gate is off") || !strings.Contains(stderr, "nothing was written") {
+	if _, stderr, code := tool(append([]string{"migrate", "--record", "--allow-live-apiserver", "--runtime-config", "storagemigration.k8s.io/v1=false"}, api...)...); code != 1 ||
+		!strings.Contains(stderr, "storagemigration.k8s.io/v1 is not served") || !strings.Contains(stderr, "nothing was written") {
 		t.Errorf("migrate --record without the API: exit %d, stderr %q; want 1 and why", code, stderr)
 	}
 	if r := revision(); r != rev {
@@ -228,10 +226,10 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 	rc = c.start(opts)
 	cs = kubernetes.NewForConfigOrDie(rc)
 	ext = apiextensionsclient.NewForConfigOrDie(rc)
-	svms = cs.StoragemigrationV1beta1().StorageVersionMigrations()
+	svms = cs.StoragemigrationV1().StorageVersionMigrations()
 	type cond struct{ Type, Status, Reason, Message string }
 	completed := cond{"Running", "False", "MigrationCompleted", "Migration completed"}
-	succeeded := cond{"Succeeded", "True", "StorageVersionMigrationSucceeded", ""}
+	succeeded := cond{"Succeeded", "True", "StorageVersionMigrationSucceeded", "Migration completed"}
 	want := map[string][]cond{
 		"secrets-1": {completed, succeeded},
 		"secrets-2": {completed, succeeded},
@@ -255,6 +253,11 @@ func TestStorageVersionMigrationRequests(t *testing.T) {
 		}
 		if !slices.Equal(gotConds, conds) {
 			t.Errorf("request %s: conditions %+v, want %+v", name, gotConds, conds)
+		}
+		for _, e := range svm.ManagedFields {
+			if e.Manager == storagemigration.Manager && e.APIVersion != "storagemigration.k8s.io/v1" {
+				t.Errorf("request %s: the tool's managedFields entry %+v: want storagemigration.k8s.io/v1, what 1.37's clients write", name, e)
+			}
 		}
 		if name == "ghosts" {
 			if svm.Status.ResourceVersion != "" {
