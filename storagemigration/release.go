@@ -26,19 +26,24 @@ type controller struct {
 	minor int
 }
 
-// controllerOf is the controller of the release the tool writes for:
-// --target-version, else the kube-apiserver's --emulated-version, else the
-// release the tool links.
+// controllerOf is the controller of the release the tool writes for (the
+// kube-apiserver's, kube-controller-manager runs the same): the release
+// pipeline.Setup settled (--target-version, the manifest's image tag,
+// kubeadm's ClusterConfiguration), else the release the tool links. The
+// controller's code is its binary's: --emulated-version does not change it.
 func controllerOf(env *pipeline.Env) (controller, error) {
-	emulated := env.Config.TargetVersion
-	if emulated == "" && env.Config.APIServer != nil {
-		emulated = env.Config.APIServer.EmulatedVersion
+	release := env.Config.TargetVersion
+	if env.Config.APIServer != nil {
+		release = env.Config.APIServer.ReleaseOrLinked()
 	}
-	ev, err := decode.EffectiveVersion(emulated)
-	if err != nil {
-		return controller{}, err
+	if release == "" {
+		release = decode.LinkedRelease()
 	}
-	return controller{minor: int(ev.EmulationVersion().Minor())}, nil
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil || major != 1 {
+		return controller{}, fmt.Errorf("storage version migration: release %q: want 1.MINOR", release)
+	}
+	return controller{minor: minor}, nil
 }
 
 // apiVersion is the version of storagemigration.k8s.io the controller uses.

@@ -60,7 +60,7 @@ func eachRelease(t *testing.T, f func(t *testing.T, r release)) {
 // its defaults; 1.37: storagemigration.k8s.io/v1=false).
 func servingAPI(t *testing.T, r release, on bool) *apiserverconfig.Config {
 	t.Helper()
-	in := apiserverconfig.Input{EmulatedVersion: r.target}
+	in := apiserverconfig.Input{TargetVersion: r.target}
 	switch {
 	case on && r == r136:
 		in.FeatureGates = []string{"StorageVersionMigrator=true"}
