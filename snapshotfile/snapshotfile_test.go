@@ -70,11 +70,13 @@ func indent(s string) string {
 	return strings.Join(lines, "")
 }
 
-func newFixture(t *testing.T) *fixture {
+// newFixture seeds an etcd of release version (testetcd.Options.Version) and
+// saves a snapshot of it.
+func newFixture(t *testing.T, version string) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	dataDir := t.TempDir()
-	c := testcluster.New(t, testetcd.Options{Dir: dataDir})
+	c := testcluster.New(t, testetcd.Options{Dir: dataDir, Version: version})
 	res, err := seed.Cluster(ctx, c.Cli, seed.Options{Dir: c.Dir})
 	if err != nil {
 		t.Fatal(err)
@@ -208,9 +210,11 @@ func sameReports(t *testing.T, what string, liveInv, liveVer, inv, ver string) {
 // same reports, byte for byte, as against the live etcd at the snapshot's
 // revision; so are they at an older revision (--revision); the file is not
 // changed and the private directory is removed.
-func TestReadEqualsLiveEtcd(t *testing.T) {
+func TestReadEqualsLiveEtcd(t *testing.T) { testetcd.Each(t, testReadEqualsLiveEtcd) }
+
+func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	ctx := context.Background()
-	f := newFixture(t)
+	f := newFixture(t, version)
 	before := fileSum(t, f.snap)
 	cfg := pipeline.Config{EncryptionConfig: f.encCfg}
 	liveInv, liveVer, liveExit := reports(t, f.c.Cli, cfg)
@@ -336,7 +340,7 @@ func TestRevisionChecks(t *testing.T) {
 // TestDamagedFiles: a truncated, corrupt or foreign file is refused with one
 // line naming it; nothing is left behind.
 func TestDamagedFiles(t *testing.T) {
-	f := newFixture(t)
+	f := newFixture(t, testetcd.Linked)
 	good, err := os.ReadFile(f.snap)
 	if err != nil {
 		t.Fatal(err)
@@ -391,8 +395,10 @@ func TestDamagedFiles(t *testing.T) {
 
 // TestMemberDB: a member's member/snap/db (no sha256 trailer) is read with
 // --skip-hash-check like a snapshot; while its member runs it is locked.
-func TestMemberDB(t *testing.T) {
-	f := newFixture(t)
+func TestMemberDB(t *testing.T) { testetcd.Each(t, testMemberDB) }
+
+func testMemberDB(t *testing.T, version string) {
+	f := newFixture(t, version)
 	db := filepath.Join(f.dataDir, "data", "member", "snap", "db")
 	_, err := snapshotfile.Open(context.Background(), db, snapshotfile.Options{SkipHashCheck: true})
 	if err == nil || !strings.Contains(err.Error(), "locked by a running etcd member") {
@@ -488,7 +494,7 @@ func TestShortLeaseKeptAlive(t *testing.T) {
 // existing file without force, and never the input.
 func TestSave(t *testing.T) {
 	ctx := context.Background()
-	f := newFixture(t)
+	f := newFixture(t, testetcd.Linked)
 	before := fileSum(t, f.snap)
 	s := open(t, f.snap, snapshotfile.Options{})
 	cfg := pipeline.Config{EncryptionConfig: f.encCfg}
