@@ -39,11 +39,14 @@ func isTransient(ctx context.Context, err error) bool {
 		switch {
 		case s.Code() == codes.Unavailable, s.Code() == codes.DeadlineExceeded:
 			return true
-		case s.Code() == codes.Unknown && s.Message() == raft.ErrProposalDropped.Error():
-			// etcd (3.6 and 3.7) hands raft's own error to the client, with
-			// no rpctypes error of its own, when the member could not propose
-			// the request: a leader transfer (move-leader) is under way, or
-			// it knows no leader. Nothing was applied; the next leader takes it.
+		case s.Code() == codes.Unknown && (s.Message() == raft.ErrProposalDropped.Error() || s.Message() == raft.ErrStopped.Error()):
+			// etcd (3.6 and 3.7) hands raft's own errors to the client, with
+			// no rpctypes error of their own: the member could not propose
+			// the request (a leader transfer is under way, or it knows no
+			// leader: nothing was applied), or its raft stopped under the
+			// request (the member is going down: the request may have been
+			// committed, which the caller's ambiguity check covers). Another
+			// member, or the next leader, takes it.
 			return true
 		}
 	}

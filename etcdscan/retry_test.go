@@ -101,16 +101,19 @@ func TestWithRetry(t *testing.T) {
 	}
 
 	// During a leader transfer etcd passes raft's "proposal dropped" on as an
-	// unknown gRPC error: retried too.
-	calls = 0
-	amb, err = withRetry(ctx, time.Second, 3, func(context.Context) error {
-		if calls++; calls < 2 {
-			return status.Error(codes.Unknown, raft.ErrProposalDropped.Error())
+	// unknown gRPC error, and "raft: stopped" from a member going down:
+	// retried too.
+	for _, raftErr := range []error{raft.ErrProposalDropped, raft.ErrStopped} {
+		calls = 0
+		amb, err = withRetry(ctx, time.Second, 3, func(context.Context) error {
+			if calls++; calls < 2 {
+				return status.Error(codes.Unknown, raftErr.Error())
+			}
+			return nil
+		})
+		if err != nil || !amb || calls != 2 {
+			t.Errorf("%v then success: ambiguous %v, err %v, %d calls", raftErr, amb, err, calls)
 		}
-		return nil
-	})
-	if err != nil || !amb || calls != 2 {
-		t.Errorf("proposal dropped then success: ambiguous %v, err %v, %d calls", amb, err, calls)
 	}
 
 	calls = 0

@@ -23,7 +23,8 @@ import (
 // TestThreeMemberClusterLeaderChanges: a key rotation on a 3-member etcd
 // cluster, the tool connected to all three members as etcdctl would be,
 // while the leadership is handed to another member (move-leader) and then
-// that leader is stopped (a crash or a reboot of its node), both while the
+// that leader is killed (a crash of its node: no leadership transfer, the
+// others elect a new leader after the election timeout), both while the
 // run is writing. Nothing is lost: every key is rewritten exactly once
 // (etcd's per-key version), the journal holds an intent and a done record
 // for every write, a verify afterwards finds every object current, the
@@ -93,7 +94,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	}
 	// The disruptions come from the run's progress, after a page's batches
 	// are queued: the writers go on writing while the leadership moves (a
-	// quarter of the keys scanned) and while the new leader stops (half).
+	// quarter of the keys scanned) and while the new leader is killed (half).
 	type event struct {
 		what     string
 		revision int64 // etcd's revision once it was over
@@ -113,12 +114,12 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 			case len(evs) == 1 && p.Scanned >= n/2:
 				lead, err := ec.WaitLeader(ctx)
 				if err != nil {
-					t.Errorf("stop-leader: %v", err)
+					t.Errorf("kill-leader: %v", err)
 					return
 				}
 				stopped = lead
-				ec.Members[lead].Stop()
-				evs = append(evs, event{"stop-leader", c.Revision()})
+				ec.Members[lead].Kill()
+				evs = append(evs, event{"kill-leader", c.Revision()})
 			}
 		},
 	}
@@ -190,7 +191,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 		}
 	}
 
-	// A verify afterwards (the stopped member still down) says current.
+	// A verify afterwards (the killed member still down) says current.
 	rep, err := verify.Run(ctx, c.Env(pipeline.Config{EncryptionConfig: newCfg}), verify.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -199,6 +199,24 @@ func (s *Server) Stop() {
 	}
 }
 
+// Kill stops the member as a crash does: an embedded member's raft stops at
+// once, without handing its leadership to a peer (as Stop does), then its
+// listeners close; a process gets SIGKILL. Restart brings it back.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	e, p := s.Etcd, s.proc
+	s.Etcd, s.proc = nil, nil
+	s.mu.Unlock()
+	if e != nil {
+		e.Server.HardStop()
+		e.Close()
+	}
+	if p != nil {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
 // Restart starts a stopped member again on the same address and data.
 func (s *Server) Restart() error {
 	s.mu.Lock()
