@@ -28,6 +28,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 )
 
@@ -219,7 +220,8 @@ func commandUsageError(c *cli.Context, err error, _ bool) error {
 // copy), profiling, the pipeline.
 type session struct {
 	cli      *clientv3.Client
-	snap     *snapshotfile.Snapshot
+	snap     *snapshotfile.Snapshot // a --snapshot-file restored (commands that write)
+	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands)
 	env      *pipeline.Env
 	enc      *decode.Encryption // loaded before Setup (to read kubeadm-config), handed to it
 	stopProf func()
@@ -237,6 +239,9 @@ func (s *session) close() {
 	}
 	if s.snap != nil {
 		s.snap.Close()
+	}
+	if s.file != nil {
+		s.file.Close()
 	}
 	if s.stopProf != nil {
 		s.stopProf()
@@ -295,7 +300,12 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		return nil, usageErr("%v", err)
 	}
 	var cli *clientv3.Client
-	if snapshotFile != "" {
+	if snapshotFile != "" && readsInPlace(c) {
+		if s.file, err = openSnapshotFile(c); err != nil {
+			s.close()
+			return nil, err
+		}
+	} else if snapshotFile != "" {
 		if s.snap, err = openSnapshot(ctx, c); err != nil {
 			s.close()
 			return nil, err
@@ -325,9 +335,16 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
 		cfg.Revision = s.snap.Info.Revision
 	}
+	if s.file != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
+		cfg.Revision = s.file.Info.Revision
+	}
 	if withTarget && api.Release == "" {
 		// Nothing said which release the cluster runs: kubeadm says it in etcd.
-		if err := releaseFromCluster(ctx, c, s, cli, api, &cfg); err != nil {
+		var src etcdscan.Source = etcdscan.ClientSource{Client: cli}
+		if s.file != nil {
+			src = s.file
+		}
+		if err := releaseFromCluster(ctx, c, s, src, api, &cfg); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -338,7 +355,12 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
 	}
-	env, err := pipeline.Setup(ctx, cli, cfg)
+	var env *pipeline.Env
+	if s.file != nil {
+		env, err = pipeline.SetupSource(ctx, s.file, cfg)
+	} else {
+		env, err = pipeline.Setup(ctx, cli, cfg)
+	}
 	// After Setup, success or not: the line names the KMS endpoints mapped
 	// while the encryption configuration was loaded.
 	reportAPIServer(c, api)
@@ -369,7 +391,7 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 // (pipeline.ClusterRelease) and, when there is one, makes it the target and
 // applies its feature gates and emulation again. The encryption providers
 // loaded for it are handed to Setup.
-func releaseFromCluster(ctx context.Context, c *cli.Context, s *session, etcd *clientv3.Client, api *apiserverconfig.Config, cfg *pipeline.Config) error {
+func releaseFromCluster(ctx context.Context, c *cli.Context, s *session, etcd etcdscan.Source, api *apiserverconfig.Config, cfg *pipeline.Config) error {
 	enc, err := pipeline.LoadEncryption(ctx, *cfg)
 	if err != nil {
 		return err
@@ -488,12 +510,12 @@ func countKeys(ctx context.Context, env *pipeline.Env) int64 {
 	var n int64
 	for _, p := range env.Prefixes {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := env.Client.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		count, err := env.Source.Count(ctx, p)
 		cancel()
 		if err != nil {
 			return 0
 		}
-		n += resp.Count
+		n += count
 	}
 	return n
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/pipeline"
@@ -111,7 +113,17 @@ func TestTargetRelease(t *testing.T) {
 	if got := target(); got != "kube-apiserver 1.36 (protobuf; release from the kubeadm-config in etcd)" {
 		t.Errorf("kubeadm-config v1.36.2: target %q", got)
 	}
-	code, stdout, stderr := runCLI(t, "migrate", "--endpoints", ep, "-o", "json")
+	// So does it in a snapshot file, read in place.
+	snap := filepath.Join(t.TempDir(), "backup.db")
+	if err := etcdscan.Snapshot(context.Background(), c.Cli, snap); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCLI(t, "verify", "-o", "json", "--snapshot-file", snap)
+	var rep struct{ Target string }
+	if err := json.Unmarshal([]byte(stdout), &rep); code != 3 || err != nil || rep.Target != "kube-apiserver 1.36 (protobuf; release from the kubeadm-config in etcd)" || !strings.Contains(stderr, "read in place") {
+		t.Errorf("verify --snapshot-file with kubeadm-config: exit %d, target %q (%v), stderr %q", code, rep.Target, err, stderr)
+	}
+	code, stdout, stderr = runCLI(t, "migrate", "--endpoints", ep, "-o", "json")
 	if code != exitOK {
 		t.Fatalf("migrate with kubeadm-config: exit %d\n%s", code, stderr)
 	}

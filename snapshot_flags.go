@@ -12,6 +12,7 @@ import (
 
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/verify"
 )
@@ -20,7 +21,7 @@ import (
 // command but rollback).
 func snapshotFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: a copy is restored by etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled"},
+		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: inventory, inspect, verify and quarantine --dry-run read it in place, the commands that write restore a copy with etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled (restored copies only)"},
 		&cli.BoolFlag{Name: "skip-hash-check", Usage: "read a --snapshot-file without etcd's sha256 trailer (a member's member/snap/db) or whose trailer does not match, as etcdutl's --skip-hash-check"},
 	}
 }
@@ -78,6 +79,39 @@ func snapshotOptions(c *cli.Context, path string) snapshotfile.Options {
 	return snapshotfile.Options{Username: user, Password: password, QuotaBackendBytes: quota}
 }
 
+// readsInPlace says whether the running command reads a --snapshot-file in
+// place (snapshotdb: the read-only commands) rather than restoring it into a
+// private etcd (snapshotfile: the commands that write, through etcd).
+func readsInPlace(c *cli.Context) bool {
+	switch c.Command.Name {
+	case "inventory", "inspect", "verify":
+		return true
+	case "quarantine":
+		return c.Bool("dry-run")
+	}
+	return false
+}
+
+// openSnapshotFile opens --snapshot-file for reading in place and says on
+// stderr what it is.
+func openSnapshotFile(c *cli.Context) (*snapshotdb.File, error) {
+	f, err := snapshotdb.Open(c.String("snapshot-file"), snapshotdb.Options{SkipHashCheck: c.Bool("skip-hash-check")})
+	if err != nil {
+		return nil, err
+	}
+	in := f.Info
+	fmt.Fprintf(c.App.ErrWriter, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s); read in place, read-only\n",
+		in.Path, hashWords(in.Hash), in.Revision, max(in.CompactRevision, 1), in.Leases)
+	return f, nil
+}
+
+func hashWords(h snapshotdb.Hash) string {
+	if h == snapshotdb.HashSkipped {
+		return "sha256 not checked (--skip-hash-check; every record read through)"
+	}
+	return "sha256 verified"
+}
+
 // openSnapshot opens --snapshot-file and says on stderr what it is.
 func openSnapshot(ctx context.Context, c *cli.Context) (*snapshotfile.Snapshot, error) {
 	path := c.String("snapshot-file")
@@ -92,12 +126,8 @@ func openSnapshot(ctx context.Context, c *cli.Context) (*snapshotfile.Snapshot, 
 }
 
 func describeSnapshot(w io.Writer, in snapshotfile.Info) {
-	hash := "sha256 verified"
-	if in.Hash == snapshotfile.HashSkipped {
-		hash = "sha256 not checked (--skip-hash-check; every record read through)"
-	}
 	fmt.Fprintf(w, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s) holding %d key(s); read through a private copy, removed on exit\n",
-		in.Path, hash, in.Revision, max(in.CompactRevision, 1), in.Leases, in.LeasedKeys)
+		in.Path, hashWords(in.Hash), in.Revision, max(in.CompactRevision, 1), in.Leases, in.LeasedKeys)
 }
 
 // saveAndVerify writes the private etcd to --output-snapshot, then opens that

@@ -22,20 +22,22 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/verify"
 )
 
-// verifySnapshotFile runs the gate "this backup restores with these keys".
+// verifySnapshotFile runs the gate "this backup restores with these keys",
+// reading the file in place as `verify --snapshot-file` does.
 func verifySnapshotFile(t *testing.T, path, encCfg string) *verify.Report {
 	t.Helper()
 	ctx := context.Background()
-	snap, err := snapshotfile.Open(ctx, path, snapshotfile.Options{})
+	snap, err := snapshotdb.Open(path, snapshotdb.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer snap.Close()
-	env, err := pipeline.Setup(ctx, snap.Client, pipeline.Config{EncryptionConfig: encCfg, SnapshotFile: path, Revision: snap.Info.Revision})
+	env, err := pipeline.SetupSource(ctx, snap, pipeline.Config{EncryptionConfig: encCfg, SnapshotFile: path, Revision: snap.Info.Revision})
 	if err != nil {
 		t.Fatal(err)
 	}

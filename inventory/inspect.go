@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -92,30 +91,24 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 	default:
 		return fmt.Errorf("unknown output format %q (want yaml or json)", format)
 	}
-	if env == nil || env.Client == nil {
+	if env == nil || env.Source == nil {
 		return errors.New("inspect: no environment")
 	}
-	var opts []clientv3.OpOption
-	if env.Config.Revision > 0 {
-		opts = append(opts, clientv3.WithRev(env.Config.Revision))
-	}
-	resp, err := env.Client.Get(ctx, key, opts...)
+	kv, found, err := env.Source.Get(ctx, key, env.Config.Revision)
 	if err != nil {
 		return fmt.Errorf("get %s: %w", key, err)
 	}
-	if len(resp.Kvs) == 0 {
+	if !found {
 		if env.Config.Revision > 0 {
 			return fmt.Errorf("key not found at revision %d: %s", env.Config.Revision, key)
 		}
 		return fmt.Errorf("key not found: %s", key)
 	}
-	raw := resp.Kvs[0]
-	kv := etcdscan.KV{Key: string(raw.Key), Value: raw.Value, ModRevision: raw.ModRevision, CreateRevision: raw.CreateRevision, Version: raw.Version, Lease: raw.Lease}
 	out := inspected{Storage: Header{
 		Key: kv.Key, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Size: len(kv.Value),
 	}}
 	if kv.Lease != 0 {
-		leaseInfo(ctx, env.Client, kv.Lease, env.Config.SnapshotFile != "", &out.Storage)
+		leaseInfo(ctx, env.Source, kv.Lease, env.Config.SnapshotFile != "", &out.Storage)
 	}
 
 	obj, decodeErr := env.Decoder.Decode(ctx, kv)
@@ -155,9 +148,9 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 // leaseInfo fills the lease's TTLs. A snapshot file does not record the time a
 // lease had left (etcd gives it its full TTL when restored): only the granted
 // TTL is reported.
-func leaseInfo(ctx context.Context, cli *clientv3.Client, lease int64, snapshot bool, h *Header) {
+func leaseInfo(ctx context.Context, src etcdscan.Source, lease int64, snapshot bool, h *Header) {
 	h.Lease = fmt.Sprintf("%016x", lease)
-	ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	ttl, err := src.Lease(ctx, lease)
 	if err != nil {
 		h.LeaseError = err.Error()
 		return

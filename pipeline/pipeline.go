@@ -7,6 +7,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sort"
@@ -85,6 +86,11 @@ type CRD struct {
 
 // Env is a prepared run.
 type Env struct {
+	// Source is what every read goes through: the etcd client's, or a
+	// snapshot file read in place (SetupSource).
+	Source etcdscan.Source
+	// Client writes (migrate, quarantine, rollback, storage migrations); nil
+	// for a read-only run set up on a Source.
 	Client     *clientv3.Client
 	Config     Config
 	Storage    *decode.StorageConfig // decoding (the linked kube-apiserver)
@@ -103,9 +109,21 @@ type Env struct {
 	Warnings []string
 }
 
-// Setup prepares a run: storage codecs, encryption, CRDs (read from etcd at the
-// current revision), and the key ranges the filters select.
+// Setup prepares a run on an etcd client, which reads and writes: storage
+// codecs, encryption, CRDs (read from etcd at the current revision), and the
+// key ranges the filters select.
 func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) {
+	env, err := SetupSource(ctx, etcdscan.ClientSource{Client: cli}, cfg)
+	if err != nil {
+		return nil, err
+	}
+	env.Client = cli
+	return env, nil
+}
+
+// SetupSource prepares a read-only run (inventory, inspect, verify,
+// quarantine --dry-run) that reads src: Env.Client is nil.
+func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "/registry"
 	}
@@ -115,10 +133,10 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 2 * runtime.GOMAXPROCS(0)
 	}
-	if err := checkPrefix(ctx, cli, cfg.Prefix); err != nil {
+	if err := checkPrefix(ctx, src, cfg.Prefix); err != nil {
 		return nil, err
 	}
-	if err := checkRevision(ctx, cli, cfg.Revision); err != nil {
+	if err := checkRevision(ctx, src, cfg.Revision); err != nil {
 		return nil, err
 	}
 	storage, err := decode.NewStorageConfig("", "")
@@ -143,7 +161,7 @@ func Setup(ctx context.Context, cli *clientv3.Client, cfg Config) (*Env, error) 
 	}
 	res := decode.NewResolver(cfg.Prefix, storage)
 	env := &Env{
-		Client:     cli,
+		Source:     src,
 		Config:     cfg,
 		Storage:    storage,
 		Target:     target,
@@ -222,33 +240,52 @@ func (e *Env) Close() {
 
 // checkPrefix refuses a --prefix under which etcd holds nothing while it holds
 // other keys: most likely kube-apiserver runs with a different --etcd-prefix.
-func checkPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
+func checkPrefix(ctx context.Context, src etcdscan.Source, prefix string) error {
 	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
 	defer cancel()
-	in, err := cli.Get(rctx, strings.TrimSuffix(prefix, "/")+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	in, err := firstKey(rctx, src, strings.TrimSuffix(prefix, "/")+"/")
 	if err != nil {
 		return fmt.Errorf("count keys under --prefix %s: %w", prefix, err)
 	}
-	if in.Count > 0 {
+	if in != "" {
 		return nil
 	}
-	any, err := cli.Get(rctx, "\x00", clientv3.WithFromKey(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	first, err := firstKey(rctx, src, "")
 	if err != nil {
 		return fmt.Errorf("count keys under --prefix %s: %w", prefix, err)
 	}
-	if len(any.Kvs) == 0 {
+	if first == "" {
 		return nil // an empty etcd: nothing to do, nothing wrong
 	}
-	first := string(any.Kvs[0].Key)
 	if len(first) > 80 {
 		first = first[:80] + "…"
 	}
 	return fmt.Errorf("--prefix %s: etcd has no keys under it, but has others (first: %q); set --prefix to kube-apiserver's --etcd-prefix", prefix, first)
 }
 
+// errFound stops firstKey's scan.
+var errFound = errors.New("found")
+
+// firstKey is the first key under prefix ("" for none): a scan stopped at
+// its first page of one key.
+func firstKey(ctx context.Context, src etcdscan.Source, prefix string) (string, error) {
+	var key string
+	_, err := src.Scan(ctx, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: 1}, func(page []etcdscan.KV) error {
+		if len(page) > 0 {
+			key = page[0].Key
+			return errFound
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errFound) {
+		return "", err
+	}
+	return key, nil
+}
+
 // checkRevision refuses a --revision etcd cannot serve: in the future, or
 // compacted (etcd keeps no older values).
-func checkRevision(ctx context.Context, cli *clientv3.Client, rev int64) error {
+func checkRevision(ctx context.Context, src etcdscan.Source, rev int64) error {
 	if rev == 0 {
 		return nil
 	}
@@ -257,16 +294,12 @@ func checkRevision(ctx context.Context, cli *clientv3.Client, rev int64) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
 	defer cancel()
-	resp, err := cli.Get(rctx, "\x00", clientv3.WithCountOnly())
-	if err != nil {
-		return fmt.Errorf("--revision %d: read the current revision: %w", rev, err)
-	}
-	if cur := resp.Header.Revision; rev > cur {
-		return fmt.Errorf("--revision %d: etcd is at revision %d", rev, cur)
-	}
-	compacted, err := etcdscan.CompactRevision(rctx, cli)
+	cur, compacted, err := src.Revisions(rctx)
 	if err != nil {
 		return fmt.Errorf("--revision %d: %w", rev, err)
+	}
+	if rev > cur {
+		return fmt.Errorf("--revision %d: etcd is at revision %d", rev, cur)
 	}
 	if rev < compacted {
 		return fmt.Errorf("--revision %d is compacted: the oldest revision etcd still has is %d", rev, compacted)
@@ -277,7 +310,7 @@ func checkRevision(ctx context.Context, cli *clientv3.Client, rev int64) error {
 // loadCRDs reads every CRD object and registers its custom resources.
 func (e *Env) loadCRDs(ctx context.Context) error {
 	opts := etcdscan.ScanOptions{Prefixes: []string{e.Resolver.CRDKeyPrefix()}, PageSize: e.Config.PageSize, Revision: e.Config.Revision, KeepRevision: e.Config.Revision > 0}
-	_, err := etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
+	_, err := e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
 		for _, kv := range page {
 			obj, err := e.Decoder.Decode(ctx, kv)
 			if err != nil {
@@ -417,7 +450,7 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 		}
 	}()
 	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, KeepRevision: revision > 0, PageSize: e.Config.PageSize}
-	stats, err := etcdscan.Scan(ctx, e.Client, opts, func(page []etcdscan.KV) error {
+	stats, err := e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
 		out := e.decidePage(ctx, page, mode)
 		if err := ctx.Err(); err != nil {
 			return err

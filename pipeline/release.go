@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	api "k8s.io/kubernetes/pkg/apis/core"
 	"sigs.k8s.io/yaml"
 
@@ -32,24 +31,23 @@ func LoadEncryption(ctx context.Context, cfg Config) (*decode.Encryption, error)
 // ConfigMap, decrypted and decoded as kube-apiserver reads it. It returns ""
 // with no error when there is no such ConfigMap (not a kubeadm cluster), and
 // an error naming the key when it is there but cannot be read.
-func ClusterRelease(ctx context.Context, cli *clientv3.Client, prefix string, enc *decode.Encryption) (string, error) {
+func ClusterRelease(ctx context.Context, src etcdscan.Source, prefix string, enc *decode.Encryption) (string, error) {
 	key := KubeadmConfigKey(prefix)
 	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
 	defer cancel()
-	resp, err := cli.Get(rctx, key)
+	kv, found, err := src.Get(rctx, key, 0)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", key, err)
 	}
-	if len(resp.Kvs) == 0 {
+	if !found {
 		return "", nil
 	}
-	kv := resp.Kvs[0]
 	storage, err := decode.NewStorageConfig("", "")
 	if err != nil {
 		return "", err
 	}
 	dec := decode.NewDecoder(decode.NewResolver(prefix, storage), storage, enc)
-	obj, err := dec.Decode(ctx, etcdscan.KV{Key: key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease})
+	obj, err := dec.Decode(ctx, kv)
 	if err != nil {
 		return "", fmt.Errorf("kubeadm's ClusterConfiguration: %w", err)
 	}

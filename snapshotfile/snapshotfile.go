@@ -32,6 +32,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/loopback"
+	"kube-etcd-migrate/snapshotdb"
 )
 
 // Options tune Open.
@@ -62,6 +63,15 @@ type Options struct {
 // master leases. A longer timeout would only delay the start: a single member
 // waits up to two timeouts to elect itself.
 const electionMs = 1000
+
+// Hash says how the file's integrity was established (snapshotdb.Check).
+type Hash = snapshotdb.Hash
+
+// The two ways (snapshotdb.HashVerified, snapshotdb.HashSkipped).
+const (
+	HashVerified = snapshotdb.HashVerified
+	HashSkipped  = snapshotdb.HashSkipped
+)
 
 // Info describes an open snapshot file.
 type Info struct {
@@ -137,7 +147,7 @@ func RemoveTempDirs() {
 // directory and serves it. The file is opened read-only and never changed.
 // Errors are one line naming the file. The caller must Close the snapshot.
 func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err error) {
-	size, hash, v, err := checkFile(path, opts.SkipHashCheck)
+	size, hash, v, err := snapshotdb.Check(path, opts.SkipHashCheck)
 	if err != nil {
 		return nil, err
 	}
@@ -155,10 +165,10 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 	}
 	openDirs[dir] = true
 	openMu.Unlock()
-	s = &Snapshot{dir: dir, Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.storage, ClusterVersion: v.cluster}}
+	s = &Snapshot{dir: dir, Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fileError(path, "etcd could not restore it: %v", r)
+			err = snapshotdb.FileError(path, "etcd could not restore it: %v", r)
 		}
 		if err != nil {
 			s.Close()
@@ -175,7 +185,7 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 		s.keepLeasesAlive()
 	}
 	if err := s.describe(ctx); err != nil {
-		return s, fileError(path, "%v", err)
+		return s, snapshotdb.FileError(path, "%v", err)
 	}
 	return s, nil
 }
@@ -196,7 +206,7 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 	for attempt := 0; attempt < 3; attempt++ {
 		port, err := loopback.FreePort()
 		if err != nil {
-			return fileError(path, "pick a loopback port: %v", err)
+			return snapshotdb.FileError(path, "pick a loopback port: %v", err)
 		}
 		peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", port)}
 		if err := os.RemoveAll(dataDir); err != nil {
@@ -212,7 +222,7 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 			SkipHashCheck:       opts.SkipHashCheck,
 		})
 		if err != nil {
-			return fileError(path, "etcd restore: %v", err)
+			return snapshotdb.FileError(path, "etcd restore: %v", err)
 		}
 		e, err := startEtcd(ctx, s.dir, dataDir, peer, clusterToken, opts)
 		if err != nil {
@@ -220,12 +230,12 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 			if strings.Contains(err.Error(), "address already in use") {
 				continue
 			}
-			return fileError(path, "start a private etcd on it: %v", err)
+			return snapshotdb.FileError(path, "start a private etcd on it: %v", err)
 		}
 		s.etcd = e
 		return nil
 	}
-	return fileError(path, "start a private etcd on it: %v", lastErr)
+	return snapshotdb.FileError(path, "start a private etcd on it: %v", lastErr)
 }
 
 func startEtcd(ctx context.Context, dir, dataDir string, peer url.URL, token string, opts Options) (*embed.Etcd, error) {
@@ -277,7 +287,7 @@ func (s *Snapshot) connect(ctx context.Context, path string, opts Options) error
 		CommandTimeout: etcdscan.DefaultCommandTimeout,
 	})
 	if err != nil {
-		return fileError(path, "%v", err)
+		return snapshotdb.FileError(path, "%v", err)
 	}
 	s.Client = cli
 	return nil
@@ -440,7 +450,7 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	if err := etcdscan.Snapshot(ctx, s.Client, tmpPath); err != nil {
 		return fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
-	if err := keepVersions(tmpPath, versions{storage: s.Info.StorageVersion, cluster: s.Info.ClusterVersion}); err != nil {
+	if err := keepVersions(tmpPath, snapshotdb.Versions{Storage: s.Info.StorageVersion, Cluster: s.Info.ClusterVersion}); err != nil {
 		return fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
 	if err := publish(tmpPath, out, force); err != nil {

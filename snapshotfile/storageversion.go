@@ -11,23 +11,9 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/backend"
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"go.uber.org/zap"
+
+	"kube-etcd-migrate/snapshotdb"
 )
-
-// versions are the etcd versions a database file records: its storage
-// schema version (etcd 3.6 and later) and the cluster version.
-type versions struct{ storage, cluster string }
-
-// readVersions reads them with etcd's own bucket and key names.
-func readVersions(tx *bolt.Tx) versions {
-	var v versions
-	if sv := schema.ReadStorageVersionFromSnapshot(tx); sv != nil {
-		v.storage = sv.String()
-	}
-	if b := tx.Bucket(schema.Cluster.Name()); b != nil {
-		v.cluster = string(b.Get(schema.ClusterClusterVersionKeyName))
-	}
-	return v
-}
 
 // noWAL is the WAL of a snapshot file: it has none (a restore writes a new
 // one), so no WAL entry stands in the way of a lower storage version.
@@ -46,12 +32,12 @@ func (noWAL) MinimalEtcdVersion() *semver.Version { return nil }
 // a data directory), the cluster version saved with etcd's membership
 // store, and the trailer written again. The input of an etcd 3.5 cluster
 // records no storage version: the file is given the 3.5 schema.
-func keepVersions(path string, want versions) error {
+func keepVersions(path string, want snapshotdb.Versions) error {
 	var storage, cluster *semver.Version
 	for _, v := range []struct {
 		s   string
 		dst **semver.Version
-	}{{want.storage, &storage}, {want.cluster, &cluster}} {
+	}{{want.Storage, &storage}, {want.Cluster, &cluster}} {
 		if v.s == "" {
 			continue
 		}
@@ -70,7 +56,7 @@ func keepVersions(path string, want versions) error {
 	if err != nil {
 		return err
 	}
-	if !hasTrailer(fi.Size()) {
+	if !snapshotdb.HasTrailer(fi.Size()) {
 		return fmt.Errorf("the snapshot etcd sent has no sha256 trailer (%d bytes)", fi.Size())
 	}
 	have, err := versionsOf(path)
@@ -81,7 +67,7 @@ func keepVersions(path string, want versions) error {
 		h, err := semver.NewVersion(have)
 		return want != nil && err == nil && want.LessThan(*h)
 	}
-	downStorage, downCluster := lower(storage, have.storage), lower(cluster, have.cluster)
+	downStorage, downCluster := lower(storage, have.Storage), lower(cluster, have.Cluster)
 	if !downStorage && !downCluster {
 		return nil
 	}
@@ -101,21 +87,21 @@ func keepVersions(path string, want versions) error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("storage version %s -> %s: %w", have.storage, storage, err)
+		return fmt.Errorf("storage version %s -> %s: %w", have.Storage, storage, err)
 	}
 	return appendTrailer(path)
 }
 
 // versionsOf reads the versions a database file records.
-func versionsOf(path string) (versions, error) {
+func versionsOf(path string) (snapshotdb.Versions, error) {
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true})
 	if err != nil {
-		return versions{}, err
+		return snapshotdb.Versions{}, err
 	}
 	defer db.Close()
-	var v versions
+	var v snapshotdb.Versions
 	err = db.View(func(tx *bolt.Tx) error {
-		v = readVersions(tx)
+		v = snapshotdb.ReadVersions(tx)
 		return nil
 	})
 	return v, err

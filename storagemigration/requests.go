@@ -124,7 +124,7 @@ func List(ctx context.Context, env *pipeline.Env) (*Requests, error) {
 	}
 	out := &Requests{}
 	opts := etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: env.Config.PageSize, Revision: env.Config.Revision, KeepRevision: env.Config.Revision > 0}
-	stats, err := etcdscan.Scan(ctx, env.Client, opts, func(page []etcdscan.KV) error {
+	stats, err := env.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
 		for _, kv := range page {
 			obj, err := env.Decoder.Decode(ctx, kv)
 			if err != nil {
