@@ -125,9 +125,10 @@ func (f *File) pass(ctx context.Context, r *reader, rev int64, lo, end string, b
 		if err != nil {
 			return window{}, FileError(f.Info.Path, "damaged key record %x: %v", k, err)
 		}
-		// The conversions below copy nothing but the keys kept.
+		// The comparisons and the lookup copy nothing; the assignment copies
+		// the key (again, for a key written again: garbage, not growth).
 		if string(key) >= lo && (end == "" || string(key) < end) && (hi == "" || string(key) < hi) {
-			if _, seen := keys[string(key)]; !seen { // a lookup copies nothing
+			if _, seen := keys[string(key)]; !seen {
 				size += len(key) + entryCost
 			}
 			keys[string(key)] = latest{main: bk.Main, sub: bk.Sub, tombstone: mvcc.IsTombstone(k)}
