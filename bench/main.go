@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"kube-etcd-migrate/decode"
 	"math"
 	"os"
 	"path/filepath"
@@ -431,7 +432,13 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 				return err
 			}
 			before := etcd.RSSKB()
-			tr, err := runTool(ctx, v.bin, append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}, common...)...)
+			args := []string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}
+			if v.bin == bin {
+				// migrate writes only for a release it is told; a -baseline
+				// built before that rule (or for another release) is not told.
+				args = append(args, "--target-version", decode.LinkedRelease())
+			}
+			tr, err := runTool(ctx, v.bin, append(args, common...)...)
 			if err != nil {
 				return err
 			}
@@ -510,7 +517,7 @@ func profileRuns(ctx context.Context, o options, bin string, common []string, re
 		}
 		args := []string{cmd, "-o", "json", "--cpuprofile", filepath.Join(abs, cmd+".cpu.pprof"), "--memprofile", filepath.Join(abs, cmd+".mem.pprof")}
 		if cmd == "migrate" {
-			args = append(args, "--quota-backend-bytes", fmt.Sprint(o.quota))
+			args = append(args, "--quota-backend-bytes", fmt.Sprint(o.quota), "--target-version", decode.LinkedRelease())
 		}
 		tr, err := runTool(ctx, bin, append(args, common...)...)
 		if err != nil {
