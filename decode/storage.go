@@ -75,6 +75,7 @@ type StorageConfig struct {
 	factory   *serverstorage.DefaultStorageFactory
 	mediaType string
 	effective basecompatibility.EffectiveVersion
+	release   string // the target kube-apiserver's release, MAJOR.MINOR
 
 	// builtins maps each built-in group/resource to its internal kind.
 	builtins map[schema.GroupResource]string
@@ -119,7 +120,9 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	}
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType
+	release, emulated := targetRelease(o)
 	cfg := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
+	cfg.ResourceEncodingOverrides = releaseOverrides(release, emulated, cfg.ResourceEncodingOverrides)
 	cfg.APIResourceConfig = o.ResourceConfig
 	if cfg.APIResourceConfig == nil {
 		cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
@@ -133,9 +136,58 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 		factory:   factory,
 		mediaType: mediaType,
 		effective: ev,
+		release:   release,
 		builtins:  builtinResources(),
 		codecs:    map[schema.GroupResource]*ResourceCodec{},
 	}, nil
+}
+
+// targetRelease is the release (MAJOR.MINOR) of the target kube-apiserver
+// (TargetEffectiveVersion validated o), and whether it emulates an older one.
+func targetRelease(o StorageOptions) (string, bool) {
+	release := LinkedRelease()
+	if v, err := parseMajorMinor(o.Release); o.Release != "" && err == nil {
+		release = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+	}
+	if v, err := parseMajorMinor(o.EmulatedVersion); o.EmulatedVersion != "" && err == nil {
+		return release, fmt.Sprintf("%d.%d", v.Major(), v.Minor()) != release
+	}
+	return release, false
+}
+
+// releaseOverrides are the storage-version overrides of the storage factory
+// of the target kube-apiserver. For a previous release, run without
+// --emulated-version, whose real kube-apiserver's storage versions were
+// generated (releaseStorageVersions, go run ./internal/releasegen), each
+// built-in resource is stored in the version that release stores it in:
+// the linked kube-apiserver's emulation alone applies the linked release's
+// overrides whatever the emulated version (1.37 emulating 1.36 stores
+// DeviceTaintRules as resource.k8s.io/v1beta2, 1.36 as v1alpha3). A
+// resource stored in another group's version (cohabitation) or in a version
+// the linked release no longer has keeps what the linked code computes.
+func releaseOverrides(release string, emulated bool, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
+	versions, ok := releaseStorageVersions[release]
+	if !ok || emulated {
+		return overrides
+	}
+	byGR := map[schema.GroupResource]schema.GroupVersionResource{}
+	for _, o := range overrides {
+		byGR[o.GroupResource()] = o
+	}
+	for resource, version := range versions {
+		gr := schema.ParseGroupResource(resource)
+		gv, err := schema.ParseGroupVersion(version)
+		if err != nil || gv.Group != gr.Group || !legacyscheme.Scheme.IsVersionRegistered(gv) {
+			continue
+		}
+		byGR[gr] = gv.WithResource(gr.Resource)
+	}
+	out := make([]schema.GroupVersionResource, 0, len(byGR))
+	for _, o := range byGR {
+		out = append(out, o)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
 }
 
 // EffectiveVersion returns the effective version of the real kube-apiserver of

@@ -329,8 +329,6 @@ func TestTargetPreviousRelease(t *testing.T) {
 // lost; it reads what the tool wrote). TestTargetPreviousRelease asserts
 // exactly these are rewritten, so that a fix shows.
 var emulationDiffers = map[schema.GroupResource]string{
-	{Group: "resource.k8s.io", Resource: "devicetaintrules"}: "1.36 stores DeviceTaintRules as v1alpha3 (its storage factory's ResourceEncodingOverrides, kept for rollback to 1.35); " +
-		"1.37 run with --emulated-version=1.36 stores v1beta2: its own override list applies whatever the emulated version",
 	{Group: "storage.k8s.io", Resource: "csinodes"}: "1.37's CSINode has a status, a non-pointer message its protobuf marshaller always writes, even empty; " +
 		"1.36's CSINode has none, so it re-encodes without those two bytes",
 }
