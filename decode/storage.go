@@ -190,6 +190,26 @@ func releaseOverrides(release string, emulated bool, overrides []schema.GroupVer
 	return out
 }
 
+// ReleaseTypes are the protobuf fields of a previous release's Go types
+// (releasegen): Kinds maps a stored kind (schema.GroupVersionKind.String())
+// to its type, Types each type to its fields' message types by number.
+type ReleaseTypes struct {
+	Release string
+	Kinds   map[string]string
+	Types   map[string]map[int32]string
+}
+
+// ReleaseTypes returns the protobuf fields of the Go types of the target
+// release, when it is a previous one whose types were generated; false for
+// the linked release.
+func (s *StorageConfig) ReleaseTypes() (ReleaseTypes, bool) {
+	kinds, ok := releaseProtoKinds[s.release]
+	if !ok {
+		return ReleaseTypes{}, false
+	}
+	return ReleaseTypes{Release: s.release, Kinds: kinds, Types: releaseProtoTypes[s.release]}, true
+}
+
 // EffectiveVersion returns the effective version of the real kube-apiserver of
 // release v ("" = the linked one), as TargetEffectiveVersion(v, "").
 func EffectiveVersion(v string) (basecompatibility.MutableEffectiveVersion, error) {

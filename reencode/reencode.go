@@ -222,6 +222,11 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 		if err != nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, nil, "encode to %s: %v", target.StorageVersion, err))
 		}
+		// As the target release's own types encode it (an older
+		// release's lack some fields this one's always write).
+		if newPlain, err = forRelease(p.Target, target.StorageVersion.WithKind(target.Kind), newPlain); err != nil {
+			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonWouldLoseFields, nil, "%v", err))
+		}
 	}
 
 	write := decode.EncryptionInfo{Provider: "identity"}
@@ -307,7 +312,11 @@ func (p *Planner) Encode(ctx context.Context, gr schema.GroupResource, key strin
 	if err := target.Codec.Encode(obj, &buf); err != nil {
 		return nil, fmt.Errorf("%s: encode to %s: %w", key, target.StorageVersion, err)
 	}
-	value, err := p.encrypt(ctx, gr, key, buf.Bytes())
+	plain, err := forRelease(p.Target, target.StorageVersion.WithKind(target.Kind), buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	value, err := p.encrypt(ctx, gr, key, plain)
 	if err != nil {
 		return nil, fmt.Errorf("%s: encrypt: %w", key, err)
 	}

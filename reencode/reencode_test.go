@@ -221,6 +221,58 @@ func TestFieldAddedByANewerReleaseIsNotLoss(t *testing.T) {
 	}
 }
 
+// TestPreviousReleaseTypes: for --target-version 1.36 a CSINode is written
+// as 1.36's types write it, without the empty status 1.37's always write,
+// so that what 1.36 itself stored is current; a CSINode whose status holds
+// something (1.36 has no such field) is refused, not silently cut.
+func TestPreviousReleaseTypes(t *testing.T) {
+	gr := schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}
+	node := &storage.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "u3", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       storage.CSINodeSpec{Drivers: []storage.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-1"}}},
+	}
+	current := write(t, storageConfig(t, "", ""), gr, node)
+	var u runtime.Unknown
+	if err := u.Unmarshal(current[4:]); err != nil {
+		t.Fatal(err)
+	}
+	u.Raw = bytes.TrimSuffix(u.Raw, []byte{0x1a, 0x00})
+	data, err := u.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	as136 := append([]byte("k8s\x00"), data...)
+
+	target := storageConfig(t, "1.36", "")
+	if _, ok := target.ReleaseTypes(); !ok {
+		t.Fatal("no generated types of 1.36 (go run ./internal/releasegen)")
+	}
+	obj, err := decodeKV(t, "/registry/csinodes/node-1", as136)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Current {
+		t.Errorf("a CSINode as 1.36 stores it, for 1.36: status %s %v %v, want current", d.Status, d.Reasons, d.Err)
+	}
+	obj, err = decodeKV(t, "/registry/csinodes/node-1", current)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Stale || !bytes.Equal(d.NewValue, as136) {
+		t.Errorf("a CSINode as 1.37 stores it, for 1.36: status %s %v %v, want stale and written as 1.36 does", d.Status, d.Reasons, d.Err)
+	}
+
+	node.Status.StorageHealth = []storage.StorageHealth{{Name: "csi.example.com"}}
+	obj, err = decodeKV(t, "/registry/csinodes/node-1", write(t, storageConfig(t, "", ""), gr, node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewPlanner(target, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Unreadable || d.Err.Reason != decode.ReasonWouldLoseFields || !strings.Contains(d.Err.Error(), "1.36") {
+		t.Errorf("a CSINode with a status, for 1.36: status %s %v, want would-lose-fields naming 1.36", d.Status, d.Err)
+	}
+}
+
 func TestUnknownJSONFieldIsRefused(t *testing.T) {
 	jsonSC := storageConfig(t, "", decode.MediaTypeJSON)
 	value := write(t, jsonSC, secretsGR, secret())
