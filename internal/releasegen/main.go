@@ -40,13 +40,14 @@ var program string
 const output = "decode/zz_generated_releases.go"
 
 func main() {
-	if err := run(context.Background()); err != nil {
+	if err := run(context.Background(), output); err != nil {
 		fmt.Fprintln(os.Stderr, "releasegen:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context) error {
+// run generates the file for the releases into path.
+func run(ctx context.Context, path string) error {
 	releases := []string{modbuild.PreviousKubernetes}
 	var storage, kinds, types bytes.Buffer
 	for _, release := range releases {
@@ -118,10 +119,10 @@ var releaseProtoTypes = map[string]map[string]map[int32]string{
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(output, src, 0o644); err != nil {
+	if err := os.WriteFile(path, src, 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("wrote %s (%s)\n", output, strings.Join(releases, ", "))
+	fmt.Printf("wrote %s (%s)\n", path, strings.Join(releases, ", "))
 	return nil
 }
 
