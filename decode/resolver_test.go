@@ -249,3 +249,22 @@ func TestPreviousReleaseStorageVersions(t *testing.T) {
 		t.Errorf("--target-version 1.36: DeviceTaintRules stored as %s, kube-apiserver 1.36 stores resource.k8s.io/v1alpha3", got)
 	}
 }
+
+// TestTargetCannotStoreAVersionItLacks: 1.37 overrides DeviceTaintRules to
+// resource.k8s.io/v1beta2, introduced in 1.36; a 1.35 or 1.34 target stores
+// them in a version it has (its emulated default), never v1beta2.
+func TestTargetCannotStoreAVersionItLacks(t *testing.T) {
+	for _, release := range []string{"1.34", "1.35"} {
+		storage, err := NewStorageConfig(release, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := storage.Codec(schema.GroupResource{Group: "resource.k8s.io", Resource: "devicetaintrules"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rc.StorageVersion.String(); got != "resource.k8s.io/v1alpha3" {
+			t.Errorf("--target-version %s: DeviceTaintRules stored as %s, want resource.k8s.io/v1alpha3 (the only version %s has)", release, got, release)
+		}
+	}
+}

@@ -165,14 +165,31 @@ func targetRelease(o StorageOptions) (string, bool) {
 // DeviceTaintRules as resource.k8s.io/v1beta2, 1.36 as v1alpha3). A
 // resource stored in another group's version (cohabitation) or in a version
 // the linked release no longer has keeps what the linked code computes.
+//
+// Without generated versions, an override of the linked release to a
+// version introduced after the target release (by the version's own
+// lifecycle, APILifecycleIntroduced) is dropped: that release has no such
+// version and could not read what it stores (1.37's DeviceTaintRules
+// override to v1beta2, introduced in 1.36, for a 1.35 target).
 func releaseOverrides(release string, emulated bool, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
-	versions, ok := releaseStorageVersions[release]
-	if !ok || emulated {
+	if release == LinkedRelease() {
 		return overrides
 	}
+	target, err := parseMajorMinor(release)
+	if err != nil {
+		return overrides
+	}
+	kinds := builtinResources()
 	byGR := map[schema.GroupResource]schema.GroupVersionResource{}
 	for _, o := range overrides {
+		if introducedAfter(o.GroupVersion(), kinds[o.GroupResource()], target) {
+			continue
+		}
 		byGR[o.GroupResource()] = o
+	}
+	versions, ok := releaseStorageVersions[release]
+	if !ok || emulated {
+		versions = nil
 	}
 	for resource, version := range versions {
 		gr := schema.ParseGroupResource(resource)
@@ -188,6 +205,24 @@ func releaseOverrides(release string, emulated bool, overrides []schema.GroupVer
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
+}
+
+// introducedAfter reports whether kind in gv was introduced after release,
+// by its prerelease lifecycle (false for a version without one: GA).
+func introducedAfter(gv schema.GroupVersion, kind string, release *version.Version) bool {
+	if kind == "" {
+		return false
+	}
+	obj, err := legacyscheme.Scheme.New(gv.WithKind(kind))
+	if err != nil {
+		return false
+	}
+	lc, ok := obj.(interface{ APILifecycleIntroduced() (int, int) })
+	if !ok {
+		return false
+	}
+	major, minor := lc.APILifecycleIntroduced()
+	return version.MajorMinor(uint(major), uint(minor)).GreaterThan(release)
 }
 
 // ReleaseTypes are the protobuf fields of a previous release's Go types
