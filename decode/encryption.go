@@ -25,6 +25,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/apiserver/pkg/storage/value/encrypt/envelope"
 	envelopekmsv2 "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2"
+	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	kmsservice "k8s.io/kms/pkg/service"
 )
@@ -285,8 +286,20 @@ func (e *Encryption) Close() {
 }
 
 func (e *Encryption) transformer(gr schema.GroupResource) value.Transformer {
+	if KindFor(gr) != "" {
+		return identity.NewEncryptCheckTransformer()
+	}
 	return e.transformers.TransformerForResource(gr)
 }
+
+// The raw-storage objects (masterleases, the service range allocations) are
+// never encrypted, whatever the configuration says, even for "*.*":
+// kube-apiserver builds their storage from its storage factory's NewConfig
+// (pkg/registry/core/rest/storage_core.go, pkg/controlplane/instance.go),
+// which carries no transformer (only the REST options getter adds the
+// encryption configuration's), so etcd3's storage falls back to the
+// identity transformer that refuses encrypted data. The tool reads and
+// writes them the same way.
 
 // resourceProviders returns the providers kube-apiserver uses for gr, in the order its
 // transformer tries them: those of every entry naming gr exactly (the apiserver
@@ -294,6 +307,9 @@ func (e *Encryption) transformer(gr schema.GroupResource) value.Transformer {
 // else those of the "*.*" entry (transformerFromOverrides). The apiserver rejects
 // files where a wildcard masks a later entry, so there is at most one wildcard match.
 func (e *Encryption) resourceProviders(gr schema.GroupResource) []apiserverconfig.ProviderConfiguration {
+	if KindFor(gr) != "" {
+		return nil // raw storage: identity, see transformer
+	}
 	for _, want := range []schema.GroupResource{gr, {Group: gr.Group, Resource: "*"}, {Group: "*", Resource: "*"}} {
 		var out []apiserverconfig.ProviderConfiguration
 		for _, rc := range e.config.Resources {

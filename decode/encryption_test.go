@@ -299,6 +299,40 @@ func TestWildcardResourcesPickTheApiserversProvider(t *testing.T) {
 	}
 }
 
+// TestRawStorageIsNeverEncrypted: kube-apiserver keeps the service range
+// allocations and masterleases in plaintext even when "*.*" is encrypted (it
+// refuses a configuration naming them: they have no REST API); the tool
+// reads them as identity, writes them unchanged and refuses an encrypted
+// one, as the apiserver's storage does.
+func TestRawStorageIsNeverEncrypted(t *testing.T) {
+	ctx := context.Background()
+	e := loadT(t, configYAML(entry{[]string{"*.*"}, []string{keyed("aescbc", "everything", material2)}}))
+	for _, c := range []struct {
+		gr  schema.GroupResource
+		key string
+	}{
+		{schema.GroupResource{Resource: "servicenodeportallocations"}, "/registry/ranges/servicenodeports"},
+		{schema.GroupResource{Resource: "serviceipallocations"}, "/registry/ranges/serviceips"},
+		{schema.GroupResource{Resource: "apiServerIPInfo"}, "/registry/masterleases/192.0.2.1"},
+	} {
+		if got := e.WriteProvider(c.gr); got.Provider != ProviderIdentity {
+			t.Errorf("%s: WriteProvider = %v, want identity", c.gr, got)
+		}
+		ct, err := e.Encrypt(ctx, c.gr, c.key, testPlain)
+		if err != nil || !bytes.Equal(ct, testPlain) {
+			t.Errorf("%s: Encrypt = %q, %v; want the plaintext", c.gr, ct, err)
+		}
+		pt, info, err := e.Decrypt(ctx, c.gr, c.key, testPlain)
+		if err != nil || info != (EncryptionInfo{Provider: ProviderIdentity}) || !bytes.Equal(pt, testPlain) {
+			t.Errorf("%s: Decrypt = %+v, %v; want the plaintext, identity, not stale", c.gr, info, err)
+		}
+		encrypted := encryptT(t, e, secretKey, testPlain)
+		if _, _, err := e.Decrypt(ctx, c.gr, c.key, encrypted); err == nil {
+			t.Errorf("%s: an encrypted value decrypted; kube-apiserver's storage refuses it", c.gr)
+		}
+	}
+}
+
 // TestResourceInTwoEntries: kube-apiserver accepts the same resource in two entries
 // and reads with the providers of both (writes with the first entry's first).
 func TestResourceInTwoEntries(t *testing.T) {

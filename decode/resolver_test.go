@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/test/integration/etcd"
 )
 
@@ -53,6 +54,15 @@ func upstreamOracle(t *testing.T, emulated string) {
 		if err != nil {
 			t.Errorf("%s: %v", gvr, err)
 			continue
+		}
+		// Upstream's data for an older release is what the linked
+		// kube-apiserver emulating it stores; where that release's real
+		// kube-apiserver stores otherwise (generated from its own code,
+		// releasegen; proved by e2e's TestTargetPreviousRelease), the real
+		// release is the target.
+		if real, ok := releaseStorageVersions[emulated][info.Resource.String()]; ok && real != wantGV.String() {
+			t.Logf("%s: upstream's emulation of %s stores %s, the real %s stores %s", gvr, emulated, wantGV, emulated, real)
+			wantGV, _ = schema.ParseGroupVersion(real)
 		}
 		if rc.StorageVersion != wantGV {
 			t.Errorf("emulated %q: %s is stored as %s by kube-apiserver, we would write %s", emulated, gvr, wantGV, rc.StorageVersion)
@@ -188,6 +198,73 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "1.34..1.37") || !strings.Contains(err.Error(), "--target-version") {
 			t.Errorf("--target-version %s: error does not give the allowed range: %v", bad, err)
+		}
+	}
+}
+
+// TestPreviousReleaseStorageVersions: at --target-version of a previous
+// release whose real storage versions were generated (releasegen), every
+// built-in resource is stored in the version that release's own storage
+// factory gives, where this release has it; 1.36 stores DeviceTaintRules
+// as resource.k8s.io/v1alpha3, which 1.37's emulation of 1.36 does not.
+func TestPreviousReleaseStorageVersions(t *testing.T) {
+	if len(releaseStorageVersions) == 0 {
+		t.Fatal("no generated storage versions (go run ./internal/releasegen)")
+	}
+	for release, versions := range releaseStorageVersions {
+		storage, err := NewStorageConfig(release, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked := 0
+		for resource, version := range versions {
+			gr := schema.ParseGroupResource(resource)
+			gv, _ := schema.ParseGroupVersion(version)
+			if gv.Group != gr.Group || !storage.IsBuiltin(gr) {
+				continue
+			}
+			rc, err := storage.Codec(gr)
+			if err != nil {
+				t.Errorf("%s: %v", resource, err)
+				continue
+			}
+			if rc.StorageVersion != gv && legacyscheme.Scheme.IsVersionRegistered(gv) {
+				t.Errorf("--target-version %s: %s stored as %s, kube-apiserver %s stores %s", release, resource, rc.StorageVersion, release, gv)
+			}
+			checked++
+		}
+		if checked < 60 {
+			t.Errorf("--target-version %s: only %d resources checked", release, checked)
+		}
+	}
+	storage, err := NewStorageConfig("1.36", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := storage.Codec(schema.GroupResource{Group: "resource.k8s.io", Resource: "devicetaintrules"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.StorageVersion.String(); got != "resource.k8s.io/v1alpha3" {
+		t.Errorf("--target-version 1.36: DeviceTaintRules stored as %s, kube-apiserver 1.36 stores resource.k8s.io/v1alpha3", got)
+	}
+}
+
+// TestTargetCannotStoreAVersionItLacks: 1.37 overrides DeviceTaintRules to
+// resource.k8s.io/v1beta2, introduced in 1.36; a 1.35 or 1.34 target stores
+// them in a version it has (its emulated default), never v1beta2.
+func TestTargetCannotStoreAVersionItLacks(t *testing.T) {
+	for _, release := range []string{"1.34", "1.35"} {
+		storage, err := NewStorageConfig(release, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := storage.Codec(schema.GroupResource{Group: "resource.k8s.io", Resource: "devicetaintrules"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rc.StorageVersion.String(); got != "resource.k8s.io/v1alpha3" {
+			t.Errorf("--target-version %s: DeviceTaintRules stored as %s, want resource.k8s.io/v1alpha3 (the only version %s has)", release, got, release)
 		}
 	}
 }

@@ -75,6 +75,7 @@ type StorageConfig struct {
 	factory   *serverstorage.DefaultStorageFactory
 	mediaType string
 	effective basecompatibility.EffectiveVersion
+	release   string // the target kube-apiserver's release, MAJOR.MINOR
 
 	// builtins maps each built-in group/resource to its internal kind.
 	builtins map[schema.GroupResource]string
@@ -119,7 +120,9 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	}
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType
+	release, emulated := targetRelease(o)
 	cfg := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
+	cfg.ResourceEncodingOverrides = releaseOverrides(release, emulated, cfg.ResourceEncodingOverrides)
 	cfg.APIResourceConfig = o.ResourceConfig
 	if cfg.APIResourceConfig == nil {
 		cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
@@ -133,9 +136,113 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 		factory:   factory,
 		mediaType: mediaType,
 		effective: ev,
+		release:   release,
 		builtins:  builtinResources(),
 		codecs:    map[schema.GroupResource]*ResourceCodec{},
 	}, nil
+}
+
+// targetRelease is the release (MAJOR.MINOR) of the target kube-apiserver
+// (TargetEffectiveVersion validated o), and whether it emulates an older one.
+func targetRelease(o StorageOptions) (string, bool) {
+	release := LinkedRelease()
+	if v, err := parseMajorMinor(o.Release); o.Release != "" && err == nil {
+		release = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+	}
+	if v, err := parseMajorMinor(o.EmulatedVersion); o.EmulatedVersion != "" && err == nil {
+		return release, fmt.Sprintf("%d.%d", v.Major(), v.Minor()) != release
+	}
+	return release, false
+}
+
+// releaseOverrides are the storage-version overrides of the storage factory
+// of the target kube-apiserver. For a previous release, run without
+// --emulated-version, whose real kube-apiserver's storage versions were
+// generated (releaseStorageVersions, go run ./internal/releasegen), each
+// built-in resource is stored in the version that release stores it in:
+// the linked kube-apiserver's emulation alone applies the linked release's
+// overrides whatever the emulated version (1.37 emulating 1.36 stores
+// DeviceTaintRules as resource.k8s.io/v1beta2, 1.36 as v1alpha3). A
+// resource stored in another group's version (cohabitation) or in a version
+// the linked release no longer has keeps what the linked code computes.
+//
+// Without generated versions, an override of the linked release to a
+// version introduced after the target release (by the version's own
+// lifecycle, APILifecycleIntroduced) is dropped: that release has no such
+// version and could not read what it stores (1.37's DeviceTaintRules
+// override to v1beta2, introduced in 1.36, for a 1.35 target).
+func releaseOverrides(release string, emulated bool, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
+	if release == LinkedRelease() {
+		return overrides
+	}
+	target, err := parseMajorMinor(release)
+	if err != nil {
+		return overrides
+	}
+	kinds := builtinResources()
+	byGR := map[schema.GroupResource]schema.GroupVersionResource{}
+	for _, o := range overrides {
+		if introducedAfter(o.GroupVersion(), kinds[o.GroupResource()], target) {
+			continue
+		}
+		byGR[o.GroupResource()] = o
+	}
+	versions, ok := releaseStorageVersions[release]
+	if !ok || emulated {
+		versions = nil
+	}
+	for resource, version := range versions {
+		gr := schema.ParseGroupResource(resource)
+		gv, err := schema.ParseGroupVersion(version)
+		if err != nil || gv.Group != gr.Group || !legacyscheme.Scheme.IsVersionRegistered(gv) {
+			continue
+		}
+		byGR[gr] = gv.WithResource(gr.Resource)
+	}
+	out := make([]schema.GroupVersionResource, 0, len(byGR))
+	for _, o := range byGR {
+		out = append(out, o)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// introducedAfter reports whether kind in gv was introduced after release,
+// by its prerelease lifecycle (false for a version without one: GA).
+func introducedAfter(gv schema.GroupVersion, kind string, release *version.Version) bool {
+	if kind == "" {
+		return false
+	}
+	obj, err := legacyscheme.Scheme.New(gv.WithKind(kind))
+	if err != nil {
+		return false
+	}
+	lc, ok := obj.(interface{ APILifecycleIntroduced() (int, int) })
+	if !ok {
+		return false
+	}
+	major, minor := lc.APILifecycleIntroduced()
+	return version.MajorMinor(uint(major), uint(minor)).GreaterThan(release)
+}
+
+// ReleaseTypes are the protobuf fields of a previous release's Go types
+// (releasegen): Kinds maps a stored kind (schema.GroupVersionKind.String())
+// to its type, Types each type to its fields' message types by number.
+type ReleaseTypes struct {
+	Release string
+	Kinds   map[string]string
+	Types   map[string]map[int32]string
+}
+
+// ReleaseTypes returns the protobuf fields of the Go types of the target
+// release, when it is a previous one whose types were generated; false for
+// the linked release.
+func (s *StorageConfig) ReleaseTypes() (ReleaseTypes, bool) {
+	kinds, ok := releaseProtoKinds[s.release]
+	if !ok {
+		return ReleaseTypes{}, false
+	}
+	return ReleaseTypes{Release: s.release, Kinds: kinds, Types: releaseProtoTypes[s.release]}, true
 }
 
 // EffectiveVersion returns the effective version of the real kube-apiserver of

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	api "k8s.io/kubernetes/pkg/apis/core"
 	"k8s.io/kubernetes/pkg/apis/resource"
+	"k8s.io/kubernetes/pkg/apis/storage"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
@@ -163,6 +164,112 @@ func TestUnknownProtobufFieldIsRefused(t *testing.T) {
 	}
 	if strings.Contains(d.Err.Error(), "hunter2") {
 		t.Fatalf("error leaks secret data: %v", d.Err)
+	}
+}
+
+// TestFieldAddedByANewerReleaseIsNotLoss: Kubernetes 1.37 added CSINode's
+// status, a non-pointer message its types always marshal; a CSINode stored by
+// 1.36 has no such field and re-encodes to two more bytes (an empty field 3).
+// Nothing of the stored value is lost: it is rewritten, not refused. A field
+// dropped inside a nested message still is loss.
+func TestFieldAddedByANewerReleaseIsNotLoss(t *testing.T) {
+	sc := storageConfig(t, "", "")
+	gr := schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}
+	node := &storage.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "u3", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       storage.CSINodeSpec{Drivers: []storage.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-1", TopologyKeys: []string{"zone"}}}},
+	}
+	current := write(t, sc, gr, node)
+	var u runtime.Unknown
+	if err := u.Unmarshal(current[4:]); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasSuffix(u.Raw, []byte{0x1a, 0x00}) {
+		t.Fatalf("the premise: 1.37 marshals an empty status (field 3) last; raw ends with % x", u.Raw[len(u.Raw)-4:])
+	}
+	wrap := func(raw []byte) []byte {
+		v := u
+		v.Raw = raw
+		data, err := v.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]byte("k8s\x00"), data...)
+	}
+	older := wrap(u.Raw[:len(u.Raw)-2])
+	obj, err := decodeKV(t, "/registry/csinodes/node-1", older)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewPlanner(sc, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Stale || !bytes.Equal(d.NewValue, current) {
+		t.Fatalf("a CSINode as 1.36 stores it: status %s err %v, want stale and rewritten as 1.37 writes it", d.Status, d.Err)
+	}
+
+	// The driver's nodeID (field 2 of CSINodeDriver) replaced by an unknown
+	// field 9 of the same length: the types drop it.
+	lossy := bytes.Replace(u.Raw[:len(u.Raw)-2], []byte{0x12, 0x06, 'n', 'o', 'd', 'e', '-', '1', 0x1a}, []byte{0x4a, 0x06, 'n', 'o', 'd', 'e', '-', '1', 0x1a}, 1)
+	if bytes.Equal(lossy, u.Raw[:len(u.Raw)-2]) {
+		t.Fatal("test bug: the driver's nodeID was not found")
+	}
+	obj, err = decodeKV(t, "/registry/csinodes/node-1", wrap(lossy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(sc, nil).Decide(context.Background(), obj, nil); d.Status != Unreadable || d.Err.Reason != decode.ReasonWouldLoseFields {
+		t.Fatalf("an unknown field inside a driver: status %s err %v, want would-lose-fields", d.Status, d.Err)
+	}
+}
+
+// TestPreviousReleaseTypes: for --target-version 1.36 a CSINode is written
+// as 1.36's types write it, without the empty status 1.37's always write,
+// so that what 1.36 itself stored is current; a CSINode whose status holds
+// something (1.36 has no such field) is refused, not silently cut.
+func TestPreviousReleaseTypes(t *testing.T) {
+	gr := schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}
+	node := &storage.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "u3", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       storage.CSINodeSpec{Drivers: []storage.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-1"}}},
+	}
+	current := write(t, storageConfig(t, "", ""), gr, node)
+	var u runtime.Unknown
+	if err := u.Unmarshal(current[4:]); err != nil {
+		t.Fatal(err)
+	}
+	u.Raw = bytes.TrimSuffix(u.Raw, []byte{0x1a, 0x00})
+	data, err := u.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	as136 := append([]byte("k8s\x00"), data...)
+
+	target := storageConfig(t, "1.36", "")
+	if _, ok := target.ReleaseTypes(); !ok {
+		t.Fatal("no generated types of 1.36 (go run ./internal/releasegen)")
+	}
+	obj, err := decodeKV(t, "/registry/csinodes/node-1", as136)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Current {
+		t.Errorf("a CSINode as 1.36 stores it, for 1.36: status %s %v %v, want current", d.Status, d.Reasons, d.Err)
+	}
+	obj, err = decodeKV(t, "/registry/csinodes/node-1", current)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Stale || !bytes.Equal(d.NewValue, as136) {
+		t.Errorf("a CSINode as 1.37 stores it, for 1.36: status %s %v %v, want stale and written as 1.36 does", d.Status, d.Reasons, d.Err)
+	}
+
+	node.Status.StorageHealth = []storage.StorageHealth{{Name: "csi.example.com"}}
+	obj, err = decodeKV(t, "/registry/csinodes/node-1", write(t, storageConfig(t, "", ""), gr, node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewPlanner(target, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Unreadable || d.Err.Reason != decode.ReasonWouldLoseFields || !strings.Contains(d.Err.Error(), "1.36") {
+		t.Errorf("a CSINode with a status, for 1.36: status %s %v, want would-lose-fields naming 1.36", d.Status, d.Err)
 	}
 }
 

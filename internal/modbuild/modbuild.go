@@ -37,6 +37,10 @@ type Spec struct {
 	Package string
 	// LDFlags are passed to go build -ldflags (version stamps).
 	LDFlags string
+	// Files are source files of the throwaway module (path -> content),
+	// for a Package of its own ("kem-release-build/DIR"): a program run
+	// against that release's code, such as a generator.
+	Files map[string]string
 }
 
 // CacheDir is where built binaries are kept: $KEM_RELEASE_BIN, else
@@ -56,7 +60,11 @@ func CacheDir() (string, error) {
 func (s Spec) key() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", s.Name, s.Package, s.LDFlags, goVersion())
-	for _, m := range []map[string]string{s.Require, s.Replace} {
+	maps := []map[string]string{s.Require, s.Replace}
+	if len(s.Files) > 0 { // (keys of specs without files stay what they were)
+		maps = append(maps, s.Files)
+	}
+	for _, m := range maps {
 		keys := make([]string, 0, len(m))
 		for k := range m {
 			keys = append(keys, k)
@@ -134,12 +142,23 @@ func Build(ctx context.Context, s Spec) (string, error) {
 		}
 		mod.WriteString(")\n")
 	}
-	tools := fmt.Sprintf("//go:build tools\n\npackage tools\n\nimport _ %q\n", s.Package)
 	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte(mod.String()), 0o644); err != nil {
 		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(src, "tools.go"), []byte(tools), 0o644); err != nil {
-		return "", err
+	if len(s.Files) == 0 {
+		tools := fmt.Sprintf("//go:build tools\n\npackage tools\n\nimport _ %q\n", s.Package)
+		if err := os.WriteFile(filepath.Join(src, "tools.go"), []byte(tools), 0o644); err != nil {
+			return "", err
+		}
+	}
+	for name, content := range s.Files {
+		file := filepath.Join(src, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+			return "", err
+		}
 	}
 	args := []string{"build", "-trimpath", "-o", bin}
 	if s.LDFlags != "" {

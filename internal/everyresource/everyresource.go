@@ -1,0 +1,330 @@
+// Package everyresource creates one object of every resource a running
+// kube-apiserver persists and serves, in every API version it serves, for the
+// tests that need a cluster holding "everything" (what a release wrote, what
+// the tool must rewrite, what a no-op update must leave alone).
+//
+// The resources are enumerated through the server's own discovery, so a
+// resource a release adds is noticed; the objects are Kubernetes' own
+// storage-test stubs (k8s.io/kubernetes/test/integration/etcd, the data of
+// its etcd storage path test) for the release the server runs or emulates,
+// written through a dynamic client. Every object is created as kubectl's
+// client-side apply creates it (the last-applied annotation, field manager
+// kubectl-client-side-apply, an Update entry in managedFields); where the
+// resource can be patched a server-side apply by another manager adds a
+// label (an Apply entry), and where it has a status subresource the stub's
+// status is applied to it (an Apply entry of subresource status).
+//
+// A served, persisted, creatable resource without a stub is not an error of
+// Create: it is listed in Result.Missing and the caller's test decides.
+package everyresource
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	etcddata "k8s.io/kubernetes/test/integration/etcd"
+)
+
+// Field managers of the objects Create writes.
+const (
+	// CreateManager creates every object, as `kubectl apply` does on
+	// creation (client-side apply: an Update entry and the last-applied
+	// annotation).
+	CreateManager = "kubectl-client-side-apply"
+	// ApplyManager adds AppliedLabel through server-side apply.
+	ApplyManager = "everyresource-apply"
+	// StatusManager applies the stub's status through server-side apply.
+	StatusManager = "everyresource-status"
+	// AppliedLabel is the label ApplyManager owns, value "true".
+	AppliedLabel = "everyresource.kube-etcd-migrate/applied"
+	// LastAppliedAnnotation is kubectl's client-side apply annotation.
+	LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
+)
+
+// DefaultNamespace holds the namespaced objects unless Options.Namespace says otherwise.
+const DefaultNamespace = "everyresource"
+
+// Options tune Create.
+type Options struct {
+	// Namespace of the namespaced objects, created if absent. Default DefaultNamespace.
+	Namespace string
+	// Version is the release whose stubs to use, e.g. "1.36". Default: the
+	// server's emulated version, else its version (from /version).
+	Version string
+}
+
+// Object is one object Create wrote.
+type Object struct {
+	// GVR is the resource in the API version it was written through.
+	GVR       schema.GroupVersionResource
+	Kind      string
+	Namespace string
+	Name      string
+	// EtcdPath is where Kubernetes' storage test expects it under the
+	// default prefix /registry.
+	EtcdPath string
+	// Applied: a server-side apply (ApplyManager) added AppliedLabel.
+	Applied bool
+	// Status: the stub's status was applied (StatusManager).
+	Status bool
+}
+
+func (o Object) String() string {
+	if o.Namespace == "" {
+		return o.GVR.String() + " " + o.Name
+	}
+	return o.GVR.String() + " " + o.Namespace + "/" + o.Name
+}
+
+// Result is what Create did.
+type Result struct {
+	// Version is the release whose stubs were used.
+	Version string
+	// Objects are the objects written, one per served resource and version.
+	Objects []Object
+	// Missing are the resources the server serves and persists (verbs
+	// create and get) for which Kubernetes' storage data at Version has
+	// no stub: nothing of them was written.
+	Missing []schema.GroupVersionResource
+	// CRDs are the custom resource definitions created first
+	// (etcddata.GetCustomResourceDefinitionData), whose custom resources
+	// are among Objects.
+	CRDs []string
+}
+
+// Create writes one object of every resource the server behind cfg
+// persists, in every version it serves. It returns an error naming every
+// object it could not write (all of them are attempted).
+func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = -1, 0 // many requests, no client-side throttling
+	cfg.WarningHandler = rest.NoWarnings{}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ext, err := apiextensionsclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Version: opts.Version}
+	emulated := false
+	if res.Version == "" {
+		if res.Version, emulated, err = serverVersion(dc); err != nil {
+			return nil, err
+		}
+	}
+	data := etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, res.Version, emulated)
+
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": opts.Namespace}}}
+	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create namespace %s: %w", opts.Namespace, err)
+	}
+	for _, crd := range etcddata.GetCustomResourceDefinitionData() {
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("create CustomResourceDefinition %s: %w", crd.Name, err)
+		}
+		res.CRDs = append(res.CRDs, crd.Name)
+	}
+	for _, crd := range etcddata.GetCustomResourceDefinitionData() {
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return etcddata.CrdExistsInDiscovery(ext, crd), nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("CustomResourceDefinition %s: its versions are not in discovery: %w", crd.Name, err)
+		}
+	}
+
+	resources, err := persisted(dc)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, r := range resources {
+		d, ok := data[r.gvr]
+		if !ok || d.Stub == "" {
+			res.Missing = append(res.Missing, r.gvr)
+			continue
+		}
+		obj, err := create(ctx, dyn, r, d, opts.Namespace)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		res.Objects = append(res.Objects, obj)
+	}
+	return res, errors.Join(errs...)
+}
+
+// serverVersion is the release the server runs or emulates, "MAJOR.MINOR".
+func serverVersion(dc discovery.DiscoveryInterface) (string, bool, error) {
+	info, err := dc.ServerVersion()
+	if err != nil {
+		return "", false, fmt.Errorf("server version: %w", err)
+	}
+	binary, err := version.ParseGeneric(info.GitVersion)
+	if err != nil {
+		return "", false, fmt.Errorf("server version %q: %w", info.GitVersion, err)
+	}
+	v := fmt.Sprintf("%d.%d", binary.Major(), binary.Minor())
+	if info.EmulationMajor != "" && info.EmulationMinor != "" {
+		e := info.EmulationMajor + "." + strings.TrimSuffix(info.EmulationMinor, "+")
+		return e, e != v, nil
+	}
+	return v, false, nil
+}
+
+// resource is one served resource that can be created and read.
+type resource struct {
+	gvr        schema.GroupVersionResource
+	kind       schema.GroupVersionKind
+	namespaced bool
+	patch      bool // server-side apply possible
+	status     bool // a status subresource that can be patched
+}
+
+// persisted lists every resource in every served version that supports
+// create and get (kube-apiserver's persisted resources: the virtual ones,
+// reviews and the like, have create only), in discovery's order with
+// ResourceQuotas last, so that no quota admission stands in the way of the
+// other objects of the namespace.
+func persisted(dc discovery.DiscoveryInterface) ([]resource, error) {
+	_, lists, err := dc.ServerGroupsAndResources()
+	if err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	var out []resource
+	for _, l := range lists {
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			return nil, fmt.Errorf("discovery: %w", err)
+		}
+		sub := map[string]bool{}
+		for _, r := range l.APIResources {
+			if strings.HasSuffix(r.Name, "/status") && slices.Contains(r.Verbs, "patch") {
+				sub[strings.TrimSuffix(r.Name, "/status")] = true
+			}
+		}
+		for _, r := range l.APIResources {
+			if strings.Contains(r.Name, "/") || !slices.Contains(r.Verbs, "create") || !slices.Contains(r.Verbs, "get") {
+				continue
+			}
+			kind := gv.WithKind(r.Kind)
+			if r.Group != "" || r.Version != "" {
+				kind = schema.GroupVersionKind{Group: r.Group, Version: r.Version, Kind: r.Kind}
+			}
+			out = append(out, resource{
+				gvr:        gv.WithResource(r.Name),
+				kind:       kind,
+				namespaced: r.Namespaced,
+				patch:      slices.Contains(r.Verbs, "patch"),
+				status:     sub[r.Name],
+			})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b resource) int {
+		qa, qb := a.gvr.GroupResource() == resourceQuotas, b.gvr.GroupResource() == resourceQuotas
+		switch {
+		case qa == qb:
+			return 0
+		case qa:
+			return 1
+		}
+		return -1
+	})
+	return out, nil
+}
+
+var resourceQuotas = schema.GroupResource{Resource: "resourcequotas"}
+
+// noStatusApply are resources whose status the stub cannot set by apply:
+// a CertificateSigningRequest's conditions are set through its approval
+// subresource (Kubernetes' own apply-status test leaves it out too).
+var noStatusApply = map[schema.GroupResource]bool{
+	{Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}: true,
+}
+
+// create writes one object of r from its stub: created as client-side
+// apply does, then a label by server-side apply, then the stub's status.
+func create(ctx context.Context, dyn dynamic.Interface, r resource, d etcddata.StorageData, namespace string) (Object, error) {
+	var stub map[string]any
+	if err := json.Unmarshal([]byte(d.Stub), &stub); err != nil {
+		return Object{}, fmt.Errorf("%s: stub: %w", r.gvr, err)
+	}
+	u := &unstructured.Unstructured{Object: stub}
+	u.SetAPIVersion(r.kind.GroupVersion().String())
+	u.SetKind(r.kind.Kind)
+	if !r.namespaced {
+		namespace = ""
+	}
+	u.SetNamespace(namespace)
+	o := Object{GVR: r.gvr, Kind: r.kind.Kind, Namespace: namespace, Name: u.GetName(), EtcdPath: d.ExpectedEtcdPath}
+
+	// kubectl apply on creation: the applied configuration as the
+	// last-applied annotation, created by its own field manager.
+	applied, err := json.Marshal(u.Object)
+	if err != nil {
+		return o, fmt.Errorf("%s: %w", o, err)
+	}
+	ann := u.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[LastAppliedAnnotation] = string(applied) + "\n"
+	u.SetAnnotations(ann)
+	ri := dyn.Resource(r.gvr).Namespace(namespace)
+	if _, err := ri.Create(ctx, u, metav1.CreateOptions{FieldManager: CreateManager}); err != nil {
+		return o, fmt.Errorf("create %s: %w", o, err)
+	}
+
+	if r.patch {
+		cfg := &unstructured.Unstructured{}
+		cfg.SetAPIVersion(u.GetAPIVersion())
+		cfg.SetKind(u.GetKind())
+		cfg.SetName(o.Name)
+		cfg.SetNamespace(namespace)
+		cfg.SetLabels(map[string]string{AppliedLabel: "true"})
+		if _, err := ri.Apply(ctx, o.Name, cfg, metav1.ApplyOptions{FieldManager: ApplyManager, Force: true}); err != nil {
+			return o, fmt.Errorf("server-side apply %s: %w", o, err)
+		}
+		o.Applied = true
+	}
+
+	if r.status && !noStatusApply[r.gvr.GroupResource()] {
+		status := &unstructured.Unstructured{}
+		if err := json.Unmarshal([]byte(d.GetStatusStub()), &status.Object); err != nil {
+			return o, fmt.Errorf("%s: status stub: %w", r.gvr, err)
+		}
+		status.SetAPIVersion(u.GetAPIVersion())
+		status.SetKind(u.GetKind())
+		status.SetName(o.Name)
+		status.SetNamespace(namespace)
+		if _, err := ri.ApplyStatus(ctx, o.Name, status, metav1.ApplyOptions{FieldManager: StatusManager, Force: true}); err != nil {
+			return o, fmt.Errorf("apply status of %s: %w", o, err)
+		}
+		o.Status = true
+	}
+	return o, nil
+}
