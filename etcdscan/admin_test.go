@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +174,62 @@ func testAlarmsNoSpace(t *testing.T, version string) {
 	if len(alarms) != 1 || !strings.HasPrefix(alarms[0], "NOSPACE on member ") {
 		t.Fatalf("alarms %q", alarms)
 	}
+
+	// The quota, as the member's own metrics say it.
+	qs, err := Quotas(ctx, c)
+	if err != nil || len(qs) != 1 || qs[0].Bytes != 2<<20 {
+		t.Fatalf("quotas %+v %v", qs, err)
+	}
+	st, err := Status(ctx, c)
+	if err != nil || len(st.Members) != 1 || st.DBSize == 0 || st.Revision == 0 {
+		t.Fatalf("status %+v %v", st, err)
+	}
+
+	// Under the alarm the writer stops at the first refusal: 40 puts (three
+	// transactions) send one request, no split, no key by key, and every put
+	// says why.
+	txnsBefore := txnRequests(t, qs[0].URL)
+	w := &Writer{Client: c}
+	puts := make([]Put, 40)
+	for i := range puts {
+		puts[i] = Put{Key: fmt.Sprintf("/registry/big/%d", i), Value: []byte("small"), ModRevision: 1}
+	}
+	for i, r := range w.Write(ctx, puts) {
+		fe := AsFatal(r.Err)
+		if r.Status != Failed || fe == nil || fe.Cause != CauseNoSpace || !strings.Contains(r.Err.Error(), puts[i].Key) {
+			t.Fatalf("put %d: %v %v", i, r.Status, r.Err)
+		}
+	}
+	if w.Stopped() == nil || w.Stats().Splits != 0 || w.Stats().Singles != 0 {
+		t.Fatalf("stopped %v, stats %+v", w.Stopped(), w.Stats())
+	}
+	if n := txnRequests(t, qs[0].URL) - txnsBefore; n != 1 {
+		t.Fatalf("%d Txn requests reached etcd after the alarm, want 1", n)
+	}
+}
+
+// txnRequests is the member's count of Txn requests handled, from its metrics.
+func txnRequests(t *testing.T, metricsURL string) int {
+	t.Helper()
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_method="Txn"`) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += int(v)
+		}
+	}
+	return n
 }

@@ -47,9 +47,9 @@ type Options struct {
 	// CompactHistory compacts etcd's history up to the run's latest write
 	// whenever the database nears the quota (--compact-history).
 	CompactHistory bool
-	BatchOps           int
-	BatchBytes         int
-	Writers            int // concurrent write transactions; 0 = DefaultWriters
+	BatchOps       int
+	BatchBytes     int
+	Writers        int // concurrent write transactions; 0 = DefaultWriters
 	// Progress, when set, is called after each page with the running totals.
 	Progress func(Counts)
 	// Now is the clock for the live-apiserver check (tests); nil = time.Now.
@@ -296,6 +296,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
 	if sum.Space != nil {
+		// etcd commits its backend every 100 ms: the last writes count then.
+		time.Sleep(150 * time.Millisecond)
 		sctx, scancel := context.WithTimeout(writeCtx, etcdscan.DefaultCommandTimeout)
 		if st, err := etcdscan.Status(sctx, env.Client); err == nil {
 			sum.Space.DBSizeAfter = st.DBSize

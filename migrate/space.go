@@ -37,7 +37,7 @@ func FindQuota(ctx context.Context, env *pipeline.Env, flag int64) Quota {
 				q = o
 			}
 		}
-		src := fmt.Sprintf("%s of %s (%s)", etcdscan.QuotaMetric, q.Member, q.URL)
+		src := fmt.Sprintf("%s of %s at %s", etcdscan.QuotaMetric, q.Member, q.URL)
 		if len(qs) > 1 {
 			src = fmt.Sprintf("%s of %d members (the smallest, %s)", etcdscan.QuotaMetric, len(qs), q.Member)
 		}
@@ -311,11 +311,11 @@ func (e *StopError) Error() string {
 	var b strings.Builder
 	switch e.Fatal.Cause {
 	case etcdscan.CauseNoSpace:
-		fmt.Fprintf(&b, "etcd is out of space (NOSPACE")
+		alarm := "NOSPACE"
 		if len(e.Alarms) > 0 {
-			fmt.Fprintf(&b, ": %s", strings.Join(e.Alarms, ", "))
+			alarm = strings.Join(e.Alarms, ", ")
 		}
-		fmt.Fprintf(&b, "): it refused the write of %s and refuses every write of every client until the alarm is disarmed; stopped at once, nothing more was written", e.Key)
+		fmt.Fprintf(&b, "etcd is out of space (%s): it refused the write of %s and refuses every write of every client until the alarm is disarmed; stopped at once, nothing more was written", alarm, e.Key)
 	default:
 		fmt.Fprintf(&b, "etcd refused the write of %s: %v; stopped at once, nothing more was written", e.Key, e.Fatal.Err)
 	}

@@ -174,6 +174,7 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 		t.Fatalf("err = %v, want etcd out of space", err)
 	}
 	msg := err.Error()
+	t.Logf("%s", msg)
 	for _, want := range []string{"NOSPACE", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm", "--quota-backend-bytes", journal} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the error does not say %q: %s", want, msg)
@@ -287,17 +288,23 @@ func fillToAlarm(ctx context.Context, cli *clientv3.Client) error {
 // limit (below the quota).
 func fillBelow(ctx context.Context, cli *clientv3.Client, limit int64) error {
 	big := strings.Repeat("f", 64<<10)
-	for i := 0; i < 2000; i++ {
-		time.Sleep(110 * time.Millisecond)
+	n := 0
+	for i := 0; i < 200; i++ {
+		time.Sleep(110 * time.Millisecond) // etcd commits its backend every 100 ms
 		st, err := etcdscan.Status(ctx, cli)
 		if err != nil {
 			return err
 		}
-		if st.DBSize+st.Free/2 >= limit {
+		left := limit - st.DBSize - st.Free/2
+		if left <= 0 {
 			return nil
 		}
-		if _, err := cli.Put(ctx, fmt.Sprintf("/filler/%04d", i), big); err != nil {
-			return err
+		// Half of what is left each round: a 64 KiB value takes 17 pages.
+		for k := max(1, left/2/(68<<10)); k > 0; k-- {
+			if _, err := cli.Put(ctx, fmt.Sprintf("/filler/%04d", n), big); err != nil {
+				return err
+			}
+			n++
 		}
 	}
 	return errors.New("could not fill etcd")
