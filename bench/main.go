@@ -60,7 +60,7 @@ func main() {
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
 	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
-	flag.BoolVar(&o.compactHistory, "compact-history", true, "also measure migrate --compact-history (row \"migrate --compact-history\"), with etcd's database size before and after")
+	flag.BoolVar(&o.compactHistory, "compact-history", true, "also measure migrate --compact-history (row \"migrate (compacting)\"), with etcd's database size before and after")
 	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure reading an etcd snapshot file of the keyspace (verify --snapshot-file beside a bare read of the file; mixed dataset)")
 	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), or all (both, one after the other, each on its own etcd)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
@@ -301,7 +301,7 @@ const (
 	mScan    = "scan ceiling"
 	mMigrate = "migrate (tool)"
 	// The tool with --compact-history: etcd's database before/after.
-	mMigrateCompact = "migrate --compact-history"
+	mMigrateCompact = "migrate (compacting)"
 	// -baseline: another build of the tool, measured beside it.
 	mVerifyBase  = "verify (baseline)"
 	mMigrateBase = "migrate (baseline)"

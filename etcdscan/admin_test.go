@@ -15,6 +15,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/internal/testpki"
@@ -151,6 +152,46 @@ func testSnapshotTLSAndAuth(t *testing.T, version string) {
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 4096 {
 		t.Fatalf("snapshot file %v %v", fi, err)
+	}
+
+	// The quota is read over the same TLS (client certificate required).
+	if qs, err := Quotas(ctx, c); err != nil || len(qs) != 1 || qs[0].Bytes != 2<<30 || !strings.HasPrefix(qs[0].URL, "https://") {
+		t.Fatalf("quotas over TLS: %+v %v", qs, err)
+	}
+
+	// A user who may only read: the writer stops at the first refusal, sends
+	// nothing more, and every put says why.
+	for _, step := range []func() error{
+		func() error { _, err := c.RoleAdd(ctx, "reader"); return err },
+		func() error {
+			_, err := c.RoleGrantPermission(ctx, "reader", "/registry/", clientv3.GetPrefixRangeEnd("/registry/"), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := c.UserAdd(ctx, "reader", "pw"); return err },
+		func() error { _, err := c.UserGrantRole(ctx, "reader", "reader"); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Username, cfg.Password = "reader", "pw"
+	rc, err := Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	w := &Writer{Client: rc}
+	puts := make([]Put, 40)
+	for i := range puts {
+		puts[i] = Put{Key: fmt.Sprintf("/registry/ro/%d", i), Value: []byte("v")}
+	}
+	for i, r := range w.Write(ctx, puts) {
+		if fe := AsFatal(r.Err); r.Status != Failed || fe == nil || fe.Cause != CausePermission {
+			t.Fatalf("put %d as a reader: %v %v", i, r.Status, r.Err)
+		}
+	}
+	if st := w.Stats(); w.Stopped() == nil || st.Singles != 0 || st.Splits != 0 || st.Retries != 0 {
+		t.Fatalf("stopped %v, stats %+v", w.Stopped(), st)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
@@ -25,11 +27,12 @@ type Quota struct {
 // etcd_server_quota_backend_bytes (its metrics on the client URL; the
 // smallest when members differ, and the flag when that is smaller still); the
 // flag (opts.QuotaBackendBytes, when the metrics do not answer); etcd's
-// static-pod manifest beside kube-apiserver's (--apiserver-manifest). When
+// static-pod manifest beside kube-apiserver's (apiserverManifest,
+// --apiserver-manifest, "" when none). When
 // none answers the quota is unknown, said so with why, and etcd's default is
 // assumed.
-func FindQuota(ctx context.Context, env *pipeline.Env, flag int64) Quota {
-	qs, merr := etcdscan.Quotas(ctx, env.Client)
+func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest string, flag int64) Quota {
+	qs, merr := etcdscan.Quotas(ctx, cli)
 	if merr == nil && len(qs) > 0 {
 		q := qs[0]
 		for _, o := range qs[1:] {
@@ -53,8 +56,8 @@ func FindQuota(ctx context.Context, env *pipeline.Env, flag int64) Quota {
 	if flag > 0 {
 		return Quota{Bytes: flag, Known: true, Source: "--quota-backend-bytes (etcd's metrics did not answer: " + oneLine(merr) + ")"}
 	}
-	if api := env.Config.APIServer; api != nil && api.Manifest != "" {
-		eq, err := apiserverconfig.EtcdManifestQuota(api.Manifest)
+	if apiserverManifest != "" {
+		eq, err := apiserverconfig.EtcdManifestQuota(apiserverManifest)
 		switch {
 		case err == nil && eq.Bytes > 0:
 			return Quota{Bytes: eq.Bytes, Known: true, Source: "--quota-backend-bytes of etcd's manifest " + eq.File}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +20,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testpki"
 	"kube-etcd-migrate/pipeline"
 )
 
@@ -79,14 +82,14 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	ctx := context.Background()
 	env := s.env()
 
-	found := FindQuota(ctx, env, 0)
+	found := FindQuota(ctx, s.c.Cli, "", 0)
 	if found.Bytes != quota || !found.Known || !strings.Contains(found.Source, etcdscan.QuotaMetric) {
 		t.Fatalf("not told: found %+v, want %d from %s", found, quota, etcdscan.QuotaMetric)
 	}
-	if told := FindQuota(ctx, env, 3<<20); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
+	if told := FindQuota(ctx, s.c.Cli, "", 3<<20); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
 		t.Fatalf("told a smaller quota: %+v", told)
 	}
-	if told := FindQuota(ctx, env, 1<<30); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
+	if told := FindQuota(ctx, s.c.Cli, "", 1<<30); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
 		t.Fatalf("told a larger quota than etcd's: %+v", told)
 	}
 
@@ -335,4 +338,63 @@ func journalDone(t *testing.T, path string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestFindQuotaSources: over TLS the quota comes from the member's own
+// metrics; when those cannot be read (here: a client made without the
+// tool's connection settings, so the metrics request has no certificate),
+// from --quota-backend-bytes, else etcd's manifest beside kube-apiserver's,
+// else it is unknown and said so, with etcd's default assumed.
+func TestFindQuotaSources(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "ca")
+	srvCert, srvKey := ca.Issue(t, dir, "server", true)
+	cliCert, cliKey := ca.Issue(t, dir, "client", false)
+	s := testetcd.StartT(t, testetcd.Options{QuotaBackendBytes: 64 << 20, TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
+	ctx := context.Background()
+	cli, err := etcdscan.Connect(ctx, etcdscan.Config{Endpoints: []string{s.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if q := FindQuota(ctx, cli, "", 0); q.Bytes != 64<<20 || !q.Known || !strings.Contains(q.Source, "https://") {
+		t.Fatalf("over TLS: %+v", q)
+	}
+
+	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(ca.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	other, err := clientv3.New(clientv3.Config{Endpoints: []string{s.URL}, DialTimeout: 3 * time.Second,
+		TLS: &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	if q := FindQuota(ctx, other, "", 3<<20); q.Bytes != 3<<20 || !q.Known || !strings.HasPrefix(q.Source, "--quota-backend-bytes (etcd's metrics did not answer") {
+		t.Fatalf("told, metrics unreadable: %+v", q)
+	}
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.MkdirAll(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	apiserver := filepath.Join(dir, "kube-apiserver.yaml") // moved up out of manifests/ to stop it
+	q := FindQuota(ctx, other, apiserver, 0)
+	if q.Known || q.Bytes != DefaultQuotaBackendBytes || !strings.HasPrefix(q.Source, "unknown (") || !strings.Contains(q.Source, "no etcd static-pod manifest") || !strings.Contains(q.Source, "no --quota-backend-bytes") {
+		t.Fatalf("nothing to go by: %+v", q)
+	}
+	etcdPod := "apiVersion: v1\nkind: Pod\nmetadata: {name: etcd, namespace: kube-system}\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd, --quota-backend-bytes=3221225472]\n"
+	if err := os.WriteFile(filepath.Join(manifests, "etcd.yaml"), []byte(etcdPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if q := FindQuota(ctx, other, apiserver, 0); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
+		t.Fatalf("from etcd's manifest: %+v", q)
+	}
 }
