@@ -184,7 +184,7 @@ func Quotas(ctx context.Context, cli *clientv3.Client) ([]MemberQuota, error) {
 
 // metricsQuota reads the quota gauge from the /metrics of one client URL.
 func metricsQuota(ctx context.Context, cfg clientv3.Config, endpoint string) (int64, string, error) {
-	u, tr, err := metricsURL(cfg, endpoint)
+	u, shown, tr, err := metricsURL(cfg, endpoint)
 	if err != nil {
 		return 0, "", err
 	}
@@ -193,36 +193,37 @@ func metricsQuota(ctx context.Context, cfg clientv3.Config, endpoint string) (in
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return 0, "", fmt.Errorf("%s: %w", u, err)
+		return 0, "", fmt.Errorf("%s: %w", shown, err)
 	}
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
-		return 0, u, fmt.Errorf("%s: %w", u, err)
+		return 0, shown, fmt.Errorf("%s: %w", shown, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		return 0, u, fmt.Errorf("%s: %s", u, resp.Status)
+		return 0, shown, fmt.Errorf("%s: %s", shown, resp.Status)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return 0, u, fmt.Errorf("%s: %w", u, err)
+		return 0, shown, fmt.Errorf("%s: %w", shown, err)
 	}
 	fam := families[QuotaMetric]
 	if fam == nil || len(fam.GetMetric()) == 0 || fam.GetMetric()[0].GetGauge() == nil {
-		return 0, u, fmt.Errorf("%s: no %s", u, QuotaMetric)
+		return 0, shown, fmt.Errorf("%s: no %s", shown, QuotaMetric)
 	}
 	v := fam.GetMetric()[0].GetGauge().GetValue()
 	if v <= 0 {
-		return 0, u, fmt.Errorf("%s: %s is %v", u, QuotaMetric, v)
+		return 0, shown, fmt.Errorf("%s: %s is %v", shown, QuotaMetric, v)
 	}
-	return int64(v), u, nil
+	return int64(v), shown, nil
 }
 
 // metricsURL turns a client endpoint (etcdctl forms: host:port, http(s)://,
-// unix://) into the URL of its /metrics and a transport that reaches it.
-func metricsURL(cfg clientv3.Config, endpoint string) (string, *http.Transport, error) {
+// unix://) into the URL of its /metrics, how to name it, and a transport
+// that reaches it.
+func metricsURL(cfg clientv3.Config, endpoint string) (string, string, *http.Transport, error) {
 	tr := &http.Transport{TLSClientConfig: cfg.TLS, DisableKeepAlives: true}
 	if !strings.Contains(endpoint, "://") {
 		scheme := "http"
@@ -233,21 +234,21 @@ func metricsURL(cfg clientv3.Config, endpoint string) (string, *http.Transport, 
 	}
 	u, err := url.Parse(endpoint)
 	if err != nil {
-		return "", nil, fmt.Errorf("endpoint %s: %w", endpoint, err)
+		return "", "", nil, fmt.Errorf("endpoint %s: %w", endpoint, err)
 	}
 	switch u.Scheme {
 	case "http", "https":
-		return u.Scheme + "://" + u.Host + "/metrics", tr, nil
-	case "unix", "unixs":
+		m := u.Scheme + "://" + u.Host + "/metrics"
+		return m, m, tr, nil
+	case "unix":
 		sock := u.Host + u.Path
 		var d net.Dialer
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return d.DialContext(ctx, "unix", sock)
 		}
-		tr.DialTLSContext = nil
-		return "http://localhost/metrics", tr, nil
+		return "http://localhost/metrics", "/metrics on unix socket " + sock, tr, nil
 	}
-	return "", nil, fmt.Errorf("endpoint %s: scheme %q", endpoint, u.Scheme)
+	return "", "", nil, fmt.Errorf("endpoint %s: scheme %q", endpoint, u.Scheme)
 }
 
 // statusTimeout bounds one member's Status request.
