@@ -194,14 +194,14 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 			return err
 		}
 	} else if g.sinceUpdate >= g.refresh {
-		if err := g.update(ctx, 0); err != nil {
+		if err := g.update(ctx); err != nil {
 			return err
 		}
 	}
 	if !g.fits(cost) {
 		// etcd commits its backend every 100 ms: let what was written land, then look again.
 		time.Sleep(150 * time.Millisecond)
-		if err := g.update(ctx, 0); err != nil {
+		if err := g.update(ctx); err != nil {
 			return err
 		}
 		compacted := false
@@ -213,7 +213,7 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 			// its backend and the reads begun before are done: after the
 			// writes in flight land.
 			time.Sleep(150 * time.Millisecond)
-			if err := g.update(ctx, 0); err != nil {
+			if err := g.update(ctx); err != nil {
 				return err
 			}
 			compacted = true
@@ -234,7 +234,8 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 
 // compactEvery is how much a compacting run writes between two compactions:
 // half the margin. A compaction takes pages of its own while it rewrites the
-// pages it frees (measured: a third of what it frees when none were free),
+// pages it frees (measured: from a third to as much as it frees, when none
+// were free before),
 // so it must come before the run's writes reach the margin.
 func (g *spaceGuard) compactEvery() int64 { return g.margin / 2 }
 
@@ -247,7 +248,7 @@ func (g *spaceGuard) done(cost int64) {
 // update asks every member's size. What was in flight then, and what returned
 // since the previous update (it may not have reached the backend yet), still
 // counts as spent.
-func (g *spaceGuard) update(ctx context.Context, _ int64) error {
+func (g *spaceGuard) update(ctx context.Context) error {
 	inflight, completed := g.inflight.Load(), g.completed.Load()
 	st, err := g.cli.status(ctx)
 	if err != nil {
@@ -285,7 +286,7 @@ func (g *spaceGuard) compactNow(ctx context.Context) error {
 	g.report.Compactions++
 	g.report.CompactedAt = st.Revision
 	g.sinceCompact = 0
-	return g.update(ctx, 0)
+	return g.update(ctx)
 }
 
 // etcdStatus is clientStatus on a real client.
