@@ -189,10 +189,12 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 	for g.inflight.Load() > 0 && g.inflight.Load()+cost > g.margin/4 && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
+	compacted := false
 	if g.compact && g.sinceCompact >= g.compactEvery() {
 		if err := g.compactNow(ctx); err != nil {
 			return err
 		}
+		compacted = true
 	} else if g.sinceUpdate >= g.refresh {
 		if err := g.update(ctx); err != nil {
 			return err
@@ -204,23 +206,16 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 		if err := g.update(ctx); err != nil {
 			return err
 		}
-		compacted := false
 		if !g.fits(cost) && g.compact && g.sinceCompact > 0 {
 			if err := g.compactNow(ctx); err != nil {
 				return err
 			}
-			// The pages a compaction frees are free once etcd has committed
-			// its backend and the reads begun before are done: after the
-			// writes in flight land.
-			time.Sleep(150 * time.Millisecond)
-			if err := g.update(ctx); err != nil {
-				return err
-			}
 			compacted = true
 		}
-		// Right after a compaction its pages may not show as free yet: a
+		// The pages a compaction frees show as free only after etcd's next
+		// commits, which the run's next writes bring: right after one, a
 		// batch may go if it stays below the quota less a quarter of the margin.
-		if !g.fits(cost) && !(compacted && g.base+g.spent+cost+g.margin/4 <= g.quota) {
+		if !g.fits(cost) && !(compacted && g.base+max(0, g.spent+cost-g.free)+g.margin/4 <= g.quota) {
 			g.err = &SpaceError{DBSize: g.base, Quota: g.quota, Margin: g.margin, Compacted: g.report.Compactions > 0}
 			return g.err
 		}
