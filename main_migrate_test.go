@@ -108,7 +108,8 @@ func TestRunbookCLI(t *testing.T) {
 }
 
 // TestSpaceCLI: migrate says which quota it keeps below and where it found
-// it (etcd's own metrics, not told), and the database size before and after;
+// it (etcd's own metrics, not told), that it compacts (--compact-history),
+// and the database size before and after;
 // under etcd's NOSPACE alarm verify reports it, and rollback refuses with
 // one line naming the remedy (exit 1, nothing written).
 func TestSpaceCLI(t *testing.T) {
@@ -120,11 +121,11 @@ func TestSpaceCLI(t *testing.T) {
 	}
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	journal := filepath.Join(c.Dir, "journal")
-	code, out, stderr := runCLI(t, append([]string{"migrate", "--journal", journal}, conn...)...)
+	code, out, stderr := runCLI(t, append([]string{"migrate", "--journal", journal, "--compact-history"}, conn...)...)
 	if code != exitOK {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
 	}
-	for _, want := range []string{"preflight: ok: etcd's quota: 8.0 MiB, from etcd_server_quota_backend_bytes of member", "etcd database: "} {
+	for _, want := range []string{"preflight: ok: etcd's quota: 8.0 MiB, from etcd_server_quota_backend_bytes of member", "preflight: ok: --compact-history: ", "etcd database: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("migrate's output does not say %q:\n%s", want, out)
 		}
