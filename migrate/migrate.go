@@ -307,6 +307,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	}
 
 	var err error
+	var spaceErr *SpaceError
+	if errors.As(writeErr, &spaceErr) {
+		spaceErr.Journal = opts.Journal
+	}
 	switch {
 	case writeErr != nil:
 		err = writeErr

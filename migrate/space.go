@@ -104,7 +104,8 @@ func putCost(key string, value []byte) int64 {
 // taken the database past it. Nothing more was written and etcd raised no alarm.
 type SpaceError struct {
 	DBSize, Quota, Margin int64
-	Compacted             bool // the run compacted (--compact-history) and it was not enough
+	Compacted             bool   // the run compacted (--compact-history) and it was not enough
+	Journal               string // the run's journal, "" without one
 }
 
 func (e *SpaceError) Error() string {
@@ -112,8 +113,12 @@ func (e *SpaceError) Error() string {
 	if e.Compacted {
 		what = "even after compacting (--compact-history) the live data does not leave that room: defragment ('etcdctl defrag'), migrate fewer --resource at a time, or raise etcd's --quota-backend-bytes"
 	}
-	return fmt.Sprintf("stopped before etcd's quota: the database is %s of %s and the next writes would leave less than the %s margin; nothing more was written, etcd raised no alarm and the journal is intact; %s",
-		HumanBytes(e.DBSize), HumanBytes(e.Quota), HumanBytes(e.Margin), what)
+	journal := ""
+	if e.Journal != "" {
+		journal = ", the journal " + e.Journal + " is intact"
+	}
+	return fmt.Sprintf("stopped before etcd's quota: the database is %s of %s and the next writes would leave less than the %s margin; nothing more was written and etcd raised no alarm%s; %s",
+		HumanBytes(e.DBSize), HumanBytes(e.Quota), HumanBytes(e.Margin), journal, what)
 }
 
 // SpaceReport says what a run saw of etcd's space.
