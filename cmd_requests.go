@@ -27,6 +27,7 @@ func migrateOptions(c *cli.Context, writeCtx context.Context) migrate.Options {
 		Snapshot:           c.String("snapshot"),
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
 		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
+		CompactHistory:     c.Bool("compact-history"),
 		BatchOps:           c.Int("batch-ops"),
 		BatchBytes:         c.Int("batch-bytes"),
 		Writers:            c.Int("writers"),

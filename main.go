@@ -41,7 +41,9 @@ const (
 	exitUnreadable  = 4
 	exitCodesHelpTx = `EXIT CODES:
    0  success (verify: every object current)
-   1  operational error (etcd unreachable, preflight refusal, write failures)
+   1  failed, nothing lost (etcd unreachable, preflight refusal, write failures,
+      stopped before etcd's quota or at its first NOSPACE or permission refusal:
+      one line names the cause and the remedy; the journal is intact)
    2  usage error (bad flag or argument; a manifest path or KMS plugin socket
       under no hostPath mount)
    3  verify: something is stale, everything is readable

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,5 +104,55 @@ func TestRunbookCLI(t *testing.T) {
 	}
 	if code, out, stderr = runCLI(t, append([]string{"verify"}, conn...)...); code != exitOK {
 		t.Fatalf("verify after migrate: exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestSpaceCLI: migrate says which quota it keeps below and where it found
+// it (etcd's own metrics, not told), that it compacts (--compact-history),
+// and the database size before and after;
+// under etcd's NOSPACE alarm verify reports it, and rollback refuses with
+// one line naming the remedy (exit 1, nothing written).
+func TestSpaceCLI(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 8 << 20})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	for i := 0; i < 20; i++ {
+		c.Put(fmt.Sprintf("/registry/secrets/ns/s-%02d", i), testcluster.SecretsGR, testcluster.Secret("ns", fmt.Sprintf("s-%02d", i), "pw"), "", "", oldCfg)
+	}
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	journal := filepath.Join(c.Dir, "journal")
+	code, out, stderr := runCLI(t, append([]string{"migrate", "--journal", journal, "--compact-history"}, conn...)...)
+	if code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
+	}
+	for _, want := range []string{"preflight: ok: etcd's quota: 8.0 MiB, from etcd_server_quota_backend_bytes of member", "preflight: ok: --compact-history: ", "etcd database: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("migrate's output does not say %q:\n%s", want, out)
+		}
+	}
+
+	ctx := context.Background()
+	big := strings.Repeat("x", 64<<10)
+	var full error
+	for i := 0; i < 400 && full == nil; i++ {
+		_, full = c.Cli.Put(ctx, fmt.Sprintf("/filler/%d", i), big)
+		if i%8 == 7 {
+			time.Sleep(110 * time.Millisecond) // etcd checks its committed size
+		}
+	}
+	if full == nil {
+		t.Fatal("could not fill an 8 MiB quota")
+	}
+	code, out, stderr = runCLI(t, append([]string{"verify"}, conn...)...)
+	if code != exitOK || !strings.Contains(out, "ALARM: etcd NOSPACE on member ") {
+		t.Fatalf("verify under the alarm: exit %d\n%s%s", code, out, stderr)
+	}
+	before := c.Revision()
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--journal", journal)
+	if code != exitError || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "error: rollback writes too, and etcd has active alarms: NOSPACE") || !strings.Contains(stderr, "etcdctl alarm disarm") {
+		t.Fatalf("rollback under the alarm: exit %d\nstdout:\n%sstderr:\n%s", code, out, stderr)
+	}
+	if c.Revision() != before {
+		t.Fatal("rollback wrote under the alarm")
 	}
 }

@@ -153,15 +153,22 @@ func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
 	for _, c := range s.CRDs {
 		fmt.Fprintf(w, "crd %s: storage version %s, storedVersions %v: %s %s\n", c.Name, c.StorageVersion, c.StoredVersions, c.Action, c.Detail)
 	}
-	for i, f := range s.Failures {
-		if i == 20 {
-			fmt.Fprintf(w, "... %d more (use -o json for all)\n", len(s.Failures)-20)
-			break
+	// One line per cause, not per key: -o json lists the keys.
+	for _, c := range s.Causes {
+		fmt.Fprintf(w, "%s: %s: %d key(s), the first %s: %s\n", c.Status, c.Cause, c.Count, c.FirstKey, c.Error)
+	}
+	if sp := s.Space; sp != nil {
+		line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", migrate.HumanBytes(sp.DBSizeBefore), migrate.HumanBytes(sp.DBSizeAfter), migrate.HumanBytes(sp.DBSizeMax), migrate.HumanBytes(sp.Quota.Bytes))
+		if sp.Compactions > 0 {
+			line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)
 		}
-		fmt.Fprintf(w, "%s: %s\n", f.Status, f.Error)
+		fmt.Fprintln(w, line)
 	}
 	consistency := "one consistent snapshot"
-	if !s.Consistent {
+	switch {
+	case !s.Consistent && s.Space != nil && s.Space.Compactions > 0:
+		consistency = fmt.Sprintf("revision %d was compacted by --compact-history during the scan, which went on at the newer revision (%d restart(s)); the tool was the only writer", s.Revision, len(s.Restarts))
+	case !s.Consistent:
 		consistency = fmt.Sprintf("NOT one snapshot: revision %d was compacted during the scan and the scan continued at a newer revision (%d restart(s)); objects written meanwhile were seen at their newer state", s.Revision, len(s.Restarts))
 	}
 	n := t.Rewritten

@@ -91,6 +91,8 @@ type Config struct {
 	From map[string]Source
 	// File is the manifest or flags file read, "" when none.
 	File string
+	// Manifest is File when it is a static-pod manifest (--apiserver-manifest).
+	Manifest string
 
 	opts     *options.ServerRunOptions
 	registry basecompatibility.ComponentGlobalsRegistry
@@ -139,7 +141,7 @@ func Load(in Input) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg.File = in.Manifest
+		cfg.File, cfg.Manifest = in.Manifest, in.Manifest
 	case in.FlagsFile != "":
 		var err error
 		args, err = readFlagsFile(in.FlagsFile)

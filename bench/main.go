@@ -39,6 +39,7 @@ type options struct {
 	apiserverN             int
 	profileDir             string
 	quota                  int64
+	compactHistory         bool
 	snapshot               bool
 	dataset                string
 	rotationN              int
@@ -60,6 +61,7 @@ func main() {
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
 	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
+	flag.BoolVar(&o.compactHistory, "compact-history", true, "also measure migrate --compact-history (row \"migrate (compacting)\"), with etcd's database size before and after")
 	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure reading an etcd snapshot file of the keyspace (verify --snapshot-file beside a bare read of the file; mixed dataset)")
 	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), or all (both, one after the other, each on its own etcd)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
@@ -163,6 +165,11 @@ type sample struct {
 	PeakRSSKB       int64   `json:"peakRSSKiB,omitempty"`
 	EtcdRSSBeforeKB int64   `json:"etcdRSSBeforeKiB"`
 	EtcdRSSAfterKB  int64   `json:"etcdRSSAfterKiB"`
+	// etcd's database (every member's largest, as the migrate summary has it).
+	DBSizeBeforeKB int64 `json:"dbSizeBeforeKiB,omitempty"`
+	DBSizeAfterKB  int64 `json:"dbSizeAfterKiB,omitempty"`
+	DBSizeMaxKB    int64 `json:"dbSizeMaxKiB,omitempty"`
+	Compactions    int   `json:"compactions,omitempty"`
 }
 
 func (s sample) objPerSec() float64 { return float64(s.Objects) / s.Seconds }
@@ -201,11 +208,23 @@ type measurement struct {
 		Before stat `json:"before"`
 		After  stat `json:"after"`
 	} `json:"etcdRSSMB"`
+	// DBSizeMB is etcd's database size before and after a migrate run, and
+	// the largest seen during it.
+	DBSizeMB struct {
+		Before stat `json:"before"`
+		After  stat `json:"after"`
+		Max    stat `json:"max"`
+	} `json:"dbSizeMB,omitempty"`
 }
 
 func (m *measurement) finish() {
-	var ops, mbs, rws, inrun, rss, cpu, eb, ea []float64
+	var ops, mbs, rws, inrun, rss, cpu, eb, ea, db, da, dm []float64
 	for _, s := range m.Samples {
+		if s.DBSizeBeforeKB > 0 {
+			db = append(db, float64(s.DBSizeBeforeKB)/1024)
+			da = append(da, float64(s.DBSizeAfterKB)/1024)
+			dm = append(dm, float64(s.DBSizeMaxKB)/1024)
+		}
 		if s.CPUSeconds > 0 && s.Objects > 0 {
 			cpu = append(cpu, s.CPUSeconds*1e6/float64(s.Objects))
 		}
@@ -223,6 +242,7 @@ func (m *measurement) finish() {
 	}
 	m.ObjectsPerS, m.MBPerS, m.RewritesPerS, m.InRunObjPerS, m.PeakRSSMB = statOf(ops), statOf(mbs), statOf(rws), statOf(inrun), statOf(rss)
 	m.EtcdRSSMB.Before, m.EtcdRSSMB.After = statOf(eb), statOf(ea)
+	m.DBSizeMB.Before, m.DBSizeMB.After, m.DBSizeMB.Max = statOf(db), statOf(da), statOf(dm)
 	m.CPUMicros = statOf(cpu)
 }
 
@@ -281,6 +301,8 @@ const (
 	mVerify  = "verify (tool)"
 	mScan    = "scan ceiling"
 	mMigrate = "migrate (tool)"
+	// The tool with --compact-history: etcd's database before/after.
+	mMigrateCompact = "migrate (compacting)"
 	// -baseline: another build of the tool, measured beside it.
 	mVerifyBase  = "verify (baseline)"
 	mMigrateBase = "migrate (baseline)"
@@ -359,10 +381,18 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 
 	// The tool, and the -baseline binary measured right after it on the same
 	// keyspace (rows "verify (baseline)", "migrate (baseline)").
-	type measured struct{ bin, verify, migrate string }
-	tools := []measured{{bin, mVerify, mMigrate}}
+	type measured struct {
+		bin, verify, migrate string
+		flags                []string // migrate's own
+	}
+	tools := []measured{{bin: bin, verify: mVerify, migrate: mMigrate}}
 	if o.baseline != "" {
-		tools = append(tools, measured{o.baseline, mVerifyBase, mMigrateBase})
+		tools = append(tools, measured{bin: o.baseline, verify: mVerifyBase, migrate: mMigrateBase})
+	}
+	// The migrate runs: the tools', and the tool's with --compact-history.
+	migrates := tools
+	if o.compactHistory {
+		migrates = append(append([]measured(nil), tools...), measured{bin: bin, migrate: mMigrateCompact, flags: []string{"--compact-history"}})
 	}
 	for rep := 1; rep <= o.reps; rep++ {
 		logf("repetition %d/%d", rep, o.reps)
@@ -427,12 +457,12 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 		}
 
 		// migrate (and the baseline's, right after it).
-		for _, v := range tools {
+		for _, v := range migrates {
 			if err := settle(); err != nil {
 				return err
 			}
 			before := etcd.RSSKB()
-			args := []string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}
+			args := append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}, v.flags...)
 			if v.bin == bin {
 				// migrate writes only for a release it is told; a -baseline
 				// built before that rule (or for another release) is not told.
@@ -451,8 +481,10 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			}
 			inRun, _ := time.ParseDuration(mo.Duration)
 			res.get(v.migrate).Samples = append(res.get(v.migrate).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: mo.Summary.Scanned, Bytes: c.bytes,
-				Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
-			logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak RSS %d MB", v.migrate, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakRSSKB/1024)
+				Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB(),
+				DBSizeBeforeKB: mo.Space.DBSizeBefore >> 10, DBSizeAfterKB: mo.Space.DBSizeAfter >> 10, DBSizeMaxKB: mo.Space.DBSizeMax >> 10, Compactions: mo.Space.Compactions})
+			logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak RSS %d MB; etcd database %d -> %d MB (at most %d MB, %d compaction(s))", v.migrate, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakRSSKB/1024,
+				mo.Space.DBSizeBefore>>20, mo.Space.DBSizeAfter>>20, mo.Space.DBSizeMax>>20, mo.Space.Compactions)
 			if err := reseedStale(); err != nil {
 				return err
 			}
@@ -622,6 +654,9 @@ func printTable(w *os.File, res *results) {
 			cpu = rng(m.CPUMicros, "%.0f")
 		}
 		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %s\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss, cpu, etcdRSS)
+		if m.DBSizeMB.Before.Median > 0 {
+			fmt.Fprintf(w, "%-20s etcd database %.0f→%.0f MB, at most %.0f MB during the run (medians)\n", "  space", m.DBSizeMB.Before.Median, m.DBSizeMB.After.Median, m.DBSizeMB.Max.Median)
+		}
 		if m.InRunObjPerS.Median > 0 {
 			fmt.Fprintf(w, "%-20s %-26s (the tool's own duration, without process start and setup)\n", "  in-run", rng(m.InRunObjPerS, "%.0f"))
 		}

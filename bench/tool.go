@@ -140,6 +140,12 @@ type migrateOut struct {
 		BytesRead                                                                  int64 `json:"bytesRead"`
 		BytesWritten                                                               int64 `json:"bytesWritten"`
 	} `json:"summary"`
+	Space struct {
+		DBSizeBefore int64 `json:"dbSizeBefore"`
+		DBSizeAfter  int64 `json:"dbSizeAfter"`
+		DBSizeMax    int64 `json:"dbSizeMax"`
+		Compactions  int   `json:"compactions"`
+	} `json:"space"`
 }
 
 func parseJSON(r toolRun, v any) error {

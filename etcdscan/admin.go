@@ -18,27 +18,58 @@ import (
 	"go.uber.org/zap"
 )
 
-// StatusInfo summarises the members reachable through the client's endpoints.
+// StatusInfo summarises every member of the cluster.
 type StatusInfo struct {
-	DBSize      int64  // largest backend size over the endpoints, bytes (what the quota counts)
+	DBSize      int64  // largest backend size over the members, bytes (what the quota counts)
 	DBSizeInUse int64  // largest logically used size, bytes (DBSize after a defrag)
+	Free        int64  // smallest DBSize-DBSizeInUse over the members: pages later writes reuse before the backend grows
 	Leader      uint64 // member ID of the leader, 0 when there is none
 	Version     string // etcd server version(s), comma separated when members differ
+	Revision    int64  // the store's revision as the last member asked saw it
+	Members     []MemberStatus
 }
 
-// Status asks every endpoint of the client for its status.
+// Status asks every member of the cluster for its status (through the
+// client's endpoints for a single member, else each member's advertised
+// client URLs). A member that answers on none of its URLs is an error naming it.
 func Status(ctx context.Context, cli *clientv3.Client) (StatusInfo, error) {
-	var info StatusInfo
+	ms, err := members(ctx, cli)
+	if err != nil {
+		return StatusInfo{}, err
+	}
+	info := StatusInfo{Free: -1}
 	var versions []string
-	for _, ep := range cli.Endpoints() {
-		st, err := cli.Status(ctx, ep)
-		if err != nil {
-			return StatusInfo{}, fmt.Errorf("etcd status of %s: %w", ep, err)
+	for _, m := range ms {
+		var st *clientv3.StatusResponse
+		var ep string
+		var errs []string
+		for _, u := range m.urls {
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			r, err := cli.Status(sctx, u)
+			cancel()
+			if err == nil {
+				st, ep = r, u
+				break
+			}
+			errs = append(errs, fmt.Sprintf("%s: %v", u, err))
 		}
+		if st == nil {
+			if ctx.Err() != nil {
+				return StatusInfo{}, ctx.Err()
+			}
+			return StatusInfo{}, fmt.Errorf("etcd status of %s: %s", m, strings.Join(errs, "; "))
+		}
+		info.Members = append(info.Members, MemberStatus{Name: m.name, ID: m.id, Endpoint: ep, DBSize: st.DbSize, DBSizeInUse: st.DbSizeInUse})
 		info.DBSize = max(info.DBSize, st.DbSize)
 		info.DBSizeInUse = max(info.DBSizeInUse, st.DbSizeInUse)
+		if free := st.DbSize - st.DbSizeInUse; info.Free < 0 || free < info.Free {
+			info.Free = max(free, 0)
+		}
 		if st.Leader != 0 {
 			info.Leader = st.Leader
+		}
+		if st.Header != nil {
+			info.Revision = max(info.Revision, st.Header.Revision)
 		}
 		found := false
 		for _, v := range versions {
@@ -48,6 +79,7 @@ func Status(ctx context.Context, cli *clientv3.Client) (StatusInfo, error) {
 			versions = append(versions, st.Version)
 		}
 	}
+	info.Free = max(info.Free, 0)
 	info.Version = strings.Join(versions, ",")
 	return info, nil
 }

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/internal/testpki"
@@ -149,6 +153,46 @@ func testSnapshotTLSAndAuth(t *testing.T, version string) {
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 4096 {
 		t.Fatalf("snapshot file %v %v", fi, err)
 	}
+
+	// The quota is read over the same TLS (client certificate required).
+	if qs, err := Quotas(ctx, c); err != nil || len(qs) != 1 || qs[0].Bytes != 2<<30 || !strings.HasPrefix(qs[0].URL, "https://") {
+		t.Fatalf("quotas over TLS: %+v %v", qs, err)
+	}
+
+	// A user who may only read: the writer stops at the first refusal, sends
+	// nothing more, and every put says why.
+	for _, step := range []func() error{
+		func() error { _, err := c.RoleAdd(ctx, "reader"); return err },
+		func() error {
+			_, err := c.RoleGrantPermission(ctx, "reader", "/registry/", clientv3.GetPrefixRangeEnd("/registry/"), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := c.UserAdd(ctx, "reader", "pw"); return err },
+		func() error { _, err := c.UserGrantRole(ctx, "reader", "reader"); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Username, cfg.Password = "reader", "pw"
+	rc, err := Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	w := &Writer{Client: rc}
+	puts := make([]Put, 40)
+	for i := range puts {
+		puts[i] = Put{Key: fmt.Sprintf("/registry/ro/%d", i), Value: []byte("v")}
+	}
+	for i, r := range w.Write(ctx, puts) {
+		if fe := AsFatal(r.Err); r.Status != Failed || fe == nil || fe.Cause != CausePermission {
+			t.Fatalf("put %d as a reader: %v %v", i, r.Status, r.Err)
+		}
+	}
+	if st := w.Stats(); w.Stopped() == nil || st.Singles != 0 || st.Splits != 0 || st.Retries != 0 {
+		t.Fatalf("stopped %v, stats %+v", w.Stopped(), st)
+	}
 }
 
 func TestAlarmsNoSpace(t *testing.T) { testetcd.Each(t, testAlarmsNoSpace) }
@@ -171,4 +215,62 @@ func testAlarmsNoSpace(t *testing.T, version string) {
 	if len(alarms) != 1 || !strings.HasPrefix(alarms[0], "NOSPACE on member ") {
 		t.Fatalf("alarms %q", alarms)
 	}
+
+	// The quota, as the member's own metrics say it.
+	qs, err := Quotas(ctx, c)
+	if err != nil || len(qs) != 1 || qs[0].Bytes != 2<<20 {
+		t.Fatalf("quotas %+v %v", qs, err)
+	}
+	st, err := Status(ctx, c)
+	if err != nil || len(st.Members) != 1 || st.DBSize == 0 || st.Revision == 0 {
+		t.Fatalf("status %+v %v", st, err)
+	}
+
+	// Under the alarm the writer stops at the first refusal: 40 puts (three
+	// transactions) send one request, no split, no key by key, and every put
+	// says why.
+	txnsBefore := txnRequests(t, qs[0].URL)
+	w := &Writer{Client: c}
+	puts := make([]Put, 40)
+	for i := range puts {
+		puts[i] = Put{Key: fmt.Sprintf("/registry/big/%d", i), Value: []byte("small"), ModRevision: 1}
+	}
+	for i, r := range w.Write(ctx, puts) {
+		fe := AsFatal(r.Err)
+		if r.Status != Failed || fe == nil || fe.Cause != CauseNoSpace || !strings.Contains(r.Err.Error(), puts[i].Key) {
+			t.Fatalf("put %d: %v %v", i, r.Status, r.Err)
+		}
+	}
+	if w.Stopped() == nil || w.Stats().Splits != 0 || w.Stats().Singles != 0 {
+		t.Fatalf("stopped %v, stats %+v", w.Stopped(), w.Stats())
+	}
+	if n := txnRequests(t, qs[0].URL) - txnsBefore; n != 1 {
+		t.Fatalf("%d Txn requests reached etcd after the alarm, want 1", n)
+	}
+}
+
+// txnRequests is the member's count of Txn requests handled, from its metrics.
+func txnRequests(t *testing.T, metricsURL string) int {
+	t.Helper()
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_method="Txn"`) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += int(v)
+		}
+	}
+	return n
 }

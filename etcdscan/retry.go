@@ -55,6 +55,9 @@ func isTransient(ctx context.Context, err error) bool {
 
 // isTooLarge reports whether etcd refused a request for its size or op count.
 func isTooLarge(err error) bool {
+	if IsNoSpace(err) {
+		return false // also ResourceExhausted, but no split fits
+	}
 	if errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) {
 		return true
 	}

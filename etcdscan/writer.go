@@ -105,7 +105,16 @@ type Writer struct {
 	CommandTimeout time.Duration // per request (default DefaultCommandTimeout)
 
 	txns, fallbacks, singles, splits, retries atomic.Int64
+	stopped                                   atomic.Pointer[FatalError]
 }
+
+// Stopped returns the refusal that stopped the writer, nil while it writes.
+// After the first error no retry fixes (AsFatal: etcd out of space, permission
+// denied) the writer sends nothing more: every later put fails with that error.
+func (w *Writer) Stopped() *FatalError { return w.stopped.Load() }
+
+// stop records the first fatal error.
+func (w *Writer) stop(fe *FatalError) { w.stopped.CompareAndSwap(nil, fe) }
 
 // Stats returns the counters of the writer.
 func (w *Writer) Stats() WriterStats {
@@ -184,9 +193,15 @@ func (w *Writer) Write(ctx context.Context, puts []Put) []PutResult {
 }
 
 func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []PutResult) {
-	if err := ctx.Err(); err != nil {
+	var stopErr error
+	if fe := w.Stopped(); fe != nil {
+		stopErr = fe
+	} else if err := ctx.Err(); err != nil {
+		stopErr = err
+	}
+	if stopErr != nil {
 		for _, i := range idx {
-			res[i].Status, res[i].Err = Failed, fmt.Errorf("%s %s: %w", puts[i].verb(), puts[i].Key, err)
+			res[i].Status, res[i].Err = Failed, fmt.Errorf("%s %s: %w", puts[i].verb(), puts[i].Key, stopErr)
 		}
 		return
 	}
@@ -206,7 +221,15 @@ func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []Pu
 		resp, terr = w.Client.Txn(c).If(cmps...).Then(ops...).Commit()
 		return terr
 	})
+	fe := AsFatal(err)
+	if fe != nil {
+		w.stop(fe)
+	}
 	switch {
+	case fe != nil:
+		for _, i := range idx {
+			res[i].Status, res[i].Err = Failed, fmt.Errorf("%s %s (in a transaction of %d keys): %w", puts[i].verb(), puts[i].Key, len(idx), fe)
+		}
 	case err != nil && isTooLarge(err):
 		w.splits.Add(1)
 		h := len(idx) / 2
@@ -253,6 +276,10 @@ func putOp(p Put) clientv3.Op {
 // key may have been applied without us seeing the answer: then a key that holds
 // exactly our value is reported Written.
 func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool) {
+	if fe := w.Stopped(); fe != nil {
+		r.Status, r.Err = Failed, fmt.Errorf("%s %s: %w", p.verb(), p.Key, fe)
+		return
+	}
 	var resp *clientv3.TxnResponse
 	amb, err := w.do(ctx, func(c context.Context) error {
 		var terr error
@@ -265,7 +292,13 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 	})
 	w.singles.Add(1)
 	ambiguous = ambiguous || amb
+	fe := AsFatal(err)
+	if fe != nil {
+		w.stop(fe)
+	}
 	switch {
+	case fe != nil:
+		r.Status, r.Err = Failed, fmt.Errorf("%s %s: %w", p.verb(), p.Key, fe)
 	case err != nil && isTooLarge(err):
 		r.Status, r.Err = Failed, fmt.Errorf("%s %s (%d bytes): larger than etcd accepts (--max-request-bytes): %w", p.verb(), p.Key, len(p.Value), err)
 	case err != nil:

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -230,11 +231,28 @@ func Rollback(ctx context.Context, cli *clientv3.Client, path string, w *etcdsca
 			list[len(list)-1].done = &rec
 		}
 	}
+	// Rollback writes too: under an alarm etcd would refuse every key.
+	alarms, err := etcdscan.Alarms(ctx, cli)
+	if err != nil {
+		return res, err
+	}
+	if len(alarms) > 0 {
+		return res, fmt.Errorf("rollback writes too, and etcd has active alarms: %s; make room first ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run the same rollback again (nothing was written; the journal %s is unchanged)", strings.Join(alarms, "; "), path)
+	}
+	stopped := func(out []etcdscan.PutResult) error {
+		if key, fe := firstFatalKey(out); fe != nil {
+			return stopErr(ctx, fe, key, path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, cli) })
+		}
+		return nil
+	}
 	for _, key := range order {
 		list := entries[key]
 		if last := list[len(list)-1]; last.intent.Op == "delete-intent" {
 			if err := restoreDeleted(ctx, cli, w, key, list[0].intent.OldValue, last.intent.Lease, &res); err != nil {
 				return res, err
+			}
+			if fe := w.Stopped(); fe != nil {
+				return res, stopErr(ctx, fe, key, path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, cli) })
 			}
 			continue
 		}
@@ -270,6 +288,10 @@ func Rollback(ctx context.Context, cli *clientv3.Client, path string, w *etcdsca
 			continue
 		}
 		out := w.Write(ctx, []etcdscan.Put{{Key: key, Value: first.intent.OldValue, ModRevision: cur.ModRevision}})
+		if err := stopped(out); err != nil {
+			res.Failed++
+			return res, err
+		}
 		switch out[0].Status {
 		case etcdscan.Written:
 			res.Restored++

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,10 +40,16 @@ type Options struct {
 	Journal            string // --journal FILE
 	Snapshot           string // --snapshot FILE
 	AllowLiveAPIServer bool
-	QuotaBackendBytes  int64
-	BatchOps           int
-	BatchBytes         int
-	Writers            int // concurrent write transactions; 0 = DefaultWriters
+	// QuotaBackendBytes is etcd's --quota-backend-bytes as the operator
+	// gives it (0: not given). etcd's own metrics win when they answer and
+	// are not smaller (FindQuota).
+	QuotaBackendBytes int64
+	// CompactHistory compacts etcd's history up to the run's latest write
+	// whenever the database nears the quota (--compact-history).
+	CompactHistory bool
+	BatchOps       int
+	BatchBytes     int
+	Writers        int // concurrent write transactions; 0 = DefaultWriters
 	// Progress, when set, is called after each page with the running totals.
 	Progress func(Counts)
 	// Now is the clock for the live-apiserver check (tests); nil = time.Now.
@@ -89,6 +96,17 @@ type Failure struct {
 	Error  string `json:"error"`
 }
 
+// FailureCause groups the failures of one cause: for an unreadable object its
+// reason (undecryptable, ...), for a write what etcd answered
+// (etcd-out-of-space, etcd-permission-denied, too-large, etcd-error, ...).
+type FailureCause struct {
+	Status   string `json:"status"` // unreadable or failed
+	Cause    string `json:"cause"`
+	Count    int64  `json:"count"`
+	FirstKey string `json:"firstKey"`
+	Error    string `json:"error"` // the first key's
+}
+
 // Summary is the result of a run.
 type Summary struct {
 	DryRun       bool                 `json:"dryRun"`
@@ -101,6 +119,8 @@ type Summary struct {
 	Summary      Counts               `json:"summary"`
 	Resources    []ResourceSummary    `json:"resources"`
 	Failures     []Failure            `json:"failures,omitempty"`
+	Causes       []FailureCause       `json:"causes,omitempty"`
+	Space        *SpaceReport         `json:"space,omitempty"`
 	CRDs         []CRDResult          `json:"crds,omitempty"`
 	Preflight    []string             `json:"preflight,omitempty"`
 	Writer       etcdscan.WriterStats `json:"writer"`
@@ -115,6 +135,7 @@ type tally struct {
 	resources map[schema.GroupResource]*ResourceSummary
 	failures  []Failure
 	failedN   int
+	causes    []FailureCause
 	// crdPending counts, per custom resource, objects not (yet) in the storage version.
 	crdPending map[schema.GroupResource]int64
 }
@@ -130,6 +151,17 @@ func (t *tally) res(gr schema.GroupResource) *ResourceSummary {
 
 func (t *tally) fail(f Failure) {
 	t.failedN++
+	found := false
+	for i := range t.causes {
+		if c := &t.causes[i]; c.Status == f.Status && c.Cause == f.Reason {
+			c.Count++
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.causes = append(t.causes, FailureCause{Status: f.Status, Cause: f.Reason, Count: 1, FirstKey: f.Key, Error: f.Error})
+	}
 	if len(t.failures) < maxFailuresListed {
 		t.failures = append(t.failures, f)
 	}
@@ -159,12 +191,15 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	}
 
 	var journal *Journal
+	var guard *spaceGuard
 	if !opts.DryRun {
-		checks, err := Preflight(ctx, env, opts)
+		checks, space, err := preflight(ctx, env, opts)
 		sum.Preflight = checks
 		if err != nil {
 			return finish(sum, t, start), err
 		}
+		sum.Space = &SpaceReport{Quota: space.quota, Margin: Margin(space.quota.Bytes), DBSizeBefore: space.status.DBSize, DBSizeMax: space.status.DBSize}
+		guard = newSpaceGuard(etcdStatus{env}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
 		if opts.Journal != "" {
 			journal, err = OpenJournal(opts.Journal)
 			if err != nil {
@@ -189,7 +224,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		go func() {
 			defer wg.Done()
 			for b := range queue {
-				if err := writeBatch(writeCtx, env, w, journal, b.ds, t, opts.FailFast, &snapMu, &snapshotTaken, opts.Snapshot); err != nil {
+				if err := writeBatch(writeCtx, env, w, journal, guard, b.ds, t, opts, &snapMu, &snapshotTaken); err != nil {
 					werrOnce.Do(func() { writeErr = err; cancel() })
 				}
 			}
@@ -260,8 +295,22 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	wg.Wait()
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
+	if sum.Space != nil {
+		// etcd commits its backend every 100 ms: the last writes count then.
+		time.Sleep(150 * time.Millisecond)
+		sctx, scancel := context.WithTimeout(writeCtx, etcdscan.DefaultCommandTimeout)
+		if st, err := etcdscan.Status(sctx, env.Client); err == nil {
+			sum.Space.DBSizeAfter = st.DBSize
+			sum.Space.DBSizeMax = max(sum.Space.DBSizeMax, st.DBSize)
+		}
+		scancel()
+	}
 
 	var err error
+	var spaceErr *SpaceError
+	if errors.As(writeErr, &spaceErr) {
+		spaceErr.Journal = opts.Journal
+	}
 	switch {
 	case writeErr != nil:
 		err = writeErr
@@ -296,26 +345,40 @@ func finish(sum *Summary, t *tally, start time.Time) *Summary {
 		return schema.GroupResource{Group: a.Group, Resource: a.Resource}.String() < schema.GroupResource{Group: b.Group, Resource: b.Resource}.String()
 	})
 	sum.Failures = t.failures
+	sum.Causes = append(sum.Causes[:0], t.causes...)
 	sum.Duration = time.Since(start)
 	sum.DurationText = sum.Duration.Round(time.Millisecond).String()
 	return sum
 }
 
-// writeBatch journals, writes and tallies one batch of stale decisions.
-func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *Journal, ds []reencode.Decision, t *tally, failFast bool, snapMu *sync.Mutex, snapshotTaken *bool, snapshotPath string) error {
+// writeBatch journals, writes and tallies one batch of stale decisions. It
+// writes nothing once the writer met an error no retry fixes, nor when the
+// batch would take etcd's database past its quota (guard).
+func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *Journal, guard *spaceGuard, ds []reencode.Decision, t *tally, opts Options, snapMu *sync.Mutex, snapshotTaken *bool) error {
+	if w.Stopped() != nil {
+		return nil // the run is stopping; the first error was returned
+	}
 	snapMu.Lock()
 	if !*snapshotTaken {
-		if err := etcdscan.Snapshot(ctx, env.Client, snapshotPath); err != nil {
+		if err := etcdscan.Snapshot(ctx, env.Client, opts.Snapshot); err != nil {
 			snapMu.Unlock()
-			return fmt.Errorf("--snapshot %s: %w (nothing was written)", snapshotPath, err)
+			return fmt.Errorf("--snapshot %s: %w (nothing was written)", opts.Snapshot, err)
 		}
 		*snapshotTaken = true
 	}
 	snapMu.Unlock()
 
 	puts := make([]etcdscan.Put, len(ds))
+	var cost int64
 	for i, d := range ds {
 		puts[i] = etcdscan.Put{Key: d.Key, Value: d.NewValue, ModRevision: d.ModRevision}
+		cost += putCost(d.Key, d.NewValue)
+	}
+	if guard != nil {
+		if err := guard.reserve(ctx, cost); err != nil {
+			return err
+		}
+		defer guard.done(cost)
 	}
 	if j != nil {
 		old := make([][]byte, len(ds))
@@ -331,6 +394,10 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *J
 		if err := j.Done(results); err != nil {
 			return err
 		}
+	}
+	var stop error
+	if key, fe := firstFatalKey(results); fe != nil {
+		stop = stopErr(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -354,11 +421,28 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *J
 		default:
 			t.total.Failed++
 			rs.Failed++
-			t.fail(Failure{Key: d.Key, Status: "failed", Reason: "write", Error: fmt.Sprintf("%s: %v", d.Key, r.Err)})
-			if failFast && firstErr == nil {
+			t.fail(Failure{Key: d.Key, Status: "failed", Reason: writeCause(r.Err), Error: r.Err.Error()})
+			if opts.FailFast && firstErr == nil {
 				firstErr = fmt.Errorf("--fail-fast: write %s: %v", d.Key, r.Err)
 			}
 		}
 	}
+	if stop != nil {
+		return stop
+	}
 	return firstErr
+}
+
+// writeCause names why a write failed, for the summary's grouping.
+func writeCause(err error) string {
+	if fe := etcdscan.AsFatal(err); fe != nil {
+		return fe.Cause
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	case strings.Contains(err.Error(), "--max-request-bytes"):
+		return "too-large"
+	}
+	return "etcd-error"
 }

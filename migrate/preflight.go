@@ -28,41 +28,71 @@ func (e *PreflightError) Error() string { return "preflight: " + e.Msg + " (noth
 // Preflight runs the checks that must pass before the first write and returns a
 // line per check passed.
 func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+	done, _, err := preflight(ctx, env, opts)
+	return done, err
+}
+
+// preflight is Preflight, also returning what it found of etcd's space.
+func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *spaceStart, error) {
 	done, err := PreflightOffline(ctx, env, opts)
 	if err != nil {
-		return done, err
+		return done, nil, err
 	}
 
-	quota := opts.QuotaBackendBytes
-	if quota <= 0 {
-		quota = DefaultQuotaBackendBytes
-	}
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
-		return done, err
+		return done, nil, err
 	}
-	// Every rewrite adds its new value to the database until compaction and
-	// defragmentation. All live values together take at most DBSizeInUse, so when
-	// even that fits there is no need to count precisely.
+	manifest := ""
+	if env.Config.APIServer != nil {
+		manifest = env.Config.APIServer.Manifest
+	}
+	quota := FindQuota(ctx, env.Client, manifest, opts.QuotaBackendBytes)
+	margin := Margin(quota.Bytes)
+	space := &spaceStart{quota: quota, status: st}
+	done = append(done, fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", HumanBytes(quota.Bytes), quota.Source, HumanBytes(margin)))
+	// Every rewrite adds its new value to the database until compaction; it
+	// reuses the pages free in it first. All live values together take at
+	// most DBSizeInUse, so when even that fits there is no need to count precisely.
+	room := quota.Bytes - margin - st.DBSize + st.Free
 	estimate := st.DBSizeInUse
 	exact := false
-	if st.DBSize+estimate > quota {
+	if estimate > room {
 		estimate, err = bytesToRewrite(ctx, env)
 		if err != nil {
-			return done, err
+			return done, nil, err
 		}
 		exact = true
-	}
-	if st.DBSize+estimate > quota {
-		return done, &PreflightError{Msg: fmt.Sprintf("the rewrite would add about %s to a %s database, past the %s quota (--quota-backend-bytes); compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), migrate fewer resources at a time (--resource), or raise the quota if etcd runs with a larger one",
-			HumanBytes(estimate), HumanBytes(st.DBSize), HumanBytes(quota))}
 	}
 	how := "at most"
 	if exact {
 		how = "about"
 	}
-	done = append(done, fmt.Sprintf("database %s + rewrite %s %s fits the %s quota; compact and defragment afterwards to reclaim it", HumanBytes(st.DBSize), how, HumanBytes(estimate), HumanBytes(quota)))
-
+	switch {
+	case estimate <= room:
+		line := fmt.Sprintf("database %s + rewrite %s %s fits below the quota", HumanBytes(st.DBSize), how, HumanBytes(estimate))
+		if opts.CompactHistory {
+			line += "; --compact-history compacts etcd's history when it nears the quota all the same"
+		} else {
+			line += "; compact and defragment afterwards to reclaim it"
+		}
+		done = append(done, line)
+	case !opts.CompactHistory:
+		return done, nil, &PreflightError{Msg: fmt.Sprintf("the rewrite would add about %s to a %s database, past etcd's %s quota less the %s margin (quota from %s); rerun with --compact-history to compact the history the run makes obsolete as it goes (as kube-apiserver does), or compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), or migrate fewer resources at a time (--resource)",
+			HumanBytes(estimate), HumanBytes(st.DBSize), HumanBytes(quota.Bytes), HumanBytes(margin), quota.Source)}
+	default:
+		// Compacting frees the pages of every revision the live values do
+		// not need: what is left is the live data and the margin.
+		if free := quota.Bytes - margin - st.DBSizeInUse; free < minCompactRoom(quota.Bytes) {
+			return done, nil, &PreflightError{Msg: fmt.Sprintf("even with --compact-history there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
+				HumanBytes(st.DBSizeInUse), HumanBytes(quota.Bytes), HumanBytes(margin))}
+		}
+		done = append(done, fmt.Sprintf("database %s + rewrite %s %s is more than the %s left below the quota: --compact-history compacts etcd's history up to the run's latest write whenever the database nears the quota",
+			HumanBytes(st.DBSize), how, HumanBytes(estimate), HumanBytes(max(room, 0))))
+	}
+	if opts.CompactHistory {
+		done = append(done, "--compact-history: the old revisions of what the run rewrites are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
+	}
 	grs := env.Storage.BuiltinResources()
 	for _, crd := range env.CRDs {
 		grs = append(grs, crd.Resource)
@@ -74,11 +104,21 @@ func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 		}
 	}
 	if err := env.Encryption.Preflight(ctx, grs); err != nil {
-		return done, &PreflightError{Msg: "write encryption provider: " + err.Error()}
+		return done, nil, &PreflightError{Msg: "write encryption provider: " + err.Error()}
 	}
 	done = append(done, "write encryption providers encrypt and decrypt a probe value")
-	return done, nil
+	return done, space, nil
 }
+
+// spaceStart is what the preflight found of etcd's space.
+type spaceStart struct {
+	quota  Quota
+	status etcdscan.StatusInfo
+}
+
+// minCompactRoom is the least room below the quota a compacting run needs to
+// make progress between two compactions.
+func minCompactRoom(quota int64) int64 { return 2 * max(Margin(quota)/4, 256<<10) }
 
 // PreflightOffline runs the checks any write needs (migrate's, quarantine's):
 // etcd has no alarm, and no kube-apiserver is alive (unless
@@ -182,13 +222,14 @@ func isAPIServerLease(l *coordination.Lease) bool {
 	return strings.HasPrefix(l.Name, "apiserver-") || strings.HasPrefix(l.Name, "kube-apiserver-")
 }
 
-// bytesToRewrite runs the decision over the selected keys and adds up the new values.
+// bytesToRewrite runs the decision over the selected keys and adds up what
+// their new values take in etcd's backend (putCost).
 func bytesToRewrite(ctx context.Context, env *pipeline.Env) (int64, error) {
 	var n int64
 	_, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		for _, d := range page {
 			if d.Status == reencode.Stale {
-				n += int64(len(d.NewValue))
+				n += putCost(d.Key, d.NewValue)
 			}
 		}
 		return nil

@@ -118,7 +118,10 @@ type Report struct {
 	// Warnings are the environment's (pipeline.Env.Warnings, e.g. a KMS
 	// plugin that does not work), also printed on stderr: a runbook reading
 	// the report sees why objects are unreadable.
-	Warnings   []string `json:"warnings,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+	// Alarms are etcd's active alarms ("NOSPACE on member ..."): under one,
+	// etcd refuses every write of every client, kube-apiserver's included.
+	Alarms     []string `json:"alarms,omitempty"`
 	ShowKeys   int      `json:"-"`
 	byResource map[string]*ResourceReport
 }
@@ -143,6 +146,11 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		Warnings:   append([]string(nil), env.Warnings...),
 		ShowKeys:   show,
 		byResource: map[string]*ResourceReport{},
+	}
+	if alarms, err := etcdscan.Alarms(ctx, env.Client); err != nil {
+		r.Warnings = append(r.Warnings, "could not list etcd's alarms: "+err.Error())
+	} else {
+		r.Alarms = alarms
 	}
 	crds := newCRDTally(env)
 	stats, err := env.Run(ctx, env.Config.Revision, pipeline.Classify, func(page []reencode.Decision) error {

@@ -59,6 +59,9 @@ func (r *Report) writeTable(w io.Writer) error {
 	for _, rs := range r.Restarts {
 		ew.printf("WARNING: the pinned revision was compacted during the scan; continued after %s at revision %d\n", rs.AfterKey, rs.Revision)
 	}
+	for _, a := range r.Alarms {
+		ew.printf("ALARM: etcd %s: etcd refuses every write of every client (kube-apiserver's too) until it is disarmed; for NOSPACE make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, 'etcdctl alarm disarm', or a larger --quota-backend-bytes)\n", a)
+	}
 	ew.printf("\n")
 
 	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)

@@ -1,0 +1,255 @@
+package etcdscan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Causes of a FatalError.
+const (
+	// CauseNoSpace: etcd's NOSPACE alarm is raised (the backend reached
+	// --quota-backend-bytes); etcd refuses every put of every client until
+	// the alarm is disarmed.
+	CauseNoSpace = "etcd-out-of-space"
+	// CausePermission: etcd refused the credentials or the user's permissions.
+	CausePermission = "etcd-permission-denied"
+)
+
+// FatalError is an etcd refusal that no retry fixes: every later write would
+// be refused the same way until an operator acts.
+type FatalError struct {
+	Cause string // CauseNoSpace or CausePermission
+	Err   error
+}
+
+func (e *FatalError) Error() string { return e.Err.Error() }
+func (e *FatalError) Unwrap() error { return e.Err }
+
+// AsFatal returns err as a *FatalError when it (or what it wraps) is one, or
+// is an etcd error that no retry fixes; nil otherwise.
+func AsFatal(err error) *FatalError {
+	if err == nil {
+		return nil
+	}
+	var fe *FatalError
+	if errors.As(err, &fe) {
+		return fe
+	}
+	if IsNoSpace(err) {
+		return &FatalError{Cause: CauseNoSpace, Err: err}
+	}
+	for _, e := range []error{rpctypes.ErrPermissionDenied, rpctypes.ErrAuthFailed, rpctypes.ErrUserEmpty, rpctypes.ErrInvalidAuthToken} {
+		if errors.Is(err, e) {
+			return &FatalError{Cause: CausePermission, Err: err}
+		}
+	}
+	if s, ok := status.FromError(err); ok && (s.Code() == codes.PermissionDenied || s.Code() == codes.Unauthenticated) {
+		return &FatalError{Cause: CausePermission, Err: err}
+	}
+	return nil
+}
+
+// IsNoSpace reports whether etcd refused a request because its NOSPACE alarm
+// is raised ("etcdserver: mvcc: database space exceeded").
+func IsNoSpace(err error) bool {
+	if errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(err, rpctypes.ErrGRPCNoSpace) {
+		return true
+	}
+	if s, ok := status.FromError(err); ok && s.Code() == codes.ResourceExhausted && s.Message() == rpctypes.ErrorDesc(rpctypes.ErrGRPCNoSpace) {
+		return true
+	}
+	return err != nil && strings.Contains(err.Error(), rpctypes.ErrorDesc(rpctypes.ErrGRPCNoSpace))
+}
+
+// MemberStatus is one member's answer to Status.
+type MemberStatus struct {
+	Name        string `json:"name"`
+	ID          uint64 `json:"id"`
+	Endpoint    string `json:"endpoint"` // the client URL that answered
+	DBSize      int64  `json:"dbSize"`
+	DBSizeInUse int64  `json:"dbSizeInUse"`
+}
+
+// member is a member of the cluster and the client URLs to ask it on.
+type member struct {
+	name string
+	id   uint64
+	urls []string
+}
+
+// members lists the cluster's members with their client URLs. A cluster of
+// one member is asked through the client's own endpoints (a private etcd on a
+// unix socket advertises no usable URL); a larger one through each member's
+// advertised client URLs, so that every member is seen whatever endpoints
+// the tool was given (kubeadm's kube-apiserver names only its own node's).
+func members(ctx context.Context, cli *clientv3.Client) ([]member, error) {
+	cctx, cancel := context.WithTimeout(ctx, DefaultCommandTimeout)
+	resp, err := cli.MemberList(cctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("etcd member list: %w", err)
+	}
+	if len(resp.Members) <= 1 {
+		m := member{urls: cli.Endpoints()}
+		if len(resp.Members) == 1 {
+			m.name, m.id = resp.Members[0].Name, resp.Members[0].ID
+		}
+		return []member{m}, nil
+	}
+	out := make([]member, 0, len(resp.Members))
+	for _, m := range resp.Members {
+		if len(m.ClientURLs) == 0 {
+			continue // a learner not started yet: nothing stored there yet
+		}
+		out = append(out, member{name: m.Name, id: m.ID, urls: m.ClientURLs})
+	}
+	return out, nil
+}
+
+func (m member) String() string {
+	if m.name != "" {
+		return fmt.Sprintf("member %s (%x)", m.name, m.id)
+	}
+	return "member " + strings.Join(m.urls, ",")
+}
+
+// Compact compacts etcd's history up to rev (the revisions below it can no
+// longer be read; the current value of every key stays) and waits until the
+// members have removed the old revisions from their backends
+// (WithCompactPhysical), so that their pages are free for later writes. This
+// is what kube-apiserver's compactor does every five minutes.
+func Compact(ctx context.Context, cli *clientv3.Client, rev int64) error {
+	if _, err := cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return fmt.Errorf("etcd compact at revision %d: %w", rev, err)
+	}
+	return nil
+}
+
+// QuotaMetric is the name of the gauge every etcd member serves with its
+// --quota-backend-bytes.
+const QuotaMetric = "etcd_server_quota_backend_bytes"
+
+// MemberQuota is one member's configured quota as its metrics say.
+type MemberQuota struct {
+	Member string
+	URL    string // the metrics URL read
+	Bytes  int64
+}
+
+// Quotas reads etcd_server_quota_backend_bytes from every member's metrics
+// endpoint: /metrics on the member's client URL (etcd serves it there unless
+// --listen-metrics-urls moved it), over the client's TLS configuration. The
+// error names the first member that did not answer; quotas holds those that did.
+func Quotas(ctx context.Context, cli *clientv3.Client) ([]MemberQuota, error) {
+	ms, err := members(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	cfg := configOf(cli)
+	var out []MemberQuota
+	var firstErr error
+	for _, m := range ms {
+		var errs []string
+		found := false
+		for _, u := range m.urls {
+			q, murl, err := metricsQuota(ctx, cfg, u)
+			if err != nil {
+				errs = append(errs, err.Error())
+				continue
+			}
+			out = append(out, MemberQuota{Member: m.String(), URL: murl, Bytes: q})
+			found = true
+			break
+		}
+		if !found && firstErr == nil {
+			firstErr = fmt.Errorf("%s: %s", m, strings.Join(errs, "; "))
+		}
+	}
+	return out, firstErr
+}
+
+// metricsQuota reads the quota gauge from the /metrics of one client URL.
+func metricsQuota(ctx context.Context, cfg clientv3.Config, endpoint string) (int64, string, error) {
+	u, shown, tr, err := metricsURL(cfg, endpoint)
+	if err != nil {
+		return 0, "", err
+	}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, DefaultCommandTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", shown, err)
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, shown, fmt.Errorf("%s: %w", shown, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return 0, shown, fmt.Errorf("%s: %s", shown, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return 0, shown, fmt.Errorf("%s: %w", shown, err)
+	}
+	fam := families[QuotaMetric]
+	if fam == nil || len(fam.GetMetric()) == 0 || fam.GetMetric()[0].GetGauge() == nil {
+		return 0, shown, fmt.Errorf("%s: no %s", shown, QuotaMetric)
+	}
+	v := fam.GetMetric()[0].GetGauge().GetValue()
+	if v <= 0 {
+		return 0, shown, fmt.Errorf("%s: %s is %v", shown, QuotaMetric, v)
+	}
+	return int64(v), shown, nil
+}
+
+// metricsURL turns a client endpoint (etcdctl forms: host:port, http(s)://,
+// unix://) into the URL of its /metrics, how to name it, and a transport
+// that reaches it.
+func metricsURL(cfg clientv3.Config, endpoint string) (string, string, *http.Transport, error) {
+	tr := &http.Transport{TLSClientConfig: cfg.TLS, DisableKeepAlives: true}
+	if !strings.Contains(endpoint, "://") {
+		scheme := "http"
+		if cfg.TLS != nil {
+			scheme = "https"
+		}
+		endpoint = scheme + "://" + endpoint
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("endpoint %s: %w", endpoint, err)
+	}
+	switch u.Scheme {
+	case "http", "https":
+		m := u.Scheme + "://" + u.Host + "/metrics"
+		return m, m, tr, nil
+	case "unix":
+		sock := u.Host + u.Path
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", sock)
+		}
+		return "http://localhost/metrics", "/metrics on unix socket " + sock, tr, nil
+	}
+	return "", "", nil, fmt.Errorf("endpoint %s: scheme %q", endpoint, u.Scheme)
+}
+
+// statusTimeout bounds one member's Status request.
+const statusTimeout = 5 * time.Second

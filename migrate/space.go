@@ -1,0 +1,363 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+)
+
+// Quota is etcd's --quota-backend-bytes as the tool found it.
+type Quota struct {
+	Bytes  int64  `json:"bytes"`  // what the run keeps below; DefaultQuotaBackendBytes when unknown
+	Known  bool   `json:"known"`  // false: no source answered, Bytes is etcd's default
+	Source string `json:"source"` // where Bytes comes from, for the preflight line
+}
+
+// FindQuota finds etcd's real quota, in this order: every member's own
+// etcd_server_quota_backend_bytes (its metrics on the client URL; the
+// smallest when members differ, and the flag when that is smaller still); the
+// flag (opts.QuotaBackendBytes, when the metrics do not answer); etcd's
+// static-pod manifest beside kube-apiserver's (apiserverManifest,
+// --apiserver-manifest, "" when none). When
+// none answers the quota is unknown, said so with why, and etcd's default is
+// assumed.
+func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest string, flag int64) Quota {
+	qs, merr := etcdscan.Quotas(ctx, cli)
+	if merr == nil && len(qs) > 0 {
+		q := qs[0]
+		for _, o := range qs[1:] {
+			if o.Bytes < q.Bytes {
+				q = o
+			}
+		}
+		src := fmt.Sprintf("%s of %s at %s", etcdscan.QuotaMetric, q.Member, q.URL)
+		if len(qs) > 1 {
+			src = fmt.Sprintf("%s of %d members (the smallest, %s)", etcdscan.QuotaMetric, len(qs), q.Member)
+		}
+		if flag > 0 && flag < q.Bytes {
+			return Quota{Bytes: flag, Known: true, Source: fmt.Sprintf("--quota-backend-bytes (below the %s of %s)", HumanBytes(q.Bytes), src)}
+		}
+		if flag > q.Bytes {
+			src += fmt.Sprintf("; --quota-backend-bytes %s is larger, etcd enforces its own", HumanBytes(flag))
+		}
+		return Quota{Bytes: q.Bytes, Known: true, Source: src}
+	}
+	why := []string{"metrics: " + oneLine(merr)}
+	if flag > 0 {
+		return Quota{Bytes: flag, Known: true, Source: "--quota-backend-bytes (etcd's metrics did not answer: " + oneLine(merr) + ")"}
+	}
+	if apiserverManifest != "" {
+		eq, err := apiserverconfig.EtcdManifestQuota(apiserverManifest)
+		switch {
+		case err == nil && eq.Bytes > 0:
+			return Quota{Bytes: eq.Bytes, Known: true, Source: "--quota-backend-bytes of etcd's manifest " + eq.File}
+		case err == nil:
+			return Quota{Bytes: DefaultQuotaBackendBytes, Known: true, Source: "etcd's default: its manifest " + eq.File + " sets no --quota-backend-bytes"}
+		default:
+			why = append(why, err.Error())
+		}
+	} else {
+		why = append(why, "no --apiserver-manifest to find etcd's beside")
+	}
+	why = append(why, "no --quota-backend-bytes")
+	return Quota{Bytes: DefaultQuotaBackendBytes, Source: "unknown (" + strings.Join(why, "; ") + "): assuming etcd's default"}
+}
+
+func oneLine(err error) string {
+	if err == nil {
+		return "no member answered"
+	}
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// Margin is the room a run keeps below the quota: a twentieth of it, at least
+// 1 MiB. It absorbs what the run cannot see at once (etcd commits its backend
+// every 100 ms, a compaction itself takes pages) and leaves kube-apiserver
+// room to start again.
+func Margin(quota int64) int64 { return max(quota/20, 1<<20) }
+
+// putCost is what a put adds to etcd's backend: bbolt keeps each revision's
+// key-value (the key, the value and some 64 bytes of revision key, header and
+// fields) on 4 KiB pages that etcd fills to 90% with its sequential revision
+// keys; one that does not fit twice into that takes whole pages of its own
+// (measured: 1,000 puts of 2,000 bytes added 3.5 MiB).
+func putCost(key string, value []byte) int64 {
+	const page, fill, overhead = 4096, 4096 * 9 / 10, 64
+	n := int64(len(key) + len(value) + overhead)
+	if perPage := fill / n; perPage >= 2 {
+		return page / perPage
+	}
+	return (n + page - 1) / page * page
+}
+
+// SpaceError is a run stopped before etcd's quota: the next writes would have
+// taken the database past it. Nothing more was written and etcd raised no alarm.
+type SpaceError struct {
+	DBSize, Quota, Margin int64
+	Compacted             bool   // the run compacted (--compact-history) and it was not enough
+	Journal               string // the run's journal, "" without one
+}
+
+func (e *SpaceError) Error() string {
+	what := "compact and defragment etcd ('etcdctl compact REV', 'etcdctl defrag'), then run again, or run again with --compact-history to compact the history the run makes obsolete as it goes"
+	if e.Compacted {
+		what = "even after compacting (--compact-history) the live data does not leave that room: defragment ('etcdctl defrag'), migrate fewer --resource at a time, or raise etcd's --quota-backend-bytes"
+	}
+	journal := ""
+	if e.Journal != "" {
+		journal = ", the journal " + e.Journal + " is intact"
+	}
+	return fmt.Sprintf("stopped before etcd's quota: the database is %s of %s and the next writes would leave less than the %s margin; nothing more was written and etcd raised no alarm%s; %s",
+		HumanBytes(e.DBSize), HumanBytes(e.Quota), HumanBytes(e.Margin), journal, what)
+}
+
+// SpaceReport says what a run saw of etcd's space.
+type SpaceReport struct {
+	Quota        Quota `json:"quota"`
+	Margin       int64 `json:"margin"`
+	DBSizeBefore int64 `json:"dbSizeBefore"`
+	DBSizeAfter  int64 `json:"dbSizeAfter,omitempty"`
+	DBSizeMax    int64 `json:"dbSizeMax"` // the largest seen during the run
+	Compactions  int   `json:"compactions,omitempty"`
+	// CompactedAt is the last revision the run compacted at (--compact-history).
+	CompactedAt int64 `json:"compactedAt,omitempty"`
+}
+
+// spaceGuard keeps every member's database below quota-margin: writers reserve
+// a batch's cost before sending it; the guard asks etcd for the members'
+// sizes (Status) every refresh bytes, and when a batch would not fit it asks
+// again, compacts (--compact-history) and asks again, or stops the run.
+type spaceGuard struct {
+	cli     clientStatus
+	quota   int64
+	margin  int64
+	compact bool
+	refresh int64 // bytes between two Status requests
+
+	inflight, completed atomic.Int64
+
+	mu            sync.Mutex
+	base, free    int64 // DBSize and reusable pages at the last Status
+	spent         int64 // reserved since the last Status (and what was in flight then)
+	sinceCompact  int64 // reserved since the last compaction
+	sinceUpdate   int64 // reserved since the last Status
+	completedMark int64
+	err           error
+	report        *SpaceReport
+}
+
+// clientStatus is what the guard asks etcd (the real client in the run; the
+// interface keeps the guard's arithmetic apart from the transport).
+type clientStatus interface {
+	status(ctx context.Context) (etcdscan.StatusInfo, error)
+	compact(ctx context.Context, rev int64) error
+}
+
+func newSpaceGuard(cli clientStatus, quota int64, compact bool, st etcdscan.StatusInfo, rep *SpaceReport) *spaceGuard {
+	m := Margin(quota)
+	return &spaceGuard{cli: cli, quota: quota, margin: m, compact: compact, refresh: max(m/4, 256<<10),
+		base: st.DBSize, free: st.Free, report: rep}
+}
+
+// fits says whether cost more fits: the run's writes never grow the database
+// into the margin, but may reuse the free pages of a database already in it
+// (a compaction takes pages of its own) down to a quarter of the margin.
+func (g *spaceGuard) fits(cost int64) bool {
+	growth := max(0, g.spent+cost-g.free)
+	if growth == 0 {
+		return g.base+g.margin/4 <= g.quota
+	}
+	return g.base+growth+g.margin <= g.quota
+}
+
+// reserve is called before a batch is sent; an error stops the run. With
+// compaction, every compactEvery bytes, and when a batch would not fit, the
+// history up to the current revision is compacted first.
+func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return g.err
+	}
+	// What is in flight is not in the sizes etcd reports: keep it to a
+	// quarter of the margin (it matters only for small quotas).
+	for g.inflight.Load() > 0 && g.inflight.Load()+cost > g.margin/4 && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
+	compacted := false
+	if g.compact && g.sinceCompact >= g.compactEvery() {
+		if err := g.compactNow(ctx); err != nil {
+			return err
+		}
+		compacted = true
+	} else if g.sinceUpdate >= g.refresh {
+		if err := g.update(ctx); err != nil {
+			return err
+		}
+	}
+	if !g.fits(cost) {
+		// etcd commits its backend every 100 ms: let what was written land, then look again.
+		time.Sleep(150 * time.Millisecond)
+		if err := g.update(ctx); err != nil {
+			return err
+		}
+		if !g.fits(cost) && g.compact && g.sinceCompact > 0 {
+			if err := g.compactNow(ctx); err != nil {
+				return err
+			}
+			compacted = true
+		}
+		// The pages a compaction frees show as free only after etcd's next
+		// commits, which the run's next writes bring: right after one, a
+		// batch may go if it stays below the quota less a quarter of the margin.
+		if !g.fits(cost) && !(compacted && g.base+max(0, g.spent+cost-g.free)+g.margin/4 <= g.quota) {
+			g.err = &SpaceError{DBSize: g.base, Quota: g.quota, Margin: g.margin, Compacted: g.report.Compactions > 0}
+			return g.err
+		}
+	}
+	g.spent += cost
+	g.sinceUpdate += cost
+	g.sinceCompact += cost
+	g.inflight.Add(cost)
+	return nil
+}
+
+// compactEvery is how much a compacting run writes between two compactions:
+// half the margin. A compaction takes pages of its own while it rewrites the
+// pages it frees (measured: from a third to as much as it frees, when none
+// were free before),
+// so it must come before the run's writes reach the margin.
+func (g *spaceGuard) compactEvery() int64 { return g.margin / 2 }
+
+// done is called when a reserved batch has returned.
+func (g *spaceGuard) done(cost int64) {
+	g.inflight.Add(-cost)
+	g.completed.Add(cost)
+}
+
+// update asks every member's size. What was in flight then, and what returned
+// since the previous update (it may not have reached the backend yet), still
+// counts as spent.
+func (g *spaceGuard) update(ctx context.Context) error {
+	inflight, completed := g.inflight.Load(), g.completed.Load()
+	st, err := g.cli.status(ctx)
+	if err != nil {
+		g.err = fmt.Errorf("watching etcd's database size: %w (nothing more was written)", err)
+		return g.err
+	}
+	g.base, g.free = st.DBSize, st.Free
+	g.spent = inflight + (completed - g.completedMark)
+	g.completedMark = completed
+	g.sinceUpdate = 0
+	g.report.DBSizeMax = max(g.report.DBSizeMax, st.DBSize)
+	return nil
+}
+
+// compactNow compacts etcd's history up to the current revision (the old
+// revisions of every key the run rewrote) and waits for the pages to be free.
+func (g *spaceGuard) compactNow(ctx context.Context) error {
+	// New batches wait (g.mu); let those in flight land, so that the
+	// revision compacted at covers every write made so far.
+	for g.inflight.Load() > 0 && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	st, err := g.cli.status(ctx)
+	if err != nil {
+		g.err = fmt.Errorf("--compact-history: %w (nothing more was written)", err)
+		return g.err
+	}
+	if st.Revision <= g.report.CompactedAt {
+		return nil // nothing written since the last compaction
+	}
+	if err := g.cli.compact(ctx, st.Revision); err != nil {
+		g.err = fmt.Errorf("--compact-history: %w (nothing more was written)", err)
+		return g.err
+	}
+	g.report.Compactions++
+	g.report.CompactedAt = st.Revision
+	g.sinceCompact = 0
+	return g.update(ctx)
+}
+
+// etcdStatus is clientStatus on a real client.
+type etcdStatus struct{ env *pipeline.Env }
+
+func (e etcdStatus) status(ctx context.Context) (etcdscan.StatusInfo, error) {
+	return etcdscan.Status(ctx, e.env.Client)
+}
+
+func (e etcdStatus) compact(ctx context.Context, rev int64) error {
+	return etcdscan.Compact(ctx, e.env.Client, rev)
+}
+
+// StopError is a run ended at the first error no retry fixes (etcd out of
+// space, permission denied): nothing more was written, the journal is closed
+// and intact.
+type StopError struct {
+	Fatal   *etcdscan.FatalError
+	Key     string // the first key refused
+	Journal string // the journal of the run, "" without one
+	Alarms  []string
+	Verb    string // "migrate" or "rollback"
+}
+
+func (e *StopError) Error() string {
+	var b strings.Builder
+	switch e.Fatal.Cause {
+	case etcdscan.CauseNoSpace:
+		alarm := "NOSPACE"
+		if len(e.Alarms) > 0 {
+			alarm = strings.Join(e.Alarms, ", ")
+		}
+		fmt.Fprintf(&b, "etcd is out of space (%s): it refused the write of %s and refuses every write of every client until the alarm is disarmed; stopped at once, nothing more was written", alarm, e.Key)
+	default:
+		fmt.Fprintf(&b, "etcd refused the write of %s: %v; stopped at once, nothing more was written", e.Key, e.Fatal.Err)
+	}
+	if e.Journal != "" {
+		fmt.Fprintf(&b, ", the journal %s is intact", e.Journal)
+	}
+	switch {
+	case e.Fatal.Cause == etcdscan.CauseNoSpace && e.Verb == "rollback":
+		b.WriteString("; rollback needs room too: make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run the same rollback again")
+	case e.Fatal.Cause == etcdscan.CauseNoSpace:
+		b.WriteString("; make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run again with --compact-history")
+	default:
+		b.WriteString("; give credentials allowed to write the keys (--cert/--key of kube-apiserver's etcd client, or --user with read-write on the prefix), then run again")
+	}
+	return b.String()
+}
+
+// stopErr turns the writer's stop into a StopError.
+func stopErr(ctx context.Context, fe *etcdscan.FatalError, key, journal, verb string, alarmsOf func(context.Context) ([]string, error)) *StopError {
+	e := &StopError{Fatal: fe, Key: key, Journal: journal, Verb: verb}
+	if fe.Cause == etcdscan.CauseNoSpace && alarmsOf != nil {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdscan.DefaultCommandTimeout)
+		e.Alarms, _ = alarmsOf(actx)
+		cancel()
+	}
+	return e
+}
+
+// firstFatalKey is the key of the first result that failed for fe.
+func firstFatalKey(results []etcdscan.PutResult) (string, *etcdscan.FatalError) {
+	for _, r := range results {
+		if r.Status != etcdscan.Failed {
+			continue
+		}
+		var fe *etcdscan.FatalError
+		if errors.As(r.Err, &fe) {
+			return r.Key, fe
+		}
+	}
+	return "", nil
+}

@@ -1,0 +1,400 @@
+package migrate
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/pipeline"
+)
+
+// spaceSeed is the keyspace the space tests rotate: n secrets of about 2 KB
+// under aescbc key1, each taking a page of etcd's backend, and the
+// configuration that moves them to key2.
+type spaceSeed struct {
+	c      *testcluster.Cluster
+	newCfg string
+	values map[string][]byte
+}
+
+const spaceSecrets = 600
+
+func seedSpace(t *testing.T, quota int64) *spaceSeed {
+	t.Helper()
+	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: quota})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	s := &spaceSeed{c: c, newCfg: c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1)), values: map[string][]byte{}}
+	var ops []clientv3.Op
+	for i := 0; i < spaceSecrets; i++ {
+		ns, name := fmt.Sprintf("ns%d", i%5), fmt.Sprintf("s-%04d", i)
+		key := "/registry/secrets/" + ns + "/" + name
+		v := c.Encode(key, testcluster.SecretsGR, testcluster.Secret(ns, name, strings.Repeat(fmt.Sprintf("%x", i), 2000)[:2000]), "", "", oldCfg)
+		s.values[key] = v
+		ops = append(ops, clientv3.OpPut(key, string(v)))
+		if len(ops) == 32 || i == spaceSecrets-1 {
+			if _, err := c.Cli.Txn(context.Background()).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+	time.Sleep(150 * time.Millisecond) // etcd commits its backend every 100 ms: Status sees it all
+	return s
+}
+
+func (s *spaceSeed) env() *pipeline.Env {
+	return s.c.Env(pipeline.Config{EncryptionConfig: s.newCfg, Resources: []string{"secrets"}, PageSize: 50})
+}
+
+func alarms(t *testing.T, cli *clientv3.Client) []string {
+	t.Helper()
+	a, err := etcdscan.Alarms(context.Background(), cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestQuotaFoundAndCompactHistory: not told etcd's quota, the run finds it in
+// etcd's own metrics (not the 2 GiB default), refuses a rewrite twice the
+// room left before writing anything, and with --compact-history carries it
+// out below the quota, never raising etcd's alarm. Told a smaller quota, the
+// run keeps below that one.
+func TestQuotaFoundAndCompactHistory(t *testing.T) {
+	const quota = 4<<20 + 512<<10
+	s := seedSpace(t, quota)
+	ctx := context.Background()
+	env := s.env()
+
+	found := FindQuota(ctx, s.c.Cli, "", 0)
+	if found.Bytes != quota || !found.Known || !strings.Contains(found.Source, etcdscan.QuotaMetric) {
+		t.Fatalf("not told: found %+v, want %d from %s", found, quota, etcdscan.QuotaMetric)
+	}
+	if told := FindQuota(ctx, s.c.Cli, "", 3<<20); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
+		t.Fatalf("told a smaller quota: %+v", told)
+	}
+	if told := FindQuota(ctx, s.c.Cli, "", 1<<30); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
+		t.Fatalf("told a larger quota than etcd's: %+v", told)
+	}
+
+	st, err := etcdscan.Status(ctx, s.c.Cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewrite, err := bytesToRewrite(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := quota - Margin(quota) - st.DBSize + st.Free
+	t.Logf("database %d (%d free), rewrite %d, room %d", st.DBSize, st.Free, rewrite, room)
+	if rewrite < 2*room {
+		t.Fatalf("test setup: the rewrite (%d bytes) is not twice the room left below the quota (%d)", rewrite, room)
+	}
+
+	before := s.c.Revision()
+	_, err = Run(ctx, env, Options{})
+	var pe *PreflightError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), HumanBytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), "--compact-history") {
+		t.Fatalf("a rewrite past the quota found in etcd's metrics: err = %v", err)
+	}
+	if s.c.Revision() != before {
+		t.Fatal("the refused run wrote")
+	}
+
+	sum, err := Run(ctx, env, Options{CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal")})
+	if err != nil {
+		t.Fatalf("--compact-history: %v", err)
+	}
+	if sum.Summary.Rewritten != spaceSecrets || sum.Summary.Failed != 0 {
+		t.Fatalf("--compact-history: %+v", sum.Summary)
+	}
+	if a := alarms(t, s.c.Cli); len(a) != 0 {
+		t.Fatalf("etcd raised %v", a)
+	}
+	sp := sum.Space
+	if sp == nil || sp.Compactions == 0 || sp.DBSizeMax >= quota || sp.DBSizeAfter >= quota {
+		t.Fatalf("space report %+v", sp)
+	}
+	if !strings.Contains(strings.Join(sum.Preflight, "\n"), "etcd's quota: "+HumanBytes(quota)+", from "+etcdscan.QuotaMetric) ||
+		!strings.Contains(strings.Join(sum.Preflight, "\n"), "--compact-history") {
+		t.Fatalf("preflight lines:\n%s", strings.Join(sum.Preflight, "\n"))
+	}
+	t.Logf("rewrote %d secrets (%s) with %s of room: database %s -> %s, at most %s, %d compaction(s)",
+		sum.Summary.Rewritten, HumanBytes(rewrite), HumanBytes(room), HumanBytes(sp.DBSizeBefore), HumanBytes(sp.DBSizeAfter), HumanBytes(sp.DBSizeMax), sp.Compactions)
+
+	// Everything is current now.
+	again := run(t, env, Options{DryRun: true})
+	if again.Summary.Stale != 0 || again.Summary.Current != spaceSecrets {
+		t.Fatalf("after the run: %+v", again.Summary)
+	}
+}
+
+// TestNoSpaceStopsRunAndRollbackAfterRemedy: another writer fills etcd until
+// its NOSPACE alarm is raised (and then deletes what it wrote, which does not
+// disarm it) in the middle of a run: the run stops at its first refused
+// batch with one line naming the cause and the remedy, the journal is intact
+// and the failures are one line per cause. Rollback refuses under the alarm,
+// and after the remedy restores every key byte for byte.
+func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
+	const quota = 8 << 20
+	s := seedSpace(t, quota)
+	ctx := context.Background()
+	env := s.env()
+	journal := filepath.Join(s.c.Dir, "journal")
+	const batch = 16
+
+	var fillErr error
+	filled := false
+	opts := Options{Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
+		if filled || n.Scanned < 200 {
+			return
+		}
+		filled = true
+		fillErr = fillToAlarm(ctx, s.c.Cli)
+	}}
+	sum, err := Run(ctx, env, opts)
+	if fillErr != nil {
+		t.Fatal(fillErr)
+	}
+	var stop *StopError
+	if !errors.As(err, &stop) || stop.Fatal.Cause != etcdscan.CauseNoSpace {
+		t.Fatalf("err = %v, want etcd out of space", err)
+	}
+	msg := err.Error()
+	t.Logf("%s", msg)
+	for _, want := range []string{"NOSPACE", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm", "--quota-backend-bytes", journal} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error does not say %q: %s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("not one line: %q", msg)
+	}
+	if sum.Summary.Failed == 0 || sum.Summary.Failed > batch {
+		t.Fatalf("failed %d writes: want at most one batch (%d) after the alarm", sum.Summary.Failed, batch)
+	}
+	if sum.Summary.Rewritten == 0 || sum.Summary.Rewritten+sum.Summary.Failed >= spaceSecrets {
+		t.Fatalf("the run did not stop mid-way: %+v", sum.Summary)
+	}
+	if len(sum.Causes) != 1 || sum.Causes[0].Cause != etcdscan.CauseNoSpace || sum.Causes[0].Count != sum.Summary.Failed || sum.Causes[0].FirstKey == "" {
+		t.Fatalf("causes %+v", sum.Causes)
+	}
+	done := journalDone(t, journal)
+	if int64(done) != sum.Summary.Rewritten {
+		t.Fatalf("journal: %d done records, %d rewritten", done, sum.Summary.Rewritten)
+	}
+
+	// Rollback needs room too: refused under the alarm, nothing written.
+	before := s.c.Revision()
+	if _, err := Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "NOSPACE") || !strings.Contains(err.Error(), "alarm disarm") {
+		t.Fatalf("rollback under the alarm: %v", err)
+	}
+	if s.c.Revision() != before {
+		t.Fatal("rollback wrote under the alarm")
+	}
+
+	// The remedy the message names: compact, defragment, disarm.
+	st, err := etcdscan.Status(ctx, s.c.Cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdscan.Compact(ctx, s.c.Cli, st.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Cli.Defragment(ctx, s.c.Srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	if err != nil || res.Failed != 0 || int64(res.Restored) != sum.Summary.Rewritten {
+		t.Fatalf("rollback after the remedy: %+v %v", res, err)
+	}
+	for key, want := range s.values {
+		if got, _, _ := s.c.Get(key); !bytes.Equal(got, want) {
+			t.Fatalf("%s: not restored byte for byte", key)
+		}
+	}
+}
+
+// TestGuardStopsBeforeQuota: another writer takes the room a run counted on
+// (without reaching the quota): the run stops before etcd's quota, with the
+// remedy, and etcd raises no alarm.
+func TestGuardStopsBeforeQuota(t *testing.T) {
+	const quota = 8 << 20
+	s := seedSpace(t, quota)
+	ctx := context.Background()
+	filled := false
+	var fillErr error
+	sum, err := Run(ctx, s.env(), Options{Writers: 1, Progress: func(n Counts) {
+		if !filled && n.Scanned >= 200 {
+			filled = true
+			fillErr = fillBelow(ctx, s.c.Cli, quota-Margin(quota)/2)
+		}
+	}})
+	if fillErr != nil {
+		t.Fatal(fillErr)
+	}
+	var se *SpaceError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "--compact-history") {
+		t.Fatalf("err = %v, want a stop before the quota", err)
+	}
+	if a := alarms(t, s.c.Cli); len(a) != 0 {
+		t.Fatalf("etcd raised %v", a)
+	}
+	if sum.Summary.Failed != 0 || sum.Summary.Rewritten == 0 || sum.Summary.Rewritten >= spaceSecrets {
+		t.Fatalf("%+v", sum.Summary)
+	}
+}
+
+// fillToAlarm writes 64 KiB values until etcd raises NOSPACE, then deletes
+// them and compacts: the alarm stays until disarmed, the room is back.
+func fillToAlarm(ctx context.Context, cli *clientv3.Client) error {
+	big := strings.Repeat("f", 64<<10)
+	var err error
+	for i := 0; i < 2000; i++ {
+		if _, err = cli.Put(ctx, fmt.Sprintf("/filler/%04d", i), big); err != nil {
+			break
+		}
+		if i%8 == 7 {
+			time.Sleep(110 * time.Millisecond) // etcd checks the committed size
+		}
+	}
+	if !etcdscan.IsNoSpace(err) {
+		return fmt.Errorf("filling etcd: %v", err)
+	}
+	resp, err := cli.Delete(ctx, "/filler/", clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	return etcdscan.Compact(ctx, cli, resp.Header.Revision)
+}
+
+// fillBelow writes 64 KiB values until every member's database is at least
+// limit (below the quota).
+func fillBelow(ctx context.Context, cli *clientv3.Client, limit int64) error {
+	big := strings.Repeat("f", 64<<10)
+	n := 0
+	for i := 0; i < 200; i++ {
+		time.Sleep(110 * time.Millisecond) // etcd commits its backend every 100 ms
+		st, err := etcdscan.Status(ctx, cli)
+		if err != nil {
+			return err
+		}
+		left := limit - st.DBSize - st.Free/2
+		if left <= 0 {
+			return nil
+		}
+		// Half of what is left each round: a 64 KiB value takes 17 pages.
+		for k := max(1, left/2/(68<<10)); k > 0; k-- {
+			if _, err := cli.Put(ctx, fmt.Sprintf("/filler/%04d", n), big); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	return errors.New("could not fill etcd")
+}
+
+// journalDone parses every record of a journal (it must be whole) and counts
+// its done records.
+func journalDone(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var r JournalRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("journal record %q: %v", sc.Text(), err)
+		}
+		if r.Op == "done" {
+			n++
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestFindQuotaSources: over TLS the quota comes from the member's own
+// metrics; when those cannot be read (here: a client made without the
+// tool's connection settings, so the metrics request has no certificate),
+// from --quota-backend-bytes, else etcd's manifest beside kube-apiserver's,
+// else it is unknown and said so, with etcd's default assumed.
+func TestFindQuotaSources(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "ca")
+	srvCert, srvKey := ca.Issue(t, dir, "server", true)
+	cliCert, cliKey := ca.Issue(t, dir, "client", false)
+	s := testetcd.StartT(t, testetcd.Options{QuotaBackendBytes: 64 << 20, TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
+	ctx := context.Background()
+	cli, err := etcdscan.Connect(ctx, etcdscan.Config{Endpoints: []string{s.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if q := FindQuota(ctx, cli, "", 0); q.Bytes != 64<<20 || !q.Known || !strings.Contains(q.Source, "https://") {
+		t.Fatalf("over TLS: %+v", q)
+	}
+
+	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(ca.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	other, err := clientv3.New(clientv3.Config{Endpoints: []string{s.URL}, DialTimeout: 3 * time.Second,
+		TLS: &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	if q := FindQuota(ctx, other, "", 3<<20); q.Bytes != 3<<20 || !q.Known || !strings.HasPrefix(q.Source, "--quota-backend-bytes (etcd's metrics did not answer") {
+		t.Fatalf("told, metrics unreadable: %+v", q)
+	}
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.MkdirAll(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	apiserver := filepath.Join(dir, "kube-apiserver.yaml") // moved up out of manifests/ to stop it
+	q := FindQuota(ctx, other, apiserver, 0)
+	if q.Known || q.Bytes != DefaultQuotaBackendBytes || !strings.HasPrefix(q.Source, "unknown (") || !strings.Contains(q.Source, "no etcd static-pod manifest") || !strings.Contains(q.Source, "no --quota-backend-bytes") {
+		t.Fatalf("nothing to go by: %+v", q)
+	}
+	etcdPod := "apiVersion: v1\nkind: Pod\nmetadata: {name: etcd, namespace: kube-system}\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd, --quota-backend-bytes=3221225472]\n"
+	if err := os.WriteFile(filepath.Join(manifests, "etcd.yaml"), []byte(etcdPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if q := FindQuota(ctx, other, apiserver, 0); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
+		t.Fatalf("from etcd's manifest: %+v", q)
+	}
+}
