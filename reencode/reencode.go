@@ -93,6 +93,9 @@ type Encrypter interface {
 // manager), in place, and reports whether managedFields changed.
 type CustomResourceEncoder interface {
 	StorageVersion() string
+	// MediaType is the short name of the media type Encode writes: "json",
+	// or "cbor" with the CBORServingAndStorage gate on.
+	MediaType() string
 	NoOpUpdate(obj *unstructured.Unstructured) (bool, error)
 	Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error)
 	RoundTrip(plaintext []byte) error
@@ -185,7 +188,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUnknownResource, nil, "no CRD encoder for %s", obj.Info.Resource))
 		}
 		d.To.Version = schema.GroupVersion{Group: obj.Info.Resource.Group, Version: enc.StorageVersion()}.String()
-		d.To.MediaType = "json"
+		d.To.MediaType = enc.MediaType()
 		u, ok := obj.Internal.(*unstructured.Unstructured)
 		if !ok {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonCorruptPayload, nil, "custom resource did not decode to an unstructured object"))
