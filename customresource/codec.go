@@ -74,7 +74,7 @@ type Codec struct {
 	schemas               map[string]*structuralschema.Structural
 	preserveUnknownFields bool
 	storage               runtime.Codec
-	mediaType             string // what storage encodes to: MediaTypeJSON or MediaTypeCBOR
+	mediaType             string            // what storage encodes to: MediaTypeJSON or MediaTypeCBOR
 	webhook               *webhookConverter // nil for the None strategy
 
 	// NoOpUpdate's configuration and its field manager's parts, built on first use.
