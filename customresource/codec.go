@@ -210,6 +210,14 @@ func storageSerializer() (runtime.Codec, string, error) {
 	return codec, mt, nil
 }
 
+// StorageMediaType is the media type kube-apiserver, configured as this process's
+// feature gates say, writes custom resources in: MediaTypeJSON, or MediaTypeCBOR with
+// CBORServingAndStorage on.
+func StorageMediaType() (string, error) {
+	_, mt, err := storageSerializer()
+	return mt, err
+}
+
 // MediaType is the media type objects are written in: MediaTypeJSON, or MediaTypeCBOR
 // when the CBORServingAndStorage gate is on.
 func (c *Codec) MediaType() string { return c.mediaType }
