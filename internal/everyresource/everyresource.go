@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
@@ -137,6 +138,17 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 		}
 	}
 	data := etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, res.Version, emulated)
+	if emulated {
+		// Kubernetes' storage data leaves alpha versions out when emulating
+		// (its storage test serves none then), but a server emulating an
+		// older release with --runtime-config and AllAlpha serves them: take
+		// their stubs from the data of that release as its own binary has it.
+		for gvr, d := range etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, res.Version, false) {
+			if _, ok := data[gvr]; !ok && strings.Contains(gvr.Version, "alpha") {
+				data[gvr] = d
+			}
+		}
+	}
 
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": opts.Namespace}}}
 	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -270,7 +282,11 @@ var noStatusApply = map[schema.GroupResource]bool{
 // apply does, then a label by server-side apply, then the stub's status.
 func create(ctx context.Context, dyn dynamic.Interface, r resource, d etcddata.StorageData, namespace string) (Object, error) {
 	var stub map[string]any
-	if err := json.Unmarshal([]byte(d.Stub), &stub); err != nil {
+	// Integers as int64, as the API machinery reads JSON: with
+	// --feature-gates=AllAlpha=true the test process's clients prefer CBOR
+	// (ClientsPreferCBOR; kube-apiserver's gates back client-go's), and a
+	// float64 there is refused for an integer field.
+	if err := utiljson.Unmarshal([]byte(d.Stub), &stub); err != nil {
 		return Object{}, fmt.Errorf("%s: stub: %w", r.gvr, err)
 	}
 	u := &unstructured.Unstructured{Object: stub}
@@ -314,7 +330,7 @@ func create(ctx context.Context, dyn dynamic.Interface, r resource, d etcddata.S
 
 	if r.status && !noStatusApply[r.gvr.GroupResource()] {
 		status := &unstructured.Unstructured{}
-		if err := json.Unmarshal([]byte(d.GetStatusStub()), &status.Object); err != nil {
+		if err := utiljson.Unmarshal([]byte(d.GetStatusStub()), &status.Object); err != nil {
 			return o, fmt.Errorf("%s: status stub: %w", r.gvr, err)
 		}
 		status.SetAPIVersion(u.GetAPIVersion())
