@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	basever "k8s.io/component-base/version"
 	etcddata "k8s.io/kubernetes/test/integration/etcd"
 )
 
@@ -142,10 +143,14 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 		// Kubernetes' storage data leaves alpha versions out when emulating
 		// (its storage test serves none then), but a server emulating an
 		// older release with --runtime-config and AllAlpha serves them: take
-		// their stubs from the data of that release as its own binary has it.
-		for gvr, d := range etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, res.Version, false) {
-			if _, ok := data[gvr]; !ok && strings.Contains(gvr.Version, "alpha") {
-				data[gvr] = d
+		// their stubs from the data of that release read without emulation,
+		// else from the data of the binary's own release (alpha APIs are not
+		// emulated: the binary may serve one the older release did not have).
+		for _, v := range []string{res.Version, binaryVersion(dc, res.Version)} {
+			for gvr, d := range etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, v, false) {
+				if _, ok := data[gvr]; !ok && strings.Contains(gvr.Version, "alpha") {
+					data[gvr] = d
+				}
 			}
 		}
 	}
@@ -206,6 +211,18 @@ func serverVersion(dc discovery.DiscoveryInterface) (string, bool, error) {
 		return e, e != v, nil
 	}
 	return v, false, nil
+}
+
+// binaryVersion is the release of the server's binary, "MAJOR.MINOR": from
+// /version, or, when that does not say (an in-process test server's version
+// is not stamped), the release of the linked kube-apiserver.
+func binaryVersion(dc discovery.DiscoveryInterface, emulated string) string {
+	if info, err := dc.ServerVersion(); err == nil {
+		if v, err := version.ParseGeneric(info.GitVersion); err == nil && v.AtLeast(version.MustParseGeneric(emulated)) {
+			return fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+		}
+	}
+	return basever.DefaultKubeBinaryVersion
 }
 
 // resource is one served resource that can be created and read.
