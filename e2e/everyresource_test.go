@@ -461,7 +461,7 @@ func sameContentEvery(t *testing.T, cfg *rest.Config, before map[objKey]*unstruc
 		}
 	}
 	if len(skipped) > 0 {
-		t.Logf("content not compared (no longer a served preferred version; the no-op updates read them through another): %v", keysOf(skipped))
+		t.Logf("content not compared (no longer a served preferred version; the no-op updates read them through another): %v", sortedNames(skipped))
 	}
 }
 
@@ -546,7 +546,7 @@ func apiServiceGroupVersion(name string) string {
 	return group + "/" + version
 }
 
-func keysOf(m map[string]bool) []string {
+func sortedNames(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
