@@ -148,35 +148,42 @@ func (s storageSetting) toolFlags(t *testing.T) []string {
 	return flags
 }
 
-// TestEveryPersistedResource is issue 18's proof, for every supported target
-// release and every setting that changes the stored bytes. For each case a
-// kube-apiserver in the older setting (the release before the target, one
-// storage media type, custom resources in JSON or CBOR, every resource
-// encrypted with key1) creates one object of every resource it persists, in
-// every version it serves, enumerated through its own discovery
-// (internal/everyresource, Kubernetes' own storage-test stubs: a served
-// resource without a stub fails the test), plus two CRDs of several versions
-// whose storage version is then moved. The tool (the built binary, given the
-// new setting as kube-apiserver flags) migrates: key rotation to key2,
-// storage versions of the target release, the other media type, custom
-// resources to or from CBOR. Then a kube-apiserver in the new setting with
-// only key2 serves every object with the same content, and its no-op update
-// (GET, PUT unchanged) of every object of every updatable resource keeps its
-// resourceVersion: kube-apiserver finds each one exactly as it would store it.
+// TestEveryPersistedResource is issue 18's proof for every setting that
+// changes the stored bytes, with the linked release (1.37) as the target. For
+// each case a kube-apiserver in the older setting (an older release emulated
+// by the linked kube-apiserver, one storage media type, custom resources in
+// JSON or CBOR, every resource encrypted with key1) creates one object of
+// every resource it persists, in every version it serves, enumerated through
+// its own discovery (internal/everyresource, Kubernetes' own storage-test
+// stubs: a served resource without a stub fails the test), plus two CRDs of
+// several versions whose storage version is then moved. The tool (the built
+// binary, given the new setting as kube-apiserver flags) migrates: key
+// rotation to key2, storage versions of the target release, the other media
+// type, custom resources to or from CBOR. Then a kube-apiserver in the new
+// setting with only key2 serves every object with the same content, and its
+// no-op update (GET, PUT unchanged) of every object of every updatable
+// resource keeps its resourceVersion: kube-apiserver finds each one exactly as
+// it would store it.
 //
-// The older releases are emulated by the linked 1.37 kube-apiserver
-// (--emulated-version); their own binaries are another test's matter.
+// An older target is the real older release (its own storage versions and
+// protobuf fields, --target-version), which the linked kube-apiserver
+// emulating it is not: TestTargetPreviousRelease runs the previous release's
+// own binary.
 func TestEveryPersistedResource(t *testing.T) {
+	// The target is the linked release: --target-version of an older release
+	// means that release's real kube-apiserver (its own storage versions and
+	// protobuf fields), which a 1.37 server emulating it is not; the real
+	// previous release's binary is TestTargetPreviousRelease's.
 	cases := []struct {
 		name     string
 		from, to storageSetting
 	}{
-		{"to 1.37, protobuf to JSON, custom resources JSON to CBOR",
+		{"from 1.36, protobuf to JSON, custom resources JSON to CBOR",
 			storageSetting{release: "1.36"}, storageSetting{mediaType: "application/json", cbor: true}},
-		{"to 1.36, JSON to protobuf, custom resources CBOR to JSON",
-			storageSetting{release: "1.35", mediaType: "application/json", cbor: true}, storageSetting{release: "1.36"}},
-		{"to 1.35, protobuf to YAML, custom resources CBOR",
-			storageSetting{release: "1.34", cbor: true}, storageSetting{release: "1.35", mediaType: "application/yaml", cbor: true}},
+		{"from 1.36, JSON to protobuf, custom resources CBOR to JSON",
+			storageSetting{release: "1.36", mediaType: "application/json", cbor: true}, storageSetting{}},
+		{"from 1.35, protobuf to YAML, custom resources CBOR",
+			storageSetting{release: "1.35", cbor: true}, storageSetting{mediaType: "application/yaml", cbor: true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { everyResourceCase(t, tc.from, tc.to) })
@@ -224,12 +231,17 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 		return append(args, more...)
 	}
 	out, stderr, code := runTool(t, toolArgs("verify", rotation, "-o", "json")...)
-	if code != verify.ExitStale {
-		t.Fatalf("verify before migrate: exit %d, want %d (stale)\n%s", code, verify.ExitStale, stderr)
-	}
 	var rep verify.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("verify -o json: %v", err)
+		t.Fatalf("verify -o json: exit %d: %v\n%s", code, err, stderr)
+	}
+	if code != verify.ExitStale {
+		for _, r := range rep.Resources {
+			for _, k := range r.UnreadableKeys {
+				t.Errorf("verify before migrate: %s unreadable: %s: %s", k.Key, k.Reason, k.Detail)
+			}
+		}
+		t.Fatalf("verify before migrate: exit %d, want %d (stale)\n%s", code, verify.ExitStale, stderr)
 	}
 	wantCR := "json"
 	if to.cbor {
