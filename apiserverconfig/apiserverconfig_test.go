@@ -212,3 +212,16 @@ Restart=on-failure
 		t.Errorf("an unexpanded $VAR: %v", err)
 	}
 }
+
+// TestLoggingGates: kube-apiserver's gate has the logging gates of
+// component-base (its app registers them), so a command line setting them
+// parses, as kube-apiserver accepts it.
+func TestLoggingGates(t *testing.T) {
+	cfg, err := Load(Input{FeatureGates: []string{"LoggingAlphaOptions=true,LoggingBetaOptions=false"}})
+	if err != nil {
+		t.Fatalf("logging gates refused: %v", err)
+	}
+	if !cfg.FeatureGate().Enabled("LoggingAlphaOptions") || cfg.FeatureGate().Enabled("LoggingBetaOptions") {
+		t.Errorf("logging gates not set as given: %q", cfg.FeatureGates)
+	}
+}

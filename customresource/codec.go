@@ -14,12 +14,12 @@ import (
 	structuraldefaulting "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting"
 	schemaobjectmeta "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/objectmeta"
 	structuralpruning "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
+	apiextensionsoptions "k8s.io/apiextensions-apiserver/pkg/cmd/server/options"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured/unstructuredscheme"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
-	"k8s.io/apimachinery/pkg/runtime/serializer/recognizer"
+	genericoptions "k8s.io/apiserver/pkg/server/options"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/kube-openapi/pkg/validation/spec"
 )
 
@@ -64,7 +64,7 @@ type StoredInfo struct {
 	MediaType string // MediaTypeJSON or MediaTypeCBOR
 }
 
-// Codec reads and writes the objects of one CRD as kube-apiserver 1.36 does.
+// Codec reads and writes the objects of one CRD as kube-apiserver does.
 // It is safe for concurrent use.
 type Codec struct {
 	group, kind           string
@@ -74,6 +74,7 @@ type Codec struct {
 	schemas               map[string]*structuralschema.Structural
 	preserveUnknownFields bool
 	storage               runtime.Codec
+	mediaType             string            // what storage encodes to: MediaTypeJSON or MediaTypeCBOR
 	webhook               *webhookConverter // nil for the None strategy
 
 	// NoOpUpdate's configuration and its field manager's parts, built on first use.
@@ -155,11 +156,11 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		c.schemas[v.Name] = s
 	}
 
-	// The storage serializer: apiextensions options.NewCRDRESTOptionsGetter. The encoder is
-	// UnstructuredJSONScheme unless the CBORServingAndStorage gate (alpha, off in 1.36) is
-	// on; the decoder always recognises CBOR and falls back to JSON.
-	ucbor := cbor.NewSerializer(unstructuredscheme.NewUnstructuredCreator(), unstructuredscheme.NewUnstructuredObjectTyper())
-	c.storage = runtime.NewCodec(unstructured.UnstructuredJSONScheme, recognizer.NewDecoder(ucbor, unstructured.UnstructuredJSONScheme))
+	// The storage serializer, as kube-apiserver builds it for every CRD.
+	c.storage, c.mediaType, err = storageSerializer()
+	if err != nil {
+		return nil, fmt.Errorf("CRD %s: %w", crd.Name, err)
+	}
 
 	// Converter: conversion.CRConverterFactory.NewConverter.
 	strategy := apiextensionsv1.NoneConverter
@@ -178,6 +179,48 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 	}
 	return c, nil
 }
+
+// storageSerializer is the serializer of custom resources' storage config, taken from
+// apiextensions-apiserver's own options.NewCRDRESTOptionsGetter (which kube-apiserver
+// calls with its etcd options; only the codec is used here): it encodes with
+// UnstructuredJSONScheme, or CBOR when the process's CBORServingAndStorage gate is on
+// (alpha in 1.36 and 1.37; apiserverconfig.Config.Apply sets the gates as
+// kube-apiserver does), and decodes CBOR and JSON whatever the gate. The media type it
+// writes is read from an encoded probe object, not derived from the gate a second time.
+func storageSerializer() (runtime.Codec, string, error) {
+	etcd := genericoptions.NewEtcdOptions(storagebackend.NewDefaultConfig("", nil))
+	getter := apiextensionsoptions.NewCRDRESTOptionsGetter(*etcd, nil, nil)
+	opts, err := getter.GetRESTOptions(schema.GroupResource{}, nil)
+	if err != nil {
+		return nil, "", fmt.Errorf("custom resource storage config: %w", err)
+	}
+	codec := opts.StorageConfig.Codec
+	if codec == nil {
+		return nil, "", errors.New("custom resource storage config has no codec")
+	}
+	probe := &unstructured.Unstructured{Object: map[string]interface{}{"apiVersion": "probe.invalid/v1", "kind": "Probe"}}
+	var buf bytes.Buffer
+	if err := codec.Encode(probe, &buf); err != nil {
+		return nil, "", fmt.Errorf("custom resource storage codec: %w", err)
+	}
+	mt := MediaTypeJSON
+	if bytes.HasPrefix(buf.Bytes(), selfDescribedCBOR) {
+		mt = MediaTypeCBOR
+	}
+	return codec, mt, nil
+}
+
+// StorageMediaType is the media type kube-apiserver, configured as this process's
+// feature gates say, writes custom resources in: MediaTypeJSON, or MediaTypeCBOR with
+// CBORServingAndStorage on.
+func StorageMediaType() (string, error) {
+	_, mt, err := storageSerializer()
+	return mt, err
+}
+
+// MediaType is the media type objects are written in: MediaTypeJSON, or MediaTypeCBOR
+// when the CBORServingAndStorage gate is on.
+func (c *Codec) MediaType() string { return c.mediaType }
 
 // StorageVersion is the version objects are written in (spec.versions[].storage).
 func (c *Codec) StorageVersion() string { return c.storageVersion }
@@ -324,9 +367,9 @@ func (c *Codec) coerce(u *unstructured.Unstructured, dropInvalidMetadata, repair
 // versioner.PrepareObjectForStorage (clears metadata.resourceVersion and selfLink), then
 // the storage codec: when obj is not already in the storage version, conversion (None:
 // only apiVersion changes; Webhook: a ConversionReview) followed by pruning and metadata
-// coercion in the storage version's schema (schemaCoercingConverter), then
-// UnstructuredJSONScheme (encoding/json of the map: sorted keys, HTML-safe escaping,
-// trailing newline). An object already in the storage version is serialised as is, as
+// coercion in the storage version's schema (schemaCoercingConverter), then the storage
+// serializer: UnstructuredJSONScheme (encoding/json of the map: sorted keys, HTML-safe
+// escaping, trailing newline), or CBOR with the CBORServingAndStorage gate on. An object already in the storage version is serialised as is, as
 // versioning.codec.doEncode short-circuits. obj is not modified.
 func (c *Codec) Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error) {
 	if obj == nil || obj.Object == nil {

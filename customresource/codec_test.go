@@ -13,6 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured/unstructuredscheme"
 	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
+	genericfeatures "k8s.io/apiserver/pkg/features"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	featuregatetesting "k8s.io/component-base/featuregate/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -395,5 +398,56 @@ func TestStoredVersionsTrimmable(t *testing.T) {
 	crd.Status.StoredVersions = []string{"v1"}
 	if got := StoredVersionsTrimmable(crd); got != nil {
 		t.Fatalf("StoredVersionsTrimmable = %v", got)
+	}
+}
+
+// With CBORServingAndStorage on, kube-apiserver's CRD storage codec writes CBOR: so does
+// the codec, for objects stored as JSON or as CBOR, and it reads both back.
+func TestCBORGateWritesCBOR(t *testing.T) {
+	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, genericfeatures.CBORServingAndStorage, true)
+	c := mustCodec(t, widgetCRD("v1", false), Options{})
+	if c.MediaType() != MediaTypeCBOR {
+		t.Fatalf("MediaType = %q with the gate on, want %q", c.MediaType(), MediaTypeCBOR)
+	}
+	m := storedWidget("v1beta1", map[string]interface{}{"color": "<red>", "size": int64(5), "ratio": 1.5})
+	u, info, err := c.Decode(apiserverJSON(t, m))
+	if err != nil || info.MediaType != MediaTypeJSON {
+		t.Fatalf("Decode JSON: %+v, %v", info, err)
+	}
+	got, err := c.Encode(context.Background(), u)
+	if err != nil {
+		t.Fatalf("Encode: %v", err)
+	}
+	if !bytes.HasPrefix(got, []byte{0xd9, 0xd9, 0xf7}) {
+		t.Fatalf("not self-described CBOR: %q", got)
+	}
+	back, info, err := c.Decode(got)
+	if err != nil || info.MediaType != MediaTypeCBOR || info.GVK.Version != "v1" {
+		t.Fatalf("Decode CBOR written: %+v, %v", info, err)
+	}
+	if back.GetName() != "w1" || back.Object["spec"].(map[string]interface{})["color"] != "<red>" {
+		t.Fatalf("CBOR read back: %v", back.Object)
+	}
+	// Stored in CBOR in the storage version: written back byte for byte.
+	again, err := c.Encode(context.Background(), back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(again, got) {
+		t.Fatalf("CBOR storage-version value not stable:\n% x\n% x", got, again)
+	}
+	// Rewriting JSON as CBOR loses nothing; the guard says so.
+	if err := c.RoundTrip(apiserverJSON(t, m)); err != nil {
+		t.Fatalf("RoundTrip(JSON) with the gate on: %v", err)
+	}
+	if err := c.RoundTrip(got); err != nil {
+		t.Fatalf("RoundTrip(CBOR) with the gate on: %v", err)
+	}
+}
+
+func TestCBORGateOffWritesJSON(t *testing.T) {
+	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, genericfeatures.CBORServingAndStorage, false)
+	if mt := mustCodec(t, widgetCRD("v1", false), Options{}).MediaType(); mt != MediaTypeJSON {
+		t.Fatalf("MediaType = %q with the gate off, want %q", mt, MediaTypeJSON)
 	}
 }

@@ -53,8 +53,8 @@ func listPaths(p []string) string {
 }
 
 // RoundTrip is the lose-fields guard. It decodes plaintext in the stored version
-// without pruning or defaulting, re-serialises it as the apiserver would
-// (UnstructuredJSONScheme) and compares the two semantically: formatting the apiserver
+// without pruning or defaulting, re-serialises it as the apiserver would (its storage
+// serializer: JSON, or CBOR with the CBORServingAndStorage gate on) and compares the two semantically: formatting the apiserver
 // normalises on every write is not a loss — whitespace, key order, string escapes
 // (\u00e9 vs é, HTML escaping of <>&), number spelling of the same value (1.0, 1e0, -0
 // vs 1, 0) and CBOR vs JSON. Everything else is reported in a *LossError:
@@ -95,12 +95,22 @@ func (c *Codec) RoundTrip(plaintext []byte) error {
 		stored = raw.Object
 	}
 	var buf bytes.Buffer
-	if err := unstructured.UnstructuredJSONScheme.Encode(raw, &buf); err != nil {
+	if err := c.storage.Encode(raw, &buf); err != nil {
 		return fmt.Errorf("%s: re-encoding: %w", info.GVK, err)
 	}
 	var reread map[string]interface{}
-	if err := utiljson.Unmarshal(buf.Bytes(), &reread); err != nil {
-		return fmt.Errorf("%s: re-encoded value does not decode: %w", info.GVK, err)
+	if c.mediaType == MediaTypeJSON {
+		// The generic JSON reading (float64, int64), not the storage decoder's:
+		// it tells a value changed by the encoder from one merely respelled.
+		if err := utiljson.Unmarshal(buf.Bytes(), &reread); err != nil {
+			return fmt.Errorf("%s: re-encoded value does not decode: %w", info.GVK, err)
+		}
+	} else {
+		u := &unstructured.Unstructured{}
+		if _, _, err := c.storage.Decode(buf.Bytes(), nil, u); err != nil {
+			return fmt.Errorf("%s: re-encoded value does not decode: %w", info.GVK, sanitizeDecodeError(err))
+		}
+		reread = u.Object
 	}
 	diffValues("", stored, reread, false, &loss.Changed, &loss.Changed)
 

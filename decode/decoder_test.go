@@ -198,7 +198,7 @@ func TestDecodeErrors(t *testing.T) {
 		reason    Reason
 		detail    string
 	}{
-		{"garbage", "/registry/configmaps/default/c", []byte("\x01\x02\x03 not an object " + plainMarker), ReasonCorruptPayload, "not protobuf, JSON or CBOR"},
+		{"garbage", "/registry/configmaps/default/c", []byte("\x01\x02\x03 not an object " + plainMarker), ReasonCorruptPayload, "not protobuf, JSON, YAML or CBOR"},
 		{"empty value", "/registry/configmaps/default/c", nil, ReasonCorruptPayload, ""},
 		{"truncated protobuf", cm.Key, cm.Value[:len(cm.Value)/2], ReasonCorruptEnvelope, "protobuf"},
 		{"protobuf magic only", cm.Key, []byte("k8s\x00"), ReasonCorruptEnvelope, "no kind"},

@@ -525,6 +525,9 @@ func (e *Encryption) canRead(gr schema.GroupResource, info EncryptionInfo) bool 
 }
 
 func (e *Encryption) describeReadable(gr schema.GroupResource) string {
+	if KindFor(gr) != "" {
+		return fmt.Sprintf("kube-apiserver cannot read: it stores %s unencrypted whatever its encryption configuration says (the raw storage of its leases and service allocators has no encryption transformer), and refuses an encrypted value", gr)
+	}
 	if e.Path == "" {
 		return "needs --encryption-provider-config (none given: only unencrypted values can be read)"
 	}

@@ -622,3 +622,25 @@ func TestPreflight(t *testing.T) {
 		}
 	})
 }
+
+// TestRawStoragePeerLeasesAndMessage: the peer endpoint leases
+// (/registry/peerserverleases/, UnknownVersionInteroperabilityProxy) are raw
+// storage too, and an encrypted raw-storage value is undecryptable with the
+// reason named (kube-apiserver cannot read it either).
+func TestRawStoragePeerLeasesAndMessage(t *testing.T) {
+	ctx := context.Background()
+	e := loadT(t, configYAML(entry{[]string{"*.*"}, []string{keyed("aescbc", "everything", material2)}}))
+	gr := schema.GroupResource{Resource: "apiServerPeerIPInfo"}
+	if got := e.WriteProvider(gr); got.Provider != ProviderIdentity {
+		t.Errorf("%s: WriteProvider = %v, want identity", gr, got)
+	}
+	info, err := NewResolver("/registry", testStorage(t)).Resolve("/registry/peerserverleases/apiserver-1")
+	if err != nil || info.Resource != gr {
+		t.Errorf("peerserverleases resolve to %+v, %v; want %s", info, err, gr)
+	}
+	_, _, err = e.Decrypt(ctx, gr, "/registry/peerserverleases/apiserver-1", encryptT(t, e, secretKey, testPlain))
+	var de *Error
+	if !errors.As(err, &de) || de.Reason != ReasonUndecryptable || !strings.Contains(err.Error(), "unencrypted whatever its encryption configuration says") {
+		t.Errorf("encrypted peer lease: %v, want undecryptable and why", err)
+	}
+}

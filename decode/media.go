@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 var (
@@ -41,19 +42,25 @@ func ShortMediaType(mt string) string {
 		return "json"
 	case MediaTypeCBOR:
 		return "cbor"
-	case "application/yaml":
+	case MediaTypeYAML:
 		return "yaml"
 	}
 	return mt
 }
 
 // StoredGVK reads the apiVersion/kind a value was stored with, without decoding the
-// object: the runtime.Unknown typeMeta of a protobuf envelope, or the JSON
-// apiVersion/kind fields. CBOR is left to the custom-resource codec.
+// object: the runtime.Unknown typeMeta of a protobuf envelope, or the JSON (or YAML,
+// for --storage-media-type=application/yaml) apiVersion/kind fields. CBOR is left to
+// the custom-resource codec.
 func StoredGVK(key string, plaintext []byte) (schema.GroupVersionKind, string, error) {
 	mt, ok := MediaTypeOf(plaintext)
 	if !ok {
-		return schema.GroupVersionKind{}, "", Errorf(key, ReasonCorruptPayload, nil, "not protobuf, JSON or CBOR (%d bytes)", len(plaintext))
+		// kube-apiserver's storage decoder tries YAML last, for what no other
+		// serializer recognises (YAML has no magic).
+		if gvk, ok := yamlTypeMeta(plaintext); ok {
+			return gvk, MediaTypeYAML, nil
+		}
+		return schema.GroupVersionKind{}, "", Errorf(key, ReasonCorruptPayload, nil, "not protobuf, JSON, YAML or CBOR (%d bytes)", len(plaintext))
 	}
 	switch mt {
 	case MediaTypeProtobuf:
@@ -85,6 +92,19 @@ func StoredGVK(key string, plaintext []byte) (schema.GroupVersionKind, string, e
 		return schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind), mt, nil
 	}
 	return schema.GroupVersionKind{}, mt, nil
+}
+
+// yamlTypeMeta reads apiVersion and kind of a YAML mapping, as the apiserver's YAML
+// serializer finds them (sigs.k8s.io/yaml, then JSON).
+func yamlTypeMeta(plaintext []byte) (schema.GroupVersionKind, bool) {
+	var tm struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := sigsyaml.Unmarshal(plaintext, &tm); err != nil || tm.Kind == "" || tm.APIVersion == "" {
+		return schema.GroupVersionKind{}, false
+	}
+	return schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind), true
 }
 
 // envelopeTypeMeta reads typeMeta (field 1: apiVersion 1, kind 2) of the

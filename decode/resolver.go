@@ -29,6 +29,9 @@ var rawStorageKeys = []struct {
 	kind    string
 }{
 	{"masterleases", schema.GroupResource{Resource: "apiServerIPInfo"}, "Endpoints"},
+	// pkg/controlplane/apiserver/peer.go CreatePeerEndpointLeaseReconciler
+	// (gate UnknownVersionInteroperabilityProxy).
+	{"peerserverleases", schema.GroupResource{Resource: "apiServerPeerIPInfo"}, "Endpoints"},
 	{"ranges/serviceips", schema.GroupResource{Resource: "serviceipallocations"}, "RangeAllocation"},
 	{"ranges/secondaryserviceips", schema.GroupResource{Resource: "serviceipallocations"}, "RangeAllocation"},
 	{"ranges/servicenodeports", schema.GroupResource{Resource: "servicenodeportallocations"}, "RangeAllocation"},

@@ -33,6 +33,7 @@ const (
 	MediaTypeProtobuf = "application/vnd.kubernetes.protobuf"
 	MediaTypeJSON     = "application/json"
 	MediaTypeCBOR     = "application/cbor"
+	MediaTypeYAML     = "application/yaml"
 )
 
 var (
@@ -114,9 +115,9 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 		mediaType = MediaTypeProtobuf
 	}
 	switch mediaType {
-	case MediaTypeProtobuf, MediaTypeJSON, "application/yaml":
+	case MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML:
 	default:
-		return nil, fmt.Errorf("--storage-media-type %q: want one of %s, %s, application/yaml", mediaType, MediaTypeProtobuf, MediaTypeJSON)
+		return nil, fmt.Errorf("--storage-media-type %q: want one of %s, %s, %s", mediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
 	}
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType

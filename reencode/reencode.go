@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
 )
@@ -93,6 +94,9 @@ type Encrypter interface {
 // manager), in place, and reports whether managedFields changed.
 type CustomResourceEncoder interface {
 	StorageVersion() string
+	// MediaType is the short name of the media type Encode writes: "json",
+	// or "cbor" with the CBORServingAndStorage gate on.
+	MediaType() string
 	NoOpUpdate(obj *unstructured.Unstructured) (bool, error)
 	Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error)
 	RoundTrip(plaintext []byte) error
@@ -185,7 +189,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUnknownResource, nil, "no CRD encoder for %s", obj.Info.Resource))
 		}
 		d.To.Version = schema.GroupVersion{Group: obj.Info.Resource.Group, Version: enc.StorageVersion()}.String()
-		d.To.MediaType = "json"
+		d.To.MediaType = enc.MediaType()
 		u, ok := obj.Internal.(*unstructured.Unstructured)
 		if !ok {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonCorruptPayload, nil, "custom resource did not decode to an unstructured object"))
@@ -384,18 +388,25 @@ func RoundTrip(obj *decode.Object) error {
 			return fmt.Errorf("the %s types of Kubernetes %s do not give back every field of the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, decode.LinkedRelease(), len(stored), len(re))
 		}
 		return nil
-	case decode.MediaTypeJSON:
+	case decode.MediaTypeJSON, decode.MediaTypeYAML:
 		re, err := json.Marshal(versioned)
 		if err != nil {
 			return fmt.Errorf("re-encode %s: %w", gvk, err)
 		}
+		stored := obj.Plaintext
+		if obj.MediaType == decode.MediaTypeYAML {
+			// The apiserver's YAML serializer is its JSON one through sigs.k8s.io/yaml.
+			if stored, err = sigsyaml.YAMLToJSON(stored); err != nil {
+				return fmt.Errorf("stored YAML: %w", err)
+			}
+		}
 		// Fast path: kube-apiserver's JSON serializer writes what
 		// json.Marshal does, plus a newline; identical bytes lose nothing.
-		if bytes.Equal(re, bytes.TrimSuffix(obj.Plaintext, []byte("\n"))) {
+		if bytes.Equal(re, bytes.TrimSuffix(stored, []byte("\n"))) {
 			return nil
 		}
 		var a, b any
-		if err := unmarshalNumber(obj.Plaintext, &a); err != nil {
+		if err := unmarshalNumber(stored, &a); err != nil {
 			return fmt.Errorf("stored JSON: %w", err)
 		}
 		if err := unmarshalNumber(re, &b); err != nil {

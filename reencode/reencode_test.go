@@ -340,3 +340,46 @@ func TestClassifyIsDecideWithoutTheValue(t *testing.T) {
 		t.Fatalf("Classify computed a value to write (%d bytes), or Decide did not (%d bytes)", len(c.NewValue), len(d.NewValue))
 	}
 }
+
+// --storage-media-type=application/yaml: kube-apiserver stores YAML; the tool reads it,
+// keeps it current under that setting, and rewrites it to what another setting stores.
+func TestYAMLStoredBuiltin(t *testing.T) {
+	yamlSC := storageConfig(t, "", decode.MediaTypeYAML)
+	value := write(t, yamlSC, secretsGR, secret())
+	if !bytes.HasPrefix(value, []byte("apiVersion: v1\n")) {
+		t.Fatalf("not YAML: %q", value[:16])
+	}
+	obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
+	if err != nil {
+		t.Fatalf("decode YAML: %v", err)
+	}
+	if obj.MediaType != decode.MediaTypeYAML || obj.StoredGVK.Kind != "Secret" {
+		t.Fatalf("decoded %s %s", obj.MediaType, obj.StoredGVK)
+	}
+	if d := NewPlanner(yamlSC, nil).Decide(context.Background(), obj, nil); d.Status != Current || d.From.MediaType != "yaml" {
+		t.Fatalf("yaml target: %s %v from %+v", d.Status, d.Reasons, d.From)
+	}
+	protoSC := storageConfig(t, "", "")
+	d := NewPlanner(protoSC, nil).Decide(context.Background(), obj, nil)
+	if d.Status != Stale || d.ReasonStrings() != "media-type" || d.To.MediaType != "protobuf" {
+		t.Fatalf("protobuf target: status %s reasons %v to %+v", d.Status, d.Reasons, d.To)
+	}
+	if want := write(t, protoSC, secretsGR, secret()); !bytes.Equal(d.NewValue, want) {
+		t.Fatal("new value differs from what kube-apiserver stores as protobuf")
+	}
+	// JSON -> YAML, and a YAML field these types do not know is refused.
+	jsonObj, err := decodeKV(t, "/registry/secrets/ns1/s1", write(t, storageConfig(t, "", decode.MediaTypeJSON), secretsGR, secret()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(yamlSC, nil).Decide(context.Background(), jsonObj, nil); d.Status != Stale || !bytes.Equal(d.NewValue, value) {
+		t.Fatalf("json -> yaml: %s %v", d.Status, d.Reasons)
+	}
+	future, err := decodeKV(t, "/registry/secrets/ns1/s1", bytes.Replace(value, []byte("type: Opaque\n"), []byte("futureField: 1\ntype: Opaque\n"), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := NewPlanner(protoSC, nil).Decide(context.Background(), future, nil); d.Status != Unreadable || d.Err.Reason != decode.ReasonWouldLoseFields {
+		t.Fatalf("unknown YAML field: %s %v", d.Status, d.Err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
@@ -77,6 +78,14 @@ type ResourceReport struct {
 	UnreadableBy   map[decode.Reason]int `json:"unreadableBy,omitempty"`
 	StaleKeys      []KeyLine             `json:"staleKeys,omitempty"`
 	UnreadableKeys []KeyLine             `json:"unreadableKeys,omitempty"`
+	// TargetMediaType is the media type the target kube-apiserver stores this
+	// resource in (protobuf, json or yaml for built-ins per --storage-media-type;
+	// json for CRDs and APIServices; json, or cbor with the CBORServingAndStorage
+	// gate, for custom resources). Empty when no object of it was readable.
+	TargetMediaType string `json:"targetMediaType,omitempty"`
+	// StaleMediaTypes counts the objects stale by media type by the media type
+	// they are stored in (protobuf, json, yaml, cbor).
+	StaleMediaTypes map[string]int `json:"staleMediaTypes,omitempty"`
 }
 
 // Name is the resource as kubectl names it: "secrets", "deviceclasses.resource.k8s.io".
@@ -177,7 +186,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 // Target names the release and media type decisions are made for, and where
 // the release came from, e.g. "kube-apiserver 1.37 (protobuf; release from the
 // manifest image)" or "kube-apiserver 1.37 (protobuf; release assumed: nothing
-// said which the cluster runs)".
+// said which the cluster runs)"; with the CBORServingAndStorage gate on, the
+// media type reads "protobuf, custom resources cbor".
 func Target(env *pipeline.Env) string {
 	if env.Target == nil {
 		return "kube-apiserver"
@@ -191,7 +201,11 @@ func Target(env *pipeline.Env) string {
 	if api != nil && api.Release != "" {
 		src = "release from the " + string(api.From["release"])
 	}
-	return fmt.Sprintf("%s (%s; %s)", name, decode.ShortMediaType(env.Target.MediaType()), src)
+	media := decode.ShortMediaType(env.Target.MediaType())
+	if mt, err := customresource.StorageMediaType(); err == nil && mt != customresource.MediaTypeJSON {
+		media += ", custom resources " + mt
+	}
+	return fmt.Sprintf("%s (%s; %s)", name, media, src)
 }
 
 func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
@@ -211,6 +225,9 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 	}
 	rr.Objects++
 	r.Summary.Objects++
+	if (d.Status == reencode.Current || d.Status == reencode.Stale) && d.To.MediaType != "" {
+		rr.TargetMediaType = d.To.MediaType
+	}
 	switch d.Status {
 	case reencode.Current:
 		rr.Current++
@@ -230,6 +247,12 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 		}
 		for _, reason := range d.Reasons {
 			rr.StaleBy[reason]++
+			if reason == reencode.ReasonMediaType {
+				if rr.StaleMediaTypes == nil {
+					rr.StaleMediaTypes = map[string]int{}
+				}
+				rr.StaleMediaTypes[d.From.MediaType]++
+			}
 		}
 		if len(rr.StaleKeys) < r.ShowKeys {
 			from, to := d.From, d.To

@@ -147,7 +147,12 @@ func (r *Report) Verdict() string {
 func why(rr ResourceReport) string {
 	var parts []string
 	for _, k := range sortedKeys(rr.StaleBy) {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, rr.StaleBy[reencode.Reason(k)]))
+		part := fmt.Sprintf("%s=%d", k, rr.StaleBy[reencode.Reason(k)])
+		if reencode.Reason(k) == reencode.ReasonMediaType && len(rr.StaleMediaTypes) > 0 {
+			// Which media type they are in, and which one the target stores.
+			part += fmt.Sprintf(" (%s -> %s)", strings.Join(sortedKeys(rr.StaleMediaTypes), ","), orQ(rr.TargetMediaType))
+		}
+		parts = append(parts, part)
 	}
 	if rr.Reencode > 0 {
 		parts = append(parts, fmt.Sprintf("(current, would re-encode: %d)", rr.Reencode))

@@ -32,11 +32,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	basever "k8s.io/component-base/version"
 	etcddata "k8s.io/kubernetes/test/integration/etcd"
 )
 
@@ -137,6 +139,21 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 		}
 	}
 	data := etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, res.Version, emulated)
+	if emulated {
+		// Kubernetes' storage data leaves alpha versions out when emulating
+		// (its storage test serves none then), but a server emulating an
+		// older release with --runtime-config and AllAlpha serves them: take
+		// their stubs from the data of that release read without emulation,
+		// else from the data of the binary's own release (alpha APIs are not
+		// emulated: the binary may serve one the older release did not have).
+		for _, v := range []string{res.Version, binaryVersion(dc, res.Version)} {
+			for gvr, d := range etcddata.GetEtcdStorageDataForNamespaceServedAt(opts.Namespace, v, false) {
+				if _, ok := data[gvr]; !ok && strings.Contains(gvr.Version, "alpha") {
+					data[gvr] = d
+				}
+			}
+		}
+	}
 
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": opts.Namespace}}}
 	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -194,6 +211,18 @@ func serverVersion(dc discovery.DiscoveryInterface) (string, bool, error) {
 		return e, e != v, nil
 	}
 	return v, false, nil
+}
+
+// binaryVersion is the release of the server's binary, "MAJOR.MINOR": from
+// /version, or, when that does not say (an in-process test server's version
+// is not stamped), the release of the linked kube-apiserver.
+func binaryVersion(dc discovery.DiscoveryInterface, emulated string) string {
+	if info, err := dc.ServerVersion(); err == nil {
+		if v, err := version.ParseGeneric(info.GitVersion); err == nil && v.AtLeast(version.MustParseGeneric(emulated)) {
+			return fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+		}
+	}
+	return basever.DefaultKubeBinaryVersion
 }
 
 // resource is one served resource that can be created and read.
@@ -270,7 +299,11 @@ var noStatusApply = map[schema.GroupResource]bool{
 // apply does, then a label by server-side apply, then the stub's status.
 func create(ctx context.Context, dyn dynamic.Interface, r resource, d etcddata.StorageData, namespace string) (Object, error) {
 	var stub map[string]any
-	if err := json.Unmarshal([]byte(d.Stub), &stub); err != nil {
+	// Integers as int64, as the API machinery reads JSON: with
+	// --feature-gates=AllAlpha=true the test process's clients prefer CBOR
+	// (ClientsPreferCBOR; kube-apiserver's gates back client-go's), and a
+	// float64 there is refused for an integer field.
+	if err := utiljson.Unmarshal([]byte(d.Stub), &stub); err != nil {
 		return Object{}, fmt.Errorf("%s: stub: %w", r.gvr, err)
 	}
 	u := &unstructured.Unstructured{Object: stub}
@@ -314,7 +347,7 @@ func create(ctx context.Context, dyn dynamic.Interface, r resource, d etcddata.S
 
 	if r.status && !noStatusApply[r.gvr.GroupResource()] {
 		status := &unstructured.Unstructured{}
-		if err := json.Unmarshal([]byte(d.GetStatusStub()), &status.Object); err != nil {
+		if err := utiljson.Unmarshal([]byte(d.GetStatusStub()), &status.Object); err != nil {
 			return o, fmt.Errorf("%s: status stub: %w", r.gvr, err)
 		}
 		status.SetAPIVersion(u.GetAPIVersion())
