@@ -156,10 +156,13 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		ShowKeys:   show,
 		byResource: map[string]*ResourceReport{},
 	}
-	if alarms, err := etcdscan.Alarms(ctx, env.Client); err != nil {
-		r.Warnings = append(r.Warnings, "could not list etcd's alarms: "+err.Error())
-	} else {
-		r.Alarms = alarms
+	// A snapshot file read in place has no etcd (Env.Client nil), so no alarms.
+	if env.Client != nil {
+		if alarms, err := etcdscan.Alarms(ctx, env.Client); err != nil {
+			r.Warnings = append(r.Warnings, "could not list etcd's alarms: "+err.Error())
+		} else {
+			r.Alarms = alarms
+		}
 	}
 	crds := newCRDTally(env)
 	stats, err := env.Run(ctx, env.Config.Revision, pipeline.Classify, func(page []reencode.Decision) error {
