@@ -4,7 +4,7 @@ import (
 	"fmt"
 )
 
-// Exit codes, documented in the README and in --help.
+// Exit codes, documented in docs/commands.md and in --help.
 const (
 	exitOK          = 0
 	exitError       = 1
