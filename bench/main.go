@@ -3,7 +3,7 @@
 // size and concurrency), verify of a snapshot file of the same keyspace against a
 // bare read of that file and, with -apiserver, against the incumbent path (no-op PUTs
 // through an in-process kube-apiserver), on an embedded etcd run as a child process.
-// Run it with `make bench` / `make bench-apiserver`; see README.md.
+// Run it with `make bench` / `make bench-apiserver`; see docs/benchmarks.md.
 package main
 
 import (

@@ -388,37 +388,20 @@ func (e *Encryption) WriteProvider(gr schema.GroupResource) EncryptionInfo {
 	return w
 }
 
-// envelopeOf reads the provider and name from value's prefix, resolving names that
-// contain ':' against the names configured for gr.
-func (e *Encryption) envelopeOf(gr schema.GroupResource, value []byte) (EncryptionInfo, int) {
-	info, off := splitEnvelope(value)
-	if info.Provider == ProviderIdentity || info.Provider == ProviderUnknown {
-		return info, off
-	}
-	pfx := providerPrefix(info.Provider)
-	best := -1
-	for _, r := range e.readable(gr) {
-		if r.Provider != info.Provider {
-			continue
-		}
-		full := pfx + r.KeyName + ":"
-		if bytes.HasPrefix(value, []byte(full)) && len(full) > best {
-			info.KeyName, best = r.KeyName, len(full)
-		}
-	}
-	if best > 0 {
-		off = best
-	}
-	return info, off
-}
-
 // Decrypt reads value (stored under key, of resource gr) the way kube-apiserver
 // would with this configuration. It reports the provider and key name from the
 // value's prefix and whether the transformer found it stale (not written by the
 // first provider and key, or under an old KMS v2 key ID). Errors are *Error with
 // reason undecryptable or corrupt-envelope and name the provider and key.
+//
+// One path, in this order: the provider:key names the configuration reads for gr
+// (readable); the value's envelope, its key name resolved against those names
+// (readEnvelope, envelope.go); a refusal when the envelope is not one a provider
+// writes, names a key the configuration does not have, or cannot hold what its
+// provider writes (checkBody); else kube-apiserver's transformer.
 func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key string, val []byte) ([]byte, EncryptionInfo, error) {
-	info, off := e.envelopeOf(gr, val)
+	readable := e.readable(gr)
+	info, off := readEnvelope(val, readable)
 	switch info.Provider {
 	case ProviderUnknown:
 		return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "value starts with %q but with no prefix a kube-apiserver encryption provider writes", encryptedPrefix)
@@ -428,7 +411,7 @@ func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key s
 			return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "%s envelope with no key name terminated by ':'", info.Provider)
 		}
 	}
-	if !e.canRead(gr, info) {
+	if !readsWith(readable, info) {
 		return nil, info, Errorf(key, ReasonUndecryptable, nil, "stored as %s, which %s", shown(info), e.describeReadable(gr))
 	}
 	if info.Provider != ProviderIdentity {
@@ -512,11 +495,13 @@ func oneLine(msg string, n int) string {
 // material, a plugin error); one it cannot read is under a key the
 // configuration does not have.
 func (e *Encryption) CanRead(gr schema.GroupResource, info EncryptionInfo) bool {
-	return e.canRead(gr, info)
+	return readsWith(e.readable(gr), info)
 }
 
-func (e *Encryption) canRead(gr schema.GroupResource, info EncryptionInfo) bool {
-	for _, r := range e.readable(gr) {
+// readsWith reports whether readable (Encryption.readable) has the provider
+// and key info names.
+func readsWith(readable []EncryptionInfo, info EncryptionInfo) bool {
+	for _, r := range readable {
 		if r.Provider == info.Provider && (r.KeyName == info.KeyName || r.Provider == ProviderIdentity) {
 			return true
 		}

@@ -49,7 +49,8 @@ const maxNameInPrefix = 256
 // prefix alone, without decrypting: "identity" when the value has no "k8s:enc:"
 // prefix, ProviderUnknown for an unrecognised "k8s:enc:" prefix, and an empty KeyName
 // when the name is not terminated by ':'. A key name that itself contains ':' is cut at
-// its first ':' here; Encryption.Decrypt resolves such names against the configuration.
+// its first ':' here; Encryption.Decrypt resolves such names against the configuration
+// (readEnvelope).
 // Stale is always false.
 func EnvelopeInfo(value []byte) EncryptionInfo {
 	info, _ := splitEnvelope(value)
@@ -75,6 +76,32 @@ func splitEnvelope(value []byte) (EncryptionInfo, int) {
 		return EncryptionInfo{Provider: p.provider, KeyName: string(rest[:i])}, len(p.prefix) + i + 1
 	}
 	return EncryptionInfo{Provider: ProviderUnknown}, -1
+}
+
+// readEnvelope is splitEnvelope with the key name resolved against the names
+// configured for the value's resource (readable: Encryption.readable): a name
+// that itself contains ':' is the longest configured name of the provider
+// that, with its ':', follows the provider's prefix.
+func readEnvelope(value []byte, readable []EncryptionInfo) (EncryptionInfo, int) {
+	info, off := splitEnvelope(value)
+	if info.Provider == ProviderIdentity || info.Provider == ProviderUnknown {
+		return info, off
+	}
+	pfx := providerPrefix(info.Provider)
+	best := -1
+	for _, r := range readable {
+		if r.Provider != info.Provider {
+			continue
+		}
+		full := pfx + r.KeyName + ":"
+		if bytes.HasPrefix(value, []byte(full)) && len(full) > best {
+			info.KeyName, best = r.KeyName, len(full)
+		}
+	}
+	if best > 0 {
+		off = best
+	}
+	return info, off
 }
 
 // providerPrefix returns the fixed prefix for a provider name ("" for identity).

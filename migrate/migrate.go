@@ -28,7 +28,7 @@ import (
 // commit every transaction that arrived meanwhile: with 16 in flight, each
 // 16 puts (etcdscan.DefaultMaxOps), the rotation of 50,000 2 KB secrets
 // wrote 1.7-1.9x faster than with 4 and the mixed dataset 1.3-2.1x (two
-// sweeps of the benchmark, README), while every raft entry, and so the memory etcd keeps for its
+// sweeps of the benchmark, docs/benchmarks.md), while every raft entry, and so the memory etcd keeps for its
 // recent entries, stays the size of a 16-put transaction. Larger transactions
 // were faster still but grow that memory with their size.
 const DefaultWriters = 16

@@ -1,132 +1,49 @@
-package main
+package command
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
-	"sigs.k8s.io/yaml"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/internal/buildinfo"
-	"kube-etcd-migrate/internal/metrics"
 	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/storagemigration"
 )
 
-// progress shows a bar on a terminal and a log line every 10 s otherwise.
-type progress struct {
-	bar   *progressbar.ProgressBar
-	w     io.Writer
-	label string
-	total int64
-	last  time.Time
-	start time.Time
-	n     int64
-}
-
-func newProgress(w io.Writer, label string, total int64) *progress {
-	p := &progress{w: w, label: label, total: total, start: time.Now(), last: time.Now()}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		p.bar = progressbar.NewOptions64(max(total, -1),
-			progressbar.OptionSetWriter(w),
-			progressbar.OptionSetDescription(label),
-			progressbar.OptionShowCount(),
-			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("keys"),
-			progressbar.OptionThrottle(200*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-		)
+// writeMigrateReport is migrate's summary, with the records written.
+func writeMigrateReport(w io.Writer, sum *migrate.Summary, recs []storagemigration.Recorded, format string) error {
+	if recs == nil {
+		return writeSummary(w, sum, format)
 	}
-	return p
-}
-
-// Set records how many keys have been processed.
-func (p *progress) Set(n int64) {
-	p.n = n
-	if p.bar != nil {
-		_ = p.bar.Set64(n)
-		return
+	if format == "json" {
+		return writeReport(w, format, func(w io.Writer, _ string) error {
+			return writeJSON(w, struct {
+				*migrate.Summary
+				Records []storagemigration.Recorded `json:"records"`
+			}{sum, recs})
+		})
 	}
-	if time.Since(p.last) >= 10*time.Second {
-		p.last = time.Now()
-		rate := float64(n) / time.Since(p.start).Seconds()
-		if p.total > 0 {
-			fmt.Fprintf(p.w, "%s: %d/%d keys (%.0f%%), %.0f keys/s\n", p.label, n, p.total, 100*float64(n)/float64(p.total), rate)
-		} else {
-			fmt.Fprintf(p.w, "%s: %d keys, %.0f keys/s\n", p.label, n, rate)
+	if err := writeSummary(w, sum, format); err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		_, err := fmt.Fprintln(w, "record: no resource was rewritten, so no StorageVersionMigration was written")
+		return err
+	}
+	for _, r := range recs {
+		gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
+		line := fmt.Sprintf("record %s (%s): %s", r.Name, gr, r.Result)
+		if r.Message != "" {
+			line += ": " + r.Message
 		}
-	}
-}
-
-func (p *progress) Finish() {
-	if p.bar != nil {
-		_ = p.bar.Finish()
-	}
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// writeReport writes a report through write, its own writer, and for "json" and
-// "yaml" adds a "build" object first (the tool's version, the Kubernetes release
-// whose codecs judged the objects, etcd client and Go versions), so that a report
-// kept for an audit says which release produced it. Other formats are written
-// unchanged.
-func writeReport(w io.Writer, format string, write func(w io.Writer, format string) error) error {
-	if format != "json" && format != "yaml" {
-		return write(w, format)
-	}
-	var buf bytes.Buffer
-	if err := write(&buf, "json"); err != nil {
-		return err
-	}
-	data, err := stampBuild(buf.Bytes())
-	if err != nil {
-		return err
-	}
-	if format == "yaml" {
-		if data, err = yaml.JSONToYAML(data); err != nil {
+		if _, err := fmt.Fprintln(w, line); err != nil {
 			return err
 		}
 	}
-	_, err = w.Write(data)
-	return err
-}
-
-// stampBuild returns the JSON object report with "build" as its first member,
-// indented; the report's own members keep their order.
-func stampBuild(report []byte) ([]byte, error) {
-	report = bytes.TrimSpace(report)
-	if len(report) < 2 || report[0] != '{' || !json.Valid(report) {
-		return nil, fmt.Errorf("report is not a JSON object: %.40q", report)
-	}
-	stamp, err := json.Marshal(struct {
-		Build buildinfo.Info `json:"build"`
-	}{buildinfo.Get()})
-	if err != nil {
-		return nil, err
-	}
-	merged := stamp[:len(stamp)-1] // without its closing brace
-	if rest := bytes.TrimSpace(report[1:]); len(rest) > 0 && rest[0] != '}' {
-		merged = append(merged, ',')
-	}
-	merged = append(merged, report[1:]...)
-	var out bytes.Buffer
-	if err := json.Indent(&out, merged, "", "  "); err != nil {
-		return nil, err
-	}
-	out.WriteByte('\n')
-	return out.Bytes(), nil
+	return nil
 }
 
 func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
@@ -215,20 +132,4 @@ func reasons(m map[string]int) string {
 		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
 	}
 	return strings.Join(parts, ",")
-}
-
-func migrateFigures(s *migrate.Summary) []metrics.MigrateFigures {
-	out := make([]metrics.MigrateFigures, 0, len(s.Resources))
-	for _, r := range s.Resources {
-		out = append(out, metrics.MigrateFigures{
-			Resource:   resName(r.Group, r.Resource),
-			Current:    r.Current,
-			Rewritten:  r.Rewritten,
-			Conflicts:  r.Conflicts,
-			Failed:     r.Failed,
-			Unreadable: r.Unreadable,
-			Stale:      r.Stale,
-		})
-	}
-	return out
 }

@@ -1,4 +1,4 @@
-package main
+package command
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func TestRunbookCLI(t *testing.T) {
 	}
 
 	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
-	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if b, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
 	journal := filepath.Join(c.Dir, "journal")

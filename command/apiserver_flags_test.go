@@ -1,4 +1,4 @@
-package main
+package command
 
 import (
 	"os"
@@ -13,7 +13,7 @@ import (
 // over plain HTTP, the prefix /registry, no encryption and no TLS files.
 func kubeadmManifest(t *testing.T, endpoint string, extra ...string) string {
 	t.Helper()
-	data, err := os.ReadFile("testdata/kubeadm/kube-apiserver.yaml")
+	data, err := os.ReadFile("../testdata/kubeadm/kube-apiserver.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

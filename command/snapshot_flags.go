@@ -1,4 +1,4 @@
-package main
+package command
 
 import (
 	"context"
@@ -24,11 +24,6 @@ func snapshotFlags() []cli.Flag {
 		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: inventory, inspect, verify and quarantine --dry-run read it in place, the commands that write restore a copy with etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled (restored copies only)"},
 		&cli.BoolFlag{Name: "skip-hash-check", Usage: "read a --snapshot-file without etcd's sha256 trailer (a member's member/snap/db) or whose trailer does not match, as etcdutl's --skip-hash-check"},
 	}
-}
-
-// revisionFlag is for the read-only commands.
-func revisionFlag() cli.Flag {
-	return &cli.Int64Flag{Name: "revision", Usage: "read at this etcd revision (it must not be compacted); default the current one, a --snapshot-file's own"}
 }
 
 // outputSnapshotFlags are for the commands that write into a snapshot file's copy.
@@ -168,21 +163,6 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 	fmt.Fprintf(w, "verified %s%s, restored afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
 		out, what, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
 	return rep, nil
-}
-
-// hasFlag reports whether the running command defines the flag.
-func hasFlag(c *cli.Context, name string) bool {
-	if c.Command == nil {
-		return false
-	}
-	for _, f := range c.Command.Flags {
-		for _, n := range f.Names() {
-			if n == name {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // writeOutputSnapshot saves and verifies --output-snapshot after a run on a

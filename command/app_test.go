@@ -1,4 +1,4 @@
-package main
+package command
 
 import (
 	"bytes"
@@ -53,7 +53,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 // its inventory writes the table and nothing on stderr.
 func TestBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	build := exec.Command("go", "build", "-o", bin, "..")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -1,4 +1,4 @@
-package main
+package command
 
 import (
 	"bytes"
@@ -191,7 +191,7 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 func TestSnapshotFileSignals(t *testing.T) {
 	_, res, snap := seededSnapshot(t)
 	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	for _, signals := range []int{1, 2} {

@@ -1,4 +1,4 @@
-package main
+package command
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ const stampedVersion = "v9.9.9-test"
 func buildStamped(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
-	build := exec.Command("go", "build", "-ldflags", "-X kube-etcd-migrate/internal/buildinfo.version="+stampedVersion, "-o", bin, ".")
+	build := exec.Command("go", "build", "-ldflags", "-X kube-etcd-migrate/internal/buildinfo.version="+stampedVersion, "-o", bin, "..")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

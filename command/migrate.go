@@ -1,15 +1,19 @@
-package main
+package command
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/metrics"
 	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/storagemigration"
 )
 
 func migrateCommand() *cli.Command {
@@ -107,4 +111,111 @@ func cmdMigrate(c *cli.Context) error {
 		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable)}
 	}
 	return nil
+}
+
+// migrateOptions are the write options of the migrate command's flags.
+func migrateOptions(c *cli.Context, writeCtx context.Context) migrate.Options {
+	return migrate.Options{
+		DryRun:             c.Bool("dry-run"),
+		FailFast:           c.Bool("fail-fast"),
+		Journal:            c.String("journal"),
+		Snapshot:           c.String("snapshot"),
+		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
+		CompactHistory:     c.Bool("compact-history"),
+		BatchOps:           c.Int("batch-ops"),
+		BatchBytes:         c.Int("batch-bytes"),
+		Writers:            c.Int("writers"),
+		WriteContext:       writeCtx,
+		PrivateEtcd:        c.String("snapshot-file"),
+	}
+}
+
+// cmdMigrateRequested is 'migrate --requested'.
+func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error {
+	if c.Bool("record") {
+		return usageErr("--requested and --record: the requests record their own outcome; give one of them")
+	}
+	if len(c.StringSlice("resource")) > 0 || c.String("namespace") != "" {
+		return usageErr("--requested: the requests name their resources; --resource and --namespace do not apply")
+	}
+	if c.String("snapshot-file") != "" {
+		return usageErr("--requested works on the cluster's etcd, not on --snapshot-file (an output snapshot must be current in every resource, a request migrates one)")
+	}
+	writeCtx, cancelWrites := context.WithCancel(context.Background())
+	defer cancelWrites()
+	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx)})
+	if res != nil {
+		write := func(w io.Writer, format string) error {
+			if format == "json" {
+				return writeJSON(w, res)
+			}
+			return res.WriteTable(w)
+		}
+		if err := writeReport(c.App.Writer, c.String("output"), write); err != nil {
+			return err
+		}
+	}
+	if p := c.String("metrics-file"); p != "" && res != nil && !res.DryRun {
+		if err := metrics.WriteMigrate(p, requestFigures(res), requestsDuration(res)); err != nil {
+			return fmt.Errorf("--metrics-file %s: %w", p, err)
+		}
+	}
+	if runErr != nil {
+		return runErr
+	}
+	unreadable := false
+	for _, o := range res.Requests {
+		if o.Result == storagemigration.ResultLeftRunning {
+			return &codeError{code: exitError, err: fmt.Errorf("request %s: %s", o.Name, o.Message)}
+		}
+		if o.Migration != nil && o.Migration.Summary.Unreadable > 0 {
+			unreadable = true
+		}
+	}
+	if unreadable {
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("unreadable object(s) left untouched: the requests of their resources are Failed")}
+	}
+	return nil
+}
+
+// checkRecord refuses --record, before anything is written, when the target
+// kube-apiserver would not serve the records.
+func checkRecord(c *cli.Context, env *pipeline.Env) error {
+	if !c.Bool("record") {
+		return nil
+	}
+	served, why, err := storagemigration.Serving(env)
+	if err != nil {
+		return err
+	}
+	if !served {
+		return &codeError{code: exitError, err: fmt.Errorf("--record: %s; nothing was written", why)}
+	}
+	return nil
+}
+
+// recordMigration writes the records of a finished migration (--record).
+func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, writeCtx context.Context) ([]storagemigration.Recorded, error) {
+	if !c.Bool("record") || sum == nil {
+		return nil, nil
+	}
+	if sum.DryRun {
+		var out []storagemigration.Recorded
+		for _, r := range sum.Resources {
+			if r.Stale > 0 {
+				gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
+				out = append(out, storagemigration.Recorded{Name: storagemigration.RecordName(started, gr), Group: r.Group, Resource: r.Resource, Result: "would-record"})
+			}
+		}
+		return out, nil
+	}
+	if runErr != nil {
+		return nil, fmt.Errorf("--record: the migration did not finish: no record was written")
+	}
+	recs, err := storagemigration.Record(ctx, env, sum, started, migrateOptions(c, writeCtx), nil)
+	if err != nil {
+		return recs, fmt.Errorf("--record: %w", err)
+	}
+	return recs, nil
 }

@@ -1,0 +1,103 @@
+package command
+
+import (
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/etcdscan"
+)
+
+func commonFlags() []cli.Flag {
+	flags := append(append(etcdscan.Flags(), snapshotFlags()...), apiServerFlags()...)
+	return append(flags,
+		&cli.StringFlag{Name: "prefix", Value: "/registry", Usage: "etcd key prefix kube-apiserver uses (--etcd-prefix)", EnvVars: []string{"KEM_PREFIX"}},
+		&cli.StringFlag{Name: "encryption-provider-config", Usage: "kube-apiserver EncryptionConfiguration file (unchanged format); none = identity"},
+		&cli.Int64Flag{Name: "page-size", Value: etcdscan.DefaultPageSize, Usage: "keys per etcd range request"},
+		&cli.StringSliceFlag{Name: "resource", Usage: "only this resource (repeatable): secrets, deployments.apps, widgets.example.com"},
+		&cli.StringFlag{Name: "namespace", Usage: "only this namespace (needs --resource)"},
+		&cli.StringSliceFlag{Name: "conversion-webhook", Usage: "NAMESPACE/SERVICE=URL: where to reach a CRD conversion webhook service offline (repeatable)"},
+		&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile to this file"},
+		&cli.StringFlag{Name: "memprofile", Usage: "write a heap profile to this file at exit"},
+	)
+}
+
+func outputFlag(def string, allowed ...string) *cli.StringFlag {
+	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: def, Usage: "output format: " + strings.Join(allowed, "|"),
+		Action: func(c *cli.Context, v string) error {
+			for _, a := range allowed {
+				if v == a {
+					return nil
+				}
+			}
+			return usageErr("--output %q: want one of %s", v, strings.Join(allowed, ", "))
+		}}
+}
+
+func parseWebhooks(vals []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range vals {
+		name, url, ok := strings.Cut(v, "=")
+		if !ok || !strings.Contains(name, "/") || !strings.HasPrefix(url, "https://") {
+			return nil, usageErr("--conversion-webhook %q: want NAMESPACE/SERVICE=https://HOST:PORT[/PATH]", v)
+		}
+		out[name] = url
+	}
+	return out, nil
+}
+
+func startProfiles(c *cli.Context) (func(), error) {
+	var stops []func()
+	if p := c.String("cpuprofile"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			return nil, usageErr("--cpuprofile: %v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	if p := c.String("memprofile"); p != "" {
+		stops = append(stops, func() {
+			f, err := os.Create(p)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "--memprofile: %v\n", err)
+				return
+			}
+			defer f.Close()
+			if err := pprof.WriteHeapProfile(f); err != nil {
+				fmt.Fprintf(os.Stderr, "--memprofile: %v\n", err)
+			}
+		})
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+	}, nil
+}
+
+// revisionFlag is for the read-only commands.
+func revisionFlag() cli.Flag {
+	return &cli.Int64Flag{Name: "revision", Usage: "read at this etcd revision (it must not be compacted); default the current one, a --snapshot-file's own"}
+}
+
+// hasFlag reports whether the running command defines the flag.
+func hasFlag(c *cli.Context, name string) bool {
+	if c.Command == nil {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,215 @@
+package command
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/snapshotdb"
+	"kube-etcd-migrate/snapshotfile"
+)
+
+// session is what every command opens: etcd (or a snapshot file's private
+// copy), profiling, the pipeline.
+type session struct {
+	cli      *clientv3.Client
+	snap     *snapshotfile.Snapshot // a --snapshot-file restored (commands that write)
+	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands)
+	env      *pipeline.Env
+	enc      *decode.Encryption // loaded before Setup (to read kubeadm-config), handed to it
+	stopProf func()
+}
+
+func (s *session) close() {
+	if s.env != nil {
+		s.env.Close()
+	}
+	if s.enc != nil {
+		s.enc.Close()
+	}
+	if s.cli != nil {
+		s.cli.Close()
+	}
+	if s.snap != nil {
+		s.snap.Close()
+	}
+	if s.file != nil {
+		s.file.Close()
+	}
+	if s.stopProf != nil {
+		s.stopProf()
+	}
+}
+
+func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
+	api, err := apiServerConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := etcdConfig(c, api)
+	if err != nil {
+		return nil, err
+	}
+	return etcdscan.Connect(ctx, cfg)
+}
+
+func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error) {
+	s := &session{}
+	stop, err := startProfiles(c)
+	if err != nil {
+		return nil, err
+	}
+	s.stopProf = stop
+	if c.String("namespace") != "" && len(c.StringSlice("resource")) == 0 {
+		s.close()
+		return nil, usageErr("--namespace needs --resource (the keyspace is laid out by resource first)")
+	}
+	if c.Int64("page-size") <= 0 {
+		s.close()
+		return nil, usageErr("--page-size must be positive")
+	}
+	webhooks, err := parseWebhooks(c.StringSlice("conversion-webhook"))
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	api, err := apiServerConfig(c)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	snapshotFile := c.String("snapshot-file")
+	var ecfg etcdscan.Config
+	if snapshotFile == "" {
+		if ecfg, err = etcdConfig(c, api); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	// kube-apiserver's feature gates and emulated version are process-wide:
+	// its strategies and defaulting read them, as in kube-apiserver itself.
+	if err := api.Apply(); err != nil {
+		s.close()
+		return nil, usageErr("%v", err)
+	}
+	var cli *clientv3.Client
+	if snapshotFile != "" && readsInPlace(c) {
+		if s.file, err = openSnapshotFile(c); err != nil {
+			s.close()
+			return nil, err
+		}
+	} else if snapshotFile != "" {
+		if s.snap, err = openSnapshot(ctx, c); err != nil {
+			s.close()
+			return nil, err
+		}
+		cli = s.snap.Client
+	} else {
+		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
+			s.close()
+			return nil, err
+		}
+		s.cli = cli
+	}
+	api.EtcdPrefix = fromAPIServer(c, api, "prefix", "etcd-prefix", api.EtcdPrefix)
+	api.EncryptionConfig = fromAPIServer(c, api, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
+	cfg := pipeline.Config{
+		APIServer:        api,
+		Prefix:           api.EtcdPrefix,
+		EncryptionConfig: api.EncryptionConfig,
+		Resources:        c.StringSlice("resource"),
+		Namespace:        c.String("namespace"),
+		PageSize:         c.Int64("page-size"),
+		WebhookURLs:      webhooks,
+		Revision:         c.Int64("revision"),
+		SnapshotFile:     snapshotFile,
+	}
+	if s.snap != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
+		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
+		cfg.Revision = s.snap.Info.Revision
+	}
+	if s.file != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
+		cfg.Revision = s.file.Info.Revision
+	}
+	if withTarget && api.Release == "" {
+		// Nothing said which release the cluster runs: kubeadm says it in etcd.
+		var src etcdscan.Source = etcdscan.ClientSource{Client: cli}
+		if s.file != nil {
+			src = s.file
+		}
+		if err := releaseFromCluster(ctx, c, s, src, api, &cfg); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	if withTarget {
+		cfg.TargetVersion = api.Release
+		api.StorageMediaType = fromAPIServer(c, api, "storage-media-type", "storage-media-type", api.StorageMediaType)
+		cfg.StorageMediaType = api.StorageMediaType
+		cfg.Concurrency = c.Int("concurrency")
+	}
+	var env *pipeline.Env
+	if s.file != nil {
+		env, err = pipeline.SetupSource(ctx, s.file, cfg)
+	} else {
+		env, err = pipeline.Setup(ctx, cli, cfg)
+	}
+	// After Setup, success or not: the line names the KMS endpoints mapped
+	// while the encryption configuration was loaded.
+	reportAPIServer(c, api)
+	if err != nil {
+		s.close()
+		// A path of the manifest the tool cannot reach: the configuration
+		// given is wrong, as for the manifest's own paths (apiServerConfig).
+		var unmapped *apiserverconfig.UnmappedKMSEndpointError
+		if errors.As(err, &unmapped) {
+			return nil, usageErr("%v", err)
+		}
+		if strings.Contains(err.Error(), "--target-version") || strings.Contains(err.Error(), "--resource") || strings.Contains(err.Error(), "--storage-media-type") {
+			return nil, usageErr("%v", err)
+		}
+		return nil, err
+	}
+	for _, w := range env.Warnings {
+		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
+	}
+	if api.Contradiction != "" && c.Command.Name != "migrate" {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", api.Contradiction, api.Release)
+	}
+	s.env = env
+	return s, nil
+}
+
+// signalContext is cancelled on SIGINT/SIGTERM; a second signal exits at once.
+func signalContext(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		n := 0
+		for range ch {
+			n++
+			if n == 1 {
+				fmt.Fprintln(stderr, "\nstopping: finishing in-flight writes (signal again to abort now)")
+				cancel()
+				continue
+			}
+			snapshotfile.RemoveTempDirs()
+			decode.RemoveTempDirs()
+			os.Exit(130)
+		}
+	}()
+	return ctx, func() { signal.Stop(ch); cancel() }
+}
