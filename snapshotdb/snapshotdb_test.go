@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/internal/testsnap"
 	"os"
 	"path/filepath"
 	"strings"
@@ -351,23 +352,17 @@ func TestDamagedFiles(t *testing.T) {
 		}
 		return p
 	}
-	flipped := bytes.Clone(b)
-	flipped[len(flipped)/2] ^= 0xff
-	noTrailer := b[:len(b)-sha256.Size]
-	garbage := bytes.Clone(noTrailer)
-	for i := 2 * 4096; i < 6*4096 && i < len(garbage); i++ {
-		garbage[i] = 0xa5
-	}
+	d := testsnap.Damage(t, dir, b)
 	for _, tc := range []struct {
 		name, path, want string
 		skip             bool
 	}{
-		{"truncated", write("truncated.db", b[:len(b)/2]), "", false},
-		{"bad hash", write("flipped.db", flipped), "sha256 of the database does not match", false},
-		{"member db without --skip-hash-check", write("db", noTrailer), "--skip-hash-check", false},
-		{"truncated, --skip-hash-check", write("truncated2.db", noTrailer[:len(noTrailer)/2]), "truncated", true},
+		{"truncated", d.Truncated, "", false},
+		{"bad hash", d.Flipped, "sha256 of the database does not match", false},
+		{"member db without --skip-hash-check", d.MemberDB, "--skip-hash-check", false},
+		{"truncated, --skip-hash-check", d.TruncatedMember, "truncated", true},
 		{"not a snapshot, --skip-hash-check", write("notes.txt", []byte("not a snapshot\n")), "not an etcd snapshot", true},
-		{"pages overwritten, --skip-hash-check", write("garbage.db", garbage), "", true},
+		{"pages overwritten, --skip-hash-check", d.Garbage, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := snapshotdb.Open(tc.path, snapshotdb.Options{SkipHashCheck: tc.skip})
@@ -388,7 +383,7 @@ func TestDamagedFiles(t *testing.T) {
 	// the mapping dropped every 8 KiB), reads as the snapshot does.
 	restore := snapshotdb.SetLimits(nil, 3000, 8192)
 	defer restore()
-	f, err := snapshotdb.Open(write("member.db", noTrailer), snapshotdb.Options{SkipHashCheck: true})
+	f, err := snapshotdb.Open(d.MemberDB, snapshotdb.Options{SkipHashCheck: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"kube-etcd-migrate/internal/testsnap"
 	"os"
 	"path/filepath"
 	"strings"
@@ -353,13 +354,7 @@ func TestDamagedFiles(t *testing.T) {
 		}
 		return p
 	}
-	flipped := bytes.Clone(good)
-	flipped[len(flipped)/2] ^= 0xff
-	noTrailer := good[:len(good)-sha256.Size]
-	garbage := bytes.Clone(noTrailer)
-	for i := 2 * 4096; i < 6*4096 && i < len(garbage); i++ {
-		garbage[i] = 0xa5
-	}
+	d := testsnap.Damage(t, dir, good)
 	tmp := t.TempDir()
 	for _, tc := range []struct {
 		name, path, want string
@@ -370,11 +365,11 @@ func TestDamagedFiles(t *testing.T) {
 		{"empty", write("empty.db", nil), "no sha256 trailer", false},
 		{"text", write("notes.txt", []byte("this is not a snapshot\n")), "no sha256 trailer", false},
 		{"text, --skip-hash-check", write("notes2.txt", []byte("this is not a snapshot\n")), "not an etcd snapshot", true},
-		{"truncated", write("truncated.db", good[:len(good)/2]), "", false},
-		{"truncated, --skip-hash-check", write("truncated2.db", noTrailer[:len(noTrailer)/2]), "truncated", true},
-		{"one byte flipped", write("flipped.db", flipped), "sha256 of the database does not match", false},
-		{"member db without --skip-hash-check", write("db", noTrailer), "--skip-hash-check", false},
-		{"pages overwritten, --skip-hash-check", write("garbage.db", garbage), "", true},
+		{"truncated", d.Truncated, "", false},
+		{"truncated, --skip-hash-check", d.TruncatedMember, "truncated", true},
+		{"one byte flipped", d.Flipped, "sha256 of the database does not match", false},
+		{"member db without --skip-hash-check", d.MemberDB, "--skip-hash-check", false},
+		{"pages overwritten, --skip-hash-check", d.Garbage, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := snapshotfile.Open(context.Background(), tc.path, snapshotfile.Options{SkipHashCheck: tc.skip, TempDir: tmp})
