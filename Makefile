@@ -53,7 +53,7 @@ lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 # The previous releases' binaries the tests play (internal/modbuild: the
-# previous Kubernetes release's kube-apiserver, the previous etcd server), each
+# previous Kubernetes release's kube-apiserver, the two etcd server minors before the linked one), each
 # built once from its own module into the user cache, before the test binaries
 # run in parallel; a later run finds them there.
 releases:

@@ -40,7 +40,7 @@ func isTransient(ctx context.Context, err error) bool {
 		case s.Code() == codes.Unavailable, s.Code() == codes.DeadlineExceeded:
 			return true
 		case s.Code() == codes.Unknown && (s.Message() == raft.ErrProposalDropped.Error() || s.Message() == raft.ErrStopped.Error()):
-			// etcd (3.6 and 3.7) hands raft's own errors to the client, with
+			// etcd (3.5, 3.6 and 3.7) hands raft's own errors to the client, with
 			// no rpctypes error of their own: the member could not propose
 			// the request (a leader transfer is under way, or it knows no
 			// leader: nothing was applied), or its raft stopped under the

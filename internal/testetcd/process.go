@@ -28,9 +28,9 @@ const Linked = ""
 var LinkedVersion = version.Version
 
 // Versions are the etcd server releases the tests of etcd-version-dependent
-// behaviour run against: the linked one, embedded, and the previous minor
-// (modbuild.PreviousEtcd), its own binary.
-func Versions() []string { return []string{Linked, modbuild.PreviousEtcd} }
+// behaviour run against: the linked one, embedded, and the two minors before
+// it (modbuild.PreviousEtcd, modbuild.OldestEtcd), each its own binary.
+func Versions() []string { return []string{Linked, modbuild.PreviousEtcd, modbuild.OldestEtcd} }
 
 // IsLinked reports whether v names the linked release.
 func IsLinked(v string) bool {
