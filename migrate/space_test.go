@@ -12,10 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testcluster"
@@ -396,5 +399,85 @@ func TestFindQuotaSources(t *testing.T) {
 	}
 	if q := FindQuota(ctx, other, apiserver, 0); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
 		t.Fatalf("from etcd's manifest: %+v", q)
+	}
+}
+
+// TestNoSpaceMidRollback: another writer fills etcd to its quota while a
+// rollback runs: the rollback stops at the first refusal with one line (the
+// remedy, and that the same rollback is to be run again), writes nothing
+// more, and run again after the remedy it restores the rest: every key holds
+// its bytes from before the migration.
+func TestNoSpaceMidRollback(t *testing.T) {
+	s := seedSpace(t, 16<<20)
+	ctx := context.Background()
+	journal := filepath.Join(s.c.Dir, "journal")
+	sum, err := Run(ctx, s.env(), Options{Journal: journal, Writers: 1, BatchOps: 16, CompactHistory: true})
+	if err != nil || sum.Summary.Rewritten != spaceSecrets {
+		t.Fatalf("migrate: %+v %v", sum.Summary, err)
+	}
+
+	// The rollback's own client: before its 200th write another client fills
+	// etcd until the NOSPACE alarm is raised.
+	var writes atomic.Int64
+	var fillErr error
+	fill := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Txn") && writes.Add(1) == 200 {
+			fillErr = fillToAlarm(ctx, s.c.Cli)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	rcli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.c.Srv.URL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(fill)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rcli.Close()
+	res, err := Rollback(ctx, rcli, journal, &etcdscan.Writer{Client: rcli})
+	if fillErr != nil {
+		t.Fatal(fillErr)
+	}
+	var stop *StopError
+	if !errors.As(err, &stop) || stop.Fatal.Cause != etcdscan.CauseNoSpace || stop.Verb != "rollback" {
+		t.Fatalf("rollback: %+v %v, want stopped by etcd out of space", res, err)
+	}
+	msg := err.Error()
+	t.Logf("%s", msg)
+	for _, want := range []string{"NOSPACE", stop.Key, journal, "rollback needs room too", "alarm disarm", "run the same rollback again"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error does not say %q: %s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("not one line: %q", msg)
+	}
+	if res.Failed != 1 || res.Restored < 150 || res.Restored >= spaceSecrets {
+		t.Fatalf("rollback did not stop mid-way at the refusal: %+v", res)
+	}
+	back := 0
+	for key, want := range s.values {
+		if got, _, _ := s.c.Get(key); bytes.Equal(got, want) {
+			back++
+		}
+	}
+	if back != res.Restored {
+		t.Fatalf("%d keys hold their old bytes, the rollback says %d restored", back, res.Restored)
+	}
+
+	// The remedy the message names (the filler is gone and compacted):
+	// defragment, disarm; the same rollback again restores the rest.
+	if _, err := s.c.Cli.Defragment(ctx, s.c.Srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	if err != nil || again.Failed != 0 || again.Skipped != 0 || again.Restored+res.Restored != spaceSecrets || again.Unchanged != res.Restored {
+		t.Fatalf("rollback after the remedy: %+v %v (first: %+v)", again, err, res)
+	}
+	for key, want := range s.values {
+		if got, _, _ := s.c.Get(key); !bytes.Equal(got, want) {
+			t.Fatalf("%s: not restored byte for byte", key)
+		}
 	}
 }
