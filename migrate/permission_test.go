@@ -3,7 +3,6 @@ package migrate
 import (
 	"bytes"
 	"context"
-	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -76,32 +75,7 @@ func TestPermissionRevokedMidRun(t *testing.T) {
 	if !revoked {
 		t.Fatal("the run ended before the permission was revoked")
 	}
-	var stop *StopError
-	if !errors.As(err, &stop) || stop.Fatal.Cause != etcdscan.CausePermission {
-		t.Fatalf("err = %v, want permission denied", err)
-	}
-	msg := err.Error()
-	t.Logf("%s", msg)
-	for _, want := range []string{"permission denied", stop.Key, journal, "--user"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("the error does not say %q: %s", want, msg)
-		}
-	}
-	if strings.Contains(msg, "\n") {
-		t.Errorf("not one line: %q", msg)
-	}
-	if sum.Summary.Failed == 0 || sum.Summary.Failed > batch {
-		t.Fatalf("failed %d writes: want at most one batch (%d) after the refusal", sum.Summary.Failed, batch)
-	}
-	if sum.Summary.Rewritten == 0 || sum.Summary.Rewritten+sum.Summary.Failed >= spaceSecrets {
-		t.Fatalf("the run did not stop mid-way: %+v", sum.Summary)
-	}
-	if len(sum.Causes) != 1 || sum.Causes[0].Cause != etcdscan.CausePermission || sum.Causes[0].Count != sum.Summary.Failed {
-		t.Fatalf("causes %+v", sum.Causes)
-	}
-	if done := journalDone(t, journal); int64(done) != sum.Summary.Rewritten {
-		t.Fatalf("journal: %d done records, %d rewritten", done, sum.Summary.Rewritten)
-	}
+	stoppedMidRun(t, sum, err, etcdscan.CausePermission, batch, journal, "permission denied", "--user")
 	// What etcd holds is what the journal says: every key rewritten or
 	// untouched, none written after the stop.
 	changed := 0

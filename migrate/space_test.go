@@ -175,33 +175,7 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 	if fillErr != nil {
 		t.Fatal(fillErr)
 	}
-	var stop *StopError
-	if !errors.As(err, &stop) || stop.Fatal.Cause != etcdscan.CauseNoSpace {
-		t.Fatalf("err = %v, want etcd out of space", err)
-	}
-	msg := err.Error()
-	t.Logf("%s", msg)
-	for _, want := range []string{"NOSPACE", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm", "--quota-backend-bytes", journal} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("the error does not say %q: %s", want, msg)
-		}
-	}
-	if strings.Contains(msg, "\n") {
-		t.Errorf("not one line: %q", msg)
-	}
-	if sum.Summary.Failed == 0 || sum.Summary.Failed > batch {
-		t.Fatalf("failed %d writes: want at most one batch (%d) after the alarm", sum.Summary.Failed, batch)
-	}
-	if sum.Summary.Rewritten == 0 || sum.Summary.Rewritten+sum.Summary.Failed >= spaceSecrets {
-		t.Fatalf("the run did not stop mid-way: %+v", sum.Summary)
-	}
-	if len(sum.Causes) != 1 || sum.Causes[0].Cause != etcdscan.CauseNoSpace || sum.Causes[0].Count != sum.Summary.Failed || sum.Causes[0].FirstKey == "" {
-		t.Fatalf("causes %+v", sum.Causes)
-	}
-	done := journalDone(t, journal)
-	if int64(done) != sum.Summary.Rewritten {
-		t.Fatalf("journal: %d done records, %d rewritten", done, sum.Summary.Rewritten)
-	}
+	stoppedMidRun(t, sum, err, etcdscan.CauseNoSpace, batch, journal, "NOSPACE", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm", "--quota-backend-bytes")
 
 	// Rollback needs room too: refused under the alarm, nothing written.
 	before := s.c.Revision()
@@ -314,6 +288,41 @@ func fillBelow(ctx context.Context, cli *clientv3.Client, limit int64) error {
 		}
 	}
 	return errors.New("could not fill etcd")
+}
+
+// stoppedMidRun checks a run that etcd stopped with cause: one line saying
+// each of wants and the journal, at most one batch of failed writes, all of
+// that cause, some keys rewritten and some not, and a journal whose done
+// records are exactly the keys rewritten.
+func stoppedMidRun(t *testing.T, sum *Summary, err error, cause string, batch int, journal string, wants ...string) *StopError {
+	t.Helper()
+	var stop *StopError
+	if !errors.As(err, &stop) || stop.Fatal.Cause != cause {
+		t.Fatalf("err = %v, want a stop for %s", err, cause)
+	}
+	msg := err.Error()
+	t.Logf("%s", msg)
+	for _, want := range append(wants, stop.Key, journal) {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error does not say %q: %s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("not one line: %q", msg)
+	}
+	if sum.Summary.Failed == 0 || sum.Summary.Failed > int64(batch) {
+		t.Fatalf("failed %d writes: want at most one batch (%d) after the refusal", sum.Summary.Failed, batch)
+	}
+	if sum.Summary.Rewritten == 0 || sum.Summary.Rewritten+sum.Summary.Failed >= spaceSecrets {
+		t.Fatalf("the run did not stop mid-way: %+v", sum.Summary)
+	}
+	if len(sum.Causes) != 1 || sum.Causes[0].Cause != cause || sum.Causes[0].Count != sum.Summary.Failed || sum.Causes[0].FirstKey == "" {
+		t.Fatalf("causes %+v", sum.Causes)
+	}
+	if done := journalDone(t, journal); int64(done) != sum.Summary.Rewritten {
+		t.Fatalf("journal: %d done records, %d rewritten", done, sum.Summary.Rewritten)
+	}
+	return stop
 }
 
 // journalDone parses every record of a journal (it must be whole) and counts
