@@ -3,7 +3,6 @@ package migrate
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -53,28 +52,14 @@ func TestPermissionRevokedMidRun(t *testing.T) {
 	}
 	admin := client("root", "rootpw")
 	s.c.Cli = client("migrator", "pw")
-	env := s.env()
-	journal := filepath.Join(s.c.Dir, "journal")
 	const batch = 16
-
-	var revokeErr error
-	revoked := false
-	opts := Options{Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
-		if revoked || n.Scanned < 200 {
-			return
+	sum, journal, err := s.runInterrupted(t, batch, func() error {
+		if _, err := admin.RoleRevokePermission(ctx, "migrator", "/registry/", prefixEnd); err != nil {
+			return err
 		}
-		revoked = true
-		if _, revokeErr = admin.RoleRevokePermission(ctx, "migrator", "/registry/", prefixEnd); revokeErr == nil {
-			_, revokeErr = admin.RoleGrantPermission(ctx, "migrator", "/registry/", prefixEnd, clientv3.PermissionType(clientv3.PermRead))
-		}
-	}}
-	sum, err := Run(ctx, env, opts)
-	if revokeErr != nil {
-		t.Fatal(revokeErr)
-	}
-	if !revoked {
-		t.Fatal("the run ended before the permission was revoked")
-	}
+		_, err := admin.RoleGrantPermission(ctx, "migrator", "/registry/", prefixEnd, clientv3.PermissionType(clientv3.PermRead))
+		return err
+	})
 	stoppedMidRun(t, sum, err, etcdscan.CausePermission, batch, journal, "permission denied", "--user")
 	// What etcd holds is what the journal says: every key rewritten or
 	// untouched, none written after the stop.

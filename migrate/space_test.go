@@ -158,23 +158,8 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 	const quota = 8 << 20
 	s := seedSpace(t, quota)
 	ctx := context.Background()
-	env := s.env()
-	journal := filepath.Join(s.c.Dir, "journal")
 	const batch = 16
-
-	var fillErr error
-	filled := false
-	opts := Options{Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
-		if filled || n.Scanned < 200 {
-			return
-		}
-		filled = true
-		fillErr = fillToAlarm(ctx, s.c.Cli)
-	}}
-	sum, err := Run(ctx, env, opts)
-	if fillErr != nil {
-		t.Fatal(fillErr)
-	}
+	sum, journal, err := s.runInterrupted(t, batch, func() error { return fillToAlarm(ctx, s.c.Cli) })
 	stoppedMidRun(t, sum, err, etcdscan.CauseNoSpace, batch, journal, "NOSPACE", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm", "--quota-backend-bytes")
 
 	// Rollback needs room too: refused under the alarm, nothing written.
@@ -288,6 +273,30 @@ func fillBelow(ctx context.Context, cli *clientv3.Client, limit int64) error {
 		}
 	}
 	return errors.New("could not fill etcd")
+}
+
+// runInterrupted migrates the seed with one writer, batch puts a
+// transaction and a journal, calling interrupt once after 200 objects were
+// scanned (its error fails the test).
+func (s *spaceSeed) runInterrupted(t *testing.T, batch int, interrupt func() error) (*Summary, string, error) {
+	t.Helper()
+	journal := filepath.Join(s.c.Dir, "journal")
+	var ierr error
+	done := false
+	sum, err := Run(context.Background(), s.env(), Options{Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
+		if done || n.Scanned < 200 {
+			return
+		}
+		done = true
+		ierr = interrupt()
+	}})
+	if ierr != nil {
+		t.Fatal(ierr)
+	}
+	if !done {
+		t.Fatal("the run ended before it was interrupted")
+	}
+	return sum, journal, err
 }
 
 // stoppedMidRun checks a run that etcd stopped with cause: one line saying
