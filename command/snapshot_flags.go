@@ -21,7 +21,7 @@ import (
 // command but rollback).
 func snapshotFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: inventory, inspect, verify and quarantine --dry-run read it in place, the commands that write restore a copy with etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled (restored copies only)"},
+		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: inventory, inspect, verify and quarantine --dry-run read it in place, the commands that write restore a copy with etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled (restored copies only: read in place, a file has no auth, and a warning says they are ignored)"},
 		&cli.BoolFlag{Name: "skip-hash-check", Usage: "read a --snapshot-file without etcd's sha256 trailer (a member's member/snap/db) or whose trailer does not match, as etcdutl's --skip-hash-check"},
 	}
 }
@@ -97,7 +97,31 @@ func openSnapshotFile(c *cli.Context) (*snapshotdb.File, error) {
 	in := f.Info
 	fmt.Fprintf(c.App.ErrWriter, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s); read in place, read-only\n",
 		in.Path, hashWords(in.Hash), in.Revision, max(in.CompactRevision, 1), in.Leases)
+	if w := authIgnored(c); w != "" {
+		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
+	}
 	return f, nil
+}
+
+// authIgnored is the warning for etcd credentials given to a command that
+// reads a --snapshot-file in place: etcd auth is enforced by an etcd server,
+// and none reads the file, so the credentials have nothing to check them.
+// They are ignored with one line rather than refused: ETCDCTL_USER and
+// ETCDCTL_PASSWORD are often exported in the shell that runs the tool, and the
+// same flags work for the commands that write (their restored copy enforces
+// the snapshot's auth).
+func authIgnored(c *cli.Context) string {
+	var set []string
+	for _, f := range []string{"user", "password"} {
+		if c.IsSet(f) {
+			set = append(set, "--"+f)
+		}
+	}
+	if len(set) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s ignored: %s is read in place, and a snapshot file has no etcd auth to check them (whoever can read the file can read every key in it; migrate and quarantine, which restore a copy, use them)",
+		strings.Join(set, " and "), c.String("snapshot-file"))
 }
 
 func hashWords(h snapshotdb.Hash) string {

@@ -73,6 +73,14 @@ func TestSnapshotFileCLI(t *testing.T) {
 	if code, _, _ := runCLI(t, "verify", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig); code != exitStale {
 		t.Fatalf("verify of the seeded snapshot: exit %d, want 3", code)
 	}
+	// etcd credentials read in place: a file has no auth; one warning line
+	// names the flags, and the answer is the same.
+	t.Setenv("ETCDCTL_PASSWORD", "secret")
+	code, _, stderr := runCLI(t, "verify", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig, "--user", "root")
+	if want := "warning: --user and --password ignored: " + snap + " is read in place, and a snapshot file has no etcd auth"; code != exitStale || strings.Count(stderr, "\n") != 2 || !strings.Contains(stderr, want) {
+		t.Errorf("verify --snapshot-file --user (ETCDCTL_PASSWORD set): exit %d, stderr %q; want exit 3 and one warning %q", code, stderr, want)
+	}
+	os.Unsetenv("ETCDCTL_PASSWORD")
 
 	out := filepath.Join(t.TempDir(), "rotated.db")
 	journal := filepath.Join(t.TempDir(), "journal")
