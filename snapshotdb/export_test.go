@@ -21,3 +21,9 @@ func (f *File) forget() {
 		f.mu.Unlock()
 	}
 }
+
+// Passes is how many passes over the file f's reads made.
+func Passes(f *File) int64 { return f.passes.Load() }
+
+// Forget drops f's cached window.
+func Forget(f *File) { f.forget() }

@@ -39,6 +39,9 @@ type window struct {
 	keys []string
 	revs []mvcc.Revision
 	hi   string
+	// total counts the keys of the whole range the pass was asked for (not
+	// only the window's) that exist at the revision; -1 when unknown.
+	total int64
 }
 
 // cached is the window of the last pass, kept until the next one: a command
@@ -64,7 +67,10 @@ func (c *cached) covers(rev int64, lo, end string) (window, bool) {
 	if stop != "" && lo >= stop {
 		return window{}, false
 	}
-	out := window{}
+	out := window{total: -1}
+	if lo == c.lo && end == c.end {
+		out.total = c.w.total
+	}
 	switch {
 	case end != "" && (stop == "" || end <= stop):
 		// All of [lo, end).
@@ -105,10 +111,24 @@ func (f *File) window(ctx context.Context, r *reader, rev int64, lo, end string)
 // newest of each key in [lo, end) ("" end: no end) — the smallest keys only,
 // as many as budget allows: when more are seen, the greatest are dropped and
 // the window ends before them (hi).
+//
+// The same walk counts the keys of the whole range that exist at rev
+// (window.total), in constant memory, from what etcd writes: a key's life
+// (etcd's generation) begins with a record of version 1 (etcd writes version 1
+// for a key that does not exist) and ends with a tombstone; a compaction at C
+// keeps, of each life still going on at C, its latest record at or below C,
+// and nothing of a life that ended at or below C (mvcc's keyIndex.compact).
+// So the keys at rev are the records at or below C that are not tombstones,
+// plus the records above C of version 1, less the tombstones above C. A
+// compaction scheduled but not finished may have left more below C: then the
+// count is unknown (-1) and Count counts window by window.
 func (f *File) pass(ctx context.Context, r *reader, rev int64, lo, end string, budget int) (window, error) {
 	keys := map[string]latest{}
 	var hi string // "": no bound yet
 	size := 0
+	var total int64
+	compacted := f.Info.CompactRevision
+	f.passes.Add(1)
 	c := r.tx.Bucket(schema.Key.Name()).Cursor()
 	n := 0
 	for k, v := c.First(); k != nil; k, v = c.Next() {
@@ -121,13 +141,26 @@ func (f *File) pass(ctx context.Context, r *reader, rev int64, lo, end string, b
 				return window{}, err
 			}
 		}
-		key, err := recordKey(v)
+		key, version, err := recordKey(v)
 		if err != nil {
 			return window{}, FileError(f.Info.Path, "damaged key record %x: %v", k, err)
 		}
+		inRange := string(key) >= lo && (end == "" || string(key) < end)
+		if inRange {
+			switch tomb := mvcc.IsTombstone(k); {
+			case bk.Main <= compacted:
+				if !tomb {
+					total++
+				}
+			case tomb:
+				total--
+			case version == 1:
+				total++
+			}
+		}
 		// The comparisons and the lookup copy nothing; the assignment copies
 		// the key (again, for a key written again: garbage, not growth).
-		if string(key) >= lo && (end == "" || string(key) < end) && (hi == "" || string(key) < hi) {
+		if inRange && (hi == "" || string(key) < hi) {
 			if _, seen := keys[string(key)]; !seen {
 				size += len(key) + entryCost
 			}
@@ -152,7 +185,10 @@ func (f *File) pass(ctx context.Context, r *reader, rev int64, lo, end string, b
 	if size > budget {
 		hi, _ = shrink(keys, hi, budget)
 	}
-	w := window{hi: hi}
+	w := window{hi: hi, total: -1}
+	if f.countable {
+		w.total = total
+	}
 	for key, l := range keys {
 		if !l.tombstone {
 			w.keys = append(w.keys, key)
@@ -167,35 +203,52 @@ func (f *File) pass(ctx context.Context, r *reader, rev int64, lo, end string, b
 	return w, nil
 }
 
-// keyField is the number of mvccpb.KeyValue's key field, from its own
+// The numbers of mvccpb.KeyValue's key and version fields, from its own
 // descriptor.
-var keyField = (&mvccpb.KeyValue{}).ProtoReflect().Descriptor().Fields().ByName("key").Number()
+var (
+	kvFields     = (&mvccpb.KeyValue{}).ProtoReflect().Descriptor().Fields()
+	keyField     = kvFields.ByName("key").Number()
+	versionField = kvFields.ByName("version").Number()
+)
 
-// recordKey returns the key of a record of etcd's key bucket (an encoded
-// mvccpb.KeyValue) without decoding the rest: a pass looks at the key of every
-// record, and copying every value (what proto.Unmarshal does) would be most
-// of its cost. The fields are walked with protobuf's own wire reader.
-func recordKey(v []byte) ([]byte, error) {
-	for len(v) > 0 {
+// recordKey returns the key and the version of a record of etcd's key bucket
+// (an encoded mvccpb.KeyValue) without decoding the rest: a pass looks at the
+// key of every record, and copying every value (what proto.Unmarshal does)
+// would be most of its cost. The fields are walked with protobuf's own wire
+// reader, up to the value (which etcd writes after them) when both are found.
+func recordKey(v []byte) (key []byte, version int64, err error) {
+	for len(v) > 0 && (key == nil || version == 0) {
 		num, typ, n := protowire.ConsumeTag(v)
 		if n < 0 {
-			return nil, protowire.ParseError(n)
+			return nil, 0, protowire.ParseError(n)
 		}
 		v = v[n:]
-		if num == keyField && typ == protowire.BytesType {
-			key, n := protowire.ConsumeBytes(v)
+		switch {
+		case num == keyField && typ == protowire.BytesType:
+			b, n := protowire.ConsumeBytes(v)
 			if n < 0 {
-				return nil, protowire.ParseError(n)
+				return nil, 0, protowire.ParseError(n)
 			}
-			return key, nil
+			key, v = b, v[n:]
+			continue
+		case num == versionField && typ == protowire.VarintType:
+			x, n := protowire.ConsumeVarint(v)
+			if n < 0 {
+				return nil, 0, protowire.ParseError(n)
+			}
+			version, v = int64(x), v[n:]
+			continue
 		}
 		n = protowire.ConsumeFieldValue(num, typ, v)
 		if n < 0 {
-			return nil, protowire.ParseError(n)
+			return nil, 0, protowire.ParseError(n)
 		}
 		v = v[n:]
 	}
-	return nil, fmt.Errorf("no key in the record")
+	if key == nil {
+		return nil, 0, fmt.Errorf("no key in the record")
+	}
+	return key, version, nil
 }
 
 // shrink keeps the smallest keys that fit in budget and returns the first key
@@ -396,16 +449,22 @@ func (f *File) Get(ctx context.Context, key string, rev int64) (etcdscan.KV, boo
 	return kv, found, err
 }
 
-// Count counts the keys under prefix at the file's revision: a pass over the
-// file per window of keys.
+// Count counts the keys under prefix at the file's revision: one pass over
+// the file, the first window's, which a Scan of the prefix that follows
+// (inventory's progress bar, then its scan) takes from the cache; a pass per
+// window of keys when a compaction was left unfinished (see pass).
 func (f *File) Count(ctx context.Context, prefix string) (int64, error) {
 	var n int64
 	err := f.view(func(r *reader) error {
 		lo, end := rangeOf(prefix)
-		for {
+		for first := true; ; first = false {
 			w, err := f.window(ctx, r, f.Info.Revision, lo, end)
 			if err != nil {
 				return err
+			}
+			if first && w.total >= 0 {
+				n = w.total
+				return nil
 			}
 			n += int64(len(w.keys))
 			if w.hi == "" {

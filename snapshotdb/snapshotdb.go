@@ -21,6 +21,7 @@ import (
 	"math"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -64,10 +65,14 @@ type File struct {
 	Info Info
 
 	dataSize int64 // the database's bytes (the file less etcd's trailer)
-	txID     int   // the database's transaction ID when opened: a reopen must see the same
+	// countable: every compaction the file records finished, so that a pass
+	// counts the keys of a whole range at once (window.total).
+	countable bool
+	txID      int // the database's transaction ID when opened: a reopen must see the same
 
-	mu    sync.Mutex
-	cache *cached // the last pass's window
+	mu     sync.Mutex
+	cache  *cached      // the last pass's window
+	passes atomic.Int64 // passes over the file made (tests)
 }
 
 // Open checks the file at path and reads its revisions and leases. The file
@@ -103,6 +108,7 @@ func (f *File) describe(r *reader) error {
 	// etcd finishes a compaction that was scheduled but not finished when it
 	// starts on the file: from then on, what is below it cannot be read.
 	f.Info.CompactRevision = max(finished, scheduled)
+	f.countable = finished >= scheduled
 	last := int64(1) // an empty store is at revision 1
 	if k, _ := r.tx.Bucket(schema.Key.Name()).Cursor().Last(); k != nil {
 		last = max(last, mvcc.BytesToBucketKey(k).Main)
