@@ -41,6 +41,7 @@ type options struct {
 	quota                  int64
 	compactHistory         bool
 	snapshot               bool
+	snap                   snapOptions
 	dataset                string
 	rotationN              int
 	sweep                  bool
@@ -62,8 +63,11 @@ func main() {
 	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
 	flag.BoolVar(&o.compactHistory, "compact-history", true, "also measure migrate --compact-history (row \"migrate (compacting)\"), with etcd's database size before and after")
-	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure reading an etcd snapshot file of the keyspace (verify --snapshot-file beside a bare read of the file; mixed dataset)")
-	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), or all (both, one after the other, each on its own etcd)")
+	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure an etcd snapshot file (the snapshot phase, after the datasets: -snapshot-n mixed objects on an etcd of their own, saved; verify and migrate --snapshot-file beside a bare read of the file and beside the same commands on that etcd)")
+	flag.IntVar(&o.snap.n, "snapshot-n", 1000000, "objects of the snapshot phase (mixed dataset; 1,000,000 make a file of about 1.4 GB)")
+	flag.IntVar(&o.snap.reps, "snapshot-reps", 1, "repetitions of the snapshot phase")
+	flag.StringVar(&o.snap.keep, "snapshot-keep", "", "copy the snapshot phase's file and encryption configurations into this directory (to profile the commands on them by hand)")
+	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), snapshot (the snapshot phase only), or all (both, one after the other, each on its own etcd, then the snapshot phase)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
 	flag.BoolVar(&o.sweep, "sweep", true, "find the CAS ceiling's best settings first (16-128 puts per transaction x 4-32 in flight, one run each); false: the tool's own settings")
 	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
@@ -97,11 +101,12 @@ func runAll(ctx context.Context, o options) error {
 		datasets = []string{o.dataset}
 	case "all":
 		datasets = []string{"mixed", "rotation"}
+	case "snapshot": // the snapshot phase only
 	default:
-		return fmt.Errorf("-dataset %q: want mixed, rotation or all", o.dataset)
+		return fmt.Errorf("-dataset %q: want mixed, rotation, snapshot or all", o.dataset)
 	}
-	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 {
-		return fmt.Errorf("-n, -rotation-n and -reps must be positive")
+	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 {
+		return fmt.Errorf("-n, -rotation-n, -snapshot-n, -reps and -snapshot-reps must be positive")
 	}
 	dir, err := os.MkdirTemp("", "kem-bench-")
 	if err != nil {
@@ -138,6 +143,13 @@ func runAll(ctx context.Context, o options) error {
 		res, err := run(ctx, dso, ds, dsDir)
 		if err != nil {
 			return fmt.Errorf("%s dataset: %w", ds, err)
+		}
+		all = append(all, res)
+	}
+	if o.snapshot && o.dataset != "rotation" {
+		res, err := snapshotRun(ctx, o, dir)
+		if err != nil {
+			return fmt.Errorf("snapshot phase: %w", err)
 		}
 		all = append(all, res)
 	}
@@ -492,12 +504,6 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 
 	}
 
-	if o.snapshot {
-		if err := snapshotRuns(ctx, o, res, bin, dir, etcd, newCfg, len(stale), settle); err != nil {
-			return err
-		}
-	}
-
 	if o.profileDir != "" {
 		if err := profileRuns(ctx, o, bin, common, reseedStale, settle); err != nil {
 			return err
@@ -512,9 +518,6 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 
 	for _, m := range res.Measurements {
 		m.finish()
-	}
-	if n := snapshotNote(res); n != "" {
-		res.Notes = append(res.Notes, n)
 	}
 	res.LoadAvg = append(res.LoadAvg, loadAvg())
 	addRatios(res)

@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
@@ -15,97 +19,363 @@ import (
 )
 
 const (
-	mSnapCeiling = "snapshot bare read"
-	mSnapVerify  = "verify --snapshot"
-	mSnapMigrate = "migrate --snapshot"
+	mSnapCeiling     = "snapshot bare read"
+	mSnapVerify      = "verify --snapshot"
+	mSnapMigrate     = "migrate --snapshot"
+	mSnapVerifyBase  = "verify --snap (base)"
+	mSnapMigrateBase = "migrate --snap (base)"
+	mSnapLiveVerify  = "verify (live etcd)"
+	mSnapLiveMigrate = "migrate (live etcd)"
 )
 
-// snapshotRuns measures reading an etcd snapshot file of the seeded keyspace:
-// the ceiling is a bare read of the same file by etcd's own code (etcdutl
-// snapshot status: bbolt's integrity check, then every record read, decoded
-// and hashed), beside the tool's verify --snapshot-file (the checks, then the
-// file read in place: the scan's passes, decode and decisions, all within its
-// wall time) and migrate --snapshot-file --output-snapshot (restore into a
-// private etcd, the rewrites, compaction, defragmentation, the new file saved,
-// restored afresh and verified). Objects are the keyspace's keys.
-func snapshotRuns(ctx context.Context, o options, res *results, bin, dir string, etcd *etcdProc, newCfg string, stale int, settle func() error) error {
+// snapOptions are the snapshot phase's flags (-snapshot-n, -snapshot-reps,
+// -snapshot-keep).
+type snapOptions struct {
+	n, reps int
+	keep    string
+}
+
+// The snapshot phase's expected cost per object on 2 shared cores, from the
+// runs that set it (seeding, the bare read, the snapshot commands, the live
+// ones): printed before the phase so that its length is no surprise.
+const (
+	estSeedPerObj    = 80 * time.Microsecond  // seed, settle, save
+	estReadPerObj    = 150 * time.Microsecond // bare read, verify --snapshot-file, scan ceiling and verify on the live etcd
+	estMigratePerObj = 300 * time.Microsecond // migrate --snapshot-file --output-snapshot, migrate on the live etcd
+	fileBytesPerObj  = 1840                   // the mixed dataset's snapshot file, per object
+)
+
+// snapshotPhase measures a backup of production size: a mixed keyspace of
+// o.snap.n objects seeded into an etcd of its own and saved with etcd's
+// snapshot code (etcdscan.Snapshot, what etcdctl snapshot save does), then, on
+// that file and beside each other:
+//
+//   - the ceiling, a bare read of the same file by etcd's own code (etcdutl
+//     snapshot status: bbolt's integrity check, then every record read,
+//     decoded and hashed, in this process);
+//   - verify --snapshot-file (the sha256 and bbolt checks, then the file read in
+//     place: the scan's passes, decode and decisions, all within its wall
+//     time);
+//   - migrate --snapshot-file --output-snapshot (restore into a private etcd,
+//     the rewrites, compaction, defragmentation, the new file saved, restored
+//     afresh and verified);
+//   - and, last (migrate changes the keyspace), verify and migrate against the
+//     live etcd the file was saved from, the same data.
+//
+// With -baseline the baseline binary's verify --snapshot-file and migrate
+// --snapshot-file are measured right after the tool's. Objects are the
+// keyspace's keys. o.snap.reps repetitions (one is the default: at 1M keys
+// a repetition takes minutes).
+func snapshotPhase(ctx context.Context, o options, dir string) (*results, error) {
+	n := o.snap.n
+	res := &results{Dataset: "snapshot", N: n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: o.snap.reps,
+		PageSize: etcdscan.DefaultPageSize, BatchOps: etcdscan.DefaultMaxOps, BatchBytes: etcdscan.DefaultMaxBytes, Writers: toolWriters,
+		CeilingOps: etcdscan.DefaultMaxOps, CeilingWriters: toolWriters, Date: time.Now().UTC().Format(time.RFC3339)}
+	res.Machine.CPUs, res.Machine.GoVersion, res.Machine.OS = runtime.NumCPU(), runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
+	res.Machine.CPU = cpuModel()
+	res.LoadAvg = append(res.LoadAvg, loadAvg())
+	est := time.Duration(n) * (estSeedPerObj + time.Duration(o.snap.reps)*(estReadPerObj+estMigratePerObj))
+	logf("snapshot phase: %d objects (a file of about %.2f GB), %d repetition(s); expect about %s on 2 shared cores (seeding %s; each repetition: the reads %s, the migrates %s), and free disk for 4 copies of the file",
+		n, float64(n)*fileBytesPerObj/1e9, o.snap.reps, est.Round(time.Second), (time.Duration(n) * estSeedPerObj).Round(time.Second),
+		(time.Duration(n) * estReadPerObj).Round(time.Second), (time.Duration(n) * estMigratePerObj).Round(time.Second))
+	phase := time.Now()
+
+	bin := o.tool
+	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
+	if err != nil {
+		return nil, err
+	}
+	etcd, err := startEtcd(filepath.Join(dir, "etcd"), o.quota)
+	if err != nil {
+		return nil, err
+	}
+	defer etcd.Stop()
+	gen, err := newGenerator(ctx, n, o.staleVersion, o.staleKey, oldCfg, newCfg, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	seeded, err := gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true)
+	if err != nil {
+		return nil, err
+	}
+	res.SeedSeconds = time.Since(start).Seconds()
+	stale := len(gen.staleKeys())
+	res.StaleObjects = stale
+	logf("  seeded %d objects in %.1fs (%.0f objects/s); %d stale", seeded, res.SeedSeconds, float64(seeded)/res.SeedSeconds, stale)
+	settle := func() error {
+		_, err := etcd.Settle(ctx)
+		runtime.GC()
+		time.Sleep(500 * time.Millisecond)
+		return err
+	}
+	if err := settle(); err != nil {
+		return nil, err
+	}
 	path := filepath.Join(dir, "bench-snapshot.db")
+	t := time.Now()
 	if err := etcdscan.Snapshot(ctx, etcd.cli, path); err != nil {
-		return fmt.Errorf("snapshot of the seeded etcd: %w", err)
+		return nil, fmt.Errorf("snapshot of the seeded etcd: %w", err)
 	}
 	defer os.Remove(path)
+	if o.snap.keep != "" {
+		if err := keepSnapshot(o.snap.keep, path, oldCfg, newCfg); err != nil {
+			return nil, err
+		}
+	}
 	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	logf("  snapshot file: %.1f MB, saved in %.1fs", float64(fi.Size())/1e6, time.Since(t).Seconds())
+	res.Notes = append(res.Notes, fmt.Sprintf("snapshot file %.1f MB (the mixed keyspace of %d objects, saved by etcd's snapshot code after compaction and defragmentation)", float64(fi.Size())/1e6, n))
+	release := decode.LinkedRelease()
+	common := []string{"--encryption-provider-config", newCfg}
+
+	type measured struct{ bin, verify, migrate string }
+	tools := []measured{{bin, mSnapVerify, mSnapMigrate}}
+	if o.baseline != "" {
+		tools = append(tools, measured{o.baseline, mSnapVerifyBase, mSnapMigrateBase})
+	}
+	step := func(name string, fn func() error) error {
+		if err := settle(); err != nil {
+			return err
+		}
+		t := time.Now()
+		if err := fn(); err != nil {
+			return err
+		}
+		logf("    (%s took %s)", name, time.Since(t).Round(time.Second))
+		return nil
+	}
+	for rep := 1; rep <= o.snap.reps; rep++ {
+		logf("  snapshot repetition %d/%d", rep, o.snap.reps)
+		err := step("bare read", func() error {
+			start := time.Now()
+			st, err := snapshot.NewV3(zap.NewNop()).Status(path)
+			if err != nil {
+				return fmt.Errorf("etcdutl snapshot status: %w", err)
+			}
+			elapsed := time.Since(start)
+			res.Keys = int64(st.TotalKey)
+			res.get(mSnapCeiling).Samples = append(res.get(mSnapCeiling).Samples, sample{Seconds: elapsed.Seconds(), Objects: int64(st.TotalKey), Bytes: fi.Size()})
+			logf("  bare read: %d keys in %.2fs", st.TotalKey, elapsed.Seconds())
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range tools {
+			err := step(v.verify, func() error {
+				return snapVerify(ctx, res, v.bin, v.verify, stale, fi.Size(), append([]string{"--snapshot-file", path}, common...))
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+		for _, v := range tools {
+			err := step(v.migrate, func() error {
+				out := filepath.Join(dir, "bench-snapshot-out.db")
+				defer os.Remove(out)
+				// The release the seeded keyspace is written for (a backup has
+				// no kubeadm-config): migrate refuses to guess it.
+				return snapMigrate(ctx, res, v.bin, v.migrate, stale, fi.Size(), append([]string{"--snapshot-file", path, "--output-snapshot", out, "--force", "--target-version", release}, common...))
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+		live := append([]string{"--endpoints", etcd.URL}, common...)
+		err = step("scan ceiling", func() error {
+			c, err := scanCeiling(ctx, etcd.cli, etcdscan.DefaultPageSize)
+			if err != nil {
+				return fmt.Errorf("scan ceiling: %w", err)
+			}
+			res.KeyspaceBytes = c.bytes
+			res.get(mScan).Samples = append(res.get(mScan).Samples, sample{Seconds: c.elapsed.Seconds(), Objects: c.keys, Bytes: c.bytes})
+			logf("  scan ceiling (the live etcd): %d keys in %.2fs", c.keys, c.elapsed.Seconds())
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		err = step("live verify", func() error {
+			return snapVerify(ctx, res, bin, mSnapLiveVerify, stale, fi.Size(), live)
+		})
+		if err != nil {
+			return nil, err
+		}
+		err = step("live migrate", func() error {
+			return snapMigrate(ctx, res, bin, mSnapLiveMigrate, stale, fi.Size(), append([]string{"--target-version", release, "--quota-backend-bytes", fmt.Sprint(o.quota)}, live...))
+		})
+		if err != nil {
+			return nil, err
+		}
+		if rep < o.snap.reps {
+			t := time.Now()
+			n, err := gen.seed(ctx, etcd.cli, func(s objSpec) bool { return s.stale }, true)
+			if err != nil {
+				return nil, err
+			}
+			logf("  re-seeded the %d stale objects in %.1fs", n, time.Since(t).Seconds())
+		}
+	}
+	for _, m := range res.Measurements {
+		m.finish()
+	}
+	res.Notes = append(res.Notes, snapshotNotes(res)...)
+	for _, m := range res.Measurements {
+		if m.PeakRSSMB.Max > 0 && strings.HasPrefix(m.Name, "verify") {
+			res.Ratios = append(res.Ratios, ratio{Name: "peak RSS MB, " + m.Name, Value: m.PeakRSSMB.Max, Target: 150, Met: m.PeakRSSMB.Max <= 150})
+		}
+	}
+	res.LoadAvg = append(res.LoadAvg, loadAvg())
+	logf("snapshot phase took %s", time.Since(phase).Round(time.Second))
+	return res, nil
+}
+
+// snapshotRun runs the snapshot phase in a directory of its own and writes its
+// figures beside the datasets' (bench/results-snapshot.json and .txt).
+func snapshotRun(ctx context.Context, o options, dir string) (*results, error) {
+	sdir := filepath.Join(dir, "snapshot")
+	if err := os.Mkdir(sdir, 0o700); err != nil {
+		return nil, err
+	}
+	res, err := snapshotPhase(ctx, o, sdir)
+	if err != nil {
+		return nil, err
+	}
+	printTable(os.Stdout, res)
+	if o.jsonPath != "" {
+		if err := writeResults(res, strings.TrimSuffix(o.jsonPath, ".json")+"-snapshot.json"); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// snapVerify runs verify with args and records it as row name.
+func snapVerify(ctx context.Context, res *results, bin, name string, stale int, size int64, args []string) error {
+	tr, err := runTool(ctx, bin, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, args...)...)
 	if err != nil {
 		return err
 	}
-	logf("snapshot file: %.1f MB", float64(fi.Size())/1e6)
-	for rep := 1; rep <= o.reps; rep++ {
-		logf("snapshot repetition %d/%d", rep, o.reps)
-		if err := settle(); err != nil {
-			return err
-		}
-		start := time.Now()
-		st, err := snapshot.NewV3(zap.NewNop()).Status(path)
-		if err != nil {
-			return fmt.Errorf("etcdutl snapshot status: %w", err)
-		}
-		elapsed := time.Since(start)
-		res.get(mSnapCeiling).Samples = append(res.get(mSnapCeiling).Samples, sample{Seconds: elapsed.Seconds(), Objects: int64(st.TotalKey), Bytes: fi.Size()})
-		logf("  bare read: %d keys in %.2fs", st.TotalKey, elapsed.Seconds())
-
-		if err := settle(); err != nil {
-			return err
-		}
-		tr, err := runTool(ctx, bin, "verify", "-o", "json", "--show-keys", "-1", "--snapshot-file", path, "--encryption-provider-config", newCfg)
-		if err != nil {
-			return err
-		}
-		var vo verifyOut
-		if err := parseJSON(tr, &vo); err != nil {
-			return err
-		}
-		if tr.exit != 3 || vo.Summary.Stale != int64(stale) || vo.Summary.Unreadable != 0 {
-			return fmt.Errorf("verify --snapshot-file: exit %d, %d stale, %d unreadable; want exit 3, %d stale; stderr: %s", tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, stale, tail(tr.stderr))
-		}
-		res.get(mSnapVerify).Samples = append(res.get(mSnapVerify).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: fi.Size(), PeakRSSKB: tr.peakRSSKB})
-		logf("  verify --snapshot-file: %d objects in %.2fs, peak RSS %d MB", vo.Summary.Objects, tr.wall.Seconds(), tr.peakRSSKB/1024)
-
-		if err := settle(); err != nil {
-			return err
-		}
-		out := filepath.Join(dir, "bench-snapshot-out.db")
-		// The release the seeded keyspace is written for (a backup has no
-		// kubeadm-config): migrate refuses to guess it.
-		release := decode.TargetVersions()[len(decode.TargetVersions())-1]
-		tr, err = runTool(ctx, bin, "migrate", "-o", "json", "--snapshot-file", path, "--output-snapshot", out, "--force", "--encryption-provider-config", newCfg, "--target-version", release)
-		os.Remove(out)
-		if err != nil {
-			return err
-		}
-		var mo migrateOut
-		if err := parseJSON(tr, &mo); err != nil {
-			return err
-		}
-		if tr.exit != 0 || mo.Summary.Rewritten != int64(stale) {
-			return fmt.Errorf("migrate --snapshot-file: exit %d, rewrote %d, want %d; stderr: %s", tr.exit, mo.Summary.Rewritten, stale, tail(tr.stderr))
-		}
-		inRun, _ := time.ParseDuration(mo.Duration)
-		res.get(mSnapMigrate).Samples = append(res.get(mSnapMigrate).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: mo.Summary.Scanned, Bytes: fi.Size(), Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB})
-		logf("  migrate --snapshot-file --output-snapshot: %d scanned, %d rewritten in %.2fs (in-run %s), peak RSS %d MB (the private etcd included)", mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.peakRSSKB/1024)
+	var vo verifyOut
+	if err := parseJSON(tr, &vo); err != nil {
+		return err
 	}
+	if tr.exit != 3 || vo.Summary.Stale != int64(stale) || vo.Summary.Unreadable != 0 {
+		return fmt.Errorf("%s: exit %d, %d stale, %d unreadable; want exit 3, %d stale; stderr: %s", name, tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, stale, tail(tr.stderr))
+	}
+	res.get(name).Samples = append(res.get(name).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: size, PeakRSSKB: tr.peakRSSKB})
+	logf("  %s: %d objects in %.2fs (CPU %.2fs), peak RSS %d MB", name, vo.Summary.Objects+vo.Summary.NotObjects, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
 	return nil
 }
 
-// snapshotNote says how reading a snapshot file compares with its ceilings.
-func snapshotNote(res *results) string {
-	v := res.get(mSnapVerify).ObjectsPerS.Median
-	if v == 0 {
-		return ""
+// snapMigrate runs migrate with args and records it as row name.
+func snapMigrate(ctx context.Context, res *results, bin, name string, stale int, size int64, args []string) error {
+	tr, err := runTool(ctx, bin, append([]string{"migrate", "-o", "json"}, args...)...)
+	if err != nil {
+		return err
 	}
-	note := fmt.Sprintf("snapshot file: verify --snapshot-file (read in place) %.0f objects/s = %.2f x the bare read of the file, %.2f x verify against the live etcd (its wall time includes the sha256 and bbolt checks)",
-		v, v/res.get(mSnapCeiling).ObjectsPerS.Median, v/res.get(mVerify).ObjectsPerS.Median)
-	if m := res.get(mSnapMigrate).ObjectsPerS.Median; m > 0 {
-		note += fmt.Sprintf("; migrate --snapshot-file --output-snapshot (restored into a private etcd, saved, restored afresh and verified) %.0f objects/s = %.2f x live migrate", m, m/res.get(mMigrate).ObjectsPerS.Median)
+	var mo migrateOut
+	if err := parseJSON(tr, &mo); err != nil {
+		return err
 	}
-	return note
+	if tr.exit != 0 || mo.Summary.Rewritten != int64(stale) {
+		return fmt.Errorf("%s: exit %d, rewrote %d, want %d; stderr: %s", name, tr.exit, mo.Summary.Rewritten, stale, tail(tr.stderr))
+	}
+	inRun, _ := time.ParseDuration(mo.Duration)
+	res.get(name).Samples = append(res.get(name).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: mo.Summary.Scanned, Bytes: size, Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB})
+	logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak RSS %d MB", name, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakRSSKB/1024)
+	return nil
+}
+
+// snapshotNotes compare the snapshot commands with their ceilings: verify
+// --snapshot-file with the bare read and with verify on the live etcd,
+// migrate --output-snapshot with migrate on the live etcd.
+func snapshotNotes(res *results) []string {
+	var notes []string
+	ratio1 := func(name string, num, den string, target float64) {
+		a, b := res.get(num), res.get(den)
+		if len(a.Samples) == 0 || len(b.Samples) == 0 || b.ObjectsPerS.Median == 0 {
+			return
+		}
+		v := a.ObjectsPerS.Median / b.ObjectsPerS.Median
+		if target > 0 {
+			res.Ratios = append(res.Ratios, ratio{Name: name, Value: v, Target: target, Met: v >= target, Note: "objects/s, medians"})
+		}
+		if a.CPUMicros.Median > 0 && b.CPUMicros.Median > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %.2f × the objects/s, %.2f × the CPU per object (%.0f µs against %.0f)", name, v, a.CPUMicros.Median/b.CPUMicros.Median, a.CPUMicros.Median, b.CPUMicros.Median))
+		}
+	}
+	ratio1("verify --snapshot / bare read", mSnapVerify, mSnapCeiling, 0.5)
+	ratio1("verify --snapshot / live verify", mSnapVerify, mSnapLiveVerify, 0)
+	ratio1("migrate --snapshot / live migrate", mSnapMigrate, mSnapLiveMigrate, 0.5)
+	for _, p := range [][2]string{{mSnapVerify, mSnapVerifyBase}, {mSnapMigrate, mSnapMigrateBase}} {
+		t, b := res.get(p[0]), res.get(p[1])
+		if len(t.Samples) == 0 || len(b.Samples) == 0 || b.CPUMicros.Median == 0 {
+			continue
+		}
+		notes = append(notes, fmt.Sprintf("%s against %s: %.2f × its objects/s, %.2f × its CPU per object (medians)",
+			p[0], p[1], t.ObjectsPerS.Median/b.ObjectsPerS.Median, t.CPUMicros.Median/b.CPUMicros.Median))
+	}
+	// Drop measurements never taken (get creates them).
+	var ms []*measurement
+	for _, m := range res.Measurements {
+		if len(m.Samples) > 0 {
+			ms = append(ms, m)
+		}
+	}
+	res.Measurements = ms
+	return notes
+}
+
+// keepSnapshot copies the snapshot file and the encryption configurations into
+// dir (-snapshot-keep), to profile the commands on them by hand.
+func keepSnapshot(dir string, files ...string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, f := range files {
+		in, err := os.Open(f)
+		if err != nil {
+			return err
+		}
+		out, err := os.OpenFile(filepath.Join(dir, filepath.Base(f)), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+		if err == nil {
+			_, err = io.Copy(out, in)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+		}
+		in.Close()
+		if err != nil {
+			return err
+		}
+	}
+	logf("  kept the snapshot file and the encryption configurations in %s", dir)
+	return nil
+}
+
+// writeResults writes res as JSON to path and its table to the .txt beside it.
+func writeResults(res *results, path string) error {
+	b, _ := json.MarshalIndent(res, "", "  ")
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	txt := strings.TrimSuffix(path, ".json") + ".txt"
+	f, err := os.Create(txt)
+	if err != nil {
+		return err
+	}
+	printTable(f, res)
+	if err := f.Close(); err != nil {
+		return err
+	}
+	logf("figures written to %s and %s", path, txt)
+	return nil
 }
