@@ -7,6 +7,8 @@ STATICCHECK_VERSION := v0.8.2
 # The whole suite, e2e against a real kube-apiserver included, on a 2-core machine.
 TEST_TIMEOUT  ?= 75m
 BENCH_N       ?= 100000
+# The snapshot phase of `make bench`: a backup of this many objects (about 1.8 GB).
+BENCH_SNAPSHOT_N ?= 1000000
 # The version stamped into `make build`: a v* tag, else the commit ("-dirty" with
 # uncommitted changes).
 VERSION       ?= $(shell git describe --tags --match 'v*' --always --dirty 2>/dev/null || echo devel)
@@ -75,7 +77,7 @@ fuzz:
 	$(GO) test ./customresource/ -run '^$$' -fuzz FuzzDecode -fuzztime 60s
 
 bench:
-	$(GO) run ./bench -n $(BENCH_N)
+	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N)
 
 # The incumbent beside the tool: the mixed dataset only, the apiserver path on
 # 20,000 of its objects (about 3 minutes), figures in bench/results-apiserver.*.

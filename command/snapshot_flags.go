@@ -157,6 +157,10 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 	if err := s.snap.Save(ctx, out, c.Bool("force")); err != nil {
 		return nil, err
 	}
+	// The input's private etcd has done its work: stopped (its directory
+	// removed) before OUT's starts, so that the two etcds' memory (each its
+	// index of every key, and the pages of its database) is never held at once.
+	_ = s.snap.Close()
 	fi, err := os.Stat(out)
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
