@@ -59,8 +59,8 @@ const (
 //   - migrate --snapshot-file --output-snapshot (restore into a private etcd,
 //     the rewrites, compaction, defragmentation, the new file saved, restored
 //     afresh and verified);
-//   - and, last (migrate changes the keyspace), verify and migrate against the
-//     live etcd the file was saved from, the same data.
+//   - and, on the live etcd the file was saved from (the same data), the scan
+//     ceiling, verify and, last (it changes the keyspace), migrate.
 //
 // With -baseline the baseline binary's verify --snapshot-file and migrate
 // --snapshot-file are measured right after the tool's. Objects are the
