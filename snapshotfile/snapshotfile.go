@@ -293,6 +293,12 @@ func startEtcd(ctx context.Context, dir, dataDir string, peer url.URL, token str
 	cfg.ElectionMs = electionMs
 	// A throw-away copy: a crash loses nothing that is not in the file.
 	cfg.UnsafeNoFsync = true
+	// Save compacts the copy: etcd paces a compaction for the clients of a
+	// live member (1,000 revisions a batch, 10 ms between batches: 1.3 s of
+	// sleep alone for a file of 100,000 keys, 13 s for a million); the copy
+	// has no other client.
+	cfg.CompactionBatchLimit = 10000
+	cfg.CompactionSleepInterval = time.Microsecond
 	if opts.QuotaBackendBytes > 0 {
 		cfg.QuotaBackendBytes = opts.QuotaBackendBytes
 	}
