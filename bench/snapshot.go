@@ -154,7 +154,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 		if err := fn(); err != nil {
 			return err
 		}
-		logf("    (%s took %s)", name, time.Since(t).Round(time.Second))
+		logf("    (%s took %s)", name, time.Since(t).Round(100*time.Millisecond))
 		return nil
 	}
 	for rep := 1; rep <= o.snap.reps; rep++ {
