@@ -81,7 +81,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 		perRep += estReadPerObj/2 + 2*estMigratePerObj
 	}
 	est := time.Duration(n) * (estSeedPerObj + time.Duration(o.snap.reps)*perRep)
-	logf("snapshot phase: %d objects (a file of about %.2f GB), %d repetition(s); expect about %s on 2 shared cores (seeding %s, each repetition %s), and free disk for 4 copies of the file",
+	logf("snapshot phase: %d objects (a file of about %.2f GB), %d repetition(s); expect about %s on 2 shared cores (seeding %s, each repetition %s), and free disk for 6 copies of the file",
 		n, float64(n)*fileBytesPerObj/1e9, o.snap.reps, est.Round(time.Second), (time.Duration(n) * estSeedPerObj).Round(time.Second),
 		(time.Duration(n) * perRep).Round(time.Second))
 	phase := time.Now()
