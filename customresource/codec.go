@@ -21,6 +21,8 @@ import (
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/kube-openapi/pkg/validation/spec"
+
+	"kube-etcd-migrate/updatepath"
 )
 
 // DefaultHTTPTimeout bounds one conversion webhook call when Options.HTTPTimeout is 0.
@@ -56,6 +58,11 @@ type Options struct {
 	// Manager is the field manager name NoOpUpdate updates as; a no-op
 	// update changes no field, so no entry is ever added under it.
 	Manager string
+	// FullFieldManager runs the field manager on every object
+	// (--full-field-manager). Without it, a CRD without a conversion webhook
+	// skips it for objects whose apiVersion and managedFields it was seen to
+	// leave unchanged (updatepath.Memo, where this is proven exact).
+	FullFieldManager bool
 }
 
 // StoredInfo describes a stored value.
@@ -84,6 +91,8 @@ type Codec struct {
 	staticSpec  func() (map[string]*spec.Schema, error)
 	manager     string
 	noOp        noOpUpdateState
+	full        bool            // Options.FullFieldManager
+	memo        updatepath.Memo // managedFields NoOpUpdate leaves unchanged
 }
 
 // NewCodec builds the codec of crd's custom resources, as getOrCreateServingInfoFor
@@ -120,6 +129,7 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		httpTimeout:           opts.HTTPTimeout,
 		staticSpec:            opts.StaticOpenAPISpec,
 		manager:               opts.Manager,
+		full:                  opts.FullFieldManager,
 	}
 	if c.httpTimeout <= 0 {
 		c.httpTimeout = DefaultHTTPTimeout

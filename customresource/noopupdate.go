@@ -26,6 +26,8 @@ import (
 	"k8s.io/kube-openapi/pkg/spec3"
 	"k8s.io/kube-openapi/pkg/validation/spec"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+
+	"kube-etcd-migrate/updatepath"
 )
 
 // noOpUpdate is what getOrCreateServingInfoFor builds for the update handler
@@ -82,6 +84,20 @@ func (c *Codec) NoOpUpdate(obj *unstructured.Unstructured) (bool, error) {
 	if u.kind.Version == "" {
 		return false, nil
 	}
+	// A CRD converted by a webhook runs the field manager on every object:
+	// the webhook is not known to be deterministic, and its failure is the
+	// run's (below). Without one, conversions only set apiVersion and fail
+	// only for versions the CRD does not list, so updatepath.Memo's proof
+	// holds for custom resources too, the object's apiVersion in the key.
+	var key updatepath.MemoKey
+	memo := !c.full && c.webhook == nil
+	if memo {
+		key = c.memo.Key(obj.GetAPIVersion(), obj.GetUID() != "", before)
+		defer key.Done()
+		if key.Known() {
+			return false, nil
+		}
+	}
 	// The converter records its own failures for this object: the field
 	// manager turns every error into cleared managedFields.
 	conv := &checkedConvertor{ObjectConvertor: u.converter, versions: c.versions, group: c.group}
@@ -92,7 +108,20 @@ func (c *Codec) NoOpUpdate(obj *unstructured.Unstructured) (bool, error) {
 	}
 	// The live object read from storage and the request's object, which a
 	// no-op update sends back unchanged.
-	out := fm.UpdateNoErrors(obj.DeepCopy(), obj.DeepCopy(), c.manager)
+	live, req := obj.DeepCopy(), obj.DeepCopy()
+	var out runtime.Object
+	failed := false
+	if memo {
+		// UpdateNoErrors, knowing whether it failed: on an error it keeps
+		// the live object's managedFields.
+		if out, err = fm.Update(live, req, c.manager); err != nil {
+			failed = true
+			req.SetManagedFields(live.GetManagedFields())
+			out = req
+		}
+	} else {
+		out = fm.UpdateNoErrors(live, req, c.manager)
+	}
 	if conv.err != nil {
 		return false, fmt.Errorf("field manager of CRD %s: %w", c.name, conv.err)
 	}
@@ -110,7 +139,11 @@ func (c *Codec) NoOpUpdate(obj *unstructured.Unstructured) (bool, error) {
 	} else {
 		delete(md, "managedFields")
 	}
-	return !apiequality.Semantic.DeepEqual(before, obj.GetManagedFields()), nil
+	changed := !apiequality.Semantic.DeepEqual(before, obj.GetManagedFields())
+	if memo && !changed && !failed {
+		key.Remember()
+	}
+	return changed, nil
 }
 
 // newNoOpUpdate builds the type converter, the CR converter and the reset

@@ -58,6 +58,11 @@ type Config struct {
 	// are kube-apiserver's flags of those names.
 	EmulationForwardCompatible              bool
 	RuntimeConfigEmulationForwardCompatible bool
+	// FullFieldManager runs the field manager on every object
+	// (--full-field-manager): without it, objects whose kind and
+	// managedFields the field manager was seen to leave unchanged skip it
+	// (Memo, where this is proven exact).
+	FullFieldManager bool
 }
 
 // server is one of kube-apiserver's type converters and what it serves.
@@ -87,6 +92,10 @@ type Path struct {
 	// read by every decode worker, written once per kind.
 	mu       sync.RWMutex
 	managers map[schema.GroupKind]*managedfields.FieldManager
+
+	// memo remembers the kinds and managedFields the field manager leaves
+	// unchanged.
+	memo Memo
 }
 
 // New returns the update path of kube-apiserver serving cfg. The type
@@ -98,7 +107,7 @@ func New(cfg Config) *Path {
 // Apply runs the field manager of a no-op update on obj, an internal object as
 // decoded from storage, and reports whether its managedFields changed. obj is
 // changed in place.
-func (p *Path) Apply(obj runtime.Object) (bool, error) {
+func (p *Path) Apply(obj runtime.Object) (changed bool, err error) {
 	acc, err := meta.Accessor(obj)
 	if err != nil {
 		return false, nil // no metadata: the field manager leaves it alone
@@ -120,6 +129,33 @@ func (p *Path) Apply(obj runtime.Object) (bool, error) {
 	if fm == nil {
 		return false, nil
 	}
+	// The field manager panics on some input (an undecodable fieldsV1 on an
+	// object without a UID: it then converts the live object, managedFields
+	// included, to a typed value); kube-apiserver's handler turns that into
+	// an internal error, and the update fails.
+	defer func() {
+		if r := recover(); r != nil {
+			changed, err = false, fmt.Errorf("field manager of %s: kube-apiserver's update would fail: it panics on these managedFields", gvks[0].GroupKind())
+		}
+	}()
+	if p.cfg.FullFieldManager {
+		return fullUpdate(fm, obj, acc, before), nil
+	}
+	key := p.memo.Key(gvks[0].GroupKind().String(), acc.GetUID() != "", before)
+	defer key.Done()
+	if key.Known() {
+		return false, nil
+	}
+	changed, failed := update(fm, obj, acc, before)
+	if !changed && !failed {
+		key.Remember()
+	}
+	return changed, nil
+}
+
+// fullUpdate is kube-apiserver's no-op update: UpdateNoErrors(live, new)
+// with the live object a copy of the new one.
+func fullUpdate(fm *managedfields.FieldManager, obj runtime.Object, acc metav1.Object, before []metav1.ManagedFieldsEntry) bool {
 	kept := make([]metav1.ManagedFieldsEntry, len(before))
 	copy(kept, before)
 	live := obj.DeepCopyObject()
@@ -131,7 +167,34 @@ func (p *Path) Apply(obj runtime.Object) (bool, error) {
 			acc.SetManagedFields(after)
 		}
 	}
-	return !apiequality.Semantic.DeepEqual(kept, after), nil
+	return !apiequality.Semantic.DeepEqual(kept, after)
+}
+
+// update is fullUpdate that also says whether the field manager failed:
+// Update, and on its error what UpdateNoErrors does then (the live object's
+// managedFields, a copy of the stored ones, are kept).
+func update(fm *managedfields.FieldManager, obj runtime.Object, acc metav1.Object, before []metav1.ManagedFieldsEntry) (changed, failed bool) {
+	kept := make([]metav1.ManagedFieldsEntry, len(before))
+	copy(kept, before)
+	live := obj.DeepCopyObject()
+	out, err := fm.Update(live, obj, Manager)
+	if err != nil {
+		liveAcc, aerr := meta.Accessor(live)
+		if aerr != nil {
+			acc.SetManagedFields(kept)
+		} else {
+			acc.SetManagedFields(liveAcc.GetManagedFields())
+		}
+		return !apiequality.Semantic.DeepEqual(kept, acc.GetManagedFields()), true
+	}
+	after := kept
+	if outAcc, err := meta.Accessor(out); err == nil {
+		after = outAcc.GetManagedFields()
+		if out != obj {
+			acc.SetManagedFields(after)
+		}
+	}
+	return !apiequality.Semantic.DeepEqual(kept, after), false
 }
 
 func (p *Path) scheme(obj runtime.Object) *runtime.Scheme {
