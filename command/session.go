@@ -159,6 +159,7 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		api.StorageMediaType = fromAPIServer(c, api, "storage-media-type", "storage-media-type", api.StorageMediaType)
 		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
+		cfg.FullFieldManager = c.Bool("full-field-manager")
 	}
 	var env *pipeline.Env
 	if s.file != nil {

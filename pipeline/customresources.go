@@ -24,12 +24,13 @@ func (c crCodec) DecodeStored(plaintext []byte) (*unstructured.Unstructured, sch
 
 // defaultCustomResources builds codecs whose no-op update runs the field
 // manager of the target kube-apiserver's apiextensions server.
-func defaultCustomResources(webhooks map[string]string, update *updatepath.Path) CustomResourceFactory {
+func defaultCustomResources(webhooks map[string]string, update *updatepath.Path, fullFieldManager bool) CustomResourceFactory {
 	return func(crd *apiextensionsv1.CustomResourceDefinition) (CustomResourceCodec, error) {
 		c, err := customresource.NewCodec(crd, customresource.Options{
 			WebhookURLs:       webhooks,
 			StaticOpenAPISpec: update.CustomResourceStaticSpec,
 			Manager:           updatepath.Manager,
+			FullFieldManager:  fullFieldManager,
 		})
 		if err != nil {
 			return nil, err

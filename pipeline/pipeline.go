@@ -61,6 +61,10 @@ type Config struct {
 	// SnapshotFile names the snapshot file the etcd is a private copy of
 	// (--snapshot-file), for reports; "" for a live etcd.
 	SnapshotFile string
+	// FullFieldManager runs kube-apiserver's field manager on every object
+	// (--full-field-manager), never skipping it where it provably changes
+	// nothing (updatepath.Memo).
+	FullFieldManager bool
 }
 
 // CustomResourceCodec reads and writes one CRD's custom resources.
@@ -157,7 +161,7 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 		}
 	}
 	if cfg.CustomResources == nil {
-		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, update)
+		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, update, cfg.FullFieldManager)
 	}
 	res := decode.NewResolver(cfg.Prefix, storage)
 	env := &Env{
@@ -227,6 +231,7 @@ func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, *apis
 		Effective:                               ev,
 		EmulationForwardCompatible:              emulation,
 		RuntimeConfigEmulationForwardCompatible: runtimeConfig,
+		FullFieldManager:                        cfg.FullFieldManager,
 	})
 	return target, update, api, nil
 }

@@ -188,3 +188,10 @@ func timeRanks(entries []metav1.ManagedFieldsEntry) []int {
 	}
 	return ranks
 }
+
+// Len is the number of keys remembered.
+func (m *Memo) Len() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return len(m.seen)
+}
