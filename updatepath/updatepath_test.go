@@ -104,7 +104,8 @@ func TestCorruptManagedFieldsDropped(t *testing.T) {
 }
 
 // BenchmarkApply is the field manager's cost on a typical object: two
-// managedFields entries of served versions (nothing to change).
+// managedFields entries of served versions (nothing to change), run in full
+// (--full-field-manager) and skipped (the shortcut, after the first object).
 func BenchmarkApply(b *testing.B) {
 	cfg, err := apiserverconfig.Load(apiserverconfig.Input{})
 	if err != nil {
@@ -114,18 +115,22 @@ func BenchmarkApply(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := New(Config{ResourceConfig: rc, Effective: compatibility.DefaultBuildEffectiveVersion()})
 	cm := &api.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default", UID: "u", ManagedFields: []metav1.ManagedFieldsEntry{
 		entry("kubectl-client-side-apply", "v1", `{"f:data":{".":{},"f:a":{}},"f:metadata":{"f:annotations":{".":{},"f:kubectl.kubernetes.io/last-applied-configuration":{}}}}`),
 		entry("operator", "v1", `{"f:data":{"f:b":{}}}`),
 	}}, Data: map[string]string{"a": "1", "b": "2"}}
-	if _, err := p.Apply(cm.DeepCopy()); err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if _, err := p.Apply(cm.DeepCopy()); err != nil {
-			b.Fatal(err)
-		}
+	for _, full := range []bool{true, false} {
+		b.Run(map[bool]string{true: "full", false: "shortcut"}[full], func(b *testing.B) {
+			p := New(Config{ResourceConfig: rc, Effective: compatibility.DefaultBuildEffectiveVersion(), FullFieldManager: full})
+			if _, err := p.Apply(cm.DeepCopy()); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := p.Apply(cm.DeepCopy()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
