@@ -44,6 +44,7 @@ type options struct {
 	snap                   snapOptions
 	dataset                string
 	rotationN              int
+	crN                    int
 	sweep                  bool
 }
 
@@ -67,8 +68,9 @@ func main() {
 	flag.IntVar(&o.snap.n, "snapshot-n", 1000000, "objects of the snapshot phase (mixed dataset; 1,000,000 make a file of about 1.4 GB)")
 	flag.IntVar(&o.snap.reps, "snapshot-reps", 1, "repetitions of the snapshot phase")
 	flag.StringVar(&o.snap.keep, "snapshot-keep", "", "copy the snapshot phase's file and encryption configurations into this directory (to profile the commands on them by hand)")
-	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), snapshot (the snapshot phase only), or all (both, one after the other, each on its own etcd, then the snapshot phase)")
+	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), or all (the three, one after the other, each on its own etcd, then the snapshot phase)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
+	flag.IntVar(&o.crN, "cr-n", crNDefault, "custom resources of the cr dataset")
 	flag.BoolVar(&o.sweep, "sweep", true, "find the CAS ceiling's best settings first (16-128 puts per transaction x 4-32 in flight, one run each); false: the tool's own settings")
 	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
 	flag.StringVar(&childDir, "etcd-dir", "", "internal: data directory of the etcd child")
@@ -97,16 +99,16 @@ func main() {
 func runAll(ctx context.Context, o options) error {
 	var datasets []string
 	switch o.dataset {
-	case "mixed", "rotation":
+	case "mixed", "rotation", "cr":
 		datasets = []string{o.dataset}
 	case "all":
-		datasets = []string{"mixed", "rotation"}
+		datasets = []string{"mixed", "rotation", "cr"}
 	case "snapshot": // the snapshot phase only
 	default:
-		return fmt.Errorf("-dataset %q: want mixed, rotation, snapshot or all", o.dataset)
+		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot or all", o.dataset)
 	}
-	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 {
-		return fmt.Errorf("-n, -rotation-n, -snapshot-n, -reps and -snapshot-reps must be positive")
+	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 {
+		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -reps and -snapshot-reps must be positive")
 	}
 	dir, err := os.MkdirTemp("", "kem-bench-")
 	if err != nil {
@@ -133,6 +135,12 @@ func runAll(ctx context.Context, o options) error {
 				dso.jsonPath = strings.TrimSuffix(o.jsonPath, ".json") + "-rotation.json"
 			}
 		}
+		if ds == "cr" {
+			dso.n, dso.staleKey, dso.snapshot, dso.apiserver = o.crN, 0, false, false
+			if o.jsonPath != "" {
+				dso.jsonPath = strings.TrimSuffix(o.jsonPath, ".json") + "-cr.json"
+			}
+		}
 		if o.profileDir != "" && len(datasets) > 1 {
 			dso.profileDir = filepath.Join(o.profileDir, ds)
 		}
@@ -146,7 +154,7 @@ func runAll(ctx context.Context, o options) error {
 		}
 		all = append(all, res)
 	}
-	if o.snapshot && o.dataset != "rotation" {
+	if o.snapshot && o.dataset != "rotation" && o.dataset != "cr" {
 		res, err := snapshotRun(ctx, o, dir)
 		if err != nil {
 			return fmt.Errorf("snapshot phase: %w", err)
@@ -355,6 +363,7 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 	if err != nil {
 		return err
 	}
+	gen.cr = dataset == "cr"
 	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
 		return err
 	}
@@ -475,11 +484,9 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			}
 			before := etcd.RSSKB()
 			args := append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota)}, v.flags...)
-			if v.bin == bin {
-				// migrate writes only for a release it is told; a -baseline
-				// built before that rule (or for another release) is not told.
-				args = append(args, "--target-version", decode.LinkedRelease())
-			}
+			// migrate writes only for a release it is told (so does a
+			// -baseline built since that rule).
+			args = append(args, "--target-version", decode.LinkedRelease())
 			tr, err := runTool(ctx, v.bin, append(args, common...)...)
 			if err != nil {
 				return err

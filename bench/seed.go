@@ -93,6 +93,9 @@ type generator struct {
 	// rotation: the key-rotation dataset (every object a 2 KB secret with the
 	// managedFields a client's create leaves, under the old key); see rotation.go.
 	rotation bool
+	// cr: the custom-resource dataset (every object a widget with several
+	// managedFields entries, some stored in the CRD's other version); see cr.go.
+	cr bool
 }
 
 func mix(i int) float64 {
@@ -107,8 +110,11 @@ func mix(i int) float64 {
 func (g *generator) spec(i int) objSpec {
 	b := i % 100
 	k := kind(0)
-	for b >= mixBounds[k] && !g.rotation {
+	for b >= mixBounds[k] && !g.rotation && !g.cr {
 		k++
+	}
+	if g.cr {
+		k = kWidget
 	}
 	s := objSpec{i: i, kind: k, ns: fmt.Sprintf("bench-%02d", i%namespaces)}
 	share := g.staleVersion
@@ -366,6 +372,9 @@ func (w *worker) value(ctx context.Context, s objSpec) ([]byte, error) {
 				"creationTimestamp": "2023-11-14T22:13:20Z", "labels": map[string]any{"app": "web"}},
 			"spec": map[string]any{"size": int64(s.i%7 + 1), "color": "blue", "replicas": int64(3), "tags": []any{"a", "b", "c"}},
 		}}
+		if g.cr {
+			crWidget(u, s)
+		}
 		if s.stale {
 			u.SetAPIVersion(crGroup + "/v1beta1") // stored version v1beta1, storage version now v1
 			w.buf.Reset()
