@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/big"
 	"sort"
 	"strconv"
@@ -253,19 +254,27 @@ func toRat(v interface{}) (*big.Rat, bool) {
 	case uint64:
 		return new(big.Rat).SetInt(new(big.Int).SetUint64(x)), true
 	case float64:
-		r := new(big.Rat)
-		if r.SetFloat64(x) == nil {
-			return nil, true // NaN/Inf: never equal
-		}
-		return r, true
+		return floatRat(x, 64)
 	case float32:
-		r := new(big.Rat)
-		if r.SetFloat64(float64(x)) == nil {
-			return nil, true
-		}
-		return r, true
+		return floatRat(float64(x), 32)
 	}
 	return nil, false
+}
+
+// floatRat is the value of a decoded float as an encoder writes it again:
+// its shortest decimal spelling (what encoding/json and the CBOR encoder's
+// float reading give back), not its exact binary value. A stored 0.1 is
+// written back as 0.1; a stored 0.10000000000000000001, read as the same
+// float, is not (its exact value differs).
+func floatRat(x float64, bits int) (*big.Rat, bool) {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return nil, true // never equal
+	}
+	r, ok := new(big.Rat).SetString(strconv.FormatFloat(x, 'g', -1, bits))
+	if !ok {
+		return nil, true
+	}
+	return r, true
 }
 
 // losslessJSON parses one JSON value keeping number literals (json.Number) and
