@@ -63,6 +63,10 @@ type Options struct {
 	// skips it for objects whose apiVersion and managedFields it was seen to
 	// leave unchanged (updatepath.Memo, where this is proven exact).
 	FullFieldManager bool
+	// CheckShortcut runs both, the shortcut and the full field manager, and
+	// makes an object on which they differ an error
+	// (updatepath.CheckShortcutEnv, a test hook).
+	CheckShortcut bool
 }
 
 // StoredInfo describes a stored value.
@@ -92,6 +96,7 @@ type Codec struct {
 	manager     string
 	noOp        noOpUpdateState
 	full        bool            // Options.FullFieldManager
+	check       bool            // Options.CheckShortcut
 	memo        updatepath.Memo // managedFields NoOpUpdate leaves unchanged
 }
 
@@ -130,6 +135,7 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		staticSpec:            opts.StaticOpenAPISpec,
 		manager:               opts.Manager,
 		full:                  opts.FullFieldManager,
+		check:                 opts.CheckShortcut,
 	}
 	if c.httpTimeout <= 0 {
 		c.httpTimeout = DefaultHTTPTimeout

@@ -3,6 +3,7 @@ package customresource
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -69,6 +70,21 @@ type noOpUpdateState struct {
 // unreachable or refusing) is an error here, not cleared managedFields: it is
 // the run's failure, not what the next write through kube-apiserver would do.
 func (c *Codec) NoOpUpdate(obj *unstructured.Unstructured) (bool, error) {
+	if !c.check || c.full || obj == nil {
+		return c.noOpUpdate(obj, c.full)
+	}
+	// Options.CheckShortcut: the full field manager on a copy, beside.
+	ref := obj.DeepCopy()
+	refChanged, refErr := c.noOpUpdate(ref, true)
+	changed, err := c.noOpUpdate(obj, false)
+	if (err == nil) != (refErr == nil) || changed != refChanged ||
+		!reflect.DeepEqual(obj.Object["metadata"], ref.Object["metadata"]) {
+		return false, fmt.Errorf("field manager of CRD %s: the shortcut gives other managedFields than the full field manager (changed %v, %v; errors %v, %v; %s)", c.name, changed, refChanged, err, refErr, updatepath.CheckShortcutEnv)
+	}
+	return changed, err
+}
+
+func (c *Codec) noOpUpdate(obj *unstructured.Unstructured, full bool) (bool, error) {
 	if obj == nil || obj.Object == nil {
 		return false, errors.New("customresource: nil object")
 	}
@@ -90,7 +106,7 @@ func (c *Codec) NoOpUpdate(obj *unstructured.Unstructured) (bool, error) {
 	// only for versions the CRD does not list, so updatepath.Memo's proof
 	// holds for custom resources too, the object's apiVersion in the key.
 	var key updatepath.MemoKey
-	memo := !c.full && c.webhook == nil
+	memo := !full && c.webhook == nil
 	if memo {
 		key = c.memo.Key(obj.GetAPIVersion(), obj.GetUID() != "", before)
 		defer key.Done()

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"kube-etcd-migrate/updatepath"
 )
 
 // The tool as an operator runs it: the binary built from this module, once per
@@ -50,6 +52,10 @@ func toolBinary(t *testing.T) string {
 func runTool(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := exec.Command(toolBinary(t), args...)
+	// Every object of every e2e run goes through the field manager
+	// shortcut and the full field manager both; an object on which they
+	// differ is an error of the run (updatepath.CheckShortcutEnv).
+	cmd.Env = append(os.Environ(), updatepath.CheckShortcutEnv+"=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

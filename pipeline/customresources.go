@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"os"
+
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -31,6 +33,7 @@ func defaultCustomResources(webhooks map[string]string, update *updatepath.Path,
 			StaticOpenAPISpec: update.CustomResourceStaticSpec,
 			Manager:           updatepath.Manager,
 			FullFieldManager:  fullFieldManager,
+			CheckShortcut:     os.Getenv(updatepath.CheckShortcutEnv) != "",
 		})
 		if err != nil {
 			return nil, err

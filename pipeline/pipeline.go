@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sort"
 	"strings"
@@ -232,6 +233,7 @@ func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, *apis
 		EmulationForwardCompatible:              emulation,
 		RuntimeConfigEmulationForwardCompatible: runtimeConfig,
 		FullFieldManager:                        cfg.FullFieldManager,
+		CheckShortcut:                           os.Getenv(updatepath.CheckShortcutEnv) != "",
 	})
 	return target, update, api, nil
 }

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"math/rand"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 	"k8s.io/kubernetes/pkg/apis/apps"
@@ -367,4 +369,32 @@ func probeFails(fm *managedfields.FieldManager, obj runtime.Object, acc metav1.O
 	}()
 	_, failed = update(fm, obj, acc, acc.GetManagedFields())
 	return failed
+}
+
+// TestCheckShortcut: with Config.CheckShortcut (the e2e tests' hook) an
+// object on which the shortcut and the full field manager differ is an
+// error; where they agree it is not.
+func TestCheckShortcut(t *testing.T) {
+	p := path(t)
+	p.cfg.CheckShortcut = true
+	mk := func() *resource.DeviceClass {
+		return deviceClass(entry("kubectl-client-side-apply", "resource.k8s.io/v1beta1", selectorsFields), entry("operator", "resource.k8s.io/v1", selectorsFields))
+	}
+	if changed, err := p.Apply(mk()); err != nil || !changed {
+		t.Fatalf("changed=%v err=%v: the v1beta1 entry is dropped, both ways", changed, err)
+	}
+	kept := deviceClass(entry("operator", "resource.k8s.io/v1", selectorsFields))
+	for i := 0; i < 2; i++ {
+		if changed, err := p.Apply(kept.DeepCopy()); err != nil || changed {
+			t.Fatalf("run %d: changed=%v err=%v", i, changed, err)
+		}
+	}
+	// A wrong memo: the object whose entry is dropped remembered as unchanged.
+	dc := mk()
+	key := p.memo.Key(schema.GroupKind{Group: "resource.k8s.io", Kind: "DeviceClass"}.String(), true, dc.ManagedFields)
+	key.Remember()
+	key.Done()
+	if _, err := p.Apply(dc); err == nil || !strings.Contains(err.Error(), "shortcut") {
+		t.Errorf("a wrong shortcut went unnoticed: err=%v", err)
+	}
 }

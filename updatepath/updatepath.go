@@ -16,6 +16,7 @@ package updatepath
 
 import (
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -63,7 +64,16 @@ type Config struct {
 	// managedFields the field manager was seen to leave unchanged skip it
 	// (Memo, where this is proven exact).
 	FullFieldManager bool
+	// CheckShortcut runs both, the shortcut and the full field manager, on
+	// every object and makes an object whose managedFields or verdict differ
+	// an error (the e2e tests set it through CheckShortcutEnv).
+	CheckShortcut bool
 }
+
+// CheckShortcutEnv, set to anything, makes the tool check the field manager
+// shortcut against the full field manager on every object (Config.CheckShortcut):
+// a test hook, twice the field manager's cost.
+const CheckShortcutEnv = "KUBE_ETCD_MIGRATE_CHECK_FIELD_MANAGER_SHORTCUT"
 
 // server is one of kube-apiserver's type converters and what it serves.
 type server int
@@ -141,16 +151,35 @@ func (p *Path) Apply(obj runtime.Object) (changed bool, err error) {
 	if p.cfg.FullFieldManager {
 		return fullUpdate(fm, obj, acc, before), nil
 	}
-	key := p.memo.Key(gvks[0].GroupKind().String(), acc.GetUID() != "", before)
+	if p.cfg.CheckShortcut {
+		ref := obj.DeepCopyObject()
+		refAcc, err := meta.Accessor(ref)
+		if err != nil {
+			return false, err
+		}
+		refChanged := fullUpdate(fm, ref, refAcc, refAcc.GetManagedFields())
+		changed := p.shortcut(fm, gvks[0].GroupKind(), obj, acc, before)
+		if changed != refChanged || !reflect.DeepEqual(acc.GetManagedFields(), refAcc.GetManagedFields()) {
+			return false, fmt.Errorf("field manager of %s: the shortcut gives other managedFields than the full field manager (changed %v, %v; %s)", gvks[0].GroupKind(), changed, refChanged, CheckShortcutEnv)
+		}
+		return changed, nil
+	}
+	return p.shortcut(fm, gvks[0].GroupKind(), obj, acc, before), nil
+}
+
+// shortcut skips the field manager where Memo knows it changes nothing, and
+// runs it otherwise.
+func (p *Path) shortcut(fm *managedfields.FieldManager, gk schema.GroupKind, obj runtime.Object, acc metav1.Object, before []metav1.ManagedFieldsEntry) bool {
+	key := p.memo.Key(gk.String(), acc.GetUID() != "", before)
 	defer key.Done()
 	if key.Known() {
-		return false, nil
+		return false
 	}
 	changed, failed := update(fm, obj, acc, before)
 	if !changed && !failed {
 		key.Remember()
 	}
-	return changed, nil
+	return changed
 }
 
 // fullUpdate is kube-apiserver's no-op update: UpdateNoErrors(live, new)
