@@ -111,7 +111,9 @@ func (m *Memo) Key(scope string, hasUID bool, entries []metav1.ManagedFieldsEntr
 			b = append(b, 0)
 		} else {
 			b = append(b, 1)
-			b = appendString(b, string(e.FieldsV1.Raw))
+			raw := e.FieldsV1.GetRawBytes()
+			b = binary.AppendUvarint(b, uint64(len(raw)))
+			b = append(b, raw...)
 		}
 		if e.Time == nil {
 			b = append(b, 0)

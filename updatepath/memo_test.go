@@ -240,7 +240,7 @@ func (s shape) instance(r *rand.Rand) []metav1.ManagedFieldsEntry {
 	for i, e := range s.entries {
 		e.FieldsV1 = nil
 		if s.entries[i].FieldsV1 != nil {
-			e.FieldsV1 = &metav1.FieldsV1{Raw: append([]byte(nil), s.entries[i].FieldsV1.Raw...)}
+			e.FieldsV1 = metav1.NewFieldsV1(s.entries[i].FieldsV1.GetRawString())
 		}
 		if sec := s.secs[i]; sec >= 0 {
 			if i == moved {
