@@ -63,6 +63,10 @@ type Options struct {
 	// skips it for objects whose apiVersion and managedFields it was seen to
 	// leave unchanged (updatepath.Memo, where this is proven exact).
 	FullFieldManager bool
+	// Memo is where the shortcut remembers its verdicts, shared by every
+	// CRD's codec and the built-ins (updatepath.Path.Memo) so that their
+	// keys share one budget; nil: the codec's own.
+	Memo *updatepath.Memo
 	// CheckShortcut runs both, the shortcut and the full field manager, and
 	// makes an object on which they differ an error
 	// (updatepath.CheckShortcutEnv, a test hook).
@@ -95,9 +99,9 @@ type Codec struct {
 	staticSpec  func() (map[string]*spec.Schema, error)
 	manager     string
 	noOp        noOpUpdateState
-	full        bool            // Options.FullFieldManager
-	check       bool            // Options.CheckShortcut
-	memo        updatepath.Memo // managedFields NoOpUpdate leaves unchanged
+	full        bool             // Options.FullFieldManager
+	check       bool             // Options.CheckShortcut
+	memo        *updatepath.Memo // managedFields NoOpUpdate leaves unchanged (Options.Memo)
 }
 
 // NewCodec builds the codec of crd's custom resources, as getOrCreateServingInfoFor
@@ -136,9 +140,13 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		manager:               opts.Manager,
 		full:                  opts.FullFieldManager,
 		check:                 opts.CheckShortcut,
+		memo:                  opts.Memo,
 	}
 	if c.httpTimeout <= 0 {
 		c.httpTimeout = DefaultHTTPTimeout
+	}
+	if c.memo == nil {
+		c.memo = &updatepath.Memo{}
 	}
 	// The CRD as kube-apiserver's decoder hands it to the CRD handler.
 	apiextensionsv1.SetObjectDefaults_CustomResourceDefinition(c.crd)

@@ -104,11 +104,12 @@ func (c *Codec) noOpUpdate(obj *unstructured.Unstructured, full bool) (bool, err
 	// the webhook is not known to be deterministic, and its failure is the
 	// run's (below). Without one, conversions only set apiVersion and fail
 	// only for versions the CRD does not list, so updatepath.Memo's proof
-	// holds for custom resources too, the object's apiVersion in the key.
+	// holds for custom resources too, the CRD and the object's apiVersion in
+	// the key.
 	var key updatepath.MemoKey
 	memo := !full && c.webhook == nil
 	if memo {
-		key = c.memo.Key(obj.GetAPIVersion(), obj.GetUID() != "", before)
+		key = c.memo.Key("crd "+c.name+" "+obj.GetAPIVersion(), obj.GetUID() != "", before)
 		defer key.Done()
 		if key.Known() {
 			return false, nil

@@ -33,6 +33,7 @@ func defaultCustomResources(webhooks map[string]string, update *updatepath.Path,
 			StaticOpenAPISpec: update.CustomResourceStaticSpec,
 			Manager:           updatepath.Manager,
 			FullFieldManager:  fullFieldManager,
+			Memo:              update.Memo(),
 			CheckShortcut:     os.Getenv(updatepath.CheckShortcutEnv) != "",
 		})
 		if err != nil {

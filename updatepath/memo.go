@@ -197,3 +197,8 @@ func (m *Memo) Len() int {
 	defer m.mu.RUnlock()
 	return len(m.seen)
 }
+
+// Memo is the path's memo, for the custom resources' field managers to share
+// (customresource.Options.Memo): their keys are scoped by CRD, the
+// built-ins' by kind, and they share one budget.
+func (p *Path) Memo() *Memo { return &p.memo }

@@ -11,7 +11,9 @@
 // each for the apiextensions and aggregator servers), from the served resources
 // that the API enablement (--runtime-config) and the emulated version leave, and
 // runs k8s.io/apimachinery's own field manager on the object. It changes only
-// managedFields, and reports whether it did.
+// managedFields, and reports whether it did. Where the field manager provably
+// changes nothing (Memo, memo.go) it is skipped, unless
+// Config.FullFieldManager.
 package updatepath
 
 import (
