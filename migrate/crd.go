@@ -56,7 +56,17 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // in scope whose objects are now all stored in that version, checked by a fresh scan
 // of its custom resources, with a CAS write on the CRD key. This is what makes
 // removing an old version from the CRD safe.
-func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, w *etcdscan.Writer, j *Journal) ([]CRDResult, error) {
+//
+// decidedAt is the revision at which the run read and decided every object
+// of every custom resource in scope (its scan, consistent, no namespace
+// filter), 0 when it did not. pending counts, per custom resource, the
+// objects of that scan that are not now in the storage version (not
+// current, not rewritten). A key whose mod revision is at most decidedAt
+// holds the bytes that scan decided, and decoding them again gives the same
+// answer; with nothing pending that answer was "current", so the re-check
+// decodes only the keys written since: the run's own writes and any other
+// writer's.
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, w *etcdscan.Writer, j *Journal) ([]CRDResult, error) {
 	var out []CRDResult
 	for _, crd := range env.CRDs {
 		if !inScope(env, crd) {
@@ -73,7 +83,11 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 			out = append(out, r)
 			continue
 		}
-		others, err := NotInStorageVersion(ctx, env, crd)
+		since := decidedAt
+		if env.Filter != nil && !env.Filter[crd.Resource] {
+			since = 0 // its objects were not read by the run
+		}
+		others, err := notInStorageVersionSince(ctx, env, crd, since)
 		if err != nil {
 			return out, err
 		}
@@ -98,6 +112,13 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 // current revision, the objects of crd not stored in its storage version or
 // not readable: status.storedVersions may be trimmed only when there are none.
 func NotInStorageVersion(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD) (int64, error) {
+	return notInStorageVersionSince(ctx, env, crd, 0)
+}
+
+// notInStorageVersionSince is NotInStorageVersion that does not decode the
+// keys last written at or before the revision since (known to be in the
+// storage version, see TrimStoredVersions).
+func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, since int64) (int64, error) {
 	prefix, err := env.Resolver.KeyPrefix(crd.Resource, "")
 	if err != nil {
 		return 0, err
@@ -106,6 +127,9 @@ func NotInStorageVersion(ctx context.Context, env *pipeline.Env, crd *pipeline.C
 	var n int64
 	_, err = etcdscan.Scan(ctx, env.Client, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: env.Config.PageSize}, func(page []etcdscan.KV) error {
 		for _, kv := range page {
+			if kv.ModRevision <= since {
+				continue
+			}
 			d := env.DecideOne(ctx, kv, pipeline.DecodeOnly)
 			if d.Status != reencode.Readable || d.From.Version != want {
 				n++

@@ -136,6 +136,52 @@ func TestMigrateCRDNoneConversion(t *testing.T) {
 	}
 }
 
+// TestTrimReChecksWhatWasWrittenSince: while the run reads the widgets,
+// another writer stores one more in v1beta1 (after the revision the run
+// reads at, so the run never sees it). The re-check before the trim decodes
+// what was written since the run's scan and finds it: storedVersions keeps
+// v1beta1. The next run rewrites it and trims.
+func TestTrimReChecksWhatWasWrittenSince(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
+	putWidgets(t, c, 12)
+	late := map[string]any{
+		"apiVersion": "example.com/v1beta1", "kind": "Widget",
+		"metadata": map[string]any{"name": "late", "namespace": "ns1", "uid": "uid-late", "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
+		"spec":     map[string]any{"oldName": "late", "size": int64(1)},
+	}
+	data, err := json.Marshal(late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var putErr error
+	written := false
+	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{Progress: func(Counts) {
+		if !written {
+			written = true
+			_, putErr = c.Cli.Put(context.Background(), "/registry/example.com/widgets/ns1/late", string(data)+"\n")
+		}
+	}})
+	if putErr != nil || !written {
+		t.Fatalf("the other writer: written %v, %v", written, putErr)
+	}
+	if widgets(sum).Rewritten != 12 {
+		t.Fatalf("%+v", sum.Summary)
+	}
+	i := slices.IndexFunc(sum.CRDs, func(r CRDResult) bool { return r.Name == "widgets.example.com" })
+	if i < 0 || sum.CRDs[i].Action != "kept" || sum.CRDs[i].Detail != "1 object(s) found in other versions or unreadable on re-check" {
+		t.Fatalf("CRDs %+v: want widgets kept for the one written since", sum.CRDs)
+	}
+	env := c.Env(pipeline.Config{})
+	if got := storedCRD(t, c, env).Status.StoredVersions; !slices.Equal(got, []string{"v1beta1", "v1"}) {
+		t.Fatalf("storedVersions %v, want both kept", got)
+	}
+	again := run(t, env, Options{})
+	if widgets(again).Rewritten != 1 || !slices.ContainsFunc(again.CRDs, func(r CRDResult) bool { return r.Name == "widgets.example.com" && r.Action == "trimmed" }) {
+		t.Fatalf("second run: %+v %+v", again.Summary, again.CRDs)
+	}
+}
+
 // conversionWebhook converts widgets between v1beta1 (spec.oldName) and v1
 // (spec.newName), speaking ConversionReview v1 over HTTPS.
 type conversionWebhook struct{ calls atomic.Int64 }

@@ -323,7 +323,14 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		err = scanErr
 	}
 	if err == nil && !opts.DryRun && !opts.KeepStoredVersions {
-		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, w, journal)
+		// The scan decided every object of the resources in scope at one
+		// revision, unless it restarted after a compaction or read one
+		// namespace: then the re-check decodes every object.
+		decidedAt := sum.Revision
+		if !sum.Consistent || env.Config.Namespace != "" {
+			decidedAt = 0
+		}
+		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, w, journal)
 	} else if err == nil && !opts.KeepStoredVersions {
 		sum.CRDs = PlanStoredVersions(env, t.crdPending)
 	}
