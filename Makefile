@@ -76,8 +76,10 @@ fuzz:
 	$(GO) test ./decode/ -run '^$$' -fuzz FuzzDecode -fuzztime 60s
 	$(GO) test ./customresource/ -run '^$$' -fuzz FuzzDecode -fuzztime 60s
 
+# BENCH_FLAGS adds flags, e.g. BENCH_FLAGS="-baseline OLD-BINARY" to measure
+# another build beside this one in every repetition (docs/benchmarks.md).
 bench:
-	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N)
+	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) $(BENCH_FLAGS)
 
 # The incumbent beside the tool: the mixed dataset only, the apiserver path on
 # 20,000 of its objects (about 3 minutes), figures in bench/results-apiserver.*.
