@@ -29,8 +29,10 @@ import (
 	"k8s.io/component-base/featuregate"
 	"k8s.io/utils/ptr"
 
+	"kube-etcd-migrate/internal/apiserverproc"
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/internal/everyresource"
+	"kube-etcd-migrate/internal/modbuild"
 	"kube-etcd-migrate/verify"
 )
 
@@ -43,11 +45,30 @@ type storageSetting struct {
 	release   string // --emulated-version; "" is the binary's own release
 	mediaType string // --storage-media-type; "" is protobuf
 	cbor      bool
+	// binary is an older release (modbuild.OlderKubernetes, e.g. "v1.36.3")
+	// whose real kube-apiserver runs as a process; "" is the linked
+	// kube-apiserver in-process.
+	binary string
+}
+
+// target is the release the setting's kube-apiserver is, as --target-version takes it.
+func (s storageSetting) target(t *testing.T) string {
+	switch {
+	case s.binary != "":
+		return releaseMinor(t, s.binary)
+	case s.release != "":
+		return s.release
+	}
+	return currentMinor
 }
 
 const everyRuntimeConfig = "api/all=true"
 
 func (s storageSetting) featureGates(t *testing.T) string {
+	if s.binary != "" {
+		// A real kube-apiserver process: its own AllAlpha and AllBeta.
+		return fmt.Sprintf("AllAlpha=true,AllBeta=true,CBORServingAndStorage=%t", s.cbor)
+	}
 	// Every alpha gate of the release, named: AllAlpha=true with a gate
 	// turned off would do for kube-apiserver and for the tool, but not for
 	// the in-process kube-apiserver, whose test server copies to the
@@ -102,8 +123,11 @@ func (s storageSetting) featureGates(t *testing.T) string {
 
 func (s storageSetting) String() string {
 	r, mt, cr := s.release, s.mediaType, "json"
-	if r == "" {
-		r = "1.37"
+	switch {
+	case s.binary != "":
+		r = "real " + s.binary
+	case r == "":
+		r = currentMinor
 	}
 	if mt == "" {
 		mt = "protobuf"
@@ -137,11 +161,7 @@ func (s storageSetting) apiserver(t *testing.T, encryptionConfig string) apiserv
 
 // toolFlags are the same settings given to the tool.
 func (s storageSetting) toolFlags(t *testing.T) []string {
-	release := s.release
-	if release == "" {
-		release = "1.37"
-	}
-	flags := []string{"--target-version", release, "--feature-gates", s.featureGates(t), "--runtime-config", everyRuntimeConfig}
+	flags := []string{"--target-version", s.target(t), "--feature-gates", s.featureGates(t), "--runtime-config", everyRuntimeConfig}
 	if s.mediaType != "" {
 		flags = append(flags, "--storage-media-type", s.mediaType)
 	}
@@ -166,14 +186,13 @@ func (s storageSetting) toolFlags(t *testing.T) []string {
 // it would store it.
 //
 // An older target is the real older release (its own storage versions and
-// protobuf fields, --target-version), which the linked kube-apiserver
-// emulating it is not: TestTargetPreviousRelease runs the previous release's
-// own binary.
+// protobuf and JSON fields, --target-version), which the linked
+// kube-apiserver emulating it is not: TestEveryPersistedResourceOlderTargets
+// runs each older release's own binary.
 func TestEveryPersistedResource(t *testing.T) {
 	// The target is the linked release: --target-version of an older release
 	// means that release's real kube-apiserver (its own storage versions and
-	// protobuf fields), which a 1.37 server emulating it is not; the real
-	// previous release's binary is TestTargetPreviousRelease's.
+	// fields), which a 1.37 server emulating it is not.
 	cases := []struct {
 		name     string
 		from, to storageSetting
@@ -190,6 +209,62 @@ func TestEveryPersistedResource(t *testing.T) {
 	}
 }
 
+// startSetting starts the kube-apiserver of setting s on the cluster's etcd
+// (stopping the previous one): the linked one in-process, or an older
+// release's real binary as a process, on the port of the previous one.
+func (c *cluster) startSetting(s storageSetting, encryptionConfig string) *rest.Config {
+	c.t.Helper()
+	if s.binary == "" {
+		return c.start(s.apiserver(c.t, encryptionConfig))
+	}
+	c.stop()
+	opts := apiserverproc.Options{
+		Binary:               olderAPIServer(c.t, s.binary),
+		EtcdURL:              c.etcd.URL,
+		RuntimeConfig:        everyRuntimeConfig,
+		FeatureGates:         s.featureGates(c.t),
+		EncryptionConfigPath: encryptionConfig,
+		Port:                 c.procPort,
+	}
+	if s.mediaType != "" {
+		opts.ExtraFlags = append(opts.ExtraFlags, "--storage-media-type="+s.mediaType)
+	}
+	c.proc = apiserverproc.Start(c.t, opts)
+	c.procPort = c.proc.Port
+	return c.proc.ClientConfig
+}
+
+// TestEveryPersistedResourceOlderTargets is TestEveryPersistedResource with
+// each older release --target-version accepts as the target, proven by that
+// release's own kube-apiserver binary (modbuild.OlderKubernetes; side by
+// side, each on an etcd of its own): with every alpha and beta API and
+// feature of that release on, it writes one object of every resource it
+// persists in protobuf, custom resources in JSON; the tool migrates to JSON,
+// custom resources to CBOR (--storage-media-type=application/json,
+// CBORServingAndStorage), with the key rotation; the same binary so
+// configured serves everything unchanged and writes nothing on a no-op
+// update. For the previous release also the way back (JSON to protobuf,
+// CBOR to JSON).
+func TestEveryPersistedResourceOlderTargets(t *testing.T) {
+	type tc struct {
+		name     string
+		from, to storageSetting
+	}
+	var cases []tc
+	for _, release := range modbuild.OlderKubernetes {
+		cases = append(cases, tc{releaseMinor(t, release) + ", protobuf to JSON, custom resources JSON to CBOR",
+			storageSetting{binary: release}, storageSetting{binary: release, mediaType: "application/json", cbor: true}})
+	}
+	cases = append(cases, tc{previousMinor(t) + ", JSON to protobuf, custom resources CBOR to JSON",
+		storageSetting{binary: modbuild.PreviousKubernetes, mediaType: "application/json", cbor: true}, storageSetting{binary: modbuild.PreviousKubernetes}})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			everyResourceCase(t, c.from, c.to)
+		})
+	}
+}
+
 func everyResourceCase(t *testing.T, from, to storageSetting) {
 	ctx := context.Background()
 	c := newCluster(t)
@@ -199,7 +274,7 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 	newKeys := c.writeEncryptionConfig("key2.yaml", all, aescbcProvider("key2", 2), identityProvider)
 
 	// 1. The older setting writes everything.
-	cfg := c.start(from.apiserver(t, oldKeys))
+	cfg := c.startSetting(from, oldKeys)
 	res, err := everyresource.Create(ctx, cfg, everyresource.Options{})
 	if err != nil {
 		t.Fatalf("create every resource under %s: %v", from, err)
@@ -265,8 +340,8 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 	}
 
 	// 3. The new setting, key2 only: same content, and no no-op update writes.
-	cfg = c.start(to.apiserver(t, newKeys))
-	sameContentEvery(t, cfg, before, owned, from.release != to.release)
+	cfg = c.startSetting(to, newKeys)
+	sameContentEvery(t, cfg, before, owned, from.target(t) != to.target(t))
 	checked := noOpUpdateEvery(t, cfg, owned)
 	var unchecked []string
 	for gr := range created {
