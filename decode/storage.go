@@ -234,8 +234,16 @@ type ReleaseTypes struct {
 	Release string
 	Kinds   map[string]string
 	Types   map[string]map[int32]string
-	// JSON are the same types' JSON fields by name ("*": a map's values).
-	JSON map[string]map[string]string
+	// JSON are the same types' JSON members, in the order encoding/json
+	// writes them ("*": a map's values).
+	JSON map[string][]JSONField
+}
+
+// JSONField is one JSON member of a release's Go type (releasegen): its name,
+// the type of an object member ("" for any other), and the JSON that type
+// writes for a zero value ("" when it leaves a zero value out).
+type JSONField struct {
+	Name, Type, Zero string
 }
 
 // ReleaseTypes returns the protobuf fields of the Go types of the target

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +28,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/component-base/featuregate"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/utils/ptr"
 
 	"kube-etcd-migrate/internal/apiserverproc"
@@ -47,8 +50,12 @@ type storageSetting struct {
 	cbor      bool
 	// binary is an older release (modbuild.OlderKubernetes, e.g. "v1.36.3")
 	// whose real kube-apiserver runs as a process; "" is the linked
-	// kube-apiserver in-process.
+	// kube-apiserver in-process, always with every alpha and beta API.
 	binary string
+	// alpha: the real binary runs with every alpha and beta API and
+	// feature (AllAlpha, AllBeta, api/all=true); else with its defaults
+	// and beta APIs (api/beta=true).
+	alpha bool
 }
 
 // target is the release the setting's kube-apiserver is, as --target-version takes it.
@@ -65,9 +72,12 @@ func (s storageSetting) target(t *testing.T) string {
 const everyRuntimeConfig = "api/all=true"
 
 func (s storageSetting) featureGates(t *testing.T) string {
-	if s.binary != "" {
+	switch {
+	case s.binary != "" && s.alpha:
 		// A real kube-apiserver process: its own AllAlpha and AllBeta.
 		return fmt.Sprintf("AllAlpha=true,AllBeta=true,CBORServingAndStorage=%t", s.cbor)
+	case s.binary != "":
+		return fmt.Sprintf("CBORServingAndStorage=%t", s.cbor)
 	}
 	// Every alpha gate of the release, named: AllAlpha=true with a gate
 	// turned off would do for kube-apiserver and for the tool, but not for
@@ -121,9 +131,19 @@ func (s storageSetting) featureGates(t *testing.T) string {
 	return fmt.Sprintf("AllBeta=true,%s,CBORServingAndStorage=%t", strings.Join(on, ","), s.cbor)
 }
 
+// runtimeConfig is the setting's --runtime-config.
+func (s storageSetting) runtimeConfig() string {
+	if s.binary != "" && !s.alpha {
+		return betaAPIs
+	}
+	return everyRuntimeConfig
+}
+
 func (s storageSetting) String() string {
 	r, mt, cr := s.release, s.mediaType, "json"
 	switch {
+	case s.binary != "" && s.alpha:
+		r = "real " + s.binary + " (alpha)"
 	case s.binary != "":
 		r = "real " + s.binary
 	case r == "":
@@ -161,7 +181,7 @@ func (s storageSetting) apiserver(t *testing.T, encryptionConfig string) apiserv
 
 // toolFlags are the same settings given to the tool.
 func (s storageSetting) toolFlags(t *testing.T) []string {
-	flags := []string{"--target-version", s.target(t), "--feature-gates", s.featureGates(t), "--runtime-config", everyRuntimeConfig}
+	flags := []string{"--target-version", s.target(t), "--feature-gates", s.featureGates(t), "--runtime-config", s.runtimeConfig()}
 	if s.mediaType != "" {
 		flags = append(flags, "--storage-media-type", s.mediaType)
 	}
@@ -221,7 +241,7 @@ func (c *cluster) startSetting(s storageSetting, encryptionConfig string) *rest.
 	opts := apiserverproc.Options{
 		Binary:               olderAPIServer(c.t, s.binary),
 		EtcdURL:              c.etcd.URL,
-		RuntimeConfig:        everyRuntimeConfig,
+		RuntimeConfig:        s.runtimeConfig(),
 		FeatureGates:         s.featureGates(c.t),
 		EncryptionConfigPath: encryptionConfig,
 		Port:                 c.procPort,
@@ -232,6 +252,11 @@ func (c *cluster) startSetting(s storageSetting, encryptionConfig string) *rest.
 	c.proc = apiserverproc.Start(c.t, opts)
 	c.procPort = c.proc.Port
 	return c.proc.ClientConfig
+}
+
+// linkedHas reports whether the linked release's schemes register gv.
+func linkedHas(gv schema.GroupVersion) bool {
+	return legacyscheme.Scheme.IsVersionRegistered(gv) || apiextensionsapiserver.Scheme.IsVersionRegistered(gv) || aggregatorscheme.Scheme.IsVersionRegistered(gv)
 }
 
 // TestEveryPersistedResourceOlderTargets is TestEveryPersistedResource with
@@ -255,8 +280,9 @@ func TestEveryPersistedResourceOlderTargets(t *testing.T) {
 		cases = append(cases, tc{releaseMinor(t, release) + ", protobuf to JSON, custom resources JSON to CBOR",
 			storageSetting{binary: release}, storageSetting{binary: release, mediaType: "application/json", cbor: true}})
 	}
-	cases = append(cases, tc{previousMinor(t) + ", JSON to protobuf, custom resources CBOR to JSON",
-		storageSetting{binary: modbuild.PreviousKubernetes, mediaType: "application/json", cbor: true}, storageSetting{binary: modbuild.PreviousKubernetes}})
+	prev := modbuild.PreviousKubernetes
+	cases = append(cases, tc{previousMinor(t) + " alpha, JSON to protobuf, custom resources CBOR to JSON",
+		storageSetting{binary: prev, alpha: true, mediaType: "application/json", cbor: true}, storageSetting{binary: prev, alpha: true}})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -279,8 +305,24 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 	if err != nil {
 		t.Fatalf("create every resource under %s: %v", from, err)
 	}
-	if len(res.Missing) > 0 {
-		t.Fatalf("kube-apiserver %s serves and persists resources Kubernetes' storage data at %s has no stub for, so this test writes none of them: %v", from, res.Version, res.Missing)
+	var missing, dropped []schema.GroupVersionResource
+	for _, gvr := range res.Missing {
+		if linkedHas(gvr.GroupVersion()) {
+			missing = append(missing, gvr)
+		} else {
+			dropped = append(dropped, gvr)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("kube-apiserver %s serves and persists resources Kubernetes' storage data at %s has no stub for, so this test writes none of them: %v", from, res.Version, missing)
+	}
+	if len(dropped) > 0 {
+		// An alpha API version an older release serves and the linked
+		// release no longer has (1.36's scheduling.k8s.io/v1alpha2): the
+		// linked release's storage data has no stub for it, and the tool,
+		// the linked release's code, could not read what is stored
+		// through it (docs/design.md, known limits). None is written.
+		t.Logf("kube-apiserver %s serves API versions the linked release does not have; nothing written through them: %v", from, dropped)
 	}
 	created := map[schema.GroupResource]bool{}
 	owned := apiserverOwned{}

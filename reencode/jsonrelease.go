@@ -11,18 +11,22 @@ import (
 )
 
 // jsonForRelease is forRelease for an object kube-apiserver's JSON or YAML
-// serializer wrote (--storage-media-type=application/json or yaml): the
-// members the target release's types do not have are left out when they
-// hold a zero value (a newer release's types write some, such as 1.37's
-// CSINode "status":{}, a struct encoding/json never omits), an error when
-// they hold a value. A value with nothing to leave out is returned as it is.
+// serializer wrote (--storage-media-type=application/json or yaml): each
+// object member as the target release's types write it (releasegen's
+// JSON fields of that release): in their order, with the zero values they
+// write and this release's types leave out (1.34's ResourceSlice
+// "devices":null), without the zero-valued members they do not have (1.37's
+// CSINode "status":{}, a struct encoding/json never omits); a member they do
+// not have holding a value is an error. A value with nothing to change is
+// returned as it is.
 func jsonForRelease(data []byte, typ string, rt decode.ReleaseTypes) ([]byte, error) {
-	isJSON := len(bytes.TrimLeft(data, " \t\r\n")) > 0 && bytes.TrimLeft(data, " \t\r\n")[0] == '{'
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	isJSON := len(trimmed) > 0 && trimmed[0] == '{'
 	doc := data
 	if !isJSON {
 		// kube-apiserver's YAML is its JSON through sigs.k8s.io/yaml's
-		// JSONToYAML (keys sorted): pruned as JSON, then converted back
-		// the same way.
+		// JSONToYAML (keys sorted): written as JSON, then converted the
+		// same way.
 		j, err := yaml.YAMLToJSON(data)
 		if err != nil {
 			return nil, fmt.Errorf("not a YAML object: %v", err)
@@ -30,7 +34,7 @@ func jsonForRelease(data []byte, typ string, rt decode.ReleaseTypes) ([]byte, er
 		doc = j
 	}
 	body := bytes.TrimRight(doc, " \t\r\n")
-	pruned, changed, err := pruneJSON(body, typ, rt, "", 0)
+	out, changed, err := releaseJSON(body, typ, rt, "", 0)
 	if err != nil {
 		return nil, err
 	}
@@ -38,15 +42,15 @@ func jsonForRelease(data []byte, typ string, rt decode.ReleaseTypes) ([]byte, er
 		return data, nil
 	}
 	if !isJSON {
-		return yaml.JSONToYAML(pruned)
+		return yaml.JSONToYAML(out)
 	}
-	return append(pruned, doc[len(body):]...), nil
+	return append(out, doc[len(body):]...), nil
 }
 
-// pruneJSON leaves out of the JSON object b, of type typ, the zero-valued
-// members the release's type has not; changed says whether anything was.
-// An error names a member that holds a value (its path).
-func pruneJSON(b []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, bool, error) {
+// releaseJSON writes the JSON object b, of type typ, as the release's type
+// writes it; changed says whether that differs from b. An error names a
+// member the type has not that holds a value (its path).
+func releaseJSON(b []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, bool, error) {
 	fields, ok := rt.JSON[typ]
 	if !ok || depth > maxWireDepth {
 		return b, false, nil
@@ -55,51 +59,74 @@ func pruneJSON(b []byte, typ string, rt decode.ReleaseTypes, path string, depth 
 	if !ok {
 		return b, false, nil
 	}
-	changed := false
-	kept := make([][]byte, 0, len(members))
-	for _, m := range members {
-		var name string
-		if err := json.Unmarshal(m.key, &name); err != nil {
+	names := make([]string, len(members))
+	for i, m := range members {
+		if err := json.Unmarshal(m.key, &names[i]); err != nil {
 			return b, false, nil
 		}
-		p := path + "." + name
-		child, known := fields[name]
-		if !known {
-			child, known = fields["*"]
+	}
+	var out [][]byte
+	member := func(key, val []byte) { out = append(out, append(append(append([]byte{}, key...), ':'), val...)) }
+	if len(fields) == 1 && fields[0].Name == "*" { // a map's values
+		if fields[0].Type == "" {
+			return b, false, nil
 		}
-		if !known {
-			if !jsonZero(m.val, depth+1) {
-				return nil, false, fmt.Errorf("%s (in %s)", p, typ)
-			}
-			changed = true
-			continue
-		}
-		val := m.val
-		if child != "" {
-			v, c, err := pruneJSONValue(val, child, rt, p, depth+1)
+		for i, m := range members {
+			val, _, err := releaseJSONValue(m.val, fields[0].Type, rt, path+"."+names[i], depth+1)
 			if err != nil {
 				return nil, false, err
 			}
-			val, changed = v, changed || c
+			member(m.key, val)
 		}
-		kept = append(kept, append(append(append([]byte{}, m.key...), ':'), val...))
+	} else {
+		index := make(map[string]int, len(members))
+		for i, name := range names {
+			index[name] = i
+		}
+		used := make([]bool, len(members))
+		for _, f := range fields {
+			i, ok := index[f.Name]
+			if !ok {
+				if f.Zero != "" {
+					key, _ := json.Marshal(f.Name)
+					member(key, []byte(f.Zero))
+				}
+				continue
+			}
+			used[i] = true
+			val := members[i].val
+			if f.Type != "" {
+				v, _, err := releaseJSONValue(val, f.Type, rt, path+"."+f.Name, depth+1)
+				if err != nil {
+					return nil, false, err
+				}
+				val = v
+			}
+			member(members[i].key, val)
+		}
+		for i, m := range members {
+			if !used[i] && !jsonZero(m.val, depth+1) {
+				return nil, false, fmt.Errorf("%s.%s (in %s)", path, names[i], typ)
+			}
+		}
 	}
-	if !changed {
+	res := append([]byte{'{'}, bytes.Join(out, []byte{','})...)
+	res = append(res, '}')
+	if bytes.Equal(res, b) {
 		return b, false, nil
 	}
-	out := append([]byte{'{'}, bytes.Join(kept, []byte{','})...)
-	return append(out, '}'), true, nil
+	return res, true, nil
 }
 
-// pruneJSONValue is pruneJSON for an object of type typ, or each object of
-// an array of them.
-func pruneJSONValue(v []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, bool, error) {
+// releaseJSONValue is releaseJSON for an object of type typ, or each object
+// of an array of them.
+func releaseJSONValue(v []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, bool, error) {
 	if len(v) == 0 {
 		return v, false, nil
 	}
 	switch v[0] {
 	case '{':
-		return pruneJSON(v, typ, rt, path, depth)
+		return releaseJSON(v, typ, rt, path, depth)
 	case '[':
 		elems, ok := jsonElements(v)
 		if !ok {
@@ -108,7 +135,7 @@ func pruneJSONValue(v []byte, typ string, rt decode.ReleaseTypes, path string, d
 		changed := false
 		out := make([][]byte, len(elems))
 		for i, e := range elems {
-			p, c, err := pruneJSONValue(e, typ, rt, fmt.Sprintf("%s[%d]", path, i), depth+1)
+			p, c, err := releaseJSONValue(e, typ, rt, fmt.Sprintf("%s[%d]", path, i), depth+1)
 			if err != nil {
 				return nil, false, err
 			}

@@ -277,7 +277,8 @@ func TestPreviousReleaseTypes(t *testing.T) {
 // --storage-media-type=application/json and yaml: 1.37's types write a
 // CSINode's empty status ("status":{}), 1.36's have no such field, so the
 // value for 1.36 is 1.37's without it, and a status that holds something is
-// refused.
+// refused; for 1.37, a CSINode 1.36 stored is rewritten with it (the
+// lose-fields guard lets only zero values be added).
 func TestPreviousReleaseTypesJSON(t *testing.T) {
 	gr := schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}
 	node := &storage.CSINode{
@@ -300,6 +301,11 @@ func TestPreviousReleaseTypesJSON(t *testing.T) {
 		}
 		if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Current {
 			t.Errorf("%s: a CSINode as 1.36 stores it, for 1.36: status %s %v %v, want current", tc.media, d.Status, d.Reasons, d.Err)
+		}
+		// For 1.37, what 1.36 stored loses nothing: 1.37's types only add
+		// the empty status.
+		if d := NewPlanner(storageConfig(t, "", tc.media), nil).Decide(context.Background(), obj, nil); d.Status != Stale || !bytes.Equal(d.NewValue, current) {
+			t.Errorf("%s: a CSINode as 1.36 stores it, for 1.37: status %s %v %v, want stale and written as 1.37 does", tc.media, d.Status, d.Reasons, d.Err)
 		}
 		obj, err = decodeKV(t, "/registry/csinodes/node-1", current)
 		if err != nil {

@@ -93,11 +93,11 @@ func run(ctx context.Context, path string) error {
 		jsonTypes.WriteString(head)
 		for _, k := range sortedKeys(got.JSON) {
 			fmt.Fprintf(&jsonTypes, "\t\t%q: {", k)
-			for i, f := range sortedKeys(got.JSON[k]) {
+			for i, f := range got.JSON[k] {
 				if i > 0 {
 					jsonTypes.WriteString(", ")
 				}
-				fmt.Fprintf(&jsonTypes, "%q: %q", f, got.JSON[k][f])
+				fmt.Fprintf(&jsonTypes, "{%q, %q, %q}", f.Name, f.Type, f.Zero)
 			}
 			jsonTypes.WriteString("},\n")
 		}
@@ -128,12 +128,13 @@ var releaseProtoKinds = map[string]map[string]string{
 var releaseProtoTypes = map[string]map[string]map[int32]string{
 %s}
 
-// releaseJSONTypes are, for each such release, the JSON fields of the same Go
-// types by name, as encoding/json writes them: the type of an object field,
-// "" for any other (the fields of an embedded struct without a name of its
-// own are its parent's). A map field's values are a type of their own with
-// one field "*".
-var releaseJSONTypes = map[string]map[string]map[string]string{
+// releaseJSONTypes are, for each such release, the JSON members of the same
+// Go types in the order encoding/json writes them: name, the type of an
+// object member ("" for any other; the fields of an embedded struct without
+// a name of its own are its parent's, where it is) and the JSON written for
+// a zero value ("" when it is left out). A map field's values are a type of
+// their own with one member "*".
+var releaseJSONTypes = map[string]map[string][]JSONField{
 %s}
 `, storage.String(), kinds.String(), types.String(), jsonTypes.String())
 	src, err := format.Source(b.Bytes())
@@ -161,7 +162,7 @@ type generated struct {
 	Storage map[string]string
 	Kinds   map[string]string
 	Types   map[string]map[int]string
-	JSON    map[string]map[string]string
+	JSON    map[string][]struct{ Name, Type, Zero string }
 }
 
 // storageVersions builds and runs the program against release's module.
