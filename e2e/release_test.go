@@ -67,11 +67,6 @@ func olderAPIServer(t *testing.T, release string) string {
 	return b.bin
 }
 
-func previousAPIServer(t *testing.T) string {
-	t.Helper()
-	return olderAPIServer(t, modbuild.PreviousKubernetes)
-}
-
 // releaseMinor is a release ("v1.36.3") as --target-version takes it ("1.36").
 func releaseMinor(t *testing.T, release string) string {
 	t.Helper()
