@@ -58,7 +58,7 @@ func upstreamOracle(t *testing.T, emulated string) {
 		// Upstream's data for an older release is what the linked
 		// kube-apiserver emulating it stores; where that release's real
 		// kube-apiserver stores otherwise (generated from its own code,
-		// releasegen; proved by e2e's TestTargetPreviousRelease), the real
+		// releasegen; proved by e2e's TestTargetOlderReleases), the real
 		// release is the target.
 		if real, ok := releaseStorageVersions[emulated][info.Resource.String()]; ok && real != wantGV.String() {
 			t.Logf("%s: upstream's emulation of %s stores %s, the real %s stores %s", gvr, emulated, wantGV, emulated, real)

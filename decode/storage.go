@@ -226,13 +226,24 @@ func introducedAfter(gv schema.GroupVersion, kind string, release *version.Versi
 	return version.MajorMinor(uint(major), uint(minor)).GreaterThan(release)
 }
 
-// ReleaseTypes are the protobuf fields of a previous release's Go types
+// ReleaseTypes are the protobuf and JSON fields of an older release's Go types
 // (releasegen): Kinds maps a stored kind (schema.GroupVersionKind.String())
-// to its type, Types each type to its fields' message types by number.
+// to its type, Types each type to its fields' message types by number, JSON
+// to its fields' object types by name.
 type ReleaseTypes struct {
 	Release string
 	Kinds   map[string]string
 	Types   map[string]map[int32]string
+	// JSON are the same types' JSON members, in the order encoding/json
+	// writes them ("*": a map's values).
+	JSON map[string][]JSONField
+}
+
+// JSONField is one JSON member of a release's Go type (releasegen): its name,
+// the type of an object member ("" for any other), and the JSON that type
+// writes for a zero value ("" when it leaves a zero value out).
+type JSONField struct {
+	Name, Type, Zero string
 }
 
 // ReleaseTypes returns the protobuf fields of the Go types of the target
@@ -243,7 +254,7 @@ func (s *StorageConfig) ReleaseTypes() (ReleaseTypes, bool) {
 	if !ok {
 		return ReleaseTypes{}, false
 	}
-	return ReleaseTypes{Release: s.release, Kinds: kinds, Types: releaseProtoTypes[s.release]}, true
+	return ReleaseTypes{Release: s.release, Kinds: kinds, Types: releaseProtoTypes[s.release], JSON: releaseJSONTypes[s.release]}, true
 }
 
 // EffectiveVersion returns the effective version of the real kube-apiserver of

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,10 +28,14 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/component-base/featuregate"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/utils/ptr"
 
+	"kube-etcd-migrate/internal/apiserverproc"
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/internal/everyresource"
+	"kube-etcd-migrate/internal/modbuild"
 	"kube-etcd-migrate/verify"
 )
 
@@ -43,11 +48,37 @@ type storageSetting struct {
 	release   string // --emulated-version; "" is the binary's own release
 	mediaType string // --storage-media-type; "" is protobuf
 	cbor      bool
+	// binary is an older release (modbuild.OlderKubernetes, e.g. "v1.36.3")
+	// whose real kube-apiserver runs as a process; "" is the linked
+	// kube-apiserver in-process, always with every alpha and beta API.
+	binary string
+	// alpha: the real binary runs with every alpha and beta API and
+	// feature (AllAlpha, AllBeta, api/all=true); else with its defaults
+	// and beta APIs (api/beta=true).
+	alpha bool
+}
+
+// target is the release the setting's kube-apiserver is, as --target-version takes it.
+func (s storageSetting) target(t *testing.T) string {
+	switch {
+	case s.binary != "":
+		return releaseMinor(t, s.binary)
+	case s.release != "":
+		return s.release
+	}
+	return currentMinor
 }
 
 const everyRuntimeConfig = "api/all=true"
 
 func (s storageSetting) featureGates(t *testing.T) string {
+	switch {
+	case s.binary != "" && s.alpha:
+		// A real kube-apiserver process: its own AllAlpha and AllBeta.
+		return fmt.Sprintf("AllAlpha=true,AllBeta=true,CBORServingAndStorage=%t", s.cbor)
+	case s.binary != "":
+		return fmt.Sprintf("CBORServingAndStorage=%t", s.cbor)
+	}
 	// Every alpha gate of the release, named: AllAlpha=true with a gate
 	// turned off would do for kube-apiserver and for the tool, but not for
 	// the in-process kube-apiserver, whose test server copies to the
@@ -100,10 +131,23 @@ func (s storageSetting) featureGates(t *testing.T) string {
 	return fmt.Sprintf("AllBeta=true,%s,CBORServingAndStorage=%t", strings.Join(on, ","), s.cbor)
 }
 
+// runtimeConfig is the setting's --runtime-config.
+func (s storageSetting) runtimeConfig() string {
+	if s.binary != "" && !s.alpha {
+		return betaAPIs
+	}
+	return everyRuntimeConfig
+}
+
 func (s storageSetting) String() string {
 	r, mt, cr := s.release, s.mediaType, "json"
-	if r == "" {
-		r = "1.37"
+	switch {
+	case s.binary != "" && s.alpha:
+		r = "real " + s.binary + " (alpha)"
+	case s.binary != "":
+		r = "real " + s.binary
+	case r == "":
+		r = currentMinor
 	}
 	if mt == "" {
 		mt = "protobuf"
@@ -137,11 +181,7 @@ func (s storageSetting) apiserver(t *testing.T, encryptionConfig string) apiserv
 
 // toolFlags are the same settings given to the tool.
 func (s storageSetting) toolFlags(t *testing.T) []string {
-	release := s.release
-	if release == "" {
-		release = "1.37"
-	}
-	flags := []string{"--target-version", release, "--feature-gates", s.featureGates(t), "--runtime-config", everyRuntimeConfig}
+	flags := []string{"--target-version", s.target(t), "--feature-gates", s.featureGates(t), "--runtime-config", s.runtimeConfig()}
 	if s.mediaType != "" {
 		flags = append(flags, "--storage-media-type", s.mediaType)
 	}
@@ -166,14 +206,13 @@ func (s storageSetting) toolFlags(t *testing.T) []string {
 // it would store it.
 //
 // An older target is the real older release (its own storage versions and
-// protobuf fields, --target-version), which the linked kube-apiserver
-// emulating it is not: TestTargetPreviousRelease runs the previous release's
-// own binary.
+// protobuf and JSON fields, --target-version), which the linked
+// kube-apiserver emulating it is not: TestEveryPersistedResourceOlderTargets
+// runs each older release's own binary.
 func TestEveryPersistedResource(t *testing.T) {
 	// The target is the linked release: --target-version of an older release
 	// means that release's real kube-apiserver (its own storage versions and
-	// protobuf fields), which a 1.37 server emulating it is not; the real
-	// previous release's binary is TestTargetPreviousRelease's.
+	// fields), which a 1.37 server emulating it is not.
 	cases := []struct {
 		name     string
 		from, to storageSetting
@@ -190,6 +229,68 @@ func TestEveryPersistedResource(t *testing.T) {
 	}
 }
 
+// startSetting starts the kube-apiserver of setting s on the cluster's etcd
+// (stopping the previous one): the linked one in-process, or an older
+// release's real binary as a process, on the port of the previous one.
+func (c *cluster) startSetting(s storageSetting, encryptionConfig string) *rest.Config {
+	c.t.Helper()
+	if s.binary == "" {
+		return c.start(s.apiserver(c.t, encryptionConfig))
+	}
+	c.stop()
+	opts := apiserverproc.Options{
+		Binary:               olderAPIServer(c.t, s.binary),
+		EtcdURL:              c.etcd.URL,
+		RuntimeConfig:        s.runtimeConfig(),
+		FeatureGates:         s.featureGates(c.t),
+		EncryptionConfigPath: encryptionConfig,
+		Port:                 c.procPort,
+	}
+	if s.mediaType != "" {
+		opts.ExtraFlags = append(opts.ExtraFlags, "--storage-media-type="+s.mediaType)
+	}
+	c.proc = apiserverproc.Start(c.t, opts)
+	c.procPort = c.proc.Port
+	return c.proc.ClientConfig
+}
+
+// linkedHas reports whether the linked release's schemes register gv.
+func linkedHas(gv schema.GroupVersion) bool {
+	return legacyscheme.Scheme.IsVersionRegistered(gv) || apiextensionsapiserver.Scheme.IsVersionRegistered(gv) || aggregatorscheme.Scheme.IsVersionRegistered(gv)
+}
+
+// TestEveryPersistedResourceOlderTargets is TestEveryPersistedResource with
+// each older release --target-version accepts as the target, proven by that
+// release's own kube-apiserver binary (modbuild.OlderKubernetes; side by
+// side, each on an etcd of its own): with every alpha and beta API and
+// feature of that release on, it writes one object of every resource it
+// persists in protobuf, custom resources in JSON; the tool migrates to JSON,
+// custom resources to CBOR (--storage-media-type=application/json,
+// CBORServingAndStorage), with the key rotation; the same binary so
+// configured serves everything unchanged and writes nothing on a no-op
+// update. For the previous release also the way back (JSON to protobuf,
+// CBOR to JSON).
+func TestEveryPersistedResourceOlderTargets(t *testing.T) {
+	type tc struct {
+		name     string
+		from, to storageSetting
+	}
+	var cases []tc
+	for _, release := range modbuild.OlderKubernetes {
+		cases = append(cases, tc{releaseMinor(t, release) + ", protobuf to JSON, custom resources JSON to CBOR",
+			storageSetting{binary: release}, storageSetting{binary: release, mediaType: "application/json", cbor: true}})
+	}
+	prev := modbuild.PreviousKubernetes
+	cases = append(cases, tc{previousMinor(t) + " alpha, JSON to protobuf, custom resources CBOR to JSON",
+		storageSetting{binary: prev, alpha: true, mediaType: "application/json", cbor: true}, storageSetting{binary: prev, alpha: true}})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			everyResourceCase(t, c.from, c.to)
+		})
+	}
+}
+
 func everyResourceCase(t *testing.T, from, to storageSetting) {
 	ctx := context.Background()
 	c := newCluster(t)
@@ -199,13 +300,29 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 	newKeys := c.writeEncryptionConfig("key2.yaml", all, aescbcProvider("key2", 2), identityProvider)
 
 	// 1. The older setting writes everything.
-	cfg := c.start(from.apiserver(t, oldKeys))
+	cfg := c.startSetting(from, oldKeys)
 	res, err := everyresource.Create(ctx, cfg, everyresource.Options{})
 	if err != nil {
 		t.Fatalf("create every resource under %s: %v", from, err)
 	}
-	if len(res.Missing) > 0 {
-		t.Fatalf("kube-apiserver %s serves and persists resources Kubernetes' storage data at %s has no stub for, so this test writes none of them: %v", from, res.Version, res.Missing)
+	var missing, dropped []schema.GroupVersionResource
+	for _, gvr := range res.Missing {
+		if linkedHas(gvr.GroupVersion()) {
+			missing = append(missing, gvr)
+		} else {
+			dropped = append(dropped, gvr)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("kube-apiserver %s serves and persists resources Kubernetes' storage data at %s has no stub for, so this test writes none of them: %v", from, res.Version, missing)
+	}
+	if len(dropped) > 0 {
+		// An alpha API version an older release serves and the linked
+		// release no longer has (1.36's scheduling.k8s.io/v1alpha2): the
+		// linked release's storage data has no stub for it, and the tool,
+		// the linked release's code, could not read what is stored
+		// through it (docs/design.md, known limits). None is written.
+		t.Logf("kube-apiserver %s serves API versions the linked release does not have; nothing written through them: %v", from, dropped)
 	}
 	created := map[schema.GroupResource]bool{}
 	owned := apiserverOwned{}
@@ -265,8 +382,8 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 	}
 
 	// 3. The new setting, key2 only: same content, and no no-op update writes.
-	cfg = c.start(to.apiserver(t, newKeys))
-	sameContentEvery(t, cfg, before, owned, from.release != to.release)
+	cfg = c.startSetting(to, newKeys)
+	sameContentEvery(t, cfg, before, owned, from.target(t) != to.target(t))
 	checked := noOpUpdateEvery(t, cfg, owned)
 	var unchecked []string
 	for gr := range created {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/apiserverproc"
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/migrate"
@@ -40,6 +41,9 @@ type cluster struct {
 	cli  *clientv3.Client
 	dir  string
 	srv  *apiservertest.Server
+	// proc is a real kube-apiserver process (startSetting), on procPort.
+	proc     *apiserverproc.Server
+	procPort int
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -61,6 +65,10 @@ func (c *cluster) stop() {
 	if c.srv != nil {
 		c.srv.Stop()
 		c.srv = nil
+	}
+	if c.proc != nil {
+		c.proc.Stop()
+		c.proc = nil
 	}
 }
 

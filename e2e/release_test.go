@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	componentversion "k8s.io/component-base/version"
 
+	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/apiserverproc"
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/internal/everyresource"
@@ -25,39 +26,61 @@ import (
 	"kube-etcd-migrate/verify"
 )
 
-// The previous Kubernetes release's real kube-apiserver, built from its own
-// module (internal/modbuild caches it per machine), once per test binary.
-var previous struct {
+// The older Kubernetes releases' real kube-apiservers, each built from its own
+// module (internal/modbuild caches them per machine), once per test binary.
+var older struct {
+	mu   sync.Mutex
+	bins map[string]*olderBinary
+}
+
+type olderBinary struct {
 	once sync.Once
 	bin  string
 	err  error
 }
 
-func previousAPIServer(t *testing.T) string {
+// olderAPIServer is the kube-apiserver binary of release (e.g. "v1.35.4").
+func olderAPIServer(t *testing.T, release string) string {
 	t.Helper()
-	previous.once.Do(func() {
+	older.mu.Lock()
+	if older.bins == nil {
+		older.bins = map[string]*olderBinary{}
+	}
+	b := older.bins[release]
+	if b == nil {
+		b = &olderBinary{}
+		older.bins[release] = b
+	}
+	older.mu.Unlock()
+	b.once.Do(func() {
 		ctx := context.Background()
-		spec, err := modbuild.KubeAPIServer(ctx, modbuild.PreviousKubernetes)
+		spec, err := modbuild.KubeAPIServer(ctx, release)
 		if err != nil {
-			previous.err = err
+			b.err = err
 			return
 		}
-		previous.bin, previous.err = modbuild.Build(ctx, spec)
+		b.bin, b.err = modbuild.Build(ctx, spec)
 	})
-	if previous.err != nil {
-		t.Fatalf("kube-apiserver %s: %v", modbuild.PreviousKubernetes, previous.err)
+	if b.err != nil {
+		t.Fatalf("kube-apiserver %s: %v", release, b.err)
 	}
-	return previous.bin
+	return b.bin
+}
+
+// releaseMinor is a release ("v1.36.3") as --target-version takes it ("1.36").
+func releaseMinor(t *testing.T, release string) string {
+	t.Helper()
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(release, "v%d.%d.%d", &major, &minor, &patch); err != nil {
+		t.Fatalf("release %q: %v", release, err)
+	}
+	return fmt.Sprintf("%d.%d", major, minor)
 }
 
 // previousMinor is modbuild.PreviousKubernetes as --target-version takes it, e.g. "1.36".
 func previousMinor(t *testing.T) string {
 	t.Helper()
-	var major, minor, patch int
-	if _, err := fmt.Sscanf(modbuild.PreviousKubernetes, "v%d.%d.%d", &major, &minor, &patch); err != nil {
-		t.Fatalf("modbuild.PreviousKubernetes %q: %v", modbuild.PreviousKubernetes, err)
-	}
-	return fmt.Sprintf("%d.%d", major, minor)
+	return releaseMinor(t, modbuild.PreviousKubernetes)
 }
 
 // allResources is the encryption configuration's resource list: every
@@ -68,27 +91,27 @@ var allResources = []string{"'*.*'"}
 // and of the tool, which must know the API versions the cluster serves.
 const betaAPIs = "api/beta=true"
 
-// writeEveryResource starts the previous release's kube-apiserver with the
+// writeEveryResource starts release's real kube-apiserver with the
 // encryption configuration enc and beta APIs on, lets it write its bootstrap
 // objects and one object of every resource it persists, in every version it
 // serves (internal/everyresource), and returns it running, with what it wrote.
-func writeEveryResource(t *testing.T, c *cluster, enc string) (*apiserverproc.Server, *everyresource.Result) {
+func writeEveryResource(t *testing.T, c *cluster, release, enc string) (*apiserverproc.Server, *everyresource.Result) {
 	t.Helper()
 	old := apiserverproc.Start(t, apiserverproc.Options{
-		Binary:               previousAPIServer(t),
+		Binary:               olderAPIServer(t, release),
 		EtcdURL:              c.etcd.URL,
 		RuntimeConfig:        betaAPIs,
 		EncryptionConfigPath: enc,
 	})
 	res, err := everyresource.Create(context.Background(), old.ClientConfig, everyresource.Options{})
 	if err != nil {
-		t.Fatalf("kube-apiserver %s: create one object of every resource: %v", modbuild.PreviousKubernetes, err)
+		t.Fatalf("kube-apiserver %s: create one object of every resource: %v", release, err)
 	}
 	if len(res.Missing) > 0 {
-		t.Errorf("kube-apiserver %s persists resources Kubernetes' storage data at %s has no stub for, so nothing of them was tested: %v", modbuild.PreviousKubernetes, res.Version, res.Missing)
+		t.Errorf("kube-apiserver %s persists resources Kubernetes' storage data at %s has no stub for, so nothing of them was tested: %v", release, res.Version, res.Missing)
 	}
-	if want := previousMinor(t); res.Version != want {
-		t.Fatalf("the previous release's kube-apiserver says it is %s, want %s", res.Version, want)
+	if want := releaseMinor(t, release); res.Version != want {
+		t.Fatalf("kube-apiserver %s says it is %s, want %s", release, res.Version, want)
 	}
 	applied, status := 0, 0
 	for _, o := range res.Objects {
@@ -100,7 +123,7 @@ func writeEveryResource(t *testing.T, c *cluster, enc string) (*apiserverproc.Se
 		}
 	}
 	t.Logf("kube-apiserver %s wrote one object of each of the %d resource versions it serves and persists (%d also by server-side apply, %d with an applied status)",
-		modbuild.PreviousKubernetes, len(res.Objects), applied, status)
+		release, len(res.Objects), applied, status)
 	return old, res
 }
 
@@ -212,7 +235,7 @@ func keysOf[V any](m map[objKey]V) map[objKey]struct{} {
 func TestUpgradeFromPreviousRelease(t *testing.T) {
 	c := newCluster(t)
 	enc := c.writeEncryptionConfig("encryption.yaml", allResources, aescbcProvider("key1", 1))
-	old, res := writeEveryResource(t, c, enc)
+	old, res := writeEveryResource(t, c, modbuild.PreviousKubernetes, enc)
 	old.Stop()
 	plaintext := notEncryptedWith(t, c, "key1")
 	t.Logf("values kube-apiserver %s left unencrypted: %v", modbuild.PreviousKubernetes, plaintext)
@@ -270,28 +293,48 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	t.Logf("no-op update of %d objects of %d resources", total(byResource), len(byResource))
 }
 
-// TestTargetPreviousRelease: the reverse. The previous release's real
-// kube-apiserver writes its bootstrap objects and one object of every
-// resource it persists (every resource encrypted with key1); after a key
-// rotation the tool migrates with --target-version set to that release; the
-// same real kube-apiserver with only key2 then serves every object with the
-// content it served before and writes nothing on a no-op update of any
+// TestTargetOlderReleases: the reverse, for every older release
+// --target-version accepts, each proven by its own real kube-apiserver
+// (modbuild.OlderKubernetes, run side by side on etcds of their own). That
+// release's kube-apiserver writes its bootstrap objects and one object of
+// every resource it persists (every resource encrypted with key1); after a
+// key rotation the tool migrates with --target-version set to that release;
+// the same real kube-apiserver with only key2 then serves every object with
+// the content it served before and writes nothing on a no-op update of any
 // object of any resource: the tool wrote exactly the bytes it writes.
-// This release's kube-apiserver run with --emulated-version of the previous
-// one would not: it stores DeviceTaintRules in another version and writes
-// CSINodes with a field the previous release's types do not have (see
+// This release's kube-apiserver run with --emulated-version of an older one
+// would not: it stores DeviceTaintRules in another version and writes
+// CSINodes with a field the older releases' types do not have (see
 // internal/releasegen).
-func TestTargetPreviousRelease(t *testing.T) {
+func TestTargetOlderReleases(t *testing.T) {
+	targets := map[string]bool{}
+	for _, release := range modbuild.OlderKubernetes {
+		targets[releaseMinor(t, release)] = true
+	}
+	for _, v := range decode.TargetVersions() {
+		if v != decode.LinkedRelease() && !targets[v] {
+			t.Errorf("--target-version %s is accepted but no real kube-apiserver of it is in modbuild.OlderKubernetes: nothing proves it", v)
+		}
+	}
+	for _, release := range modbuild.OlderKubernetes {
+		t.Run(releaseMinor(t, release), func(t *testing.T) {
+			t.Parallel()
+			targetOlderRelease(t, release)
+		})
+	}
+}
+
+func targetOlderRelease(t *testing.T, release string) {
 	c := newCluster(t)
 	enc := c.writeEncryptionConfig("encryption.yaml", allResources, aescbcProvider("key1", 1))
-	old, _ := writeEveryResource(t, c, enc)
+	old, _ := writeEveryResource(t, c, release, enc)
 	before := snapshot(t, old.ClientConfig, servedResources(t, old.ClientConfig))
 	t.Logf("%d objects served before the migration", len(before))
 	old.Stop()
 	plaintext := notEncryptedWith(t, c, "key1")
 
 	c.writeEncryptionConfig("encryption.yaml", allResources, aescbcProvider("key2", 2), aescbcProvider("key1", 1))
-	target := previousMinor(t)
+	target := releaseMinor(t, release)
 	tool := []string{"--endpoints", c.etcd.Endpoint, "--encryption-provider-config", enc, "--runtime-config", betaAPIs, "--target-version", target}
 	if _, stderr, code := runTool(t, append([]string{"migrate", "--allow-live-apiserver", "--journal", filepath.Join(c.dir, "journal")}, tool...)...); code != 0 {
 		t.Fatalf("migrate --target-version %s: exit %d\n%s", target, code, stderr)
@@ -305,7 +348,7 @@ func TestTargetPreviousRelease(t *testing.T) {
 
 	c.writeEncryptionConfig("encryption.yaml", allResources, aescbcProvider("key2", 2))
 	again := apiserverproc.Start(t, apiserverproc.Options{
-		Binary:               previousAPIServer(t),
+		Binary:               olderAPIServer(t, release),
 		EtcdURL:              c.etcd.URL,
 		RuntimeConfig:        betaAPIs,
 		EncryptionConfigPath: enc,
@@ -314,7 +357,7 @@ func TestTargetPreviousRelease(t *testing.T) {
 	sameContent(t, again.ClientConfig, before)
 	byResource := noOpUpdatesByResource(t, again.ClientConfig)
 	noOpCoversEveryObject(t, byResource, keysOf(before))
-	t.Logf("no-op update of %d objects of %d resources", total(byResource), len(byResource))
+	t.Logf("kube-apiserver %s: no-op update of %d objects of %d resources", release, total(byResource), len(byResource))
 }
 
 // currentMinor is the release this module links (kube-apiserver's binary

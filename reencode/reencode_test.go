@@ -273,6 +273,60 @@ func TestPreviousReleaseTypes(t *testing.T) {
 	}
 }
 
+// TestPreviousReleaseTypesJSON is TestPreviousReleaseTypes for
+// --storage-media-type=application/json and yaml: 1.37's types write a
+// CSINode's empty status ("status":{}), 1.36's have no such field, so the
+// value for 1.36 is 1.37's without it, and a status that holds something is
+// refused; for 1.37, a CSINode 1.36 stored is rewritten with it (the
+// lose-fields guard lets only zero values be added).
+func TestPreviousReleaseTypesJSON(t *testing.T) {
+	gr := schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}
+	node := &storage.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "u3", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       storage.CSINodeSpec{Drivers: []storage.CSINodeDriver{{Name: "csi.example.com", NodeID: "node-1"}}},
+	}
+	for _, tc := range []struct{ media, status string }{
+		{decode.MediaTypeJSON, `,"status":{}`},
+		{decode.MediaTypeYAML, "status: {}\n"},
+	} {
+		current := write(t, storageConfig(t, "", tc.media), gr, node)
+		if !bytes.Contains(current, []byte(tc.status)) {
+			t.Fatalf("%s: the test's premise: 1.37 writes %q in %s", tc.media, tc.status, current)
+		}
+		as136 := bytes.Replace(current, []byte(tc.status), nil, 1)
+		target := storageConfig(t, "1.36", tc.media)
+		obj, err := decodeKV(t, "/registry/csinodes/node-1", as136)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Current {
+			t.Errorf("%s: a CSINode as 1.36 stores it, for 1.36: status %s %v %v, want current", tc.media, d.Status, d.Reasons, d.Err)
+		}
+		// For 1.37, what 1.36 stored loses nothing: 1.37's types only add
+		// the empty status.
+		if d := NewPlanner(storageConfig(t, "", tc.media), nil).Decide(context.Background(), obj, nil); d.Status != Stale || !bytes.Equal(d.NewValue, current) {
+			t.Errorf("%s: a CSINode as 1.36 stores it, for 1.37: status %s %v %v, want stale and written as 1.37 does", tc.media, d.Status, d.Reasons, d.Err)
+		}
+		obj, err = decodeKV(t, "/registry/csinodes/node-1", current)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := NewPlanner(target, nil).Decide(context.Background(), obj, nil); d.Status != Stale || !bytes.Equal(d.NewValue, as136) {
+			t.Errorf("%s: a CSINode as 1.37 stores it, for 1.36: status %s %v %v, want stale and written as 1.36 does:\n%s\nwant\n%s", tc.media, d.Status, d.Reasons, d.Err, d.NewValue, as136)
+		}
+		withStatus := node.DeepCopy()
+		withStatus.Status.StorageHealth = []storage.StorageHealth{{Name: "csi.example.com"}}
+		obj, err = decodeKV(t, "/registry/csinodes/node-1", write(t, storageConfig(t, "", tc.media), gr, withStatus))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := NewPlanner(target, nil).Decide(context.Background(), obj, nil)
+		if d.Status != Unreadable || d.Err.Reason != decode.ReasonWouldLoseFields || !strings.Contains(d.Err.Error(), "1.36") || !strings.Contains(d.Err.Error(), ".status") {
+			t.Errorf("%s: a CSINode with a status, for 1.36: status %s %v, want would-lose-fields naming 1.36 and .status", tc.media, d.Status, d.Err)
+		}
+	}
+}
+
 func TestUnknownJSONFieldIsRefused(t *testing.T) {
 	jsonSC := storageConfig(t, "", decode.MediaTypeJSON)
 	value := write(t, jsonSC, secretsGR, secret())

@@ -136,10 +136,10 @@ func wireZero(f wireField, depth int) bool {
 	return false
 }
 
-// forRelease gives data, an object of kind gvk as this release's protobuf
-// serializer encodes it, as the types of the previous release sc targets
-// encode it, when that release's types were generated (releasegen): the
-// fields its types do not have are left out. A newer release's types
+// forRelease gives data, an object of kind gvk as this release's storage
+// serializer encodes it (protobuf, JSON or YAML), as the types of the older
+// release sc targets encode it, when that release's types were generated
+// (releasegen): the fields its types do not have are left out. A newer release's types
 // marshal some fields even when empty (1.37's CSINode status, a
 // non-pointer message), which the older release never writes; the bytes
 // must be the older release's so that its kube-apiserver finds them
@@ -147,12 +147,19 @@ func wireZero(f wireField, depth int) bool {
 // an error.
 func forRelease(sc *decode.StorageConfig, gvk schema.GroupVersionKind, data []byte) ([]byte, error) {
 	rt, ok := sc.ReleaseTypes()
-	if !ok || len(data) < len(protobufMagic) || !bytes.Equal(data[:len(protobufMagic)], protobufMagic) {
+	if !ok {
 		return data, nil
 	}
 	typ, ok := rt.Kinds[gvk.String()]
 	if !ok {
 		return data, nil
+	}
+	if !bytes.HasPrefix(data, protobufMagic) {
+		out, err := jsonForRelease(data, typ, rt)
+		if err != nil {
+			return nil, fmt.Errorf("the types of kube-apiserver %s have no field %s of %s, which holds a value it would drop", rt.Release, err, gvk.Kind)
+		}
+		return out, nil
 	}
 	envelope, ok := wireFields(data[len(protobufMagic):])
 	if !ok {

@@ -9,8 +9,8 @@ import (
 )
 
 // TestGeneratedIsCurrent: decode/zz_generated_releases.go is what the
-// previous release's own code gives (after modbuild.PreviousKubernetes
-// moves, go run ./internal/releasegen).
+// older releases' own code gives (after modbuild.OlderKubernetes
+// changes, go run ./internal/releasegen).
 func TestGeneratedIsCurrent(t *testing.T) {
 	fresh := filepath.Join(t.TempDir(), "releases.go")
 	if err := run(context.Background(), fresh); err != nil {
