@@ -142,6 +142,9 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 	if c.String("snapshot-file") != "" {
 		return usageErr("--requested works on the cluster's etcd, not on --snapshot-file (an output snapshot must be current in every resource, a request migrates one)")
 	}
+	if err := storagemigration.Writable(s.env); err != nil {
+		return usageErr("--requested: %v; nothing was written", err)
+	}
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
 	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx)})
@@ -184,6 +187,9 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 func checkRecord(c *cli.Context, env *pipeline.Env) error {
 	if !c.Bool("record") {
 		return nil
+	}
+	if err := storagemigration.Writable(env); err != nil {
+		return usageErr("--record: %v; nothing was written", err)
 	}
 	served, why, err := storagemigration.Serving(env)
 	if err != nil {

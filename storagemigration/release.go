@@ -46,6 +46,27 @@ func controllerOf(env *pipeline.Env) (controller, error) {
 	return controller{minor: minor}, nil
 }
 
+// writable says whether the tool can write what this release's controller
+// writes. It reproduces the controllers of 1.36 and 1.37 only: 1.35's sets a
+// Running condition before it migrates (1.36's does not), and 1.34's reads
+// and writes storagemigration.k8s.io/v1alpha1.
+func (c controller) writable() error {
+	if c.minor < 36 {
+		return fmt.Errorf("StorageVersionMigration requests for a 1.%d target: the tool writes what the storage version migrator of kube-controller-manager 1.36 and 1.37 writes, and 1.%d's writes other conditions (or another API version); migrate without --requested and --record, and let that release's kube-controller-manager carry out the requests", c.minor, c.minor)
+	}
+	return nil
+}
+
+// Writable says whether the tool can carry out requests and write records
+// for the release env targets (see controller.writable); nil when it can.
+func Writable(env *pipeline.Env) error {
+	ctrl, err := controllerOf(env)
+	if err != nil {
+		return err
+	}
+	return ctrl.writable()
+}
+
 // apiVersion is the version of storagemigration.k8s.io the controller uses.
 func (c controller) apiVersion() string {
 	if c.minor >= 37 {

@@ -484,3 +484,45 @@ func TestConflictReported(t *testing.T) {
 		t.Errorf("the other writer's request was overwritten")
 	}
 }
+
+// TestOlderControllersRefused: for a 1.35 or 1.34 target, whose
+// kube-controller-manager writes other conditions (1.35: a Running
+// condition first) or another API version (1.34: v1alpha1), the tool
+// refuses to carry out requests or record a migration, writing nothing;
+// 1.36 and 1.37 are what it writes.
+func TestOlderControllersRefused(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	putRequest(c, r136, "secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
+	rev := c.Revision()
+	for _, target := range []string{"1.34", "1.35", "1.36", "1.37"} {
+		in := apiserverconfig.Input{TargetVersion: target, FeatureGates: []string{"StorageVersionMigrator=true"}, RuntimeConfig: []string{"storagemigration.k8s.io/v1beta1=true"}}
+		if target == "1.34" {
+			// 1.34 served v1alpha1 only, which these 1.37 types no longer
+			// have: the tool cannot serve the requests at all.
+			in.RuntimeConfig = nil
+		}
+		api, err := apiserverconfig.Load(in)
+		if err != nil {
+			t.Fatalf("%s: %v", target, err)
+		}
+		env := c.Env(pipeline.Config{APIServer: api})
+		err = Writable(env)
+		if refused := target == "1.34" || target == "1.35"; refused != (err != nil) {
+			t.Errorf("target %s: Writable = %v", target, err)
+		} else if refused && !strings.Contains(err.Error(), "requests for a "+target+" target") {
+			t.Errorf("target %s: %v", target, err)
+		}
+		if err == nil {
+			continue
+		}
+		if _, err := RunRequested(context.Background(), env, Options{Migrate: migrate.Options{AllowLiveAPIServer: true}}); err == nil || (target == "1.35" && !strings.Contains(err.Error(), "kube-controller-manager 1.36 and 1.37")) {
+			t.Errorf("target %s: --requested: %v", target, err)
+		}
+		if _, err := Record(context.Background(), env, &migrate.Summary{Resources: []migrate.ResourceSummary{{Resource: "secrets", Counts: migrate.Counts{Rewritten: 1}}}}, t0, migrate.Options{}, nil); err == nil {
+			t.Errorf("target %s: Record wrote", target)
+		}
+	}
+	if c.Revision() != rev {
+		t.Fatalf("refusals wrote (revision %d -> %d)", rev, c.Revision())
+	}
+}

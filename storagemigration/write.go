@@ -93,6 +93,9 @@ func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*wri
 	if err != nil {
 		return nil, err
 	}
+	if err := ctrl.writable(); err != nil {
+		return nil, err
+	}
 	if now == nil {
 		now = time.Now
 	}
