@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -530,20 +529,7 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 	addRatios(res)
 	printTable(os.Stdout, res)
 	if o.jsonPath != "" {
-		b, _ := json.MarshalIndent(res, "", "  ")
-		if err := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		txt := strings.TrimSuffix(o.jsonPath, ".json") + ".txt"
-		f, err := os.Create(txt)
-		if err != nil {
-			return err
-		}
-		printTable(f, res)
-		if err := f.Close(); err != nil {
-			return err
-		}
-		logf("figures written to %s and %s", o.jsonPath, txt)
+		return writeResults(res, o.jsonPath)
 	}
 	return nil
 }
@@ -600,15 +586,22 @@ func addRatios(res *results) {
 		res.Ratios = append(res.Ratios, ratio{Name: "etcd RSS MB after migrate (vs CAS@16)", Value: a, Target: math.Round(b), Met: a <= b,
 			Note: "etcd's resident set after migrate, medians, against after the CAS ceiling at 16 puts per transaction"})
 	}
-	for _, p := range [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}} {
+	res.Notes = append(res.Notes, baselineNotes(res, [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}})...)
+}
+
+// baselineNotes compares each pair's medians (the tool against the
+// -baseline build), then drops the measurements never taken (get creates
+// them).
+func baselineNotes(res *results, pairs [][2]string) []string {
+	var notes []string
+	for _, p := range pairs {
 		t, b := res.get(p[0]), res.get(p[1])
 		if len(t.Samples) == 0 || len(b.Samples) == 0 || b.CPUMicros.Median == 0 {
 			continue
 		}
-		res.Notes = append(res.Notes, fmt.Sprintf("%s against %s: %.2f × its objects/s, %.2f × its CPU per object (medians)",
+		notes = append(notes, fmt.Sprintf("%s against %s: %.2f × its objects/s, %.2f × its CPU per object (medians)",
 			p[0], p[1], t.ObjectsPerS.Median/b.ObjectsPerS.Median, t.CPUMicros.Median/b.CPUMicros.Median))
 	}
-	// Drop measurements never taken (get creates them).
 	var ms []*measurement
 	for _, m := range res.Measurements {
 		if len(m.Samples) > 0 {
@@ -616,6 +609,7 @@ func addRatios(res *results) {
 		}
 	}
 	res.Measurements = ms
+	return notes
 }
 
 func rng(s stat, f string) string {

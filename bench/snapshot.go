@@ -321,23 +321,7 @@ func snapshotNotes(res *results) []string {
 	ratio1("verify --snapshot / bare read", mSnapVerify, mSnapCeiling, 0.5)
 	ratio1("verify --snapshot / live verify", mSnapVerify, mSnapLiveVerify, 0)
 	ratio1("migrate --snapshot / live migrate", mSnapMigrate, mSnapLiveMigrate, 0.5)
-	for _, p := range [][2]string{{mSnapVerify, mSnapVerifyBase}, {mSnapMigrate, mSnapMigrateBase}} {
-		t, b := res.get(p[0]), res.get(p[1])
-		if len(t.Samples) == 0 || len(b.Samples) == 0 || b.CPUMicros.Median == 0 {
-			continue
-		}
-		notes = append(notes, fmt.Sprintf("%s against %s: %.2f × its objects/s, %.2f × its CPU per object (medians)",
-			p[0], p[1], t.ObjectsPerS.Median/b.ObjectsPerS.Median, t.CPUMicros.Median/b.CPUMicros.Median))
-	}
-	// Drop measurements never taken (get creates them).
-	var ms []*measurement
-	for _, m := range res.Measurements {
-		if len(m.Samples) > 0 {
-			ms = append(ms, m)
-		}
-	}
-	res.Measurements = ms
-	return notes
+	return append(notes, baselineNotes(res, [][2]string{{mSnapVerify, mSnapVerifyBase}, {mSnapMigrate, mSnapMigrateBase}})...)
 }
 
 // keepSnapshot copies the snapshot file and the encryption configurations into
