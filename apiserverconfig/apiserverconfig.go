@@ -95,6 +95,10 @@ type Config struct {
 	// RuntimeConfig and FeatureGates are the raw flag values, for reports.
 	RuntimeConfig string
 	FeatureGates  string
+	// LinkedOff are the feature gates the release's kube-apiserver has on
+	// with FeatureGates that Apply left off in the linked code, which
+	// cannot have them on at that release (linkedOff); set by Apply.
+	LinkedOff []string
 
 	// From records where each of the settings above came from, by flag name.
 	From map[string]Source
@@ -111,6 +115,8 @@ type Config struct {
 	mounts *hostMounts
 	// kmsMapped lists the KMS endpoints mapped to host paths, for Describe.
 	kmsMapped []mappedEndpoint
+	// applied are the gates Apply set on the process's gate.
+	applied []string
 }
 
 type mappedEndpoint struct{ container, host string }
@@ -141,8 +147,7 @@ func Load(in Input) (*Config, error) {
 	}
 	var args []string
 	var mounts *hostMounts
-	from := map[string]Source{}
-	cfg := &Config{From: from}
+	cfg := &Config{}
 	switch {
 	case in.Manifest != "":
 		var err error
@@ -164,53 +169,29 @@ func Load(in Input) (*Config, error) {
 		fileSource = FromFlags
 	}
 
-	opts, reg, ev := newOptions()
-	fs := flagSet(opts)
+	// The release decides the dependencies among the feature gates that
+	// --feature-gates is checked against (releaseFeatureGate): a first parse
+	// finds it, and an older release's command line is parsed again with
+	// its gate.
 	name := cfg.File
-	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("%s: kube-apiserver would reject its command line: %w", name, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%s: kube-apiserver takes no arguments, found %q", name, fs.Arg(0))
-	}
-	fs.Visit(func(f *pflag.Flag) { from[f.Name] = fileSource })
-	// The tool's own values come last, as a repeated flag would.
-	for _, v := range in.RuntimeConfig {
-		if err := fs.Set("runtime-config", v); err != nil {
-			return nil, fmt.Errorf("--runtime-config %q: %w", v, err)
-		}
-		from["runtime-config"] = FromTool
-	}
-	for _, v := range in.FeatureGates {
-		if err := fs.Set("feature-gates", v); err != nil {
-			return nil, fmt.Errorf("--feature-gates %q: %w", v, err)
-		}
-		from["feature-gates"] = FromTool
-	}
-	emulated := ""
-	if from["emulated-version"] != "" {
-		emulated = kubeEmulatedVersion(fs.Lookup("emulated-version").Value)
-	}
-	release, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, cfg.Image, emulated, name)
+	p, err := parseCommandLine(args, cfg.Image, in, name, fileSource, utilfeature.DefaultMutableFeatureGate.DeepCopy())
 	if err != nil {
 		return nil, err
 	}
-	if release != "" {
-		if _, err := decode.TargetEffectiveVersion(release, emulated); err != nil {
-			if releaseFrom == FromImage {
-				return nil, fmt.Errorf("%s: kube-apiserver image %s: %w", name, cfg.Image, err)
-			}
+	if p.release != "" {
+		gate, own, err := releaseFeatureGate(p.release)
+		if err != nil {
 			return nil, err
 		}
-		from["release"] = releaseFrom
-		if emulated == "" {
-			// The registry emulates the release (its feature gates at that
-			// version); min compatibility is set below, as the release has it.
-			if err := fs.Set("emulated-version", release); err != nil {
-				return nil, fmt.Errorf("--target-version %q: %w", release, err)
+		if own {
+			if p, err = parseCommandLine(args, cfg.Image, in, name, fileSource, gate); err != nil {
+				return nil, err
 			}
 		}
 	}
+	opts, reg, ev, fs, from := p.opts, p.reg, p.ev, p.fs, p.from
+	emulated, release, contradiction := p.emulated, p.release, p.contradiction
+	cfg.From = from
 	// The private registry takes --emulated-version and --feature-gates as
 	// kube-apiserver's does (emulation first, then gates) and so rejects what
 	// kube-apiserver would reject; nothing process-wide changes here.
@@ -262,13 +243,81 @@ func Load(in Input) (*Config, error) {
 	return cfg, nil
 }
 
-// newOptions returns kube-apiserver's options with a private copy of the
-// process's component globals (effective version and feature gate), so that
-// parsing and validating a command line changes nothing process-wide.
-func newOptions() (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry, basecompatibility.MutableEffectiveVersion) {
+// parsed is a command line parsed by kube-apiserver's own flag set, with the
+// release the tool writes for.
+type parsed struct {
+	opts              *options.ServerRunOptions
+	reg               basecompatibility.ComponentGlobalsRegistry
+	ev                basecompatibility.MutableEffectiveVersion
+	fs                *pflag.FlagSet
+	from              map[string]Source
+	emulated, release string
+	releaseFrom       Source
+	contradiction     string
+}
+
+// parseCommandLine parses args (the command line of file name, whose
+// container runs image) then the tool's own --runtime-config and
+// --feature-gates, with gate as kube-apiserver's feature gate, and finds the
+// release (targetRelease). The gates are not applied yet (the registry's Set).
+func parseCommandLine(args []string, image string, in Input, name string, fileSource Source, gate featuregate.MutableVersionedFeatureGate) (*parsed, error) {
+	opts, reg, ev := newOptions(gate)
+	fs := flagSet(opts)
+	from := map[string]Source{}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%s: kube-apiserver would reject its command line: %w", name, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%s: kube-apiserver takes no arguments, found %q", name, fs.Arg(0))
+	}
+	fs.Visit(func(f *pflag.Flag) { from[f.Name] = fileSource })
+	// The tool's own values come last, as a repeated flag would.
+	for _, v := range in.RuntimeConfig {
+		if err := fs.Set("runtime-config", v); err != nil {
+			return nil, fmt.Errorf("--runtime-config %q: %w", v, err)
+		}
+		from["runtime-config"] = FromTool
+	}
+	for _, v := range in.FeatureGates {
+		if err := fs.Set("feature-gates", v); err != nil {
+			return nil, fmt.Errorf("--feature-gates %q: %w", v, err)
+		}
+		from["feature-gates"] = FromTool
+	}
+	emulated := ""
+	if from["emulated-version"] != "" {
+		emulated = kubeEmulatedVersion(fs.Lookup("emulated-version").Value)
+	}
+	release, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, image, emulated, name)
+	if err != nil {
+		return nil, err
+	}
+	if release != "" {
+		if _, err := decode.TargetEffectiveVersion(release, emulated); err != nil {
+			if releaseFrom == FromImage {
+				return nil, fmt.Errorf("%s: kube-apiserver image %s: %w", name, image, err)
+			}
+			return nil, err
+		}
+		from["release"] = releaseFrom
+		if emulated == "" {
+			// The registry emulates the release (its feature gates at that
+			// version); min compatibility is set below, as the release has it.
+			if err := fs.Set("emulated-version", release); err != nil {
+				return nil, fmt.Errorf("--target-version %q: %w", release, err)
+			}
+		}
+	}
+	return &parsed{opts: opts, reg: reg, ev: ev, fs: fs, from: from, emulated: emulated, release: release, releaseFrom: releaseFrom, contradiction: contradiction}, nil
+}
+
+// newOptions returns kube-apiserver's options with private component globals
+// (an effective version, and gate: a copy of the process's feature gate, or
+// releaseFeatureGate's), so that parsing and validating a command line
+// changes nothing process-wide.
+func newOptions(gate featuregate.MutableVersionedFeatureGate) (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry, basecompatibility.MutableEffectiveVersion) {
 	opts := options.NewServerRunOptions()
 	reg := basecompatibility.NewComponentGlobalsRegistry()
-	gate := utilfeature.DefaultMutableFeatureGate.DeepCopy()
 	ev := compatibility.DefaultBuildEffectiveVersion()
 	if err := reg.Register(basecompatibility.DefaultKubeComponent, ev, gate); err != nil {
 		panic(err) // a fresh registry has no component yet
@@ -329,17 +378,43 @@ func (c *Config) EffectiveVersion() basecompatibility.EffectiveVersion {
 // --feature-gates): the strategies, defaulting and storage decisions the tool
 // runs read it. It is meant to be called once per process, before any object is
 // decoded.
+//
+// For an older release, --feature-gates is checked against that release's
+// own gate dependencies (releaseFeatureGate), and the gates the linked code
+// cannot have on at that release are left off (LinkedOff, linkedOff). Apply
+// may be called again (after SetRelease): the values it set before are
+// replaced.
 func (c *Config) Apply() error {
 	ev := c.EffectiveVersion()
-	gate := utilfeature.DefaultMutableFeatureGate
-	if err := gate.SetEmulationVersionAndMinCompatibilityVersion(ev.EmulationVersion(), ev.MinCompatibilityVersion()); err != nil {
-		return fmt.Errorf("--emulated-version: %w", err)
+	off, err := c.linkedOff(ev)
+	if err != nil {
+		return err
 	}
-	if c.FeatureGates != "" {
-		if err := gate.Set(c.FeatureGates); err != nil {
+	gate := utilfeature.DefaultMutableFeatureGate
+	for _, f := range c.applied {
+		if err := gate.ResetFeatureValueToDefault(featuregate.Feature(f)); err != nil {
 			return fmt.Errorf("--feature-gates: %w", err)
 		}
 	}
+	c.applied = nil
+	if err := gate.SetEmulationVersionAndMinCompatibilityVersion(ev.EmulationVersion(), ev.MinCompatibilityVersion()); err != nil {
+		return fmt.Errorf("--emulated-version: %w", err)
+	}
+	values := c.FeatureGates
+	for _, f := range off {
+		// After the flag's own value: the later wins, as in kube-apiserver's flag.
+		values = strings.TrimPrefix(values+","+f+"=false", ",")
+	}
+	if values != "" {
+		if err := gate.Set(values); err != nil {
+			return fmt.Errorf("--feature-gates: %w", err)
+		}
+		for _, kv := range strings.Split(values, ",") {
+			k, _, _ := strings.Cut(kv, "=")
+			c.applied = append(c.applied, strings.TrimSpace(k))
+		}
+	}
+	c.LinkedOff = off
 	return nil
 }
 

@@ -104,6 +104,9 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		s.close()
 		return nil, usageErr("%v", err)
 	}
+	if note := api.LinkedOffNote(); note != "" {
+		fmt.Fprintln(c.App.ErrWriter, note)
+	}
 	var cli *clientv3.Client
 	if snapshotFile != "" && readsInPlace(c) {
 		if s.file, err = openSnapshotFile(c); err != nil {

@@ -49,6 +49,9 @@ func releaseFromCluster(ctx context.Context, c *cli.Context, s *session, etcd et
 	if err := api.Apply(); err != nil {
 		return usageErr("%v", err)
 	}
+	if note := api.LinkedOffNote(); note != "" {
+		fmt.Fprintln(c.App.ErrWriter, note)
+	}
 	return nil
 }
 

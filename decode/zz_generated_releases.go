@@ -3594,3 +3594,9 @@ var releaseJSONTypes = map[string]map[string][]JSONField{
 		"k8s.io/apimachinery/pkg/apis/meta/v1.OwnerReference":                                {{"apiVersion", "", "\"\""}, {"kind", "", "\"\""}, {"name", "", "\"\""}, {"uid", "", "\"\""}, {"controller", "", ""}, {"blockOwnerDeletion", "", ""}},
 	},
 }
+
+// releaseFeatureDependencies are, for each such release, the dependencies
+// among its feature gates that its kube-apiserver refuses --feature-gates
+// against ("X is enabled, but depends on features that are disabled"): a
+// gate, the gates it needs on. None before 1.35.
+var releaseFeatureDependencies = map[string]map[string][]string{}

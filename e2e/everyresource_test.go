@@ -56,6 +56,13 @@ type storageSetting struct {
 	// feature (AllAlpha, AllBeta, api/all=true); else with its defaults
 	// and beta APIs (api/beta=true).
 	alpha bool
+	// statusRefused, when not nil, are exactly the resources (a
+	// GroupVersionResource's String()) whose status stub of the linked
+	// release's storage data this setting's kube-apiserver refuses as
+	// invalid (everyresource.Options.StatusRefused): those objects are
+	// written without it. Kubernetes' storage data of an older release has
+	// no status stubs.
+	statusRefused []string
 }
 
 // target is the release the setting's kube-apiserver is, as --target-version takes it.
@@ -279,10 +286,19 @@ func TestEveryPersistedResourceOlderTargets(t *testing.T) {
 	for _, release := range modbuild.OlderKubernetes {
 		cases = append(cases, tc{releaseMinor(t, release) + ", protobuf to JSON, custom resources JSON to CBOR",
 			storageSetting{binary: release}, storageSetting{binary: release, mediaType: "application/json", cbor: true}})
+		cases = append(cases, tc{releaseMinor(t, release) + ", protobuf to YAML, custom resources CBOR to JSON",
+			storageSetting{binary: release, cbor: true}, storageSetting{binary: release, mediaType: "application/yaml"}})
 	}
 	prev := modbuild.PreviousKubernetes
 	cases = append(cases, tc{previousMinor(t) + " alpha, JSON to protobuf, custom resources CBOR to JSON",
 		storageSetting{binary: prev, alpha: true, mediaType: "application/json", cbor: true}, storageSetting{binary: prev, alpha: true}})
+	// The release before: every alpha API of 1.35 on. 1.37's status stubs
+	// its validation refuses are listed (statusRefused).
+	r135, r134 := modbuild.OlderKubernetes[1], modbuild.OlderKubernetes[2]
+	cases = append(cases, tc{releaseMinor(t, r135) + " alpha, protobuf to JSON, custom resources JSON to CBOR",
+		storageSetting{binary: r135, alpha: true, statusRefused: []string{}}, storageSetting{binary: r135, alpha: true, mediaType: "application/json", cbor: true}})
+	cases = append(cases, tc{releaseMinor(t, r134) + " alpha, protobuf to YAML, custom resources CBOR to JSON",
+		storageSetting{binary: r134, alpha: true, cbor: true, statusRefused: []string{}}, storageSetting{binary: r134, alpha: true, mediaType: "application/yaml"}})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -301,9 +317,26 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 
 	// 1. The older setting writes everything.
 	cfg := c.startSetting(from, oldKeys)
-	res, err := everyresource.Create(ctx, cfg, everyresource.Options{})
+	res, err := everyresource.Create(ctx, cfg, everyresource.Options{
+		StatusRefused: from.statusRefused != nil,
+		// Not through an API version the linked release does not have
+		// (dropped below).
+		Skip: func(gvr schema.GroupVersionResource) bool { return !linkedHas(gvr.GroupVersion()) },
+	})
 	if err != nil {
 		t.Fatalf("create every resource under %s: %v", from, err)
+	}
+	if from.statusRefused != nil {
+		var refused []string
+		for gvr, e := range res.StatusRefused {
+			refused = append(refused, gvr.String())
+			t.Logf("kube-apiserver %s refuses the status stub of %s (the object is written without it): %s", from, gvr, e)
+		}
+		sort.Strings(refused)
+		want := slices.Sorted(slices.Values(from.statusRefused))
+		if !slices.Equal(refused, want) {
+			t.Errorf("kube-apiserver %s refused the status stubs of %q, want exactly %q", from, refused, want)
+		}
 	}
 	var missing, dropped []schema.GroupVersionResource
 	for _, gvr := range res.Missing {

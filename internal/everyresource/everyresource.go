@@ -7,7 +7,8 @@
 // resource a release adds is noticed; the objects are Kubernetes' own
 // storage-test stubs (k8s.io/kubernetes/test/integration/etcd, the data of
 // its etcd storage path test) for the release the server runs or emulates,
-// written through a dynamic client. Every object is created as kubectl's
+// completed for an older release by that release's own stubs (generated,
+// zz_generated_stubs.go), written through a dynamic client. Every object is created as kubectl's
 // client-side apply creates it (the last-applied annotation, field manager
 // kubectl-client-side-apply, an Update entry in managedFields); where the
 // resource can be patched a server-side apply by another manager adds a
@@ -68,6 +69,17 @@ type Options struct {
 	// Version is the release whose stubs to use, e.g. "1.36". Default: the
 	// server's emulated version, else its version (from /version).
 	Version string
+	// StatusRefused: a status stub the server refuses as invalid is not
+	// an error of Create but listed in Result.StatusRefused (the object is
+	// kept, without that status). Kubernetes' storage data has status stubs
+	// only for the release it is of (1.37): an older release's validation
+	// may refuse one (1.35 a StorageVersionMigration status without a
+	// resourceVersion); the caller's test lists which it expects.
+	StatusRefused bool
+	// Skip, when set, leaves out the served resource versions it returns
+	// true for: they are listed in Result.Missing, nothing is written
+	// through them.
+	Skip func(schema.GroupVersionResource) bool
 }
 
 // Object is one object Create wrote.
@@ -101,8 +113,11 @@ type Result struct {
 	Objects []Object
 	// Missing are the resources the server serves and persists (verbs
 	// create and get) for which Kubernetes' storage data at Version has
-	// no stub: nothing of them was written.
+	// no stub, or that Options.Skip left out: nothing of them was written.
 	Missing []schema.GroupVersionResource
+	// StatusRefused are, with Options.StatusRefused, the objects whose
+	// stub status the server refused as invalid, with its error.
+	StatusRefused map[schema.GroupVersionResource]string
 	// CRDs are the custom resource definitions created first
 	// (etcddata.GetCustomResourceDefinitionData), whose custom resources
 	// are among Objects.
@@ -155,6 +170,22 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 		}
 	}
 
+	// An older release's own storage-test stubs (generated from its
+	// k8s.io/kubernetes/test/integration/etcd by internal/releasegen) for the
+	// versions the linked release's data has no stub for: the alpha
+	// versions the linked release no longer has (1.34's storage.k8s.io/v1alpha1
+	// VolumeAttributesClasses).
+	for key, stub := range releaseStubs[res.Version] {
+		parts := strings.SplitN(key, "/", 3)
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("generated stub %q: not group/version/resource", key)
+		}
+		gvr := schema.GroupVersionResource{Group: parts[0], Version: parts[1], Resource: parts[2]}
+		if d, ok := data[gvr]; !ok || d.Stub == "" {
+			data[gvr] = etcddata.StorageData{Stub: stub[0], ExpectedEtcdPath: strings.ReplaceAll(stub[1], "/NAMESPACE/", "/"+opts.Namespace+"/")}
+		}
+	}
+
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": opts.Namespace}}}
 	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace %s: %w", opts.Namespace, err)
@@ -181,11 +212,19 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 	var errs []error
 	for _, r := range resources {
 		d, ok := data[r.gvr]
-		if !ok || d.Stub == "" {
+		if !ok || d.Stub == "" || (opts.Skip != nil && opts.Skip(r.gvr)) {
 			res.Missing = append(res.Missing, r.gvr)
 			continue
 		}
 		obj, err := create(ctx, dyn, r, d, opts.Namespace)
+		var refused statusRefused
+		if opts.StatusRefused && errors.As(err, &refused) {
+			if res.StatusRefused == nil {
+				res.StatusRefused = map[schema.GroupVersionResource]string{}
+			}
+			res.StatusRefused[r.gvr] = refused.err.Error()
+			err = nil
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -355,9 +394,19 @@ func create(ctx context.Context, dyn dynamic.Interface, r resource, d etcddata.S
 		status.SetName(o.Name)
 		status.SetNamespace(namespace)
 		if _, err := ri.ApplyStatus(ctx, o.Name, status, metav1.ApplyOptions{FieldManager: StatusManager, Force: true}); err != nil {
+			if apierrors.IsInvalid(err) {
+				return o, statusRefused{fmt.Errorf("apply status of %s: %w", o, err)}
+			}
 			return o, fmt.Errorf("apply status of %s: %w", o, err)
 		}
 		o.Status = true
 	}
 	return o, nil
 }
+
+// statusRefused is create's error when the server refused the stub's status
+// as invalid: the object itself was written.
+type statusRefused struct{ err error }
+
+func (e statusRefused) Error() string { return e.err.Error() }
+func (e statusRefused) Unwrap() error { return e.err }

@@ -8,23 +8,31 @@ import (
 	"testing"
 )
 
-// TestGeneratedIsCurrent: decode/zz_generated_releases.go is what the
-// older releases' own code gives (after modbuild.OlderKubernetes
-// changes, go run ./internal/releasegen).
+// TestGeneratedIsCurrent: decode/zz_generated_releases.go and
+// internal/everyresource/zz_generated_stubs.go are what the older releases'
+// own code gives (after modbuild.OlderKubernetes changes, go run
+// ./internal/releasegen).
 func TestGeneratedIsCurrent(t *testing.T) {
-	fresh := filepath.Join(t.TempDir(), "releases.go")
-	if err := run(context.Background(), fresh); err != nil {
+	root := t.TempDir()
+	for _, f := range []string{output, stubsOutput} {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := run(context.Background(), root); err != nil {
 		t.Fatal(err)
 	}
-	want, err := os.ReadFile(fresh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := os.ReadFile(filepath.Join("..", "..", output))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s is not what go run ./internal/releasegen writes now: run it", output)
+	for _, f := range []string{output, stubsOutput} {
+		want, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join("..", "..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s is not what go run ./internal/releasegen writes now: run it", f)
+		}
 	}
 }

@@ -1,0 +1,78 @@
+package apiserverconfig
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	genericfeatures "k8s.io/apiserver/pkg/features"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/component-base/featuregate"
+)
+
+// An older target's --feature-gates are checked as that release's own
+// kube-apiserver checks them (its own gate dependencies, generated from its
+// code): 1.35 and 1.34 accept AllAlpha=true, which 1.37's gate emulating
+// them refuses (EventedPLEG depends there on PLEGOnDemandRelist, new in
+// 1.36); 1.35 refuses what its own dependencies refuse, 1.34 (no
+// dependencies yet) accepts it. Apply leaves off in the process what the
+// linked code cannot have on at that release, and says so.
+func TestOlderReleaseFeatureGates(t *testing.T) {
+	t.Cleanup(func() {
+		// The process's gate back to the linked release's defaults.
+		cfg, err := Load(Input{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Apply(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	cases := []struct {
+		release, gates string
+		err            string   // Load's error, "" = accepted
+		off            []string // Apply's LinkedOff
+	}{
+		{release: "1.35", gates: "AllAlpha=true,AllBeta=true", off: []string{"EventedPLEG"}},
+		{release: "1.34", gates: "AllAlpha=true,AllBeta=true", off: []string{"EventedPLEG"}},
+		{release: "1.36", gates: "AllAlpha=true,AllBeta=true"},
+		{release: "1.37", gates: "AllAlpha=true,AllBeta=true"},
+		{release: "1.35", gates: "ProcMountType=true,UserNamespacesSupport=false", err: "ProcMountType is enabled, but depends on features that are disabled: [UserNamespacesSupport]"},
+		{release: "1.34", gates: "ProcMountType=true,UserNamespacesSupport=false", off: []string{"ProcMountType"}},
+	}
+	for _, c := range cases {
+		t.Run(c.release+" "+c.gates, func(t *testing.T) {
+			cfg, err := Load(Input{TargetVersion: c.release, FeatureGates: []string{c.gates}, RuntimeConfig: []string{"api/all=true"}})
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("Load: %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if err := cfg.Apply(); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			if !slices.Equal(cfg.LinkedOff, c.off) {
+				t.Errorf("LinkedOff %v, want %v", cfg.LinkedOff, c.off)
+			}
+			if note := cfg.LinkedOffNote(); (note != "") != (len(c.off) > 0) || (note != "" && !strings.Contains(note, c.off[0])) {
+				t.Errorf("note %q", note)
+			}
+			gate := utilfeature.DefaultFeatureGate
+			for _, f := range c.off {
+				if gate.Enabled(featuregate.Feature(f)) {
+					t.Errorf("%s on in the process", f)
+				}
+			}
+			if strings.Contains(c.gates, "AllAlpha=true") && !gate.Enabled(genericfeatures.CBORServingAndStorage) {
+				t.Errorf("%s: the alpha gate CBORServingAndStorage is off in the process", c.release)
+			}
+			if got := utilfeature.DefaultMutableFeatureGate.EmulationVersion().String(); got != c.release {
+				t.Errorf("process gate emulates %s, want %s", got, c.release)
+			}
+		})
+	}
+}
