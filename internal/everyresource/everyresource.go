@@ -76,10 +76,10 @@ type Options struct {
 	// may refuse one (1.35 a StorageVersionMigration status without a
 	// resourceVersion); the caller's test lists which it expects.
 	StatusRefused bool
-	// Skip, when set, leaves out the served resource versions it returns
-	// true for: they are listed in Result.Missing, nothing is written
-	// through them.
-	Skip func(schema.GroupVersionResource) bool
+	// Skip, when set, leaves out the served resource versions (and the
+	// kind discovery gives them) it returns true for: they are listed in
+	// Result.Missing, nothing is written through them.
+	Skip func(schema.GroupVersionResource, schema.GroupVersionKind) bool
 }
 
 // Object is one object Create wrote.
@@ -212,7 +212,7 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 	var errs []error
 	for _, r := range resources {
 		d, ok := data[r.gvr]
-		if !ok || d.Stub == "" || (opts.Skip != nil && opts.Skip(r.gvr)) {
+		if !ok || d.Stub == "" || (opts.Skip != nil && opts.Skip(r.gvr, r.kind)) {
 			res.Missing = append(res.Missing, r.gvr)
 			continue
 		}
