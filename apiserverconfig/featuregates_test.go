@@ -5,9 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/util/version"
 	genericfeatures "k8s.io/apiserver/pkg/features"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/component-base/featuregate"
+	basever "k8s.io/component-base/version"
 )
 
 // An older target's --feature-gates are checked as that release's own
@@ -18,16 +20,6 @@ import (
 // dependencies yet) accepts it. Apply leaves off in the process what the
 // linked code cannot have on at that release, and says so.
 func TestOlderReleaseFeatureGates(t *testing.T) {
-	t.Cleanup(func() {
-		// The process's gate back to the linked release's defaults.
-		cfg, err := Load(Input{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cfg.Apply(); err != nil {
-			t.Fatal(err)
-		}
-	})
 	cases := []struct {
 		release, gates string
 		err            string   // Load's error, "" = accepted
@@ -52,6 +44,20 @@ func TestOlderReleaseFeatureGates(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
+			t.Cleanup(func() {
+				// The process's gate back to the linked release's defaults
+				// (Load copies it).
+				gate := utilfeature.DefaultMutableFeatureGate
+				for _, f := range cfg.applied {
+					if err := gate.ResetFeatureValueToDefault(featuregate.Feature(f)); err != nil {
+						t.Error(err)
+					}
+				}
+				v := version.MustParse(basever.DefaultKubeBinaryVersion)
+				if err := gate.SetEmulationVersionAndMinCompatibilityVersion(v, v.SubtractMinor(1)); err != nil {
+					t.Error(err)
+				}
+			})
 			if err := cfg.Apply(); err != nil {
 				t.Fatalf("Apply: %v", err)
 			}
