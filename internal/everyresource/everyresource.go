@@ -115,6 +115,10 @@ type Result struct {
 	// create and get) for which Kubernetes' storage data at Version has
 	// no stub, or that Options.Skip left out: nothing of them was written.
 	Missing []schema.GroupVersionResource
+	// FromRelease are the resources among Objects whose stub is the older
+	// release's own (zz_generated_stubs.go): the linked release's storage
+	// data has none for them.
+	FromRelease []schema.GroupVersionResource
 	// StatusRefused are, with Options.StatusRefused, the objects whose
 	// stub status the server refused as invalid, with its error.
 	StatusRefused map[schema.GroupVersionResource]string
@@ -175,6 +179,7 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 	// versions the linked release's data has no stub for: the alpha
 	// versions the linked release no longer has (1.34's storage.k8s.io/v1alpha1
 	// VolumeAttributesClasses).
+	fromRelease := map[schema.GroupVersionResource]bool{}
 	for key, stub := range releaseStubs[res.Version] {
 		parts := strings.SplitN(key, "/", 3)
 		if len(parts) != 3 {
@@ -183,6 +188,7 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 		gvr := schema.GroupVersionResource{Group: parts[0], Version: parts[1], Resource: parts[2]}
 		if d, ok := data[gvr]; !ok || d.Stub == "" {
 			data[gvr] = etcddata.StorageData{Stub: stub[0], ExpectedEtcdPath: strings.ReplaceAll(stub[1], "/NAMESPACE/", "/"+opts.Namespace+"/")}
+			fromRelease[gvr] = true
 		}
 	}
 
@@ -230,6 +236,9 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 			continue
 		}
 		res.Objects = append(res.Objects, obj)
+		if fromRelease[r.gvr] {
+			res.FromRelease = append(res.FromRelease, r.gvr)
+		}
 	}
 	return res, errors.Join(errs...)
 }
