@@ -310,9 +310,9 @@ func TestEveryPersistedResourceOlderTargets(t *testing.T) {
 	}
 	prev, r135, r134 := modbuild.OlderKubernetes[0], modbuild.OlderKubernetes[1], modbuild.OlderKubernetes[2]
 	cases = append(cases,
-		tc{releaseMinor(t, prev) + ", protobuf to YAML, custom resources CBOR to JSON",
+		tc{previousMinor(t) + ", protobuf to YAML, custom resources CBOR to JSON",
 			storageSetting{binary: prev, cbor: true}, storageSetting{binary: prev, mediaType: "application/yaml"}},
-		tc{releaseMinor(t, prev) + " alpha, JSON to protobuf, custom resources CBOR to JSON",
+		tc{previousMinor(t) + " alpha, JSON to protobuf, custom resources CBOR to JSON",
 			storageSetting{binary: prev, alpha: true, mediaType: "application/json", cbor: true}, storageSetting{binary: prev, alpha: true}},
 		tc{releaseMinor(t, r135) + " alpha, protobuf to YAML, custom resources JSON to CBOR",
 			// 1.37's example status of a StorageVersionMigration has no
