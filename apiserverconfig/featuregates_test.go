@@ -44,20 +44,7 @@ func TestOlderReleaseFeatureGates(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
-			t.Cleanup(func() {
-				// The process's gate back to the linked release's defaults
-				// (Load copies it).
-				gate := utilfeature.DefaultMutableFeatureGate
-				for _, f := range cfg.applied {
-					if err := gate.ResetFeatureValueToDefault(featuregate.Feature(f)); err != nil {
-						t.Error(err)
-					}
-				}
-				v := version.MustParse(basever.DefaultKubeBinaryVersion)
-				if err := gate.SetEmulationVersionAndMinCompatibilityVersion(v, v.SubtractMinor(1)); err != nil {
-					t.Error(err)
-				}
-			})
+			t.Cleanup(func() { resetProcessGate(t, cfg) })
 			if err := cfg.Apply(); err != nil {
 				t.Fatalf("Apply: %v", err)
 			}
@@ -80,5 +67,53 @@ func TestOlderReleaseFeatureGates(t *testing.T) {
 				t.Errorf("process gate emulates %s, want %s", got, c.release)
 			}
 		})
+	}
+}
+
+// resetProcessGate puts the process's gate back to the linked release's
+// defaults after cfg.Apply (Load copies it).
+func resetProcessGate(t *testing.T, cfg *Config) {
+	gate := utilfeature.DefaultMutableFeatureGate
+	for _, f := range cfg.applied {
+		if err := gate.ResetFeatureValueToDefault(featuregate.Feature(f)); err != nil {
+			t.Error(err)
+		}
+	}
+	v := version.MustParse(basever.DefaultKubeBinaryVersion)
+	if err := gate.SetEmulationVersionAndMinCompatibilityVersion(v, v.SubtractMinor(1)); err != nil {
+		t.Error(err)
+	}
+}
+
+// The release found after Load (kubeadm's ClusterConfiguration in etcd):
+// Apply again replaces what the first Apply set, at the release's version
+// and with its own gate dependencies.
+func TestFeatureGatesReappliedForTheRelease(t *testing.T) {
+	cfg, err := Load(Input{FeatureGates: []string{"AllAlpha=true,AllBeta=true"}, RuntimeConfig: []string{"api/all=true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resetProcessGate(t, cfg) })
+	if err := cfg.Apply(); err != nil {
+		t.Fatalf("Apply as 1.37: %v", err)
+	}
+	if len(cfg.LinkedOff) != 0 {
+		t.Errorf("LinkedOff %v as 1.37", cfg.LinkedOff)
+	}
+	if err := cfg.SetRelease("1.35", FromKubeadm); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Apply(); err != nil {
+		t.Fatalf("Apply as 1.35: %v", err)
+	}
+	if !slices.Equal(cfg.LinkedOff, []string{"EventedPLEG"}) {
+		t.Errorf("LinkedOff %v as 1.35, want [EventedPLEG]", cfg.LinkedOff)
+	}
+	gate := utilfeature.DefaultMutableFeatureGate
+	if got := gate.EmulationVersion().String(); got != "1.35" {
+		t.Errorf("process gate emulates %s, want 1.35", got)
+	}
+	if gate.Enabled("EventedPLEG") || !gate.Enabled(genericfeatures.CBORServingAndStorage) {
+		t.Errorf("EventedPLEG %v (want off), CBORServingAndStorage %v (want on)", gate.Enabled("EventedPLEG"), gate.Enabled(genericfeatures.CBORServingAndStorage))
 	}
 }
