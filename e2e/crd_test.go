@@ -262,8 +262,13 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	if code := rep.ExitCode(); code != verify.ExitStale {
 		t.Fatalf("verify exit %d, want 3 (summary %+v)", code, rep.Summary)
 	}
-	if got, want := staleResources(t, rep), []string{"gadgets.hook.example.com", "widgets.none.example.com"}; !slices.Equal(got, want) {
-		t.Errorf("verify names stale %v, want %v", got, want)
+	// kube-apiserver may have emitted an Event through events.k8s.io while
+	// it ran (its ServiceCIDR controller's, now and then): a no-op update
+	// through the core group, the Event's own, drops that managedFields
+	// entry, so the tool finds it stale by managed-fields (docs/design.md).
+	stale := slices.DeleteFunc(staleResources(t, rep), func(r string) bool { return r == "events" })
+	if want := []string{"gadgets.hook.example.com", "widgets.none.example.com"}; !slices.Equal(stale, want) {
+		t.Errorf("verify names stale %v, want %v", stale, want)
 	}
 	for _, s := range rep.CRDs {
 		if s.Trimmable {
@@ -272,8 +277,14 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 	}
 	callsBefore := hook.calls.Load()
 	sum := c.migrate(cfg)
-	if sum.Summary.Rewritten != 6 {
-		t.Errorf("migrate rewrote %d custom resources, want the 6 stored in v1beta1 (summary %+v)", sum.Summary.Rewritten, sum.Summary)
+	var crs int64
+	for _, r := range sum.Resources {
+		if r.Group == "none.example.com" || r.Group == "hook.example.com" {
+			crs += r.Rewritten
+		}
+	}
+	if crs != 6 {
+		t.Errorf("migrate rewrote %d custom resources, want the 6 stored in v1beta1 (summary %+v)", crs, sum.Summary)
 	}
 	if hook.calls.Load() == callsBefore {
 		t.Errorf("the migration never called the conversion webhook")
