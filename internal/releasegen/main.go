@@ -210,22 +210,31 @@ func storageVersions(ctx context.Context, release string) (*generated, error) {
 	spec.Name = "storageversions-" + release
 	spec.Package = "kem-release-build/storageversions"
 	spec.Files = map[string]string{"storageversions/main.go": program}
+	var got generated
+	if err := buildAndRun(ctx, spec, &got); err != nil {
+		return nil, err
+	}
+	return &got, nil
+}
+
+// buildAndRun builds spec's program (once per machine, modbuild), runs it and
+// decodes the JSON it prints into v.
+func buildAndRun(ctx context.Context, spec modbuild.Spec, v any) error {
 	bin, err := modbuild.Build(ctx, spec)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %v\n%s", bin, err, stderr.String())
+		return fmt.Errorf("%s: %v\n%s", bin, err, stderr.String())
 	}
-	var got generated
-	if err := json.Unmarshal(out, &got); err != nil {
-		return nil, fmt.Errorf("%s: %w", bin, err)
+	if err := json.Unmarshal(out, v); err != nil {
+		return fmt.Errorf("%s: %w", bin, err)
 	}
-	return &got, nil
+	return nil
 }
 
 // runStubs writes the objects of each older release's own etcd storage test
@@ -296,20 +305,9 @@ func stubs(ctx context.Context, release string) (map[string][2]string, error) {
 	spec.Name = "stubs-" + release
 	spec.Package = "kem-release-build/stubs"
 	spec.Files = map[string]string{"stubs/main.go": stubsProgram, "stubs/data.go": string(src)}
-	bin, err := modbuild.Build(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %v\n%s", bin, err, stderr.String())
-	}
 	var got map[string][2]string
-	if err := json.Unmarshal(out, &got); err != nil {
-		return nil, fmt.Errorf("%s: %w", bin, err)
+	if err := buildAndRun(ctx, spec, &got); err != nil {
+		return nil, err
 	}
 	return got, nil
 }
