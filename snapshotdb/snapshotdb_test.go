@@ -372,13 +372,7 @@ func TestDamagedFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name string, b []byte) string { return testsnap.Write(t, dir, name, b) }
 	d := testsnap.Damage(t, dir, b)
 	for _, tc := range []struct {
 		name, path, want string

@@ -31,13 +31,7 @@ type Damaged struct {
 // into dir, mode 0600.
 func Damage(t testing.TB, dir string, good []byte) Damaged {
 	t.Helper()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name string, b []byte) string { return Write(t, dir, name, b) }
 	flipped := bytes.Clone(good)
 	flipped[len(flipped)/2] ^= 0xff
 	noTrailer := good[:len(good)-sha256.Size]
@@ -52,4 +46,14 @@ func Damage(t testing.TB, dir string, good []byte) Damaged {
 		TruncatedMember: write("truncated2.db", noTrailer[:len(noTrailer)/2]),
 		Garbage:         write("garbage.db", garbage),
 	}
+}
+
+// Write writes b to dir/name, mode 0600, and returns its path.
+func Write(t testing.TB, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
