@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"kube-etcd-migrate/rundir"
 )
 
 // buildTool builds the kube-etcd-migrate binary from the module root.
@@ -59,6 +61,15 @@ type toolRun struct {
 // it reported this benchmark's own RSS (which grows with N) instead of the tool's.
 func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
+	// The writing commands keep their undo (a snapshot before the first write,
+	// the journal) as an operator's run does, in a state directory of the
+	// benchmark's own, emptied after each run.
+	stateDir, err := os.MkdirTemp("", "kem-bench-state-")
+	if err != nil {
+		return toolRun{}, err
+	}
+	defer os.RemoveAll(stateDir)
+	cmd.Env = append(os.Environ(), rundir.EnvStateDir+"="+stateDir)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
@@ -83,7 +94,7 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 			}
 		}
 	}()
-	err := cmd.Wait()
+	err = cmd.Wait()
 	close(stop)
 	<-sampled
 	r := toolRun{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes(), peakRSSKB: peak}

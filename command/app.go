@@ -97,10 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return ce.code
 	}
 	fmt.Fprintf(stderr, "error: %v\n", err)
-	if isUsage(err) {
-		return exitUsage
-	}
-	return exitError
+	return exitCodeOf(err)
 }
 
 // isUsage recognises urfave/cli's own flag errors.
@@ -140,6 +137,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			verifyCommand(),
 			migrateCommand(),
 			rollbackCommand(),
+			runsCommand(),
 			quarantineCommand(),
 			versionCommand(),
 			completionCommand(),

@@ -23,8 +23,6 @@ func migrateCommand() *cli.Command {
 		Flags: append(append(append(commonFlags(), targetFlags()...),
 			outputFlag("table", "table", "json"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
-			&cli.StringFlag{Name: "journal", Usage: "record old values before each write (mode 0600) for 'rollback'"},
-			&cli.StringFlag{Name: "snapshot", Usage: "save an etcd snapshot here before the first write"},
 			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
 			&cli.Int64Flag{Name: "quota-backend-bytes", Usage: "etcd's --quota-backend-bytes, when its members' metrics (etcd_server_quota_backend_bytes) do not answer; else etcd's manifest beside --apiserver-manifest; the preflight says which it used"},
 			&cli.BoolFlag{Name: "compact-history", Usage: "compact etcd's history up to the run's latest write whenever the database nears the quota, as kube-apiserver's compactor does (the journal is the rollback), so a rewrite larger than the free space completes"},
@@ -35,16 +33,19 @@ func migrateCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
 			&cli.BoolFlag{Name: "requested", Usage: "carry out exactly the cluster's pending StorageVersionMigration requests, in kube-controller-manager's order, and record each outcome in the request as it does (needs a target kube-apiserver serving storagemigration.k8s.io)"},
 			&cli.BoolFlag{Name: "record", Usage: "after the migration, write a finished StorageVersionMigration for each resource rewritten, so the cluster's API shows it (needs a target kube-apiserver serving storagemigration.k8s.io, else nothing is written)"},
-		), outputSnapshotFlags()...),
+		), append(undoFlags(), outputSnapshotFlags()...)...),
 		Action:             cmdMigrate,
 		OnUsageError:       commandUsageError,
 		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
 	}
 }
 
-func cmdMigrate(c *cli.Context) error {
+func cmdMigrate(c *cli.Context) (err error) {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
+	if err := checkUndoFlags(c); err != nil {
+		return err
+	}
 	if c.Int("batch-ops") <= 0 || c.Int("batch-ops") > 128 {
 		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
 	}
@@ -69,22 +70,35 @@ func cmdMigrate(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("requested") {
-		return cmdMigrateRequested(ctx, c, s)
-	}
-	if err := checkRecord(c, s.env); err != nil {
+		if err := checkRequested(c, s); err != nil {
+			return err
+		}
+	} else if err := checkRecord(c, s.env); err != nil {
 		return err
 	}
+	u, err := startRun(c, "migrate", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	if err != nil {
+		return err
+	}
+	if c.Bool("requested") {
+		var res *storagemigration.Result
+		defer func() { u.finish(c, err, requestsWritten(res), res) }()
+		res, err = cmdMigrateRequested(ctx, c, s, u)
+		return err
+	}
+	var sum *migrate.Summary
+	defer func() { u.finish(c, err, migrateWritten(sum), sum) }()
 	started := time.Now()
 	prog := newProgress(c.App.ErrWriter, "migrate", countKeys(ctx, s.env))
 	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
 	// transactions and the journal finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	opts := migrateOptions(c, writeCtx)
+	opts := migrateOptions(c, writeCtx, u)
 	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
-	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, writeCtx)
+	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, writeCtx, u)
 	if sum != nil {
 		if err := writeMigrateReport(c.App.Writer, sum, records, c.String("output")); err != nil {
 			return err
@@ -113,13 +127,37 @@ func cmdMigrate(c *cli.Context) error {
 	return nil
 }
 
-// migrateOptions are the write options of the migrate command's flags.
-func migrateOptions(c *cli.Context, writeCtx context.Context) migrate.Options {
+// migrateWritten counts what a migration wrote.
+func migrateWritten(sum *migrate.Summary) int64 {
+	if sum == nil {
+		return 0
+	}
+	return sum.Summary.Rewritten
+}
+
+// requestsWritten counts what the migrations of StorageVersionMigration requests wrote.
+func requestsWritten(res *storagemigration.Result) int64 {
+	var n int64
+	if res == nil {
+		return 0
+	}
+	for _, o := range res.Requests {
+		if o.Migration != nil {
+			n += o.Migration.Summary.Rewritten
+		}
+	}
+	return n
+}
+
+// migrateOptions are the write options of the migrate command's flags; u is
+// the run directory the journal and snapshot go to.
+func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun) migrate.Options {
 	return migrate.Options{
 		DryRun:             c.Bool("dry-run"),
 		FailFast:           c.Bool("fail-fast"),
-		Journal:            c.String("journal"),
-		Snapshot:           c.String("snapshot"),
+		Journal:            u.journal(c),
+		Snapshot:           u.snapshot(c),
+		OnPreflight:        u.plan,
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
 		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
 		CompactHistory:     c.Bool("compact-history"),
@@ -131,8 +169,8 @@ func migrateOptions(c *cli.Context, writeCtx context.Context) migrate.Options {
 	}
 }
 
-// cmdMigrateRequested is 'migrate --requested'.
-func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error {
+// checkRequested refuses what 'migrate --requested' does not take, before anything is written.
+func checkRequested(c *cli.Context, s *session) error {
 	if c.Bool("record") {
 		return usageErr("--requested and --record: the requests record their own outcome; give one of them")
 	}
@@ -145,9 +183,14 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 	if err := storagemigration.Writable(s.env); err != nil {
 		return usageErr("--requested: %v; nothing was written", err)
 	}
+	return nil
+}
+
+// cmdMigrateRequested is 'migrate --requested'.
+func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, u *undoRun) (*storagemigration.Result, error) {
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx)})
+	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx, u)})
 	if res != nil {
 		write := func(w io.Writer, format string) error {
 			if format == "json" {
@@ -156,30 +199,30 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 			return res.WriteTable(w)
 		}
 		if err := writeReport(c.App.Writer, c.String("output"), write); err != nil {
-			return err
+			return res, err
 		}
 	}
 	if p := c.String("metrics-file"); p != "" && res != nil && !res.DryRun {
 		if err := metrics.WriteMigrate(p, requestFigures(res), requestsDuration(res)); err != nil {
-			return fmt.Errorf("--metrics-file %s: %w", p, err)
+			return res, fmt.Errorf("--metrics-file %s: %w", p, err)
 		}
 	}
 	if runErr != nil {
-		return runErr
+		return res, runErr
 	}
 	unreadable := false
 	for _, o := range res.Requests {
 		if o.Result == storagemigration.ResultLeftRunning {
-			return &codeError{code: exitError, err: fmt.Errorf("request %s: %s", o.Name, o.Message)}
+			return res, &codeError{code: exitError, err: fmt.Errorf("request %s: %s", o.Name, o.Message)}
 		}
 		if o.Migration != nil && o.Migration.Summary.Unreadable > 0 {
 			unreadable = true
 		}
 	}
 	if unreadable {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("unreadable object(s) left untouched: the requests of their resources are Failed")}
+		return res, &codeError{code: exitUnreadable, err: fmt.Errorf("unreadable object(s) left untouched: the requests of their resources are Failed")}
 	}
-	return nil
+	return res, nil
 }
 
 // checkRecord refuses --record, before anything is written, when the target
@@ -202,7 +245,7 @@ func checkRecord(c *cli.Context, env *pipeline.Env) error {
 }
 
 // recordMigration writes the records of a finished migration (--record).
-func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, writeCtx context.Context) ([]storagemigration.Recorded, error) {
+func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, writeCtx context.Context, u *undoRun) ([]storagemigration.Recorded, error) {
 	if !c.Bool("record") || sum == nil {
 		return nil, nil
 	}
@@ -219,7 +262,7 @@ func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum
 	if runErr != nil {
 		return nil, fmt.Errorf("--record: the migration did not finish: no record was written")
 	}
-	recs, err := storagemigration.Record(ctx, env, sum, started, migrateOptions(c, writeCtx), nil)
+	recs, err := storagemigration.Record(ctx, env, sum, started, migrateOptions(c, writeCtx, u), nil)
 	if err != nil {
 		return recs, fmt.Errorf("--record: %w", err)
 	}

@@ -104,9 +104,19 @@ func writeRollback(w io.Writer, r migrate.RollbackResult, format string) error {
 	if format == "json" {
 		return writeReport(w, format, func(w io.Writer, _ string) error { return writeJSON(w, r) })
 	}
-	fmt.Fprintf(w, "restored %d, unchanged %d, skipped %d (changed since), failed %d\n", r.Restored, r.Unchanged, r.Skipped, r.Failed)
+	for _, p := range r.Preflight {
+		fmt.Fprintf(w, "preflight: %s\n", p)
+	}
+	verb := "restored"
+	if r.DryRun {
+		verb = "dry run, nothing written: would restore"
+	}
+	fmt.Fprintf(w, "%s %d, unchanged %d, skipped %d (changed since), failed %d\n", verb, r.Restored, r.Unchanged, r.Skipped, r.Failed)
 	for _, k := range r.Keys {
 		fmt.Fprintf(w, "  %s\n", k)
+	}
+	if r.KeysNotListed > 0 {
+		fmt.Fprintf(w, "  ... and %d more\n", r.KeysNotListed)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)

@@ -3,6 +3,7 @@ package command
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -17,19 +18,21 @@ func quarantineCommand() *cli.Command {
 			outputFlag("table", "table", "json"),
 			&cli.StringSliceFlag{Name: "reason", Usage: "remove objects unreadable for this reason (repeatable, comma list): undecryptable, corrupt-envelope, corrupt-payload, unknown-kind"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "list what would be removed and what is kept, write nothing"},
-			&cli.StringFlag{Name: "journal", Usage: "record each removed key's value, lease and revisions here (mode 0600) for 'rollback'; required unless --dry-run"},
 			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "remove even though a kube-apiserver looks alive"},
 			&cli.IntFlag{Name: "batch-ops", Value: 16, Usage: "deletes per CAS transaction"},
-		), outputSnapshotFlags()...),
+		), append(undoFlags(), outputSnapshotFlags()...)...),
 		Action:             cmdQuarantine,
 		OnUsageError:       commandUsageError,
 		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
 	}
 }
 
-func cmdQuarantine(c *cli.Context) error {
+func cmdQuarantine(c *cli.Context) (err error) {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
+	if err := checkUndoFlags(c); err != nil {
+		return err
+	}
 	reasons, err := quarantine.ParseReasons(c.StringSlice("reason"))
 	if err != nil {
 		return usageErr("%v", err)
@@ -37,8 +40,8 @@ func cmdQuarantine(c *cli.Context) error {
 	if len(c.StringSlice("resource")) == 0 {
 		return usageErr("--resource: name the resource(s) to quarantine objects of, e.g. --resource secrets")
 	}
-	if !c.Bool("dry-run") && c.String("journal") == "" {
-		return usageErr("--journal FILE is required: the removed values are recorded there, for 'rollback' (or --dry-run)")
+	if !c.Bool("dry-run") && c.Bool("no-undo") && c.String("snapshot-file") == "" {
+		return usageErr("--no-undo: quarantine always keeps the removed values (its journal) for 'rollback'; leave out --no-undo")
 	}
 	if n := c.Int("batch-ops"); n <= 0 || n > 128 {
 		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
@@ -55,10 +58,29 @@ func cmdQuarantine(c *cli.Context) error {
 	// flight finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
+	u, err := startRun(c, "quarantine", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	if err != nil {
+		return err
+	}
+	var res *quarantine.Result
+	defer func() {
+		var removed int64
+		if res != nil {
+			removed = res.Removed
+		}
+		u.finish(c, err, removed, res)
+	}()
+	journal := u.journal(c)
+	if journal == "" && c.String("snapshot-file") != "" && !c.Bool("dry-run") {
+		// The private copy of a backup: the input file is the undo.
+		journal = filepath.Join(s.snap.Dir(), "quarantine.journal")
+	}
 	res, runErr := quarantine.Run(ctx, s.env, quarantine.Options{
 		Reasons:            reasons,
 		DryRun:             c.Bool("dry-run"),
-		Journal:            c.String("journal"),
+		Journal:            journal,
+		Snapshot:           u.snapshot(c),
+		OnPreflight:        u.plan,
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
 		PrivateEtcd:        c.String("snapshot-file"),
 		BatchOps:           c.Int("batch-ops"),

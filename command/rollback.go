@@ -1,35 +1,101 @@
 package command
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"slices"
 
 	"github.com/urfave/cli/v2"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/rundir"
 )
 
 func rollbackCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "rollback",
-		Usage: "put back the values a migrate run replaced, from its journal (keys changed since are skipped)",
+		Usage: "undo run ID and every later run, newest first (--run), or put back the values one journal replaced (--journal); keys changed since are skipped",
 		Flags: append(append(etcdscan.Flags(), apiServerFlags()...),
-			&cli.StringFlag{Name: "journal", Required: true, Usage: "journal written by 'migrate --journal'"},
+			&cli.StringFlag{Name: "run", Usage: "undo this run (an ID from 'kube-etcd-migrate runs') and every later one, newest first"},
+			&cli.StringFlag{Name: "journal", Usage: "undo the writes this journal records (a run directory's journal, or one written with 'migrate --journal')"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be restored, skipped or left, write nothing"},
+			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
+			stateDirFlag(),
+			&cli.BoolFlag{Name: "no-undo", Usage: "DANGEROUS: keep no journal and no snapshot of what the rollback overwrites"},
 			outputFlag("table", "table", "json")),
-		Action:       cmdRollback,
-		OnUsageError: commandUsageError,
+		Action:             cmdRollback,
+		OnUsageError:       commandUsageError,
+		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
 	}
 }
 
-func cmdRollback(c *cli.Context) error {
+func cmdRollback(c *cli.Context) (err error) {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
+	runID, journalPath := c.String("run"), c.String("journal")
+	if (runID == "") == (journalPath == "") {
+		return usageErr("rollback: give --run ID (see 'kube-etcd-migrate runs') or --journal FILE")
+	}
 	cli, err := connect(ctx, c)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	res, err := migrate.Rollback(ctx, cli, c.String("journal"), &etcdscan.Writer{Client: cli})
+	journals, undoes, err := journalsToUndo(c.String("state-dir"), runID, journalPath)
+	if err != nil {
+		return err
+	}
+	prefix := journalPrefix(journals)
+	opts := migrate.RollbackOptions{DryRun: c.Bool("dry-run")}
+	var preflight []string
+	if !opts.DryRun {
+		if preflight, err = rollbackPreflight(ctx, c, cli, journals); err != nil {
+			return err
+		}
+	}
+	u, err := startRun(c, "rollback", cli.Endpoints(), prefix, "", "")
+	if err != nil {
+		return err
+	}
+	var res migrate.RollbackResult
+	defer func() { u.finish(c, err, res.Written(), res) }()
+	if u != nil {
+		if err := u.run.SetUndoes(undoes); err != nil {
+			return err
+		}
+		if err := u.plan(preflight); err != nil {
+			return err
+		}
+		j, err := migrate.OpenJournal(u.run.Journal)
+		if err != nil {
+			return err
+		}
+		defer j.Close()
+		rev, err := currentRevision(ctx, cli)
+		if err != nil {
+			return err
+		}
+		if err := j.BeginCommand("rollback", rev, prefix); err != nil {
+			return err
+		}
+		opts.Journal = j
+		snap := u.run.Snapshot
+		opts.BeforeFirstWrite = func(ctx context.Context) error {
+			if err := etcdscan.Snapshot(ctx, cli, snap); err != nil {
+				return fmt.Errorf("%w (nothing was written)", err)
+			}
+			return nil
+		}
+	}
+	res, err = migrate.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
+	res.Preflight = preflight
 	if werr := writeRollback(c.App.Writer, res, c.String("output")); werr != nil && err == nil {
 		err = werr
 	}
@@ -40,4 +106,95 @@ func cmdRollback(c *cli.Context) error {
 		return &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
 	}
 	return nil
+}
+
+// journalsToUndo are the journals a rollback undoes, newest run first, and
+// the IDs of those runs.
+func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error) {
+	if journal != "" {
+		if _, err := os.Stat(journal); err != nil {
+			return nil, nil, usageErr("--journal: %v", err)
+		}
+		return []string{journal}, nil, nil
+	}
+	recs, err := rundir.Since(stateDir, runID)
+	var nf *rundir.NotFoundError
+	if errors.As(err, &nf) {
+		return nil, nil, usageErr("--run: %v", err)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("--run: %w", err)
+	}
+	slices.Reverse(recs)
+	var journals, ids []string
+	for _, r := range recs {
+		ids = append(ids, r.ID)
+		if _, err := os.Stat(r.Journal); errors.Is(err, fs.ErrNotExist) {
+			if r.KeysWritten > 0 {
+				return nil, nil, fmt.Errorf("--run %s: run %s wrote %d key(s) but its journal %s is gone: it cannot be undone (its snapshot %s is the way back)", runID, r.ID, r.KeysWritten, r.Journal, r.Snapshot)
+			}
+			continue // refused or stopped before its first write
+		} else if err != nil {
+			return nil, nil, fmt.Errorf("--run %s: run %s: %w", runID, r.ID, err)
+		}
+		journals = append(journals, r.Journal)
+	}
+	return journals, ids, nil
+}
+
+// journalPrefix is the etcd prefix the first journal's run worked on.
+func journalPrefix(journals []string) string {
+	for _, p := range journals {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		var r migrate.JournalRecord
+		err = json.NewDecoder(bufio.NewReader(f)).Decode(&r)
+		f.Close()
+		if err == nil && r.Op == "begin" && r.Prefix != "" {
+			return r.Prefix
+		}
+	}
+	return "/registry"
+}
+
+// rollbackPreflight is what a rollback checks before its first write: room
+// for its own undo (a snapshot of the database and a journal about the size
+// of the journals it undoes).
+func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, journals []string) ([]string, error) {
+	if err := migrate.RollbackAlarms(ctx, cli, journals); err != nil {
+		return nil, err
+	}
+	if c.Bool("no-undo") {
+		return nil, nil
+	}
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	stateDir := c.String("state-dir")
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
+	}
+	var journal int64
+	for _, j := range journals {
+		journal += rundir.FileSize(j)
+	}
+	lines, err := rundir.CheckSpace([]rundir.Need{
+		{What: "snapshot", Path: stateDir + "/snapshot.db", Bytes: st.DBSize},
+		{What: "journal", Path: stateDir + "/journal", Bytes: journal},
+	})
+	if err != nil {
+		return lines, &codeError{code: exitError, err: fmt.Errorf("preflight: %w (nothing was written)", err)}
+	}
+	return lines, nil
+}
+
+func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	resp, err := cli.Get(ctx, "/", clientv3.WithCountOnly(), clientv3.WithLimit(1))
+	if err != nil {
+		return 0, fmt.Errorf("read etcd's revision: %w", err)
+	}
+	return resp.Header.Revision, nil
 }

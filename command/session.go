@@ -217,3 +217,11 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 	}()
 	return ctx, func() { signal.Stop(ch); cancel() }
 }
+
+// endpoints are the etcd endpoints the session writes to (none for a snapshot file).
+func (s *session) endpoints() []string {
+	if s.cli == nil {
+		return nil
+	}
+	return s.cli.Endpoints()
+}

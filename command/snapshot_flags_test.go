@@ -179,7 +179,9 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 		{[]string{"quarantine", "--resource", "secrets", "--journal", "j"}, "--reason"},
 		{[]string{"quarantine", "--reason", "would-lose-fields", "--resource", "secrets", "--journal", "j"}, "never removes a readable object"},
 		{[]string{"quarantine", "--reason", "undecryptable", "--journal", "j"}, "--resource"},
-		{[]string{"quarantine", "--reason", "undecryptable", "--resource", "secrets"}, "--journal"},
+		{[]string{"quarantine", "--reason", "undecryptable", "--resource", "secrets", "--no-undo"}, "--no-undo"},
+		{[]string{"migrate", "--no-undo", "--journal", "j"}, "--no-undo"},
+		{[]string{"migrate", "--snapshot", existing}, "never replaced"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		if code != exitUsage || !strings.Contains(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {

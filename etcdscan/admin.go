@@ -98,7 +98,8 @@ func Alarms(ctx context.Context, cli *clientv3.Client) ([]string, error) {
 }
 
 // Snapshot saves a snapshot of the leader's backend (of the first endpoint when
-// no leader is found) to path, restorable with etcdutl snapshot restore. It is
+// no leader is found) to path, restorable with etcdutl snapshot restore; a
+// file already at path is never replaced (an error). It is
 // etcd's own snapshot.SaveWithVersion (what `etcdctl snapshot save` runs): it
 // streams into path+".part" created with mode 0600, checks etcd's sha256
 // trailer (a truncated stream fails), fsyncs and renames into place, removing
@@ -113,6 +114,9 @@ func Snapshot(ctx context.Context, cli *clientv3.Client, path string) error {
 	ep := snapshotEndpoint(ctx, cli)
 	cfg := configOf(cli)
 	cfg.Endpoints = []string{ep}
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("snapshot of %s to %s: the file exists; a snapshot is never replaced (it may be the only copy of the state before an earlier run)", ep, path)
+	}
 	if err := os.Remove(path + ".part"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("snapshot of %s to %s: %w", ep, path, err)
 	}

@@ -64,6 +64,10 @@ type Options struct {
 	// decides the trim (storagemigration does, with the upstream controller's
 	// generation check).
 	KeepStoredVersions bool
+	// OnPreflight, when set, is given the checks passed, after the preflight
+	// and before the first write (the run directory's plan); an error stops
+	// the run with nothing written.
+	OnPreflight func(checks []string) error
 }
 
 // Counts are a summary's figures, overall or for one resource.
@@ -200,6 +204,11 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		sum.Space = &SpaceReport{Quota: space.quota, Margin: Margin(space.quota.Bytes), DBSizeBefore: space.status.DBSize, DBSizeMax: space.status.DBSize}
 		guard = newSpaceGuard(etcdStatus{env}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
+		if opts.OnPreflight != nil {
+			if err := opts.OnPreflight(checks); err != nil {
+				return finish(sum, t, start), fmt.Errorf("%w (nothing was written)", err)
+			}
+		}
 		if opts.Journal != "" {
 			journal, err = OpenJournal(opts.Journal)
 			if err != nil {
@@ -369,7 +378,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *J
 	if !*snapshotTaken {
 		if err := etcdscan.Snapshot(ctx, env.Client, opts.Snapshot); err != nil {
 			snapMu.Unlock()
-			return fmt.Errorf("--snapshot %s: %w (nothing was written)", opts.Snapshot, err)
+			return fmt.Errorf("snapshot %s: %w (nothing was written)", opts.Snapshot, err)
 		}
 		*snapshotTaken = true
 	}

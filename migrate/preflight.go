@@ -2,6 +2,8 @@ package migrate
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/rundir"
 )
 
 // DefaultQuotaBackendBytes is etcd's default --quota-backend-bytes.
@@ -68,6 +71,13 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 	if exact {
 		how = "about"
 	}
+	if opts.Journal != "" || opts.Snapshot != "" {
+		lines, err := undoSpace(ctx, env, opts, st)
+		done = append(done, lines...)
+		if err != nil {
+			return done, nil, err
+		}
+	}
 	switch {
 	case estimate <= room:
 		line := fmt.Sprintf("database %s + rewrite %s %s fits below the quota", HumanBytes(st.DBSize), how, HumanBytes(estimate))
@@ -108,6 +118,65 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 	}
 	done = append(done, "write encryption providers encrypt and decrypt a probe value")
 	return done, space, nil
+}
+
+// undoSpace checks, before the first write, that the run's snapshot and
+// journal fit on their filesystems. The snapshot is the leader's database
+// file; the journal holds every rewritten key's old value in base64 with its
+// key and hashes: at most about twice the live data, and when that does not
+// fit, a decision pass adds up what the stale objects' records take.
+func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan.StatusInfo) ([]string, error) {
+	var needs []rundir.Need
+	if opts.Snapshot != "" {
+		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+	}
+	if opts.Journal != "" {
+		needs = append(needs, rundir.Need{What: "journal", Path: opts.Journal, Bytes: 2 * st.DBSizeInUse})
+	}
+	lines, err := rundir.CheckSpace(needs)
+	var se *rundir.SpaceError
+	if !errors.As(err, &se) || opts.Journal == "" {
+		return lines, wrapSpace(err)
+	}
+	exact, err := journalBytes(ctx, env)
+	if err != nil {
+		return lines, err
+	}
+	needs[len(needs)-1].Bytes = exact
+	lines, err = rundir.CheckSpace(needs)
+	return lines, wrapSpace(err)
+}
+
+func wrapSpace(err error) error {
+	var se *rundir.SpaceError
+	if errors.As(err, &se) {
+		return &PreflightError{Msg: se.Error()}
+	}
+	return err
+}
+
+// journalBytes runs the decision over the selected keys and adds up what
+// their journal records take: the old value in base64, the key twice (intent
+// and done), the hashes and the JSON around them.
+func journalBytes(ctx context.Context, env *pipeline.Env) (int64, error) {
+	var n int64
+	_, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+		for _, d := range page {
+			if d.Status == reencode.Stale {
+				n += JournalRecordBytes(d.Key, d.OldSize)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("preflight: estimate the journal: %w", err)
+	}
+	return n, nil
+}
+
+// JournalRecordBytes is about what the journal records of one rewrite take.
+func JournalRecordBytes(key string, oldSize int) int64 {
+	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 256
 }
 
 // spaceStart is what the preflight found of etcd's space.

@@ -28,6 +28,7 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/rundir"
 )
 
 // Removable are the reasons a quarantine may be asked to remove objects for:
@@ -81,7 +82,12 @@ type Options struct {
 	Reasons []decode.Reason
 	DryRun  bool
 	// Journal is the file the removed values are recorded in (required unless DryRun).
-	Journal            string
+	Journal string
+	// Snapshot, when set, is where an etcd snapshot is saved before the first removal.
+	Snapshot string
+	// OnPreflight, when set, is given the checks passed before the first
+	// removal (the run directory's plan); an error stops the run.
+	OnPreflight        func(checks []string) error
 	AllowLiveAPIServer bool
 	// PrivateEtcd names the snapshot file the etcd is a private copy of.
 	PrivateEtcd string
@@ -242,6 +248,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		return res.finish(), nil
 	}
 
+	// Before the first removal: room for the undo, the plan, the snapshot.
+	if err := beforeFirstRemoval(ctx, env, opts, remove, res); err != nil {
+		return res.finish(), err
+	}
 	// Pass 2: journal and remove, a batch at a time.
 	if err := journal.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
 		return res.finish(), err
@@ -266,6 +276,44 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		remove = remove[n:]
 	}
 	return res.finish(), nil
+}
+
+// beforeFirstRemoval checks that the snapshot and the journal fit on their
+// filesystems, hands the checks to OnPreflight and saves the snapshot.
+func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, remove []*Entry, res *Result) error {
+	var needs []rundir.Need
+	if opts.Snapshot != "" {
+		st, err := etcdscan.Status(ctx, env.Client)
+		if err != nil {
+			return err
+		}
+		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+	}
+	var journal int64
+	for _, e := range remove {
+		journal += migrate.JournalRecordBytes(e.Key, e.Bytes)
+	}
+	needs = append(needs, rundir.Need{What: "journal", Path: opts.Journal, Bytes: journal})
+	lines, err := rundir.CheckSpace(needs)
+	res.Preflight = append(res.Preflight, lines...)
+	if err != nil {
+		var se *rundir.SpaceError
+		if errors.As(err, &se) {
+			return &migrate.PreflightError{Msg: se.Error()}
+		}
+		return err
+	}
+	if opts.OnPreflight != nil {
+		if err := opts.OnPreflight(res.Preflight); err != nil {
+			return fmt.Errorf("%w (nothing was removed)", err)
+		}
+	}
+	if opts.Snapshot != "" {
+		if err := etcdscan.Snapshot(ctx, env.Client, opts.Snapshot); err != nil {
+			return fmt.Errorf("%w (nothing was removed)", err)
+		}
+	}
+	return nil
 }
 
 func entryOf(d *reencode.Decision) *Entry {

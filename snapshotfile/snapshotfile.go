@@ -492,6 +492,8 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	}
 	tmpPath := tmp.Name()
 	tmp.Close()
+	// The name is ours; the snapshot creates the file itself (it never replaces one).
+	os.Remove(tmpPath)
 	defer os.Remove(tmpPath)
 	if err := etcdscan.Snapshot(ctx, s.Client, tmpPath); err != nil {
 		return fmt.Errorf("--output-snapshot %s: %w", out, err)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/rundir"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -117,16 +118,18 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
 		{"Read-only audit against " + decode.LinkedRelease() + " and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
 		{"What a migration would rewrite, writing nothing.", append([]string{"migrate", "--dry-run"}, api...), 0},
-		{"The migration: a snapshot first, compare-and-swap writes, leases kept, old values journaled for rollback.", append([]string{"migrate", "--snapshot", "pre-migrate.db", "--journal", "migrate.journal"}, api...), 0},
+		{"The migration: compare-and-swap writes, leases kept; its undo kept automatically in a run directory of the state directory (a snapshot before the first write, the old values journaled).", append([]string{"migrate"}, api...), 0},
+		{"The runs kept in the state directory, and where each one's undo is.", []string{"runs"}, 0},
 		{"The audit again: exit 0, everything current.", append([]string{"verify"}, api...), 0},
 		{"The census after the migration.", append([]string{"inventory"}, enc...), 0},
-		{"The backup taken before the migration, read from the file: still stale (3), but readable with these keys (not 4).", append([]string{"verify", "--snapshot-file", "pre-migrate.db", "--show-keys", "1"}, enc...), 3},
-		{"If the upgrade had to be undone: put the journaled old bytes back (compare-and-swap on the new mod revisions).", []string{"rollback", "--journal", "migrate.journal"}, 0},
+		{"The snapshot taken before the migration's first write, read from the file: still stale (3), but readable with these keys (not 4).", append([]string{"verify", "--snapshot-file", "state/runs/0001-migrate/snapshot.db", "--show-keys", "1"}, enc...), 3},
+		{"If the upgrade had to be undone: first what a rollback of the run would do, writing nothing.", []string{"rollback", "--run", "0001-migrate", "--dry-run"}, 0},
+		{"Then the rollback: the journaled old bytes back (compare-and-swap on the new mod revisions), itself a run with its own undo.", []string{"rollback", "--run", "0001-migrate"}, 0},
 		{"Back where it started: the same audit says stale again (exit 3).", append([]string{"verify", "--show-keys", "1"}, api...), 3},
 	}
 
-	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL)
-	fmt.Fprintf(stdout, "$ cd %s\n$ export ETCDCTL_ENDPOINTS=%s\n\n", tmp, srv.URL)
+	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL, rundir.EnvStateDir+"="+filepath.Join(tmp, "state"))
+	fmt.Fprintf(stdout, "$ cd %s\n$ export ETCDCTL_ENDPOINTS=%s %s=%s\n\n", tmp, srv.URL, rundir.EnvStateDir, filepath.Join(tmp, "state"))
 	for i, s := range steps {
 		if ctx.Err() != nil {
 			fmt.Fprintln(stderr, "demo: interrupted")

@@ -1,0 +1,200 @@
+package command
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/verify"
+)
+
+var plainBinary struct {
+	once sync.Once
+	path string
+	out  []byte
+	err  error
+}
+
+// toolBinary is the binary built from this module, once per test binary.
+func toolBinary(t *testing.T) string {
+	t.Helper()
+	plainBinary.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kem-command-test-")
+		if err != nil {
+			plainBinary.err = err
+			return
+		}
+		plainBinary.path = filepath.Join(dir, "kube-etcd-migrate")
+		plainBinary.out, plainBinary.err = exec.Command("go", "build", "-o", plainBinary.path, "..").CombinedOutput()
+	})
+	if plainBinary.err != nil {
+		t.Fatalf("go build: %v\n%s", plainBinary.err, plainBinary.out)
+	}
+	return plainBinary.path
+}
+
+// killMidRun starts the binary with args and SIGKILLs it once etcd has seen
+// `after` writes under /registry/ since rev; it returns the revision etcd was
+// at when the process was dead.
+func killMidRun(t *testing.T, c *testcluster.Cluster, after int, args ...string) {
+	t.Helper()
+	rev := c.Revision()
+	cmd := exec.Command(toolBinary(t), args...)
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	writes := 0
+	for resp := range c.Cli.Watch(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+		if writes += len(resp.Events); writes >= after {
+			break
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatalf("the run finished before it was killed (%d writes seen); stderr:\n%s", writes, errb.String())
+	}
+	if writes < after {
+		t.Fatalf("only %d writes seen before the run ended; stderr:\n%s", writes, errb.String())
+	}
+}
+
+func fileSHA(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// TestUndoAcrossReruns is the undo an operator relies on when a migration
+// fails part-way: migrate with no undo flag keeps a journal and a snapshot in
+// its run directory; it is killed mid-run, rerun and killed again, then run
+// once more to completion. Each run has its own directory and snapshot, and
+// the first run's snapshot (the state before any write) is never touched.
+// `rollback --run` of the first run, after a dry run that writes nothing,
+// puts every key back byte for byte as it was before the first run.
+func TestUndoAcrossReruns(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	const n = 1500
+	c.SeedMany(n, oldCfg)
+	before := rawKeys(t, c)
+	state := testStateDir(t)
+	t.Setenv(rundir.EnvStateDir, state)
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	// The killed runs rewrite secrets (to key2); the last run rewrites them again (key3).
+	slow := append([]string{"migrate", "--writers", "1", "--batch-ops", "1", "--resource", "secrets"}, conn...)
+
+	killMidRun(t, c, 100, slow...)
+	first := filepath.Join(state, "runs", "0001-migrate")
+	snap1 := filepath.Join(first, rundir.SnapshotFile)
+	sum1 := fileSHA(t, snap1)
+	if fi, err := os.Stat(filepath.Join(first, rundir.JournalFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("first run's journal: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state directory: %v %v, want mode 0700", fi, err)
+	}
+	killMidRun(t, c, 100, slow...)
+	// The third run rotates once more (key3): it rewrites every key, those the
+	// killed runs wrote too, so that undoing the runs in the wrong order fails.
+	conn[3] = c.EncryptionConfig("newer.yaml", testcluster.AESCBC("key3", 3), testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	code, out, stderr := runCLI(t, append([]string{"migrate"}, conn...)...)
+	if code != exitOK {
+		t.Fatalf("third migrate: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(stderr, "run 0003-migrate: its undo is kept in "+filepath.Join(state, "runs", "0003-migrate")) {
+		t.Errorf("migrate does not say where its undo is:\n%s", stderr)
+	}
+	if code, out, stderr := runCLI(t, append([]string{"verify"}, conn...)...); code != exitOK {
+		t.Fatalf("verify after the migration: exit %d\n%s%s", code, out, stderr)
+	}
+
+	// The runs as an operator lists them: two killed, one finished, each with its snapshot.
+	code, out, stderr = runCLI(t, "runs", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("runs: exit %d\n%s%s", code, out, stderr)
+	}
+	var listed struct {
+		Runs []runView `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &listed); err != nil {
+		t.Fatalf("runs -o json: %v\n%s", err, out)
+	}
+	if len(listed.Runs) != 3 || listed.Runs[0].Finished() || listed.Runs[1].Finished() || !listed.Runs[2].Finished() || *listed.Runs[2].ExitCode != 0 || listed.Runs[2].KeysWritten == 0 {
+		t.Fatalf("runs: %s", out)
+	}
+	for _, r := range listed.Runs {
+		if !r.SnapshotTaken || !r.JournalKept {
+			t.Errorf("run %s: snapshot taken %v, journal kept %v", r.ID, r.SnapshotTaken, r.JournalKept)
+		}
+	}
+	// The first snapshot is the state before any write: every object stale.
+	code, out, _ = runCLI(t, "verify", "--snapshot-file", snap1, "--encryption-provider-config", conn[3], "--target-version", "1.37", "-o", "json")
+	var rep verify.Report
+	if code != exitStale || json.Unmarshal([]byte(out), &rep) != nil || rep.Summary.Stale != 2*n {
+		t.Fatalf("verify of the first run's snapshot: exit %d, %+v\n%s", code, rep.Summary, out)
+	}
+
+	// A dry run of the rollback writes nothing.
+	rev := c.Revision()
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "0001-migrate", "--dry-run")
+	if code != exitOK || !strings.Contains(out, "would restore") || c.Revision() != rev {
+		t.Fatalf("rollback --dry-run: exit %d, revision %d -> %d\n%s%s", code, rev, c.Revision(), out, stderr)
+	}
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1")
+	if code != exitOK {
+		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
+	}
+	after := rawKeys(t, c)
+	if len(after) != len(before) {
+		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
+	}
+	for k, v := range before {
+		if after[k] != v {
+			t.Fatalf("%s: not back byte for byte", k)
+		}
+	}
+	if fileSHA(t, snap1) != sum1 {
+		t.Fatal("the first run's snapshot changed")
+	}
+	recs, err := rundir.List(state)
+	if err != nil || len(recs) != 4 || recs[3].Command != "rollback" || strings.Join(recs[3].Undoes, ",") != "0003-migrate,0002-migrate,0001-migrate" {
+		t.Fatalf("runs after the rollback: %+v %v", recs, err)
+	}
+}
+
+// rawKeys is every key under /registry/ with its stored bytes.
+func rawKeys(t *testing.T, c *testcluster.Cluster) map[string]string {
+	t.Helper()
+	resp, err := c.Cli.Get(context.Background(), "/registry/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = string(kv.Value)
+	}
+	return out
+}

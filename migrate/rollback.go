@@ -1,0 +1,507 @@
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+)
+
+// RollbackResult counts what a rollback did (a dry run: would do). Each journal
+// record undone counts once: a key two runs rewrote is restored twice, newest
+// write first.
+type RollbackResult struct {
+	DryRun    bool     `json:"dryRun,omitempty"`
+	Journals  []string `json:"journals,omitempty"`
+	Restored  int      `json:"restored"`
+	Unchanged int      `json:"unchanged"` // never written (intent without effect), or already back
+	Skipped   int      `json:"skipped"`   // changed since the tool wrote it: left alone
+	Failed    int      `json:"failed"`
+	Keys      []string `json:"skippedKeys,omitempty"`
+	// KeysNotListed counts the skipped or failed keys past the listing bound.
+	KeysNotListed int `json:"skippedKeysNotListed,omitempty"`
+	// Notes are keys restored with a difference: a deleted key whose lease
+	// expired since comes back without a lease.
+	Notes []string `json:"notes,omitempty"`
+	// Preflight are the checks passed before the first write.
+	Preflight []string `json:"preflight,omitempty"`
+}
+
+// maxKeysListed bounds the skipped and failed keys a rollback lists.
+const maxKeysListed = 1000
+
+func (r *RollbackResult) listKey(s string) {
+	if len(r.Keys) < maxKeysListed {
+		r.Keys = append(r.Keys, s)
+	} else {
+		r.KeysNotListed++
+	}
+}
+
+// Written is what the rollback wrote (restored keys; a dry run: none).
+func (r RollbackResult) Written() int64 {
+	if r.DryRun {
+		return 0
+	}
+	return int64(r.Restored)
+}
+
+// RollbackOptions control a rollback.
+type RollbackOptions struct {
+	// DryRun decides every record and writes nothing.
+	DryRun bool
+	// Journal, when set, records what the rollback itself overwrites, re-creates
+	// or removes, so that it can be undone in turn.
+	Journal *Journal
+	// BeforeFirstWrite runs once, just before the first write (the run's snapshot).
+	BeforeFirstWrite func(context.Context) error
+	// BatchOps is the number of records decided and written together (0: DefaultMaxOps).
+	BatchOps int
+}
+
+// Rollback puts back the old bytes of every key the journal says the tool
+// wrote; see RollbackJournals.
+func Rollback(ctx context.Context, cli *clientv3.Client, path string, w *etcdscan.Writer) (RollbackResult, error) {
+	return RollbackJournals(ctx, cli, w, []string{path}, RollbackOptions{})
+}
+
+// RollbackJournals undoes the journals in the order given (newest run first),
+// each from its last record to its first, in bounded memory: the records are
+// read backwards a page at a time and never held all at once. A write is undone
+// when the key still holds exactly what the tool wrote (its mod revision, or
+// the sha256 of the value the journal recorded): compare-and-swap on the key's
+// current mod revision puts the old bytes back, keeping its lease; a key
+// changed since by anyone else is skipped and listed. A key the tool removed
+// (quarantine) is created again if it is still absent, with its lease if that
+// is still alive (without, and noted, if it expired); a key a rollback created
+// again is removed when it still holds what the rollback wrote. Undoing every
+// run from the newest back gives the state before the oldest, byte for byte.
+func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Writer, journals []string, opts RollbackOptions) (RollbackResult, error) {
+	res := RollbackResult{DryRun: opts.DryRun, Journals: journals}
+	if !opts.DryRun {
+		if err := RollbackAlarms(ctx, cli, journals); err != nil {
+			return res, err
+		}
+	}
+	rb := &rollback{ctx: ctx, cli: cli, w: w, opts: opts, res: &res, batchOps: opts.BatchOps}
+	if rb.batchOps <= 0 {
+		rb.batchOps = etcdscan.DefaultMaxOps
+	}
+	if opts.DryRun {
+		rb.sim = map[string]simValue{}
+	}
+	for _, path := range journals {
+		rb.path = path
+		if err := rb.journal(path); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes
+// too, and under an alarm etcd refuses every write.
+func RollbackAlarms(ctx context.Context, cli *clientv3.Client, journals []string) error {
+	alarms, err := etcdscan.Alarms(ctx, cli)
+	if err != nil {
+		return err
+	}
+	if len(alarms) > 0 {
+		return fmt.Errorf("rollback writes too, and etcd has active alarms: %s; make room first ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run the same rollback again (nothing was written; the journal %s is unchanged)", strings.Join(alarms, "; "), strings.Join(journals, ", "))
+	}
+	return nil
+}
+
+// rollback is one rollback's state.
+type rollback struct {
+	ctx      context.Context
+	cli      *clientv3.Client
+	w        *etcdscan.Writer
+	opts     RollbackOptions
+	res      *RollbackResult
+	path     string // the journal being undone
+	batchOps int
+	wrote    bool
+	// pendingDone holds, for keys whose "done" record was read (backwards)
+	// before its intent, the mod revision the write produced: at most the
+	// writes in flight when the journal was written.
+	pendingDone map[string]int64
+	// sim is a dry run's view of the keys it would have changed.
+	sim map[string]simValue
+}
+
+// simValue is a key as a dry run would have left it.
+type simValue struct {
+	absent bool
+	sum    [32]byte
+}
+
+// item is one journal record to undo.
+type item struct {
+	rec     JournalRecord
+	doneRev int64
+}
+
+func (rb *rollback) journal(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("journal %s: %w", path, err)
+	}
+	defer f.Close()
+	br, err := newBackwardReader(f)
+	if err != nil {
+		return fmt.Errorf("journal %s: %w", path, err)
+	}
+	rb.pendingDone = map[string]int64{}
+	var batch []item
+	inBatch := map[string]bool{}
+	flush := func() error {
+		err := rb.batch(batch)
+		batch, inBatch = batch[:0], map[string]bool{}
+		return err
+	}
+	last := true
+	for {
+		line, off, err := br.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("journal %s: %w", path, err)
+		}
+		var r JournalRecord
+		if err := json.Unmarshal(line, &r); err != nil {
+			if last {
+				// A torn last record (crash while appending): its write was never sent.
+				last = false
+				continue
+			}
+			return fmt.Errorf("journal %s: record at byte %d: %w", path, off, err)
+		}
+		last = false
+		switch r.Op {
+		case "done", "deleted":
+			if r.NewModRevision != 0 {
+				rb.pendingDone[r.Key] = r.NewModRevision
+			} else if r.DeleteRevision != 0 {
+				rb.pendingDone[r.Key] = r.DeleteRevision
+			}
+		case "intent", "delete-intent", "create-intent":
+			it := item{rec: r, doneRev: rb.pendingDone[r.Key]}
+			delete(rb.pendingDone, r.Key)
+			if inBatch[r.Key] || len(batch) >= rb.batchOps {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			batch = append(batch, it)
+			inBatch[r.Key] = true
+		}
+	}
+	if len(batch) > 0 {
+		return flush()
+	}
+	return nil
+}
+
+// current reads the keys of a batch as they are now.
+func (rb *rollback) current(items []item) ([]*currentKV, error) {
+	ops := make([]clientv3.Op, len(items))
+	for i, it := range items {
+		ops[i] = clientv3.OpGet(it.rec.Key)
+	}
+	resp, err := rb.cli.Txn(rb.ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("rollback: read %s ...: %w", items[0].rec.Key, err)
+	}
+	out := make([]*currentKV, len(items))
+	for i, r := range resp.Responses {
+		if rb.sim != nil {
+			if s, ok := rb.sim[items[i].rec.Key]; ok {
+				if !s.absent {
+					out[i] = &currentKV{simSum: &s.sum}
+				}
+				continue
+			}
+		}
+		if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
+			kv := kvs[0]
+			out[i] = &currentKV{value: kv.Value, modRevision: kv.ModRevision, createRevision: kv.CreateRevision, version: kv.Version, lease: kv.Lease}
+		}
+	}
+	return out, nil
+}
+
+// currentKV is a key as it is (or, in a dry run, would be) now.
+type currentKV struct {
+	value                                []byte
+	modRevision, createRevision, version int64
+	lease                                int64
+	simSum                               *[32]byte // a dry run's value instead of value
+}
+
+func (c *currentKV) sum() [32]byte {
+	if c.simSum != nil {
+		return *c.simSum
+	}
+	return sha256.Sum256(c.value)
+}
+
+func (c *currentKV) equal(v []byte) bool {
+	if c.simSum != nil {
+		return *c.simSum == sha256.Sum256(v)
+	}
+	return bytes.Equal(c.value, v)
+}
+
+// ours says whether the key holds what the record's write put there.
+func (c *currentKV) ours(it item) bool {
+	if c.simSum == nil && it.doneRev != 0 && c.modRevision == it.doneRev {
+		return true
+	}
+	if it.rec.NewSHA256 == "" {
+		return false
+	}
+	s := c.sum()
+	return hex.EncodeToString(s[:]) == it.rec.NewSHA256
+}
+
+// undo is one write a batch sends, with what the rollback's journal records.
+type undo struct {
+	put    etcdscan.Put
+	record JournalRecord
+	note   string
+}
+
+func (rb *rollback) batch(items []item) error {
+	if len(items) == 0 {
+		return nil
+	}
+	cur, err := rb.current(items)
+	if err != nil {
+		return err
+	}
+	var undos []undo
+	for i, it := range items {
+		if u, ok, err := rb.decide(it, cur[i]); err != nil {
+			return err
+		} else if ok {
+			undos = append(undos, u)
+		}
+	}
+	if len(undos) == 0 {
+		return nil
+	}
+	if rb.opts.DryRun {
+		for _, u := range undos {
+			rb.res.Restored++
+			switch {
+			case u.put.Delete:
+				rb.sim[u.put.Key] = simValue{absent: true}
+			default:
+				rb.sim[u.put.Key] = simValue{sum: sha256.Sum256(u.put.Value)}
+			}
+		}
+		return nil
+	}
+	if !rb.wrote {
+		rb.wrote = true
+		if rb.opts.BeforeFirstWrite != nil {
+			if err := rb.opts.BeforeFirstWrite(rb.ctx); err != nil {
+				return err
+			}
+		}
+	}
+	if j := rb.opts.Journal; j != nil {
+		recs := make([]JournalRecord, len(undos))
+		for i, u := range undos {
+			recs[i] = u.record
+		}
+		if err := j.append(true, recs...); err != nil {
+			return fmt.Errorf("rollback: %w (nothing of this batch was written)", err)
+		}
+	}
+	puts := make([]etcdscan.Put, len(undos))
+	for i, u := range undos {
+		puts[i] = u.put
+	}
+	out := rb.w.Write(rb.ctx, puts)
+	if rb.opts.Journal != nil {
+		var done []JournalRecord
+		for i, r := range out {
+			if r.Status == etcdscan.Written {
+				op := "done"
+				if puts[i].Delete {
+					op = "deleted"
+				}
+				done = append(done, JournalRecord{Op: op, Key: r.Key, NewModRevision: r.NewModRevision})
+			}
+		}
+		if err := rb.opts.Journal.append(false, done...); err != nil {
+			return fmt.Errorf("rollback: %w", err)
+		}
+	}
+	for i, r := range out {
+		switch r.Status {
+		case etcdscan.Written:
+			rb.res.Restored++
+			if undos[i].note != "" {
+				rb.res.Notes = append(rb.res.Notes, undos[i].note)
+			}
+		case etcdscan.Conflict:
+			rb.res.Skipped++
+			rb.res.listKey(r.Key + " (changed during rollback)")
+		default:
+			if puts[i].Lease != 0 && errors.Is(r.Err, rpctypes.ErrLeaseNotFound) {
+				// The lease expired between the check and the write.
+				p := puts[i]
+				p.Lease = 0
+				again := rb.w.Write(rb.ctx, []etcdscan.Put{p})
+				if again[0].Status == etcdscan.Written {
+					rb.res.Restored++
+					rb.res.Notes = append(rb.res.Notes, fmt.Sprintf("%s: restored without its lease %016x, which expired", p.Key, puts[i].Lease))
+					continue
+				}
+				r = again[0]
+			}
+			rb.res.Failed++
+			rb.res.listKey(fmt.Sprintf("%s (%v)", r.Key, r.Err))
+		}
+	}
+	if key, fe := firstFatalKey(out); fe != nil {
+		return stopErr(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
+	}
+	return nil
+}
+
+// decide says what undoing one record writes, if anything.
+func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
+	r := it.rec
+	switch r.Op {
+	case "delete-intent":
+		// The tool removed the key: create it again if it is still absent.
+		if cur != nil {
+			if cur.equal(r.OldValue) {
+				rb.res.Unchanged++ // never removed, or already restored
+			} else {
+				rb.res.Skipped++
+				rb.res.listKey(r.Key + " (created again or changed since it was removed)")
+			}
+			return undo{}, false, nil
+		}
+		lease, note := r.Lease, ""
+		if lease != 0 {
+			ttl, err := rb.cli.TimeToLive(rb.ctx, clientv3.LeaseID(lease))
+			if err != nil {
+				return undo{}, false, fmt.Errorf("rollback %s: lease %016x: %w", r.Key, lease, err)
+			}
+			if ttl.TTL <= 0 {
+				note = fmt.Sprintf("%s: restored without its lease %016x, which expired", r.Key, lease)
+				lease = 0
+			}
+		}
+		sum := sha256.Sum256(r.OldValue)
+		return undo{
+			put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, Lease: lease},
+			record: JournalRecord{Op: "create-intent", Key: r.Key, NewSHA256: hex.EncodeToString(sum[:]), Lease: lease},
+			note:   note,
+		}, true, nil
+	case "create-intent":
+		// A rollback created the key again: remove it if it still holds that.
+		if cur == nil {
+			rb.res.Unchanged++
+			return undo{}, false, nil
+		}
+		if !cur.ours(it) {
+			rb.res.Skipped++
+			rb.res.listKey(r.Key + " (changed since the rollback created it again)")
+			return undo{}, false, nil
+		}
+		return undo{
+			put: etcdscan.Put{Key: r.Key, ModRevision: cur.modRevision, Delete: true},
+			record: JournalRecord{Op: "delete-intent", Key: r.Key, OldValue: cur.value, OldModRevision: cur.modRevision,
+				OldCreateRevision: cur.createRevision, OldVersion: cur.version, Lease: cur.lease, Reason: "rollback"},
+		}, true, nil
+	}
+	// An overwrite: put the old bytes back if the key holds what the tool wrote.
+	if cur == nil {
+		rb.res.Skipped++
+		rb.res.listKey(r.Key + " (deleted since)")
+		return undo{}, false, nil
+	}
+	if (cur.simSum == nil && cur.modRevision == r.OldModRevision) || cur.equal(r.OldValue) {
+		rb.res.Unchanged++
+		return undo{}, false, nil
+	}
+	if !cur.ours(it) {
+		rb.res.Skipped++
+		rb.res.listKey(r.Key + " (changed since the tool wrote it)")
+		return undo{}, false, nil
+	}
+	sum := sha256.Sum256(r.OldValue)
+	return undo{
+		put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, ModRevision: cur.modRevision},
+		record: JournalRecord{Op: "intent", Key: r.Key, OldModRevision: cur.modRevision, OldValue: cur.value, NewSHA256: hex.EncodeToString(sum[:])},
+	}, true, nil
+}
+
+// backwardReader returns a file's lines from the last to the first, reading
+// it a chunk at a time from the end: it holds one chunk and the line being
+// assembled, never the file.
+type backwardReader struct {
+	f   *os.File
+	off int64  // bytes before buf not read yet
+	buf []byte // read, not yet returned
+}
+
+const backwardChunk = 1 << 20
+
+func newBackwardReader(f *os.File) (*backwardReader, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return &backwardReader{f: f, off: fi.Size()}, nil
+}
+
+// next returns the previous non-empty line (valid until the next call) and its
+// byte offset in the file; io.EOF before the first line.
+func (b *backwardReader) next() ([]byte, int64, error) {
+	for {
+		// Drop the newline that ends the line to return.
+		for len(b.buf) > 0 && b.buf[len(b.buf)-1] == '\n' {
+			b.buf = b.buf[:len(b.buf)-1]
+		}
+		if i := bytes.LastIndexByte(b.buf, '\n'); i >= 0 {
+			line := b.buf[i+1:]
+			b.buf = b.buf[:i+1]
+			return line, b.off + int64(i) + 1, nil
+		}
+		if b.off == 0 {
+			if len(b.buf) == 0 {
+				return nil, 0, io.EOF
+			}
+			line := b.buf
+			b.buf = nil
+			return line, 0, nil
+		}
+		n := min(int64(backwardChunk), b.off)
+		chunk := make([]byte, n, n+int64(len(b.buf)))
+		if _, err := b.f.ReadAt(chunk, b.off-n); err != nil {
+			return nil, 0, err
+		}
+		b.off -= n
+		b.buf = append(chunk, b.buf...)
+	}
+}

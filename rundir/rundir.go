@@ -1,0 +1,320 @@
+// Package rundir keeps the undo of every command that writes to etcd. A state
+// directory (by default /var/lib/kube-etcd-migrate, mode 0700: it holds stored
+// values, secrets among them) holds one run directory per writing run, numbered in
+// the order the runs started on this host: the run's record (run.json: command,
+// start and end, exit code, keys written, where its journal and snapshot are),
+// its journal of old values, the etcd snapshot taken before its first write, its
+// plan (the checks it passed before writing) and its summary. A run directory is
+// created before anything is written and never reused; a snapshot file that
+// exists is never replaced, so the state before the first of several reruns
+// stays on disk. One writing run at a time holds the state directory's lock.
+// Listing the runs and undoing run N and every later one (newest first) start
+// from here: see List and Since.
+package rundir
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DefaultStateDir is where runs keep their undo unless told otherwise.
+const DefaultStateDir = "/var/lib/kube-etcd-migrate"
+
+// EnvStateDir names the environment variable that sets the state directory
+// when no flag does.
+const EnvStateDir = "KUBE_ETCD_MIGRATE_STATE_DIR"
+
+// The files of a run directory.
+const (
+	RecordFile   = "run.json"
+	JournalFile  = "journal"
+	SnapshotFile = "snapshot.db"
+	PlanFile     = "plan.txt"
+	SummaryFile  = "summary.json"
+	runsDir      = "runs"
+	lockFile     = "lock"
+)
+
+// Record is what run.json says of a run.
+type Record struct {
+	ID      string    `json:"id"`
+	Seq     int       `json:"seq"`
+	Command string    `json:"command"`
+	Start   time.Time `json:"start"`
+	// End and ExitCode are absent while the run is going on, and for ever when
+	// it was killed: then its journal still says what it wrote.
+	End      *time.Time `json:"end,omitempty"`
+	ExitCode *int       `json:"exitCode,omitempty"`
+	// KeysWritten counts the keys the run wrote or removed, as its summary
+	// says (a killed run's journal may hold more).
+	KeysWritten int64    `json:"keysWritten"`
+	Dir         string   `json:"dir"`
+	Journal     string   `json:"journal"`
+	Snapshot    string   `json:"snapshot,omitempty"`
+	Endpoints   []string `json:"endpoints,omitempty"`
+	Prefix      string   `json:"prefix,omitempty"`
+	// Undoes names the runs a rollback run undid, newest first.
+	Undoes []string `json:"undoes,omitempty"`
+	Host   string   `json:"host,omitempty"`
+	PID    int      `json:"pid,omitempty"`
+}
+
+// Finished says whether the run recorded its end.
+func (r Record) Finished() bool { return r.End != nil && r.ExitCode != nil }
+
+// SnapshotTaken says whether the run's snapshot file is on disk.
+func (r Record) SnapshotTaken() bool {
+	if r.Snapshot == "" {
+		return false
+	}
+	_, err := os.Stat(r.Snapshot)
+	return err == nil
+}
+
+// State is an open state directory: it holds the lock that keeps a second
+// writing run out until Close.
+type State struct {
+	Dir  string
+	lock *os.File
+}
+
+// LockedError says another run holds the state directory.
+type LockedError struct{ Dir, Holder string }
+
+func (e *LockedError) Error() string {
+	s := fmt.Sprintf("state directory %s is in use by another run", e.Dir)
+	if e.Holder != "" {
+		s += " (" + e.Holder + ")"
+	}
+	return s + "; one writing run at a time: wait for it to end"
+}
+
+// Open creates the state directory if needed (mode 0700), refuses one that
+// others may read, and takes its lock.
+func Open(dir string) (*State, error) {
+	if dir == "" {
+		return nil, errors.New("no state directory")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(filepath.Join(abs, runsDir), 0o700); err != nil {
+		return nil, fmt.Errorf("state directory %s: %w", abs, err)
+	}
+	if err := private(abs); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(abs, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state directory %s: %w", abs, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(f.Name())
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, &LockedError{Dir: abs, Holder: strings.TrimSpace(string(holder))}
+		}
+		return nil, fmt.Errorf("state directory %s: lock: %w", abs, err)
+	}
+	host, _ := os.Hostname()
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))), 0)
+	return &State{Dir: abs, lock: f}, nil
+}
+
+// private refuses a directory that others than its owner may read or enter.
+func private(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("state directory %s has mode %v: it will hold stored values (secrets among them); make it private first (chmod 700 %s)", dir, perm, dir)
+	}
+	return nil
+}
+
+// Close releases the lock.
+func (s *State) Close() error {
+	if s == nil || s.lock == nil {
+		return nil
+	}
+	_ = s.lock.Truncate(0)
+	err := s.lock.Close() // closing the file releases the flock
+	s.lock = nil
+	return err
+}
+
+// Run is a run directory being written.
+type Run struct {
+	Record
+}
+
+// NewRun creates the next run directory for command (mode 0700) and its record.
+// Nothing in an earlier run's directory is touched.
+func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run, error) {
+	recs, err := List(s.Dir)
+	if err != nil {
+		return nil, err
+	}
+	seq := 1
+	if len(recs) > 0 {
+		seq = recs[len(recs)-1].Seq + 1
+	}
+	for {
+		id := fmt.Sprintf("%04d-%s", seq, command)
+		dir := filepath.Join(s.Dir, runsDir, id)
+		err := os.Mkdir(dir, 0o700)
+		if errors.Is(err, fs.ErrExist) {
+			seq++ // a directory without a readable record: never reused
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("run directory %s: %w", dir, err)
+		}
+		host, _ := os.Hostname()
+		r := &Run{Record: Record{
+			ID: id, Seq: seq, Command: command, Start: time.Now().UTC().Truncate(time.Second),
+			Dir: dir, Journal: filepath.Join(dir, JournalFile), Snapshot: filepath.Join(dir, SnapshotFile),
+			Endpoints: endpoints, Prefix: prefix, Host: host, PID: os.Getpid(),
+		}}
+		if err := r.save(); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+}
+
+// Path is a file of the run directory.
+func (r *Run) Path(name string) string { return filepath.Join(r.Dir, name) }
+
+// WritePlan records the checks the run passed before its first write.
+func (r *Run) WritePlan(lines []string) error {
+	return writeFile(r.Path(PlanFile), []byte(strings.Join(lines, "\n")+"\n"))
+}
+
+// Finish records the run's end, its exit code, the keys it wrote and its
+// summary (any JSON value; nil: none).
+func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
+	end := time.Now().UTC().Truncate(time.Second)
+	r.End, r.ExitCode, r.KeysWritten = &end, &exitCode, keysWritten
+	var err error
+	if summary != nil {
+		var b []byte
+		if b, err = json.MarshalIndent(summary, "", "  "); err == nil {
+			err = writeFile(r.Path(SummaryFile), append(b, '\n'))
+		}
+	}
+	if serr := r.save(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// SetSnapshot records where the run's snapshot is (an explicit --snapshot).
+func (r *Run) SetSnapshot(path string) error { r.Snapshot = path; return r.save() }
+
+// SetJournal records where the run's journal is (an explicit --journal).
+func (r *Run) SetJournal(path string) error { r.Journal = path; return r.save() }
+
+// SetUndoes records the runs a rollback undoes.
+func (r *Run) SetUndoes(ids []string) error { r.Undoes = ids; return r.save() }
+
+func (r *Run) save() error {
+	b, err := json.MarshalIndent(r.Record, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFile(r.Path(RecordFile), append(b, '\n'))
+}
+
+// writeFile replaces path atomically (mode 0600).
+func writeFile(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	_, err = f.Write(data)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("run directory: %s: %w", path, err)
+	}
+	return nil
+}
+
+// List reads the runs of a state directory, oldest first. A state directory
+// that does not exist has no runs. A directory whose record does not read is
+// listed by its name with the error in Command, so that nothing is hidden.
+func List(stateDir string) ([]Record, error) {
+	dir := filepath.Join(stateDir, runsDir)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state directory %s: %w", stateDir, err)
+	}
+	var out []Record
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		seq, err := strconv.Atoi(strings.SplitN(e.Name(), "-", 2)[0])
+		if err != nil {
+			continue // not a run directory
+		}
+		var rec Record
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), RecordFile))
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err != nil {
+			rec = Record{ID: e.Name(), Seq: seq, Dir: filepath.Join(dir, e.Name()), Command: "unreadable record: " + err.Error()}
+		}
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
+	return out, nil
+}
+
+// NotFoundError says no run has the ID asked for.
+type NotFoundError struct{ ID, StateDir string }
+
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("no run %q in %s ('kube-etcd-migrate runs' lists them)", e.ID, e.StateDir)
+}
+
+// Since returns run id and every later run, oldest first. id may be the
+// full ID ("0003-migrate") or its number ("3").
+func Since(stateDir, id string) ([]Record, error) {
+	recs, err := List(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range recs {
+		if r.ID == id || strconv.Itoa(r.Seq) == strings.TrimLeft(id, "0") {
+			return recs[i:], nil
+		}
+	}
+	return nil, &NotFoundError{ID: id, StateDir: stateDir}
+}

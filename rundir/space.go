@@ -1,0 +1,108 @@
+package rundir
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// SpaceMargin is the room a run leaves free on every filesystem it writes to:
+// the state directory is often on the filesystem of /var/lib/etcd, and etcd
+// preallocates its WAL files 64 MiB at a time.
+const SpaceMargin = 64 << 20
+
+// Need is a file a run will write and about how large it grows.
+type Need struct {
+	What  string // "snapshot", "journal", ...
+	Path  string // the file (its directory must exist)
+	Bytes int64
+}
+
+// SpaceError refuses a run whose files would not fit, before its first write.
+type SpaceError struct {
+	Dir    string // a directory on the filesystem that is short of room
+	Needs  []Need
+	Needed int64
+	Free   int64
+}
+
+func (e *SpaceError) Error() string {
+	parts := make([]string, len(e.Needs))
+	for i, n := range e.Needs {
+		parts[i] = fmt.Sprintf("%s %s", n.What, HumanBytes(n.Bytes))
+	}
+	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run's undo needs %s (%s) and %s left free, %s is free; free room there, or give a --state-dir on another filesystem",
+		e.Dir, HumanBytes(e.Needed), strings.Join(parts, ", "), HumanBytes(SpaceMargin), HumanBytes(e.Free))
+}
+
+// CheckSpace checks that the files fit together, with SpaceMargin to spare, on
+// the filesystems they go to; it returns a line per filesystem checked.
+func CheckSpace(needs []Need) ([]string, error) {
+	type fsNeeds struct {
+		dir   string
+		free  int64
+		needs []Need
+		total int64
+	}
+	byDev := map[uint64]*fsNeeds{}
+	var devs []uint64
+	for _, n := range needs {
+		dir := filepath.Dir(n.Path)
+		var st syscall.Stat_t
+		if err := syscall.Stat(dir, &st); err != nil {
+			return nil, fmt.Errorf("disk space for the %s %s: %w", n.What, n.Path, err)
+		}
+		f := byDev[uint64(st.Dev)]
+		if f == nil {
+			var sfs syscall.Statfs_t
+			if err := syscall.Statfs(dir, &sfs); err != nil {
+				return nil, fmt.Errorf("disk space for the %s %s: %w", n.What, n.Path, err)
+			}
+			f = &fsNeeds{dir: dir, free: int64(sfs.Bavail) * int64(sfs.Bsize)}
+			byDev[uint64(st.Dev)] = f
+			devs = append(devs, uint64(st.Dev))
+		}
+		f.needs = append(f.needs, n)
+		f.total += n.Bytes
+	}
+	sort.Slice(devs, func(i, j int) bool { return byDev[devs[i]].dir < byDev[devs[j]].dir })
+	var lines []string
+	for _, d := range devs {
+		f := byDev[d]
+		if f.total+SpaceMargin > f.free {
+			return lines, &SpaceError{Dir: f.dir, Needs: f.needs, Needed: f.total, Free: f.free}
+		}
+		what := make([]string, len(f.needs))
+		for i, n := range f.needs {
+			what[i] = fmt.Sprintf("%s %s", n.What, HumanBytes(n.Bytes))
+		}
+		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, the undo needs at most %s (%s) and %s left free", f.dir, HumanBytes(f.free), HumanBytes(f.total), strings.Join(what, ", "), HumanBytes(SpaceMargin)))
+	}
+	return lines, nil
+}
+
+// FileSize is the size of a file, 0 when it does not exist.
+func FileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// HumanBytes prints a size in B, KiB, MiB, ... with one decimal.
+func HumanBytes(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
