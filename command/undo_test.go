@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -197,4 +198,61 @@ func rawKeys(t *testing.T, c *testcluster.Cluster) map[string]string {
 		out[string(kv.Key)] = string(kv.Value)
 	}
 	return out
+}
+
+// smallFilesystem mounts a tmpfs of size bytes (the test needs root, as the
+// tool does on a control-plane node) and unmounts it at the end.
+func smallFilesystem(t *testing.T, size int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+strconv.FormatInt(size, 10), "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("mount a tmpfs (CI runs as root): %v %s", err, out)
+		}
+		t.Skipf("cannot mount a tmpfs here (not root?): %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
+	return dir
+}
+
+// TestFullDiskRefusedBeforeAnyWrite: a state directory on a full filesystem
+// (the one /var/lib/etcd is often on) refuses migrate before its first write,
+// with one line giving the room needed and the room found; etcd is left byte
+// for byte. With room made, the same command runs.
+func TestFullDiskRefusedBeforeAnyWrite(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c.SeedMany(200, oldCfg)
+	fsDir := smallFilesystem(t, 96<<20)
+	filler := filepath.Join(fsDir, "filler")
+	if err := os.WriteFile(filler, make([]byte, 95<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(fsDir, "state")
+	before, rev := rawKeys(t, c), c.Revision()
+	args := []string{"migrate", "--state-dir", state, "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	code, out, stderr := runCLI(t, args...)
+	if code != exitError || !strings.Contains(stderr, "not enough disk space on the filesystem of "+filepath.Join(state, "runs", "0001-migrate")) || !strings.Contains(stderr, "nothing was written") {
+		t.Fatalf("migrate on a full disk: exit %d\n%s%s", code, out, stderr)
+	}
+	t.Logf("%s", stderr)
+	if strings.Count(strings.TrimPrefix(stderr[strings.Index(stderr, "error: "):], "error: "), "\n") != 1 {
+		t.Errorf("the refusal is not one line:\n%s", stderr)
+	}
+	if c.Revision() != rev {
+		t.Fatalf("etcd's revision moved from %d to %d: something was written", rev, c.Revision())
+	}
+	for k, v := range rawKeys(t, c) {
+		if before[k] != v {
+			t.Fatalf("%s changed", k)
+		}
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr := runCLI(t, args...); code != exitOK {
+		t.Fatalf("migrate with room: exit %d\n%s%s", code, out, stderr)
+	}
 }
