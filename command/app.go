@@ -135,6 +135,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			inventoryCommand(),
 			inspectCommand(),
 			verifyCommand(),
+			planCommand(),
 			migrateCommand(),
 			rollbackCommand(),
 			runsCommand(),

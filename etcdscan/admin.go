@@ -197,3 +197,50 @@ func CompactRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
 	}
 	return hi, nil
 }
+
+// MemberHealth is what one member answered, or that it did not.
+type MemberHealth struct {
+	Name     string   `json:"name"`
+	ID       uint64   `json:"id"`
+	Endpoint string   `json:"endpoint"` // the client URL that answered (the first one tried when none did)
+	Version  string   `json:"version,omitempty"`
+	DBSize   int64    `json:"dbSize,omitempty"`
+	Leader   bool     `json:"leader,omitempty"`
+	Errors   []string `json:"errors,omitempty"` // what the member reports of itself (alarms, corruption)
+	Err      string   `json:"error,omitempty"`  // why it did not answer
+}
+
+// Health asks every member of the cluster for its status and reports each,
+// answering or not (Status stops at the first that does not).
+func Health(ctx context.Context, cli *clientv3.Client) ([]MemberHealth, error) {
+	ms, err := members(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MemberHealth, 0, len(ms))
+	for _, m := range ms {
+		h := MemberHealth{Name: m.name, ID: m.id}
+		var errs []string
+		for _, u := range m.urls {
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			r, err := cli.Status(sctx, u)
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", u, err))
+				continue
+			}
+			h.Endpoint, h.Version, h.DBSize, h.Errors = u, r.Version, r.DbSize, r.Errors
+			h.Leader = r.Header != nil && r.Leader == r.Header.MemberId
+			errs = nil
+			break
+		}
+		if len(errs) > 0 {
+			if ctx.Err() != nil {
+				return out, ctx.Err()
+			}
+			h.Endpoint, h.Err = m.urls[0], strings.Join(errs, "; ")
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}

@@ -42,6 +42,36 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 		return done, nil, err
 	}
 
+	lines, space, err := checkQuota(ctx, env, opts)
+	done = append(done, lines...)
+	if err != nil {
+		return done, nil, err
+	}
+	if opts.Journal != "" || opts.Snapshot != "" {
+		lines, err := undoSpace(ctx, env, opts, space.status)
+		done = append(done, lines...)
+		if err != nil {
+			return done, nil, err
+		}
+	}
+	if err := CheckEncryption(ctx, env); err != nil {
+		return done, nil, err
+	}
+	done = append(done, "write encryption providers encrypt and decrypt a probe value")
+	return done, space, nil
+}
+
+// CheckQuota says whether the rewrite fits below etcd's quota (or, with
+// opts.CompactHistory, can be made to fit by compacting as it goes), with a
+// line per finding; a refusal is a *PreflightError.
+func CheckQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+	lines, _, err := checkQuota(ctx, env, opts)
+	return lines, err
+}
+
+// checkQuota is CheckQuota, also returning what it found of etcd's space.
+func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *spaceStart, error) {
+	var done []string
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
 		return done, nil, err
@@ -71,13 +101,7 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 	if exact {
 		how = "about"
 	}
-	if opts.Journal != "" || opts.Snapshot != "" {
-		lines, err := undoSpace(ctx, env, opts, st)
-		done = append(done, lines...)
-		if err != nil {
-			return done, nil, err
-		}
-	}
+
 	switch {
 	case estimate <= room:
 		line := fmt.Sprintf("database %s + rewrite %s %s fits below the quota", HumanBytes(st.DBSize), how, HumanBytes(estimate))
@@ -103,6 +127,13 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 	if opts.CompactHistory {
 		done = append(done, "--compact-history: the old revisions of what the run rewrites are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
 	}
+	return done, space, nil
+}
+
+// CheckEncryption has the write encryption provider of every resource in
+// scope encrypt and decrypt a probe value (a KMS plugin that does not answer
+// fails it); a refusal is a *PreflightError.
+func CheckEncryption(ctx context.Context, env *pipeline.Env) error {
 	grs := env.Storage.BuiltinResources()
 	for _, crd := range env.CRDs {
 		grs = append(grs, crd.Resource)
@@ -114,10 +145,19 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 		}
 	}
 	if err := env.Encryption.Preflight(ctx, grs); err != nil {
-		return done, nil, &PreflightError{Msg: "write encryption provider: " + err.Error()}
+		return &PreflightError{Msg: "write encryption provider: " + err.Error()}
 	}
-	done = append(done, "write encryption providers encrypt and decrypt a probe value")
-	return done, space, nil
+	return nil
+}
+
+// CheckUndoSpace says whether the snapshot and journal of opts fit on their
+// filesystems (a line per filesystem); a refusal is a *PreflightError.
+func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+	st, err := etcdscan.Status(ctx, env.Client)
+	if err != nil {
+		return nil, err
+	}
+	return undoSpace(ctx, env, opts, st)
 }
 
 // undoSpace checks, before the first write, that the run's snapshot and

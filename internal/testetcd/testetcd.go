@@ -199,6 +199,9 @@ func (s *Server) Stop() {
 	}
 }
 
+// Name is the member's name (etcd --name).
+func (s *Server) Name() string { return s.name }
+
 // Kill stops the member as a crash does: an embedded member's raft stops at
 // once, without handing its leadership to a peer (as Stop does), then its
 // listeners close; a process gets SIGKILL. Restart brings it back.

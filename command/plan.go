@@ -1,0 +1,97 @@
+package command
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/plan"
+)
+
+func planCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "plan",
+		Usage: "read-only, kube-apiserver still up: everything migrate (with the same flags) would check before its first write except liveness, one line per blocker with its remedy, and an estimate of the outage",
+		// The migrate command's flags, so that the plan is the same command
+		// line with another verb.
+		Flags:              migrateCommand().Flags,
+		Action:             cmdPlan,
+		OnUsageError:       commandUsageError,
+		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+	}
+}
+
+func cmdPlan(c *cli.Context) error {
+	ctx, stop := signalContext(c.App.ErrWriter)
+	defer stop()
+	for _, f := range []string{"requested", "record", "snapshot-file", "output-snapshot"} {
+		if c.IsSet(f) {
+			return usageErr("--%s: plan is for a migrate of the cluster's etcd (see docs/commands.md#plan)", f)
+		}
+	}
+	s, err := open(ctx, c, true)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	if err := knowTheRelease(c, s.env); err != nil {
+		return err
+	}
+	stateDir := c.String("state-dir")
+	if c.Bool("no-undo") {
+		stateDir = ""
+	}
+	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: migrateOptions(c, ctx, nil), StateDir: stateDir})
+	if err != nil {
+		return err
+	}
+	if err := writeReport(c.App.Writer, c.String("output"), func(w io.Writer, format string) error {
+		if format == "json" {
+			return writeJSON(w, p)
+		}
+		return writePlan(w, p)
+	}); err != nil {
+		return err
+	}
+	if !p.Proceeds() {
+		problems := make([]string, len(p.Blockers))
+		for i, b := range p.Blockers {
+			problems[i] = b.Check
+		}
+		return &codeError{code: exitError, err: fmt.Errorf("migrate would refuse: %d blocker(s) (%s); each is listed above with its remedy", len(p.Blockers), strings.Join(problems, ", "))}
+	}
+	if p.Summary.Unreadable > 0 {
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s): migrate would leave them untouched and exit 4", p.Summary.Unreadable)}
+	}
+	return nil
+}
+
+func writePlan(w io.Writer, p *plan.Plan) error {
+	for _, l := range p.Checks {
+		fmt.Fprintf(w, "ok: %s\n", l)
+	}
+	for _, wh := range p.Webhooks {
+		fmt.Fprintf(w, "conversion webhook: %s (its objects are converted through it; a failure is a blocker below)\n", wh)
+	}
+	if err := writeSummary(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, Consistent: true}, "table"); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "estimate: migrate takes about %s on this machine (%s)\n", fmtSeconds(p.Estimate.Seconds), p.Estimate.Basis)
+	for _, b := range p.Blockers {
+		fmt.Fprintf(w, "BLOCKER (%s): %s; remedy: %s\n", b.Check, b.Problem, b.Remedy)
+	}
+	if p.Proceeds() {
+		fmt.Fprintln(w, "migrate would proceed: stop every kube-apiserver, then run migrate with the same flags")
+	}
+	return nil
+}
+
+func fmtSeconds(s float64) string {
+	if s < 90 {
+		return fmt.Sprintf("%.0f s", s+0.5)
+	}
+	return fmt.Sprintf("%.1f min", s/60)
+}

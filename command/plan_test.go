@@ -1,0 +1,123 @@
+package command
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/seed"
+	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/plan"
+)
+
+// TestPlanNamesEveryBlocker: the plan, run as an operator runs it before the
+// outage, against a cluster seeded to fail four of migrate's checks at once
+// (the rewrite past etcd's quota, a full filesystem for the undo, the KMS
+// plugin of the write provider down, a CRD whose conversion webhook does not
+// answer): one line per blocker with its remedy, exit 1, nothing written.
+func TestPlanNamesEveryBlocker(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 8 << 20})
+	plugin := kmstest.StartV2T(t, "kek-1")
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", fmt.Sprintf("  - kms: {apiVersion: v2, name: vault, endpoint: %q, timeout: 1s}\n", plugin.Endpoint()), testcluster.AESCBC("key1", 1))
+	c.Put("/registry/secrets/ns/s", testcluster.SecretsGR, testcluster.Secret("ns", "s", "pw"), "", "", oldCfg)
+	// 5 MiB of Events stored as JSON (stale by media type) in an 8 MiB quota.
+	for i := 0; i < 100; i++ {
+		e := testcluster.Event("ns", fmt.Sprintf("e-%03d", i))
+		e.Message = strings.Repeat("x", 48<<10)
+		c.Put(fmt.Sprintf("/registry/events/ns/e-%03d", i), testcluster.EventsGR, e, "", "application/json", "")
+	}
+	crd := seed.WidgetCRD()
+	url := "https://127.0.0.1:1/convert"
+	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{ClientConfig: &apiextensionsv1.WebhookClientConfig{URL: &url}, ConversionReviewVersions: []string{"v1"}}}
+	c.Put("/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", decode.CRDGroupResource, crd, "", "", "")
+	w, err := json.Marshal(map[string]any{"apiVersion": "example.com/v1beta1", "kind": "Widget",
+		"metadata": map[string]any{"name": "w", "namespace": "ns", "uid": "uid-w", "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
+		"spec":     map[string]any{"size": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.PutRaw("/registry/example.com/widgets/ns/w", append(w, '\n'))
+	plugin.Close()
+	fsDir := smallFilesystem(t, 96<<20)
+	if err := os.WriteFile(filepath.Join(fsDir, "filler"), make([]byte, 95<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	before, rev := rawKeys(t, c), c.Revision()
+	code, out, stderr := runCLI(t, "plan", "--state-dir", filepath.Join(fsDir, "state"), "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
+	t.Logf("plan: exit %d\n%s%s", code, out, stderr)
+	if code != exitError {
+		t.Fatalf("plan: exit %d, want %d", code, exitError)
+	}
+	for _, want := range []string{
+		"BLOCKER (etcd quota): the rewrite would add about",
+		"BLOCKER (disk space): not enough disk space on the filesystem of " + fsDir,
+		"BLOCKER (encryption providers): write encryption provider:",
+		"BLOCKER (conversion webhooks): 1 object(s) could not be converted, e.g. /registry/example.com/widgets/ns/w",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the plan does not say %q", want)
+		}
+	}
+	if n := strings.Count(out, "BLOCKER ("); n != 4 || strings.Count(out, "; remedy: ") != 4 {
+		t.Errorf("%d blocker lines, want 4, each with its remedy", n)
+	}
+	if c.Revision() != rev {
+		t.Fatalf("the plan wrote to etcd (revision %d -> %d)", rev, c.Revision())
+	}
+	for k, v := range rawKeys(t, c) {
+		if before[k] != v {
+			t.Fatalf("%s changed", k)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(fsDir, "state")); err == nil {
+		t.Error("the plan created the state directory")
+	}
+}
+
+// TestPlanMemberDownThenProceeds: on a 3-member etcd, a member down is a
+// blocker named with its endpoint; with the member back the plan exits 0
+// and migrate, with the same flags, then succeeds.
+func TestPlanMemberDownThenProceeds(t *testing.T) {
+	ec := testetcd.StartClusterT(t, 3)
+	c := testcluster.NewOn(t, ec.ClientT(t))
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c.SeedMany(50, oldCfg)
+	// The tool is given the members that answer (kube-apiserver's manifest names
+	// its own node's); it finds the others in the member list.
+	down := (ec.Leader() + 1) % 3
+	var eps []string
+	for i, m := range ec.Members {
+		if i != down {
+			eps = append(eps, m.URL)
+		}
+	}
+	flags := []string{"--endpoints", strings.Join(eps, ","), "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	ec.Members[down].Kill()
+	code, out, stderr := runCLI(t, append([]string{"plan"}, flags...)...)
+	if code != exitError || !strings.Contains(out, "BLOCKER (etcd members): member "+ec.Members[down].Name()+" ("+ec.Members[down].URL+") does not answer") || !strings.Contains(out, "etcdctl member remove") {
+		t.Fatalf("plan with a member down: exit %d\n%s%s", code, out, stderr)
+	}
+	if err := ec.Members[down].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = runCLI(t, append([]string{"plan", "-o", "json"}, flags...)...)
+	var p plan.Plan
+	if code != exitOK || json.Unmarshal([]byte(out), &p) != nil || !p.Proceeds() || p.Summary.Stale != 100 || len(p.Members) != 3 || p.Estimate.Seconds <= 0 {
+		t.Fatalf("plan on a healthy cluster: exit %d\n%s%s", code, out, stderr)
+	}
+	if code, out, stderr := runCLI(t, append([]string{"migrate"}, flags...)...); code != exitOK {
+		t.Fatalf("migrate after the plan: exit %d\n%s%s", code, out, stderr)
+	}
+}

@@ -1,0 +1,209 @@
+// Package plan answers, read-only and while kube-apiserver still runs, every
+// question migrate asks before its first write except whether a kube-apiserver
+// is alive: what would be rewritten per resource and why, what could not be
+// read (and so would be left), whether the rewrite fits below etcd's quota,
+// whether its undo fits on the state directory's filesystem, whether every
+// write encryption provider (KMS plugins included) answers, whether every etcd
+// member is healthy, which custom resources need a conversion webhook, and
+// about how long the write would take on this machine. Each problem is a
+// Blocker with its remedy, so that it is fixed before the outage begins,
+// not inside it. It writes nothing: not to etcd, not to the state directory.
+package plan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/rundir"
+)
+
+// Options say what migrate would be run with.
+type Options struct {
+	// Migrate are the options the migrate run would take (CompactHistory,
+	// QuotaBackendBytes, batching); DryRun and the undo paths are set here.
+	Migrate migrate.Options
+	// StateDir is where the run's undo would go ("" with --no-undo).
+	StateDir string
+}
+
+// Blocker is one reason migrate would refuse, or would stop part-way.
+type Blocker struct {
+	Check   string `json:"check"`
+	Problem string `json:"problem"`
+	Remedy  string `json:"remedy"`
+}
+
+// Estimate is about how long the write would keep the API down.
+type Estimate struct {
+	// DecideSeconds is how long the decision over every object took here.
+	DecideSeconds float64 `json:"decideSeconds"`
+	// SnapshotSeconds, WriteSeconds are the snapshot and the writes at the
+	// rates below; Seconds the whole migrate (decision, snapshot, writes).
+	SnapshotSeconds float64 `json:"snapshotSeconds"`
+	WriteSeconds    float64 `json:"writeSeconds"`
+	Seconds         float64 `json:"seconds"`
+	Basis           string  `json:"basis"`
+}
+
+// Plan is the answer.
+type Plan struct {
+	Revision   int64                     `json:"revision"`
+	Summary    migrate.Counts            `json:"summary"`
+	Resources  []migrate.ResourceSummary `json:"resources"`
+	Causes     []migrate.FailureCause    `json:"unreadable,omitempty"`
+	CRDs       []migrate.CRDResult       `json:"crds,omitempty"`
+	Webhooks   []string                  `json:"conversionWebhooks,omitempty"`
+	Members    []etcdscan.MemberHealth   `json:"members"`
+	Checks     []string                  `json:"checks"`
+	Blockers   []Blocker                 `json:"blockers"`
+	Estimate   Estimate                  `json:"estimate"`
+	StateDir   string                    `json:"stateDir,omitempty"`
+	DurationMs int64                     `json:"durationMs"`
+}
+
+// Proceeds says whether migrate would go ahead.
+func (p *Plan) Proceeds() bool { return len(p.Blockers) == 0 }
+
+// The rates the estimate assumes: the lowest migrate and snapshot rates of
+// the project's benchmark on 2 cores (docs/benchmarks.md), so that a faster
+// machine only finishes early.
+const (
+	writeRate    = 8000      // objects rewritten per second
+	snapshotRate = 100 << 20 // snapshot bytes per second
+)
+
+// Run makes the plan. An error is returned only when the plan itself could
+// not be made (etcd unreachable); everything migrate would refuse is a Blocker.
+func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
+	start := time.Now()
+	p := &Plan{Blockers: []Blocker{}, StateDir: opts.StateDir}
+	defer func() { p.DurationMs = time.Since(start).Milliseconds() }()
+
+	// etcd's members, one by one: a member down is found now, not mid-run.
+	members, err := etcdscan.Health(ctx, env.Client)
+	if err != nil {
+		return p, err
+	}
+	p.Members = members
+	leader := false
+	for _, m := range members {
+		leader = leader || m.Leader
+		switch {
+		case m.Err != "":
+			p.block("etcd members", fmt.Sprintf("member %s (%s) does not answer: %s", m.Name, m.Endpoint, m.Err),
+				"bring the member back (its etcd static pod and data directory on that node), or remove it ('etcdctl member remove ID') if it is gone for good")
+		case len(m.Errors) > 0:
+			p.block("etcd members", fmt.Sprintf("member %s (%s) reports %v", m.Name, m.Endpoint, m.Errors), "resolve what the member reports (etcdctl endpoint status) before the window")
+		default:
+			p.Checks = append(p.Checks, fmt.Sprintf("etcd member %s (%s): etcd %s, database %s", m.Name, m.Endpoint, m.Version, rundir.HumanBytes(m.DBSize)))
+		}
+	}
+	if !leader && len(members) > 0 {
+		p.block("etcd members", "no member says it is the leader", "restore etcd's quorum first (etcdctl endpoint status --cluster)")
+	}
+	alarms, err := etcdscan.Alarms(ctx, env.Client)
+	if err != nil {
+		return p, err
+	}
+	if len(alarms) > 0 {
+		p.block("etcd alarms", fmt.Sprintf("etcd has active alarms: %v", alarms), "for NOSPACE: compact, defragment every member, then 'etcdctl alarm disarm'")
+	}
+	if len(members) > 0 && p.Proceeds() {
+		p.preflight(ctx, env, opts)
+	}
+
+	// The decision over every object, as migrate makes it (a dry run).
+	mopts := opts.Migrate
+	mopts.DryRun, mopts.Journal, mopts.Snapshot = true, "", ""
+	decideStart := time.Now()
+	sum, err := migrate.Run(ctx, env, mopts)
+	if err != nil {
+		return p, err
+	}
+	p.Estimate.DecideSeconds = time.Since(decideStart).Seconds()
+	p.Revision, p.Summary, p.Resources, p.Causes, p.CRDs = sum.Revision, sum.Summary, sum.Resources, sum.Causes, sum.CRDs
+	for _, c := range sum.Causes {
+		if c.Cause == string(decode.ReasonConversionFailed) {
+			p.block("conversion webhooks", fmt.Sprintf("%d object(s) could not be converted, e.g. %s: %s", c.Count, c.FirstKey, c.Error),
+				"with every kube-apiserver stopped the webhook's Service is reached through --conversion-webhook NAMESPACE/SERVICE=https://POD-IP:PORT/PATH (a webhook pod's address, which keeps answering during the outage)")
+		}
+	}
+	for _, crd := range env.CRDs {
+		if crd.Object != nil && crd.Object.Spec.Conversion != nil && crd.Object.Spec.Conversion.Strategy == "Webhook" {
+			p.Webhooks = append(p.Webhooks, crd.Resource.String())
+		}
+	}
+	var dbSize int64
+	for _, m := range members {
+		dbSize = max(dbSize, m.DBSize)
+	}
+	p.Estimate.SnapshotSeconds = float64(dbSize) / snapshotRate
+	p.Estimate.WriteSeconds = float64(sum.Summary.Stale) / writeRate
+	p.Estimate.Seconds = p.Estimate.DecideSeconds + p.Estimate.SnapshotSeconds + p.Estimate.WriteSeconds
+	p.Estimate.Basis = fmt.Sprintf("the decision over %d objects took %.1fs here; a snapshot of %s at 100 MiB/s and %d rewrites at 8,000/s (the benchmark's lowest rates on 2 cores); add the minute the runbook waits after stopping kube-apiserver and its restart",
+		sum.Summary.Scanned, p.Estimate.DecideSeconds, rundir.HumanBytes(dbSize), sum.Summary.Stale)
+	return p, nil
+}
+
+// preflight runs migrate's own checks, each on its own, so that every blocker
+// is named at once.
+func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
+	lines, err := migrate.CheckQuota(ctx, env, opts.Migrate)
+	p.Checks = append(p.Checks, lines...)
+	if err != nil {
+		remedy := "compact and defragment etcd before the window, or rerun the plan with --compact-history (migrate then compacts as it goes), or raise --quota-backend-bytes"
+		p.blockErr("etcd quota", err, remedy)
+	}
+	if opts.StateDir != "" {
+		// The run directory does not exist yet: its filesystem is the nearest
+		// directory that does.
+		dir := existing(filepath.Join(opts.StateDir, "runs"))
+		mopts := opts.Migrate
+		mopts.Journal, mopts.Snapshot = filepath.Join(dir, rundir.JournalFile), filepath.Join(dir, rundir.SnapshotFile)
+		lines, err := migrate.CheckUndoSpace(ctx, env, mopts)
+		p.Checks = append(p.Checks, lines...)
+		if err != nil {
+			p.blockErr("disk space", err, "free room on that filesystem, or give --state-dir on another one (the undo needs the room; --no-undo is not a remedy)")
+		}
+	}
+	if err := migrate.CheckEncryption(ctx, env); err != nil {
+		p.blockErr("encryption providers", err, "start the KMS plugin (its socket must answer on this node) or fix the key in the encryption configuration")
+	} else {
+		p.Checks = append(p.Checks, "write encryption providers encrypt and decrypt a probe value")
+	}
+}
+
+func (p *Plan) block(check, problem, remedy string) {
+	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: problem, Remedy: remedy})
+}
+
+func (p *Plan) blockErr(check string, err error, remedy string) {
+	var pe *migrate.PreflightError
+	if errors.As(err, &pe) {
+		p.block(check, pe.Msg, remedy)
+		return
+	}
+	p.block(check, err.Error(), remedy)
+}
+
+// existing is dir, or its nearest ancestor that exists.
+func existing(dir string) string {
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
