@@ -25,7 +25,6 @@ func migrateCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
 			&cli.StringFlag{Name: "journal", Usage: "record old values before each write (mode 0600) for 'rollback'"},
 			&cli.StringFlag{Name: "snapshot", Usage: "save an etcd snapshot here before the first write"},
-			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
 			&cli.Int64Flag{Name: "quota-backend-bytes", Usage: "etcd's --quota-backend-bytes, when its members' metrics (etcd_server_quota_backend_bytes) do not answer; else etcd's manifest beside --apiserver-manifest; the preflight says which it used"},
 			&cli.BoolFlag{Name: "compact-history", Usage: "compact etcd's history up to the run's latest write whenever the database nears the quota, as kube-apiserver's compactor does (the journal is the rollback), so a rewrite larger than the free space completes"},
 			&cli.IntFlag{Name: "writers", Value: migrate.DefaultWriters, Usage: "concurrent write transactions"},
@@ -35,7 +34,7 @@ func migrateCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
 			&cli.BoolFlag{Name: "requested", Usage: "carry out exactly the cluster's pending StorageVersionMigration requests, in kube-controller-manager's order, and record each outcome in the request as it does (needs a target kube-apiserver serving storagemigration.k8s.io)"},
 			&cli.BoolFlag{Name: "record", Usage: "after the migration, write a finished StorageVersionMigration for each resource rewritten, so the cluster's API shows it (needs a target kube-apiserver serving storagemigration.k8s.io, else nothing is written)"},
-		), outputSnapshotFlags()...),
+		), append(livenessFlags(), outputSnapshotFlags()...)...),
 		Action:             cmdMigrate,
 		OnUsageError:       commandUsageError,
 		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
@@ -60,6 +59,10 @@ func cmdMigrate(c *cli.Context) error {
 	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
 		return err
 	}
+	window, err := livenessWindow(c)
+	if err != nil {
+		return err
+	}
 	s, err := open(ctx, c, true)
 	if err != nil {
 		return err
@@ -69,7 +72,7 @@ func cmdMigrate(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("requested") {
-		return cmdMigrateRequested(ctx, c, s)
+		return cmdMigrateRequested(ctx, c, s, window)
 	}
 	if err := checkRecord(c, s.env); err != nil {
 		return err
@@ -80,11 +83,11 @@ func cmdMigrate(c *cli.Context) error {
 	// transactions and the journal finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	opts := migrateOptions(c, writeCtx)
+	opts := migrateOptions(c, writeCtx, window)
 	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
-	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, writeCtx)
+	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, opts)
 	if sum != nil {
 		if err := writeMigrateReport(c.App.Writer, sum, records, c.String("output")); err != nil {
 			return err
@@ -114,13 +117,14 @@ func cmdMigrate(c *cli.Context) error {
 }
 
 // migrateOptions are the write options of the migrate command's flags.
-func migrateOptions(c *cli.Context, writeCtx context.Context) migrate.Options {
+func migrateOptions(c *cli.Context, writeCtx context.Context, window time.Duration) migrate.Options {
 	return migrate.Options{
 		DryRun:             c.Bool("dry-run"),
 		FailFast:           c.Bool("fail-fast"),
 		Journal:            c.String("journal"),
 		Snapshot:           c.String("snapshot"),
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+		LivenessWindow:     window,
 		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
 		CompactHistory:     c.Bool("compact-history"),
 		BatchOps:           c.Int("batch-ops"),
@@ -132,7 +136,7 @@ func migrateOptions(c *cli.Context, writeCtx context.Context) migrate.Options {
 }
 
 // cmdMigrateRequested is 'migrate --requested'.
-func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error {
+func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, window time.Duration) error {
 	if c.Bool("record") {
 		return usageErr("--requested and --record: the requests record their own outcome; give one of them")
 	}
@@ -147,7 +151,7 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session) error 
 	}
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx)})
+	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx, window)})
 	if res != nil {
 		write := func(w io.Writer, format string) error {
 			if format == "json" {
@@ -202,7 +206,7 @@ func checkRecord(c *cli.Context, env *pipeline.Env) error {
 }
 
 // recordMigration writes the records of a finished migration (--record).
-func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, writeCtx context.Context) ([]storagemigration.Recorded, error) {
+func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, opts migrate.Options) ([]storagemigration.Recorded, error) {
 	if !c.Bool("record") || sum == nil {
 		return nil, nil
 	}
@@ -219,7 +223,7 @@ func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum
 	if runErr != nil {
 		return nil, fmt.Errorf("--record: the migration did not finish: no record was written")
 	}
-	recs, err := storagemigration.Record(ctx, env, sum, started, migrateOptions(c, writeCtx), nil)
+	recs, err := storagemigration.Record(ctx, env, sum, started, opts, nil)
 	if err != nil {
 		return recs, fmt.Errorf("--record: %w", err)
 	}

@@ -18,9 +18,8 @@ func quarantineCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "reason", Usage: "remove objects unreadable for this reason (repeatable, comma list): undecryptable, corrupt-envelope, corrupt-payload, unknown-kind"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "list what would be removed and what is kept, write nothing"},
 			&cli.StringFlag{Name: "journal", Usage: "record each removed key's value, lease and revisions here (mode 0600) for 'rollback'; required unless --dry-run"},
-			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "remove even though a kube-apiserver looks alive"},
 			&cli.IntFlag{Name: "batch-ops", Value: 16, Usage: "deletes per CAS transaction"},
-		), outputSnapshotFlags()...),
+		), append(livenessFlags(), outputSnapshotFlags()...)...),
 		Action:             cmdQuarantine,
 		OnUsageError:       commandUsageError,
 		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
@@ -46,6 +45,10 @@ func cmdQuarantine(c *cli.Context) error {
 	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
 		return err
 	}
+	window, err := livenessWindow(c)
+	if err != nil {
+		return err
+	}
 	s, err := open(ctx, c, false)
 	if err != nil {
 		return err
@@ -60,6 +63,7 @@ func cmdQuarantine(c *cli.Context) error {
 		DryRun:             c.Bool("dry-run"),
 		Journal:            c.String("journal"),
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+		LivenessWindow:     window,
 		PrivateEtcd:        c.String("snapshot-file"),
 		BatchOps:           c.Int("batch-ops"),
 		WriteContext:       writeCtx,
