@@ -35,9 +35,8 @@ func migrateCommand() *cli.Command {
 			&cli.BoolFlag{Name: "requested", Usage: "carry out exactly the cluster's pending StorageVersionMigration requests, in kube-controller-manager's order, and record each outcome in the request as it does (needs a target kube-apiserver serving storagemigration.k8s.io)"},
 			&cli.BoolFlag{Name: "record", Usage: "after the migration, write a finished StorageVersionMigration for each resource rewritten, so the cluster's API shows it (needs a target kube-apiserver serving storagemigration.k8s.io, else nothing is written)"},
 		), append(livenessFlags(), outputSnapshotFlags()...)...),
-		Action:             cmdMigrate,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		Action:       cmdMigrate,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -111,7 +110,7 @@ func cmdMigrate(c *cli.Context) error {
 		return err
 	}
 	if sum.Summary.Unreadable > 0 {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable)}
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable), quiet: true}
 	}
 	return nil
 }
@@ -181,7 +180,7 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, window
 		}
 	}
 	if unreadable {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("unreadable object(s) left untouched: the requests of their resources are Failed")}
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("unreadable object(s) left untouched: the requests of their resources are Failed"), quiet: true}
 	}
 	return nil
 }

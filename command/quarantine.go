@@ -20,9 +20,8 @@ func quarantineCommand() *cli.Command {
 			&cli.StringFlag{Name: "journal", Usage: "record each removed key's value, lease and revisions here (mode 0600) for 'rollback'; required unless --dry-run"},
 			&cli.IntFlag{Name: "batch-ops", Value: 16, Usage: "deletes per CAS transaction"},
 		), append(livenessFlags(), outputSnapshotFlags()...)...),
-		Action:             cmdQuarantine,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		Action:       cmdQuarantine,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -79,14 +78,25 @@ func cmdQuarantine(c *cli.Context) error {
 	if res.Conflicts > 0 || res.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})
 	}
-	if s.snap != nil && !c.Bool("dry-run") {
+	if c.Bool("dry-run") {
+		return nil
+	}
+	// What is left unreadable where it wrote: the objects it kept, or, in
+	// --output-snapshot, what the verification of OUT finds.
+	left := res.Kept
+	if s.snap != nil {
 		w := c.App.Writer
 		if c.String("output") == "json" {
 			w = c.App.ErrWriter
 		}
-		if _, err := saveAndVerify(ctx, c, s, w); err != nil {
+		rep, err := saveAndVerify(ctx, c, s, w)
+		if err != nil {
 			return err
 		}
+		left = rep.Summary.Unreadable
+	}
+	if left > 0 {
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) remain", left), quiet: true}
 	}
 	return nil
 }
