@@ -215,7 +215,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 			return nil, err
 		}
 		err = step("live migrate", func() error {
-			return snapMigrate(ctx, res, bin, mSnapLiveMigrate, stale, fi.Size(), append([]string{"--target-version", release, "--quota-backend-bytes", fmt.Sprint(o.quota)}, live...))
+			return snapMigrate(ctx, res, bin, mSnapLiveMigrate, stale, fi.Size(), append([]string{"--target-version", release, "--quota-backend-bytes", fmt.Sprint(o.quota), "--allow-live-apiserver"}, live...))
 		})
 		if err != nil {
 			return nil, err

@@ -85,13 +85,17 @@ func silenceKlog() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	err := app.Run(interspersed(app, args))
+	return exitFor(app.Run(interspersed(app, args)), stderr)
+}
+
+// exitFor is the exit code of a command's error, after its "error:" line.
+func exitFor(err error, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
 	var ce *codeError
 	if errors.As(err, &ce) {
-		if ce.err != nil && ce.code != exitStale && ce.code != exitUnreadable {
+		if ce.err != nil && !ce.quiet {
 			fmt.Fprintf(stderr, "error: %v\n", ce.err)
 		}
 		return ce.code
@@ -119,7 +123,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			fmt.Fprintf(c.App.ErrWriter, "error: %v\n", err)
 		}
 	}
-	return &cli.App{
+	app := &cli.App{
 		Name:                  "kube-etcd-migrate",
 		Version:               buildinfo.Get().Version,
 		EnableBashCompletion:  true,
@@ -127,7 +131,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:                stdout,
 		ErrWriter:             stderr,
 		ExitErrHandler:        func(*cli.Context, error) {},
-		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + exitCodesHelp("") + "\n",
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {
 			return usageErr("%v", err)
 		},
@@ -144,6 +148,11 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			completionCommand(),
 		},
 	}
+	// Each command's --help ends with the exit codes it returns (exitCodes).
+	for _, cmd := range app.Commands {
+		cmd.CustomHelpTemplate = cli.CommandHelpTemplate + "\n" + exitCodesHelp(cmd.Name) + "\n"
+	}
+	return app
 }
 
 func commandUsageError(c *cli.Context, err error, _ bool) error {

@@ -56,6 +56,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"inventory", "-o", "xml", "--endpoints", "127.0.0.1:1"},
 		{"inspect", "--endpoints", "127.0.0.1:1"},
 		{"verify", "--page-size", "many"},
+		{"migrate", "--liveness-window", "0s", "--endpoints", "127.0.0.1:1"},
+		{"quarantine", "--liveness-window", "-1s", "--reason", "undecryptable", "--resource", "secrets", "--journal", "j", "--endpoints", "127.0.0.1:1"},
 	} {
 		code, _, stderr := runCLI(t, args...)
 		if code != exitUsage {

@@ -200,7 +200,7 @@ func TestBinaryFlagsAnywhereAndVersions(t *testing.T) {
 			{[]string{"inventory", "-o", "json", "--endpoints", ep}, 0},
 			{[]string{"verify", "-o", "json", "--endpoints", ep, "--metrics-file", verifyProm}, exitStale},
 			{[]string{"verify", "-o", "yaml", "--endpoints", ep}, exitStale},
-			{[]string{"migrate", "--endpoints", ep, "-o", "json", "--journal", journal, "--metrics-file", migrateProm, "--target-version", "1.37"}, 0},
+			{[]string{"migrate", "--endpoints", ep, "-o", "json", "--liveness-window", "500ms", "--journal", journal, "--metrics-file", migrateProm, "--target-version", "1.37"}, 0},
 			{[]string{"rollback", "-o", "json", "--journal", journal, "--endpoints", ep}, 0},
 		} {
 			code, stdout, stderr := execBin(t, bin, run.args...)

@@ -2,31 +2,117 @@ package command
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 )
 
-// Exit codes, documented in docs/commands.md and in --help.
+// Exit codes. What each means, per command, is exitCodes.
 const (
-	exitOK          = 0
-	exitError       = 1
-	exitUsage       = 2
-	exitStale       = 3
-	exitUnreadable  = 4
-	exitCodesHelpTx = `EXIT CODES:
-   0  success (verify: every object current)
-   1  failed, nothing lost (etcd unreachable, preflight refusal, write failures,
-      stopped before etcd's quota or at its first NOSPACE or permission refusal:
-      one line names the cause and the remedy; the journal is intact)
-   2  usage error (bad flag or argument; a manifest path or KMS plugin socket
-      under no hostPath mount)
-   3  verify: something is stale, everything is readable
-   4  verify/migrate: something is unreadable (no key for it, corrupt, unknown kind,
-      fields these types would lose); migrate left those objects untouched`
+	exitOK         = 0
+	exitError      = 1
+	exitUsage      = 2
+	exitStale      = 3
+	exitUnreadable = 4
+	exitSignal     = 130 // a second SIGINT/SIGTERM: exited at once (signalContext)
 )
 
-// exitError carries an exit code through urfave/cli.
+// exitCodeRow is one exit code and what it means for the commands named.
+type exitCodeRow struct {
+	Code     int
+	Commands []string // command names, in the app's order
+	Meaning  string   // plain text, one sentence or a few; no Markdown
+}
+
+// Command names, for exitCodes.
+var (
+	readOnly = []string{"inventory", "inspect", "verify", "plan", "runs", "version", "completion"}
+	writing  = []string{"migrate", "rollback", "quarantine"}
+	everyCmd = slices.Concat(readOnly, writing)
+	scanning = []string{"inventory", "inspect", "verify", "plan", "migrate", "rollback", "quarantine"}
+)
+
+// exitCodes is the one truth of the tool's exit codes: each command's --help
+// shows its rows (exitCodesHelp), the app's --help all of them, and
+// TestExitCodesAgree checks that docs/commands.md's "Exit codes" table lists
+// exactly these rows and that every code a command's code can return is one of
+// its rows. A new command adds its name to the rows of the codes it returns.
+var exitCodes = []exitCodeRow{
+	{exitOK, []string{"inventory", "inspect", "version", "completion"}, "success"},
+	{exitOK, []string{"verify"}, "every object current"},
+	{exitOK, []string{"migrate"}, "done: every stale object rewritten (--dry-run: what would be rewritten, nothing unreadable); with --output-snapshot, OUT written, restored afresh and verified current"},
+	{exitOK, []string{"plan"}, "migrate would proceed: no blocker, nothing unreadable (what it would rewrite is listed, with an estimate of its time)"},
+	{exitOK, []string{"runs"}, "the runs of the state directory listed (none is no error)"},
+	{exitOK, []string{"rollback"}, "every journaled key of the runs (--run) or journal (--journal) restored, newest write first (keys changed since are skipped and listed; --dry-run: what would be, nothing written)"},
+	{exitOK, []string{"quarantine"}, "done: every object the --reason and --resource name removed, none left unreadable (--dry-run: the list, whatever it holds)"},
+	{exitError, []string{"inventory", "inspect", "verify"}, "failed: etcd unreachable, a file unreadable or damaged (named)"},
+	{exitError, []string{"plan"}, "migrate would refuse: one BLOCKER line per problem, each with its remedy (the quota, disk space for the undo, a KMS plugin, an etcd member, a conversion webhook, an alarm); or etcd unreachable; nothing written"},
+	{exitError, []string{"runs"}, "failed: the state directory could not be read"},
+	{exitError, []string{"version", "completion"}, "failed: the output could not be written"},
+	{exitError, writing, "failed, nothing lost: etcd unreachable, a preflight refusal (nothing written: a live kube-apiserver, no room for the undo in --state-dir, the state directory in use by another run or readable by others), failed writes or conflicts, a run stopped before etcd's quota or at its first NOSPACE or permission refusal; one line names the cause and the remedy, the journal is intact and a second run or rollback picks up from it; with --output-snapshot the line says whether OUT was written"},
+	{exitUsage, everyCmd, "usage error: bad flag or argument (also a manifest path or KMS plugin socket under no hostPath mount; migrate when nothing says which Kubernetes release the cluster runs, or --target-version contradicts the manifest's image); nothing written"},
+	{exitStale, []string{"verify"}, "something is stale, everything is readable"},
+	{exitStale, []string{"migrate"}, "with --output-snapshot: OUT was written, but its verification finds objects still stale in it (the line says how many): do not restore it"},
+	{exitUnreadable, []string{"verify"}, "something is unreadable (no key for it, corrupt, unknown kind, fields these types would lose)"},
+	{exitUnreadable, []string{"migrate"}, "the rest is done; unreadable objects were left untouched (listed); with --output-snapshot, OUT is written with them as they were"},
+	{exitUnreadable, []string{"plan"}, "no blocker, but unreadable objects (listed): migrate would leave them untouched and exit 4"},
+	{exitUnreadable, []string{"quarantine"}, "done, but unreadable objects remain (kept: another reason than --reason names, or refused by a configured key; listed); with --output-snapshot, as the verification of OUT finds"},
+	{exitSignal, scanning, "a second SIGINT or SIGTERM: exited at once (a first one stops cleanly: in-flight writes finish, the journal is flushed, exit 1)"},
+}
+
+// exitCodesFor are the rows of command name ("" for every row).
+func exitCodesFor(name string) []exitCodeRow {
+	var out []exitCodeRow
+	for _, r := range exitCodes {
+		if name == "" || slices.Contains(r.Commands, name) {
+			out = append(out, r)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b exitCodeRow) int { return a.Code - b.Code })
+	return out
+}
+
+// exitCodesHelp is the EXIT CODES section of a command's --help (of the app's
+// when name is "").
+func exitCodesHelp(name string) string {
+	var b strings.Builder
+	b.WriteString("EXIT CODES:\n")
+	for _, r := range exitCodesFor(name) {
+		who := ""
+		if name == "" && !slices.Equal(r.Commands, everyCmd) {
+			who = strings.Join(r.Commands, ", ") + ": "
+		}
+		fmt.Fprintf(&b, "%s\n", wrap(fmt.Sprintf("%4d  ", r.Code), who+r.Meaning, 90))
+	}
+	return b.String()
+}
+
+// wrap prints text after head, wrapped at width with continuation lines
+// indented under its start.
+func wrap(head, text string, width int) string {
+	indent := strings.Repeat(" ", len(head))
+	var lines []string
+	line, empty := head, true
+	for _, w := range strings.Fields(text) {
+		if !empty && len(line)+1+len(w) > width {
+			lines = append(lines, line)
+			line, empty = indent, true
+		}
+		if !empty {
+			line += " "
+		}
+		line += w
+		empty = false
+	}
+	return strings.Join(append(lines, line), "\n")
+}
+
+// codeError carries an exit code through urfave/cli.
 type codeError struct {
 	code int
 	err  error
+	// quiet: the report already says it (verify's 3 and 4, migrate's 4), so
+	// no "error:" line.
+	quiet bool
 }
 
 func (e *codeError) Error() string { return e.err.Error() }

@@ -23,7 +23,6 @@ func migrateCommand() *cli.Command {
 		Flags: append(append(append(commonFlags(), targetFlags()...),
 			outputFlag("table", "table", "json"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
-			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
 			&cli.Int64Flag{Name: "quota-backend-bytes", Usage: "etcd's --quota-backend-bytes, when its members' metrics (etcd_server_quota_backend_bytes) do not answer; else etcd's manifest beside --apiserver-manifest; the preflight says which it used"},
 			&cli.BoolFlag{Name: "compact-history", Usage: "compact etcd's history up to the run's latest write whenever the database nears the quota, as kube-apiserver's compactor does (the journal is the rollback), so a rewrite larger than the free space completes"},
 			&cli.IntFlag{Name: "writers", Value: migrate.DefaultWriters, Usage: "concurrent write transactions"},
@@ -33,10 +32,9 @@ func migrateCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
 			&cli.BoolFlag{Name: "requested", Usage: "carry out exactly the cluster's pending StorageVersionMigration requests, in kube-controller-manager's order, and record each outcome in the request as it does (needs a target kube-apiserver serving storagemigration.k8s.io)"},
 			&cli.BoolFlag{Name: "record", Usage: "after the migration, write a finished StorageVersionMigration for each resource rewritten, so the cluster's API shows it (needs a target kube-apiserver serving storagemigration.k8s.io, else nothing is written)"},
-		), append(undoFlags(), outputSnapshotFlags()...)...),
-		Action:             cmdMigrate,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		), append(append(undoFlags(), livenessFlags()...), outputSnapshotFlags()...)...),
+		Action:       cmdMigrate,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -61,6 +59,10 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
 		return err
 	}
+	window, err := livenessWindow(c)
+	if err != nil {
+		return err
+	}
 	s, err := open(ctx, c, true)
 	if err != nil {
 		return err
@@ -83,7 +85,7 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if c.Bool("requested") {
 		var res *storagemigration.Result
 		defer func() { u.finish(c, err, requestsWritten(res), res) }()
-		res, err = cmdMigrateRequested(ctx, c, s, u)
+		res, err = cmdMigrateRequested(ctx, c, s, u, window)
 		return err
 	}
 	var sum *migrate.Summary
@@ -94,11 +96,11 @@ func cmdMigrate(c *cli.Context) (err error) {
 	// transactions and the journal finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	opts := migrateOptions(c, writeCtx, u)
+	opts := migrateOptions(c, writeCtx, u, window)
 	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
-	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, writeCtx, u)
+	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, opts)
 	if sum != nil {
 		if err := writeMigrateReport(c.App.Writer, sum, records, c.String("output")); err != nil {
 			return err
@@ -151,7 +153,7 @@ func requestsWritten(res *storagemigration.Result) int64 {
 
 // migrateOptions are the write options of the migrate command's flags; u is
 // the run directory the journal and snapshot go to.
-func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun) migrate.Options {
+func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun, window time.Duration) migrate.Options {
 	return migrate.Options{
 		DryRun:             c.Bool("dry-run"),
 		FailFast:           c.Bool("fail-fast"),
@@ -159,6 +161,7 @@ func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun) migrat
 		Snapshot:           u.snapshot(c),
 		OnPreflight:        u.plan,
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+		LivenessWindow:     window,
 		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
 		CompactHistory:     c.Bool("compact-history"),
 		BatchOps:           c.Int("batch-ops"),
@@ -187,10 +190,10 @@ func checkRequested(c *cli.Context, s *session) error {
 }
 
 // cmdMigrateRequested is 'migrate --requested'.
-func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, u *undoRun) (*storagemigration.Result, error) {
+func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, u *undoRun, window time.Duration) (*storagemigration.Result, error) {
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx, u)})
+	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx, u, window)})
 	if res != nil {
 		write := func(w io.Writer, format string) error {
 			if format == "json" {
@@ -245,7 +248,7 @@ func checkRecord(c *cli.Context, env *pipeline.Env) error {
 }
 
 // recordMigration writes the records of a finished migration (--record).
-func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, writeCtx context.Context, u *undoRun) ([]storagemigration.Recorded, error) {
+func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, opts migrate.Options) ([]storagemigration.Recorded, error) {
 	if !c.Bool("record") || sum == nil {
 		return nil, nil
 	}
@@ -262,7 +265,7 @@ func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum
 	if runErr != nil {
 		return nil, fmt.Errorf("--record: the migration did not finish: no record was written")
 	}
-	recs, err := storagemigration.Record(ctx, env, sum, started, migrateOptions(c, writeCtx, u), nil)
+	recs, err := storagemigration.Record(ctx, env, sum, started, opts, nil)
 	if err != nil {
 		return recs, fmt.Errorf("--record: %w", err)
 	}

@@ -44,7 +44,7 @@ func TestRunbookCLI(t *testing.T) {
 	}
 	journal := filepath.Join(c.Dir, "journal")
 	startRev := c.Revision()
-	cmd := exec.Command(bin, append([]string{"migrate", "--target-version", "1.37", "-o", "json", "--journal", journal, "--writers", "1", "--batch-ops", "1"}, conn...)...)
+	cmd := exec.Command(bin, append([]string{"migrate", "--target-version", "1.37", "--liveness-window", "500ms", "-o", "json", "--journal", journal, "--writers", "1", "--batch-ops", "1"}, conn...)...)
 	var stdout, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &errb
 	if err := cmd.Start(); err != nil {
@@ -92,7 +92,7 @@ func TestRunbookCLI(t *testing.T) {
 	if code, out, stderr = runCLI(t, append([]string{"verify"}, conn...)...); code != exitStale {
 		t.Fatalf("verify after interruption: exit %d\n%s%s", code, out, stderr)
 	}
-	if code, out, stderr = runCLI(t, append([]string{"migrate", "-o", "json", "--target-version", "1.37"}, conn...)...); code != exitOK {
+	if code, out, stderr = runCLI(t, append([]string{"migrate", "-o", "json", "--target-version", "1.37", "--liveness-window", "500ms"}, conn...)...); code != exitOK {
 		t.Fatalf("migrate again: exit %d\n%s%s", code, out, stderr)
 	}
 	var again migrate.Summary
@@ -121,7 +121,7 @@ func TestSpaceCLI(t *testing.T) {
 	}
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	journal := filepath.Join(c.Dir, "journal")
-	code, out, stderr := runCLI(t, append([]string{"migrate", "--journal", journal, "--compact-history"}, conn...)...)
+	code, out, stderr := runCLI(t, append([]string{"migrate", "--journal", journal, "--compact-history", "--liveness-window", "500ms"}, conn...)...)
 	if code != exitOK {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
 	}

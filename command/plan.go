@@ -18,9 +18,8 @@ func planCommand() *cli.Command {
 		// The migrate command's flags, so that the plan is the same command
 		// line with another verb.
 		Flags:              migrateCommand().Flags,
-		Action:             cmdPlan,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		Action:       cmdPlan,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -44,7 +43,7 @@ func cmdPlan(c *cli.Context) error {
 	if c.Bool("no-undo") {
 		stateDir = ""
 	}
-	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: migrateOptions(c, ctx, nil), StateDir: stateDir})
+	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: migrateOptions(c, ctx, nil, 0), StateDir: stateDir})
 	if err != nil {
 		return err
 	}

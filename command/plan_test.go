@@ -117,7 +117,7 @@ func TestPlanMemberDownThenProceeds(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(out), &p) != nil || !p.Proceeds() || p.Summary.Stale != 100 || len(p.Members) != 3 || p.Estimate.Seconds <= 0 {
 		t.Fatalf("plan on a healthy cluster: exit %d\n%s%s", code, out, stderr)
 	}
-	if code, out, stderr := runCLI(t, append([]string{"migrate"}, flags...)...); code != exitOK {
+	if code, out, stderr := runCLI(t, append([]string{"migrate", "--liveness-window", "500ms"}, flags...)...); code != exitOK {
 		t.Fatalf("migrate after the plan: exit %d\n%s%s", code, out, stderr)
 	}
 }

@@ -18,12 +18,10 @@ func quarantineCommand() *cli.Command {
 			outputFlag("table", "table", "json"),
 			&cli.StringSliceFlag{Name: "reason", Usage: "remove objects unreadable for this reason (repeatable, comma list): undecryptable, corrupt-envelope, corrupt-payload, unknown-kind"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "list what would be removed and what is kept, write nothing"},
-			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "remove even though a kube-apiserver looks alive"},
 			&cli.IntFlag{Name: "batch-ops", Value: 16, Usage: "deletes per CAS transaction"},
-		), append(undoFlags(), outputSnapshotFlags()...)...),
-		Action:             cmdQuarantine,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		), append(append(undoFlags(), livenessFlags()...), outputSnapshotFlags()...)...),
+		Action:       cmdQuarantine,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -47,6 +45,10 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
 	}
 	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
+		return err
+	}
+	window, err := livenessWindow(c)
+	if err != nil {
 		return err
 	}
 	s, err := open(ctx, c, false)
@@ -82,6 +84,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		Snapshot:           u.snapshot(c),
 		OnPreflight:        u.plan,
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+		LivenessWindow:     window,
 		PrivateEtcd:        c.String("snapshot-file"),
 		BatchOps:           c.Int("batch-ops"),
 		WriteContext:       writeCtx,
@@ -97,14 +100,25 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	if res.Conflicts > 0 || res.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})
 	}
-	if s.snap != nil && !c.Bool("dry-run") {
+	if c.Bool("dry-run") {
+		return nil
+	}
+	// What is left unreadable where it wrote: the objects it kept, or, in
+	// --output-snapshot, what the verification of OUT finds.
+	left := res.Kept
+	if s.snap != nil {
 		w := c.App.Writer
 		if c.String("output") == "json" {
 			w = c.App.ErrWriter
 		}
-		if _, err := saveAndVerify(ctx, c, s, w); err != nil {
+		rep, err := saveAndVerify(ctx, c, s, w)
+		if err != nil {
 			return err
 		}
+		left = rep.Summary.Unreadable
+	}
+	if left > 0 {
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) remain", left), quiet: true}
 	}
 	return nil
 }

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,17 +24,15 @@ func rollbackCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "rollback",
 		Usage: "undo run ID and every later run, newest first (--run), or put back the values one journal replaced (--journal); keys changed since are skipped",
-		Flags: append(append(etcdscan.Flags(), apiServerFlags()...),
+		Flags: append(append(append(etcdscan.Flags(), apiServerFlags()...), livenessFlags()...),
 			&cli.StringFlag{Name: "run", Usage: "undo this run (an ID from 'kube-etcd-migrate runs') and every later one, newest first"},
 			&cli.StringFlag{Name: "journal", Usage: "undo the writes this journal records (a run directory's journal, or one written with 'migrate --journal')"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be restored, skipped or left, write nothing"},
-			&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though a kube-apiserver looks alive"},
 			stateDirFlag(),
 			&cli.BoolFlag{Name: "no-undo", Usage: "DANGEROUS: keep no journal and no snapshot of what the rollback overwrites"},
 			outputFlag("table", "table", "json")),
-		Action:             cmdRollback,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		Action:       cmdRollback,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -42,6 +42,10 @@ func cmdRollback(c *cli.Context) (err error) {
 	runID, journalPath := c.String("run"), c.String("journal")
 	if (runID == "") == (journalPath == "") {
 		return usageErr("rollback: give --run ID (see 'kube-etcd-migrate runs') or --journal FILE")
+	}
+	window, err := livenessWindow(c)
+	if err != nil {
+		return err
 	}
 	cli, err := connect(ctx, c)
 	if err != nil {
@@ -56,7 +60,7 @@ func cmdRollback(c *cli.Context) (err error) {
 	opts := migrate.RollbackOptions{DryRun: c.Bool("dry-run")}
 	var preflight []string
 	if !opts.DryRun {
-		if preflight, err = rollbackPreflight(ctx, c, cli, journals); err != nil {
+		if preflight, err = rollbackPreflight(ctx, c, cli, journals, prefix, window); err != nil {
 			return err
 		}
 	}
@@ -159,15 +163,24 @@ func journalPrefix(journals []string) string {
 	return "/registry"
 }
 
-// rollbackPreflight is what a rollback checks before its first write: room
-// for its own undo (a snapshot of the database and a journal about the size
-// of the journals it undoes).
-func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, journals []string) ([]string, error) {
+// rollbackPreflight is what a rollback checks before its first write, as
+// migrate does: no alarm, no kube-apiserver alive (etcd watched for the
+// window), room for its own undo (a snapshot of the database and a journal
+// about the size of the journals it undoes).
+func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, journals []string, prefix string, window time.Duration) ([]string, error) {
 	if err := migrate.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
+	var lines []string
+	if !c.Bool("allow-live-apiserver") {
+		line, err := migrate.CheckLiveness(ctx, cli, prefix, window)
+		if err != nil {
+			return nil, err
+		}
+		lines = append(lines, line)
+	}
 	if c.Bool("no-undo") {
-		return nil, nil
+		return lines, nil
 	}
 	st, err := etcdscan.Status(ctx, cli)
 	if err != nil {
@@ -181,10 +194,11 @@ func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client
 	for _, j := range journals {
 		journal += rundir.FileSize(j)
 	}
-	lines, err := rundir.CheckSpace([]rundir.Need{
-		{What: "snapshot", Path: stateDir + "/snapshot.db", Bytes: st.DBSize},
-		{What: "journal", Path: stateDir + "/journal", Bytes: journal},
+	space, err := rundir.CheckSpace([]rundir.Need{
+		{What: "snapshot", Path: filepath.Join(stateDir, rundir.SnapshotFile), Bytes: st.DBSize},
+		{What: "journal", Path: filepath.Join(stateDir, rundir.JournalFile), Bytes: journal},
 	})
+	lines = append(lines, space...)
 	if err != nil {
 		return lines, &codeError{code: exitError, err: fmt.Errorf("preflight: %w (nothing was written)", err)}
 	}

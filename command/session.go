@@ -212,7 +212,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 			}
 			snapshotfile.RemoveTempDirs()
 			decode.RemoveTempDirs()
-			os.Exit(130)
+			os.Exit(exitSignal)
 		}
 	}()
 	return ctx, func() { signal.Stop(ch); cancel() }

@@ -195,7 +195,7 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 
 // writeOutputSnapshot saves and verifies --output-snapshot after a run on a
 // snapshot file that wrote all it had to; the verdict goes to stdout (stderr
-// with -o json). Objects still stale in the output are an error.
+// with -o json), and the exit is OUT's verification's (outputVerdict).
 func writeOutputSnapshot(ctx context.Context, c *cli.Context, s *session) error {
 	if s.snap == nil || c.Bool("dry-run") {
 		return nil
@@ -208,8 +208,18 @@ func writeOutputSnapshot(ctx context.Context, c *cli.Context, s *session) error 
 	if err != nil {
 		return err
 	}
-	if rep.Summary.Stale > 0 {
-		return &codeError{code: exitError, err: fmt.Errorf("--output-snapshot %s: %d object(s) still stale in it", c.String("output-snapshot"), rep.Summary.Stale)}
+	return outputVerdict(c.String("output-snapshot"), rep)
+}
+
+// outputVerdict is migrate's exit for an OUT written and verified (rep): as
+// verify of OUT would exit, with a line that says OUT was written.
+func outputVerdict(out string, rep *verify.Report) error {
+	switch rep.ExitCode() {
+	case exitUnreadable:
+		// As the run's own summary says: left untouched, listed.
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("--output-snapshot %s written with %d unreadable object(s) as they were", out, rep.Summary.Unreadable), quiet: true}
+	case exitStale:
+		return &codeError{code: exitStale, err: fmt.Errorf("--output-snapshot %s was written, but its verification finds %d object(s) still stale in it: do not restore it; migrate it again (--snapshot-file %s)", out, rep.Summary.Stale, out)}
 	}
 	return nil
 }

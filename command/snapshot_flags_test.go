@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/seed"
 	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/verify"
 )
 
 // seededSnapshot seeds a stale cluster (seed.Cluster), saves a snapshot of it
@@ -115,7 +116,7 @@ func TestSnapshotFileCLI(t *testing.T) {
 // secrets under it writes a copy whose every object reads with key2 alone, and
 // a journal that rollback can replay.
 func TestQuarantineSnapshotFileCLI(t *testing.T) {
-	_, res, snap := seededSnapshot(t)
+	srv, res, snap := seededSnapshot(t)
 	before := sum256(t, snap)
 	newCfg, err := os.ReadFile(res.NewConfig)
 	if err != nil {
@@ -155,8 +156,47 @@ func TestQuarantineSnapshotFileCLI(t *testing.T) {
 	if fi, err := os.Stat(journal); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() == 0 {
 		t.Errorf("journal %v %v", fi, err)
 	}
+	// Quarantining another reason removes none of them: OUT is written, and
+	// its verification finds them still unreadable: exit 4, as verify of OUT.
+	out2 := filepath.Join(t.TempDir(), "kept.db")
+	code, stdout, stderr = runCLI(t, "quarantine", "--snapshot-file", snap, "--output-snapshot", out2, "--journal", journal+"2",
+		"--encryption-provider-config", key2Only, "--reason", "corrupt-payload", "--resource", "secrets")
+	if code != exitUnreadable || !strings.Contains(stdout, "removed 0 of 24 unreadable") || !strings.Contains(stdout, "kept 24") || !strings.Contains(stdout, "24 unreadable: verify would exit 4") {
+		t.Errorf("quarantine of another reason: exit %d, want 4\n%s\n%s", code, stdout, stderr)
+	}
+	if code, _, _ := runCLI(t, "verify", "--snapshot-file", out2, "--encryption-provider-config", key2Only, "--resource", "secrets"); code != exitUnreadable {
+		t.Errorf("verify of OUT: exit %d, want 4 as quarantine said", code)
+	}
+	// The same on the live etcd: the objects it kept are unreadable still, exit 4.
+	code, stdout, stderr = runCLI(t, "quarantine", "--endpoints", srv.Endpoint, "--liveness-window", "300ms", "--journal", journal+"3",
+		"--encryption-provider-config", key2Only, "--reason", "corrupt-payload", "--resource", "secrets")
+	if code != exitUnreadable || !strings.Contains(stdout, "removed 0 of 24 unreadable") || !strings.Contains(stdout, "kept 24") {
+		t.Errorf("live quarantine of another reason: exit %d, want 4\n%s\n%s", code, stdout, stderr)
+	}
 	if sum256(t, snap) != before {
 		t.Error("the input snapshot changed")
+	}
+}
+
+// TestOutputVerdict: migrate --output-snapshot exits as the verification of
+// the OUT it wrote: 3 when OUT is still stale, with a line that says OUT was
+// written (not "no --output-snapshot written"); 4 when unreadable objects
+// were carried over (the report lists them: no error line); 0 when current.
+func TestOutputVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		counts verify.Counts
+		code   int
+		line   string
+	}{
+		{verify.Counts{Objects: 10, Current: 8, Stale: 2}, exitStale, "error: --output-snapshot out.db was written, but its verification finds 2 object(s) still stale in it: do not restore it; migrate it again (--snapshot-file out.db)"},
+		{verify.Counts{Objects: 10, Current: 7, Stale: 2, Unreadable: 1}, exitUnreadable, ""},
+		{verify.Counts{Objects: 10, Current: 10}, exitOK, ""},
+	} {
+		var stderr strings.Builder
+		code := exitFor(outputVerdict("out.db", &verify.Report{Summary: tc.counts}), &stderr)
+		if code != tc.code || strings.TrimSpace(stderr.String()) != tc.line || strings.Contains(stderr.String(), "no --output-snapshot written") {
+			t.Errorf("%+v: exit %d, stderr %q; want %d, %q", tc.counts, code, stderr.String(), tc.code, tc.line)
+		}
 	}
 }
 

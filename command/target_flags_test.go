@@ -123,7 +123,7 @@ func TestTargetRelease(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &rep); code != 3 || err != nil || rep.Target != "kube-apiserver 1.36 (protobuf; release from the kubeadm-config in etcd)" || !strings.Contains(stderr, "read in place") {
 		t.Errorf("verify --snapshot-file with kubeadm-config: exit %d, target %q (%v), stderr %q", code, rep.Target, err, stderr)
 	}
-	code, stdout, stderr = runCLI(t, "migrate", "--endpoints", ep, "-o", "json")
+	code, stdout, stderr = runCLI(t, "migrate", "--endpoints", ep, "-o", "json", "--liveness-window", "500ms")
 	if code != exitOK {
 		t.Fatalf("migrate with kubeadm-config: exit %d\n%s", code, stderr)
 	}

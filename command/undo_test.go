@@ -105,7 +105,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	t.Setenv(rundir.EnvStateDir, state)
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	// The killed runs rewrite secrets (to key2); the last run rewrites them again (key3).
-	slow := append([]string{"migrate", "--writers", "1", "--batch-ops", "1", "--resource", "secrets"}, conn...)
+	slow := append([]string{"migrate", "--liveness-window", "500ms", "--writers", "1", "--batch-ops", "1", "--resource", "secrets"}, conn...)
 
 	killMidRun(t, c, 100, slow...)
 	first := filepath.Join(state, "runs", "0001-migrate")
@@ -121,7 +121,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	// The third run rotates once more (key3): it rewrites every key, those the
 	// killed runs wrote too, so that undoing the runs in the wrong order fails.
 	conn[3] = c.EncryptionConfig("newer.yaml", testcluster.AESCBC("key3", 3), testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
-	code, out, stderr := runCLI(t, append([]string{"migrate"}, conn...)...)
+	code, out, stderr := runCLI(t, append([]string{"migrate", "--liveness-window", "500ms"}, conn...)...)
 	if code != exitOK {
 		t.Fatalf("third migrate: exit %d\n%s%s", code, out, stderr)
 	}
@@ -164,7 +164,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "would restore") || c.Revision() != rev {
 		t.Fatalf("rollback --dry-run: exit %d, revision %d -> %d\n%s%s", code, rev, c.Revision(), out, stderr)
 	}
-	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1")
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms")
 	if code != exitOK {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
@@ -232,7 +232,7 @@ func TestFullDiskRefusedBeforeAnyWrite(t *testing.T) {
 	}
 	state := filepath.Join(fsDir, "state")
 	before, rev := rawKeys(t, c), c.Revision()
-	args := []string{"migrate", "--state-dir", state, "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	args := []string{"migrate", "--liveness-window", "500ms", "--state-dir", state, "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	code, out, stderr := runCLI(t, args...)
 	if code != exitError || !strings.Contains(stderr, "not enough disk space on the filesystem of "+filepath.Join(state, "runs", "0001-migrate")) || !strings.Contains(stderr, "nothing was written") {
 		t.Fatalf("migrate on a full disk: exit %d\n%s%s", code, out, stderr)

@@ -15,12 +15,11 @@ import (
 
 func verifyCommand() *cli.Command {
 	return &cli.Command{
-		Name:               "verify",
-		Usage:              "read-only audit: what is current, stale or unreadable for the target release",
-		Flags:              append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}, revisionFlag()),
-		Action:             cmdVerify,
-		OnUsageError:       commandUsageError,
-		CustomHelpTemplate: cli.CommandHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		Name:         "verify",
+		Usage:        "read-only audit: what is current, stale or unreadable for the target release",
+		Flags:        append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}, revisionFlag()),
+		Action:       cmdVerify,
+		OnUsageError: commandUsageError,
 	}
 }
 
@@ -48,10 +47,14 @@ func cmdVerify(c *cli.Context) error {
 			return fmt.Errorf("--metrics-file %s: %w", p, err)
 		}
 	}
-	if code := rep.ExitCode(); code != 0 {
-		return &codeError{code: code, err: fmt.Errorf("exit %d", code)}
+	switch code := rep.ExitCode(); code {
+	case exitOK:
+		return nil
+	case exitStale, exitUnreadable:
+		return &codeError{code: code, err: fmt.Errorf("exit %d", code), quiet: true}
+	default:
+		return fmt.Errorf("verify: exit code %d is none of those documented (exitCodes)", code)
 	}
-	return nil
 }
 
 // verifyWithRequests writes the verify report followed by the pending

@@ -167,7 +167,7 @@ func TestQuarantineAfterKeyLoss(t *testing.T) {
 	qopts := quarantine.Options{Reasons: []decode.Reason{decode.ReasonUndecryptable}, Journal: journal}
 	cfg := pipeline.Config{EncryptionConfig: key2Only, Resources: res}
 	env := c.env(cfg)
-	if _, err := quarantine.Run(ctx, env, qopts); err == nil || !strings.Contains(err.Error(), "kube-apiserver looks alive") {
+	if _, err := quarantine.Run(ctx, env, qopts); err == nil || !strings.Contains(err.Error(), "a kube-apiserver is alive") {
 		t.Errorf("quarantine beside a running kube-apiserver: %v, want a refusal", err)
 	}
 	env.Close()
@@ -179,8 +179,8 @@ func TestQuarantineAfterKeyLoss(t *testing.T) {
 		before[key], _, _ = etcdValue(t, c.cli, key)
 	}
 	env = c.env(cfg)
-	// The kube-apiserver was stopped by the test a moment ago: its identity
-	// lease is still fresh.
+	// The kube-apiserver was stopped by the test a moment ago: its master
+	// lease's etcd lease may not have expired yet.
 	qopts.AllowLiveAPIServer = true
 	q, err := quarantine.Run(ctx, env, qopts)
 	env.Close()

@@ -103,7 +103,8 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	stopped := -1
 	journal := filepath.Join(c.Dir, "journal")
 	opts := Options{
-		Journal: journal, BatchOps: 2, Writers: 2, QuotaBackendBytes: DefaultQuotaBackendBytes,
+		LivenessWindow: testWindow,
+		Journal:        journal, BatchOps: 2, Writers: 2, QuotaBackendBytes: DefaultQuotaBackendBytes,
 		Progress: func(p Counts) {
 			switch {
 			case len(evs) == 0 && p.Scanned >= n/4:

@@ -51,7 +51,7 @@ func childMigrate(endpoint string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	_, err = Run(ctx, env, Options{Journal: os.Getenv(childJournal), BatchOps: 1, Writers: 1, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	_, err = Run(ctx, env, Options{LivenessWindow: testWindow, Journal: os.Getenv(childJournal), BatchOps: 1, Writers: 1, QuotaBackendBytes: DefaultQuotaBackendBytes})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -213,7 +213,7 @@ func testCompactionMidRun(t *testing.T, version string) {
 	before := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
 
 	compacted := false
-	opts := Options{QuotaBackendBytes: DefaultQuotaBackendBytes, Progress: func(n Counts) {
+	opts := Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes, Progress: func(n Counts) {
 		if !compacted && n.Scanned >= 100 {
 			compacted = true
 			rev := c.Revision()

@@ -52,8 +52,9 @@ type Options struct {
 	Writers        int // concurrent write transactions; 0 = DefaultWriters
 	// Progress, when set, is called after each page with the running totals.
 	Progress func(Counts)
-	// Now is the clock for the live-apiserver check (tests); nil = time.Now.
-	Now func() time.Time
+	// LivenessWindow is how long the live-apiserver check watches etcd for
+	// writes (--liveness-window); 0 = liveness.DefaultWindow.
+	LivenessWindow time.Duration
 	// WriteContext is used for writes; it should outlive a SIGINT so in-flight
 	// writes finish. nil = the run context.
 	WriteContext context.Context

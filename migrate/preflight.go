@@ -9,9 +9,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"k8s.io/kubernetes/pkg/apis/coordination"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/rundir"
@@ -19,9 +19,6 @@ import (
 
 // DefaultQuotaBackendBytes is etcd's default --quota-backend-bytes.
 const DefaultQuotaBackendBytes = 2 << 30
-
-// liveWindow is how recently a kube-apiserver must have renewed a lease to count as live.
-const liveWindow = time.Minute
 
 // PreflightError is a refusal before anything was written.
 type PreflightError struct{ Msg string }
@@ -230,15 +227,11 @@ type spaceStart struct {
 func minCompactRoom(quota int64) int64 { return 2 * max(Margin(quota)/4, 256<<10) }
 
 // PreflightOffline runs the checks any write needs (migrate's, quarantine's):
-// etcd has no alarm, and no kube-apiserver is alive (unless
-// opts.AllowLiveAPIServer, or the etcd is a private copy of a snapshot file
-// that no kube-apiserver can reach, opts.PrivateEtcd).
+// etcd has no alarm, and no kube-apiserver is alive (CheckLiveness; skipped
+// when opts.AllowLiveAPIServer, or when the etcd is a private copy of a
+// snapshot file that no kube-apiserver can reach, opts.PrivateEtcd).
 func PreflightOffline(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
 	var done []string
-	now := time.Now
-	if opts.Now != nil {
-		now = opts.Now
-	}
 	alarms, err := etcdscan.Alarms(ctx, env.Client)
 	if err != nil {
 		return done, err
@@ -252,83 +245,30 @@ func PreflightOffline(ctx context.Context, env *pipeline.Env, opts Options) ([]s
 	case opts.PrivateEtcd != "":
 		done = append(done, "no kube-apiserver can reach this etcd: a private copy of "+opts.PrivateEtcd)
 	case !opts.AllowLiveAPIServer:
-		live, err := liveAPIServers(ctx, env, now())
+		line, err := CheckLiveness(ctx, env.Client, env.Resolver.Prefix(), opts.LivenessWindow)
 		if err != nil {
 			return done, err
 		}
-		if len(live) > 0 {
-			seen := make([]string, len(live))
-			for i, l := range live {
-				seen[i] = l.String()
-			}
-			return done, &PreflightError{Msg: fmt.Sprintf("a kube-apiserver looks alive: %d lease(s) renewed within the last minute: %s; stop every kube-apiserver first, or pass --allow-live-apiserver", len(live), strings.Join(seen, "; "))}
-		}
-		done = append(done, "no kube-apiserver lease renewed within the last minute")
+		done = append(done, line)
 	}
 	return done, nil
 }
 
-// liveLease is a kube-apiserver lease renewed within liveWindow.
-type liveLease struct {
-	Key  string
-	Host string // the lease's kubernetes.io/hostname label, "" when it has none
-	Age  time.Duration
-}
-
-func (l liveLease) String() string {
-	s := fmt.Sprintf("%s renewed %s ago", l.Key, l.Age.Round(time.Second))
-	if l.Host != "" {
-		s = l.Host + ": " + s
-	}
-	return s
-}
-
-// liveAPIServers lists every kube-apiserver lease (identity leases under
-// leases/kube-system/, and master leases) renewed within liveWindow, so that an
-// HA control plane's operator sees every node still running one.
-func liveAPIServers(ctx context.Context, env *pipeline.Env, now time.Time) ([]liveLease, error) {
-	var live []liveLease
-	prefix := env.Resolver.Prefix()
-	resp, err := env.Client.Get(ctx, prefix+"/leases/kube-system/", clientv3.WithPrefix())
+// CheckLiveness watches etcd under prefix for window (liveness.DefaultWindow
+// when 0) and returns the line saying nothing wrote there, or a
+// *PreflightError naming every key that moved: a kube-apiserver lease, any
+// other key (nothing writes under the prefix while every kube-apiserver is
+// stopped), or a master lease whose etcd lease has time left. It needs only an
+// etcd client, for any command that writes (migrate, quarantine, rollback).
+func CheckLiveness(ctx context.Context, cli *clientv3.Client, prefix string, window time.Duration) (string, error) {
+	rep, err := liveness.Observe(ctx, cli, prefix, window)
 	if err != nil {
-		return nil, fmt.Errorf("preflight: read %s/leases/kube-system/: %w", prefix, err)
+		return "", fmt.Errorf("preflight: %w", err)
 	}
-	for _, kv := range resp.Kvs {
-		obj, err := env.Decoder.Decode(ctx, etcdscan.KV{Key: string(kv.Key), Value: kv.Value, ModRevision: kv.ModRevision})
-		if err != nil {
-			continue
-		}
-		lease, ok := obj.Internal.(*coordination.Lease)
-		if !ok || !isAPIServerLease(lease) || lease.Spec.RenewTime == nil {
-			continue
-		}
-		if age := now.Sub(lease.Spec.RenewTime.Time); age < liveWindow {
-			live = append(live, liveLease{Key: string(kv.Key), Host: lease.Labels["kubernetes.io/hostname"], Age: age})
-		}
+	if why := rep.Refusal(); why != "" {
+		return "", &PreflightError{Msg: why + ", or pass --allow-live-apiserver"}
 	}
-	ml, err := env.Client.Get(ctx, prefix+"/masterleases/", clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("preflight: read %s/masterleases/: %w", prefix, err)
-	}
-	for _, kv := range ml.Kvs {
-		// Master leases carry an etcd lease of about 15 s that the apiserver renews:
-		// one that still exists was renewed recently. The key names the apiserver's IP.
-		if kv.Lease == 0 {
-			continue
-		}
-		ttl, err := env.Client.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
-		if err == nil && ttl.TTL > 0 {
-			live = append(live, liveLease{Key: string(kv.Key), Age: time.Duration(ttl.GrantedTTL-ttl.TTL) * time.Second})
-		}
-	}
-	return live, nil
-}
-
-func isAPIServerLease(l *coordination.Lease) bool {
-	if l.Labels["apiserver.kubernetes.io/identity"] == "kube-apiserver" {
-		return true
-	}
-	return strings.HasPrefix(l.Name, "apiserver-") || strings.HasPrefix(l.Name, "kube-apiserver-")
+	return rep.Summary(), nil
 }
 
 // bytesToRewrite runs the decision over the selected keys and adds up what

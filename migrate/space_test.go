@@ -111,7 +111,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	}
 
 	before := s.c.Revision()
-	_, err = Run(ctx, env, Options{})
+	_, err = Run(ctx, env, Options{LivenessWindow: testWindow})
 	var pe *PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), HumanBytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), "--compact-history") {
 		t.Fatalf("a rewrite past the quota found in etcd's metrics: err = %v", err)
@@ -120,7 +120,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatal("the refused run wrote")
 	}
 
-	sum, err := Run(ctx, env, Options{CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal")})
+	sum, err := Run(ctx, env, Options{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal")})
 	if err != nil {
 		t.Fatalf("--compact-history: %v", err)
 	}
@@ -205,7 +205,7 @@ func TestGuardStopsBeforeQuota(t *testing.T) {
 	ctx := context.Background()
 	filled := false
 	var fillErr error
-	sum, err := Run(ctx, s.env(), Options{Writers: 1, Progress: func(n Counts) {
+	sum, err := Run(ctx, s.env(), Options{LivenessWindow: testWindow, Writers: 1, Progress: func(n Counts) {
 		if !filled && n.Scanned >= 200 {
 			filled = true
 			fillErr = fillBelow(ctx, s.c.Cli, quota-Margin(quota)/2)
@@ -283,7 +283,7 @@ func (s *spaceSeed) runInterrupted(t *testing.T, batch int, interrupt func() err
 	journal := filepath.Join(s.c.Dir, "journal")
 	var ierr error
 	done := false
-	sum, err := Run(context.Background(), s.env(), Options{Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
+	sum, err := Run(context.Background(), s.env(), Options{LivenessWindow: testWindow, Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
 		if done || n.Scanned < 200 {
 			return
 		}
@@ -429,7 +429,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 	s := seedSpace(t, 16<<20)
 	ctx := context.Background()
 	journal := filepath.Join(s.c.Dir, "journal")
-	sum, err := Run(ctx, s.env(), Options{Journal: journal, Writers: 1, BatchOps: 16, CompactHistory: true})
+	sum, err := Run(ctx, s.env(), Options{LivenessWindow: testWindow, Journal: journal, Writers: 1, BatchOps: 16, CompactHistory: true})
 	if err != nil || sum.Summary.Rewritten != spaceSecrets {
 		t.Fatalf("migrate: %+v %v", sum.Summary, err)
 	}

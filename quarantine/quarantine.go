@@ -93,8 +93,9 @@ type Options struct {
 	PrivateEtcd string
 	// BatchOps is the number of deletes per transaction (default etcdscan.DefaultMaxOps).
 	BatchOps int
-	// Now is the clock of the live-apiserver check (tests).
-	Now func() time.Time
+	// LivenessWindow is how long the live-apiserver check watches etcd for
+	// writes; 0 = liveness.DefaultWindow.
+	LivenessWindow time.Duration
 	// WriteContext is used for the deletes and the journal: it should outlive a
 	// SIGINT so that a batch in flight finishes. nil = the run context.
 	WriteContext context.Context
@@ -179,7 +180,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 
 	var journal *migrate.Journal
 	if !opts.DryRun {
-		checks, err := migrate.PreflightOffline(ctx, env, migrate.Options{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, Now: opts.Now})
+		checks, err := migrate.PreflightOffline(ctx, env, migrate.Options{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow})
 		res.Preflight = checks
 		if err != nil {
 			return res, err

@@ -180,27 +180,40 @@ func TestRefusals(t *testing.T) {
 		}
 	}
 
-	// A kube-apiserver renewed its identity lease 10 s ago: refused, as migrate does.
-	now := time.Now()
-	renew := metav1.NewMicroTime(now.Add(-10 * time.Second))
+	// A kube-apiserver renews its identity lease during the window (its
+	// renewTime reads 10 minutes old: its node's clock is slow): refused, as
+	// migrate does, naming the lease.
+	renew := metav1.NewMicroTime(time.Now().Add(-10 * time.Minute))
 	holder := "apiserver-abc_1"
-	k.c.Put("/registry/leases/kube-system/apiserver-abc", schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, &coordination.Lease{
+	leaseKey := "/registry/leases/kube-system/apiserver-abc"
+	value := k.c.Encode(leaseKey, schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, &coordination.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "apiserver-abc", Namespace: "kube-system", UID: "u", CreationTimestamp: metav1.Unix(1700000000, 0),
 			Labels: map[string]string{"apiserver.kubernetes.io/identity": "kube-apiserver"}},
 		Spec: coordination.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew},
 	}, "", "", "")
-	before := k.c.Revision()
+	renewing, stopRenewing := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		for renewing.Err() == nil {
+			_, _ = k.c.Cli.Put(renewing, leaseKey, string(value))
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
 	journal := filepath.Join(t.TempDir(), "q.journal")
 	env := k.c.Env(pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets"}})
-	_, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: reasons, Journal: journal, Now: func() time.Time { return now }})
-	if err == nil || !strings.Contains(err.Error(), "kube-apiserver looks alive") {
+	before := keysIn(t, k.c.Cli, leaseKey)
+	_, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: reasons, Journal: journal, LivenessWindow: 500 * time.Millisecond})
+	stopRenewing()
+	<-renewed
+	if err == nil || !strings.Contains(err.Error(), "a kube-apiserver is alive") || !strings.Contains(err.Error(), leaseKey) {
 		t.Errorf("live apiserver: %v", err)
 	}
-	if k.c.Revision() != before {
-		t.Error("removed objects while a kube-apiserver was alive")
+	if d := cmp.Diff(before, keysIn(t, k.c.Cli, leaseKey)); d != "" {
+		t.Errorf("removed objects while a kube-apiserver was alive (-before +after):\n%s", d)
 	}
 	// A private copy of a snapshot file: no kube-apiserver can reach it.
-	res, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: reasons, Journal: journal, Now: func() time.Time { return now }, PrivateEtcd: "backup.db"})
+	res, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: reasons, Journal: journal, PrivateEtcd: "backup.db"})
 	if err != nil || res.Removed != 4 {
 		t.Errorf("private etcd: %v, removed %d", err, res.Removed)
 	}
@@ -321,4 +334,21 @@ func get(t *testing.T, cli *clientv3.Client, key string) ([]byte, int64) {
 		return nil, 0
 	}
 	return resp.Kvs[0].Value, resp.Kvs[0].Lease
+}
+
+// keysIn is every key under /registry/ but except, with its value and mod
+// revision.
+func keysIn(t *testing.T, cli *clientv3.Client, except string) map[string]string {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), "/registry/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, kv := range resp.Kvs {
+		if string(kv.Key) != except {
+			out[string(kv.Key)] = fmt.Sprintf("%q@%d", kv.Value, kv.ModRevision)
+		}
+	}
+	return out
 }

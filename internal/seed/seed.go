@@ -93,7 +93,8 @@ const (
 )
 
 // baseTime is the creation time of the seeded cluster: fixed, so that the output is
-// deterministic, and long past, so that no kube-apiserver lease looks alive.
+// deterministic, and long past (the liveness check judges by what etcd shows written,
+// not by this time, so a seeded apiserver lease, written once, is not alive).
 var baseTime = time.Date(2025, 3, 3, 9, 0, 0, 0, time.UTC)
 
 // Cluster writes the stale cluster into etcd through cli and the two encryption
