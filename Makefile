@@ -9,38 +9,50 @@ TEST_TIMEOUT  ?= 75m
 BENCH_N       ?= 100000
 # The snapshot phase of `make bench`: a backup of this many objects (about 1.8 GB).
 BENCH_SNAPSHOT_N ?= 1000000
-# The version stamped into `make build`: a v* tag, else the commit ("-dirty" with
-# uncommitted changes).
-VERSION       ?= $(shell git describe --tags --match 'v*' --always --dirty 2>/dev/null || echo devel)
-LDFLAGS       := -X kube-etcd-migrate/internal/buildinfo.version=$(VERSION)
-# `make release` builds the commit HEAD names, from a clean copy: its version has no
-# "-dirty". Override: make release RELEASE_VERSION=v1.0.0
+# The tool's semantic version: internal/buildinfo's Release, the latest released entry of
+# CHANGELOG.md (a test checks they agree). `make build` stamps nothing: its binary says
+# it is a development build of that version, with the commit Go's VCS stamp records.
+SOURCE_VERSION := $(shell sed -n 's/^const Release = "\(v[^"]*\)"$$/\1/p' internal/buildinfo/buildinfo.go)
+# `make release` builds the commit HEAD names, from a clean copy, stamped with
+# RELEASE_VERSION (default: the source's), which must have its entry in CHANGELOG.md.
 RELEASE_COMMIT    := $(shell git rev-parse HEAD 2>/dev/null)
-RELEASE_VERSION   ?= $(shell git describe --tags --match 'v*' --always HEAD 2>/dev/null || echo devel)
+RELEASE_VERSION   ?= $(SOURCE_VERSION)
 RELEASE_LDFLAGS   := -s -w -X kube-etcd-migrate/internal/buildinfo.version=$(RELEASE_VERSION) -X kube-etcd-migrate/internal/buildinfo.commit=$(RELEASE_COMMIT)
+DIST              ?= dist
 RELEASE_PLATFORMS := linux/amd64 linux/arm64
 
-.PHONY: build release demo test lint releases bump-kubernetes fuzz bench bench-apiserver clean
+.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-apiserver clean
 
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
+	$(GO) build -o $(BIN) .
+
+# A release's version: a semantic version, with its entry in CHANGELOG.md ("## [X.Y.Z] -
+# DATE"), and the source's own (what its binaries print). docs/releasing.md.
+release-check:
+	@v='$(RELEASE_VERSION)'; \
+	case "$$v" in v[0-9]*.[0-9]*.[0-9]*) ;; *) echo "make release: RELEASE_VERSION=$$v is not a semantic version vMAJOR.MINOR.PATCH" >&2; exit 2;; esac; \
+	awk -v h="## [$${v#v}] - " 'index($$0, h) == 1 { found = 1 } END { exit !found }' CHANGELOG.md || \
+		{ echo "make release: $$v has no entry in CHANGELOG.md (\"## [$${v#v}] - YYYY-MM-DD\"): write what it changes for operators there first (docs/releasing.md)" >&2; exit 1; }; \
+	test "$$v" = "$(SOURCE_VERSION)" || \
+		{ echo "make release: $$v is not this source's version $(SOURCE_VERSION) (Release in internal/buildinfo/buildinfo.go): check out the commit of $$v, or cut the release (docs/releasing.md)" >&2; exit 1; }; \
+	echo "release $$v: in CHANGELOG.md, the source's version"
 
 # Static binaries (no cgo, no libc needed on the node) for the control-plane
 # platforms and their SHA256SUMS. Built from `git archive HEAD`, not the working
 # tree: a release is exactly the commit it is stamped with, whatever is being
-# edited meanwhile (uncommitted changes are not in it).
-release:
+# edited meanwhile (uncommitted changes are not in it). The version checked first.
+release: release-check
 	@test -n "$(RELEASE_COMMIT)" || { echo "make release: not a git checkout"; exit 1; }
-	rm -rf dist && mkdir -p dist
+	rm -rf $(DIST) && mkdir -p $(DIST)
 	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 	git archive --format=tar HEAD | tar -x -C "$$src" && \
 	for p in $(RELEASE_PLATFORMS); do \
 		os=$${p%/*}; arch=$${p#*/}; \
-		echo "building dist/kube-etcd-migrate-$$os-$$arch: $(RELEASE_VERSION) (commit $(RELEASE_COMMIT))"; \
+		echo "building $(DIST)/kube-etcd-migrate-$$os-$$arch: $(RELEASE_VERSION) (commit $(RELEASE_COMMIT))"; \
 		(cd "$$src" && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false \
-			-ldflags "$(RELEASE_LDFLAGS)" -o "$(CURDIR)/dist/kube-etcd-migrate-$$os-$$arch" .) || exit 1; \
+			-ldflags "$(RELEASE_LDFLAGS)" -o "$(abspath $(DIST))/kube-etcd-migrate-$$os-$$arch" .) || exit 1; \
 	done
-	cd dist && sha256sum kube-etcd-migrate-* > SHA256SUMS && cat SHA256SUMS
+	cd $(DIST) && sha256sum kube-etcd-migrate-* > SHA256SUMS && cat SHA256SUMS
 
 demo:
 	$(GO) run ./cmd/demo
@@ -87,4 +99,4 @@ bench-apiserver:
 	$(GO) run ./bench -dataset mixed -n $(BENCH_N) -apiserver -apiserver-n 20000 -sweep=false -snapshot=false -json bench/results-apiserver.json
 
 clean:
-	rm -rf bin dist
+	rm -rf bin $(DIST)

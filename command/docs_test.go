@@ -22,7 +22,8 @@ import (
 
 const toolName = "kube-etcd-migrate"
 
-// docFiles are the README and every page under docs/ (tests run in command/).
+// docFiles are the README, the changelog and every page under docs/ (tests run
+// in command/).
 func docFiles(t *testing.T) []string {
 	t.Helper()
 	pages, err := filepath.Glob("../docs/*.md")
@@ -32,7 +33,7 @@ func docFiles(t *testing.T) []string {
 	if len(pages) == 0 {
 		t.Fatal("no ../docs/*.md")
 	}
-	return append([]string{"../README.md"}, pages...)
+	return append([]string{"../README.md", "../CHANGELOG.md"}, pages...)
 }
 
 func readDoc(t *testing.T, path string) string {

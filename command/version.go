@@ -59,13 +59,17 @@ func writeVersion(w io.Writer, format string) error {
 			commit += ", with uncommitted changes"
 		}
 	}
+	version := r.Version
+	if r.Development {
+		version += " (a development build: the source of " + r.Version + " or a later commit, not a release binary)"
+	}
 	_, err = fmt.Fprintf(w, `kube-etcd-migrate %s
   commit:          %s
   kubernetes:      %s (kube-apiserver %s: scheme, storage factory, encryption transformers)
   target versions: %s (--target-version; read-only commands assume %s when nothing says which)
   etcd client:     %s
   go:              %s %s
-`, r.Version, commit, r.Kubernetes, r.KubeAPIServer, strings.Join(r.TargetVersions, ", "), r.DefaultTargetVersion, r.EtcdClient, r.Go, r.Platform)
+`, version, commit, r.Kubernetes, r.KubeAPIServer, strings.Join(r.TargetVersions, ", "), r.DefaultTargetVersion, r.EtcdClient, r.Go, r.Platform)
 	return err
 }
 

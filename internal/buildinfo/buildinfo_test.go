@@ -31,8 +31,8 @@ func TestGetReportsTheModulesBuiltWith(t *testing.T) {
 	if info.Go != runtime.Version() || info.Platform != runtime.GOOS+"/"+runtime.GOARCH {
 		t.Errorf("Go %q platform %q", info.Go, info.Platform)
 	}
-	if info.Version == "" {
-		t.Error("empty version")
+	if info.Version != Release || !info.Development {
+		t.Errorf("version %q development %v in a test binary, want %s, a development build", info.Version, info.Development, Release)
 	}
 }
 
@@ -50,23 +50,25 @@ func TestFromBuildInfo(t *testing.T) {
 		},
 	}
 	got := fromBuildInfo(bi, "", "")
-	if got.Version != bi.Main.Version || got.Kubernetes != "v1.36.3" || got.Commit != "0123456789abcdef" || got.CommitTime != "2026-01-01T12:00:00Z" || !got.Modified {
+	// make build / go build in a clone: the source's semantic version (not the
+	// toolchain's pseudo-version), a development build, the VCS stamp.
+	if got.Version != Release || !got.Development || got.Kubernetes != "v1.36.3" || got.Commit != "0123456789abcdef" || got.CommitTime != "2026-01-01T12:00:00Z" || !got.Modified {
 		t.Errorf("from VCS stamp: %+v", got)
 	}
-	if got := fromBuildInfo(bi, "v1.2.3", ""); got.Version != "v1.2.3" || got.Commit != "0123456789abcdef" {
+	if got := fromBuildInfo(bi, "v1.2.3", ""); got.Version != "v1.2.3" || got.Development || got.Commit != "0123456789abcdef" {
 		t.Errorf("-ldflags version must win: %+v", got)
 	}
 	// go run / go test: no module version, no VCS.
 	dev := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "", "")
-	if dev.Version != "devel" || dev.Kubernetes != Unknown || dev.Commit != "" {
+	if dev.Version != Release || !dev.Development || dev.Kubernetes != Unknown || dev.Commit != "" {
 		t.Errorf("devel build: %+v", dev)
 	}
-	if none := fromBuildInfo(nil, "", ""); none.Version != "devel" || none.Kubernetes != Unknown {
+	if none := fromBuildInfo(nil, "", ""); none.Version != Release || !none.Development || none.Kubernetes != Unknown {
 		t.Errorf("no build info: %+v", none)
 	}
 	// make release: a clean copy without VCS information, version and commit stamped.
 	rel := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "v1.2.3", "0123456789abcdef")
-	if rel.Version != "v1.2.3" || rel.Commit != "0123456789abcdef" || rel.Modified {
+	if rel.Version != "v1.2.3" || rel.Development || rel.Commit != "0123456789abcdef" || rel.Modified {
 		t.Errorf("release build: %+v", rel)
 	}
 }
