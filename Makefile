@@ -9,6 +9,8 @@ TEST_TIMEOUT  ?= 75m
 BENCH_N       ?= 100000
 # The snapshot phase of `make bench`: a backup of this many objects (about 1.8 GB).
 BENCH_SNAPSHOT_N ?= 1000000
+# The rollback phase of `make bench`: a journal of this many 2 KB rewrites (about 3 GB).
+BENCH_ROLLBACK_N ?= 1000000
 # The tool's semantic version: internal/buildinfo's Release, the latest released entry of
 # CHANGELOG.md (a test checks they agree). `make build` stamps nothing: its binary says
 # it is a development build of that version, with the commit Go's VCS stamp records.
@@ -91,7 +93,7 @@ fuzz:
 # BENCH_FLAGS adds flags, e.g. BENCH_FLAGS="-baseline OLD-BINARY" to measure
 # another build beside this one in every repetition (docs/benchmarks.md).
 bench:
-	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) $(BENCH_FLAGS)
+	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) -rollback-n $(BENCH_ROLLBACK_N) $(BENCH_FLAGS)
 
 # The incumbent beside the tool: the mixed dataset only, the apiserver path on
 # 20,000 of its objects (about 3 minutes), figures in bench/results-apiserver.*.

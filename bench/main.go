@@ -40,6 +40,8 @@ type options struct {
 	quota                  int64
 	compactHistory         bool
 	snapshot               bool
+	rollback               bool
+	rollbackN              int
 	snap                   snapOptions
 	dataset                string
 	rotationN              int
@@ -67,7 +69,9 @@ func main() {
 	flag.IntVar(&o.snap.n, "snapshot-n", 1000000, "objects of the snapshot phase (mixed dataset; 1,000,000 make a file of about 1.4 GB)")
 	flag.IntVar(&o.snap.reps, "snapshot-reps", 1, "repetitions of the snapshot phase")
 	flag.StringVar(&o.snap.keep, "snapshot-keep", "", "copy the snapshot phase's file and encryption configurations into this directory (to profile the commands on them by hand)")
-	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), or all (the three, one after the other, each on its own etcd, then the snapshot phase)")
+	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), or all (the three, one after the other, each on its own etcd, then the snapshot and rollback phases)")
+	flag.BoolVar(&o.rollback, "rollback", true, "also measure rollback of a journal of -rollback-n rewrites of 2 KB values (the rollback phase, on an etcd of its own): its rate and peak RSS against its 150 MB bound")
+	flag.IntVar(&o.rollbackN, "rollback-n", 1000000, "journal entries of the rollback phase (1,000,000 make a journal of about 3 GB and 2 GB of etcd data)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
 	flag.IntVar(&o.crN, "cr-n", crNDefault, "custom resources of the cr dataset")
 	flag.BoolVar(&o.sweep, "sweep", true, "find the CAS ceiling's best settings first (16-128 puts per transaction x 4-32 in flight, one run each); false: the tool's own settings")
@@ -102,12 +106,12 @@ func runAll(ctx context.Context, o options) error {
 		datasets = []string{o.dataset}
 	case "all":
 		datasets = []string{"mixed", "rotation", "cr"}
-	case "snapshot": // the snapshot phase only
+	case "snapshot", "rollback": // that phase only
 	default:
-		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot or all", o.dataset)
+		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot, rollback or all", o.dataset)
 	}
-	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 {
-		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -reps and -snapshot-reps must be positive")
+	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 || o.rollbackN <= 0 {
+		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -rollback-n, -reps and -snapshot-reps must be positive")
 	}
 	dir, err := os.MkdirTemp("", "kem-bench-")
 	if err != nil {
@@ -153,10 +157,17 @@ func runAll(ctx context.Context, o options) error {
 		}
 		all = append(all, res)
 	}
-	if o.snapshot && o.dataset != "rotation" && o.dataset != "cr" {
+	if o.snapshot && (o.dataset == "all" || o.dataset == "mixed" || o.dataset == "snapshot") {
 		res, err := snapshotRun(ctx, o, dir)
 		if err != nil {
 			return fmt.Errorf("snapshot phase: %w", err)
+		}
+		all = append(all, res)
+	}
+	if o.rollback && (o.dataset == "all" || o.dataset == "rollback") {
+		res, err := rollbackRun(ctx, o, dir)
+		if err != nil {
+			return fmt.Errorf("rollback phase: %w", err)
 		}
 		all = append(all, res)
 	}

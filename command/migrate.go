@@ -157,9 +157,9 @@ func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun, window
 	return migrate.Options{
 		DryRun:             c.Bool("dry-run"),
 		FailFast:           c.Bool("fail-fast"),
-		Journal:            u.journal(c),
-		Snapshot:           u.snapshot(c),
-		OnPreflight:        u.plan,
+		Journal:            u.journalPath(c),
+		Snapshot:           u.snapshotPath(c),
+		OnPreflight:        u.recordChecks,
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
 		LivenessWindow:     window,
 		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),

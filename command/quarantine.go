@@ -72,7 +72,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		}
 		u.finish(c, err, removed, res)
 	}()
-	journal := u.journal(c)
+	journal := u.journalPath(c)
 	if journal == "" && c.String("snapshot-file") != "" && !c.Bool("dry-run") {
 		// The private copy of a backup: the input file is the undo.
 		journal = filepath.Join(s.snap.Dir(), "quarantine.journal")
@@ -81,8 +81,8 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		Reasons:            reasons,
 		DryRun:             c.Bool("dry-run"),
 		Journal:            journal,
-		Snapshot:           u.snapshot(c),
-		OnPreflight:        u.plan,
+		Snapshot:           u.snapshotPath(c),
+		OnPreflight:        u.recordChecks,
 		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
 		LivenessWindow:     window,
 		PrivateEtcd:        c.String("snapshot-file"),

@@ -71,13 +71,13 @@ func cmdRollback(c *cli.Context) (err error) {
 	var res migrate.RollbackResult
 	defer func() { u.finish(c, err, res.Written(), res) }()
 	if u != nil {
-		if err := u.run.SetUndoes(undoes); err != nil {
+		if err := u.dir.SetUndoes(undoes); err != nil {
 			return err
 		}
-		if err := u.plan(preflight); err != nil {
+		if err := u.recordChecks(preflight); err != nil {
 			return err
 		}
-		j, err := migrate.OpenJournal(u.run.Journal)
+		j, err := migrate.OpenJournal(u.dir.Journal)
 		if err != nil {
 			return err
 		}
@@ -90,7 +90,7 @@ func cmdRollback(c *cli.Context) (err error) {
 			return err
 		}
 		opts.Journal = j
-		snap := u.run.Snapshot
+		snap := u.dir.Snapshot
 		opts.BeforeFirstWrite = func(ctx context.Context) error {
 			if err := etcdscan.Snapshot(ctx, cli, snap); err != nil {
 				return fmt.Errorf("%w (nothing was written)", err)

@@ -30,7 +30,7 @@ func undoFlags() []cli.Flag {
 // with --no-undo and a run on a --snapshot-file have none.
 type undoRun struct {
 	state *rundir.State
-	run   *rundir.Run
+	dir   *rundir.Run
 }
 
 // checkUndoFlags refuses contradictory undo flags before anything is opened.
@@ -66,49 +66,49 @@ func startRun(c *cli.Context, command string, endpoints []string, prefix, journa
 	if err != nil {
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written (--no-undo runs without an undo)", err)}
 	}
-	run, err := st.NewRun(command, endpoints, prefix)
+	rd, err := st.NewRun(command, endpoints, prefix)
 	if err != nil {
 		st.Close()
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
-	u := &undoRun{state: st, run: run}
+	u := &undoRun{state: st, dir: rd}
 	if journal != "" {
-		err = run.SetJournal(journal)
+		err = rd.SetJournal(journal)
 	}
 	if snapshot != "" && err == nil {
-		err = run.SetSnapshot(snapshot)
+		err = rd.SetSnapshot(snapshot)
 	}
 	if err != nil {
 		u.finish(c, err, 0, nil)
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
 	fmt.Fprintf(c.App.ErrWriter, "run %s: its undo is kept in %s (journal %s, snapshot before the first write %s); 'kube-etcd-migrate rollback --run %s' undoes it\n",
-		run.ID, run.Dir, run.Journal, run.Snapshot, run.ID)
+		rd.ID, rd.Dir, rd.Journal, rd.Snapshot, rd.ID)
 	return u, nil
 }
 
-// journal is where the run journals (--journal, else its run directory; "" without an undo).
-func (u *undoRun) journal(c *cli.Context) string {
+// journalPath is where the run journals (--journal, else its run directory; "" without an undo).
+func (u *undoRun) journalPath(c *cli.Context) string {
 	if u == nil {
 		return c.String("journal")
 	}
-	return u.run.Journal
+	return u.dir.Journal
 }
 
-// snapshot is where the run saves its snapshot ("" without an undo).
-func (u *undoRun) snapshot(c *cli.Context) string {
+// snapshotPath is where the run saves its snapshot ("" without an undo).
+func (u *undoRun) snapshotPath(c *cli.Context) string {
 	if u == nil {
 		return c.String("snapshot")
 	}
-	return u.run.Snapshot
+	return u.dir.Snapshot
 }
 
-// plan records the checks a run passed before its first write.
-func (u *undoRun) plan(lines []string) error {
+// recordChecks records the checks a run passed before its first write.
+func (u *undoRun) recordChecks(lines []string) error {
 	if u == nil {
 		return nil
 	}
-	return u.run.WritePlan(lines)
+	return u.dir.WritePlan(lines)
 }
 
 // finish records the run's end with the exit code err gives, and releases
@@ -118,8 +118,8 @@ func (u *undoRun) finish(c *cli.Context, err error, written int64, summary any) 
 	if u == nil {
 		return
 	}
-	if ferr := u.run.Finish(exitCodeOf(err), written, summary); ferr != nil {
-		fmt.Fprintf(c.App.ErrWriter, "warning: run %s: %v\n", u.run.ID, ferr)
+	if ferr := u.dir.Finish(exitCodeOf(err), written, summary); ferr != nil {
+		fmt.Fprintf(c.App.ErrWriter, "warning: run %s: %v\n", u.dir.ID, ferr)
 	}
 	u.state.Close()
 }

@@ -256,3 +256,26 @@ func TestFullDiskRefusedBeforeAnyWrite(t *testing.T) {
 		t.Fatalf("migrate with room: exit %d\n%s%s", code, out, stderr)
 	}
 }
+
+// TestOneWritingRunAtATime: while a run holds the state directory, another
+// writing run is refused before any write, naming the holder.
+func TestOneWritingRunAtATime(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	c.SeedMany(5, oldCfg)
+	state := testStateDir(t)
+	held, err := rundir.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := c.Revision()
+	code, out, stderr := runCLI(t, "migrate", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
+	if code != exitError || !strings.Contains(stderr, "is in use by another run (pid ") || !strings.Contains(stderr, "nothing was written") || c.Revision() != rev {
+		t.Fatalf("migrate beside a held state directory: exit %d, revision %d -> %d\n%s%s", code, rev, c.Revision(), out, stderr)
+	}
+	held.Close()
+	if code, out, stderr := runCLI(t, "migrate", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"); code != exitOK {
+		t.Fatalf("migrate once released: exit %d\n%s%s", code, out, stderr)
+	}
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/migrate"
+)
+
+// The rollback phase: a journal of -rollback-n rewrites of 2 KB values (a
+// migration of a million secrets) is rolled back by the tool, as an operator
+// rolls back before kube-apiserver starts again; the row has its rate and its
+// peak RSS, against the bound the tool keeps (rollback reads the journal
+// backwards a batch at a time, whatever its size).
+const (
+	mRollback         = "rollback (tool)"
+	rollbackValueSize = 2 << 10
+	// rollbackRSSBoundMB is the peak RSS a rollback must stay under, at any
+	// journal size.
+	rollbackRSSBoundMB = 150
+)
+
+func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
+	rdir := filepath.Join(dir, "rollback")
+	if err := os.Mkdir(rdir, 0o700); err != nil {
+		return nil, err
+	}
+	res := &results{Dataset: "rollback", N: o.rollbackN, Reps: 1}
+	etcd, err := startEtcd(filepath.Join(rdir, "etcd"), o.quota)
+	if err != nil {
+		return nil, err
+	}
+	defer etcd.Stop()
+	journal := filepath.Join(rdir, "journal")
+	logf("rollback phase: writing %d keys of %d bytes and the journal of their rewrite", o.rollbackN, rollbackValueSize)
+	size, err := seedRollback(ctx, etcd.cli, journal, o.rollbackN)
+	if err != nil {
+		return nil, err
+	}
+	logf("  journal: %d MB", size>>20)
+	if _, err := etcd.Settle(ctx); err != nil {
+		return nil, err
+	}
+	tr, err := runTool(ctx, o.tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--journal", journal, "--liveness-window", "1s")
+	if err != nil {
+		return nil, err
+	}
+	var rb migrate.RollbackResult
+	if err := parseJSON(tr, &rb); err != nil {
+		return nil, err
+	}
+	if tr.exit != 0 || rb.Restored != o.rollbackN || rb.Skipped != 0 || rb.Failed != 0 {
+		return nil, fmt.Errorf("rollback: exit %d, %+v; stderr: %s", tr.exit, rb, tail(tr.stderr))
+	}
+	m := res.get(mRollback)
+	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: int64(o.rollbackN), Bytes: size, Rewrites: int64(rb.Restored), PeakRSSKB: tr.peakRSSKB})
+	m.finish()
+	logf("  rollback: %d restored in %.2fs (CPU %.2fs), peak RSS %d MB", rb.Restored, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
+	peak := float64(tr.peakRSSKB) / 1024
+	res.Ratios = append(res.Ratios, ratio{Name: "rollback peak RSS (MB) / bound", Value: peak / rollbackRSSBoundMB, Target: 1, Met: peak <= rollbackRSSBoundMB,
+		Note: fmt.Sprintf("%.0f MB on a journal of %d entries (%d MB); the bound is %d MB; lower is better, met when <= 1", peak, o.rollbackN, size>>20, rollbackRSSBoundMB)})
+	printTable(os.Stdout, res)
+	if o.jsonPath != "" {
+		if err := writeResults(res, strings.TrimSuffix(o.jsonPath, ".json")+"-rollback.json"); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// seedRollback writes n keys holding "new" values, as a migration left them,
+// and the journal that migration would have written (each intent with the
+// old value, each done with the new mod revision); it returns the journal's size.
+func seedRollback(ctx context.Context, cli *clientv3.Client, path string, n int) (int64, error) {
+	j, err := migrate.OpenJournal(path)
+	if err != nil {
+		return 0, err
+	}
+	if err := j.Begin(1, "/registry"); err != nil {
+		j.Close()
+		return 0, err
+	}
+	const batch = 100
+	old := make([]byte, rollbackValueSize)
+	if _, err := rand.Read(old); err != nil {
+		j.Close()
+		return 0, err
+	}
+	for start := 0; start < n; start += batch {
+		end := min(start+batch, n)
+		puts := make([]etcdscan.Put, 0, end-start)
+		olds := make([][]byte, 0, end-start)
+		ops := make([]clientv3.Op, 0, end-start)
+		for i := start; i < end; i++ {
+			v := make([]byte, rollbackValueSize)
+			if _, err := rand.Read(v); err != nil {
+				j.Close()
+				return 0, err
+			}
+			key := fmt.Sprintf("/registry/secrets/ns-%03d/s-%07d", i%1000, i)
+			puts = append(puts, etcdscan.Put{Key: key, Value: v})
+			olds = append(olds, old)
+			ops = append(ops, clientv3.OpPut(key, string(v)))
+		}
+		if err := j.Intents(puts, olds); err != nil {
+			j.Close()
+			return 0, err
+		}
+		resp, err := cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			j.Close()
+			return 0, fmt.Errorf("seed the rollback keys: %w", err)
+		}
+		done := make([]etcdscan.PutResult, len(puts))
+		for i, p := range puts {
+			done[i] = etcdscan.PutResult{Key: p.Key, Status: etcdscan.Written, NewModRevision: resp.Header.Revision}
+		}
+		if err := j.Done(done); err != nil {
+			j.Close()
+			return 0, err
+		}
+	}
+	if err := j.Close(); err != nil {
+		return 0, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
