@@ -17,7 +17,7 @@ func planCommand() *cli.Command {
 		Usage: "read-only, kube-apiserver still up: everything migrate (with the same flags) would check before its first write except liveness, one line per blocker with its remedy, and an estimate of the outage",
 		// The migrate command's flags, so that the plan is the same command
 		// line with another verb.
-		Flags:              migrateCommand().Flags,
+		Flags:        migrateCommand().Flags,
 		Action:       cmdPlan,
 		OnUsageError: commandUsageError,
 	}
