@@ -71,7 +71,7 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) && e.Reason == ReasonOrphaned {
-			return obj, classifyOrphan(e, kv.Value)
+			return obj, classifyOrphan(obj, e)
 		}
 		return obj, err
 	}

@@ -41,14 +41,16 @@ const (
 // object of a kind kube-apiserver serves, under a prefix it does not read, is
 // not orphaned but unknown-resource: it looks like a live object stored
 // somewhere unexpected, and is never offered for removal as a leftover.
-func classifyOrphan(e *Error, value []byte) *Error {
+func classifyOrphan(obj *Object, e *Error) *Error {
+	value := obj.KV.Value
 	if e.Reason != ReasonOrphaned || strings.HasPrefix(string(value), encryptedPrefix) {
 		return e
 	}
-	gvk, _, err := StoredGVK(e.Key, value)
+	gvk, mt, err := StoredGVK(e.Key, value)
 	if err != nil || gvk.Kind == "" {
 		return e
 	}
+	obj.StoredGVK, obj.MediaType = gvk, mt
 	scheme := schemeOfGroup(gvk.Group)
 	if scheme == nil {
 		if e.Orphan == OrphanCRDMissing {

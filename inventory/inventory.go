@@ -291,10 +291,14 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, g := range inv.Orphaned {
 			for _, k := range g.SampleKeys {
-				fmt.Fprintf(w, "  %s  %s\n", k, g.Reason)
+				fmt.Fprintf(tw, "  %s\t%s\n", k, g.Reason)
 			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
 		}
 	}
 	if t.NotObjects > 0 {

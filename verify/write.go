@@ -151,7 +151,7 @@ func (r *Report) Verdict() string {
 	switch r.ExitCode() {
 	case ExitUnreadable:
 		if s.Unreadable == 0 {
-			return fmt.Sprintf("VERDICT: %d orphaned key(s) and --fail-on-orphaned (%d object(s) stale): exit 4. Remove them ('quarantine --reason orphaned', journaled) or restore their CRD, or drop --fail-on-orphaned.", s.Orphaned, s.Stale)
+			return fmt.Sprintf("VERDICT: %d orphaned key(s), which fail the gate (--fail-on-orphaned), and %d object(s) stale: exit 4. Remove them ('quarantine --reason orphaned', journaled) or restore their CRD, or drop --fail-on-orphaned.", s.Orphaned, s.Stale)
 		}
 		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + orphaned
 	case ExitStale:
@@ -173,14 +173,17 @@ func writeOrphans(ew *errWriter, groups []decode.OrphanGroup, show int) error {
 		return err
 	}
 	if show > 0 {
+		ew.printf("Orphaned keys (first %d per prefix):\n", show)
+		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		for _, g := range groups {
 			for _, k := range g.SampleKeys {
-				ew.printf("  %s  %s\n", k, g.Reason)
+				fmt.Fprintf(tw, "  %s\t%s\n", k, g.Reason)
 			}
 			if more := g.Keys - int64(len(g.SampleKeys)); more > 0 && len(g.SampleKeys) > 0 {
-				ew.printf("  ... %d more under %s\n", more, g.Prefix)
+				fmt.Fprintf(tw, "  ... %d more under %s\t\n", more, g.Prefix)
 			}
 		}
+		return tw.Flush()
 	}
 	return ew.err
 }
