@@ -44,7 +44,7 @@ func orphans(t *testing.T) map[string]struct {
 		value  []byte
 		reason decode.Orphan
 	}{
-		"/registry/podsecuritypolicy/restricted": {append([]byte("k8s\x00"), psp...), decode.OrphanRemovedBuiltin},
+		"/registry/podsecuritypolicy/restricted":  {append([]byte("k8s\x00"), psp...), decode.OrphanRemovedBuiltin},
 		"/registry/example.com/gizmos/default/g1": {[]byte(`{"apiVersion":"example.com/v1","kind":"Gizmo","metadata":{"name":"g1","namespace":"default","uid":"6f1d0c3e-0000-4000-8000-000000000002"},"spec":{"size":3}}` + "\n"), decode.OrphanCRDMissing},
 		"/registry/wardle/flunders/default/f1":    {[]byte(`{"apiVersion":"wardle.example.com/v1alpha1","kind":"Flunder","metadata":{"name":"f1"}}`), decode.OrphanUnknownPrefix},
 	}

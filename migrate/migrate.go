@@ -78,9 +78,9 @@ type Counts struct {
 	// Orphaned counts keys no resource of the cluster owns (reencode.Orphaned):
 	// left untouched, and not a failure (kube-apiserver never reads them).
 	Orphaned int64 `json:"orphaned,omitempty"`
-	Failed     int64 `json:"failed"`
-	BytesOld   int64 `json:"bytesRead"`
-	BytesNew   int64 `json:"bytesWritten"`
+	Failed   int64 `json:"failed"`
+	BytesOld int64 `json:"bytesRead"`
+	BytesNew int64 `json:"bytesWritten"`
 }
 
 // ResourceSummary is one resource's line of a summary.
