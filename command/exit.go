@@ -20,7 +20,9 @@ const (
       under no hostPath mount)
    3  verify: something is stale, everything is readable
    4  verify/migrate: something is unreadable (no key for it, corrupt, unknown kind,
-      fields these types would lose); migrate left those objects untouched`
+      fields these types would lose); migrate left those objects untouched;
+      verify --fail-on-orphaned: also a key no resource owns (orphaned keys are
+      reported, and do not change the exit code otherwise)`
 )
 
 // exitError carries an exit code through urfave/cli.
