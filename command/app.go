@@ -85,7 +85,12 @@ func silenceKlog() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	err := app.Run(interspersed(app, args))
+	args = interspersed(app, args)
+	if app.Metadata == nil {
+		app.Metadata = map[string]interface{}{}
+	}
+	app.Metadata[argsMetadata] = args
+	err := app.Run(args)
 	if err == nil {
 		return exitOK
 	}
@@ -130,7 +135,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:                stdout,
 		ErrWriter:             stderr,
 		ExitErrHandler:        func(*cli.Context, error) {},
-		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + exitCodesHelpTx + "\n",
+		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + environmentHelpTx + "\n\n" + exitCodesHelpTx + "\n",
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {
 			return usageErr("%v", err)
 		},
