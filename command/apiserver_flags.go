@@ -53,7 +53,7 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config, env *envReport) (et
 				api.SetFrom(apiFlag, apiserverconfig.FromTool)
 			}
 		case api.From[apiFlag] != "":
-			env.ignored(c, toolFlag, api, apiFlag)
+			env.ignored(c, toolFlag, api, apiFlag, *dst, v)
 			*dst = v
 		default:
 			env.used(c, toolFlag, *dst)
@@ -69,7 +69,7 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config, env *envReport) (et
 		}
 		api.EtcdServers = cfg.Endpoints
 	case api.From["etcd-servers"] != "":
-		env.ignored(c, "endpoints", api, "etcd-servers")
+		env.ignored(c, "endpoints", api, "etcd-servers", strings.Join(cfg.Endpoints, ","), strings.Join(api.EtcdServers, ","))
 		cfg.Endpoints = api.EtcdServers
 	default:
 		env.used(c, "endpoints", strings.Join(cfg.Endpoints, ","))
@@ -103,7 +103,7 @@ func fromAPIServer(c *cli.Context, api *apiserverconfig.Config, env *envReport, 
 		}
 		return c.String(toolFlag)
 	case api.From[apiFlag] != "":
-		env.ignored(c, toolFlag, api, apiFlag)
+		env.ignored(c, toolFlag, api, apiFlag, c.String(toolFlag), apiValue)
 		return apiValue
 	}
 	env.used(c, toolFlag, c.String(toolFlag))

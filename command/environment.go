@@ -132,9 +132,13 @@ func (r *envReport) used(c *cli.Context, flag, value string) {
 }
 
 // ignored notes a flag's environment variable that kube-apiserver's apiFlag
-// overrode.
-func (r *envReport) ignored(c *cli.Context, flag string, api *apiserverconfig.Config, apiFlag string) {
-	if env := fromEnvironment(c, flag); env != "" {
+// overrode, when their values differ (envValue, apiValue).
+func (r *envReport) ignored(c *cli.Context, flag string, api *apiserverconfig.Config, apiFlag, envValue, apiValue string) {
+	same := func(a, b string) bool {
+		norm := func(s string) string { return strings.TrimRight(strings.ReplaceAll(s, " ", ""), "/") }
+		return norm(a) == norm(b)
+	}
+	if env := fromEnvironment(c, flag); env != "" && !same(envValue, apiValue) {
 		r.ignore = append(r.ignore, fmt.Sprintf("$%s (kube-apiserver's --%s from the %s wins)", env, apiFlag, api.From[apiFlag]))
 	}
 }

@@ -62,6 +62,15 @@ func TestConfigurationPrecedence(t *testing.T) {
 		t.Errorf("stderr: want the manifest's line and the environment's, one each:\n%s", stderr)
 	}
 
+	// The same values in both: nothing to say about the environment.
+	t.Setenv("ETCDCTL_ENDPOINTS", "http://"+live)
+	t.Setenv("KEM_PREFIX", "/registry/")
+	if n, _, stderr = inv("--apiserver-manifest", manifest); n != 1 || strings.Contains(stderr, "environment") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("manifest and environment agreeing: %d object(s), stderr:\n%s\nwant 1 and only the manifest's line", n, stderr)
+	}
+	t.Setenv("ETCDCTL_ENDPOINTS", dead)
+	t.Setenv("KEM_PREFIX", "/alt")
+
 	// A flag wins over both.
 	n, prefixes, stderr = inv("--apiserver-manifest", deadManifest, "--endpoints", live, "--prefix", "/alt")
 	if n != 2 || prefixes[0] != "/alt/" {
