@@ -2,7 +2,6 @@ package command
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -38,37 +37,52 @@ func apiServerConfig(c *cli.Context) (*apiserverconfig.Config, error) {
 	return api, nil
 }
 
-// etcdConfig is the etcd connection: the tool's flags, else kube-apiserver's
-// --etcd-servers and --etcd-{ca,cert,key}file, else etcdctl's defaults.
-func etcdConfig(c *cli.Context, api *apiserverconfig.Config) (etcdscan.Config, error) {
-	cfg, err := etcdscan.ConfigFromCLI(c)
+// etcdConfig is the etcd connection: the tool's flags on the command line,
+// else kube-apiserver's --etcd-servers and --etcd-{ca,cert,key}file, else the
+// ETCDCTL_* environment, else etcdctl's defaults. What came from the
+// environment, or was left for the manifest, is noted in env.
+func etcdConfig(c *cli.Context, api *apiserverconfig.Config, env *envReport) (etcdscan.Config, error) {
+	cfg, err := etcdscan.ParseCLI(c)
 	if err != nil {
 		return cfg, usageErr("%v", err)
 	}
 	override := func(toolFlag, apiFlag string, dst *string, v string) {
-		if c.IsSet(toolFlag) {
+		switch {
+		case onCommandLine(c, toolFlag):
 			if api.From[apiFlag] != "" {
-				api.SetFrom(apiFlag, toolSource(toolFlag, *dst))
+				api.SetFrom(apiFlag, apiserverconfig.FromTool)
 			}
-			return
-		}
-		if api.From[apiFlag] != "" {
+		case api.From[apiFlag] != "":
+			env.ignored(c, toolFlag, api, apiFlag, *dst, v)
 			*dst = v
+		default:
+			env.used(c, toolFlag, *dst)
 		}
 	}
 	override("cacert", "etcd-cafile", &cfg.CACert, api.EtcdCAFile)
 	override("cert", "etcd-certfile", &cfg.Cert, api.EtcdCertFile)
 	override("key", "etcd-keyfile", &cfg.Key, api.EtcdKeyFile)
-	if c.IsSet("endpoints") {
+	switch {
+	case onCommandLine(c, "endpoints"):
 		if api.From["etcd-servers"] != "" {
-			api.SetFrom("etcd-servers", toolSource("endpoints", strings.Join(cfg.Endpoints, ",")))
+			api.SetFrom("etcd-servers", apiserverconfig.FromTool)
 		}
 		api.EtcdServers = cfg.Endpoints
-	} else if api.From["etcd-servers"] != "" {
+	case api.From["etcd-servers"] != "":
+		env.ignored(c, "endpoints", api, "etcd-servers", strings.Join(cfg.Endpoints, ","), strings.Join(api.EtcdServers, ","))
 		cfg.Endpoints = api.EtcdServers
+	default:
+		env.used(c, "endpoints", strings.Join(cfg.Endpoints, ","))
+		api.EtcdServers = cfg.Endpoints
 	}
+	// kube-apiserver has no etcd user, password or these timeouts.
+	env.used(c, "user", cfg.Username)
+	env.used(c, "password", "")
+	env.used(c, "dial-timeout", cfg.DialTimeout.String())
+	env.used(c, "command-timeout", cfg.CommandTimeout.String())
 	api.EtcdCAFile, api.EtcdCertFile, api.EtcdKeyFile = cfg.CACert, cfg.Cert, cfg.Key
 	if err := cfg.Validate(); err != nil {
+		env.print(c) // which of the values came from the environment
 		if api.File != "" {
 			return cfg, usageErr("%v (from %s)", err, api.File)
 		}
@@ -77,28 +91,23 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config) (etcdscan.Config, e
 	return cfg, nil
 }
 
-// toolSource says where the tool's own value of an etcdctl flag came from:
-// its ETCDCTL_* environment variable when that holds the value, else the
-// command line.
-func toolSource(flag, value string) apiserverconfig.Source {
-	env := "ETCDCTL_" + strings.ToUpper(flag)
-	if v := os.Getenv(env); v != "" && strings.ReplaceAll(v, " ", "") == value {
-		return apiserverconfig.Source("$" + env)
-	}
-	return apiserverconfig.FromTool
-}
-
-// fromAPIServer returns the tool's flag value if it was given, else
-// kube-apiserver's (apiFlag) when its command line set it, else the tool's
-// default; the source is recorded for the one-line report.
-func fromAPIServer(c *cli.Context, api *apiserverconfig.Config, toolFlag, apiFlag, apiValue string) string {
-	if c.IsSet(toolFlag) || api.From[apiFlag] == "" {
+// fromAPIServer returns the tool's flag value if it was given on the command
+// line, else kube-apiserver's (apiFlag) when its command line set it, else the
+// flag's environment variable, else the tool's default; the source is recorded
+// for the one-line reports.
+func fromAPIServer(c *cli.Context, api *apiserverconfig.Config, env *envReport, toolFlag, apiFlag, apiValue string) string {
+	switch {
+	case onCommandLine(c, toolFlag):
 		if api.From[apiFlag] != "" {
 			api.SetFrom(apiFlag, apiserverconfig.FromTool)
 		}
 		return c.String(toolFlag)
+	case api.From[apiFlag] != "":
+		env.ignored(c, toolFlag, api, apiFlag, c.String(toolFlag), apiValue)
+		return apiValue
 	}
-	return apiValue
+	env.used(c, toolFlag, c.String(toolFlag))
+	return c.String(toolFlag)
 }
 
 // reportAPIServer prints the one line saying what was taken from where, when

@@ -85,7 +85,12 @@ func silenceKlog() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	return exitFor(app.Run(interspersed(app, args)), stderr)
+	args = interspersed(app, args)
+	if app.Metadata == nil {
+		app.Metadata = map[string]interface{}{}
+	}
+	app.Metadata[argsMetadata] = args
+	return exitFor(app.Run(args), stderr)
 }
 
 // exitFor is the exit code of a command's error, after its "error:" line.
@@ -131,7 +136,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:                stdout,
 		ErrWriter:             stderr,
 		ExitErrHandler:        func(*cli.Context, error) {},
-		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + exitCodesHelp("") + "\n",
+		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + environmentHelpTx + "\n\n" + exitCodesHelp("") + "\n",
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {
 			return usageErr("%v", err)
 		},

@@ -52,7 +52,7 @@ var exitCodes = []exitCodeRow{
 	{exitUsage, everyCmd, "usage error: bad flag or argument (also a manifest path or KMS plugin socket under no hostPath mount; migrate when nothing says which Kubernetes release the cluster runs, or --target-version contradicts the manifest's image); nothing written"},
 	{exitStale, []string{"verify"}, "something is stale, everything is readable"},
 	{exitStale, []string{"migrate"}, "with --output-snapshot: OUT was written, but its verification finds objects still stale in it (the line says how many): do not restore it"},
-	{exitUnreadable, []string{"verify"}, "something is unreadable (no key for it, corrupt, unknown kind, fields these types would lose)"},
+	{exitUnreadable, []string{"verify"}, "something is unreadable (no key for it, corrupt, unknown kind, fields these types would lose); with --fail-on-orphaned, also a key no built-in resource or CRD owns (orphaned keys are reported and otherwise do not change the exit code)"},
 	{exitUnreadable, []string{"migrate"}, "the rest is done; unreadable objects were left untouched (listed); with --output-snapshot, OUT is written with them as they were"},
 	{exitUnreadable, []string{"plan"}, "no blocker, but unreadable objects (listed): migrate would leave them untouched and exit 4"},
 	{exitUnreadable, []string{"quarantine"}, "done, but unreadable objects remain (kept: another reason than --reason names, or refused by a configured key; listed); with --output-snapshot, as the verification of OUT finds"},

@@ -94,6 +94,9 @@ func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
 	}
 	fmt.Fprintf(w, "%s %d of %d objects in %s at revision %d (%s); %d skipped (%d unreadable, never written)\n",
 		verb, n, t.Scanned, s.DurationText, s.Revision, consistency, t.Skipped, t.Unreadable)
+	if t.Orphaned > 0 {
+		fmt.Fprintf(w, "%d orphaned key(s) left untouched: no built-in resource or CRD of this cluster owns them and kube-apiserver never reads them ('verify' lists them, 'quarantine --reason orphaned' removes them, journaled)\n", t.Orphaned)
+	}
 	if s.Interrupted {
 		fmt.Fprintln(w, "interrupted: run the same command again to continue; current objects are skipped")
 	}

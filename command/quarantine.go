@@ -13,10 +13,10 @@ import (
 func quarantineCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "quarantine",
-		Usage: "remove the objects no configured key decrypts or that do not decode (only the --reason and --resource named; journaled for rollback), so that kube-apiserver LISTs them again",
+		Usage: "remove the objects no configured key decrypts or that do not decode (only the --reason and --resource named), or the orphaned keys no resource owns (--reason orphaned); journaled for rollback",
 		Flags: append(append(commonFlags(),
 			outputFlag("table", "table", "json"),
-			&cli.StringSliceFlag{Name: "reason", Usage: "remove objects unreadable for this reason (repeatable, comma list): undecryptable, corrupt-envelope, corrupt-payload, unknown-kind"},
+			&cli.StringSliceFlag{Name: "reason", Usage: "remove objects unreadable for this reason (repeatable, comma list): undecryptable, corrupt-envelope, corrupt-payload, unknown-kind; or, alone and without --resource, orphaned (keys no built-in resource or CRD owns)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "list what would be removed and what is kept, write nothing"},
 			&cli.IntFlag{Name: "batch-ops", Value: 16, Usage: "deletes per CAS transaction"},
 		), append(append(undoFlags(), livenessFlags()...), outputSnapshotFlags()...)...),
@@ -35,7 +35,10 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	if err != nil {
 		return usageErr("%v", err)
 	}
-	if len(c.StringSlice("resource")) == 0 {
+	switch orphaned := quarantine.OnlyOrphaned(reasons); {
+	case orphaned && len(c.StringSlice("resource")) > 0:
+		return usageErr("--reason orphaned: orphaned keys belong to no resource; leave out --resource (the whole prefix is scanned, only orphaned keys are removed)")
+	case !orphaned && len(c.StringSlice("resource")) == 0:
 		return usageErr("--resource: name the resource(s) to quarantine objects of, e.g. --resource secrets")
 	}
 	if !c.Bool("dry-run") && c.Bool("no-undo") && c.String("snapshot-file") == "" {

@@ -58,10 +58,12 @@ func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := etcdConfig(c, api)
+	env := &envReport{}
+	cfg, err := etcdConfig(c, api, env)
 	if err != nil {
 		return nil, err
 	}
+	env.print(c)
 	return etcdscan.Connect(ctx, cfg)
 }
 
@@ -92,12 +94,17 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 	}
 	snapshotFile := c.String("snapshot-file")
 	var ecfg etcdscan.Config
+	envRep := &envReport{}
 	if snapshotFile == "" {
-		if ecfg, err = etcdConfig(c, api); err != nil {
+		if ecfg, err = etcdConfig(c, api, envRep); err != nil {
 			s.close()
 			return nil, err
 		}
 	}
+	api.EtcdPrefix = fromAPIServer(c, api, envRep, "prefix", "etcd-prefix", api.EtcdPrefix)
+	api.EncryptionConfig = fromAPIServer(c, api, envRep, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
+	// Before connecting: a connection that fails says where its values came from.
+	envRep.print(c)
 	// kube-apiserver's feature gates and emulated version are process-wide:
 	// its strategies and defaulting read them, as in kube-apiserver itself.
 	if err := api.Apply(); err != nil {
@@ -126,8 +133,6 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		}
 		s.cli = cli
 	}
-	api.EtcdPrefix = fromAPIServer(c, api, "prefix", "etcd-prefix", api.EtcdPrefix)
-	api.EncryptionConfig = fromAPIServer(c, api, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
 	cfg := pipeline.Config{
 		APIServer:        api,
 		Prefix:           api.EtcdPrefix,
@@ -159,7 +164,7 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 	}
 	if withTarget {
 		cfg.TargetVersion = api.Release
-		api.StorageMediaType = fromAPIServer(c, api, "storage-media-type", "storage-media-type", api.StorageMediaType)
+		api.StorageMediaType = fromAPIServer(c, api, envRep, "storage-media-type", "storage-media-type", api.StorageMediaType)
 		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
 		cfg.FullFieldManager = c.Bool("full-field-manager")

@@ -69,6 +69,10 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	info, err := d.Resolver.Resolve(kv.Key)
 	obj.Info = info
 	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && e.Reason == ReasonOrphaned {
+			return obj, classifyOrphan(obj, e)
+		}
 		return obj, err
 	}
 	obj.Encryption = EnvelopeInfo(kv.Value)
@@ -86,7 +90,7 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	if info.Custom {
 		dec := d.custom[info.Resource]
 		if dec == nil {
-			return obj, Errorf(kv.Key, ReasonUnknownResource, nil, "no CRD for %s", info.Resource)
+			return obj, Errorf(kv.Key, ReasonUnknownResource, nil, "the CRD %s is in etcd but could not be used (see its own error)", info.Resource)
 		}
 		u, gvk, mt, err := dec.DecodeStored(plaintext)
 		obj.StoredGVK, obj.MediaType = gvk, mt

@@ -219,7 +219,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"compact_rev_key", "compact_rev_key", []byte("12345"), ReasonNotObject, ""},
 		{"health", "/registry/health", []byte(`{"health":"true"}`), ReasonNotObject, ""},
 		{"unknown resource", "/registry/nosuchthings/default/x", cm.Value, ReasonUnknownResource, ""},
-		{"custom resource without CRD", caps["customresource-json"].Key, caps["customresource-json"].Value, ReasonUnknownResource, "widgets"},
+		{"custom resource without CRD", caps["customresource-json"].Key, caps["customresource-json"].Value, ReasonOrphaned, "widgets"},
 		{"encrypted with an unknown key", "/registry/secrets/default/s", cbcValue(t, "key9", material1, secretPlain), ReasonUndecryptable, "aescbc:key9"},
 		{"encrypted with other key material", "/registry/secrets/default/s", cbcValue(t, "key1", material1, secretPlain), ReasonUndecryptable, "aescbc:key1"},
 		{"corrupt encryption envelope", secretBody.Key, secretBody.Value[:len("k8s:enc:aescbc:v1:key1:")+16], ReasonCorruptEnvelope, "aescbc:key1"},
@@ -256,5 +256,45 @@ func TestDecodeJSONBuiltin(t *testing.T) {
 	cm, ok := obj.Internal.(*core.ConfigMap)
 	if !ok || cm.Name != "cfg" || cm.Data["a"] != "b" || ShortMediaType(obj.MediaType) != "json" {
 		t.Errorf("got %T %+v media %s", obj.Internal, obj.Internal, obj.MediaType)
+	}
+}
+
+// TestDecodeOrphaned: a key no built-in resource or CRD owns is orphaned, with the
+// reason read from what it holds; a key under a resource kube-apiserver reads, or
+// one holding a kind it serves, is not.
+func TestDecodeOrphaned(t *testing.T) {
+	d, _ := capturedDecoder(t)
+	cm := readCaptured(t)["configmap-identity"]
+	ctx := context.Background()
+	psp := protobufValue(t, "policy/v1beta1", "PodSecurityPolicy", []byte("\x0a\x0c\x0a\x0arestricted"))
+	cases := []struct {
+		name, key string
+		value     []byte
+		reason    Reason
+		orphan    Orphan
+		detail    string
+	}{
+		{"PodSecurityPolicy from 1.24", "/registry/podsecuritypolicy/restricted", psp, ReasonOrphaned, OrphanRemovedBuiltin, "podsecuritypolicies.policy"},
+		{"extensions PodSecurityPolicy as JSON", "/registry/podsecuritypolicy/old", []byte(`{"apiVersion":"extensions/v1beta1","kind":"PodSecurityPolicy","metadata":{"name":"old"}}`), ReasonOrphaned, OrphanRemovedBuiltin, "extensions/v1beta1 PodSecurityPolicy"},
+		{"custom resource whose CRD is gone", "/registry/example.com/gizmos/ns1/g", []byte(`{"apiVersion":"example.com/v1","kind":"Gizmo","metadata":{"name":"g"}}`), ReasonOrphaned, OrphanCRDMissing, "no CRD gizmos.example.com"},
+		{"unknown prefix", "/registry/somethingelse/x", []byte("not an object"), ReasonOrphaned, OrphanUnknownPrefix, "/registry/somethingelse"},
+		{"unknown group under an unknown prefix", "/registry/things/x", []byte(`{"apiVersion":"things.io/v1","kind":"Thing"}`), ReasonOrphaned, OrphanUnknownPrefix, ""},
+		// Never decrypted: which provider wrote it is unknown.
+		{"encrypted, unknown prefix", "/registry/podsecuritypolicy/enc", cbcValue(t, "key1", material1, psp), ReasonOrphaned, OrphanUnknownPrefix, ""},
+		// A kind kube-apiserver serves, under a prefix it does not read: not a leftover.
+		{"served kind under an unknown prefix", "/registry/nosuchthings/default/x", cm.Value, ReasonUnknownResource, "", "v1 ConfigMap"},
+		{"bad layout under a resource", "/registry/configmaps/a/b/c", cm.Value, ReasonUnknownResource, "", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := d.Decode(ctx, etcdscan.KV{Key: c.key, Value: c.value, ModRevision: 7})
+			de := wantReason(t, err, c.key, c.reason)
+			if de.Orphan != c.orphan {
+				t.Errorf("orphan %q, want %q (%v)", de.Orphan, c.orphan, err)
+			}
+			if c.detail != "" && !strings.Contains(err.Error(), c.detail) {
+				t.Errorf("error %q does not mention %q", err, c.detail)
+			}
+		})
 	}
 }

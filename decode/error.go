@@ -8,8 +8,14 @@ type Reason string
 const (
 	// ReasonNotObject: the key is not an API object (compact_rev_key, health, ...).
 	ReasonNotObject Reason = "not-an-object"
-	// ReasonUnknownResource: no built-in resource or CRD owns the key.
+	// ReasonUnknownResource: the key is under a resource's prefix but not laid
+	// out as its objects are, its CRD is in etcd but cannot be used, or it holds
+	// an object of a kind kube-apiserver serves under a prefix it does not read.
 	ReasonUnknownResource Reason = "unknown-resource"
+	// ReasonOrphaned: no built-in resource or CRD of this cluster owns the key
+	// (Error.Orphan says why); kube-apiserver never reads it. Not a failure to
+	// read: decisions give it the status orphaned.
+	ReasonOrphaned Reason = "orphaned"
 	// ReasonUnknownKind: the stored apiVersion/kind is not in the scheme.
 	ReasonUnknownKind Reason = "unknown-kind"
 	// ReasonUndecryptable: no configured provider/key can decrypt the value.
@@ -33,10 +39,15 @@ type Error struct {
 	Reason Reason
 	Detail string // short human text: which provider/key name, which kind, ...
 	Err    error
+	// Orphan is set with ReasonOrphaned.
+	Orphan Orphan
 }
 
 func (e *Error) Error() string {
 	msg := fmt.Sprintf("%s: %s", e.Key, e.Reason)
+	if e.Orphan != "" {
+		msg += " (" + string(e.Orphan) + ")"
+	}
 	if e.Detail != "" {
 		msg += ": " + e.Detail
 	}

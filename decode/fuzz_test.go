@@ -25,7 +25,7 @@ func init() {
 var knownReasons = map[Reason]bool{
 	ReasonNotObject: true, ReasonUnknownResource: true, ReasonUnknownKind: true,
 	ReasonUndecryptable: true, ReasonCorruptEnvelope: true, ReasonCorruptPayload: true,
-	ReasonWouldLoseFields: true, ReasonConversionFailed: true,
+	ReasonWouldLoseFields: true, ReasonConversionFailed: true, ReasonOrphaned: true,
 }
 
 // FuzzDecode feeds arbitrary key suffixes and values through Decoder.Decode with the

@@ -116,7 +116,8 @@ func (r *Resolver) IsCustom(gr schema.GroupResource) bool {
 
 // Resolve maps a key to its group/resource. Keys outside the prefix, and keys under
 // it that are not API objects, give an *Error with ReasonNotObject; keys under the
-// prefix that no built-in or registered CRD owns give ReasonUnknownResource.
+// prefix that no built-in or registered CRD owns give ReasonOrphaned (the
+// decoder refines the Orphan reason by what the key holds).
 func (r *Resolver) Resolve(key string) (KeyInfo, error) {
 	rest, ok := strings.CutPrefix(key, r.prefix+"/")
 	if !ok {
@@ -157,9 +158,13 @@ func (r *Resolver) Resolve(key string) (KeyInfo, error) {
 		return info, nil
 	}
 	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
-		return KeyInfo{Key: key}, Errorf(key, ReasonUnknownResource, nil, "no CRD for %s.%s found in this etcd", parts[1], parts[0])
+		e := Errorf(key, ReasonOrphaned, nil, "no CRD %s.%s in this etcd", parts[1], parts[0])
+		e.Orphan = OrphanCRDMissing
+		return KeyInfo{Key: key}, e
 	}
-	return KeyInfo{Key: key}, Errorf(key, ReasonUnknownResource, nil, "no built-in resource or CRD stores under %s/%s", r.prefix, parts[0])
+	e := Errorf(key, ReasonOrphaned, nil, "no built-in resource or CRD is stored under %s/%s", r.prefix, parts[0])
+	e.Orphan = OrphanUnknownPrefix
+	return KeyInfo{Key: key}, e
 }
 
 // KindFor returns the internal kind stored for a raw-storage group/resource

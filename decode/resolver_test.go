@@ -144,8 +144,9 @@ func TestResolveSpecialKeys(t *testing.T) {
 		{key: "compact_rev_key", reason: ReasonNotObject},
 		{key: "/registry/secrets/ns/s", reason: ReasonNotObject},
 		{key: "/kubernetes.io/health", reason: ReasonNotObject},
-		{key: "/kubernetes.io/other.io/gadgets/ns/g", reason: ReasonUnknownResource},
-		{key: "/kubernetes.io/nonsense/x", reason: ReasonUnknownResource},
+		{key: "/kubernetes.io/other.io/gadgets/ns/g", reason: ReasonOrphaned},
+		{key: "/kubernetes.io/nonsense/x", reason: ReasonOrphaned},
+		{key: "/kubernetes.io/pods/ns/p/extra", reason: ReasonUnknownResource},
 	}
 	for _, c := range cases {
 		info, err := r.Resolve(c.key)

@@ -38,7 +38,10 @@ type Config struct {
 }
 
 // Flags returns the connection flags, named and defaulted like etcdctl's, each
-// falling back to the ETCDCTL_* environment variable of the same name.
+// falling back to the ETCDCTL_* environment variable of the same name (which
+// --help shows). A caller that also reads kube-apiserver's configuration puts
+// it between the two: the command line, then kube-apiserver's, then the
+// environment.
 func Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringSliceFlag{
@@ -61,6 +64,20 @@ func Flags() []cli.Flag {
 // readable and parse, --cert and --key go together, timeouts are positive.
 // Errors name the offending flag.
 func ConfigFromCLI(c *cli.Context) (Config, error) {
+	cfg, err := ParseCLI(c)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// ParseCLI reads the flags of Flags() without validating them (Validate):
+// for a caller that replaces some values first (kube-apiserver's own etcd
+// flags win over the environment's).
+func ParseCLI(c *cli.Context) (Config, error) {
 	cfg := Config{
 		CACert:         c.String("cacert"),
 		Cert:           c.String("cert"),
@@ -88,9 +105,6 @@ func ConfigFromCLI(c *cli.Context) (Config, error) {
 			}
 			cfg.Password = pass
 		}
-	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
 	}
 	return cfg, nil
 }

@@ -57,6 +57,8 @@ type Header struct {
 // KeyError is why a key could not be decoded.
 type KeyError struct {
 	Reason decode.Reason `json:"reason"`
+	// Orphan says why no resource owns an orphaned key.
+	Orphan decode.Orphan `json:"orphan,omitempty"`
 	Detail string        `json:"detail,omitempty"`
 }
 
@@ -251,7 +253,7 @@ func keyError(err error) *KeyError {
 		}
 		detail += de.Err.Error()
 	}
-	return &KeyError{Reason: de.Reason, Detail: detail}
+	return &KeyError{Reason: de.Reason, Orphan: de.Orphan, Detail: detail}
 }
 
 // redactSecret replaces every value of a Secret's data and stringData, and kubectl's
@@ -344,6 +346,9 @@ func (o *inspected) write(w io.Writer, format string) error {
 	}
 	if o.Error != nil {
 		line("error", "%s", o.Error.Reason)
+		if o.Error.Orphan != "" {
+			line("orphan", "%s", o.Error.Orphan)
+		}
 		if o.Error.Detail != "" {
 			line("detail", "%s", o.Error.Detail)
 		}

@@ -117,7 +117,7 @@ func TestInspectBadKeys(t *testing.T) {
 
 	for key, reason := range map[string]string{
 		"/registry/secrets/default/lost":           "undecryptable",
-		"/registry/example.com/widgets/default/w1": "unknown-resource",
+		"/registry/example.com/widgets/default/w1": "orphaned",
 		"/registry/health":                         "not-an-object",
 	} {
 		var out bytes.Buffer

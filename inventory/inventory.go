@@ -1,6 +1,7 @@
 // Package inventory owns the read-only census of an etcd keyspace (the inventory
 // command: per resource the object count, bytes, stored versions, media types,
-// encryption providers and keys, leases and unreadable objects by reason) and the
+// encryption providers and keys, leases and unreadable objects by reason; the
+// orphaned keys no resource of the cluster owns, apart, by reason) and the
 // inspect command (one key decoded, with its storage header, Secret data redacted).
 // It never writes to etcd and never prints plaintext it was not asked for.
 package inventory
@@ -88,6 +89,9 @@ type Totals struct {
 	WithLease  int64 `json:"withLease"`
 	Unreadable int64 `json:"unreadable"`
 	NotObjects int64 `json:"notObjects"`
+	// Orphaned counts keys no built-in resource or CRD owns (not objects of
+	// any resource: counted apart from Objects).
+	Orphaned int64 `json:"orphaned"`
 }
 
 // Inventory is the census of the keys a run selected, read at one revision.
@@ -104,7 +108,10 @@ type Inventory struct {
 	// NotObjects lists keys under the prefix that are not API objects
 	// (/registry/health, ...), up to Options.MaxNotObjects; Total.NotObjects counts all.
 	NotObjects []Key `json:"notObjects"`
+	// Orphaned are the orphaned keys by reason and prefix, with sample keys.
+	Orphaned []decode.OrphanGroup `json:"orphaned"`
 
+	orphans                 decode.Orphans
 	showKeys, maxNotObjects int
 	byResource              map[schema.GroupResource]*Resource
 }
@@ -123,6 +130,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options, progress func(n i
 		NotObjects:    []Key{},
 		showKeys:      bound(opts.ShowKeys, DefaultShowKeys),
 		maxNotObjects: bound(opts.MaxNotObjects, DefaultNotObjects),
+		orphans:       decode.Orphans{Show: bound(opts.ShowKeys, DefaultShowKeys)},
 		byResource:    map[schema.GroupResource]*Resource{},
 	}
 	prefix := env.Resolver.Prefix()
@@ -143,6 +151,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options, progress func(n i
 		inv.Resources = append(inv.Resources, r)
 	}
 	sort.Slice(inv.Resources, func(i, j int) bool { return inv.Resources[i].Name() < inv.Resources[j].Name() })
+	inv.Orphaned = inv.orphans.Groups()
 	return inv, nil
 }
 
@@ -168,6 +177,11 @@ func (inv *Inventory) add(prefix string, d *reencode.Decision) {
 			}
 			inv.NotObjects = append(inv.NotObjects, k)
 		}
+		return
+	}
+	if d.Status == reencode.Orphaned && d.Err != nil {
+		inv.Total.Orphaned++
+		inv.orphans.Add(prefix, d.Err, d.OldSize)
 		return
 	}
 	gr := d.Resource
@@ -267,6 +281,26 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 			return err
 		}
 	}
+	if t.Orphaned > 0 {
+		fmt.Fprintf(w, "\nOrphaned keys (%d; no built-in resource or CRD of this cluster owns them; kube-apiserver never reads them):\n", t.Orphaned)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  REASON\tPREFIX\tKEYS\tBYTES\tDETAIL")
+		for _, g := range inv.Orphaned {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", g.Reason, g.Prefix, g.Keys, humanBytes(g.Bytes), g.Detail)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, g := range inv.Orphaned {
+			for _, k := range g.SampleKeys {
+				fmt.Fprintf(tw, "  %s\t%s\n", k, g.Reason)
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if t.NotObjects > 0 {
 		fmt.Fprintf(w, "\nKeys that are not API objects (%d):\n", t.NotObjects)
 		for _, k := range inv.NotObjects {
@@ -276,7 +310,11 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 			fmt.Fprintf(w, "  ... %d more\n", n)
 		}
 	}
-	_, err := fmt.Fprintf(w, "\n%d keys, %d objects, %s\n", t.Keys, t.Objects, humanBytes(t.Bytes))
+	orphaned := ""
+	if t.Orphaned > 0 {
+		orphaned = fmt.Sprintf(", %d orphaned", t.Orphaned)
+	}
+	_, err := fmt.Fprintf(w, "\n%d keys, %d objects%s, %s\n", t.Keys, t.Objects, orphaned, humanBytes(t.Bytes))
 	return err
 }
 

@@ -163,8 +163,8 @@ func TestInventoryMixedKeyspace(t *testing.T) {
 	if inv.Total.Keys != 14 || progressed != 14 {
 		t.Errorf("keys %d, progress %d, want 14 (every key under /registry/)", inv.Total.Keys, progressed)
 	}
-	if inv.Total.Objects != 13 || inv.Total.NotObjects != 1 || inv.Total.Unreadable != 4 || inv.Total.WithLease != 2 {
-		t.Errorf("totals %+v, want 13 objects, 1 not-object, 4 unreadable, 2 with lease", inv.Total)
+	if inv.Total.Objects != 12 || inv.Total.NotObjects != 1 || inv.Total.Unreadable != 3 || inv.Total.Orphaned != 1 || inv.Total.WithLease != 2 {
+		t.Errorf("totals %+v, want 12 objects, 1 not-object, 3 unreadable, 1 orphaned, 2 with lease", inv.Total)
 	}
 
 	sec := find(t, inv, "secrets")
@@ -216,8 +216,11 @@ func TestInventoryMixedKeyspace(t *testing.T) {
 		t.Errorf("events count %d with lease %d, want 2 and 2", ev.Count, ev.WithLease)
 	}
 
-	w := find(t, inv, "widgets.example.com")
-	eq(t, "widgets unreadable", w.UnreadableBy, map[decode.Reason]int64{decode.ReasonUnknownResource: 1})
+	// The widget's CRD is not in etcd: orphaned, apart from the resources.
+	if len(inv.Orphaned) != 1 || inv.Orphaned[0].Reason != decode.OrphanCRDMissing || inv.Orphaned[0].Prefix != "/registry/example.com/widgets/" ||
+		inv.Orphaned[0].Keys != 1 || len(inv.Orphaned[0].SampleKeys) != 1 || inv.Orphaned[0].SampleKeys[0] != "/registry/example.com/widgets/default/w1" {
+		t.Errorf("orphaned %+v, want the widget as crd-missing", inv.Orphaned)
+	}
 
 	if len(inv.NotObjects) != 1 || inv.NotObjects[0].Key != "/registry/health" {
 		t.Errorf("not objects %+v, want /registry/health", inv.NotObjects)
@@ -232,7 +235,7 @@ func TestInventoryMixedKeyspace(t *testing.T) {
 	table := out.String()
 	for _, want := range []string{"secrets", "aescbc:key1=2", "deviceclasses.resource.k8s.io",
 		oldVersion + "=1", "/registry/configmaps/default/truncated", "/registry/configmaps/default/garbage", "/registry/secrets/default/lost", "undecryptable",
-		"Keys that are not API objects (1)", "/registry/health", "widgets.example.com"} {
+		"Keys that are not API objects (1)", "/registry/health", "Orphaned keys (1;", "crd-missing", "/registry/example.com/widgets/default/w1"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}

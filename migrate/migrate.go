@@ -78,11 +78,14 @@ type Counts struct {
 	Stale      int64 `json:"stale"`     // found stale (dry-run: would rewrite)
 	Rewritten  int64 `json:"rewritten"` // written
 	Conflicts  int64 `json:"conflicts"`
-	Skipped    int64 `json:"skipped"` // never written: unreadable objects and keys that are not objects
+	Skipped    int64 `json:"skipped"` // never written: unreadable objects, orphaned keys and keys that are not objects
 	Unreadable int64 `json:"unreadable"`
-	Failed     int64 `json:"failed"`
-	BytesOld   int64 `json:"bytesRead"`
-	BytesNew   int64 `json:"bytesWritten"`
+	// Orphaned counts keys no resource of the cluster owns (reencode.Orphaned):
+	// left untouched, and not a failure (kube-apiserver never reads them).
+	Orphaned int64 `json:"orphaned,omitempty"`
+	Failed   int64 `json:"failed"`
+	BytesOld int64 `json:"bytesRead"`
+	BytesNew int64 `json:"bytesWritten"`
 }
 
 // ResourceSummary is one resource's line of a summary.
@@ -248,6 +251,11 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 			t.total.Scanned++
 			t.total.BytesOld += int64(d.OldSize)
 			if d.Status == reencode.NotObject {
+				t.total.Skipped++
+				continue
+			}
+			if d.Status == reencode.Orphaned {
+				t.total.Orphaned++
 				t.total.Skipped++
 				continue
 			}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"runtime"
 	"sort"
 	"strings"
@@ -320,12 +321,14 @@ func (e *Env) loadCRDs(ctx context.Context) error {
 	_, err := e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
 		for _, kv := range page {
 			obj, err := e.Decoder.Decode(ctx, kv)
-			if err != nil {
-				// Reported by the scan like any unreadable object.
-				continue
-			}
 			internal, ok := obj.Internal.(*apiextensions.CustomResourceDefinition)
-			if !ok {
+			if err != nil || !ok {
+				// Reported by the scan like any unreadable object. Its
+				// custom resources are not orphaned: the CRD is in etcd, and
+				// its name is <plural>.<group> (apiextensions validates it).
+				if plural, group, found := strings.Cut(path.Base(kv.Key), "."); found {
+					e.Resolver.AddCustomResource(group, plural)
+				}
 				continue
 			}
 			v1 := &apiextensionsv1.CustomResourceDefinition{}

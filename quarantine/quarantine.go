@@ -9,6 +9,10 @@
 // or a plugin outage is not a lost key), nor, under a key that refused others,
 // one that decrypted to something undecodable (aescbc does not authenticate:
 // wrong key material sometimes "decrypts" to garbage).
+//
+// It also removes orphaned keys (decode.ReasonOrphaned: no built-in resource or
+// CRD of the cluster owns them, kube-apiserver never reads them), in a run of
+// their own over the whole prefix, journaled the same way.
 package quarantine
 
 import (
@@ -32,12 +36,20 @@ import (
 )
 
 // Removable are the reasons a quarantine may be asked to remove objects for:
-// kube-apiserver cannot read such a value with this configuration either.
+// kube-apiserver cannot read such a value with this configuration either, or
+// (orphaned) never reads the key at all.
 var Removable = []decode.Reason{
 	decode.ReasonUndecryptable,
 	decode.ReasonCorruptEnvelope,
 	decode.ReasonCorruptPayload,
 	decode.ReasonUnknownKind,
+	decode.ReasonOrphaned,
+}
+
+// OnlyOrphaned reports whether reasons is just orphaned: such a run needs no
+// --resource (orphaned keys belong to none) and accepts none.
+func OnlyOrphaned(reasons []decode.Reason) bool {
+	return len(reasons) == 1 && reasons[0] == decode.ReasonOrphaned
 }
 
 // ParseReasons reads --reason values (repeatable, comma separated).
@@ -57,6 +69,8 @@ func ParseReasons(vals []string) ([]decode.Reason, error) {
 				}
 			case reason == decode.ReasonWouldLoseFields || reason == decode.ReasonConversionFailed:
 				return nil, fmt.Errorf("--reason %s: such objects decode (kube-apiserver serves them); quarantine never removes a readable object", r)
+			case reason == decode.ReasonUnknownResource:
+				return nil, fmt.Errorf("--reason %s: such keys are under a resource kube-apiserver reads (its CRD is in etcd but unusable, or the key holds a kind it serves); quarantine does not remove them. Keys no built-in resource or CRD owns are orphaned (--reason %s)", r, decode.ReasonOrphaned)
 			default:
 				return nil, fmt.Errorf("--reason %s: not a reason quarantine removes objects for (want %s)", r, joinReasons(Removable))
 			}
@@ -64,6 +78,9 @@ func ParseReasons(vals []string) ([]decode.Reason, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("--reason: name at least one of %s", joinReasons(Removable))
+	}
+	if len(out) > 1 && slices.Contains(out, decode.ReasonOrphaned) {
+		return nil, fmt.Errorf("--reason %s: quarantine orphaned keys in a run of their own (they belong to no --resource)", decode.ReasonOrphaned)
 	}
 	return out, nil
 }
@@ -112,9 +129,11 @@ const (
 
 // Entry is one unreadable object of the selected resources.
 type Entry struct {
-	Key         string        `json:"key"`
-	Resource    string        `json:"resource"`
-	Reason      decode.Reason `json:"reason"`
+	Key      string        `json:"key"`
+	Resource string        `json:"resource"`
+	Reason   decode.Reason `json:"reason"`
+	// Orphan says why no resource owns an orphaned key.
+	Orphan      decode.Orphan `json:"orphan,omitempty"`
 	Detail      string        `json:"detail,omitempty"`
 	Encryption  string        `json:"encryption,omitempty"`
 	Bytes       int           `json:"bytes"`
@@ -138,9 +157,11 @@ type Result struct {
 	Journal    string             `json:"journal,omitempty"`
 	Preflight  []string           `json:"preflight,omitempty"`
 	// Objects is the number of objects scanned, Unreadable those that did not
-	// read; each of those is removed, would be, conflicted, failed or is kept.
+	// read, Orphaned the orphaned keys; each of those of the reasons named is
+	// removed, would be, conflicted, failed or is kept.
 	Objects     int64 `json:"objects"`
 	Unreadable  int64 `json:"unreadable"`
+	Orphaned    int64 `json:"orphaned,omitempty"`
 	Removed     int64 `json:"removed"`
 	WouldRemove int64 `json:"wouldRemove"`
 	Conflicts   int64 `json:"conflicts"`
@@ -166,7 +187,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	switch {
 	case len(opts.Reasons) == 0:
 		return res, fmt.Errorf("--reason: name at least one of %s", joinReasons(Removable))
-	case env.Filter == nil:
+	case OnlyOrphaned(opts.Reasons) && env.Filter != nil:
+		return res, fmt.Errorf("--reason %s: orphaned keys belong to no resource; leave out --resource (the whole prefix is scanned, only orphaned keys are removed)", decode.ReasonOrphaned)
+	case env.Filter == nil && !OnlyOrphaned(opts.Reasons):
 		return res, errors.New("--resource: name the resource(s) to quarantine objects of (quarantine never works on every resource at once)")
 	case env.Config.Revision != 0:
 		return res, fmt.Errorf("quarantine reads and writes the current revision: --revision %d is for the read-only commands", env.Config.Revision)
@@ -206,9 +229,16 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 			if d.Status == reencode.Readable {
 				continue
 			}
-			res.Unreadable++
 			e := entryOf(d)
+			if d.Status == reencode.Orphaned {
+				res.Orphaned++
+			} else {
+				res.Unreadable++
+			}
 			switch {
+			case OnlyOrphaned(opts.Reasons) && d.Status != reencode.Orphaned:
+				// The whole prefix is scanned: the unreadable objects of every
+				// resource are counted, not listed.
 			case !slices.Contains(opts.Reasons, e.Reason):
 				res.keep(e, "its reason is not named (--reason)")
 			case e.Reason == decode.ReasonUndecryptable && env.Encryption.CanRead(d.Resource, e.encryption):
@@ -323,6 +353,12 @@ func entryOf(d *reencode.Decision) *Entry {
 		Key: d.Key, Resource: d.Resource.String(), Reason: reason, Detail: detail, Encryption: d.From.Encryption,
 		Bytes: d.OldSize, ModRevision: d.ModRevision,
 	}
+	if d.Err != nil {
+		e.Orphan = d.Err.Orphan
+	}
+	if d.Status == reencode.Orphaned {
+		e.Resource = ""
+	}
 	if d.Lease != 0 {
 		e.Lease = fmt.Sprintf("%016x", d.Lease)
 	}
@@ -368,7 +404,7 @@ func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *
 		}
 		kv := resp.Kvs[0]
 		d := env.DecideOne(ctx, etcdscan.KV{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease}, pipeline.DecodeOnly)
-		if d.Status != reencode.Unreadable || d.Err == nil || d.Err.Reason != e.Reason {
+		if (d.Status != reencode.Unreadable && d.Status != reencode.Orphaned) || d.Err == nil || d.Err.Reason != e.Reason {
 			res.keep(e, fmt.Sprintf("read again, it is %s: left alone", d.Status))
 			continue
 		}
@@ -431,7 +467,11 @@ func (r *Result) Write(w io.Writer, format string) error {
 		for _, e := range r.Entries {
 			// Why it is unreadable is in STORED AS and REASON (the detail is in
 			// the JSON); the note says why something is kept or not removed.
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Key, e.Resource, e.Reason, e.Encryption, e.Status, e.Note)
+			reason := string(e.Reason)
+			if e.Orphan != "" {
+				reason += " (" + string(e.Orphan) + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Key, orDash(e.Resource), reason, orDash(e.Encryption), e.Status, e.Note)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -441,14 +481,25 @@ func (r *Result) Write(w io.Writer, format string) error {
 		}
 	}
 	fmt.Fprintln(w)
+	found, what := r.Unreadable, "unreadable object(s)"
+	if OnlyOrphaned(r.Reasons) {
+		found, what = r.Orphaned, "orphaned key(s)"
+	}
 	if r.DryRun {
-		_, err := fmt.Fprintf(w, "dry run: would remove %d of %d unreadable object(s) (%d objects scanned), keep %d; nothing was written\n", r.WouldRemove, r.Unreadable, r.Objects, r.Kept)
+		_, err := fmt.Fprintf(w, "dry run: would remove %d of %d %s (%d keys scanned), keep %d; nothing was written\n", r.WouldRemove, found, what, r.Objects, r.Kept)
 		return err
 	}
-	fmt.Fprintf(w, "removed %d of %d unreadable object(s) (%d objects scanned), kept %d, conflicts %d, failed %d", r.Removed, r.Unreadable, r.Objects, r.Kept, r.Conflicts, r.Failed)
+	fmt.Fprintf(w, "removed %d of %d %s (%d keys scanned), kept %d, conflicts %d, failed %d", r.Removed, found, what, r.Objects, r.Kept, r.Conflicts, r.Failed)
 	if r.Removed > 0 {
 		fmt.Fprintf(w, "; their values are in the journal %s ('rollback --journal %s' puts them back)", r.Journal, r.Journal)
 	}
 	_, err := fmt.Fprintln(w)
 	return err
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

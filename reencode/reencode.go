@@ -32,6 +32,9 @@ const (
 	Stale      Status = "stale"
 	Unreadable Status = "unreadable"
 	NotObject  Status = "not-an-object"
+	// Orphaned: no resource of this cluster owns the key (decode.ReasonOrphaned);
+	// kube-apiserver never reads it, so it is neither rewritten nor unreadable.
+	Orphaned Status = "orphaned"
 	// Readable is Describe's verdict on a decoded object: no decision was asked for.
 	Readable Status = "readable"
 )
@@ -69,7 +72,7 @@ type Decision struct {
 	Status   Status
 	Reasons  []Reason
 	From, To Form
-	// Err is set for Unreadable and NotObject.
+	// Err is set for Unreadable, NotObject and Orphaned.
 	Err *decode.Error
 
 	ModRevision int64
@@ -169,9 +172,13 @@ func Describe(obj *decode.Object, decodeErr error) Decision {
 	}
 	if decodeErr != nil {
 		d.Err = keyError(d.Key, decode.ReasonCorruptPayload, decodeErr)
-		d.Status = Unreadable
-		if d.Err.Reason == decode.ReasonNotObject {
+		switch d.Err.Reason {
+		case decode.ReasonNotObject:
 			d.Status = NotObject
+		case decode.ReasonOrphaned:
+			d.Status = Orphaned
+		default:
+			d.Status = Unreadable
 		}
 		return d
 	}

@@ -1,9 +1,10 @@
 // Package verify is the read-only audit of an etcd keyspace against a target
 // kube-apiserver release: it runs every object through reencode's decision (the
 // same one migrate acts on) without writing anything, and reports per resource what
-// is current, stale (and why) or unreadable (and why), whether CRD storedVersions
-// can be trimmed, and an exit code a runbook can gate on. It reports keys and
-// reasons only, never values.
+// is current, stale (and why) or unreadable (and why), the orphaned keys no
+// resource of the cluster owns (by reason, apart: they do not fail the gate unless
+// asked), whether CRD storedVersions can be trimmed, and an exit code a runbook
+// can gate on. It reports keys and reasons only, never values.
 package verify
 
 import (
@@ -38,16 +39,21 @@ type Options struct {
 	// ShowKeys is how many keys of each class (stale, unreadable) are listed per
 	// resource: 0 means DefaultShowKeys, a negative value lists none.
 	ShowKeys int
+	// FailOnOrphaned makes orphaned keys fail the gate as unreadable objects
+	// do (exit 4): a strict audit (--fail-on-orphaned).
+	FailOnOrphaned bool
 }
 
 // Counts are object counts by verdict. Objects = Current + Stale + Unreadable;
-// NotObjects (compact_rev_key, health, ...) are counted apart.
+// NotObjects (compact_rev_key, health, ...) and Orphaned (keys no resource of
+// the cluster owns) are counted apart.
 type Counts struct {
 	Objects    int64 `json:"objects"`
 	Current    int64 `json:"current"`
 	Stale      int64 `json:"stale"`
 	Unreadable int64 `json:"unreadable"`
 	NotObjects int64 `json:"notObjects,omitempty"`
+	Orphaned   int64 `json:"orphaned,omitempty"`
 	// Reencode counts objects (included in Current) stored in the target version,
 	// media type and encryption key whose bytes kube-apiserver would nonetheless
 	// write differently (defaults it applies on read, e.g. Jobs, PVCs): migrate
@@ -124,6 +130,12 @@ type Report struct {
 	Summary    Counts             `json:"summary"`
 	Resources  []ResourceReport   `json:"resources"`
 	CRDs       []CRDStatus        `json:"crds"`
+	// Orphaned are the keys no built-in resource or CRD of the cluster owns,
+	// by reason and prefix, with sample keys (Summary.Orphaned counts them).
+	// kube-apiserver never reads them; they fail the gate only with
+	// FailOnOrphaned.
+	Orphaned       []decode.OrphanGroup `json:"orphaned,omitempty"`
+	FailOnOrphaned bool                 `json:"failOnOrphaned,omitempty"`
 	// Warnings are the environment's (pipeline.Env.Warnings, e.g. a KMS
 	// plugin that does not work), also printed on stderr: a runbook reading
 	// the report sees why objects are unreadable.
@@ -133,6 +145,7 @@ type Report struct {
 	Alarms     []string `json:"alarms,omitempty"`
 	ShowKeys   int      `json:"-"`
 	byResource map[string]*ResourceReport
+	orphans    decode.Orphans
 }
 
 // Run audits the keyspace the environment selects at one revision
@@ -155,6 +168,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		Warnings:   append([]string(nil), env.Warnings...),
 		ShowKeys:   show,
 		byResource: map[string]*ResourceReport{},
+		orphans:    decode.Orphans{Show: show},
+
+		FailOnOrphaned: opts.FailOnOrphaned,
 	}
 	// A snapshot file read in place has no etcd behind it, so no alarm.
 	if env.Client != nil {
@@ -182,6 +198,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 	}
 	sort.Slice(r.Resources, func(i, j int) bool { return r.Resources[i].Name() < r.Resources[j].Name() })
 	r.byResource = nil
+	r.Orphaned = r.orphans.Groups()
 	r.CRDs = crds.statuses()
 	return r, nil
 }
@@ -214,6 +231,11 @@ func Target(env *pipeline.Env) string {
 func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 	if d.Status == reencode.NotObject {
 		r.Summary.NotObjects++
+		return
+	}
+	if d.Status == reencode.Orphaned && d.Err != nil {
+		r.Summary.Orphaned++
+		r.orphans.Add(env.Resolver.Prefix(), d.Err, d.OldSize)
 		return
 	}
 	gr := d.Resource
@@ -283,10 +305,12 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 }
 
 // ExitCode is 0 when every object is current, 3 when something is stale but
-// everything is readable, 4 when something is unreadable (stale or not).
+// everything is readable, 4 when something is unreadable (stale or not), or
+// with FailOnOrphaned when a key is orphaned. Orphaned keys alone do not
+// change it otherwise.
 func (r *Report) ExitCode() int {
 	switch {
-	case r.Summary.Unreadable > 0:
+	case r.Summary.Unreadable > 0, r.FailOnOrphaned && r.Summary.Orphaned > 0:
 		return ExitUnreadable
 	case r.Summary.Stale > 0:
 		return ExitStale

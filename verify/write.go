@@ -46,6 +46,9 @@ func (r *Report) exported() *Report {
 	if c.Prefixes == nil {
 		c.Prefixes = []string{}
 	}
+	if c.Summary.Orphaned == 0 {
+		c.Orphaned = nil
+	}
 	return &c
 }
 
@@ -109,6 +112,12 @@ func (r *Report) writeTable(w io.Writer) error {
 		}
 	}
 
+	if s.Orphaned > 0 {
+		if err := writeOrphans(ew, r.Orphaned, r.ShowKeys); err != nil {
+			return err
+		}
+	}
+
 	if len(r.CRDs) > 0 {
 		ew.printf("\nCRDs:\n")
 		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
@@ -135,13 +144,48 @@ func (r *Report) writeTable(w io.Writer) error {
 // Verdict is the one-line conclusion, naming the exit code.
 func (r *Report) Verdict() string {
 	s := r.Summary
+	orphaned := ""
+	if s.Orphaned > 0 {
+		orphaned = fmt.Sprintf(" %d orphaned key(s) were left out (no resource of this cluster owns them; kube-apiserver never reads them; 'quarantine --reason orphaned' removes them, journaled).", s.Orphaned)
+	}
 	switch r.ExitCode() {
 	case ExitUnreadable:
-		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale)
+		if s.Unreadable == 0 {
+			return fmt.Sprintf("VERDICT: %d orphaned key(s), which fail the gate (--fail-on-orphaned), and %d object(s) stale: exit 4. Remove them ('quarantine --reason orphaned', journaled) or restore their CRD, or drop --fail-on-orphaned.", s.Orphaned, s.Stale)
+		}
+		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + orphaned
 	case ExitStale:
-		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects)
+		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects) + orphaned
 	}
-	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target)
+	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + orphaned
+}
+
+// writeOrphans prints the orphaned keys by reason and prefix, then up to show
+// keys of each.
+func writeOrphans(ew *errWriter, groups []decode.OrphanGroup, show int) error {
+	ew.printf("\nOrphaned keys (no built-in resource or CRD of this cluster owns them; kube-apiserver never reads them; not counted above):\n")
+	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  REASON\tPREFIX\tKEYS\tDETAIL")
+	for _, g := range groups {
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", g.Reason, g.Prefix, g.Keys, g.Detail)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if show > 0 {
+		ew.printf("Orphaned keys (first %d per prefix):\n", show)
+		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		for _, g := range groups {
+			for _, k := range g.SampleKeys {
+				fmt.Fprintf(tw, "  %s\t%s\n", k, g.Reason)
+			}
+			if more := g.Keys - int64(len(g.SampleKeys)); more > 0 && len(g.SampleKeys) > 0 {
+				fmt.Fprintf(tw, "  ... %d more under %s\t\n", more, g.Prefix)
+			}
+		}
+		return tw.Flush()
+	}
+	return ew.err
 }
 
 func why(rr ResourceReport) string {

@@ -29,6 +29,7 @@ const (
 
 	VerifyObjects       = "kube_etcd_migrate_verify_objects"
 	VerifyNotObjects    = "kube_etcd_migrate_verify_not_objects"
+	VerifyOrphaned      = "kube_etcd_migrate_verify_orphaned_keys"
 	VerifyRevision      = "kube_etcd_migrate_verify_revision"
 	VerifyConsistent    = "kube_etcd_migrate_verify_consistent"
 	VerifyExitCode      = "kube_etcd_migrate_verify_exit_code"
@@ -66,11 +67,15 @@ func WriteVerify(path string, rep *verify.Report) error {
 		Help: "The number of objects that still require migration, labeled with the full resource name (stale objects in the last verify run).",
 	}, []string{resourceLabel})
 	notObjects := gauge(VerifyNotObjects, "Keys under the prefix that are not API objects (health, ...), last verify run.")
+	orphaned := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: VerifyOrphaned,
+		Help: "Keys no built-in resource or CRD owns (kube-apiserver never reads them), last verify run, by reason (removed-built-in, crd-missing, unknown-prefix).",
+	}, []string{"reason"})
 	revision := gauge(VerifyRevision, "etcd revision the last verify run scanned at.")
 	consistent := gauge(VerifyConsistent, "1 when the last verify run read every key at one revision, 0 when the revision was compacted during the scan.")
-	exitCode := gauge(VerifyExitCode, "Exit code of the last verify run: 0 all current, 3 something stale, 4 something unreadable.")
+	exitCode := gauge(VerifyExitCode, "Exit code of the last verify run: 0 all current, 3 something stale, 4 something unreadable (or orphaned, with --fail-on-orphaned).")
 	lastRun := gauge(VerifyLastRun, "Unix time the last verify run finished.")
-	reg.MustRegister(objects, remaining, notObjects, revision, consistent, exitCode, lastRun, buildInfo())
+	reg.MustRegister(objects, remaining, notObjects, orphaned, revision, consistent, exitCode, lastRun, buildInfo())
 
 	for _, r := range rep.Resources {
 		name := r.Name()
@@ -80,6 +85,9 @@ func WriteVerify(path string, rep *verify.Report) error {
 		remaining.WithLabelValues(name).Set(float64(r.Stale))
 	}
 	notObjects.Set(float64(rep.Summary.NotObjects))
+	for _, g := range rep.Orphaned {
+		orphaned.WithLabelValues(string(g.Reason)).Add(float64(g.Keys))
+	}
 	revision.Set(float64(rep.Revision))
 	consistent.Set(boolFloat(rep.Consistent))
 	exitCode.Set(float64(rep.ExitCode()))

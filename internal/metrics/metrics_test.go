@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/verify"
 )
@@ -73,7 +74,12 @@ func TestWriteVerify(t *testing.T) {
 	rep := &verify.Report{
 		Revision:   4242,
 		Consistent: true,
-		Summary:    verify.Counts{Objects: 13, Current: 7, Stale: 5, Unreadable: 1, NotObjects: 2},
+		Summary:    verify.Counts{Objects: 13, Current: 7, Stale: 5, Unreadable: 1, NotObjects: 2, Orphaned: 3},
+		Orphaned: []decode.OrphanGroup{
+			{Reason: decode.OrphanCRDMissing, Prefix: "/registry/example.com/gizmos/", Keys: 1},
+			{Reason: decode.OrphanCRDMissing, Prefix: "/registry/example.com/gadgets/", Keys: 1},
+			{Reason: decode.OrphanRemovedBuiltin, Prefix: "/registry/podsecuritypolicy/", Keys: 1},
+		},
 		Resources: []verify.ResourceReport{
 			{Resource: "secrets", Counts: verify.Counts{Objects: 6, Current: 1, Stale: 4, Unreadable: 1}},
 			{Group: "resource.k8s.io", Resource: "deviceclasses", Counts: verify.Counts{Objects: 7, Current: 6, Stale: 1}},
@@ -105,6 +111,8 @@ func TestWriteVerify(t *testing.T) {
 		{VerifyObjects, map[string]string{"resource": "deviceclasses.resource.k8s.io", "status": "current"}, 6},
 		{VerifyObjects, map[string]string{"resource": "deviceclasses.resource.k8s.io", "status": "unreadable"}, 0},
 		{VerifyNotObjects, nil, 2},
+		{VerifyOrphaned, map[string]string{"reason": "crd-missing"}, 2},
+		{VerifyOrphaned, map[string]string{"reason": "removed-built-in"}, 1},
 		{VerifyRevision, nil, 4242},
 		{VerifyConsistent, nil, 1},
 		{VerifyExitCode, nil, verify.ExitUnreadable},

@@ -1,0 +1,158 @@
+package command
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/updatepath"
+)
+
+// Configuration precedence: a flag on the command line, then kube-apiserver's
+// own configuration (--apiserver-manifest, --apiserver-flags-file), then the
+// flag's environment variable (the ETCDCTL_* of etcdctl's flags, KEM_PREFIX),
+// then the default. urfave/cli applies an environment variable as if the flag
+// were set, so which of the two it was is read from the command line itself.
+
+// environmentHelpTx is the ENVIRONMENT section of --help: every variable the
+// tool reads.
+var environmentHelpTx = `ENVIRONMENT:
+   ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER,
+   ETCDCTL_PASSWORD, ETCDCTL_DIAL_TIMEOUT, ETCDCTL_COMMAND_TIMEOUT
+                      etcdctl's: the value of the flag of the same name
+   KEM_PREFIX         the value of --prefix
+      Precedence: the flag on the command line, then kube-apiserver's own
+      configuration (--apiserver-manifest, --apiserver-flags-file), then the
+      environment, then the default. A value taken from the environment, or one
+      set there that kube-apiserver's configuration overrode, is named on one
+      line of stderr (a password never shown).
+   GOMEMLIMIT, GOGC   Go's runtime (defaults here: ` + fmt.Sprintf("%d MiB", defaultMemoryLimit>>20) + ` and ` + fmt.Sprint(defaultGCPercent) + `)
+   TMPDIR             where a --snapshot-file is restored (commands that write)
+   ` + updatepath.CheckShortcutEnv + `
+                      test hook: check the field manager shortcut on every object`
+
+// onCommandLine reports whether the flag name (or an alias of it) was given on
+// the command line, not taken from its environment variable.
+func onCommandLine(c *cli.Context, name string) bool {
+	args, ok := c.App.Metadata[argsMetadata].([]string)
+	if !ok {
+		return c.IsSet(name)
+	}
+	f := lookupFlag(c, name)
+	if f == nil {
+		return false
+	}
+	names := map[string]bool{}
+	for _, n := range f.Names() {
+		names[n] = true
+	}
+	takes := flagIndex(append(append([]cli.Flag(nil), c.App.Flags...), commandFlags(c)...))
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if !isFlagWord(a) {
+			continue
+		}
+		n, inline := flagName(a)
+		if names[n] {
+			return true
+		}
+		if takes[n] && !inline {
+			i++
+		}
+	}
+	return false
+}
+
+// argsMetadata is the key of the command line (as parsed) in App.Metadata.
+const argsMetadata = "args"
+
+func commandFlags(c *cli.Context) []cli.Flag {
+	if c.Command == nil {
+		return nil
+	}
+	return c.Command.Flags
+}
+
+func lookupFlag(c *cli.Context, name string) cli.Flag {
+	for _, f := range append(commandFlags(c), c.App.Flags...) {
+		for _, n := range f.Names() {
+			if n == name {
+				return f
+			}
+		}
+	}
+	return nil
+}
+
+// fromEnvironment names the environment variable the flag's value came from,
+// or "" when it did not come from one (given on the command line, or none set).
+func fromEnvironment(c *cli.Context, name string) string {
+	if onCommandLine(c, name) {
+		return ""
+	}
+	f, ok := lookupFlag(c, name).(cli.DocGenerationFlag)
+	if !ok {
+		return ""
+	}
+	for _, e := range f.GetEnvVars() {
+		if v, set := os.LookupEnv(e); set && strings.TrimSpace(v) != "" {
+			return e
+		}
+	}
+	return ""
+}
+
+// envReport collects what the environment gave, and what of it kube-apiserver's
+// configuration overrode, for one line on stderr.
+type envReport struct {
+	use, ignore []string
+}
+
+// used notes a flag's value taken from its environment variable; value is
+// what the tool uses (never printed for --password, a user name without its
+// password for --user).
+func (r *envReport) used(c *cli.Context, flag, value string) {
+	env := fromEnvironment(c, flag)
+	if env == "" {
+		return
+	}
+	switch flag {
+	case "password":
+		value = "(not shown)"
+	case "user":
+		value, _, _ = strings.Cut(value, ":")
+	}
+	r.use = append(r.use, fmt.Sprintf("--%s=%s ($%s)", flag, value, env))
+}
+
+// ignored notes a flag's environment variable that kube-apiserver's apiFlag
+// overrode, when their values differ (envValue, apiValue).
+func (r *envReport) ignored(c *cli.Context, flag string, api *apiserverconfig.Config, apiFlag, envValue, apiValue string) {
+	same := func(a, b string) bool {
+		norm := func(s string) string { return strings.TrimRight(strings.ReplaceAll(s, " ", ""), "/") }
+		return norm(a) == norm(b)
+	}
+	if env := fromEnvironment(c, flag); env != "" && !same(envValue, apiValue) {
+		r.ignore = append(r.ignore, fmt.Sprintf("$%s (kube-apiserver's --%s from the %s wins)", env, apiFlag, api.From[apiFlag]))
+	}
+}
+
+// print writes the line, when the environment gave or was denied anything.
+func (r *envReport) print(c *cli.Context) {
+	var parts []string
+	if len(r.use) > 0 {
+		parts = append(parts, "using from the environment: "+strings.Join(r.use, " "))
+	}
+	if len(r.ignore) > 0 {
+		parts = append(parts, "ignoring "+strings.Join(r.ignore, ", ")+" (flags > kube-apiserver's configuration > environment)")
+	}
+	if len(parts) > 0 {
+		fmt.Fprintln(c.App.ErrWriter, strings.Join(parts, "; "))
+	}
+}
