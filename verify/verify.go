@@ -119,11 +119,13 @@ type Report struct {
 	Consistent bool               `json:"consistent"`
 	Restarts   []etcdscan.Restart `json:"restarts,omitempty"`
 	Target     string             `json:"target"`
-	Prefixes   []string           `json:"prefixes"`
-	Namespace  string             `json:"namespace,omitempty"`
-	Summary    Counts             `json:"summary"`
-	Resources  []ResourceReport   `json:"resources"`
-	CRDs       []CRDStatus        `json:"crds"`
+	// EncryptionOnly: only the encryption was judged (--encryption-only).
+	EncryptionOnly bool             `json:"encryptionOnly,omitempty"`
+	Prefixes       []string         `json:"prefixes"`
+	Namespace      string           `json:"namespace,omitempty"`
+	Summary        Counts           `json:"summary"`
+	Resources      []ResourceReport `json:"resources"`
+	CRDs           []CRDStatus      `json:"crds"`
 	// Warnings are the environment's (pipeline.Env.Warnings, e.g. a KMS
 	// plugin that does not work), also printed on stderr: a runbook reading
 	// the report sees why objects are unreadable.
@@ -149,12 +151,13 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		show = 0
 	}
 	r := &Report{
-		Target:     Target(env),
-		Prefixes:   append([]string(nil), env.Prefixes...),
-		Namespace:  env.Config.Namespace,
-		Warnings:   append([]string(nil), env.Warnings...),
-		ShowKeys:   show,
-		byResource: map[string]*ResourceReport{},
+		Target:         Target(env),
+		EncryptionOnly: env.Planner != nil && env.Planner.EncryptionOnly,
+		Prefixes:       append([]string(nil), env.Prefixes...),
+		Namespace:      env.Config.Namespace,
+		Warnings:       append([]string(nil), env.Warnings...),
+		ShowKeys:       show,
+		byResource:     map[string]*ResourceReport{},
 	}
 	// A snapshot file read in place has no etcd behind it, so no alarm.
 	if env.Client != nil {
@@ -208,7 +211,11 @@ func Target(env *pipeline.Env) string {
 	if mt, err := customresource.StorageMediaType(); err == nil && mt != customresource.MediaTypeJSON {
 		media += ", custom resources " + mt
 	}
-	return fmt.Sprintf("%s (%s; %s)", name, media, src)
+	scope := ""
+	if env.Planner != nil && env.Planner.EncryptionOnly {
+		scope = "; encryption only"
+	}
+	return fmt.Sprintf("%s (%s; %s%s)", name, media, src, scope)
 }
 
 func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
