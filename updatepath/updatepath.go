@@ -11,7 +11,10 @@
 // each for the apiextensions and aggregator servers), from the served resources
 // that the API enablement (--runtime-config) and the emulated version leave, and
 // runs k8s.io/apimachinery's own field manager on the object. It changes only
-// managedFields, and reports whether it did. Where the field manager provably
+// managedFields, and reports whether it did. A type served by two API groups
+// (an Event: core v1 and events.k8s.io/v1, one storage) is judged through the
+// group its managers wrote through: current when a no-op update through one
+// of the groups its managedFields entries name leaves it unchanged. Where the field manager provably
 // changes nothing (Memo, memo.go) it is skipped, unless
 // Config.FullFieldManager.
 package updatepath
