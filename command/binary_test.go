@@ -246,7 +246,7 @@ func TestBinaryFlagsAnywhereAndVersions(t *testing.T) {
 				t.Errorf("command completion lacks %s: %q", c, stdout)
 			}
 		}
-		code, stdout, _ = execBin(t, bin, "verify", "--encryption", "--generate-bash-completion")
+		code, stdout, _ = execBin(t, bin, "verify", "--encryption-p", "--generate-bash-completion")
 		if code != 0 || strings.TrimSpace(stdout) != "--encryption-provider-config" {
 			t.Errorf("flag completion: exit %d %q", code, stdout)
 		}

@@ -71,6 +71,9 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if err := knowTheRelease(c, s.env); err != nil {
 		return err
 	}
+	if c.Bool("encryption-only") && (c.Bool("requested") || c.Bool("record")) {
+		return usageErr("--encryption-only leaves storage versions as they are; --requested and --record are storage version migrations")
+	}
 	if c.Bool("requested") {
 		if err := checkRequested(c, s); err != nil {
 			return err

@@ -168,6 +168,7 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		cfg.StorageMediaType = api.StorageMediaType
 		cfg.Concurrency = c.Int("concurrency")
 		cfg.FullFieldManager = c.Bool("full-field-manager")
+		cfg.EncryptionOnly = c.Bool("encryption-only")
 	}
 	var env *pipeline.Env
 	if s.file != nil {

@@ -18,6 +18,7 @@ func targetFlags() []cli.Flag {
 		&cli.StringFlag{Name: "target-version", Usage: "the Kubernetes release (MAJOR.MINOR) the cluster's kube-apiserver runs or is being upgraded to: store as that release's own kube-apiserver does (" + decode.TargetRange() + "); else from --apiserver-manifest's image, else kubeadm-config in etcd; migrate refuses when none says it"},
 		&cli.StringFlag{Name: "storage-media-type", Value: decode.MediaTypeProtobuf, Usage: "kube-apiserver --storage-media-type for built-in resources"},
 		&cli.IntFlag{Name: "concurrency", Value: 0, Usage: "decode/encode workers (0 = twice the number of CPUs)"},
+		&cli.BoolFlag{Name: "encryption-only", Usage: "judge and rewrite only the encryption: an object is stale only when its value is not under the first provider's key of the encryption configuration, and it is re-encrypted with its stored bytes (storage version, media type, content) unchanged"},
 		&cli.BoolFlag{Name: "full-field-manager", Usage: "run kube-apiserver's field manager on every object with managedFields; by default it is skipped for an object whose kind and managedFields (their times as an order) it was already seen to leave unchanged, which is proven to give the same bytes (docs/design.md)"},
 	}
 }

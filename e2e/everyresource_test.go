@@ -469,7 +469,7 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 	checked := noOpUpdateEvery(t, cfg, owned)
 	var unchecked []string
 	for gr := range created {
-		if checked[gr] == 0 && gr != eventsV1 && servesResource(t, cfg, gr) {
+		if checked[gr] == 0 && servesResource(t, cfg, gr) {
 			unchecked = append(unchecked, gr.String())
 		}
 	}
@@ -488,7 +488,6 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 }
 
 var (
-	eventsV1       = schema.GroupResource{Group: "events.k8s.io", Resource: "events"}
 	storageVersion = schema.GroupResource{Group: "internal.apiserver.k8s.io", Resource: "storageversions"}
 	apiServices    = schema.GroupResource{Group: "apiregistration.k8s.io", Resource: "apiservices"}
 	crdsGR         = schema.GroupResource{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}
@@ -508,22 +507,19 @@ func (created apiserverOwned) has(gr schema.GroupResource, namespace, name strin
 // updatable resource the server behind cfg serves (its preferred versions,
 // through discovery) and asserts kube-apiserver did not write it. It
 // returns how many objects it checked per resource. Left out: the objects
-// the server itself keeps rewriting (apiserverOwned), and Events through
-// events.k8s.io: they are the core group's Events, checked through it, and
-// kube-apiserver's field manager differs per group (a no-op update through
-// events.k8s.io drops the managedFields entries written through the core
-// group, and the other way round: kube-apiserver rewrites such an Event on a
-// no-op update through the other group whatever stored it).
+// the server itself keeps rewriting (apiserverOwned). An Event is updated
+// through the group its managers wrote through (updateGroup): kube-apiserver's
+// field manager differs per group (a no-op update through events.k8s.io
+// drops the managedFields entries written through the core group, and the
+// other way round), and the tool judges each Event by its managers' group.
 func noOpUpdateEvery(t *testing.T, cfg *rest.Config, owned apiserverOwned) map[schema.GroupResource]int {
 	t.Helper()
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	versions := servedVersions(t, cfg)
+	owners := storageGroups(t)
 	n := map[schema.GroupResource]int{}
 	for _, gvr := range servedResources(t, cfg) {
-		if gvr.GroupResource() == eventsV1 {
-			continue
-		}
 		list, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatalf("list %s: %v", gvr, err)
@@ -531,6 +527,9 @@ func noOpUpdateEvery(t *testing.T, cfg *rest.Config, owned apiserverOwned) map[s
 		for _, item := range list.Items {
 			if owned.has(gvr.GroupResource(), item.GetNamespace(), item.GetName()) {
 				continue
+			}
+			if owners.updateGroup(gvr.GroupResource(), item.GetManagedFields()) != gvr.Group {
+				continue // updated through the other resource
 			}
 			k := objKey{GVR: gvr, Namespace: item.GetNamespace(), Name: item.GetName()}
 			// Through the preferred version, else through another served
@@ -602,8 +601,9 @@ func servesResource(t *testing.T, cfg *rest.Config, gr schema.GroupResource) boo
 // sameContentEvery is sameContent for every object the old server served,
 // read through the same API version when the new server still serves it:
 // the same content, and the managedFields kube-apiserver's field manager
-// leaves (entries of the versions it keeps; for Events, those of the core
-// group, whose field manager the tool runs, see noOpUpdateEvery). Besides
+// leaves (entries of the versions it keeps; for Events, those of the group
+// its managers wrote through, whose field manager the tool runs, see
+// noOpUpdateEvery). Besides
 // the objects the server itself rewrites (apiserverOwned), what legitimately
 // differs: a CRD's status.storedVersions, which the tool trims to the storage
 // version once every object is in it (checked here), and the APIServices of
@@ -625,7 +625,7 @@ func sameContentEvery(t *testing.T, cfg *rest.Config, before map[objKey]*unstruc
 		served[gvr] = true
 	}
 	kept := keptGroupVersions(t, cfg)
-	core := map[string]bool{"v1": true}
+	owners := storageGroups(t)
 	skipped, rewritten := map[string]bool{}, map[string]bool{}
 	for k, want := range before {
 		gr := k.GVR.GroupResource()
@@ -674,11 +674,8 @@ func sameContentEvery(t *testing.T, cfg *rest.Config, before map[objKey]*unstruc
 		} else if d := cmp.Diff(w, g); d != "" {
 			t.Errorf("%s: content changed by the migration (-before +after):\n%s", k, d)
 		}
-		versions := kept
-		if gr == eventsV1 || (gr == schema.GroupResource{Resource: "events"}) {
-			versions = core
-		}
-		if d := cmp.Diff(managedFieldsLeft(want, versions), got.GetManagedFields(), cmpopts.EquateEmpty()); d != "" {
+		left := ownGroupEntries(managedFieldsLeft(want, kept), owners.updateGroup(gr, want.GetManagedFields()))
+		if d := cmp.Diff(left, got.GetManagedFields(), cmpopts.EquateEmpty()); d != "" {
 			t.Errorf("%s: managedFields are not what kube-apiserver's field manager leaves (-want +got):\n%s", k, d)
 		}
 	}

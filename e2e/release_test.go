@@ -201,16 +201,25 @@ func staleBy(rep *verify.Report, reason reencode.Reason) []string {
 // least the objects served before the migration.
 func noOpCoversEveryObject(t *testing.T, byResource map[schema.GroupResource]int, before map[objKey]struct{}) {
 	t.Helper()
-	want := map[schema.GroupResource]int{}
+	// An object served by two resources (an Event) is listed by both and
+	// updated through one of them (updateGroup): counted by the resource it
+	// is stored under.
+	want, got := map[schema.GroupResource]int{}, map[schema.GroupResource]int{}
 	owners := storageGroups(t)
+	storedAs := func(gr schema.GroupResource) schema.GroupResource {
+		return schema.GroupResource{Group: owners.group(gr), Resource: gr.Resource}
+	}
 	for k := range before {
 		if gr := k.GVR.GroupResource(); owners.group(gr) == gr.Group && !volatile[gr] {
 			want[gr]++
 		}
 	}
+	for gr, n := range byResource {
+		got[storedAs(gr)] += n
+	}
 	for gr, n := range want {
-		if byResource[gr] < n {
-			t.Errorf("the no-op update covered %d %s, %d were served before the migration", byResource[gr], gr, n)
+		if got[gr] < n {
+			t.Errorf("the no-op update covered %d %s, %d were served before the migration", got[gr], gr, n)
 		}
 	}
 }

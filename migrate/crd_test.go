@@ -136,6 +136,29 @@ func TestMigrateCRDNoneConversion(t *testing.T) {
 	}
 }
 
+// TestEncryptionOnlyKeepsStoredVersions: under --encryption-only, widgets
+// still stored as v1beta1 (unencrypted, as the configuration wants them)
+// are current and left alone, and so is the CRD's storedVersions: the run
+// moved nothing to the storage version.
+func TestEncryptionOnlyKeepsStoredVersions(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
+	putWidgets(t, c, 3)
+	before, rev, _ := c.Get("/registry/example.com/widgets/ns1/w-01")
+
+	env := c.Env(pipeline.Config{EncryptionOnly: true})
+	sum := run(t, env, Options{})
+	if sum.Summary.Rewritten != 0 || widgets(sum).Current != 3 || len(sum.CRDs) != 0 {
+		t.Fatalf("summary %+v, CRDs %+v", sum.Summary, sum.CRDs)
+	}
+	if after, rev2, _ := c.Get("/registry/example.com/widgets/ns1/w-01"); rev2 != rev || string(after) != string(before) {
+		t.Fatalf("w-01 rewritten")
+	}
+	if got := storedCRD(t, c, env).Status.StoredVersions; !slices.Equal(got, []string{"v1beta1", "v1"}) {
+		t.Fatalf("storedVersions %v, want [v1beta1 v1]", got)
+	}
+}
+
 // TestTrimReChecksWhatWasWrittenSince: while the run reads the widgets,
 // another writer stores one more in v1beta1 (after the revision the run
 // reads at, so the run never sees it). The re-check before the trim decodes

@@ -340,7 +340,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	case scanErr != nil:
 		err = scanErr
 	}
-	if err == nil && !opts.DryRun && !opts.KeepStoredVersions {
+	// Under --encryption-only no object moves to the storage version: the
+	// decisions say nothing about CRDs' storedVersions.
+	keepStored := opts.KeepStoredVersions || env.Planner.EncryptionOnly
+	if err == nil && !opts.DryRun && !keepStored {
 		// The scan decided every object of the resources in scope at one
 		// revision, unless it restarted after a compaction or read one
 		// namespace: then the re-check decodes every object.
@@ -349,7 +352,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 			decidedAt = 0
 		}
 		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, w, journal)
-	} else if err == nil && !opts.KeepStoredVersions {
+	} else if err == nil && !keepStored {
 		sum.CRDs = PlanStoredVersions(env, t.crdPending)
 	}
 	return finish(sum, t, start), err

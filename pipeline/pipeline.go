@@ -67,6 +67,11 @@ type Config struct {
 	// (--full-field-manager), never skipping it where it provably changes
 	// nothing (updatepath.Memo).
 	FullFieldManager bool
+	// EncryptionOnly (--encryption-only) narrows the decisions to the
+	// encryption (reencode.Planner.EncryptionOnly): only objects not under
+	// the first provider's key are stale, and they are rewritten with their
+	// stored plaintext, storage version and media type unchanged.
+	EncryptionOnly bool
 }
 
 // CustomResourceCodec reads and writes one CRD's custom resources.
@@ -177,6 +182,7 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 		Planner:    reencode.NewPlanner(target, enc),
 	}
 	env.Planner.Update = update
+	env.Planner.EncryptionOnly = cfg.EncryptionOnly
 	if err := env.loadCRDs(ctx); err != nil {
 		return nil, err
 	}

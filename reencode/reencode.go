@@ -120,7 +120,14 @@ type Planner struct {
 	Encryption Encrypter
 	// Update, when set, runs before encoding built-ins.
 	Update UpdatePath
-	custom map[schema.GroupResource]CustomResourceEncoder
+	// EncryptionOnly (--encryption-only) narrows every decision to the
+	// encryption: an object is stale only when its value was not written by
+	// the first provider and key (ReasonEncryption), and its new value is
+	// the stored plaintext, byte for byte, encrypted with that provider: its
+	// storage version, media type and content are left as they are, and no
+	// update path or encoder runs.
+	EncryptionOnly bool
+	custom         map[schema.GroupResource]CustomResourceEncoder
 }
 
 // NewPlanner returns a planner for the target configuration.
@@ -187,6 +194,9 @@ func Describe(obj *decode.Object, decodeErr error) Decision {
 }
 
 func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, withValue bool) Decision {
+	if p.EncryptionOnly {
+		return p.decideEncryption(ctx, obj, d, withValue)
+	}
 	var newPlain []byte
 	var err error
 	managedChanged := false
@@ -293,6 +303,33 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 	value, err := p.encrypt(ctx, obj.Info.Resource, d.Key, newPlain)
 	if err != nil {
 		// The write provider failing is an operational error, not the object's.
+		return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUndecryptable, err, "encrypt with %s", write))
+	}
+	d.NewValue = value
+	return d
+}
+
+// decideEncryption is decide under EncryptionOnly: stale only by the
+// encryption, the new value the stored plaintext encrypted with the write
+// provider. Nothing is decoded further: an object this rewrite keeps in its
+// stored form cannot lose fields.
+func (p *Planner) decideEncryption(ctx context.Context, obj *decode.Object, d Decision, withValue bool) Decision {
+	write := decode.EncryptionInfo{Provider: "identity"}
+	if p.Encryption != nil {
+		write = p.Encryption.WriteProvider(obj.Info.Resource)
+	}
+	d.To = Form{Version: d.From.Version, MediaType: d.From.MediaType, Encryption: write.String()}
+	if !obj.Encryption.Stale {
+		d.Status = Current
+		return d
+	}
+	d.Reasons = []Reason{ReasonEncryption}
+	d.Status = Stale
+	if !withValue {
+		return d
+	}
+	value, err := p.encrypt(ctx, obj.Info.Resource, d.Key, obj.Plaintext)
+	if err != nil {
 		return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonUndecryptable, err, "encrypt with %s", write))
 	}
 	d.NewValue = value

@@ -11,7 +11,10 @@
 // each for the apiextensions and aggregator servers), from the served resources
 // that the API enablement (--runtime-config) and the emulated version leave, and
 // runs k8s.io/apimachinery's own field manager on the object. It changes only
-// managedFields, and reports whether it did. Where the field manager provably
+// managedFields, and reports whether it did. A type served by two API groups
+// (an Event: core v1 and events.k8s.io/v1, one storage) is judged through the
+// group its managers wrote through: current when a no-op update through one
+// of the groups its managedFields entries name leaves it unchanged. Where the field manager provably
 // changes nothing (Memo, memo.go) it is skipped, unless
 // Config.FullFieldManager.
 package updatepath
@@ -19,6 +22,7 @@ package updatepath
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -134,7 +138,91 @@ func (p *Path) Apply(obj runtime.Object) (changed bool, err error) {
 	if err != nil || len(gvks) == 0 {
 		return false, fmt.Errorf("field manager: kind of %T: %v", obj, err)
 	}
-	fm, err := p.manager(gvks[0].GroupKind(), obj)
+	kinds, err := p.updateKinds(gvks, before)
+	if err != nil {
+		return false, err
+	}
+	switch len(kinds) {
+	case 0:
+		return p.applyAs(gvks[0].GroupKind(), obj, acc, before)
+	case 1:
+		return p.applyAs(kinds[0], obj, acc, before)
+	}
+	// Served by several groups (an Event, as events and as
+	// events.events.k8s.io): each group's endpoint has its own field
+	// manager, and a no-op update through either keeps what that one
+	// keeps. The object is current when one of them leaves it unchanged;
+	// else it is written as the first, the group its managers name first,
+	// writes it (see updateKinds).
+	var first runtime.Object
+	var firstErr error
+	for i, gk := range kinds {
+		try := obj.DeepCopyObject()
+		tryAcc, err := meta.Accessor(try)
+		if err != nil {
+			return false, err
+		}
+		changed, err := p.applyAs(gk, try, tryAcc, tryAcc.GetManagedFields())
+		if err == nil && !changed {
+			return false, nil
+		}
+		if i == 0 {
+			first, firstErr = try, err
+		}
+	}
+	if firstErr != nil {
+		return false, firstErr
+	}
+	firstAcc, err := meta.Accessor(first)
+	if err != nil {
+		return false, err
+	}
+	// The field manager changes managedFields only.
+	acc.SetManagedFields(firstAcc.GetManagedFields())
+	return true, nil
+}
+
+// updateKinds lists the kinds, one per API group, through which
+// kube-apiserver serves obj's type and so could update it (gvks are the
+// scheme's kinds of the internal type; an Event is the core group's Event
+// and events.k8s.io's), in the order Apply tries their no-op updates: the
+// groups named by the apiVersions of the object's managedFields entries
+// (the groups its managers wrote through) first, the core group before
+// the others, then the groups no entry names. It is nil for a type of one
+// group, and leaves out the groups kube-apiserver does not serve it through.
+func (p *Path) updateKinds(gvks []schema.GroupVersionKind, entries []metav1.ManagedFieldsEntry) ([]schema.GroupKind, error) {
+	if len(gvks) < 2 {
+		return nil, nil
+	}
+	p.once.Do(func() { p.initErr = p.init() })
+	if p.initErr != nil {
+		return nil, p.initErr
+	}
+	named := map[string]bool{}
+	for _, e := range entries {
+		if gv, err := schema.ParseGroupVersion(e.APIVersion); err == nil {
+			named[gv.Group] = true
+		}
+	}
+	var kinds []schema.GroupKind
+	for _, gvk := range gvks {
+		gk := gvk.GroupKind()
+		if _, served := p.preferred[gk]; served && !slices.Contains(kinds, gk) {
+			kinds = append(kinds, gk)
+		}
+	}
+	sort.SliceStable(kinds, func(i, j int) bool {
+		if named[kinds[i].Group] != named[kinds[j].Group] {
+			return named[kinds[i].Group]
+		}
+		return kinds[i].Group < kinds[j].Group
+	})
+	return kinds, nil
+}
+
+// applyAs runs the no-op update's field manager of gk's endpoint on obj.
+func (p *Path) applyAs(gk schema.GroupKind, obj runtime.Object, acc metav1.Object, before []metav1.ManagedFieldsEntry) (changed bool, err error) {
+	fm, err := p.manager(gk, obj)
 	if err != nil {
 		return false, err
 	}
@@ -147,7 +235,7 @@ func (p *Path) Apply(obj runtime.Object) (changed bool, err error) {
 	// an internal error, and the update fails.
 	defer func() {
 		if r := recover(); r != nil {
-			changed, err = false, fmt.Errorf("field manager of %s: kube-apiserver's update would fail: it panics on these managedFields", gvks[0].GroupKind())
+			changed, err = false, fmt.Errorf("field manager of %s: kube-apiserver's update would fail: it panics on these managedFields", gk)
 		}
 	}()
 	if p.cfg.FullFieldManager {
@@ -160,13 +248,13 @@ func (p *Path) Apply(obj runtime.Object) (changed bool, err error) {
 			return false, err
 		}
 		refChanged := fullUpdate(fm, ref, refAcc, refAcc.GetManagedFields())
-		changed := p.shortcut(fm, gvks[0].GroupKind(), obj, acc, before)
+		changed := p.shortcut(fm, gk, obj, acc, before)
 		if changed != refChanged || !reflect.DeepEqual(acc.GetManagedFields(), refAcc.GetManagedFields()) {
-			return false, fmt.Errorf("field manager of %s: the shortcut gives other managedFields than the full field manager (changed %v, %v; %s)", gvks[0].GroupKind(), changed, refChanged, CheckShortcutEnv)
+			return false, fmt.Errorf("field manager of %s: the shortcut gives other managedFields than the full field manager (changed %v, %v; %s)", gk, changed, refChanged, CheckShortcutEnv)
 		}
 		return changed, nil
 	}
-	return p.shortcut(fm, gvks[0].GroupKind(), obj, acc, before), nil
+	return p.shortcut(fm, gk, obj, acc, before), nil
 }
 
 // shortcut skips the field manager where Memo knows it changes nothing, and

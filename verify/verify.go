@@ -125,11 +125,13 @@ type Report struct {
 	Consistent bool               `json:"consistent"`
 	Restarts   []etcdscan.Restart `json:"restarts,omitempty"`
 	Target     string             `json:"target"`
-	Prefixes   []string           `json:"prefixes"`
-	Namespace  string             `json:"namespace,omitempty"`
-	Summary    Counts             `json:"summary"`
-	Resources  []ResourceReport   `json:"resources"`
-	CRDs       []CRDStatus        `json:"crds"`
+	// EncryptionOnly: only the encryption was judged (--encryption-only).
+	EncryptionOnly bool             `json:"encryptionOnly,omitempty"`
+	Prefixes       []string         `json:"prefixes"`
+	Namespace      string           `json:"namespace,omitempty"`
+	Summary        Counts           `json:"summary"`
+	Resources      []ResourceReport `json:"resources"`
+	CRDs           []CRDStatus      `json:"crds"`
 	// Orphaned are the keys no built-in resource or CRD of the cluster owns,
 	// by reason and prefix, with sample keys (Summary.Orphaned counts them).
 	// kube-apiserver never reads them; they fail the gate only with
@@ -162,13 +164,14 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 		show = 0
 	}
 	r := &Report{
-		Target:     Target(env),
-		Prefixes:   append([]string(nil), env.Prefixes...),
-		Namespace:  env.Config.Namespace,
-		Warnings:   append([]string(nil), env.Warnings...),
-		ShowKeys:   show,
-		byResource: map[string]*ResourceReport{},
-		orphans:    decode.Orphans{Show: show},
+		Target:         Target(env),
+		EncryptionOnly: env.Planner != nil && env.Planner.EncryptionOnly,
+		Prefixes:       append([]string(nil), env.Prefixes...),
+		Namespace:      env.Config.Namespace,
+		Warnings:       append([]string(nil), env.Warnings...),
+		ShowKeys:       show,
+		byResource:     map[string]*ResourceReport{},
+		orphans:        decode.Orphans{Show: show},
 
 		FailOnOrphaned: opts.FailOnOrphaned,
 	}
@@ -225,7 +228,11 @@ func Target(env *pipeline.Env) string {
 	if mt, err := customresource.StorageMediaType(); err == nil && mt != customresource.MediaTypeJSON {
 		media += ", custom resources " + mt
 	}
-	return fmt.Sprintf("%s (%s; %s)", name, media, src)
+	scope := ""
+	if env.Planner != nil && env.Planner.EncryptionOnly {
+		scope = "; encryption only"
+	}
+	return fmt.Sprintf("%s (%s; %s%s)", name, media, src, scope)
 }
 
 func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {

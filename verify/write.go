@@ -155,7 +155,13 @@ func (r *Report) Verdict() string {
 		}
 		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + orphaned
 	case ExitStale:
+		if r.EncryptionOnly {
+			return fmt.Sprintf("VERDICT: %d of %d object(s) not under the first encryption key, all readable: exit 3. Run migrate --encryption-only, then verify again before removing an old encryption key.", s.Stale, s.Objects) + orphaned
+		}
 		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects) + orphaned
+	}
+	if r.EncryptionOnly {
+		return fmt.Sprintf("VERDICT: all %d object(s) under the first encryption key for %s: exit 0. Safe to remove old encryption keys; storage versions were not judged (verify without --encryption-only before removing an API version).", s.Objects, r.Target) + orphaned
 	}
 	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + orphaned
 }
