@@ -279,3 +279,43 @@ func TestOneWritingRunAtATime(t *testing.T) {
 		t.Fatalf("migrate once released: exit %d\n%s%s", code, out, stderr)
 	}
 }
+
+// TestRollbackRefusesLiveAPIServer: rollback watches etcd as migrate does: a
+// kube-apiserver renewing its identity lease (its node's clock 10 minutes
+// slow) refuses it before any write, naming the lease; with the apiserver
+// stopped the same rollback restores every key.
+func TestRollbackRefusesLiveAPIServer(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	c.SeedMany(20, oldCfg)
+	before := rawKeys(t, c)
+	if code, out, stderr := runCLI(t, "migrate", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"); code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
+	}
+	migrated := rawKeys(t, c)
+	lease := "/registry/leases/kube-system/apiserver-cp1"
+	stop := c.Renewer(t, "apiserver-cp1", "cp-1", -10*time.Minute)
+	code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "1s")
+	stop()
+	if code != exitError || !strings.Contains(stderr, "a kube-apiserver is alive") || !strings.Contains(stderr, "cp-1: "+lease) {
+		t.Fatalf("rollback beside a live kube-apiserver: exit %d\n%s%s", code, out, stderr)
+	}
+	for k, v := range rawKeys(t, c) {
+		if k != lease && migrated[k] != v {
+			t.Fatalf("%s changed: the refused rollback wrote", k)
+		}
+	}
+	if _, err := c.Cli.Delete(context.Background(), lease); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms"); code != exitOK {
+		t.Fatalf("rollback with the apiserver stopped: exit %d\n%s%s", code, out, stderr)
+	}
+	after := rawKeys(t, c)
+	for k, v := range before {
+		if after[k] != v {
+			t.Fatalf("%s: not back byte for byte", k)
+		}
+	}
+}

@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubernetes/pkg/apis/coordination"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
@@ -25,60 +23,6 @@ import (
 // testWindow is the liveness window of tests: a "kube-apiserver" in them
 // renews every 150 ms.
 const testWindow = 600 * time.Millisecond
-
-var leasesGR = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
-
-// identityLease is a kube-apiserver identity lease as kube-apiserver stores it,
-// renewed at renew by its node's clock.
-func identityLease(c *testcluster.Cluster, name, host string, renew time.Time) []byte {
-	holder := name + "_1"
-	dur := int32(3600)
-	rt := metav1.NewMicroTime(renew)
-	labels := map[string]string{"apiserver.kubernetes.io/identity": "kube-apiserver"}
-	if host != "" {
-		labels["kubernetes.io/hostname"] = host
-	}
-	return c.Encode("/registry/leases/kube-system/"+name, leasesGR, &coordination.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: types.UID("u-" + name), CreationTimestamp: metav1.Unix(1700000000, 0), Labels: labels},
-		Spec:       coordination.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &rt, RenewTime: &rt},
-	}, "", "", "")
-}
-
-// renewer plays a live kube-apiserver whose node clock is skew off: it rewrites
-// its identity lease every 150 ms with renewTime = its clock, until stopped.
-func renewer(t *testing.T, c *testcluster.Cluster, name, host string, skew time.Duration) (stop func()) {
-	// Encoded here, on the test's goroutine (Encode fails the test).
-	start := time.Now().Add(skew)
-	var values [][]byte
-	for i := range 100 {
-		values = append(values, identityLease(c, name, host, start.Add(time.Duration(i)*150*time.Millisecond)))
-	}
-	return keepWriting(t, c, "/registry/leases/kube-system/"+name, values)
-}
-
-// keepWriting puts values[0] under key, then the next value every 150 ms
-// (round the list) until stopped.
-func keepWriting(t *testing.T, c *testcluster.Cluster, key string, values [][]byte) (stop func()) {
-	c.PutRaw(key, values[0])
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(150 * time.Millisecond)
-		defer tick.Stop()
-		for i := 1; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if _, err := c.Cli.Put(ctx, key, string(values[i%len(values)])); err != nil && ctx.Err() == nil {
-				t.Errorf("write %s: %v", key, err)
-				return
-			}
-		}
-	})
-	return func() { cancel(); wg.Wait() }
-}
 
 // dump is every key under /registry with its value and mod revision.
 func dump(t *testing.T, c *testcluster.Cluster) map[string]string {
@@ -122,10 +66,10 @@ func sameExcept(t *testing.T, c *testcluster.Cluster, before map[string]string, 
 // stopped apiserver, whose lease reads 10 minutes in the future, is not named.
 func TestLiveAPIServerWithSlowClock(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
-	c.PutRaw("/registry/leases/kube-system/apiserver-stopped", identityLease(c, "apiserver-stopped", "cp-2", time.Now().Add(10*time.Minute)))
+	c.PutRaw("/registry/leases/kube-system/apiserver-stopped", c.IdentityLease("apiserver-stopped", "cp-2", time.Now().Add(10*time.Minute)))
 	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
 	live := "/registry/leases/kube-system/apiserver-abc"
-	stop := renewer(t, c, "apiserver-abc", "cp-1", -10*time.Minute)
+	stop := c.Renewer(t, "apiserver-abc", "cp-1", -10*time.Minute)
 	before := dump(t, c)
 
 	_, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
@@ -152,8 +96,8 @@ func TestLiveAPIServerWithSlowClock(t *testing.T) {
 // the run, nor one 10 minutes behind.
 func TestStoppedAPIServerWithFastClock(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
-	c.PutRaw("/registry/leases/kube-system/apiserver-future", identityLease(c, "apiserver-future", "cp-1", time.Now().Add(10*time.Minute)))
-	c.PutRaw("/registry/leases/kube-system/apiserver-past", identityLease(c, "apiserver-past", "cp-2", time.Now().Add(-10*time.Minute)))
+	c.PutRaw("/registry/leases/kube-system/apiserver-future", c.IdentityLease("apiserver-future", "cp-1", time.Now().Add(10*time.Minute)))
+	c.PutRaw("/registry/leases/kube-system/apiserver-past", c.IdentityLease("apiserver-past", "cp-2", time.Now().Add(-10*time.Minute)))
 	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
 	sum, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
 	if err != nil || sum.Summary.Rewritten != 1 {
@@ -181,12 +125,12 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 	c.Put("/registry/events/default/e1", schema.GroupResource{Resource: "events"}, testcluster.Event("default", "e1"), "", "", "", clientv3.WithLease(evLease.ID))
 	kcm := "/registry/leases/kube-system/kube-controller-manager"
 	holder := "cp-1_x"
-	value := c.Encode(kcm, leasesGR, &coordination.Lease{
+	value := c.Encode(kcm, testcluster.LeasesGR, &coordination.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-controller-manager", Namespace: "kube-system", UID: "u", CreationTimestamp: metav1.Unix(1700000000, 0)},
 		Spec:       coordination.LeaseSpec{HolderIdentity: &holder},
 	}, "", "", "")
 	env := c.Env(pipeline.Config{})
-	stop := keepWriting(t, c, kcm, [][]byte{value})
+	stop := c.KeepWriting(t, kcm, [][]byte{value})
 	before := dump(t, c)
 	_, err = Run(ctx, env, Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
 	stop()
