@@ -38,10 +38,7 @@ func TestRunbookCLI(t *testing.T) {
 		t.Fatalf("verify before: exit %d, want %d\n%s%s", code, exitStale, out, stderr)
 	}
 
-	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
-	if b, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
-	}
+	bin := toolBinary(t)
 	journal := filepath.Join(c.Dir, "journal")
 	startRev := c.Revision()
 	cmd := exec.Command(bin, append([]string{"migrate", "--target-version", "1.37", "--liveness-window", "500ms", "-o", "json", "--journal", journal, "--writers", "1", "--batch-ops", "1"}, conn...)...)

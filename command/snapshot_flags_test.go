@@ -240,10 +240,7 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 // does a second signal that exits at once.
 func TestSnapshotFileSignals(t *testing.T) {
 	_, res, snap := seededSnapshot(t)
-	bin := filepath.Join(t.TempDir(), "kube-etcd-migrate")
-	if out, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := toolBinary(t)
 	for _, signals := range []int{1, 2} {
 		tmp := t.TempDir()
 		cmd := exec.Command(bin, "migrate", "--dry-run", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig)
