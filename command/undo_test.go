@@ -24,21 +24,29 @@ import (
 
 var plainBinary struct {
 	once sync.Once
+	dir  string
 	path string
 	out  []byte
 	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if plainBinary.dir != "" {
+		os.RemoveAll(plainBinary.dir)
+	}
+	os.Exit(code)
 }
 
 // toolBinary is the binary built from this module, once per test binary.
 func toolBinary(t *testing.T) string {
 	t.Helper()
 	plainBinary.once.Do(func() {
-		dir, err := os.MkdirTemp("", "kem-command-test-")
-		if err != nil {
-			plainBinary.err = err
+		plainBinary.dir, plainBinary.err = os.MkdirTemp("", "kem-command-test-")
+		if plainBinary.err != nil {
 			return
 		}
-		plainBinary.path = filepath.Join(dir, "kube-etcd-migrate")
+		plainBinary.path = filepath.Join(plainBinary.dir, "kube-etcd-migrate")
 		plainBinary.out, plainBinary.err = exec.Command("go", "build", "-o", plainBinary.path, "..").CombinedOutput()
 	})
 	if plainBinary.err != nil {
