@@ -115,6 +115,9 @@ func writeRollback(w io.Writer, r migrate.RollbackResult, format string) error {
 		verb = "dry run, nothing written: would restore"
 	}
 	fmt.Fprintf(w, "%s %d, unchanged %d, skipped %d (changed since), failed %d\n", verb, r.Restored, r.Unchanged, r.Skipped, r.Failed)
+	for _, c := range r.Causes {
+		fmt.Fprintf(w, "%s: %s: %d key(s), the first %s\n", c.Status, c.Cause, c.Count, c.FirstKey)
+	}
 	for _, k := range r.Keys {
 		fmt.Fprintf(w, "  %s\n", k)
 	}

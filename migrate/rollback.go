@@ -31,6 +31,8 @@ type RollbackResult struct {
 	Keys      []string `json:"skippedKeys,omitempty"`
 	// KeysNotListed counts the skipped or failed keys past the listing bound.
 	KeysNotListed int `json:"skippedKeysNotListed,omitempty"`
+	// Causes are the skipped and failed keys grouped by cause, each counted.
+	Causes []RollbackCause `json:"causes,omitempty"`
 	// Notes are keys restored with a difference: a deleted key whose lease
 	// expired since comes back without a lease.
 	Notes []string `json:"notes,omitempty"`
@@ -41,12 +43,35 @@ type RollbackResult struct {
 // maxKeysListed bounds the skipped and failed keys a rollback lists.
 const maxKeysListed = 1000
 
-func (r *RollbackResult) listKey(s string) {
+// RollbackCause groups the keys a rollback skipped or failed for one cause.
+type RollbackCause struct {
+	Status   string `json:"status"` // skipped or failed
+	Cause    string `json:"cause"`
+	Count    int    `json:"count"`
+	FirstKey string `json:"firstKey"`
+	Error    string `json:"error,omitempty"` // the first key's, for a failure
+}
+
+// listKey lists a skipped or failed key (the first maxKeysListed) and
+// counts it under its cause.
+func (r *RollbackResult) listKey(status, key, cause string, err ...error) {
+	why, errText := cause, ""
+	if len(err) > 0 && err[0] != nil {
+		why = oneLine(err[0])
+		errText = why
+	}
 	if len(r.Keys) < maxKeysListed {
-		r.Keys = append(r.Keys, s)
+		r.Keys = append(r.Keys, key+" ("+why+")")
 	} else {
 		r.KeysNotListed++
 	}
+	for i := range r.Causes {
+		if r.Causes[i].Status == status && r.Causes[i].Cause == cause {
+			r.Causes[i].Count++
+			return
+		}
+	}
+	r.Causes = append(r.Causes, RollbackCause{Status: status, Cause: cause, Count: 1, FirstKey: key, Error: errText})
 }
 
 // Written is what the rollback wrote (restored keys; a dry run: none).
@@ -361,7 +386,7 @@ func (rb *rollback) batch(items []item) error {
 			}
 		case etcdscan.Conflict:
 			rb.res.Skipped++
-			rb.res.listKey(r.Key + " (changed during rollback)")
+			rb.res.listKey("skipped", r.Key, "changed during rollback")
 		default:
 			if puts[i].Lease != 0 && errors.Is(r.Err, rpctypes.ErrLeaseNotFound) {
 				// The lease expired between the check and the write.
@@ -376,7 +401,7 @@ func (rb *rollback) batch(items []item) error {
 				r = again[0]
 			}
 			rb.res.Failed++
-			rb.res.listKey(fmt.Sprintf("%s (%v)", r.Key, r.Err))
+			rb.res.listKey("failed", r.Key, writeCause(r.Err), r.Err)
 		}
 	}
 	if key, fe := firstFatalKey(out); fe != nil {
@@ -396,7 +421,7 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 				rb.res.Unchanged++ // never removed, or already restored
 			} else {
 				rb.res.Skipped++
-				rb.res.listKey(r.Key + " (created again or changed since it was removed)")
+				rb.res.listKey("skipped", r.Key, "created again or changed since it was removed")
 			}
 			return undo{}, false, nil
 		}
@@ -425,7 +450,7 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 		}
 		if !cur.ours(it) {
 			rb.res.Skipped++
-			rb.res.listKey(r.Key + " (changed since the rollback created it again)")
+			rb.res.listKey("skipped", r.Key, "changed since the rollback created it again")
 			return undo{}, false, nil
 		}
 		return undo{
@@ -437,7 +462,7 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 	// An overwrite: put the old bytes back if the key holds what the tool wrote.
 	if cur == nil {
 		rb.res.Skipped++
-		rb.res.listKey(r.Key + " (deleted since)")
+		rb.res.listKey("skipped", r.Key, "deleted since")
 		return undo{}, false, nil
 	}
 	if (cur.simSum == nil && cur.modRevision == r.OldModRevision) || cur.equal(r.OldValue) {
@@ -446,7 +471,7 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 	}
 	if !cur.ours(it) {
 		rb.res.Skipped++
-		rb.res.listKey(r.Key + " (changed since the tool wrote it)")
+		rb.res.listKey("skipped", r.Key, "changed since the tool wrote it")
 		return undo{}, false, nil
 	}
 	sum := sha256.Sum256(r.OldValue)
