@@ -53,7 +53,7 @@ func TestPlanNamesEveryBlocker(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	before, rev := rawKeys(t, c), c.Revision()
+	before, rev := c.Raw(), c.Revision()
 	code, out, stderr := runCLI(t, "plan", "--state-dir", filepath.Join(fsDir, "state"), "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
 	t.Logf("plan: exit %d\n%s%s", code, out, stderr)
 	if code != exitError {
@@ -75,7 +75,7 @@ func TestPlanNamesEveryBlocker(t *testing.T) {
 	if c.Revision() != rev {
 		t.Fatalf("the plan wrote to etcd (revision %d -> %d)", rev, c.Revision())
 	}
-	for k, v := range rawKeys(t, c) {
+	for k, v := range c.Raw() {
 		if before[k] != v {
 			t.Fatalf("%s changed", k)
 		}

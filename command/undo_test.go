@@ -108,7 +108,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	const n = 1500
 	c.SeedMany(n, oldCfg)
-	before := rawKeys(t, c)
+	before := c.Raw()
 	state := testStateDir(t)
 	t.Setenv(rundir.EnvStateDir, state)
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
@@ -176,7 +176,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
-	after := rawKeys(t, c)
+	after := c.Raw()
 	if len(after) != len(before) {
 		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
 	}
@@ -192,20 +192,6 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if err != nil || len(recs) != 4 || recs[3].Command != "rollback" || strings.Join(recs[3].Undoes, ",") != "0003-migrate,0002-migrate,0001-migrate" {
 		t.Fatalf("runs after the rollback: %+v %v", recs, err)
 	}
-}
-
-// rawKeys is every key under /registry/ with its stored bytes.
-func rawKeys(t *testing.T, c *testcluster.Cluster) map[string]string {
-	t.Helper()
-	resp, err := c.Cli.Get(context.Background(), "/registry/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, kv := range resp.Kvs {
-		out[string(kv.Key)] = string(kv.Value)
-	}
-	return out
 }
 
 // smallFilesystem mounts a tmpfs of size bytes (the test needs root, as the
@@ -239,7 +225,7 @@ func TestFullDiskRefusedBeforeAnyWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := filepath.Join(fsDir, "state")
-	before, rev := rawKeys(t, c), c.Revision()
+	before, rev := c.Raw(), c.Revision()
 	args := []string{"migrate", "--liveness-window", "500ms", "--state-dir", state, "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	code, out, stderr := runCLI(t, args...)
 	if code != exitError || !strings.Contains(stderr, "not enough disk space on the filesystem of "+filepath.Join(state, "runs", "0001-migrate")) || !strings.Contains(stderr, "nothing was written") {
@@ -252,7 +238,7 @@ func TestFullDiskRefusedBeforeAnyWrite(t *testing.T) {
 	if c.Revision() != rev {
 		t.Fatalf("etcd's revision moved from %d to %d: something was written", rev, c.Revision())
 	}
-	for k, v := range rawKeys(t, c) {
+	for k, v := range c.Raw() {
 		if before[k] != v {
 			t.Fatalf("%s changed", k)
 		}
@@ -297,11 +283,11 @@ func TestRollbackRefusesLiveAPIServer(t *testing.T) {
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
 	c.SeedMany(20, oldCfg)
-	before := rawKeys(t, c)
+	before := c.Raw()
 	if code, out, stderr := runCLI(t, "migrate", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"); code != exitOK {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
 	}
-	migrated := rawKeys(t, c)
+	migrated := c.Raw()
 	lease := "/registry/leases/kube-system/apiserver-cp1"
 	stop := c.Renewer(t, "apiserver-cp1", "cp-1", -10*time.Minute)
 	code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "1s")
@@ -309,7 +295,7 @@ func TestRollbackRefusesLiveAPIServer(t *testing.T) {
 	if code != exitError || !strings.Contains(stderr, "a kube-apiserver is alive") || !strings.Contains(stderr, "cp-1: "+lease) {
 		t.Fatalf("rollback beside a live kube-apiserver: exit %d\n%s%s", code, out, stderr)
 	}
-	for k, v := range rawKeys(t, c) {
+	for k, v := range c.Raw() {
 		if k != lease && migrated[k] != v {
 			t.Fatalf("%s changed: the refused rollback wrote", k)
 		}
@@ -320,7 +306,7 @@ func TestRollbackRefusesLiveAPIServer(t *testing.T) {
 	if code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms"); code != exitOK {
 		t.Fatalf("rollback with the apiserver stopped: exit %d\n%s%s", code, out, stderr)
 	}
-	after := rawKeys(t, c)
+	after := c.Raw()
 	for k, v := range before {
 		if after[k] != v {
 			t.Fatalf("%s: not back byte for byte", k)

@@ -82,7 +82,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 		}
 	}
 	flush()
-	raw := rawValues(t, c)
+	raw := c.Raw()
 	if len(raw) != n {
 		t.Fatalf("seeded %d keys, want %d", len(raw), n)
 	}
@@ -210,7 +210,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	if err != nil || rb.Restored != n || rb.Failed != 0 || rb.Skipped != 0 {
 		t.Fatalf("rollback: %+v %v", rb, err)
 	}
-	got := rawValues(t, c)
+	got := c.Raw()
 	for k, v := range raw {
 		if got[k] != v {
 			t.Fatalf("%s: not restored byte for byte", k)

@@ -101,7 +101,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	if len(before) != 2*n {
 		t.Fatalf("seeded %d objects, want %d", len(before), 2*n)
 	}
-	raw := rawValues(t, c)
+	raw := c.Raw()
 	startRev := c.Revision()
 
 	journal := filepath.Join(c.Dir, "journal")
@@ -159,7 +159,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 			t.Fatalf("rollback %s: %+v", filepath.Base(j), rb)
 		}
 	}
-	got := rawValues(t, c)
+	got := c.Raw()
 	if len(got) != len(raw) {
 		t.Fatalf("%d keys after rollback, want %d", len(got), len(raw))
 	}
@@ -168,19 +168,6 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 			t.Fatalf("%s: not restored byte for byte", k)
 		}
 	}
-}
-
-func rawValues(t *testing.T, c *testcluster.Cluster) map[string]string {
-	t.Helper()
-	resp, err := c.Cli.Get(context.Background(), "/registry/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, kv := range resp.Kvs {
-		out[string(kv.Key)] = string(kv.Value)
-	}
-	return out
 }
 
 func assertSameObjects(t *testing.T, want, got map[string]runtime.Object) {

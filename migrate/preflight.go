@@ -291,15 +291,4 @@ func bytesToRewrite(ctx context.Context, env *pipeline.Env) (int64, error) {
 
 // HumanBytes prints a size in B, KiB, MiB, ... with one decimal, as the
 // preflight and the snapshot report do.
-func HumanBytes(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
-}
+func HumanBytes(b int64) string { return rundir.HumanBytes(b) }

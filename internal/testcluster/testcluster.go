@@ -149,6 +149,20 @@ func (c *Cluster) Get(key string) (value []byte, modRev, lease int64) {
 	return kv.Value, kv.ModRevision, kv.Lease
 }
 
+// Raw is every key under /registry/ with its stored bytes.
+func (c *Cluster) Raw() map[string]string {
+	c.T.Helper()
+	resp, err := c.Cli.Get(context.Background(), "/registry/", clientv3.WithPrefix())
+	if err != nil {
+		c.T.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = string(kv.Value)
+	}
+	return out
+}
+
 func (c *Cluster) Revision() int64 {
 	c.T.Helper()
 	resp, err := c.Cli.Get(context.Background(), "nonexistent-probe")
