@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -31,6 +32,10 @@ func cmdPlan(c *cli.Context) error {
 			return usageErr("--%s: plan is for a migrate of the cluster's etcd (see docs/commands.md#plan)", f)
 		}
 	}
+	window, err := livenessWindow(c)
+	if err != nil {
+		return err
+	}
 	s, err := open(ctx, c, true)
 	if err != nil {
 		return err
@@ -43,7 +48,7 @@ func cmdPlan(c *cli.Context) error {
 	if c.Bool("no-undo") {
 		stateDir = ""
 	}
-	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: migrateOptions(c, ctx, nil, 0), StateDir: stateDir})
+	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: migrateOptions(c, ctx, nil, window), StateDir: stateDir})
 	if err != nil {
 		return err
 	}
@@ -75,7 +80,8 @@ func writePlan(w io.Writer, p *plan.Plan) error {
 	for _, wh := range p.Webhooks {
 		fmt.Fprintf(w, "conversion webhook: %s (its objects are converted through it; a failure is a blocker below)\n", wh)
 	}
-	if err := writeSummary(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, Consistent: true}, "table"); err != nil {
+	decided := time.Duration(p.Estimate.DecideSeconds * float64(time.Second)).Round(time.Millisecond)
+	if err := writeSummary(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, Consistent: p.Consistent, DurationText: decided.String()}, "table"); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "estimate: migrate takes about %s on this machine (%s)\n", fmtSeconds(p.Estimate.Seconds), p.Estimate.Basis)

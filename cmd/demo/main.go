@@ -117,7 +117,7 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 		{"What is in etcd, per resource: versions, media types, encryption keys, leases.", append([]string{"inventory"}, enc...), 0},
 		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
 		{"Read-only audit against " + decode.LinkedRelease() + " and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
-		{"What a migration would rewrite, writing nothing.", append([]string{"migrate", "--dry-run"}, api...), 0},
+		{"The plan, read-only (on a real cluster, before kube-apiserver is stopped): what a migration would rewrite, every check it makes before its first write but liveness, and how long it would take.", append([]string{"plan"}, api...), 0},
 		{"The migration: compare-and-swap writes, leases kept; its undo kept automatically in a run directory of the state directory (a snapshot before the first write, the old values journaled).", append([]string{"migrate"}, api...), 0},
 		{"The runs kept in the state directory, and where each one's undo is.", []string{"runs"}, 0},
 		{"The audit again: exit 0, everything current.", append([]string{"verify"}, api...), 0},
