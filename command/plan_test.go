@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/plan"
+	"kube-etcd-migrate/rundir"
 )
 
 // TestPlanNamesEveryBlocker: the plan, run as an operator runs it before the
@@ -119,5 +120,38 @@ func TestPlanMemberDownThenProceeds(t *testing.T) {
 	}
 	if code, out, stderr := runCLI(t, append([]string{"migrate", "--liveness-window", "500ms"}, flags...)...); code != exitOK {
 		t.Fatalf("migrate after the plan: exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestPlanStateDirBlockers: a state directory others may read, or one a run
+// holds, is a blocker of the plan, as it would refuse migrate.
+func TestPlanStateDirBlockers(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	c.SeedMany(5, oldCfg)
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.MkdirAll(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"plan", "--state-dir", state, "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	code, out, stderr := runCLI(t, flags...)
+	if code != exitError || !strings.Contains(out, "BLOCKER (state directory): state directory "+state+" has mode -rwxr-xr-x") || !strings.Contains(out, "chmod 700") {
+		t.Fatalf("plan with a shared state directory: exit %d\n%s%s", code, out, stderr)
+	}
+	if err := os.Chmod(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	held, err := rundir.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = runCLI(t, flags...)
+	held.Close()
+	if code != exitError || !strings.Contains(out, "BLOCKER (state directory): state directory "+state+" is in use by another run (pid ") {
+		t.Fatalf("plan beside a held state directory: exit %d\n%s%s", code, out, stderr)
+	}
+	if code, out, stderr := runCLI(t, flags...); code != exitOK {
+		t.Fatalf("plan with the state directory free: exit %d\n%s%s", code, out, stderr)
 	}
 }

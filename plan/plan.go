@@ -172,6 +172,9 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		p.blockErr("etcd quota", err, remedy)
 	}
 	if opts.StateDir != "" {
+		if err := rundir.Check(opts.StateDir); err != nil {
+			p.block("state directory", err.Error(), "chmod 700 it (it holds stored values), or wait for the run that holds it; --state-dir names another")
+		}
 		// The run directory does not exist yet: its filesystem is the nearest
 		// directory that does.
 		dir := existing(filepath.Join(opts.StateDir, "runs"))

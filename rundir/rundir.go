@@ -132,6 +132,35 @@ func Open(dir string) (*State, error) {
 	return &State{Dir: abs, lock: f}, nil
 }
 
+// Check says, without changing anything, whether a writing run could keep its
+// undo in the state directory dir now: it is private if it exists, and no
+// run holds it. A directory that does not exist yet is fine (the run makes it).
+func Check(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	if _, err := os.Stat(abs); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := private(abs); err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(abs, lockFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("state directory %s: %w", abs, err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(f.Name())
+		return &LockedError{Dir: abs, Holder: strings.TrimSpace(string(holder))}
+	}
+	return nil
+}
+
 // private refuses a directory that others than its owner may read or enter.
 func private(dir string) error {
 	fi, err := os.Stat(dir)
