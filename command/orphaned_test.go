@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
@@ -187,4 +188,34 @@ func TestOrphanedCLI(t *testing.T) {
 	}
 	unchanged("after rollback")
 	wantOrphans(verifyJSON(exitOK))
+}
+
+// TestOrphanedAggregatedKept: keys laid out as custom resources of a group an
+// APIService sends to an aggregated API server are orphaned (they block
+// nothing) as "aggregated-api", and quarantine --reason orphaned keeps them
+// byte for byte: that server may still use them.
+func TestOrphanedAggregatedKept(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	port := int32(443)
+	c.Put("/registry/apiregistration.k8s.io/apiservices/v1.metrics.example.io", decode.APIServiceGroupResource, &apiregistration.APIService{
+		ObjectMeta: metav1.ObjectMeta{Name: "v1.metrics.example.io", UID: "6f1d0c3e-0000-4000-8000-000000000010", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec: apiregistration.APIServiceSpec{Group: "metrics.example.io", Version: "v1", GroupPriorityMinimum: 100, VersionPriority: 100,
+			Service: &apiregistration.ServiceReference{Namespace: "monitoring", Name: "metrics-server", Port: port}},
+	}, "", "", "")
+	key := "/registry/metrics.example.io/samples/default/s1"
+	value := []byte(`{"apiVersion":"metrics.example.io/v1","kind":"Sample","metadata":{"name":"s1","namespace":"default"}}` + "\n")
+	c.PutRaw(key, value)
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--target-version", "1.37"}
+	code, out, stderr := runCLI(t, append([]string{"verify", "-o", "json"}, conn...)...)
+	var rep verify.Report
+	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil || rep.Summary.Orphaned != 1 || len(rep.Orphaned) != 1 || rep.Orphaned[0].Reason != decode.OrphanAggregated || !strings.Contains(rep.Orphaned[0].Detail, "service monitoring/metrics-server") {
+		t.Fatalf("verify: exit %d, %+v\n%s%s", code, rep.Orphaned, out, stderr)
+	}
+	code, out, stderr = runCLI(t, "quarantine", "--reason", "orphaned", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint)
+	if !strings.Contains(out, "aggregated API server, which may still use it") {
+		t.Errorf("quarantine does not say why it keeps the key (exit %d):\n%s%s", code, out, stderr)
+	}
+	if v, _, _ := c.Get(key); !bytes.Equal(v, value) {
+		t.Fatalf("quarantine --reason orphaned changed %s: %q", key, v)
+	}
 }

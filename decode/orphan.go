@@ -26,6 +26,12 @@ const (
 	// OrphanUnknownPrefix: nothing kube-apiserver stores, nor any CRD, uses
 	// the key's prefix.
 	OrphanUnknownPrefix Orphan = "unknown-prefix"
+	// OrphanAggregated: laid out as a custom resource's, no CRD of that name,
+	// but an APIService in etcd sends the group to an aggregated API server
+	// (a Service): that server may store its objects here and still use them.
+	// kube-apiserver does not read them either, so they block nothing; but
+	// they are never removed as leftovers (quarantine keeps them).
+	OrphanAggregated Orphan = "aggregated-api"
 )
 
 // classifyOrphan refines the resolver's verdict on a key no resource owns by

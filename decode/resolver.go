@@ -50,7 +50,9 @@ type Resolver struct {
 	// its group/resource; longest match wins.
 	segments map[string]schema.GroupResource
 	custom   map[schema.GroupResource]bool
-	byGR     map[schema.GroupResource]string
+	// aggregated are the API groups APIServices send to aggregated API servers.
+	aggregated map[string]string
+	byGR       map[schema.GroupResource]string
 }
 
 // NewResolver builds the key layout of kube-apiserver for the given etcd prefix.
@@ -107,6 +109,20 @@ func (r *Resolver) AddCustomResource(group, plural string) {
 	r.byGR[gr] = seg
 }
 
+// AddAggregatedGroup records that an APIService sends group to an aggregated
+// API server (how says which: "APIService v1.NAME, service NS/SVC"): keys laid
+// out under the group are not a deleted CRD's leftovers.
+func (r *Resolver) AddAggregatedGroup(group, how string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.aggregated == nil {
+		r.aggregated = map[string]string{}
+	}
+	if _, ok := r.aggregated[group]; !ok {
+		r.aggregated[group] = how
+	}
+}
+
 // IsCustom reports whether gr is a registered custom resource.
 func (r *Resolver) IsCustom(gr schema.GroupResource) bool {
 	r.mu.RLock()
@@ -158,6 +174,11 @@ func (r *Resolver) Resolve(key string) (KeyInfo, error) {
 		return info, nil
 	}
 	if len(parts) >= 3 && strings.Contains(parts[0], ".") {
+		if svc, ok := r.aggregated[parts[0]]; ok {
+			e := Errorf(key, ReasonOrphaned, nil, "no CRD %s.%s in this etcd, but the group is served by an aggregated API server (%s), which may store its objects here", parts[1], parts[0], svc)
+			e.Orphan = OrphanAggregated
+			return KeyInfo{Key: key}, e
+		}
 		e := Errorf(key, ReasonOrphaned, nil, "no CRD %s.%s in this etcd", parts[1], parts[0])
 		e.Orphan = OrphanCRDMissing
 		return KeyInfo{Key: key}, e

@@ -20,6 +20,7 @@ import (
 	apiextensions "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
@@ -186,6 +187,9 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 	if err := env.loadCRDs(ctx); err != nil {
 		return nil, err
 	}
+	if err := env.loadAggregatedGroups(ctx); err != nil {
+		return nil, err
+	}
 	if err := env.selectPrefixes(); err != nil {
 		return nil, err
 	}
@@ -317,6 +321,34 @@ func checkRevision(ctx context.Context, src etcdscan.Source, rev int64) error {
 	}
 	if rev < compacted {
 		return fmt.Errorf("--revision %d is compacted: the oldest revision etcd still has is %d", rev, compacted)
+	}
+	return nil
+}
+
+// loadAggregatedGroups reads the APIServices and records the groups sent to
+// an aggregated API server (a Service): keys laid out under such a group are
+// that server's, not a deleted CRD's leftovers. An APIService that does not
+// decode is reported by the scan like any unreadable object.
+func (e *Env) loadAggregatedGroups(ctx context.Context) error {
+	prefix, err := e.Resolver.KeyPrefix(decode.APIServiceGroupResource, "")
+	if err != nil {
+		return nil // this release stores no APIServices
+	}
+	opts := etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: e.Config.PageSize, Revision: e.Config.Revision, KeepRevision: e.Config.Revision > 0}
+	_, err = e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
+		for _, kv := range page {
+			obj, err := e.Decoder.Decode(ctx, kv)
+			if err != nil {
+				continue
+			}
+			if svc, ok := obj.Internal.(*apiregistration.APIService); ok && svc.Spec.Service != nil && svc.Spec.Group != "" {
+				e.Resolver.AddAggregatedGroup(svc.Spec.Group, fmt.Sprintf("APIService %s, service %s/%s", svc.Name, svc.Spec.Service.Namespace, svc.Spec.Service.Name))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the APIServices (%s): %w", prefix, err)
 	}
 	return nil
 }

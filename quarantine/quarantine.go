@@ -241,6 +241,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 				// resource are counted, not listed.
 			case !slices.Contains(opts.Reasons, e.Reason):
 				res.keep(e, "its reason is not named (--reason)")
+			case e.Orphan == decode.OrphanAggregated:
+				res.keep(e, "an APIService sends its group to an aggregated API server, which may still use it: remove that APIService first if the server is gone for good")
 			case e.Reason == decode.ReasonUndecryptable && env.Encryption.CanRead(d.Resource, e.encryption):
 				refused[e.encryption.String()] = true
 				res.keep(e, fmt.Sprintf("the configured %s refused it (wrong key material, or a KMS plugin error): fix the key or the plugin, or remove it from the configuration to quarantine such objects", e.encryption))
