@@ -1,6 +1,7 @@
 package command
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -311,5 +312,35 @@ func TestRollbackRefusesLiveAPIServer(t *testing.T) {
 		if after[k] != v {
 			t.Fatalf("%s: not back byte for byte", k)
 		}
+	}
+}
+
+// TestRollbackOfQuarantineAndOfItself: quarantine keeps its undo in a run
+// directory; rollback --run puts the removed key back byte for byte (a
+// creation the rollback journals), and a rollback of that rollback removes it
+// again: every writing run, rollback included, can be undone.
+func TestRollbackOfQuarantineAndOfItself(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	key := "/registry/example.com/gizmos/default/g1"
+	value := []byte(`{"apiVersion":"example.com/v1","kind":"Gizmo","metadata":{"name":"g1","namespace":"default"}}` + "\n")
+	c.PutRaw(key, value)
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--liveness-window", "500ms"}
+	if code, out, stderr := runCLI(t, append([]string{"quarantine", "--reason", "orphaned"}, conn...)...); code != exitOK {
+		t.Fatalf("quarantine: exit %d\n%s%s", code, out, stderr)
+	}
+	if c.Raw()[key] != "" {
+		t.Fatalf("%s not removed", key)
+	}
+	if code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "0001-quarantine"}, conn...)...); code != exitOK || !strings.Contains(out, "restored 1,") {
+		t.Fatalf("rollback of the quarantine: exit %d\n%s%s", code, out, stderr)
+	}
+	if v, _, _ := c.Get(key); !bytes.Equal(v, value) {
+		t.Fatalf("%s not back byte for byte: %q", key, v)
+	}
+	if code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "0002-rollback"}, conn...)...); code != exitOK || !strings.Contains(out, "restored 1,") {
+		t.Fatalf("rollback of the rollback: exit %d\n%s%s", code, out, stderr)
+	}
+	if c.Raw()[key] != "" {
+		t.Fatalf("%s still there after the rollback of its restore", key)
 	}
 }
