@@ -293,7 +293,8 @@ func writeFile(path string, data []byte) error {
 
 // List reads the runs of a state directory, oldest first. A state directory
 // that does not exist has no runs. A directory whose record does not read is
-// listed by its name with the error in Command, so that nothing is hidden.
+// listed by its name with the error in Command and the journal and snapshot
+// of its directory, so that nothing is hidden from runs or rollback.
 func List(stateDir string) ([]Record, error) {
 	dir := filepath.Join(stateDir, runsDir)
 	ents, err := os.ReadDir(dir)
@@ -318,7 +319,11 @@ func List(stateDir string) ([]Record, error) {
 			err = json.Unmarshal(b, &rec)
 		}
 		if err != nil {
-			rec = Record{ID: e.Name(), Seq: seq, Dir: filepath.Join(dir, e.Name()), Command: "unreadable record: " + err.Error()}
+			// Its journal and snapshot are where a run keeps them by default:
+			// a rollback still finds them.
+			rd := filepath.Join(dir, e.Name())
+			rec = Record{ID: e.Name(), Seq: seq, Dir: rd, Command: "unreadable record: " + err.Error(),
+				Journal: filepath.Join(rd, JournalFile), Snapshot: filepath.Join(rd, SnapshotFile)}
 		}
 		out = append(out, rec)
 	}
