@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/etcdscan"
 )
 
@@ -19,7 +20,7 @@ func commonFlags() []cli.Flag {
 		&cli.Int64Flag{Name: "page-size", Value: etcdscan.DefaultPageSize, Usage: "keys per etcd range request"},
 		&cli.StringSliceFlag{Name: "resource", Usage: "only this resource (repeatable): secrets, deployments.apps, widgets.example.com"},
 		&cli.StringFlag{Name: "namespace", Usage: "only this namespace (needs --resource)"},
-		&cli.StringSliceFlag{Name: "conversion-webhook", Usage: "NAMESPACE/SERVICE=URL: where to reach a CRD conversion webhook service offline (repeatable)"},
+		&cli.StringSliceFlag{Name: "conversion-webhook", Usage: "NAMESPACE/SERVICE=HOST:PORT[/PATH] (or https://HOST:PORT[/PATH]): where to reach a CRD conversion webhook's Service, instead of its ready endpoints read from etcd (repeatable)"},
 		&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile to this file"},
 		&cli.StringFlag{Name: "memprofile", Usage: "write a heap profile to this file at exit"},
 	)
@@ -40,13 +41,26 @@ func outputFlag(def string, allowed ...string) *cli.StringFlag {
 func parseWebhooks(vals []string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, v := range vals {
-		name, url, ok := strings.Cut(v, "=")
-		if !ok || !strings.Contains(name, "/") || !strings.HasPrefix(url, "https://") {
-			return nil, usageErr("--conversion-webhook %q: want NAMESPACE/SERVICE=https://HOST:PORT[/PATH]", v)
+		name, addr, ok := strings.Cut(v, "=")
+		ns, svc, _ := strings.Cut(name, "/")
+		if !ok || ns == "" || svc == "" || strings.Contains(svc, "/") {
+			return nil, usageErr("--conversion-webhook %q: want NAMESPACE/SERVICE=HOST:PORT[/PATH] or NAMESPACE/SERVICE=https://HOST:PORT[/PATH]", v)
 		}
-		out[name] = url
+		if _, _, err := customresource.ParseWebhookAddress(addr); err != nil {
+			return nil, usageErr("--conversion-webhook %s: %v", name, err)
+		}
+		if prev, dup := out[name]; dup && prev != addr {
+			return nil, usageErr("--conversion-webhook %s given twice (%s and %s)", name, prev, addr)
+		}
+		out[name] = addr
 	}
 	return out, nil
+}
+
+// webhookHint ends the error of a conversion webhook Service that cannot be
+// reached.
+func webhookHint(service string) string {
+	return fmt.Sprintf("give an address that reaches the webhook from here with --conversion-webhook %s=HOST:PORT (a webhook pod's IP and container port; the CRD's path and caBundle are used, the certificate checked for the service's DNS name)", service)
 }
 
 func startProfiles(c *cli.Context) (func(), error) {

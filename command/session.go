@@ -141,6 +141,7 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		Namespace:        c.String("namespace"),
 		PageSize:         c.Int64("page-size"),
 		WebhookURLs:      webhooks,
+		WebhookHint:      webhookHint,
 		Revision:         c.Int64("revision"),
 		SnapshotFile:     snapshotFile,
 	}

@@ -41,13 +41,24 @@ var selfDescribedCBOR = []byte{0xd9, 0xd9, 0xf7}
 // Options tune NewCodec.
 type Options struct {
 	// WebhookURLs maps "namespace/name" of a conversion webhook Service to an address
-	// reachable offline ("https://host:port" or "host:port"; only host:port is used).
-	// Services are not reachable without the cluster network. The request still goes to
-	// the path of the CRD's service reference, and TLS still verifies the serving
-	// certificate against the CRD's caBundle for the name <name>.<namespace>.svc, exactly as
-	// kube-apiserver does (it dials the resolved endpoint with that server name), so a
-	// kubectl port-forward to the service works. URL-configured webhooks are called directly.
+	// reachable offline (ParseWebhookAddress: "https://host:port/path" or
+	// "host:port/path", the path optional), which overrides ServiceEndpoints. The
+	// request goes to its path, or to the path of the CRD's service reference when it
+	// has none, and TLS still verifies the serving certificate against the CRD's
+	// caBundle for the name <name>.<namespace>.svc, exactly as kube-apiserver does (it
+	// dials the resolved endpoint with that server name), so a pod's address or a
+	// kubectl port-forward to the service works. URL-configured webhooks are called
+	// directly.
 	WebhookURLs map[string]string
+	// ServiceEndpoints resolves the Service of a conversion webhook to its ready
+	// endpoints (serviceresolver, over the Services and EndpointSlices in etcd) when
+	// WebhookURLs has no address for it; the first endpoint that completes a TLS
+	// handshake is called. nil: only WebhookURLs.
+	ServiceEndpoints ServiceEndpoints
+	// WebhookHint, given "namespace/name" of a webhook Service, says how the
+	// operator gives an address for it; it ends the error when the Service cannot
+	// be reached.
+	WebhookHint func(service string) string
 	// HTTPTimeout bounds each conversion webhook call (0: DefaultHTTPTimeout).
 	HTTPTimeout time.Duration
 	// StaticOpenAPISpec gives the static OpenAPI spec kube-apiserver's
@@ -94,7 +105,7 @@ type Codec struct {
 
 	// NoOpUpdate's configuration and its field manager's parts, built on first use.
 	crd         *apiextensionsv1.CustomResourceDefinition // defaulted as kube-apiserver reads it
-	webhookURLs map[string]string
+	resolver    *offlineServiceResolver                   // the webhook's Service, for both converters
 	httpTimeout time.Duration
 	staticSpec  func() (map[string]*spec.Schema, error)
 	manager     string
@@ -111,6 +122,9 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		return nil, errors.New("customresource: nil CRD")
 	}
 	crd = crd.DeepCopy()
+	if err := overrideWebhookPath(crd, opts.WebhookURLs); err != nil {
+		return nil, err
+	}
 	storageVersion, err := apiextensionshelpers.GetCRDStorageVersion(crd)
 	if err != nil {
 		return nil, fmt.Errorf("CRD %s: %w", crd.Name, err)
@@ -134,13 +148,18 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		schemas:               map[string]*structuralschema.Structural{},
 		preserveUnknownFields: crd.Spec.PreserveUnknownFields,
 		crd:                   crd,
-		webhookURLs:           opts.WebhookURLs,
-		httpTimeout:           opts.HTTPTimeout,
-		staticSpec:            opts.StaticOpenAPISpec,
-		manager:               opts.Manager,
-		full:                  opts.FullFieldManager,
-		check:                 opts.CheckShortcut,
-		memo:                  opts.Memo,
+		resolver: &offlineServiceResolver{
+			crd:       crd.Name,
+			urls:      opts.WebhookURLs,
+			endpoints: opts.ServiceEndpoints,
+			hint:      opts.WebhookHint,
+		},
+		httpTimeout: opts.HTTPTimeout,
+		staticSpec:  opts.StaticOpenAPISpec,
+		manager:     opts.Manager,
+		full:        opts.FullFieldManager,
+		check:       opts.CheckShortcut,
+		memo:        opts.Memo,
 	}
 	if c.httpTimeout <= 0 {
 		c.httpTimeout = DefaultHTTPTimeout
@@ -194,7 +213,10 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 	switch strategy {
 	case apiextensionsv1.NoneConverter:
 	case apiextensionsv1.WebhookConverter:
-		c.webhook, err = newWebhookConverter(crd, opts)
+		if cc := crd.Spec.Conversion.Webhook; cc != nil && cc.ClientConfig != nil {
+			c.resolver.caBundle = cc.ClientConfig.CABundle
+		}
+		c.webhook, err = newWebhookConverter(crd, c.resolver, opts)
 		if err != nil {
 			return nil, fmt.Errorf("CRD %s: conversion webhook: %w", crd.Name, err)
 		}
@@ -202,6 +224,31 @@ func NewCodec(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*Cod
 		return nil, fmt.Errorf("unknown conversion strategy %q for CRD %s", strategy, crd.Name)
 	}
 	return c, nil
+}
+
+// overrideWebhookPath puts the path of the address given for the Service of
+// crd's conversion webhook (Options.WebhookURLs), if it has one, in place of
+// the service reference's path: both converters (the tool's and the CR
+// converter of NoOpUpdate) build their client from the CRD.
+func overrideWebhookPath(crd *apiextensionsv1.CustomResourceDefinition, urls map[string]string) error {
+	conv := crd.Spec.Conversion
+	if conv == nil || conv.Webhook == nil || conv.Webhook.ClientConfig == nil || conv.Webhook.ClientConfig.Service == nil {
+		return nil
+	}
+	svc := conv.Webhook.ClientConfig.Service
+	key := svc.Namespace + "/" + svc.Name
+	addr, ok := urls[key]
+	if !ok {
+		return nil
+	}
+	_, path, err := ParseWebhookAddress(addr)
+	if err != nil {
+		return fmt.Errorf("CRD %s: address for conversion webhook service %s: %w", crd.Name, key, err)
+	}
+	if path != "" {
+		svc.Path = &path
+	}
+	return nil
 }
 
 // storageSerializer is the serializer of custom resources' storage config, taken from

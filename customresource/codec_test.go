@@ -338,39 +338,6 @@ func TestWebhookConversion(t *testing.T) {
 	}
 }
 
-// A Service-referenced webhook is dialled at the address given in WebhookURLs, with the
-// CRD's path, and its certificate is verified for <svc>.<ns>.svc against the caBundle.
-func TestWebhookServiceReference(t *testing.T) {
-	hook := &convWebhook{}
-	srv, ca := newServiceTLSServer(t, hook, "conv.webhooks.svc")
-	cc := apiextensionsv1.WebhookClientConfig{
-		Service:  &apiextensionsv1.ServiceReference{Namespace: "webhooks", Name: "conv", Path: ptr.To("/crd-convert"), Port: ptr.To[int32](443)},
-		CABundle: ca,
-	}
-	if _, err := NewCodec(webhookCRD("v1", cc, []string{"v1"}), Options{}); err == nil || !strings.Contains(err.Error(), "webhooks/conv") {
-		t.Fatalf("NewCodec without an address for the service: %v", err)
-	}
-	for _, addr := range []string{srv.URL, hostPort(t, srv)} {
-		c := mustCodec(t, webhookCRD("v1", cc, []string{"v1"}), Options{WebhookURLs: map[string]string{"webhooks/conv": addr}})
-		u, _, err := c.Decode(apiserverJSON(t, storedWidget("v1beta1", map[string]interface{}{"oldName": "n"})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := c.Encode(context.Background(), u)
-		if err != nil {
-			t.Fatalf("Encode via %s: %v", addr, err)
-		}
-		if !bytes.Contains(out, []byte(`"newName":"n"`)) {
-			t.Fatalf("not converted: %s", out)
-		}
-	}
-	hook.mu.Lock()
-	defer hook.mu.Unlock()
-	if hook.requestPaths[0] != "/crd-convert" {
-		t.Fatalf("webhook path = %q", hook.requestPaths[0])
-	}
-}
-
 func TestWebhookHonoursContext(t *testing.T) {
 	hook := &convWebhook{}
 	srv := httptest.NewTLSServer(hook)

@@ -188,7 +188,7 @@ func (c *Codec) newNoOpUpdate() (*noOpUpdate, error) {
 	}
 	u.typeConverter = typeConverter
 
-	factory, err := conversion.NewCRConverterFactory(offlineServiceResolver{urls: c.webhookURLs}, withTimeout(c.httpTimeout))
+	factory, err := conversion.NewCRConverterFactory(c.resolver, withTimeout(c.httpTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("CRD %s: converter: %w", c.name, err)
 	}

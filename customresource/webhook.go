@@ -3,10 +3,16 @@ package customresource
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -38,25 +44,180 @@ type webhookConverter struct {
 	timeout                  time.Duration
 }
 
-// offlineServiceResolver resolves a webhook Service to the address the operator gave
-// (Options.WebhookURLs); kube-apiserver resolves it through the cluster's Services.
-type offlineServiceResolver struct {
-	urls map[string]string
+// ServiceEndpoints gives the ready endpoints ("host:port") of a port of a
+// Service, as kube-apiserver's resolver would pick among them
+// (serviceresolver.Resolver, over the Services and EndpointSlices in etcd).
+type ServiceEndpoints interface {
+	Endpoints(namespace, name string, port int32) ([]string, error)
 }
 
-func (r offlineServiceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
+// ProbeTimeout bounds the TLS handshake with one endpoint of a webhook's Service.
+const ProbeTimeout = 5 * time.Second
+
+// probeRetry is how long a failure of every endpoint is given as the answer
+// before they are tried again: one round of timeouts per object would make a
+// run over many objects of a dead webhook take hours.
+const probeRetry = 10 * time.Second
+
+// offlineServiceResolver resolves the Service of one CRD's conversion webhook
+// (a webhook.ServiceResolver, called by kube-apiserver's webhook client for
+// every new connection) to an address reachable with every kube-apiserver
+// stopped: the address the operator gave for it (Options.WebhookURLs), or else
+// one of the ready endpoints of its EndpointSlices (Options.ServiceEndpoints),
+// the first that completes a TLS handshake verified as kube-apiserver's client
+// verifies it (the CRD's caBundle, server name <name>.<namespace>.svc), the one
+// that answered last tried first.
+type offlineServiceResolver struct {
+	crd       string
+	urls      map[string]string
+	endpoints ServiceEndpoints
+	caBundle  []byte
+	hint      func(service string) string
+
+	mu       sync.Mutex
+	last     string // the endpoint that answered last
+	failed   error  // every endpoint failed...
+	failedAt time.Time
+}
+
+func (r *offlineServiceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
 	key := namespace + "/" + name
-	addr, ok := r.urls[key]
-	if !ok || addr == "" {
-		return nil, fmt.Errorf("conversion webhook service %s (port %d) is not reachable offline: give its address (e.g. a port-forward) for %q", key, port, key)
+	if addr, ok := r.urls[key]; ok {
+		hostPort, _, err := ParseWebhookAddress(addr)
+		if err != nil {
+			return nil, fmt.Errorf("address for conversion webhook service %s: %w", key, err)
+		}
+		return &url.URL{Scheme: "https", Host: hostPort}, nil
 	}
-	if u, err := url.Parse(addr); err == nil && u.Host != "" {
-		return &url.URL{Scheme: "https", Host: u.Host}, nil
+	if r.endpoints == nil {
+		return nil, &WebhookUnreachableError{CRD: r.crd, Service: key, Port: port, Reason: "no address given for it and its Service was not read from etcd", Hint: r.hintFor(key)}
 	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return nil, fmt.Errorf("address %q for conversion webhook service %s: want https://host:port or host:port", addr, key)
+	candidates, err := r.endpoints.Endpoints(namespace, name, port)
+	if err != nil {
+		return nil, &WebhookUnreachableError{CRD: r.crd, Service: key, Port: port, Reason: err.Error(), Hint: r.hintFor(key)}
 	}
-	return &url.URL{Scheme: "https", Host: addr}, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failed != nil && time.Since(r.failedAt) < probeRetry {
+		return nil, r.failed
+	}
+	if i := slices.Index(candidates, r.last); i > 0 {
+		candidates = append([]string{r.last}, slices.Delete(slices.Clone(candidates), i, i+1)...)
+	}
+	serverName := name + "." + namespace + ".svc"
+	unreachable := &WebhookUnreachableError{CRD: r.crd, Service: key, Port: port, Hint: r.hintFor(key)}
+	for _, addr := range candidates {
+		if err := probe(addr, serverName, r.caBundle); err != nil {
+			unreachable.Attempts = append(unreachable.Attempts, WebhookAttempt{Address: addr, Err: err.Error()})
+			continue
+		}
+		r.last, r.failed = addr, nil
+		return &url.URL{Scheme: "https", Host: addr}, nil
+	}
+	r.failed, r.failedAt = unreachable, time.Now()
+	return nil, unreachable
+}
+
+func (r *offlineServiceResolver) hintFor(service string) string {
+	if r.hint == nil {
+		return ""
+	}
+	return r.hint(service)
+}
+
+// probe completes a TLS handshake with addr as kube-apiserver's webhook client
+// would: serverName checked against caBundle (the system's roots without one),
+// HTTP/1.1 offered.
+func probe(addr, serverName string, caBundle []byte) error {
+	cfg := &tls.Config{ServerName: serverName, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}
+	if len(caBundle) > 0 {
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(caBundle) {
+			return errors.New("the CRD's caBundle holds no PEM certificate")
+		}
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: ProbeTimeout}, "tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// WebhookAttempt is one endpoint tried and why it did not answer.
+type WebhookAttempt struct {
+	Address string
+	Err     string
+}
+
+// WebhookUnreachableError says that the Service of a CRD's conversion webhook
+// could not be reached: no endpoint found (Reason), or none that answered
+// (Attempts).
+type WebhookUnreachableError struct {
+	CRD      string
+	Service  string // namespace/name
+	Port     int32
+	Reason   string
+	Attempts []WebhookAttempt
+	// Hint is how the operator gives an address instead (the command's flag).
+	Hint string
+}
+
+func (e *WebhookUnreachableError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "CRD %s: conversion webhook service %s (port %d) cannot be reached: ", e.CRD, e.Service, e.Port)
+	if len(e.Attempts) == 0 {
+		b.WriteString(e.Reason)
+	} else {
+		fmt.Fprintf(&b, "none of its %d ready endpoint(s) in etcd answered (", len(e.Attempts))
+		for i, a := range e.Attempts {
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			fmt.Fprintf(&b, "%s: %s", a.Address, a.Err)
+		}
+		b.WriteString(")")
+	}
+	if e.Hint != "" {
+		b.WriteString("; ")
+		b.WriteString(e.Hint)
+	}
+	return b.String()
+}
+
+// ParseWebhookAddress reads an address given for a conversion webhook's
+// Service: https://HOST[:PORT][/PATH] or HOST:PORT[/PATH] (https assumed;
+// port 443 by default with the scheme). It returns host:port and the path
+// ("" when none is given: the CRD's path is used).
+func ParseWebhookAddress(s string) (hostPort, path string, err error) {
+	if strings.Contains(s, "://") {
+		u, err := url.Parse(s)
+		if err != nil {
+			return "", "", fmt.Errorf("%q: %w", s, err)
+		}
+		if u.Scheme != "https" {
+			return "", "", fmt.Errorf("%q: want https (conversion webhooks are called over TLS)", s)
+		}
+		if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return "", "", fmt.Errorf("%q: want https://HOST:PORT[/PATH]", s)
+		}
+		hostPort = u.Host
+		if u.Port() == "" {
+			hostPort = net.JoinHostPort(u.Hostname(), "443")
+		}
+		return hostPort, u.Path, nil
+	}
+	hostPort, rest, found := strings.Cut(s, "/")
+	if found {
+		path = "/" + rest
+	}
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil || host == "" || port == "" {
+		return "", "", fmt.Errorf("%q: want HOST:PORT[/PATH] or https://HOST:PORT[/PATH]", s)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", "", fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
+	}
+	return hostPort, path, nil
 }
 
 // webhookClientConfigForCRD is conversion.webhookClientConfigForCRD.
@@ -93,7 +254,7 @@ func webhookClientConfigForCRD(crd *apiextensionsv1.CustomResourceDefinition) (*
 	return &ret, nil
 }
 
-func newWebhookConverter(crd *apiextensionsv1.CustomResourceDefinition, opts Options) (*webhookConverter, error) {
+func newWebhookConverter(crd *apiextensionsv1.CustomResourceDefinition, resolver *offlineServiceResolver, opts Options) (*webhookConverter, error) {
 	cc, err := webhookClientConfigForCRD(crd)
 	if err != nil {
 		return nil, err
@@ -112,13 +273,7 @@ func newWebhookConverter(crd *apiextensionsv1.CustomResourceDefinition, opts Opt
 		return nil, err
 	}
 	cm.SetAuthenticationInfoResolver(authInfoResolver)
-	cm.SetServiceResolver(offlineServiceResolver{urls: opts.WebhookURLs})
-	if cc.Service != nil {
-		// Fail early with a useful message rather than on the first object.
-		if _, err := (offlineServiceResolver{urls: opts.WebhookURLs}).ResolveEndpoint(cc.Service.Namespace, cc.Service.Name, cc.Service.Port); err != nil {
-			return nil, err
-		}
-	}
+	cm.SetServiceResolver(resolver)
 	restClient, err := cm.HookClient(*cc)
 	if err != nil {
 		return nil, err

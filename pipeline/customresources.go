@@ -26,10 +26,15 @@ func (c crCodec) DecodeStored(plaintext []byte) (*unstructured.Unstructured, sch
 
 // defaultCustomResources builds codecs whose no-op update runs the field
 // manager of the target kube-apiserver's apiextensions server.
-func defaultCustomResources(webhooks map[string]string, update *updatepath.Path, fullFieldManager bool) CustomResourceFactory {
+// Conversion webhooks' Services are reached at the address given in webhooks,
+// or else through endpoints (read from etcd by loadCRDs before any codec is
+// built).
+func defaultCustomResources(webhooks map[string]string, hint func(string) string, endpoints *webhookEndpoints, update *updatepath.Path, fullFieldManager bool) CustomResourceFactory {
 	return func(crd *apiextensionsv1.CustomResourceDefinition) (CustomResourceCodec, error) {
 		c, err := customresource.NewCodec(crd, customresource.Options{
 			WebhookURLs:       webhooks,
+			ServiceEndpoints:  endpoints,
+			WebhookHint:       hint,
 			StaticOpenAPISpec: update.CustomResourceStaticSpec,
 			Manager:           updatepath.Manager,
 			FullFieldManager:  fullFieldManager,

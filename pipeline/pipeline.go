@@ -45,6 +45,10 @@ type Config struct {
 	// WebhookURLs maps "namespace/service" of CRD conversion webhooks to URLs
 	// reachable from here (--conversion-webhook).
 	WebhookURLs map[string]string
+	// WebhookHint, given "namespace/service", says how to give an address
+	// for a conversion webhook's Service (the flag); it ends the error when
+	// neither WebhookURLs nor the Service's ready endpoints in etcd reach it.
+	WebhookHint func(service string) string
 	// CustomResources builds the codec of one CRD's custom resources; nil uses the
 	// customresource package (the apiextensions-apiserver's read and write path).
 	CustomResources CustomResourceFactory
@@ -168,8 +172,9 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 			return nil, err
 		}
 	}
+	endpoints := &webhookEndpoints{}
 	if cfg.CustomResources == nil {
-		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, update, cfg.FullFieldManager)
+		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, cfg.WebhookHint, endpoints, update, cfg.FullFieldManager)
 	}
 	res := decode.NewResolver(cfg.Prefix, storage)
 	env := &Env{
@@ -184,7 +189,7 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 	}
 	env.Planner.Update = update
 	env.Planner.EncryptionOnly = cfg.EncryptionOnly
-	if err := env.loadCRDs(ctx); err != nil {
+	if err := env.loadCRDs(ctx, endpoints); err != nil {
 		return nil, err
 	}
 	if err := env.loadAggregatedGroups(ctx); err != nil {
@@ -353,9 +358,12 @@ func (e *Env) loadAggregatedGroups(ctx context.Context) error {
 	return nil
 }
 
-// loadCRDs reads every CRD object and registers its custom resources.
-func (e *Env) loadCRDs(ctx context.Context) error {
+// loadCRDs reads every CRD object and registers its custom resources. The
+// Services of their conversion webhooks are read first, into endpoints, which
+// the default codecs resolve them through.
+func (e *Env) loadCRDs(ctx context.Context, endpoints *webhookEndpoints) error {
 	opts := etcdscan.ScanOptions{Prefixes: []string{e.Resolver.CRDKeyPrefix()}, PageSize: e.Config.PageSize, Revision: e.Config.Revision, KeepRevision: e.Config.Revision > 0}
+	var crds []*CRD
 	_, err := e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
 		for _, kv := range page {
 			obj, err := e.Decoder.Decode(ctx, kv)
@@ -386,21 +394,35 @@ func (e *Env) loadCRDs(ctx context.Context) error {
 				}
 			}
 			e.Resolver.AddCustomResource(crd.Resource.Group, crd.Resource.Resource)
-			if e.Config.CustomResources != nil {
-				codec, err := e.Config.CustomResources(v1)
-				if err != nil {
-					crd.Err = fmt.Errorf("CRD %s: %w", v1.Name, err)
-				} else {
-					e.Decoder.AddCustomResource(crd.Resource, codec)
-					e.Planner.AddCustomResource(crd.Resource, codec)
-				}
-			}
-			e.CRDs = append(e.CRDs, crd)
+			crds = append(crds, crd)
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("read CRDs under %s: %w", e.Resolver.CRDKeyPrefix(), err)
+	}
+	if endpoints != nil {
+		objs := make([]*apiextensionsv1.CustomResourceDefinition, len(crds))
+		for i, crd := range crds {
+			objs[i] = crd.Object
+		}
+		loaded, err := e.loadWebhookEndpoints(ctx, objs)
+		if err != nil {
+			return err
+		}
+		*endpoints = *loaded
+	}
+	for _, crd := range crds {
+		if e.Config.CustomResources != nil {
+			codec, err := e.Config.CustomResources(crd.Object)
+			if err != nil {
+				crd.Err = fmt.Errorf("CRD %s: %w", crd.Object.Name, err)
+			} else {
+				e.Decoder.AddCustomResource(crd.Resource, codec)
+				e.Planner.AddCustomResource(crd.Resource, codec)
+			}
+		}
+		e.CRDs = append(e.CRDs, crd)
 	}
 	return nil
 }

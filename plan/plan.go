@@ -137,7 +137,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	for _, c := range sum.Causes {
 		if c.Cause == string(decode.ReasonConversionFailed) {
 			p.block("conversion webhooks", fmt.Sprintf("%d object(s) could not be converted, e.g. %s: %s", c.Count, c.FirstKey, c.Error),
-				"with every kube-apiserver stopped the webhook's Service is reached through --conversion-webhook NAMESPACE/SERVICE=https://POD-IP:PORT/PATH (a webhook pod's address, which keeps answering during the outage)")
+				"with every kube-apiserver stopped the webhook's Service is reached through its ready endpoints in etcd (its pods keep answering during the outage); if none answers from here, give one with --conversion-webhook NAMESPACE/SERVICE=HOST:PORT")
 		}
 	}
 	for _, crd := range env.CRDs {

@@ -58,6 +58,27 @@ func NewCA(t testing.TB, dir, name string) *CA {
 // localhost when server is set) and returns the file names.
 func (ca *CA) Issue(t testing.TB, dir, name string, server bool) (certFile, keyFile string) {
 	t.Helper()
+	if !server {
+		return ca.issue(t, dir, name, false, nil, nil)
+	}
+	return ca.issue(t, dir, name, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+}
+
+// IssueServing writes a serving certificate and key signed by the CA, valid
+// for dnsNames only (a webhook's <service>.<namespace>.svc), and returns the
+// file names.
+func (ca *CA) IssueServing(t testing.TB, dir, name string, dnsNames ...string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.issue(t, dir, name, true, dnsNames, nil)
+}
+
+// PEM is the CA's certificate (a caBundle).
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
+func (ca *CA) issue(t testing.TB, dir, name string, server bool, dnsNames []string, ips []net.IP) (certFile, keyFile string) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -72,8 +93,8 @@ func (ca *CA) Issue(t testing.TB, dir, name string, server bool) (certFile, keyF
 	}
 	if server {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-		tmpl.DNSNames = []string{"localhost"}
+		tmpl.IPAddresses = ips
+		tmpl.DNSNames = dnsNames
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
