@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -16,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -25,33 +28,15 @@ import (
 	"kube-etcd-migrate/pipeline"
 )
 
-// hostIPv4 is a non-loopback IPv4 address of this host: EndpointSlice
-// validation refuses loopback addresses, so the webhook "pod" listens there.
-func hostIPv4(t *testing.T) string {
-	t.Helper()
-	ifaces, err := net.Interfaces()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, iface := range ifaces {
-		if iface.Flags&net.FlagUp == 0 || iface.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, err := iface.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			ipn, ok := a.(*net.IPNet)
-			if !ok || ipn.IP.To4() == nil || ipn.IP.IsLoopback() || ipn.IP.IsLinkLocalUnicast() {
-				continue
-			}
-			return ipn.IP.String()
-		}
-	}
-	t.Fatal("this test needs a non-loopback IPv4 address on an interface that is up (an EndpointSlice may not hold a loopback address)")
-	return ""
-}
+// placeholderIP stands in for the webhook pod's address while kube-apiserver
+// validates the EndpointSlice, which refuses a loopback address; it has the
+// length of loopbackIP, which then replaces it in the stored bytes (as a CNI
+// whose pod addresses this node reaches): nothing ever connects to it, and
+// every connection of the test stays on loopback.
+const (
+	placeholderIP = "192.0.2.1" // TEST-NET-1, documentation only
+	loopbackIP    = "127.0.0.1"
+)
 
 // TestConversionWebhookServiceReference: a CRD whose conversion webhook
 // references a Service (no URL), reached by kube-apiserver itself with
@@ -67,7 +52,6 @@ func TestConversionWebhookServiceReference(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
 
-	ip := hostIPv4(t)
 	dir := t.TempDir()
 	ca := testpki.NewCA(t, dir, "webhook-ca")
 	certFile, keyFile := ca.IssueServing(t, dir, "conv", "conv.webhooks.svc")
@@ -77,7 +61,7 @@ func TestConversionWebhookServiceReference(t *testing.T) {
 	}
 	hook := &conversionWebhook{}
 	hook.srv = httptest.NewUnstartedServer(http.HandlerFunc(hook.serve))
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(loopbackIP, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,9 +92,26 @@ func TestConversionWebhookServiceReference(t *testing.T) {
 		ObjectMeta:  metav1.ObjectMeta{Name: "conv-abcde", Labels: map[string]string{discoveryv1.LabelServiceName: "conv", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(port)}},
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{placeholderIP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create endpointslice: %v", err)
+	}
+	// The pod's address is the loopback one: swapped into the stored bytes
+	// (same length, so the protobuf framing holds), then seen by
+	// kube-apiserver's watch before anything converts.
+	sliceKey := "/registry/endpointslices/webhooks/conv-abcde"
+	resp, err := c.cli.Get(ctx, sliceKey)
+	if err != nil || len(resp.Kvs) != 1 || !bytes.Contains(resp.Kvs[0].Value, []byte(placeholderIP)) {
+		t.Fatalf("the stored EndpointSlice %s (%v): its address is not readable in place", sliceKey, err)
+	}
+	if _, err := c.cli.Put(ctx, sliceKey, string(bytes.Replace(resp.Kvs[0].Value, []byte(placeholderIP), []byte(loopbackIP), 1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		es, err := cs.DiscoveryV1().EndpointSlices("webhooks").Get(ctx, "conv-abcde", metav1.GetOptions{})
+		return err == nil && len(es.Endpoints) == 1 && len(es.Endpoints[0].Addresses) == 1 && es.Endpoints[0].Addresses[0] == loopbackIP, nil
+	}); err != nil {
+		t.Fatalf("kube-apiserver never served the EndpointSlice with the loopback address: %v", err)
 	}
 
 	ext := apiextensionsclient.NewForConfigOrDie(rc)
