@@ -68,12 +68,20 @@ func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
 }
 
 func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error) {
+	return openFile(ctx, c, withTarget, c.String("snapshot-file"), true)
+}
+
+// openFile is open with the snapshot file to read ("" for etcd) given: verify
+// of several files opens each in turn (profiles started once, by the caller).
+func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile string, profile bool) (*session, error) {
 	s := &session{}
-	stop, err := startProfiles(c)
-	if err != nil {
-		return nil, err
+	if profile {
+		stop, err := startProfiles(c)
+		if err != nil {
+			return nil, err
+		}
+		s.stopProf = stop
 	}
-	s.stopProf = stop
 	if c.String("namespace") != "" && len(c.StringSlice("resource")) == 0 {
 		s.close()
 		return nil, usageErr("--namespace needs --resource (the keyspace is laid out by resource first)")
@@ -92,7 +100,6 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 		s.close()
 		return nil, err
 	}
-	snapshotFile := c.String("snapshot-file")
 	var ecfg etcdscan.Config
 	envRep := &envReport{}
 	if snapshotFile == "" {
@@ -116,7 +123,7 @@ func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error
 	}
 	var cli *clientv3.Client
 	if snapshotFile != "" && readsInPlace(c) {
-		if s.file, err = openSnapshotFile(c); err != nil {
+		if s.file, err = openSnapshotFile(c, snapshotFile); err != nil {
 			s.close()
 			return nil, err
 		}

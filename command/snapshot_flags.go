@@ -89,15 +89,15 @@ func readsInPlace(c *cli.Context) bool {
 
 // openSnapshotFile opens --snapshot-file for reading in place and says on
 // stderr what it is.
-func openSnapshotFile(c *cli.Context) (*snapshotdb.File, error) {
-	f, err := snapshotdb.Open(c.String("snapshot-file"), snapshotdb.Options{SkipHashCheck: c.Bool("skip-hash-check")})
+func openSnapshotFile(c *cli.Context, path string) (*snapshotdb.File, error) {
+	f, err := snapshotdb.Open(path, snapshotdb.Options{SkipHashCheck: c.Bool("skip-hash-check")})
 	if err != nil {
 		return nil, err
 	}
 	in := f.Info
 	fmt.Fprintf(c.App.ErrWriter, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s); read in place, read-only\n",
 		in.Path, hashWords(in.Hash), in.Revision, max(in.CompactRevision, 1), in.Leases)
-	if w := authIgnored(c); w != "" {
+	if w := authIgnored(c, path); w != "" {
 		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
 	}
 	return f, nil
@@ -110,7 +110,7 @@ func openSnapshotFile(c *cli.Context) (*snapshotdb.File, error) {
 // ETCDCTL_PASSWORD are often exported in the shell that runs the tool, and the
 // same flags work for the commands that write (their restored copy enforces
 // the snapshot's auth).
-func authIgnored(c *cli.Context) string {
+func authIgnored(c *cli.Context, path string) string {
 	var set []string
 	for _, f := range []string{"user", "password"} {
 		if c.IsSet(f) {
@@ -121,7 +121,7 @@ func authIgnored(c *cli.Context) string {
 		return ""
 	}
 	return fmt.Sprintf("%s ignored: %s is read in place, and a snapshot file has no etcd auth to check them (whoever can read the file can read every key in it; migrate and quarantine, which restore a copy, use them)",
-		strings.Join(set, " and "), c.String("snapshot-file"))
+		strings.Join(set, " and "), path)
 }
 
 func hashWords(h snapshotdb.Hash) string {

@@ -17,7 +17,7 @@ func verifyCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "verify",
 		Usage:        "read-only audit: what is current, stale or unreadable for the target release",
-		Flags:        append(append(commonFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.BoolFlag{Name: "fail-on-orphaned", Usage: "strict audit: exit 4 when a key no built-in resource or CRD owns is found (orphaned keys are reported but do not fail the gate otherwise)"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}, revisionFlag()),
+		Flags:        append(append(verifyFlags(), targetFlags()...), outputFlag("table", "table", "json", "yaml"), &cli.IntFlag{Name: "show-keys", Value: 5, Usage: "list the first N keys of each class per resource"}, &cli.BoolFlag{Name: "fail-on-orphaned", Usage: "strict audit: exit 4 when a key no built-in resource or CRD owns is found (orphaned keys are reported but do not fail the gate otherwise)"}, &cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here (node_exporter textfile collector)"}, revisionFlag()),
 		Action:       cmdVerify,
 		OnUsageError: commandUsageError,
 	}
@@ -26,6 +26,13 @@ func verifyCommand() *cli.Command {
 func cmdVerify(c *cli.Context) error {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
+	targets, several, err := snapshotTargets(c)
+	if err != nil {
+		return err
+	}
+	if several {
+		return verifySnapshotFiles(ctx, c, targets)
+	}
 	s, err := open(ctx, c, true)
 	if err != nil {
 		return err

@@ -138,6 +138,10 @@ type Report struct {
 	// FailOnOrphaned.
 	Orphaned       []decode.OrphanGroup `json:"orphaned,omitempty"`
 	FailOnOrphaned bool                 `json:"failOnOrphaned,omitempty"`
+	// Encryption counts the objects by the encryption provider and key they
+	// are stored under, and where that stands in the configuration (first,
+	// later, or none decrypts it): which keys the keyspace still needs.
+	Encryption []EncryptionCount `json:"encryption,omitempty"`
 	// Warnings are the environment's (pipeline.Env.Warnings, e.g. a KMS
 	// plugin that does not work), also printed on stderr: a runbook reading
 	// the report sees why objects are unreadable.
@@ -148,6 +152,7 @@ type Report struct {
 	ShowKeys   int      `json:"-"`
 	byResource map[string]*ResourceReport
 	orphans    decode.Orphans
+	encryption map[encryptionKey]int64
 }
 
 // Run audits the keyspace the environment selects at one revision
@@ -202,6 +207,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 	sort.Slice(r.Resources, func(i, j int) bool { return r.Resources[i].Name() < r.Resources[j].Name() })
 	r.byResource = nil
 	r.Orphaned = r.orphans.Groups()
+	r.Encryption, r.encryption = r.encryptionCounts(), nil
 	r.CRDs = crds.statuses()
 	return r, nil
 }
@@ -245,6 +251,7 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 		r.orphans.Add(env.Resolver.Prefix(), d.Err, d.OldSize)
 		return
 	}
+	r.addEncryption(env, d)
 	gr := d.Resource
 	if gr.Resource == "" {
 		gr = decode.GuessResource(env.Resolver.Prefix(), d.Key)

@@ -80,6 +80,9 @@ func (r *Report) writeTable(w io.Writer) error {
 	if s.NotObjects > 0 {
 		ew.printf("(%d key(s) that are not API objects, such as compact_rev_key, were left out)\n", s.NotObjects)
 	}
+	if len(r.Encryption) > 0 {
+		ew.printf("Encryption: %s\n", EncryptionSummary(r.Encryption))
+	}
 
 	if s.Stale > 0 && r.ShowKeys > 0 {
 		ew.printf("\nStale keys (first %d per resource):\n", r.ShowKeys)

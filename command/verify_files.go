@@ -1,0 +1,313 @@
+package command
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/snapshotdb"
+	"kube-etcd-migrate/verify"
+)
+
+// snapshotFileList is verify's --snapshot-file: the flag repeated, or
+// comma-separated values (as kubectl's --filename and etcdctl's --endpoints),
+// each a snapshot file or a directory of them. Its String is the values
+// joined by commas: one file reads as the other commands' --snapshot-file.
+type snapshotFileList struct{ paths []string }
+
+func (l *snapshotFileList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			l.paths = append(l.paths, p)
+		}
+	}
+	return nil
+}
+
+func (l *snapshotFileList) String() string { return strings.Join(l.paths, ",") }
+
+// verifySnapshotFileFlag is verify's --snapshot-file, which takes several files.
+func verifySnapshotFileFlag() cli.Flag {
+	return &cli.GenericFlag{Name: "snapshot-file", Value: &snapshotFileList{}, Usage: "read etcd snapshot files instead of a live etcd, in place and read-only (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check); several at once: the flag repeated, comma-separated paths, or a directory (every etcd snapshot in it; other files are listed as skipped): one line per file says the exit it would have alone and how many objects are under each encryption provider and key, the exit is the worst (4 before 1 before 3). The etcd connection flags are ignored (--user/--password with a warning: a file has no auth)"}
+}
+
+// verifyFlags are commonFlags with the --snapshot-file that takes several files.
+func verifyFlags() []cli.Flag {
+	flags := commonFlags()
+	for i, f := range flags {
+		if f.Names()[0] == "snapshot-file" {
+			flags[i] = verifySnapshotFileFlag()
+		}
+	}
+	return flags
+}
+
+// snapshotTarget is one file verify of several reads, or skips.
+type snapshotTarget struct {
+	path    string
+	skipped string // why it is not read: a file of a directory that is no etcd snapshot
+}
+
+// snapshotTargets expands verify's --snapshot-file: several is false for no
+// file or a single path that is not a directory (read as the other commands
+// read it). A directory gives its files in name order (not its
+// subdirectories, not hidden files); those that do not start as an etcd
+// snapshot does are listed as skipped. A directory without a snapshot is an
+// error: a gate over the wrong directory must not pass.
+func snapshotTargets(c *cli.Context) (targets []snapshotTarget, several bool, err error) {
+	l, _ := c.Generic("snapshot-file").(*snapshotFileList)
+	if l == nil || len(l.paths) == 0 {
+		return nil, false, nil
+	}
+	if len(l.paths) == 1 {
+		if fi, err := os.Stat(l.paths[0]); err != nil || !fi.IsDir() {
+			return nil, false, nil
+		}
+	}
+	seen := map[string]bool{}
+	add := func(t snapshotTarget) {
+		if !seen[t.path] {
+			seen[t.path] = true
+			targets = append(targets, t)
+		}
+	}
+	for _, p := range l.paths {
+		fi, err := os.Stat(p)
+		if err != nil || !fi.IsDir() {
+			add(snapshotTarget{path: p}) // named: read, and refused if it is no snapshot
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return nil, true, fmt.Errorf("--snapshot-file %s: %w", p, err)
+		}
+		found := 0
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			path := filepath.Join(p, e.Name())
+			fi, err := os.Stat(path) // through a symbolic link
+			if err != nil {
+				add(snapshotTarget{path: path})
+				continue
+			}
+			if !fi.Mode().IsRegular() {
+				continue
+			}
+			ok, err := snapshotdb.LooksLikeDatabase(path)
+			switch {
+			case err != nil:
+				add(snapshotTarget{path: path}) // unreadable: reading it names the error
+				found++
+			case ok:
+				add(snapshotTarget{path: path})
+				found++
+			default:
+				add(snapshotTarget{path: path, skipped: "not an etcd snapshot (no bbolt header: compressed or encrypted? decompress or decrypt it to check it)"})
+			}
+		}
+		if found == 0 {
+			return nil, true, fmt.Errorf("--snapshot-file %s: no etcd snapshot in this directory", p)
+		}
+	}
+	return targets, true, nil
+}
+
+// fileVerdict is one file's line of verify over several snapshot files.
+type fileVerdict struct {
+	Path string `json:"path"`
+	// Exit is what verify of this file alone would exit; -1 for a skipped file.
+	Exit     int    `json:"exit"`
+	Skipped  string `json:"skipped,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Revision int64  `json:"revision,omitempty"`
+	Target   string `json:"target,omitempty"`
+	// Summary counts the file's objects by verdict (none for a file not read).
+	Summary *verify.Counts `json:"summary,omitempty"`
+	// Encryption counts the objects by provider and key, and where each stands
+	// in the configuration: "unreadable" ones need a key it does not have.
+	Encryption []verify.EncryptionCount `json:"encryption,omitempty"`
+	// NeedsKeys are the providers and keys of objects no provider of the
+	// configuration decrypts.
+	NeedsKeys      []string         `json:"needsKeys,omitempty"`
+	UnreadableKeys []verify.KeyLine `json:"unreadableKeys,omitempty"`
+}
+
+// filesReport is verify over several snapshot files.
+type filesReport struct {
+	Files    []fileVerdict `json:"files"`
+	ExitCode int           `json:"exitCode"`
+	Verdict  string        `json:"verdict"`
+}
+
+// verifySnapshotFiles runs verify on each file in turn, one open at a time
+// (each file's session closed before the next opens: memory is one file's),
+// through the same code as verify of one file.
+func verifySnapshotFiles(ctx context.Context, c *cli.Context, targets []snapshotTarget) error {
+	if hasFlag(c, "revision") && c.IsSet("revision") {
+		return usageErr("--revision with several --snapshot-file: each file is read at its own revision; give one file")
+	}
+	if c.String("metrics-file") != "" {
+		return usageErr("--metrics-file with several --snapshot-file: the metrics are one report's; give one file")
+	}
+	stop, err := startProfiles(c)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	rep := &filesReport{}
+	for _, t := range targets {
+		if t.skipped != "" {
+			rep.Files = append(rep.Files, fileVerdict{Path: t.path, Exit: -1, Skipped: t.skipped})
+			continue
+		}
+		v, err := verifyOneFile(ctx, c, t.path)
+		if err != nil {
+			return err
+		}
+		rep.Files = append(rep.Files, v)
+	}
+	rep.ExitCode, rep.Verdict = rep.verdict()
+	write := func(w io.Writer, format string) error {
+		if format == "json" {
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
+		}
+		return rep.writeTable(w, c.Int("show-keys"))
+	}
+	if err := writeReport(c.App.Writer, c.String("output"), write); err != nil {
+		return err
+	}
+	if rep.ExitCode == exitOK {
+		return nil
+	}
+	return &codeError{code: rep.ExitCode, err: fmt.Errorf("exit %d", rep.ExitCode), quiet: true}
+}
+
+// verifyOneFile is verify of one file: its verdict, or an exit 1 line naming
+// it when it cannot be read. The error returned stops the whole run: a usage
+// error (the same for every file) or a signal.
+func verifyOneFile(ctx context.Context, c *cli.Context, path string) (fileVerdict, error) {
+	v := fileVerdict{Path: path, Exit: exitError}
+	s, err := openFile(ctx, c, true, path, false)
+	if err == nil {
+		defer s.close()
+		var r *verify.Report
+		r, err = verify.Run(ctx, s.env, verify.Options{ShowKeys: c.Int("show-keys"), FailOnOrphaned: c.Bool("fail-on-orphaned")})
+		if err == nil {
+			sum := r.Summary
+			v.Exit, v.Revision, v.Target, v.Summary, v.Encryption = r.ExitCode(), r.Revision, r.Target, &sum, r.Encryption
+			v.NeedsKeys = verify.NeedsMissingKey(r.Encryption)
+			for _, rr := range r.Resources {
+				v.UnreadableKeys = append(v.UnreadableKeys, rr.UnreadableKeys...)
+			}
+			return v, nil
+		}
+	}
+	var ce *codeError
+	if ctx.Err() != nil || (errors.As(err, &ce) && ce.code == exitUsage) {
+		return v, err
+	}
+	v.Error = err.Error()
+	fmt.Fprintf(c.App.ErrWriter, "error: %v\n", err)
+	return v, nil
+}
+
+// verdict is the overall exit and its sentence: 4 when a file holds objects
+// this configuration cannot read (a key it no longer has, above all), then 1
+// when a file could not be read, then 3 when something is stale, else 0. Every
+// code but 0 and 3 means a backup may need what the configuration lacks.
+func (r *filesReport) verdict() (int, string) {
+	var needKey, unreadable, failed, stale []string
+	read := 0
+	for _, f := range r.Files {
+		switch {
+		case f.Skipped != "":
+			continue
+		case f.Exit == verify.ExitUnreadable && len(f.NeedsKeys) > 0:
+			needKey = append(needKey, fmt.Sprintf("%s (%s)", f.Path, strings.Join(f.NeedsKeys, ", ")))
+		case f.Exit == verify.ExitUnreadable:
+			unreadable = append(unreadable, f.Path)
+		case f.Exit == exitError:
+			failed = append(failed, f.Path)
+		case f.Exit == verify.ExitStale:
+			stale = append(stale, f.Path)
+		}
+		read++
+	}
+	var parts []string
+	code := exitOK
+	if len(needKey) > 0 {
+		code = exitUnreadable
+		parts = append(parts, fmt.Sprintf("%d file(s) need a key this configuration does not have: %s. Keep that key until they are re-encrypted (migrate --snapshot-file IN --output-snapshot OUT --encryption-only, with a configuration that still has it) or no longer kept.", len(needKey), strings.Join(needKey, "; ")))
+	}
+	if len(unreadable) > 0 {
+		code = exitUnreadable
+		parts = append(parts, fmt.Sprintf("%d file(s) hold objects unreadable for another reason than a key (listed): %s.", len(unreadable), strings.Join(unreadable, ", ")))
+	}
+	if len(failed) > 0 {
+		if code == exitOK {
+			code = exitError
+		}
+		parts = append(parts, fmt.Sprintf("%d file(s) could not be read (damaged, not a snapshot, or unreadable; named above): %s: nothing is known of what they need.", len(failed), strings.Join(failed, ", ")))
+	}
+	if code == exitOK && len(stale) > 0 {
+		code = exitStale
+	}
+	if code == exitOK || code == exitStale {
+		s := fmt.Sprintf("every object of the %d file(s) is readable with this configuration", read)
+		if len(stale) > 0 {
+			s += fmt.Sprintf("; %d of them hold stale objects (under a later key, or not as this release stores them): %s", len(stale), strings.Join(stale, ", "))
+		}
+		parts = append([]string{s + "."}, parts...)
+	}
+	return code, fmt.Sprintf("VERDICT: %s Exit %d.", strings.Join(parts, " "), code)
+}
+
+func (r *filesReport) writeTable(w io.Writer, show int) error {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FILE\tEXIT\tREVISION\tOBJECTS\tSTALE\tUNREADABLE\tOBJECTS BY ENCRYPTION (provider:key=N (first|later|unreadable))")
+	for _, f := range r.Files {
+		switch {
+		case f.Skipped != "":
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\tskipped: %s\n", f.Path, f.Skipped)
+		case f.Summary == nil:
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\tnot read (error above)\n", f.Path, f.Exit)
+		default:
+			s := f.Summary
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Path, f.Exit, f.Revision, s.Objects, s.Stale, s.Unreadable, verify.EncryptionSummary(f.Encryption))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if show > 0 {
+		for _, f := range r.Files {
+			if len(f.UnreadableKeys) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "\nUnreadable in %s (first %d per resource):\n", f.Path, show)
+			for _, k := range f.UnreadableKeys {
+				line := fmt.Sprintf("  %s  %s", k.Key, k.Reason)
+				if k.Detail != "" {
+					line += ": " + k.Detail
+				}
+				fmt.Fprintf(&b, "%s\n", line)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "\n%s\n", r.Verdict)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
