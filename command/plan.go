@@ -73,12 +73,32 @@ func cmdPlan(c *cli.Context) error {
 	return nil
 }
 
+// webhookLine says whether a CRD's conversion webhook answered from here.
+func webhookLine(wh plan.WebhookCheck) string {
+	name := fmt.Sprintf("conversion webhook of %s (%s)", wh.CRD, wh.Target)
+	if wh.Target == "" {
+		name = "conversion webhook of " + wh.CRD
+	}
+	switch {
+	case wh.Answered && wh.Conversions > 0 && wh.Failures > 0:
+		return fmt.Sprintf("warning: %s answered at %s: %d object(s) converted, %d failed (a blocker below): %s", name, wh.Address, wh.Conversions, wh.Failures, wh.Error)
+	case wh.Answered && wh.Conversions > 0:
+		return fmt.Sprintf("ok: %s answered at %s: %d object(s) converted", name, wh.Address, wh.Conversions)
+	case wh.Answered:
+		return fmt.Sprintf("ok: %s answered at %s (TLS handshake verified; no stored object needs converting)", name, wh.Address)
+	case wh.Failures > 0:
+		return fmt.Sprintf("warning: %s did not answer: %d conversion(s) failed (a blocker below): %s", name, wh.Failures, wh.Error)
+	default:
+		return fmt.Sprintf("warning: %s does not answer from here: %s (no stored object needs converting, so migrate will not call it; kube-apiserver will)", name, wh.Error)
+	}
+}
+
 func writePlan(w io.Writer, p *plan.Plan) error {
 	for _, l := range p.Checks {
 		fmt.Fprintf(w, "ok: %s\n", l)
 	}
 	for _, wh := range p.Webhooks {
-		fmt.Fprintf(w, "conversion webhook: %s (its objects are converted through it; a failure is a blocker below)\n", wh)
+		fmt.Fprintln(w, webhookLine(wh))
 	}
 	decided := time.Duration(p.Estimate.DecideSeconds * float64(time.Second)).Round(time.Millisecond)
 	if err := writeSummary(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, Consistent: p.Consistent, DurationText: decided.String()}, "table"); err != nil {

@@ -29,6 +29,7 @@ import (
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/internal/testpki"
 	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/plan"
 )
 
 // podWebhook is a conversion webhook pod: a real HTTPS server on loopback whose
@@ -275,5 +276,82 @@ func TestConversionWebhookFlag(t *testing.T) {
 		if _, err := parseWebhooks([]string{bad}); err == nil || !strings.Contains(err.Error(), "--conversion-webhook") {
 			t.Errorf("--conversion-webhook %s accepted: %v", bad, err)
 		}
+	}
+}
+
+// TestPlanSaysWhetherWebhooksAnswer: the plan says, for a CRD whose conversion
+// webhook references a Service, whether it answered from here — the objects
+// it converted in the decision and the endpoint, or, when none needs
+// converting, a verified TLS handshake; a webhook that does not answer is a
+// warning when nothing needs it, a blocker when objects do.
+func TestPlanSaysWhetherWebhooksAnswer(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	hook := startPodWebhook(t)
+	port := hook.port(t)
+	crd := seed.WidgetCRD()
+	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig: &apiextensionsv1.WebhookClientConfig{
+				Service:  &apiextensionsv1.ServiceReference{Namespace: "webhooks", Name: "conv", Path: ptr.To("/convert"), Port: ptr.To[int32](443)},
+				CABundle: hook.caBundle,
+			},
+			ConversionReviewVersions: []string{"v1"},
+		}}
+	c.Put("/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", decode.CRDGroupResource, crd, "", "", "")
+	putWebhookService(c, port, []string{"127.0.0.2", "127.0.0.1"})
+	putOldWidgets(t, c, 0, 3)
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--target-version", "1.37"}
+	live := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
+	dead := net.JoinHostPort("127.0.0.2", strconv.Itoa(int(port)))
+	planJSON := func() (int, plan.Plan) {
+		t.Helper()
+		code, out, stderr := runCLI(t, append([]string{"plan", "-o", "json"}, conn...)...)
+		var p plan.Plan
+		if err := json.Unmarshal([]byte(out), &p); err != nil {
+			t.Fatalf("plan -o json: exit %d, %v\n%s%s", code, err, out, stderr)
+		}
+		if len(p.Webhooks) != 1 || p.Webhooks[0].CRD != "widgets.example.com" || p.Webhooks[0].Target != "service webhooks/conv:443" {
+			t.Fatalf("plan: conversion webhooks %+v, want widgets.example.com's service webhooks/conv:443", p.Webhooks)
+		}
+		return code, p
+	}
+
+	// Three widgets to convert: the live pod converts them in the decision.
+	code, p := planJSON()
+	if wh := p.Webhooks[0]; code != exitOK || !wh.Answered || wh.Conversions != 3 || wh.Failures != 0 || wh.Address != live {
+		t.Errorf("plan with three widgets to convert: exit %d, %+v; want answered at %s, 3 converted", code, wh, live)
+	}
+	code, out, _ := runCLI(t, append([]string{"plan"}, conn...)...)
+	if want := "ok: conversion webhook of widgets.example.com (service webhooks/conv:443) answered at " + live + ": 3 object(s) converted"; code != exitOK || !strings.Contains(out, want) {
+		t.Errorf("plan: exit %d, no line %q\n%s", code, want, out)
+	}
+
+	// Migrated: nothing needs converting; the plan still checks the webhook answers.
+	if code, _, out := migrateJSON(t, conn...); code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s", code, out)
+	}
+	called := len(hook.called())
+	code, p = planJSON()
+	if wh := p.Webhooks[0]; code != exitOK || !wh.Answered || wh.Conversions != 0 || wh.Address != live {
+		t.Errorf("plan with nothing to convert: exit %d, %+v; want answered at %s by a handshake", code, wh, live)
+	}
+	if n := len(hook.called()); n != called {
+		t.Errorf("the plan sent %d conversion request(s) though nothing needed converting", n-called)
+	}
+
+	// The pod is gone: a warning while nothing needs it, a blocker once objects do.
+	putWebhookService(c, port, []string{"127.0.0.2"})
+	code, p = planJSON()
+	if wh := p.Webhooks[0]; code != exitOK || wh.Answered || !strings.Contains(wh.Error, dead) || len(p.Blockers) != 0 {
+		t.Errorf("plan, pod gone, nothing to convert: exit %d, %+v, blockers %+v; want not answered naming %s, no blocker", code, wh, p.Blockers, dead)
+	}
+	code, out, _ = runCLI(t, append([]string{"plan"}, conn...)...)
+	if want := "warning: conversion webhook of widgets.example.com (service webhooks/conv:443) does not answer from here: "; code != exitOK || !strings.Contains(out, want) || !strings.Contains(out, "migrate will not call it; kube-apiserver will") {
+		t.Errorf("plan, pod gone: exit %d, no line %q\n%s", code, want, out)
+	}
+	putOldWidgets(t, c, 3, 2)
+	code, p = planJSON()
+	if wh := p.Webhooks[0]; code != exitError || wh.Answered || wh.Failures != 2 || len(p.Blockers) != 1 || p.Blockers[0].Check != "conversion webhooks" {
+		t.Errorf("plan, pod gone, two widgets to convert: exit %d, %+v, blockers %+v; want exit 1, 2 failures, the webhook blocker", code, wh, p.Blockers)
 	}
 }

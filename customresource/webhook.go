@@ -42,6 +42,24 @@ type webhookConverter struct {
 	restClient               *rest.RESTClient
 	conversionReviewVersions []string
 	timeout                  time.Duration
+
+	// What the webhook did in this run (WebhookStatus).
+	mu          sync.Mutex
+	conversions int64
+	failures    int64
+	lastErr     string
+}
+
+// count records the outcome of one conversion.
+func (w *webhookConverter) count(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.failures++
+		w.lastErr = err.Error()
+		return
+	}
+	w.conversions++
 }
 
 // ServiceEndpoints gives the ready endpoints ("host:port") of a port of a
@@ -107,7 +125,8 @@ func (r *offlineServiceResolver) ResolveEndpoint(namespace, name string, port in
 	serverName := name + "." + namespace + ".svc"
 	unreachable := &WebhookUnreachableError{CRD: r.crd, Service: key, Port: port, Hint: r.hintFor(key)}
 	for _, addr := range candidates {
-		if err := probe(addr, serverName, r.caBundle); err != nil {
+		// webhook.ServiceResolver gives no context: the handshake's own timeout bounds it.
+		if err := probe(context.Background(), addr, serverName, r.caBundle); err != nil {
 			unreachable.Attempts = append(unreachable.Attempts, WebhookAttempt{Address: addr, Err: err.Error()})
 			continue
 		}
@@ -128,7 +147,7 @@ func (r *offlineServiceResolver) hintFor(service string) string {
 // probe completes a TLS handshake with addr as kube-apiserver's webhook client
 // would: serverName checked against caBundle (the system's roots without one),
 // HTTP/1.1 offered.
-func probe(addr, serverName string, caBundle []byte) error {
+func probe(ctx context.Context, addr, serverName string, caBundle []byte) error {
 	cfg := &tls.Config{ServerName: serverName, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}
 	if len(caBundle) > 0 {
 		cfg.RootCAs = x509.NewCertPool()
@@ -136,11 +155,102 @@ func probe(addr, serverName string, caBundle []byte) error {
 			return errors.New("the CRD's caBundle holds no PEM certificate")
 		}
 	}
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: ProbeTimeout}, "tcp", addr, cfg)
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: ProbeTimeout}, Config: cfg}
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
 	return conn.Close()
+}
+
+// WebhookStatus is what a CRD's conversion webhook did for this codec: how
+// many objects it converted and how many conversions failed, the address that
+// answered, and, when it converted nothing, whether it can be reached at all
+// (a TLS handshake checked as kube-apiserver's client checks it).
+type WebhookStatus struct {
+	// Target is the webhook as the CRD names it: service NAMESPACE/NAME:PORT
+	// (with the address given for it, if any), or its URL's host.
+	Target      string
+	Answered    bool
+	Address     string // the address that answered last
+	Conversions int64
+	Failures    int64
+	// Err is why it did not answer, or the last failed conversion.
+	Err string
+}
+
+// Webhook says what the CRD's conversion webhook did in this run; when it
+// converted nothing it is probed (a TLS handshake with each ready endpoint of
+// its Service, or its URL's host). ok is false for a CRD without one.
+func (c *Codec) Webhook(ctx context.Context) (status WebhookStatus, ok bool) {
+	if c.webhook == nil {
+		return WebhookStatus{}, false
+	}
+	w := c.webhook
+	w.mu.Lock()
+	status.Conversions, status.Failures, status.Err = w.conversions, w.failures, w.lastErr
+	w.mu.Unlock()
+
+	cc := c.crd.Spec.Conversion.Webhook.ClientConfig
+	if cc.Service != nil {
+		port := int32(443)
+		if cc.Service.Port != nil {
+			port = *cc.Service.Port
+		}
+		key := cc.Service.Namespace + "/" + cc.Service.Name
+		status.Target = fmt.Sprintf("service %s:%d", key, port)
+		if addr, given := c.resolver.urls[key]; given {
+			status.Target += " at " + addr + " (--conversion-webhook)"
+		}
+		if status.Conversions > 0 {
+			status.Answered = true
+			c.resolver.mu.Lock()
+			status.Address = c.resolver.last
+			c.resolver.mu.Unlock()
+			if addr, given := c.resolver.urls[key]; given {
+				status.Address, _, _ = ParseWebhookAddress(addr)
+			}
+			return status, true
+		}
+		u, err := c.resolver.ResolveEndpoint(cc.Service.Namespace, cc.Service.Name, port)
+		if err == nil {
+			// An address the operator gave is not probed by the resolver.
+			if _, given := c.resolver.urls[key]; given {
+				err = probe(ctx, u.Host, cc.Service.Name+"."+cc.Service.Namespace+".svc", c.resolver.caBundle)
+			}
+		}
+		if err != nil {
+			status.Err = err.Error()
+			return status, true
+		}
+		status.Answered, status.Address = true, u.Host
+		return status, true
+	}
+	if cc.URL == nil {
+		status.Err = "no service and no URL in the CRD's conversion webhook clientConfig"
+		return status, true
+	}
+	u, err := url.Parse(*cc.URL)
+	if err != nil {
+		status.Target = *cc.URL
+		status.Err = err.Error()
+		return status, true
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "443")
+	}
+	status.Target = "url host " + host
+	if status.Conversions > 0 {
+		status.Answered, status.Address = true, host
+		return status, true
+	}
+	if err := probe(ctx, host, u.Hostname(), c.resolver.caBundle); err != nil {
+		status.Err = err.Error()
+		return status, true
+	}
+	status.Answered, status.Address = true, host
+	return status, true
 }
 
 // WebhookAttempt is one endpoint tried and why it did not answer.
@@ -370,12 +480,18 @@ func getRawExtensionObject(rx runtime.RawExtension) (runtime.Object, error) {
 
 // convert is webhookConverter.Convert for a single object that is not in toGV.
 func (w *webhookConverter) convert(ctx context.Context, in *unstructured.Unstructured, toGV schema.GroupVersion) (*unstructured.Unstructured, error) {
-	inGVK := in.GroupVersionKind()
-	desiredAPIVersion := toGV.String()
-	if in.GetAPIVersion() == desiredAPIVersion {
+	if in.GetAPIVersion() == toGV.String() {
 		// getObjectsToConvert returns nothing: the object is returned as is.
 		return in, nil
 	}
+	out, err := w.convertOne(ctx, in, toGV)
+	w.count(err)
+	return out, err
+}
+
+func (w *webhookConverter) convertOne(ctx context.Context, in *unstructured.Unstructured, toGV schema.GroupVersion) (*unstructured.Unstructured, error) {
+	inGVK := in.GroupVersionKind()
+	desiredAPIVersion := toGV.String()
 	requestUID := uuid.NewUUID()
 	objects := []runtime.RawExtension{{Object: in}}
 	request, response, err := createConversionReviewObjects(w.conversionReviewVersions, objects, desiredAPIVersion, requestUID)

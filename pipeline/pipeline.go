@@ -96,6 +96,9 @@ type CRD struct {
 	StorageVersion string
 	StoredVersions []string
 	Object         *apiextensionsv1.CustomResourceDefinition
+	// Codec reads and writes its custom resources (nil when Err is set or no
+	// CustomResourceFactory was configured).
+	Codec CustomResourceCodec
 	// Err is set when the CRD's custom resources cannot be read (its codec failed).
 	Err error
 }
@@ -418,6 +421,7 @@ func (e *Env) loadCRDs(ctx context.Context, endpoints *webhookEndpoints) error {
 			if err != nil {
 				crd.Err = fmt.Errorf("CRD %s: %w", crd.Object.Name, err)
 			} else {
+				crd.Codec = codec
 				e.Decoder.AddCustomResource(crd.Resource, codec)
 				e.Planner.AddCustomResource(crd.Resource, codec)
 			}

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/liveness"
@@ -56,6 +57,20 @@ type Estimate struct {
 	Basis           string  `json:"basis"`
 }
 
+// WebhookCheck is whether a CRD's conversion webhook answered from here:
+// it converted the objects the decision needed converted, or, when none
+// needed it, completed a TLS handshake checked as kube-apiserver's client
+// checks it.
+type WebhookCheck struct {
+	CRD         string `json:"crd"`
+	Target      string `json:"target"`
+	Answered    bool   `json:"answered"`
+	Address     string `json:"address,omitempty"`
+	Conversions int64  `json:"conversions"`
+	Failures    int64  `json:"failures"`
+	Error       string `json:"error,omitempty"`
+}
+
 // Plan is the answer.
 type Plan struct {
 	Revision   int64                     `json:"revision"`
@@ -64,7 +79,7 @@ type Plan struct {
 	Resources  []migrate.ResourceSummary `json:"resources"`
 	Causes     []migrate.FailureCause    `json:"unreadable,omitempty"`
 	CRDs       []migrate.CRDResult       `json:"crds,omitempty"`
-	Webhooks   []string                  `json:"conversionWebhooks,omitempty"`
+	Webhooks   []WebhookCheck            `json:"conversionWebhooks,omitempty"`
 	Members    []etcdscan.MemberHealth   `json:"members"`
 	Checks     []string                  `json:"checks"`
 	Blockers   []Blocker                 `json:"blockers"`
@@ -140,11 +155,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 				"with every kube-apiserver stopped the webhook's Service is reached through its ready endpoints in etcd (its pods keep answering during the outage); if none answers from here, give one with --conversion-webhook NAMESPACE/SERVICE=HOST:PORT")
 		}
 	}
-	for _, crd := range env.CRDs {
-		if crd.Object != nil && crd.Object.Spec.Conversion != nil && crd.Object.Spec.Conversion.Strategy == "Webhook" {
-			p.Webhooks = append(p.Webhooks, crd.Resource.String())
-		}
-	}
+	p.checkWebhooks(ctx, env)
 	var dbSize int64
 	for _, m := range members {
 		dbSize = max(dbSize, m.DBSize)
@@ -190,6 +201,40 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		p.blockErr("encryption providers", err, "start the KMS plugin (its socket must answer on this node) or fix the key in the encryption configuration")
 	} else {
 		p.Checks = append(p.Checks, "write encryption providers encrypt and decrypt a probe value")
+	}
+}
+
+// webhookReporter is a custom resource codec that says what its CRD's
+// conversion webhook did (customresource.Codec).
+type webhookReporter interface {
+	Webhook(ctx context.Context) (customresource.WebhookStatus, bool)
+}
+
+// checkWebhooks reports, for each CRD with a conversion webhook, whether it
+// answered. One that failed conversions is already a blocker (the decision's
+// causes); one that nothing needed and that does not answer is reported, not
+// a blocker: migrate does not call it, though kube-apiserver will.
+func (p *Plan) checkWebhooks(ctx context.Context, env *pipeline.Env) {
+	for _, crd := range env.CRDs {
+		if crd.Object == nil || crd.Object.Spec.Conversion == nil || crd.Object.Spec.Conversion.Strategy != "Webhook" {
+			continue
+		}
+		check := WebhookCheck{CRD: crd.Object.Name}
+		r, ok := crd.Codec.(webhookReporter)
+		if !ok {
+			check.Error = "its custom resources cannot be read"
+			if crd.Err != nil {
+				check.Error = crd.Err.Error()
+			}
+			p.Webhooks = append(p.Webhooks, check)
+			continue
+		}
+		st, ok := r.Webhook(ctx)
+		if !ok {
+			continue
+		}
+		check.Target, check.Answered, check.Address, check.Conversions, check.Failures, check.Error = st.Target, st.Answered, st.Address, st.Conversions, st.Failures, st.Err
+		p.Webhooks = append(p.Webhooks, check)
 	}
 }
 
