@@ -65,14 +65,13 @@ type File struct {
 	Info Info
 
 	dataSize int64 // the database's bytes (the file less etcd's trailer)
-	// countable: every compaction the file records finished, so that a pass
-	// counts the keys of a whole range at once (window.total).
-	countable bool
-	txID      int // the database's transaction ID when opened: a reopen must see the same
+	txID     int   // the database's transaction ID when opened: a reopen must see the same
 
-	mu     sync.Mutex
-	cache  *cached      // the last pass's window
-	passes atomic.Int64 // passes over the file made (tests)
+	building sync.Mutex // held while an index is built
+	mu       sync.Mutex
+	cache    *index       // the index of the last revision read
+	passes   atomic.Int64 // passes over the file made (tests)
+	spills   atomic.Int64 // runs of an index spilled to disk (tests)
 }
 
 // Open checks the file at path and reads its revisions and leases. The file
@@ -96,9 +95,25 @@ func Open(path string, opts Options) (*File, error) {
 	return f, nil
 }
 
-// Close releases nothing: every read opened and closed the database itself.
-// It is there for symmetry with the restore path.
-func (f *File) Close() error { return nil }
+// Close drops the index of the keys the reads kept (its temporary file is
+// closed once the last read using it ends); every read opened and closed the
+// database itself. The File can still be read: the index is built again.
+func (f *File) Close() error {
+	f.forget()
+	return nil
+}
+
+// forget drops the cached index.
+func (f *File) forget() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	x := f.cache
+	f.cache = nil
+	f.mu.Unlock()
+	x.release()
+}
 
 // describe reads the revisions as etcd's store restores them, and the leases.
 func (f *File) describe(r *reader) error {
@@ -108,7 +123,6 @@ func (f *File) describe(r *reader) error {
 	// etcd finishes a compaction that was scheduled but not finished when it
 	// starts on the file: from then on, what is below it cannot be read.
 	f.Info.CompactRevision = max(finished, scheduled)
-	f.countable = finished >= scheduled
 	last := int64(1) // an empty store is at revision 1
 	if k, _ := r.tx.Bucket(schema.Key.Name()).Cursor().Last(); k != nil {
 		last = max(last, mvcc.BytesToBucketKey(k).Main)
@@ -160,6 +174,9 @@ func (f *File) openReader() (*reader, error) {
 	}
 	return &reader{f: f, db: db, tx: tx}, nil
 }
+
+// bucket is etcd's key bucket.
+func (r *reader) bucket() *bolt.Bucket { return r.tx.Bucket(schema.Key.Name()) }
 
 func (r *reader) close() {
 	if r.tx != nil {
