@@ -491,6 +491,9 @@ func (f *File) build(ctx context.Context, r *reader, rev int64) (*index, error) 
 // key (valid during the call only), revision and whether it is a tombstone.
 // The file's mapping is dropped every mappedBytes read.
 func (f *File) walk(ctx context.Context, r *reader, rev int64, fn func(key []byte, rb mvcc.BucketKey, tomb bool) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	c := r.bucket().Cursor()
 	n := 0
 	for k, v := c.First(); k != nil; k, v = c.Next() {
