@@ -34,7 +34,9 @@ func TestIndexSpilledMatchesEtcd(t *testing.T) {
 	srv := testetcd.StartT(t, testetcd.Options{})
 	cli := srv.ClientT(t)
 	key := func(ns, i int) string { return fmt.Sprintf("/registry/configmaps/ns-%d/cm-%03d", ns, i) }
-	value := func(round, i int) string { return fmt.Sprintf("%d/%d/%s", round, i, bytes.Repeat([]byte{'v'}, (i*37)%300)) }
+	value := func(round, i int) string {
+		return fmt.Sprintf("%d/%d/%s", round, i, bytes.Repeat([]byte{'v'}, (i*37)%300))
+	}
 	var revs []int64
 	mark := func() {
 		r, err := srv.Revision(ctx)
