@@ -27,9 +27,10 @@ import (
 // can follow. Both files are unlinked as soon as they are created: nothing is
 // left behind, whatever ends the process.
 
-// runBytes bounds the memory of a run: its keys' bytes plus recordCost a
-// record. A variable for the tests.
-var runBytes = 16 << 20
+// runBytes bounds the memory of a run: two thirds for its keys' bytes, a
+// third for its records (recordCost each), allocated once and reused by every
+// run. A variable for the tests.
+var runBytes = 8 << 20
 
 // recordCost is what a record of a run costs beyond its key's bytes.
 const recordCost = 32
@@ -56,7 +57,23 @@ type run struct {
 	recs  []entry
 }
 
+// newRun allocates a run of runBytes, or less for a database of dataSize
+// bytes (no more keys' bytes than that, nor more records than a record of
+// etcd's key bucket, at least 16 bytes with its revision, can fill).
+func newRun(dataSize int64) run {
+	keys := int(min(int64(runBytes*2/3), dataSize))
+	recs := int(min(int64(runBytes/3/recordCost), dataSize/16))
+	return run{arena: make([]byte, 0, max(keys, 1<<10)), recs: make([]entry, 0, max(recs, 64))}
+}
+
+// size is the memory the run's records take, at most the encoding of their
+// index (a key's bytes and at most 30 of varints each).
 func (b *run) size() int { return len(b.arena) + len(b.recs)*recordCost }
+
+// fits says whether a record of key fits: the run never grows.
+func (b *run) fits(key []byte) bool {
+	return len(b.recs) < cap(b.recs) && len(b.arena)+len(key) <= cap(b.arena)
+}
 
 func (b *run) add(key []byte, main, sub int64, tomb bool) {
 	b.recs = append(b.recs, entry{off: uint32(len(b.arena)), n: uint32(len(key)), main: main, sub: sub, tomb: tomb})
@@ -415,7 +432,7 @@ func (f *File) indexError(err error) error {
 // when one run holds them all).
 func (f *File) build(ctx context.Context, r *reader, rev int64) (*index, error) {
 	f.passes.Add(1)
-	var b run
+	b := newRun(f.dataSize)
 	var sp *spill
 	defer func() { sp.close() }()
 	flush := func() error {
@@ -436,10 +453,12 @@ func (f *File) build(ctx context.Context, r *reader, rev int64) (*index, error) 
 		return nil
 	}
 	err := f.walk(ctx, r, rev, func(key []byte, rb mvcc.BucketKey, tomb bool) error {
-		b.add(key, rb.Main, rb.Sub, tomb)
-		if b.size() >= runBytes {
-			return flush()
+		if !b.fits(key) && len(b.recs) > 0 {
+			if err := flush(); err != nil {
+				return err
+			}
 		}
+		b.add(key, rb.Main, rb.Sub, tomb) // a key longer than the arena: the run grows for it
 		return nil
 	})
 	if err != nil {
@@ -451,6 +470,7 @@ func (f *File) build(ctx context.Context, r *reader, rev int64) (*index, error) 
 		// One run held every record: the index in memory.
 		b.sort(true)
 		var buf bytes.Buffer
+		buf.Grow(b.size()) // the index's whole size: no copy as it grows
 		w := &recWriter{w: bufio.NewWriter(&buf), toc: &toc}
 		if err := b.write(w); err != nil {
 			return nil, f.indexError(err)
