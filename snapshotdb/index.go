@@ -424,7 +424,7 @@ func (f *File) indexError(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return FileError(f.Info.Path, "indexing its keys in %s ($TMPDIR, temporary files of about 40 bytes a key): %v", os.TempDir(), err)
+	return FileError(f.Info.Path, "indexing its keys in temporary files in %s ($TMPDIR): %v", os.TempDir(), err)
 }
 
 // build makes the index of the keys at rev: one pass over the records at or

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -28,7 +29,8 @@ import (
 // and re-created and Count give what the etcd the file was saved from gives
 // at that revision; a revision below the compaction is refused as etcd
 // refuses it; a read cancelled while the index is built or read ends with
-// the context's error; nothing is left in $TMPDIR.
+// the context's error; nothing is left in $TMPDIR, and a $TMPDIR that cannot
+// take the index is a one-line error naming the file and the directory.
 func TestIndexSpilledMatchesEtcd(t *testing.T) {
 	ctx := context.Background()
 	srv := testetcd.StartT(t, testetcd.Options{})
@@ -192,5 +194,14 @@ func TestIndexSpilledMatchesEtcd(t *testing.T) {
 	file.Close()
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Errorf("left in $TMPDIR: %v", left)
+	}
+
+	// No room for the index's temporary files: one line naming the file and
+	// the directory.
+	missing := filepath.Join(tmp, "missing")
+	t.Setenv("TMPDIR", missing)
+	_, err = file.Scan(ctx, etcdscan.ScanOptions{Prefixes: []string{""}}, func([]etcdscan.KV) error { return nil })
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), "snapshot file "+path+": ") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("scan with $TMPDIR missing: %v; want one line naming %s and %s", err, path, missing)
 	}
 }

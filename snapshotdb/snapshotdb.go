@@ -1,17 +1,19 @@
 // Package snapshotdb reads an etcd snapshot file — what `etcdctl snapshot save`,
 // `migrate --snapshot` or an --output-snapshot wrote, or a member's
 // member/snap/db — in place and read-only, as an etcdscan.Source for the
-// read-only commands: no restore, no etcd, no extra disk. It checks the file
-// (etcd's sha256 trailer, the bbolt structure, etcd's buckets), then reads
-// etcd's bbolt database with bbolt in read-only mode, the revision-keyed
+// read-only commands: no restore, no etcd, no copy of the file. It checks the
+// file (etcd's sha256 trailer, the bbolt structure, etcd's buckets), then
+// reads etcd's bbolt database with bbolt in read-only mode, the revision-keyed
 // records through etcd's own mvcc revision encoding and mvccpb.KeyValue, and
 // the meta and lease buckets through etcd's own schema and mvcc readers: a key
 // at revision R is its latest record at or below R unless that is a
 // tombstone, and revisions below the compaction are refused, as etcd reads
-// them. The records are ordered by revision, not key: a scan reads them in
-// passes, each keeping only the latest revision of a bounded window of keys,
-// and drops the file's memory mapping as it goes, so that memory stays flat
-// whatever the size of the file.
+// them. The records are ordered by revision, not key: the reads at a revision
+// share an index of each key's latest record, built in one pass over the
+// records as an external sort (runs of bounded memory, spilled to unlinked
+// temporary files in $TMPDIR, merged; see index.go), and the records are then
+// read in key order; the file's memory mapping is dropped as it goes, so that
+// memory stays flat whatever the size of the file.
 package snapshotdb
 
 import (
