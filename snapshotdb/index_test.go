@@ -156,6 +156,19 @@ func TestIndexSpilledMatchesEtcd(t *testing.T) {
 			t.Errorf("revision %d: %d passes over the file for the scans and gets, want 1", rev, n)
 		}
 	}
+	// A scan at an older revision and lookups at the file's own, in turns:
+	// one pass for each revision.
+	snapshotdb.Forget(file)
+	before := snapshotdb.Passes(file)
+	for i := 0; i < 2; i++ {
+		scanAll(t, file, "/registry/configmaps/", revs[2])
+		if _, _, err := file.Get(ctx, key(1, 7), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := snapshotdb.Passes(file) - before; n != 2 {
+		t.Errorf("scans at %d and gets at the file's revision in turns: %d passes, want 2", revs[2], n)
+	}
 	if n := snapshotdb.Spills(file); n < 30 {
 		t.Errorf("%d runs spilled in all: the test does not exercise the merge", n)
 	}

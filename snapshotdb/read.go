@@ -16,6 +16,11 @@ import (
 
 var _ etcdscan.Source = (*File)(nil)
 
+// cachedIndexes is how many indexes a File keeps, the most recently used: a
+// command reads at one revision, and may look up a key or two at the file's
+// own (the release in kubeadm-config) while it does.
+const cachedIndexes = 2
+
 // index returns the index of the keys at rev, from the cache or built with
 // a pass over the file (one build at a time: a read at the same revision
 // waits for it rather than making its own); the caller releases it.
@@ -23,10 +28,15 @@ func (f *File) index(ctx context.Context, r *reader, rev int64) (*index, error) 
 	f.building.Lock()
 	defer f.building.Unlock()
 	f.mu.Lock()
-	if x := f.cache; x != nil && x.rev == rev {
-		x.refs.Add(1)
-		f.mu.Unlock()
-		return x, nil
+	for i, x := range f.cache {
+		if x.rev == rev {
+			x.refs.Add(1)
+			// The most recently used first.
+			copy(f.cache[1:i+1], f.cache[:i])
+			f.cache[0] = x
+			f.mu.Unlock()
+			return x, nil
+		}
 	}
 	f.mu.Unlock()
 	x, err := f.build(ctx, r, rev)
@@ -35,10 +45,15 @@ func (f *File) index(ctx context.Context, r *reader, rev int64) (*index, error) 
 	}
 	x.refs.Store(2) // the cache's and the caller's
 	f.mu.Lock()
-	old := f.cache
-	f.cache = x
+	f.cache = append([]*index{x}, f.cache...)
+	var old []*index
+	if len(f.cache) > cachedIndexes {
+		old, f.cache = f.cache[cachedIndexes:], f.cache[:cachedIndexes:cachedIndexes]
+	}
 	f.mu.Unlock()
-	old.release()
+	for _, x := range old {
+		x.release()
+	}
 	return x, nil
 }
 

@@ -71,7 +71,7 @@ type File struct {
 
 	building sync.Mutex // held while an index is built
 	mu       sync.Mutex
-	cache    *index       // the index of the last revision read
+	cache    []*index     // the indexes of the last revisions read, the latest first
 	passes   atomic.Int64 // passes over the file made (tests)
 	spills   atomic.Int64 // runs of an index spilled to disk (tests)
 }
@@ -97,24 +97,27 @@ func Open(path string, opts Options) (*File, error) {
 	return f, nil
 }
 
-// Close drops the index of the keys the reads kept (its temporary file is
-// closed once the last read using it ends); every read opened and closed the
-// database itself. The File can still be read: the index is built again.
+// Close drops the indexes of the keys the reads kept (the temporary file of
+// each is closed once the last read using it ends); every read opened and
+// closed the database itself. The File can still be read: an index is built
+// again.
 func (f *File) Close() error {
 	f.forget()
 	return nil
 }
 
-// forget drops the cached index.
+// forget drops the cached indexes.
 func (f *File) forget() {
 	if f == nil {
 		return
 	}
 	f.mu.Lock()
-	x := f.cache
+	old := f.cache
 	f.cache = nil
 	f.mu.Unlock()
-	x.release()
+	for _, x := range old {
+		x.release()
+	}
 }
 
 // describe reads the revisions as etcd's store restores them, and the leases.
