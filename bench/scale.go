@@ -41,7 +41,8 @@ type scaleOptions struct {
 func scalePhase(ctx context.Context, o options, dir string) (*results, error) {
 	n := o.scale.n
 	res := &results{Dataset: "snapshot-scale", N: n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: o.scale.reps,
-		PageSize: etcdscan.DefaultPageSize, Date: time.Now().UTC().Format(time.RFC3339)}
+		PageSize: etcdscan.DefaultPageSize, BatchOps: etcdscan.DefaultMaxOps, BatchBytes: etcdscan.DefaultMaxBytes, Writers: toolWriters,
+		Date: time.Now().UTC().Format(time.RFC3339)}
 	res.Machine.CPUs, res.Machine.GoVersion, res.Machine.OS = runtime.NumCPU(), runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
 	res.Machine.CPU = cpuModel()
 	res.LoadAvg = append(res.LoadAvg, loadAvg())
@@ -143,6 +144,9 @@ func scalePhase(ctx context.Context, o options, dir string) (*results, error) {
 	}
 	for _, m := range res.Measurements {
 		m.finish()
+	}
+	if s := res.get(mScale4N).Samples; len(s) > 0 {
+		res.Keys = s[0].Objects // the larger file's
 	}
 	rows := [][2]string{{mScaleN, mScale4N}}
 	if o.baseline != "" {
