@@ -347,6 +347,7 @@ func merge(ctx context.Context, src io.ReaderAt, runs []span, w *recWriter) erro
 // contents in memory. It is shared by the reads at its revision: refs counts
 // its holders (the File's cache is one), the last to let go closes its file.
 type index struct {
+	path string // the snapshot file's
 	rev  int64
 	data io.ReaderAt
 	size int64
@@ -391,8 +392,11 @@ func (x *index) each(ctx context.Context, lo, end string, fn func(key []byte, re
 			}
 		}
 		ok, err := r.next()
-		if err != nil || !ok {
-			return err
+		if err != nil {
+			return FileError(x.path, "reading the index of its keys (a temporary file in %s): %v", os.TempDir(), err)
+		}
+		if !ok {
+			return nil
 		}
 		if string(r.key) < lo {
 			continue
@@ -464,7 +468,7 @@ func (f *File) build(ctx context.Context, r *reader, rev int64) (*index, error) 
 	if err != nil {
 		return nil, err
 	}
-	x := &index{rev: rev}
+	x := &index{path: f.Info.Path, rev: rev}
 	var toc []block
 	if sp == nil {
 		// One run held every record: the index in memory.
