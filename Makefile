@@ -11,6 +11,9 @@ BENCH_N       ?= 100000
 BENCH_SNAPSHOT_N ?= 1000000
 # The rollback phase of `make bench`: a journal of this many 2 KB rewrites (about 3 GB).
 BENCH_ROLLBACK_N ?= 1000000
+# The scale phase of `make bench`: verify --snapshot-file on files of this many objects and
+# 4 × as many, side by side (small by default; `make bench-scale` is the production row).
+BENCH_SCALE_N ?= 25000
 # The tool's semantic version: internal/buildinfo's Release, the latest released entry of
 # CHANGELOG.md (a test checks they agree). `make build` stamps nothing: its binary says
 # it is a development build of that version, with the commit Go's VCS stamp records.
@@ -23,7 +26,7 @@ RELEASE_LDFLAGS   := -s -w -X kube-etcd-migrate/internal/buildinfo.version=$(REL
 DIST              ?= dist
 RELEASE_PLATFORMS := linux/amd64 linux/arm64
 
-.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-apiserver clean
+.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-apiserver bench-scale clean
 
 build:
 	$(GO) build -o $(BIN) .
@@ -93,12 +96,18 @@ fuzz:
 # BENCH_FLAGS adds flags, e.g. BENCH_FLAGS="-baseline OLD-BINARY" to measure
 # another build beside this one in every repetition (docs/benchmarks.md).
 bench:
-	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) -rollback-n $(BENCH_ROLLBACK_N) $(BENCH_FLAGS)
+	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) -rollback-n $(BENCH_ROLLBACK_N) -scale-n $(BENCH_SCALE_N) $(BENCH_FLAGS)
 
 # The incumbent beside the tool: the mixed dataset only, the apiserver path on
 # 20,000 of its objects (about 3 minutes), figures in bench/results-apiserver.*.
 bench-apiserver:
 	$(GO) run ./bench -dataset mixed -n $(BENCH_N) -apiserver -apiserver-n 20000 -sweep=false -snapshot=false -json bench/results-apiserver.json
+
+# The scale phase at production size: verify --snapshot-file on files of 1,000,000 and
+# 4,000,000 mixed objects (about 1.8 and 7.4 GB; free disk for about 20 GB, and about
+# 15 minutes on 2 cores), figures in bench/results-scale.*.
+bench-scale:
+	$(GO) run ./bench -dataset scale -scale-n 1000000 $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin $(DIST)

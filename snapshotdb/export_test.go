@@ -1,29 +1,32 @@
 package snapshotdb
 
-// SetLimits shrinks the window of keys a pass keeps and the bytes read
-// through one mapping, so that a small file takes many passes and many
-// remappings (tests), and drops f's cached window (nil f: none); it returns
-// what puts them back.
-func SetLimits(f *File, window, mapped int) (restore func()) {
-	w, m := windowBytes, mappedBytes
-	windowBytes, mappedBytes = window, int64(mapped)
+// SetLimits shrinks the memory of a run of the key index and the bytes read
+// through one mapping, so that a small file's index is spilled to disk in
+// many runs and the file remapped many times (tests), and drops f's cached
+// index (nil f: none); it returns what puts them back.
+func SetLimits(f *File, run, mapped int) (restore func()) {
+	w, m := runBytes, mappedBytes
+	runBytes, mappedBytes = run, int64(mapped)
 	f.forget()
 	return func() {
-		windowBytes, mappedBytes = w, m
+		runBytes, mappedBytes = w, m
 		f.forget()
-	}
-}
-
-func (f *File) forget() {
-	if f != nil {
-		f.mu.Lock()
-		f.cache = nil
-		f.mu.Unlock()
 	}
 }
 
 // Passes is how many passes over the file f's reads made.
 func Passes(f *File) int64 { return f.passes.Load() }
 
-// Forget drops f's cached window.
+// Spills is how many runs of an index f's reads spilled to disk.
+func Spills(f *File) int64 { return f.spills.Load() }
+
+// Forget drops f's cached index.
 func Forget(f *File) { f.forget() }
+
+// SetFanIn lowers how many runs are merged at once, so that a small file's
+// index is merged in several rounds (tests); it returns what puts it back.
+func SetFanIn(n int) (restore func()) {
+	old := fanIn
+	fanIn = n
+	return func() { fanIn = old }
+}

@@ -3,7 +3,6 @@ package snapshotdb
 import (
 	"context"
 	"fmt"
-	"sort"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -17,262 +16,76 @@ import (
 
 var _ etcdscan.Source = (*File)(nil)
 
-// windowBytes bounds the keys one pass keeps (their bytes plus a fixed cost
-// per key; half as much again while the window fills): about 100,000
-// Kubernetes keys. A variable for the tests.
-var windowBytes = 12 << 20
+// cachedIndexes is how many indexes a File keeps, the most recently used: a
+// command reads at one revision, and may look up a key or two at the file's
+// own (the release in kubeadm-config) while it does.
+const cachedIndexes = 2
 
-// entryCost is what a key kept in a window costs beyond its bytes (map slot:
-// string header and revision; the string's allocation rounded up).
-const entryCost = 64
-
-// latest is a key's newest record at or below the pass's revision.
-type latest struct {
-	main, sub int64
-	tombstone bool
-}
-
-// window is the outcome of one pass: the keys of [lo, hi) that exist at the
-// revision, in key order, with their record's revision. hi is "" when the
-// pass reached the end of its range.
-type window struct {
-	keys []string
-	revs []mvcc.Revision
-	hi   string
-	// total counts the keys of the whole range the pass was asked for (not
-	// only the window's) that exist at the revision; -1 when unknown.
-	total int64
-}
-
-// cached is the window of the last pass, kept until the next one: a command
-// scans a few small ranges (CRDs, StorageVersionMigrations) and the whole
-// keyspace at one revision, and a keyspace of up to one window's keys takes a
-// single pass for all of them.
-type cached struct {
-	rev     int64
-	lo, end string // the range the pass was asked for
-	w       window
-}
-
-// covers returns the part of the cached window in [lo, end): the keys, and
-// where a next window starts ("" when the cache answers the whole range).
-func (c *cached) covers(rev int64, lo, end string) (window, bool) {
-	if c == nil || c.rev != rev || lo < c.lo {
-		return window{}, false
-	}
-	stop := c.w.hi // the cache knows every key of [c.lo, stop)
-	if stop == "" {
-		stop = c.end
-	}
-	if stop != "" && lo >= stop {
-		return window{}, false
-	}
-	out := window{total: -1}
-	if lo == c.lo && end == c.end {
-		out.total = c.w.total
-	}
-	switch {
-	case end != "" && (stop == "" || end <= stop):
-		// All of [lo, end).
-	default:
-		out.hi, end = stop, stop
-	}
-	i := sort.SearchStrings(c.w.keys, lo)
-	j := len(c.w.keys)
-	if end != "" {
-		j = sort.SearchStrings(c.w.keys, end)
-	}
-	out.keys, out.revs = c.w.keys[i:j], c.w.revs[i:j]
-	return out, true
-}
-
-// window answers [lo, end) at rev from the cache, or with a new pass.
-func (f *File) window(ctx context.Context, r *reader, rev int64, lo, end string) (window, error) {
+// index returns the index of the keys at rev, from the cache or built with
+// a pass over the file (one build at a time: a read at the same revision
+// waits for it rather than making its own); the caller releases it.
+func (f *File) index(ctx context.Context, r *reader, rev int64) (*index, error) {
+	f.building.Lock()
+	defer f.building.Unlock()
 	f.mu.Lock()
-	c := f.cache
-	f.mu.Unlock()
-	if w, ok := c.covers(rev, lo, end); ok {
-		return w, nil
+	for i, x := range f.cache {
+		if x.rev == rev {
+			x.refs.Add(1)
+			// The most recently used first.
+			copy(f.cache[1:i+1], f.cache[:i])
+			f.cache[0] = x
+			f.mu.Unlock()
+			return x, nil
+		}
 	}
-	f.mu.Lock()
-	f.cache = nil // not held through the pass
 	f.mu.Unlock()
-	w, err := f.pass(ctx, r, rev, lo, end, windowBytes)
+	x, err := f.build(ctx, r, rev)
 	if err != nil {
-		return window{}, err
+		return nil, err
 	}
+	x.refs.Store(2) // the cache's and the caller's
 	f.mu.Lock()
-	f.cache = &cached{rev: rev, lo: lo, end: end, w: w}
+	f.cache = append([]*index{x}, f.cache...)
+	var old []*index
+	if len(f.cache) > cachedIndexes {
+		old, f.cache = f.cache[cachedIndexes:], f.cache[:cachedIndexes:cachedIndexes]
+	}
 	f.mu.Unlock()
-	return w, nil
+	for _, x := range old {
+		x.release()
+	}
+	return x, nil
 }
 
-// pass reads every record at or below rev, in revision order, and keeps the
-// newest of each key in [lo, end) ("" end: no end) — the smallest keys only,
-// as many as budget allows: when more are seen, the greatest are dropped and
-// the window ends before them (hi).
-//
-// The same walk counts the keys of the whole range that exist at rev
-// (window.total), in constant memory, from what etcd writes: a key's life
-// (etcd's generation) begins with a record of version 1 (etcd writes version 1
-// for a key that does not exist) and ends with a tombstone; a compaction at C
-// keeps, of each life still going on at C, its latest record at or below C,
-// and nothing of a life that ended at or below C (mvcc's keyIndex.compact).
-// So the keys at rev are the records at or below C that are not tombstones,
-// plus the records above C of version 1, less the tombstones above C. A
-// compaction scheduled but not finished may have left more below C: then the
-// count is unknown (-1) and Count counts window by window.
-func (f *File) pass(ctx context.Context, r *reader, rev int64, lo, end string, budget int) (window, error) {
-	keys := map[string]latest{}
-	var hi string // "": no bound yet
-	size := 0
-	var total int64
-	compacted := f.Info.CompactRevision
-	f.passes.Add(1)
-	c := r.tx.Bucket(schema.Key.Name()).Cursor()
-	n := 0
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		bk := mvcc.BytesToBucketKey(k)
-		if bk.Main > rev {
-			break
-		}
-		if n++; n%4096 == 0 {
-			if err := ctx.Err(); err != nil {
-				return window{}, err
-			}
-		}
-		key, version, err := recordKey(v)
-		if err != nil {
-			return window{}, FileError(f.Info.Path, "damaged key record %x: %v", k, err)
-		}
-		inRange := string(key) >= lo && (end == "" || string(key) < end)
-		if inRange {
-			switch tomb := mvcc.IsTombstone(k); {
-			case bk.Main <= compacted:
-				if !tomb {
-					total++
-				}
-			case tomb:
-				total--
-			case version == 1:
-				total++
-			}
-		}
-		// The comparisons and the lookup copy nothing; the assignment copies
-		// the key (again, for a key written again: garbage, not growth).
-		if inRange && (hi == "" || string(key) < hi) {
-			if _, seen := keys[string(key)]; !seen {
-				size += len(key) + entryCost
-			}
-			keys[string(key)] = latest{main: bk.Main, sub: bk.Sub, tombstone: mvcc.IsTombstone(k)}
-			if size > budget+budget/2 {
-				hi, size = shrink(keys, hi, budget)
-			}
-		}
-		if r.account(len(k) + len(v)) {
-			last := append([]byte(nil), k...)
-			if err := r.release(); err != nil {
-				return window{}, err
-			}
-			c = r.tx.Bucket(schema.Key.Name()).Cursor()
-			k, v = c.Seek(last)
-			if k == nil || string(k) != string(last) {
-				return window{}, FileError(f.Info.Path, "changed while it was being read")
-			}
-			_ = v
-		}
-	}
-	if size > budget {
-		hi, _ = shrink(keys, hi, budget)
-	}
-	w := window{hi: hi, total: -1}
-	if f.countable {
-		w.total = total
-	}
-	for key, l := range keys {
-		if !l.tombstone {
-			w.keys = append(w.keys, key)
-		}
-	}
-	sort.Strings(w.keys)
-	w.revs = make([]mvcc.Revision, len(w.keys))
-	for i, key := range w.keys {
-		l := keys[key]
-		w.revs[i] = mvcc.Revision{Main: l.main, Sub: l.sub}
-	}
-	return w, nil
-}
+// The number of mvccpb.KeyValue's key field, from its own descriptor.
+var keyField = (&mvccpb.KeyValue{}).ProtoReflect().Descriptor().Fields().ByName("key").Number()
 
-// The numbers of mvccpb.KeyValue's key and version fields, from its own
-// descriptor.
-var (
-	kvFields     = (&mvccpb.KeyValue{}).ProtoReflect().Descriptor().Fields()
-	keyField     = kvFields.ByName("key").Number()
-	versionField = kvFields.ByName("version").Number()
-)
-
-// recordKey returns the key and the version of a record of etcd's key bucket
-// (an encoded mvccpb.KeyValue) without decoding the rest: a pass looks at the
-// key of every record, and copying every value (what proto.Unmarshal does)
-// would be most of its cost. The fields are walked with protobuf's own wire
-// reader, up to the value (which etcd writes after them) when both are found.
-func recordKey(v []byte) (key []byte, version int64, err error) {
-	for len(v) > 0 && (key == nil || version == 0) {
+// recordKey returns the key of a record of etcd's key bucket (an encoded
+// mvccpb.KeyValue) without decoding the rest: a pass looks at the key of every
+// record, and copying every value (what proto.Unmarshal does) would be most of
+// its cost. The fields are walked with protobuf's own wire reader up to the
+// key (which etcd writes first).
+func recordKey(v []byte) ([]byte, error) {
+	for len(v) > 0 {
 		num, typ, n := protowire.ConsumeTag(v)
 		if n < 0 {
-			return nil, 0, protowire.ParseError(n)
+			return nil, protowire.ParseError(n)
 		}
 		v = v[n:]
-		switch {
-		case num == keyField && typ == protowire.BytesType:
+		if num == keyField && typ == protowire.BytesType {
 			b, n := protowire.ConsumeBytes(v)
 			if n < 0 {
-				return nil, 0, protowire.ParseError(n)
+				return nil, protowire.ParseError(n)
 			}
-			key, v = b, v[n:]
-			continue
-		case num == versionField && typ == protowire.VarintType:
-			x, n := protowire.ConsumeVarint(v)
-			if n < 0 {
-				return nil, 0, protowire.ParseError(n)
-			}
-			version, v = int64(x), v[n:]
-			continue
+			return b, nil
 		}
 		n = protowire.ConsumeFieldValue(num, typ, v)
 		if n < 0 {
-			return nil, 0, protowire.ParseError(n)
+			return nil, protowire.ParseError(n)
 		}
 		v = v[n:]
 	}
-	if key == nil {
-		return nil, 0, fmt.Errorf("no key in the record")
-	}
-	return key, version, nil
-}
-
-// shrink keeps the smallest keys that fit in budget and returns the first key
-// dropped (the window's new end; hi if none was) and the size kept.
-func shrink(keys map[string]latest, hi string, budget int) (string, int) {
-	all := make([]string, 0, len(keys))
-	for k := range keys {
-		all = append(all, k)
-	}
-	sort.Strings(all)
-	size, i := 0, 0
-	for ; i < len(all) && size+len(all[i])+entryCost <= budget; i++ {
-		size += len(all[i]) + entryCost
-	}
-	if i == 0 {
-		i, size = 1, len(all[0])+entryCost // one key always fits
-	}
-	if i == len(all) {
-		return hi, size // nothing dropped
-	}
-	for _, k := range all[i:] {
-		delete(keys, k)
-	}
-	return all[i], size
+	return nil, fmt.Errorf("no key in the record")
 }
 
 // faultAround is what Linux maps on a page fault of a file mapping (its
@@ -290,7 +103,7 @@ func (f *File) fetch(r *reader, keys []string, revs []mvcc.Revision) ([]etcdscan
 			}
 		}
 		rb = mvcc.RevToBytes(revs[i], rb)
-		v := r.tx.Bucket(schema.Key.Name()).Get(rb)
+		v := r.bucket().Get(rb)
 		if v == nil {
 			return nil, FileError(f.Info.Path, "changed while it was being read: no record at revision %d_%d of %s", revs[i].Main, revs[i].Sub, keys[i])
 		}
@@ -363,29 +176,40 @@ func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page
 		defer wg.Done()
 		defer close(pages)
 		err := f.view(func(r *reader) error {
+			x, err := f.index(pctx, r, rev)
+			if err != nil {
+				return err
+			}
+			defer x.release()
+			size := int(opts.PageSize)
+			keys, revs := make([]string, 0, size), make([]mvcc.Revision, 0, size)
+			send := func() error {
+				kvs, err := f.fetch(r, keys, revs)
+				if err != nil {
+					return err
+				}
+				keys, revs = keys[:0], revs[:0]
+				select {
+				case pages <- page{kvs: kvs}:
+					return nil
+				case <-pctx.Done():
+					return pctx.Err()
+				}
+			}
 			for _, prefix := range opts.Prefixes {
 				lo, end := rangeOf(prefix)
-				for {
-					w, err := f.window(pctx, r, rev, lo, end)
-					if err != nil {
-						return err
+				err := x.each(pctx, lo, end, func(key []byte, rev mvcc.Revision) error {
+					keys, revs = append(keys, string(key)), append(revs, rev)
+					if len(keys) == size {
+						return send()
 					}
-					lo = w.hi
-					for i := 0; i < len(w.keys); i += int(opts.PageSize) {
-						j := min(i+int(opts.PageSize), len(w.keys))
-						kvs, err := f.fetch(r, w.keys[i:j], w.revs[i:j])
-						if err != nil {
-							return err
-						}
-						select {
-						case pages <- page{kvs: kvs}:
-						case <-pctx.Done():
-							return pctx.Err()
-						}
-					}
-					if lo == "" {
-						break
-					}
+					return nil
+				})
+				if err == nil && len(keys) > 0 {
+					err = send()
+				}
+				if err != nil {
+					return err
 				}
 			}
 			return nil
@@ -426,7 +250,8 @@ func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page
 	return stats, scanErr
 }
 
-// Get reads one key at rev (0: the file's revision): one pass over the file.
+// Get reads one key at rev (0: the file's revision), from the index of the
+// keys at rev: one pass over the file, unless a read at rev made it already.
 func (f *File) Get(ctx context.Context, key string, rev int64) (etcdscan.KV, bool, error) {
 	rev, err := f.at(rev)
 	if err != nil {
@@ -435,43 +260,43 @@ func (f *File) Get(ctx context.Context, key string, rev int64) (etcdscan.KV, boo
 	var kv etcdscan.KV
 	var found bool
 	err = f.view(func(r *reader) error {
-		w, err := f.window(ctx, r, rev, key, key+"\x00")
-		if err != nil || len(w.keys) == 0 {
-			return err
-		}
-		kvs, err := f.fetch(r, w.keys[:1], w.revs[:1])
+		x, err := f.index(ctx, r, rev)
 		if err != nil {
 			return err
 		}
-		kv, found = kvs[0], true
+		defer x.release()
+		var at mvcc.Revision
+		err = x.each(ctx, key, key+"\x00", func(_ []byte, rev mvcc.Revision) error {
+			at, found = rev, true
+			return nil
+		})
+		if err != nil || !found {
+			return err
+		}
+		kvs, err := f.fetch(r, []string{key}, []mvcc.Revision{at})
+		if err != nil {
+			return err
+		}
+		kv = kvs[0]
 		return nil
 	})
 	return kv, found, err
 }
 
-// Count counts the keys under prefix at the file's revision: one pass over
-// the file, the first window's, which a Scan of the prefix that follows
-// (inventory's progress bar, then its scan) takes from the cache; a pass per
-// window of keys when a compaction was left unfinished (see pass).
+// Count counts the keys under prefix at the file's revision, from the index
+// of the keys at that revision: one pass over the file, which a Scan of the
+// prefix that follows (inventory's progress bar, then its scan) shares.
 func (f *File) Count(ctx context.Context, prefix string) (int64, error) {
 	var n int64
 	err := f.view(func(r *reader) error {
-		lo, end := rangeOf(prefix)
-		for first := true; ; first = false {
-			w, err := f.window(ctx, r, f.Info.Revision, lo, end)
-			if err != nil {
-				return err
-			}
-			if first && w.total >= 0 {
-				n = w.total
-				return nil
-			}
-			n += int64(len(w.keys))
-			if w.hi == "" {
-				return nil
-			}
-			lo = w.hi
+		x, err := f.index(ctx, r, f.Info.Revision)
+		if err != nil {
+			return err
 		}
+		defer x.release()
+		lo, end := rangeOf(prefix)
+		n, err = x.count(ctx, lo, end)
+		return err
 	})
 	return n, err
 }

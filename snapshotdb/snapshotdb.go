@@ -1,17 +1,19 @@
 // Package snapshotdb reads an etcd snapshot file — what `etcdctl snapshot save`,
 // `migrate --snapshot` or an --output-snapshot wrote, or a member's
 // member/snap/db — in place and read-only, as an etcdscan.Source for the
-// read-only commands: no restore, no etcd, no extra disk. It checks the file
-// (etcd's sha256 trailer, the bbolt structure, etcd's buckets), then reads
-// etcd's bbolt database with bbolt in read-only mode, the revision-keyed
+// read-only commands: no restore, no etcd, no copy of the file. It checks the
+// file (etcd's sha256 trailer, the bbolt structure, etcd's buckets), then
+// reads etcd's bbolt database with bbolt in read-only mode, the revision-keyed
 // records through etcd's own mvcc revision encoding and mvccpb.KeyValue, and
 // the meta and lease buckets through etcd's own schema and mvcc readers: a key
 // at revision R is its latest record at or below R unless that is a
 // tombstone, and revisions below the compaction are refused, as etcd reads
-// them. The records are ordered by revision, not key: a scan reads them in
-// passes, each keeping only the latest revision of a bounded window of keys,
-// and drops the file's memory mapping as it goes, so that memory stays flat
-// whatever the size of the file.
+// them. The records are ordered by revision, not key: the reads at a revision
+// share an index of each key's latest record, built in one pass over the
+// records as an external sort (runs of bounded memory, spilled to unlinked
+// temporary files in $TMPDIR, merged; see index.go), and the records are then
+// read in key order; the file's memory mapping is dropped as it goes, so that
+// memory stays flat whatever the size of the file.
 package snapshotdb
 
 import (
@@ -65,14 +67,13 @@ type File struct {
 	Info Info
 
 	dataSize int64 // the database's bytes (the file less etcd's trailer)
-	// countable: every compaction the file records finished, so that a pass
-	// counts the keys of a whole range at once (window.total).
-	countable bool
-	txID      int // the database's transaction ID when opened: a reopen must see the same
+	txID     int   // the database's transaction ID when opened: a reopen must see the same
 
-	mu     sync.Mutex
-	cache  *cached      // the last pass's window
-	passes atomic.Int64 // passes over the file made (tests)
+	building sync.Mutex // held while an index is built
+	mu       sync.Mutex
+	cache    []*index     // the indexes of the last revisions read, the latest first
+	passes   atomic.Int64 // passes over the file made (tests)
+	spills   atomic.Int64 // runs of an index spilled to disk (tests)
 }
 
 // Open checks the file at path and reads its revisions and leases. The file
@@ -96,9 +97,28 @@ func Open(path string, opts Options) (*File, error) {
 	return f, nil
 }
 
-// Close releases nothing: every read opened and closed the database itself.
-// It is there for symmetry with the restore path.
-func (f *File) Close() error { return nil }
+// Close drops the indexes of the keys the reads kept (the temporary file of
+// each is closed once the last read using it ends); every read opened and
+// closed the database itself. The File can still be read: an index is built
+// again.
+func (f *File) Close() error {
+	f.forget()
+	return nil
+}
+
+// forget drops the cached indexes.
+func (f *File) forget() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	old := f.cache
+	f.cache = nil
+	f.mu.Unlock()
+	for _, x := range old {
+		x.release()
+	}
+}
 
 // describe reads the revisions as etcd's store restores them, and the leases.
 func (f *File) describe(r *reader) error {
@@ -108,7 +128,6 @@ func (f *File) describe(r *reader) error {
 	// etcd finishes a compaction that was scheduled but not finished when it
 	// starts on the file: from then on, what is below it cannot be read.
 	f.Info.CompactRevision = max(finished, scheduled)
-	f.countable = finished >= scheduled
 	last := int64(1) // an empty store is at revision 1
 	if k, _ := r.tx.Bucket(schema.Key.Name()).Cursor().Last(); k != nil {
 		last = max(last, mvcc.BytesToBucketKey(k).Main)
@@ -160,6 +179,9 @@ func (f *File) openReader() (*reader, error) {
 	}
 	return &reader{f: f, db: db, tx: tx}, nil
 }
+
+// bucket is etcd's key bucket.
+func (r *reader) bucket() *bolt.Bucket { return r.tx.Bucket(schema.Key.Name()) }
 
 func (r *reader) close() {
 	if r.tx != nil {
