@@ -156,29 +156,29 @@ func (r *Report) writeTable(w io.Writer) error {
 // Verdict is the one-line conclusion, naming the exit code.
 func (r *Report) Verdict() string {
 	s := r.Summary
-	orphaned := ""
+	notes := ""
 	if s.Orphaned > 0 {
-		orphaned = fmt.Sprintf(" %d orphaned key(s) were left out (no resource of this cluster owns them; kube-apiserver never reads them; 'quarantine --reason orphaned' removes them, journaled).", s.Orphaned)
+		notes = fmt.Sprintf(" %d orphaned key(s) were left out (no resource of this cluster owns them; kube-apiserver never reads them; 'quarantine --reason orphaned' removes them, journaled).", s.Orphaned)
 	}
 	for _, f := range r.FieldLoss {
-		orphaned += fmt.Sprintf(" The rewrite of %d %s object(s) stored as %s drops fields (listed above; migrate's journal keeps their originals).", f.Objects, f.Name(), f.StoredVersion)
+		notes += fmt.Sprintf(" The rewrite of %d %s object(s) stored as %s drops fields (listed above; migrate's journal keeps their originals).", f.Objects, f.Name(), f.StoredVersion)
 	}
 	switch r.ExitCode() {
 	case ExitUnreadable:
 		if s.Unreadable == 0 {
 			return fmt.Sprintf("VERDICT: %d orphaned key(s), which fail the gate (--fail-on-orphaned), and %d object(s) stale: exit 4. Remove them ('quarantine --reason orphaned', journaled) or restore their CRD, or drop --fail-on-orphaned.", s.Orphaned, s.Stale)
 		}
-		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + orphaned
+		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + notes
 	case ExitStale:
 		if r.EncryptionOnly {
-			return fmt.Sprintf("VERDICT: %d of %d object(s) not under the first encryption key, all readable: exit 3. Run migrate --encryption-only, then verify again before removing an old encryption key.", s.Stale, s.Objects) + orphaned
+			return fmt.Sprintf("VERDICT: %d of %d object(s) not under the first encryption key, all readable: exit 3. Run migrate --encryption-only, then verify again before removing an old encryption key.", s.Stale, s.Objects) + notes
 		}
-		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects) + orphaned
+		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects) + notes
 	}
 	if r.EncryptionOnly {
-		return fmt.Sprintf("VERDICT: all %d object(s) under the first encryption key for %s: exit 0. Safe to remove old encryption keys; storage versions were not judged (verify without --encryption-only before removing an API version).", s.Objects, r.Target) + orphaned
+		return fmt.Sprintf("VERDICT: all %d object(s) under the first encryption key for %s: exit 0. Safe to remove old encryption keys; storage versions were not judged (verify without --encryption-only before removing an API version).", s.Objects, r.Target) + notes
 	}
-	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + orphaned
+	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + notes
 }
 
 // WriteFieldLoss prints the fields a rewrite drops (done: the rewrite
