@@ -148,7 +148,9 @@ func TestFieldLossSurfaced(t *testing.T) {
 		t.Errorf("inspect %s does not name spec.legacy:\n%s%s", lossy[1], out, stderr)
 	}
 	_, out, _ = runCLI(t, append([]string{"inspect", "-o", "json", lossy[1]}, ep...)...)
-	var ins struct{ Rewrite struct{ FieldsDropped []string } }
+	var ins struct {
+		Rewrite struct{ FieldsDropped []string }
+	}
 	if err := json.Unmarshal([]byte(out), &ins); err != nil || !reflect.DeepEqual(ins.Rewrite.FieldsDropped, []string{"spec.legacy"}) {
 		t.Errorf("inspect -o json %s: fieldsDropped %v (%v)\n%s", lossy[1], ins.Rewrite.FieldsDropped, err, out)
 	}
