@@ -3,7 +3,10 @@
 // version and media type through the apiserver's own codec, and rewrite only when the
 // encryption transformer reported the stored value stale or the new plaintext differs
 // from the stored plaintext. It also refuses objects it cannot round-trip without
-// losing fields. It produces the new (encrypted) value but never writes.
+// losing fields, and names the fields a custom resource's rewrite drops as
+// kube-apiserver's would (its stored version's schema has them, the storage
+// version's prunes them: Decision.Dropped, FieldLosses). It produces the new
+// (encrypted) value but never writes.
 package reencode
 
 import (
