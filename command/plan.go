@@ -101,7 +101,7 @@ func writePlan(w io.Writer, p *plan.Plan) error {
 		fmt.Fprintln(w, webhookLine(wh))
 	}
 	decided := time.Duration(p.Estimate.DecideSeconds * float64(time.Second)).Round(time.Millisecond)
-	if err := writeSummary(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, Consistent: p.Consistent, DurationText: decided.String()}, "table"); err != nil {
+	if err := writeSummary(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, FieldLoss: p.FieldLoss, Consistent: p.Consistent, DurationText: decided.String()}, "table"); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "estimate: migrate takes about %s on this machine (%s)\n", fmtSeconds(p.Estimate.Seconds), p.Estimate.Basis)

@@ -11,6 +11,7 @@ import (
 
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/storagemigration"
+	"kube-etcd-migrate/verify"
 )
 
 // writeMigrateReport is migrate's summary, with the records written.
@@ -70,6 +71,11 @@ func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
 	for _, c := range s.CRDs {
 		fmt.Fprintf(w, "crd %s: storage version %s, storedVersions %v: %s %s\n", c.Name, c.StorageVersion, c.StoredVersions, c.Action, c.Detail)
 	}
+	if len(s.FieldLoss) > 0 {
+		if err := writeFieldLoss(w, s); err != nil {
+			return err
+		}
+	}
 	// One line per cause, not per key: -o json lists the keys.
 	for _, c := range s.Causes {
 		fmt.Fprintf(w, "%s: %s: %d key(s), the first %s: %s\n", c.Status, c.Cause, c.Count, c.FirstKey, c.Error)
@@ -101,6 +107,29 @@ func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
 		fmt.Fprintln(w, "interrupted: run the same command again to continue; current objects are skipped")
 	}
 	return nil
+}
+
+// writeFieldLoss is the summary's field loss: which fields of which custom
+// resources the rewrite drops (paths and counts, never values), and where
+// the objects' originals are.
+func writeFieldLoss(w io.Writer, s *migrate.Summary) error {
+	if err := verify.WriteFieldLoss(w, s.FieldLoss, !s.DryRun); err != nil {
+		return err
+	}
+	var n int64
+	for _, f := range s.FieldLoss {
+		n += f.Objects
+	}
+	var err error
+	switch {
+	case s.DryRun:
+		_, err = fmt.Fprintf(w, "field loss: migrate would rewrite %d object(s) without these fields; its journal keeps each one's original value (rollback puts it back)\n", n)
+	case s.Journal != "":
+		_, err = fmt.Fprintf(w, "field loss: %d object(s) rewritten without these fields; their original values, fields included, are in the journal %s (each key's intent record, oldValue; 'rollback --journal %s' puts them back)\n", n, s.Journal, s.Journal)
+	default:
+		_, err = fmt.Fprintf(w, "field loss: %d object(s) rewritten without these fields, and no journal was kept (--no-undo): only a backup holds their original values\n", n)
+	}
+	return err
 }
 
 func writeRollback(w io.Writer, r migrate.RollbackResult, format string) error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	apiextensionshelpers "k8s.io/apiextensions-apiserver/pkg/apihelpers"
@@ -443,8 +444,21 @@ func (c *Codec) coerce(u *unstructured.Unstructured, dropInvalidMetadata, repair
 // escaping, trailing newline), or CBOR with the CBORServingAndStorage gate on. An object already in the storage version is serialised as is, as
 // versioning.codec.doEncode short-circuits. obj is not modified.
 func (c *Codec) Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error) {
+	value, _, err := c.EncodeDropping(ctx, obj)
+	return value, err
+}
+
+// EncodeDropping is Encode, also naming the fields the write drops: the paths
+// (never the values) that obj, converted to the storage version, has and the
+// storage version's schema prunes (schemaCoercingConverter after the
+// conversion), e.g. a field of an old version's schema that the storage
+// version's lacks under conversion None. Array indices are written [*]; the
+// paths are sorted, each once. kube-apiserver's next write of the object
+// drops the same fields. An object already in the storage version drops
+// nothing.
+func (c *Codec) EncodeDropping(ctx context.Context, obj *unstructured.Unstructured) ([]byte, []string, error) {
 	if obj == nil || obj.Object == nil {
-		return nil, errors.New("customresource: nil object")
+		return nil, nil, errors.New("customresource: nil object")
 	}
 	u := obj.DeepCopy()
 	u.SetResourceVersion("")
@@ -454,30 +468,46 @@ func (c *Codec) Encode(ctx context.Context, obj *unstructured.Unstructured) ([]b
 	if from.Version == "" {
 		// versioning.codec would encode it untouched; an object without apiVersion
 		// cannot be read back, so refuse.
-		return nil, fmt.Errorf("custom resource of %s has no apiVersion", c.name)
+		return nil, nil, fmt.Errorf("custom resource of %s has no apiVersion", c.name)
 	}
 	to := c.StorageGVK()
 	if from.Group != to.Group {
-		return nil, fmt.Errorf("%s is not in group %s of CRD %s", from, c.group, c.name)
+		return nil, nil, fmt.Errorf("%s is not in group %s of CRD %s", from, c.group, c.name)
 	}
 	to.Kind = from.Kind
+	var dropped []string
 	if from != to {
 		converted, err := c.convert(ctx, u, to.GroupVersion())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		before := converted.DeepCopy()
 		// schemaCoercingConverter.ConvertToVersion: coercer without dropInvalidMetadata.
 		if err := c.coerce(converted, false, false); err != nil {
-			return nil, fmt.Errorf("%s after conversion to %s: %w", from, to.GroupVersion(), err)
+			return nil, nil, fmt.Errorf("%s after conversion to %s: %w", from, to.GroupVersion(), err)
 		}
+		var changed []string
+		diffValues("", before.Object, converted.Object, false, &dropped, &changed)
+		dropped = fieldPaths(append(dropped, changed...))
 		u = converted
 	}
 	var buf bytes.Buffer
 	if err := c.storage.Encode(u, &buf); err != nil {
-		return nil, fmt.Errorf("encoding %s: %w", u.GroupVersionKind(), err)
+		return nil, nil, fmt.Errorf("encoding %s: %w", u.GroupVersionKind(), err)
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes(), dropped, nil
 }
+
+// fieldPaths writes the array indices of diffValues' paths as [*], sorted,
+// each once: the same field of every element is one field.
+func fieldPaths(paths []string) []string {
+	for i, p := range paths {
+		paths[i] = arrayIndex.ReplaceAllString(p, "[*]")
+	}
+	return dedupSorted(paths)
+}
+
+var arrayIndex = regexp.MustCompile(`\[[0-9]+\]`)
 
 // convert is crConverter.ConvertToVersion for one object (safeConverterWrapper's deep
 // copy is done by the caller).

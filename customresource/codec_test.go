@@ -418,3 +418,39 @@ func TestCBORGateOffWritesJSON(t *testing.T) {
 		t.Fatalf("MediaType = %q with the gate off, want %q", mt, MediaTypeJSON)
 	}
 }
+
+// TestEncodeDroppingNamesPrunedFields: conversion None from v1beta1 (spec.oldName)
+// to the storage version v1 (spec.newName, no oldName): the write prunes
+// spec.oldName, and EncodeDropping names it, and only it (fields of both
+// versions, and free-form ones, are kept); an object already in v1 drops nothing.
+func TestEncodeDroppingNamesPrunedFields(t *testing.T) {
+	c := mustCodec(t, widgetCRD("v1", false), Options{})
+	stored := apiserverJSON(t, storedWidget("v1beta1", map[string]interface{}{
+		"size": int64(2), "oldName": "secret-ish value", "free": map[string]interface{}{"oldName": "kept"},
+	}))
+	u, _, err := c.Decode(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, dropped, err := c.EncodeDropping(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"spec.oldName"}; !reflect.DeepEqual(dropped, want) {
+		t.Fatalf("dropped %v, want %v", dropped, want)
+	}
+	if bytes.Contains(got, []byte("secret-ish value")) || !bytes.Contains(got, []byte(`"free":{"oldName":"kept"}`)) {
+		t.Fatalf("written value: %s", got)
+	}
+	plain, err := c.Encode(context.Background(), u)
+	if err != nil || !bytes.Equal(plain, got) {
+		t.Fatalf("Encode and EncodeDropping write different bytes (%v):\n%s\n%s", err, plain, got)
+	}
+	v1, _, err := c.Decode(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, dropped, err := c.EncodeDropping(context.Background(), v1); err != nil || dropped != nil {
+		t.Fatalf("an object in the storage version: dropped %v, %v", dropped, err)
+	}
+}

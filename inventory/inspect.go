@@ -78,7 +78,11 @@ type Rewrite struct {
 	// ManagedFieldsDropped lists the managedFields entries kube-apiserver's
 	// field manager would delete, as "manager operation apiVersion".
 	ManagedFieldsDropped []string `json:"managedFieldsDropped,omitempty"`
-	Error                string   `json:"error,omitempty"`
+	// FieldsDropped names the fields of a custom resource the rewrite drops:
+	// its stored version's schema has them, its storage version's prunes
+	// them (reencode.Decision.Dropped). Paths, never values.
+	FieldsDropped []string `json:"fieldsDropped,omitempty"`
+	Error         string   `json:"error,omitempty"`
 }
 
 // Inspect reads one key, decodes it as kube-apiserver would and prints its storage
@@ -201,7 +205,7 @@ func external(obj *decode.Object) (map[string]any, error) {
 func rewrite(ctx context.Context, env *pipeline.Env, obj *decode.Object) *Rewrite {
 	before := managedFields(obj.Internal)
 	d := env.Planner.Decide(ctx, obj, nil)
-	r := &Rewrite{Status: d.Status, Reasons: d.Reasons, To: d.To}
+	r := &Rewrite{Status: d.Status, Reasons: d.Reasons, To: d.To, FieldsDropped: d.Dropped}
 	if d.Err != nil {
 		_, r.Error = d.ErrorReason()
 	}
@@ -339,6 +343,9 @@ func (o *inspected) write(w io.Writer, format string) error {
 			line("migrate", "current: nothing to rewrite")
 		default:
 			line("migrate", "%s: %s", r.Status, r.Error)
+		}
+		for _, f := range r.FieldsDropped {
+			line("drops field", "%s (in the schema of %s, pruned by %s's: kube-apiserver's next write drops it too; the journal keeps the original)", f, h.APIVersion, r.To.Version)
 		}
 		for _, e := range r.ManagedFieldsDropped {
 			line("drops entry", "managedFields %s (version not served by the target kube-apiserver)", e)

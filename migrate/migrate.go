@@ -117,21 +117,31 @@ type FailureCause struct {
 
 // Summary is the result of a run.
 type Summary struct {
-	DryRun       bool                 `json:"dryRun"`
-	Revision     int64                `json:"revision"`
-	Consistent   bool                 `json:"consistent"`
-	Restarts     []etcdscan.Restart   `json:"restarts,omitempty"`
-	Interrupted  bool                 `json:"interrupted,omitempty"`
-	Duration     time.Duration        `json:"-"`
-	DurationText string               `json:"duration"`
-	Summary      Counts               `json:"summary"`
-	Resources    []ResourceSummary    `json:"resources"`
-	Failures     []Failure            `json:"failures,omitempty"`
-	Causes       []FailureCause       `json:"causes,omitempty"`
-	Space        *SpaceReport         `json:"space,omitempty"`
-	CRDs         []CRDResult          `json:"crds,omitempty"`
-	Preflight    []string             `json:"preflight,omitempty"`
-	Writer       etcdscan.WriterStats `json:"writer"`
+	DryRun       bool               `json:"dryRun"`
+	Revision     int64              `json:"revision"`
+	Consistent   bool               `json:"consistent"`
+	Restarts     []etcdscan.Restart `json:"restarts,omitempty"`
+	Interrupted  bool               `json:"interrupted,omitempty"`
+	Duration     time.Duration      `json:"-"`
+	DurationText string             `json:"duration"`
+	Summary      Counts             `json:"summary"`
+	Resources    []ResourceSummary  `json:"resources"`
+	Failures     []Failure          `json:"failures,omitempty"`
+	Causes       []FailureCause     `json:"causes,omitempty"`
+	Space        *SpaceReport       `json:"space,omitempty"`
+	CRDs         []CRDResult        `json:"crds,omitempty"`
+	Preflight    []string           `json:"preflight,omitempty"`
+	// FieldLoss lists, per custom resource and stored version, the fields
+	// the rewrite dropped (a dry run: would drop) and how many objects
+	// carried each (reencode.FieldLoss: paths and counts, never values):
+	// what kube-apiserver's next write would have dropped too. A real run
+	// counts the objects written.
+	FieldLoss []reencode.FieldLoss `json:"fieldLoss,omitempty"`
+	// Journal is the journal of a run that wrote: every rewritten object's
+	// original value (its "intent" record's oldValue, as stored, still
+	// encrypted if it was), what 'rollback' puts back.
+	Journal string               `json:"journal,omitempty"`
+	Writer  etcdscan.WriterStats `json:"writer"`
 }
 
 // maxFailuresListed bounds the failure list kept in memory and in the report.
@@ -146,6 +156,9 @@ type tally struct {
 	causes    []FailureCause
 	// crdPending counts, per custom resource, objects not (yet) in the storage version.
 	crdPending map[schema.GroupResource]int64
+	// fieldLoss: the fields of the objects rewritten (a dry run: stale) that
+	// the rewrite drops.
+	fieldLoss reencode.FieldLosses
 }
 
 func (t *tally) res(gr schema.GroupResource) *ResourceSummary {
@@ -214,6 +227,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 			}
 		}
 		if opts.Journal != "" {
+			sum.Journal = opts.Journal
 			journal, err = OpenJournal(opts.Journal)
 			if err != nil {
 				return finish(sum, t, start), err
@@ -282,6 +296,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 				if opts.DryRun {
 					t.total.BytesNew += int64(len(d.NewValue))
 					r.BytesNew += int64(len(d.NewValue))
+					t.fieldLoss.Add(&d)
 				} else {
 					stale = append(stale, d)
 				}
@@ -373,6 +388,7 @@ func finish(sum *Summary, t *tally, start time.Time) *Summary {
 		return schema.GroupResource{Group: a.Group, Resource: a.Resource}.String() < schema.GroupResource{Group: b.Group, Resource: b.Resource}.String()
 	})
 	sum.Failures = t.failures
+	sum.FieldLoss = t.fieldLoss.List()
 	sum.Causes = append(sum.Causes[:0], t.causes...)
 	sum.Duration = time.Since(start)
 	sum.DurationText = sum.Duration.Round(time.Millisecond).String()
@@ -442,6 +458,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *J
 			if env.Resolver.IsCustom(d.Resource) {
 				t.crdPending[d.Resource]--
 			}
+			t.fieldLoss.Add(&d)
 		case etcdscan.Conflict:
 			// Someone else wrote it since it was read: the writer stored it fresh.
 			t.total.Conflicts++

@@ -1,6 +1,7 @@
 // Package plan answers, read-only and while kube-apiserver still runs, every
 // question migrate asks before its first write except whether a kube-apiserver
-// is alive: what would be rewritten per resource and why, what could not be
+// is alive: what would be rewritten per resource and why, which fields of
+// which custom resources the rewrite would drop, what could not be
 // read (and so would be left), whether the rewrite fits below etcd's quota,
 // whether its undo fits on the state directory's filesystem, whether every
 // write encryption provider (KMS plugins included) answers, whether every etcd
@@ -24,6 +25,7 @@ import (
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/rundir"
 )
 
@@ -79,13 +81,17 @@ type Plan struct {
 	Resources  []migrate.ResourceSummary `json:"resources"`
 	Causes     []migrate.FailureCause    `json:"unreadable,omitempty"`
 	CRDs       []migrate.CRDResult       `json:"crds,omitempty"`
-	Webhooks   []WebhookCheck            `json:"conversionWebhooks,omitempty"`
-	Members    []etcdscan.MemberHealth   `json:"members"`
-	Checks     []string                  `json:"checks"`
-	Blockers   []Blocker                 `json:"blockers"`
-	Estimate   Estimate                  `json:"estimate"`
-	StateDir   string                    `json:"stateDir,omitempty"`
-	DurationMs int64                     `json:"durationMs"`
+	// FieldLoss: the fields the rewrite would drop, per custom resource
+	// and stored version, with the objects that carry each (paths and
+	// counts, never values).
+	FieldLoss  []reencode.FieldLoss    `json:"fieldLoss,omitempty"`
+	Webhooks   []WebhookCheck          `json:"conversionWebhooks,omitempty"`
+	Members    []etcdscan.MemberHealth `json:"members"`
+	Checks     []string                `json:"checks"`
+	Blockers   []Blocker               `json:"blockers"`
+	Estimate   Estimate                `json:"estimate"`
+	StateDir   string                  `json:"stateDir,omitempty"`
+	DurationMs int64                   `json:"durationMs"`
 }
 
 // Proceeds says whether migrate would go ahead.
@@ -149,6 +155,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	}
 	p.Estimate.DecideSeconds = time.Since(decideStart).Seconds()
 	p.Revision, p.Consistent, p.Summary, p.Resources, p.Causes, p.CRDs = sum.Revision, sum.Consistent, sum.Summary, sum.Resources, sum.Causes, sum.CRDs
+	p.FieldLoss = sum.FieldLoss
 	for _, c := range sum.Causes {
 		if c.Cause == string(decode.ReasonConversionFailed) {
 			p.block("conversion webhooks", fmt.Sprintf("%d object(s) could not be converted, e.g. %s: %s", c.Count, c.FirstKey, c.Error),

@@ -3,7 +3,10 @@
 // version and media type through the apiserver's own codec, and rewrite only when the
 // encryption transformer reported the stored value stale or the new plaintext differs
 // from the stored plaintext. It also refuses objects it cannot round-trip without
-// losing fields. It produces the new (encrypted) value but never writes.
+// losing fields, and names the fields a custom resource's rewrite drops as
+// kube-apiserver's would (its stored version's schema has them, the storage
+// version's prunes them: Decision.Dropped, FieldLosses). It produces the new
+// (encrypted) value but never writes.
 package reencode
 
 import (
@@ -74,6 +77,12 @@ type Decision struct {
 	From, To Form
 	// Err is set for Unreadable, NotObject and Orphaned.
 	Err *decode.Error
+	// Dropped, for a stale custom resource, names the fields (paths, never
+	// values) the rewrite drops: fields of the version it is stored in that
+	// the storage version's schema prunes after conversion (a field an old
+	// version had, under conversion None). kube-apiserver's next write of
+	// the object drops the same ones; the journal keeps the original.
+	Dropped []string
 
 	ModRevision int64
 	Lease       int64
@@ -101,7 +110,9 @@ type CustomResourceEncoder interface {
 	// or "cbor" with the CBORServingAndStorage gate on.
 	MediaType() string
 	NoOpUpdate(obj *unstructured.Unstructured) (bool, error)
-	Encode(ctx context.Context, obj *unstructured.Unstructured) ([]byte, error)
+	// EncodeDropping encodes obj and names the fields (paths, never
+	// values) the storage version's schema prunes from it after conversion.
+	EncodeDropping(ctx context.Context, obj *unstructured.Unstructured) ([]byte, []string, error)
 	RoundTrip(plaintext []byte) error
 }
 
@@ -200,6 +211,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 	var newPlain []byte
 	var err error
 	managedChanged := false
+	var dropped []string
 	if obj.Info.Custom {
 		enc := p.custom[obj.Info.Resource]
 		if enc == nil {
@@ -216,7 +228,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 		if err != nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, err, "no-op update path"))
 		}
-		newPlain, err = enc.Encode(ctx, u)
+		newPlain, dropped, err = enc.EncodeDropping(ctx, u)
 		if err != nil {
 			return p.unreadable(d, keyError(d.Key, decode.ReasonConversionFailed, err))
 		}
@@ -297,6 +309,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 		return p.unreadable(d, keyError(d.Key, decode.ReasonWouldLoseFields, err))
 	}
 	d.Status = Stale
+	d.Dropped = dropped
 	if !withValue {
 		return d
 	}
@@ -375,6 +388,7 @@ func (p *Planner) unreadable(d Decision, err *decode.Error) Decision {
 	d.Status = Unreadable
 	d.Err = err
 	d.Reasons = nil
+	d.Dropped = nil
 	d.NewValue = nil
 	return d
 }

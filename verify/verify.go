@@ -71,6 +71,9 @@ type KeyLine struct {
 	Reasons []reencode.Reason `json:"reasons,omitempty"`
 	Reason  decode.Reason     `json:"reason,omitempty"`
 	Detail  string            `json:"detail,omitempty"`
+	// Dropped names the fields a stale custom resource's rewrite drops
+	// (reencode.Decision.Dropped): paths, never values.
+	Dropped []string `json:"dropped,omitempty"`
 }
 
 // ResourceReport is the verdict for one group/resource.
@@ -132,6 +135,11 @@ type Report struct {
 	Summary        Counts           `json:"summary"`
 	Resources      []ResourceReport `json:"resources"`
 	CRDs           []CRDStatus      `json:"crds"`
+	// FieldLoss lists, per custom resource and stored version, the fields
+	// the rewrite drops (the stored version's schema has them, the storage
+	// version's prunes them, as kube-apiserver's next write would) and how
+	// many objects carry each: paths and counts, never values.
+	FieldLoss []reencode.FieldLoss `json:"fieldLoss,omitempty"`
 	// Orphaned are the keys no built-in resource or CRD of the cluster owns,
 	// by reason and prefix, with sample keys (Summary.Orphaned counts them).
 	// kube-apiserver never reads them; they fail the gate only with
@@ -153,6 +161,7 @@ type Report struct {
 	byResource map[string]*ResourceReport
 	orphans    decode.Orphans
 	encryption map[encryptionKey]int64
+	fieldLoss  reencode.FieldLosses
 }
 
 // Run audits the keyspace the environment selects at one revision
@@ -209,6 +218,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Report, error) 
 	r.Orphaned = r.orphans.Groups()
 	r.Encryption, r.encryption = r.encryptionCounts(), nil
 	r.CRDs = crds.statuses()
+	r.FieldLoss = r.fieldLoss.List()
 	return r, nil
 }
 
@@ -272,6 +282,7 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 		rr.Current++
 		r.Summary.Current++
 	case reencode.Stale:
+		r.fieldLoss.Add(d)
 		if len(d.Reasons) == 1 && d.Reasons[0] == reencode.ReasonEncoding {
 			rr.Current++
 			r.Summary.Current++
@@ -295,7 +306,7 @@ func (r *Report) add(env *pipeline.Env, d *reencode.Decision) {
 		}
 		if len(rr.StaleKeys) < r.ShowKeys {
 			from, to := d.From, d.To
-			rr.StaleKeys = append(rr.StaleKeys, KeyLine{Key: d.Key, From: &from, To: &to, Reasons: append([]reencode.Reason(nil), d.Reasons...)})
+			rr.StaleKeys = append(rr.StaleKeys, KeyLine{Key: d.Key, From: &from, To: &to, Reasons: append([]reencode.Reason(nil), d.Reasons...), Dropped: d.Dropped})
 		}
 	default:
 		// Unreadable, or anything a newer pipeline may add that is not a verdict

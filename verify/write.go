@@ -89,13 +89,22 @@ func (r *Report) writeTable(w io.Writer) error {
 		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		for _, rr := range r.Resources {
 			for _, k := range rr.StaleKeys {
-				fmt.Fprintf(tw, "  %s\t%s\t->\t%s\t[%s]\n", k.Key, form(k.From), form(k.To), reasons(k.Reasons))
+				drops := ""
+				if len(k.Dropped) > 0 {
+					drops = " drops " + strings.Join(k.Dropped, ",")
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t->\t%s\t[%s]%s\n", k.Key, form(k.From), form(k.To), reasons(k.Reasons), drops)
 			}
 			if more := rr.Stale - int64(len(rr.StaleKeys)); more > 0 && len(rr.StaleKeys) > 0 {
 				fmt.Fprintf(tw, "  ... %d more %s\t\t\t\t\n", more, rr.Name())
 			}
 		}
 		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(r.FieldLoss) > 0 {
+		if err := WriteFieldLoss(ew, r.FieldLoss, false); err != nil {
 			return err
 		}
 	}
@@ -147,26 +156,58 @@ func (r *Report) writeTable(w io.Writer) error {
 // Verdict is the one-line conclusion, naming the exit code.
 func (r *Report) Verdict() string {
 	s := r.Summary
-	orphaned := ""
+	notes := ""
 	if s.Orphaned > 0 {
-		orphaned = fmt.Sprintf(" %d orphaned key(s) were left out (no resource of this cluster owns them; kube-apiserver never reads them; 'quarantine --reason orphaned' removes them, journaled).", s.Orphaned)
+		notes = fmt.Sprintf(" %d orphaned key(s) were left out (no resource of this cluster owns them; kube-apiserver never reads them; 'quarantine --reason orphaned' removes them, journaled).", s.Orphaned)
+	}
+	for _, f := range r.FieldLoss {
+		notes += fmt.Sprintf(" The rewrite of %d %s object(s) stored as %s drops fields (listed above; migrate's journal keeps their originals).", f.Objects, f.Name(), f.StoredVersion)
 	}
 	switch r.ExitCode() {
 	case ExitUnreadable:
 		if s.Unreadable == 0 {
 			return fmt.Sprintf("VERDICT: %d orphaned key(s), which fail the gate (--fail-on-orphaned), and %d object(s) stale: exit 4. Remove them ('quarantine --reason orphaned', journaled) or restore their CRD, or drop --fail-on-orphaned.", s.Orphaned, s.Stale)
 		}
-		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + orphaned
+		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + notes
 	case ExitStale:
 		if r.EncryptionOnly {
-			return fmt.Sprintf("VERDICT: %d of %d object(s) not under the first encryption key, all readable: exit 3. Run migrate --encryption-only, then verify again before removing an old encryption key.", s.Stale, s.Objects) + orphaned
+			return fmt.Sprintf("VERDICT: %d of %d object(s) not under the first encryption key, all readable: exit 3. Run migrate --encryption-only, then verify again before removing an old encryption key.", s.Stale, s.Objects) + notes
 		}
-		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects) + orphaned
+		return fmt.Sprintf("VERDICT: %d of %d object(s) stale, all readable: exit 3. Run migrate, then verify again before removing an old encryption key or API version.", s.Stale, s.Objects) + notes
 	}
 	if r.EncryptionOnly {
-		return fmt.Sprintf("VERDICT: all %d object(s) under the first encryption key for %s: exit 0. Safe to remove old encryption keys; storage versions were not judged (verify without --encryption-only before removing an API version).", s.Objects, r.Target) + orphaned
+		return fmt.Sprintf("VERDICT: all %d object(s) under the first encryption key for %s: exit 0. Safe to remove old encryption keys; storage versions were not judged (verify without --encryption-only before removing an API version).", s.Objects, r.Target) + notes
 	}
-	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + orphaned
+	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + notes
+}
+
+// WriteFieldLoss prints the fields a rewrite drops (done: the rewrite
+// happened), one line per resource, stored version and field, with the
+// number of objects that carry it: paths and counts, never values.
+func WriteFieldLoss(w io.Writer, losses []reencode.FieldLoss, done bool) error {
+	ew := &errWriter{w: w}
+	verb := "the rewrite drops"
+	if done {
+		verb = "the rewrite dropped"
+	}
+	ew.printf("\nField loss: fields %s (in the stored version's schema, pruned by the storage version's; kube-apiserver's next write drops them too; no read through the storage version shows them):\n", verb)
+	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  RESOURCE\tSTORED-VERSION\tSTORAGE-VERSION\tFIELD\tOBJECTS")
+	for _, f := range losses {
+		for _, fc := range f.Fields {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\n", f.Name(), f.StoredVersion, f.StorageVersion, fc.Path, fc.Objects)
+		}
+		if f.FieldsNotListed > 0 {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t(%d more beyond %d paths)\t\n", f.Name(), f.StoredVersion, f.StorageVersion, f.FieldsNotListed, reencode.MaxFieldLossPaths)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, f := range losses {
+		ew.printf("  %s stored as %s: %d object(s) lose fields, e.g. %s ('inspect %s' names them)\n", f.Name(), f.StoredVersion, f.Objects, f.FirstKey, f.FirstKey)
+	}
+	return ew.err
 }
 
 // writeOrphans prints the orphaned keys by reason and prefix, then up to show
