@@ -162,7 +162,7 @@ func runAll(ctx context.Context, o options) error {
 		all = append(all, res)
 	}
 	if o.snapshot && (o.dataset == "all" || o.dataset == "mixed" || o.dataset == "snapshot") {
-		res, err := snapshotRun(ctx, o, dir)
+		res, err := phaseRun(ctx, o, dir, "snapshot", snapshotPhase)
 		if err != nil {
 			return fmt.Errorf("snapshot phase: %w", err)
 		}
@@ -176,7 +176,7 @@ func runAll(ctx context.Context, o options) error {
 		all = append(all, res)
 	}
 	if o.scale.on && (o.dataset == "all" || o.dataset == "scale") {
-		res, err := scaleRun(ctx, o, dir)
+		res, err := phaseRun(ctx, o, dir, "scale", scalePhase)
 		if err != nil {
 			return fmt.Errorf("scale phase: %w", err)
 		}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
@@ -212,24 +211,4 @@ func medianSeconds(m *measurement) float64 {
 		xs = append(xs, s.Seconds)
 	}
 	return statOf(xs).Median
-}
-
-// scaleRun runs the scale phase in a directory of its own and writes its
-// figures beside the datasets' (bench/results-scale.json and .txt).
-func scaleRun(ctx context.Context, o options, dir string) (*results, error) {
-	sdir := filepath.Join(dir, "scale")
-	if err := os.Mkdir(sdir, 0o700); err != nil {
-		return nil, err
-	}
-	res, err := scalePhase(ctx, o, sdir)
-	if err != nil {
-		return nil, err
-	}
-	printTable(os.Stdout, res)
-	if o.jsonPath != "" {
-		if err := writeResults(res, strings.TrimSuffix(o.jsonPath, ".json")+"-scale.json"); err != nil {
-			return nil, err
-		}
-	}
-	return res, nil
 }

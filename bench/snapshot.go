@@ -243,20 +243,21 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 	return res, nil
 }
 
-// snapshotRun runs the snapshot phase in a directory of its own and writes its
-// figures beside the datasets' (bench/results-snapshot.json and .txt).
-func snapshotRun(ctx context.Context, o options, dir string) (*results, error) {
-	sdir := filepath.Join(dir, "snapshot")
-	if err := os.Mkdir(sdir, 0o700); err != nil {
+// phaseRun runs a phase (snapshot, scale) in a directory of its own, named
+// after it, and writes its figures beside the datasets'
+// (bench/results-NAME.json and .txt).
+func phaseRun(ctx context.Context, o options, dir, name string, phase func(context.Context, options, string) (*results, error)) (*results, error) {
+	pdir := filepath.Join(dir, name)
+	if err := os.Mkdir(pdir, 0o700); err != nil {
 		return nil, err
 	}
-	res, err := snapshotPhase(ctx, o, sdir)
+	res, err := phase(ctx, o, pdir)
 	if err != nil {
 		return nil, err
 	}
 	printTable(os.Stdout, res)
 	if o.jsonPath != "" {
-		if err := writeResults(res, strings.TrimSuffix(o.jsonPath, ".json")+"-snapshot.json"); err != nil {
+		if err := writeResults(res, strings.TrimSuffix(o.jsonPath, ".json")+"-"+name+".json"); err != nil {
 			return nil, err
 		}
 	}

@@ -138,6 +138,22 @@ func putWebhookService(c *testcluster.Cluster, port int32, ready []string, notRe
 	c.Put("/registry/endpointslices/webhooks/conv-x7k2p", endpointSlicesGR, es, "", "", "")
 }
 
+// putWebhookWidgetCRD stores the widgets CRD with its conversion webhook
+// referencing the Service webhooks/conv (port 443, path /convert), the pod's
+// CA as caBundle.
+func putWebhookWidgetCRD(c *testcluster.Cluster, hook *podWebhook) {
+	crd := seed.WidgetCRD()
+	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig: &apiextensionsv1.WebhookClientConfig{
+				Service:  &apiextensionsv1.ServiceReference{Namespace: "webhooks", Name: "conv", Path: ptr.To("/convert"), Port: ptr.To[int32](443)},
+				CABundle: hook.caBundle,
+			},
+			ConversionReviewVersions: []string{"v1"},
+		}}
+	c.Put("/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", decode.CRDGroupResource, crd, "", "", "")
+}
+
 // putOldWidgets stores n widgets at v1beta1 (not the storage version), as
 // kube-apiserver wrote them before the storage version moved.
 func putOldWidgets(t *testing.T, c *testcluster.Cluster, from, n int) {
@@ -195,16 +211,7 @@ func TestConversionWebhookThroughEndpointSlices(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	hook := startPodWebhook(t)
 	port := hook.port(t)
-	crd := seed.WidgetCRD()
-	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter,
-		Webhook: &apiextensionsv1.WebhookConversion{
-			ClientConfig: &apiextensionsv1.WebhookClientConfig{
-				Service:  &apiextensionsv1.ServiceReference{Namespace: "webhooks", Name: "conv", Path: ptr.To("/convert"), Port: ptr.To[int32](443)},
-				CABundle: hook.caBundle,
-			},
-			ConversionReviewVersions: []string{"v1"},
-		}}
-	c.Put("/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", decode.CRDGroupResource, crd, "", "", "")
+	putWebhookWidgetCRD(c, hook)
 	// 127.0.0.2 is a pod gone (nothing listens there), 127.0.0.3 is not ready.
 	putWebhookService(c, port, []string{"127.0.0.2", "127.0.0.1"}, "127.0.0.3")
 	putOldWidgets(t, c, 0, 4)
@@ -288,16 +295,7 @@ func TestPlanSaysWhetherWebhooksAnswer(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	hook := startPodWebhook(t)
 	port := hook.port(t)
-	crd := seed.WidgetCRD()
-	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter,
-		Webhook: &apiextensionsv1.WebhookConversion{
-			ClientConfig: &apiextensionsv1.WebhookClientConfig{
-				Service:  &apiextensionsv1.ServiceReference{Namespace: "webhooks", Name: "conv", Path: ptr.To("/convert"), Port: ptr.To[int32](443)},
-				CABundle: hook.caBundle,
-			},
-			ConversionReviewVersions: []string{"v1"},
-		}}
-	c.Put("/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", decode.CRDGroupResource, crd, "", "", "")
+	putWebhookWidgetCRD(c, hook)
 	putWebhookService(c, port, []string{"127.0.0.2", "127.0.0.1"})
 	putOldWidgets(t, c, 0, 3)
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--target-version", "1.37"}

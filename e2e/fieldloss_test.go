@@ -1,11 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
-	"os"
 	"reflect"
 	"testing"
 
@@ -136,24 +133,14 @@ func TestFieldLossAsAPIServer(t *testing.T) {
 // journalIntents reads a journal's intent records: key -> old value.
 func journalIntents(t *testing.T, path string) map[string][]byte {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatalf("journal: %v", err)
-	}
-	defer f.Close()
 	out := map[string][]byte{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		var r migrate.JournalRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("journal %s: %v", path, err)
-		}
+	err := migrate.ReadJournal(path, func(r migrate.JournalRecord) error {
 		if r.Op == "intent" {
 			out[r.Key] = r.OldValue
 		}
-	}
-	if err := sc.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return out

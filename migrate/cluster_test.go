@@ -1,11 +1,8 @@
 package migrate
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -166,26 +163,19 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 
 	// The journal is complete: an intent and a done record for every key,
 	// the done record naming the mod revision the key has now.
-	f, err := os.Open(journal)
-	if err != nil {
-		t.Fatal(err)
-	}
 	intents, done := map[string]int{}, map[string]int64{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var r JournalRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("journal: %v", err)
-		}
+	err = ReadJournal(journal, func(r JournalRecord) error {
 		switch r.Op {
 		case "intent":
 			intents[r.Key]++
 		case "done":
 			done[r.Key] = r.NewModRevision
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	f.Close()
 	for key, rev := range lastWrite {
 		if intents[key] != 1 || done[key] != rev {
 			t.Errorf("journal of %s: %d intents, done at %d; etcd has it at %d", key, intents[key], done[key], rev)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 
@@ -158,4 +159,36 @@ func (j *Journal) Close() error {
 		err = cerr
 	}
 	return err
+}
+
+// ReadJournal calls fn with each record of the journal at path, oldest first,
+// reading one line at a time (a line is as long as its value needs). A line
+// that is not a record is an error naming the file and the line; a last line
+// cut short by a crash is too: rollback, which reads journals backwards,
+// is the reader that forgives it.
+func ReadJournal(path string, fn func(JournalRecord) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	defer f.Close()
+	r := bufio.NewReader(f)
+	for line := 1; ; line++ {
+		b, err := r.ReadBytes('\n')
+		if len(b) > 0 {
+			var rec JournalRecord
+			if jerr := json.Unmarshal(b, &rec); jerr != nil {
+				return fmt.Errorf("journal %s line %d: %w", path, line, jerr)
+			}
+			if ferr := fn(rec); ferr != nil {
+				return ferr
+			}
+		}
+		if err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return fmt.Errorf("journal %s: %w", path, err)
+		}
+	}
 }
