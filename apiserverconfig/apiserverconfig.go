@@ -304,7 +304,7 @@ func parseCommandLine(args []string, image string, in Input, name string, fileSo
 			// The registry emulates the release (its feature gates at that
 			// version); min compatibility is set below, as the release has it.
 			if err := fs.Set("emulated-version", release); err != nil {
-				return nil, fmt.Errorf("--target-version %q: %w", release, err)
+				return nil, decode.NewReleaseError(release, "--target-version %q: %w", release, err)
 			}
 		}
 	}

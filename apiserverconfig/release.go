@@ -20,7 +20,7 @@ func targetRelease(flag, image, emulated string, file string) (release string, f
 	if flag != "" {
 		v, err := majorMinor(flag)
 		if err != nil {
-			return "", "", "", fmt.Errorf("--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, decode.TargetRange())
+			return "", "", "", decode.NewReleaseError(flag, "--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, decode.TargetRange())
 		}
 		flagRel = v
 	}
@@ -41,7 +41,7 @@ func targetRelease(flag, image, emulated string, file string) (release string, f
 				ev, _ := version.ParseGeneric(e)
 				fv, _ := version.ParseGeneric(flagRel)
 				if ev != nil && fv != nil && ev.GreaterThan(fv) {
-					return "", "", "", fmt.Errorf("--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
+					return "", "", "", decode.NewReleaseError(flag, "--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
 				}
 			}
 		}
@@ -114,7 +114,7 @@ func (c *Config) setEffective() error {
 	ev, err := decode.TargetEffectiveVersion(c.Release, c.EmulatedVersion)
 	if err != nil {
 		if src := c.From["release"]; src != FromTool && src != "" {
-			return fmt.Errorf("%s (release %s from the %s)", err, c.Release, src)
+			return fmt.Errorf("%w (release %s from the %s)", err, c.Release, src)
 		}
 		return err
 	}

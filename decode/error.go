@@ -1,6 +1,10 @@
 package decode
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Reason classifies why a value could not be read (or must not be rewritten).
 type Reason string
@@ -62,4 +66,48 @@ func (e *Error) Unwrap() error { return e.Err }
 // Errorf builds an *Error for key.
 func Errorf(key string, reason Reason, err error, format string, args ...any) *Error {
 	return &Error{Key: key, Reason: reason, Detail: fmt.Sprintf(format, args...), Err: err}
+}
+
+// ReleaseError is a target kube-apiserver release the linked kube-apiserver
+// cannot write for: not a MAJOR.MINOR version, newer than the linked
+// release, or older than its emulation reaches. Release is the release as
+// given; the message says why and which releases are allowed.
+type ReleaseError struct {
+	Release string
+	err     error
+}
+
+// NewReleaseError is a ReleaseError for release with the message of
+// fmt.Errorf(format, args...) (which it wraps, %w included).
+func NewReleaseError(release, format string, args ...any) *ReleaseError {
+	return &ReleaseError{Release: release, err: fmt.Errorf(format, args...)}
+}
+
+func (e *ReleaseError) Error() string { return e.err.Error() }
+
+func (e *ReleaseError) Unwrap() error { return errors.Unwrap(e.err) }
+
+// MediaTypeError is a storage media type kube-apiserver does not store
+// built-in resources in.
+type MediaTypeError struct {
+	MediaType string
+}
+
+func (e *MediaTypeError) Error() string {
+	return fmt.Sprintf("--storage-media-type %q: want one of %s, %s, %s", e.MediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
+}
+
+// ResourceError is a resource name (as --resource gives it) that names no
+// built-in resource or CRD known to the Resolver, or, without a group, more
+// than one (Ambiguous lists them, sorted).
+type ResourceError struct {
+	Name      string
+	Ambiguous []string
+}
+
+func (e *ResourceError) Error() string {
+	if len(e.Ambiguous) > 0 {
+		return fmt.Sprintf("--resource %q is ambiguous: %s", e.Name, strings.Join(e.Ambiguous, ", "))
+	}
+	return fmt.Sprintf("--resource %q: no built-in resource or CRD of that name (use resource.group, e.g. deployments.apps)", e.Name)
 }

@@ -117,7 +117,7 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	switch mediaType {
 	case MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML:
 	default:
-		return nil, fmt.Errorf("--storage-media-type %q: want one of %s, %s, %s", mediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
+		return nil, &MediaTypeError{MediaType: mediaType}
 	}
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType
@@ -287,7 +287,7 @@ func TargetEffectiveVersion(release, emulated string) (basecompatibility.Mutable
 	if release != "" {
 		parsed, err := parseMajorMinor(release)
 		if err != nil {
-			return nil, fmt.Errorf("--target-version %q: %w (allowed %s)", release, err, TargetRange())
+			return nil, NewReleaseError(release, "--target-version %q: %w (allowed %s)", release, err, TargetRange())
 		}
 		rel = parsed
 	}
@@ -303,14 +303,14 @@ func TargetEffectiveVersion(release, emulated string) (basecompatibility.Mutable
 		emu = parsed
 	}
 	if rel.GreaterThan(version.MajorMinor(binary.Major(), binary.Minor())) {
-		return nil, fmt.Errorf("--target-version %s: newer than the Kubernetes release this tool carries (%d.%d); use a kube-etcd-migrate built with Kubernetes %s (allowed %s)", rel, binary.Major(), binary.Minor(), rel, TargetRange())
+		return nil, NewReleaseError(release, "--target-version %s: newer than the Kubernetes release this tool carries (%d.%d); use a kube-etcd-migrate built with Kubernetes %s (allowed %s)", rel, binary.Major(), binary.Minor(), rel, TargetRange())
 	}
 	ev.SetEmulationVersion(emu)
 	if errs := ev.Validate(); len(errs) > 0 {
 		if emulated != "" {
 			return nil, fmt.Errorf("--emulated-version %s: kube-apiserver %d.%d cannot emulate it: allowed %s", emu, binary.Major(), binary.Minor(), allowed)
 		}
-		return nil, fmt.Errorf("--target-version %s: kube-apiserver %d.%d cannot reproduce it: allowed %s", rel, binary.Major(), binary.Minor(), TargetRange())
+		return nil, NewReleaseError(release, "--target-version %s: kube-apiserver %d.%d cannot reproduce it: allowed %s", rel, binary.Major(), binary.Minor(), TargetRange())
 	}
 	ev.SetMinCompatibilityVersion(minCompatibility(rel, emu))
 	return ev, nil
