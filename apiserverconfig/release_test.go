@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 func TestImageRelease(t *testing.T) {
@@ -79,8 +79,8 @@ func TestManifestImageRelease(t *testing.T) {
 // its message unchanged.
 func TestReleaseErrorType(t *testing.T) {
 	_, err := Load(Input{TargetVersion: "banana"})
-	var re *decode.ReleaseError
+	var re *release.Error
 	if !errors.As(err, &re) || re.Release != "banana" || err.Error() != `--target-version "banana": not a MAJOR.MINOR version (allowed 1.34..1.37)` {
-		t.Errorf("--target-version banana: %v (%T), want a *decode.ReleaseError", err, err)
+		t.Errorf("--target-version banana: %v (%T), want a *release.Error", err, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 )
@@ -214,7 +215,7 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 // take (--target-version, --resource, --namespace, --storage-media-type).
 func isTargetUsage(err error) bool {
 	var (
-		rel   *decode.ReleaseError
+		rel   *release.Error
 		res   *decode.ResourceError
 		media *decode.MediaTypeError
 		ns    *pipeline.NamespaceWithoutResourceError

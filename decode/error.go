@@ -1,7 +1,6 @@
 package decode
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 )
@@ -67,25 +66,6 @@ func (e *Error) Unwrap() error { return e.Err }
 func Errorf(key string, reason Reason, err error, format string, args ...any) *Error {
 	return &Error{Key: key, Reason: reason, Detail: fmt.Sprintf(format, args...), Err: err}
 }
-
-// ReleaseError is a target kube-apiserver release the linked kube-apiserver
-// cannot write for: not a MAJOR.MINOR version, newer than the linked
-// release, or older than its emulation reaches. Release is the release as
-// given; the message says why and which releases are allowed.
-type ReleaseError struct {
-	Release string
-	err     error
-}
-
-// NewReleaseError is a ReleaseError for release with the message of
-// fmt.Errorf(format, args...) (which it wraps, %w included).
-func NewReleaseError(release, format string, args ...any) *ReleaseError {
-	return &ReleaseError{Release: release, err: fmt.Errorf(format, args...)}
-}
-
-func (e *ReleaseError) Error() string { return e.err.Error() }
-
-func (e *ReleaseError) Unwrap() error { return errors.Unwrap(e.err) }
 
 // MediaTypeError is a storage media type kube-apiserver does not store
 // built-in resources in.

@@ -3,6 +3,8 @@ package decode
 import (
 	"errors"
 	"testing"
+
+	"kube-etcd-migrate/release"
 )
 
 // TestUsageErrorTypes: what a caller picks an exit code by is the error's
@@ -12,9 +14,9 @@ import (
 func TestUsageErrorTypes(t *testing.T) {
 	for _, bad := range []string{"banana", "1.33", "1.38"} {
 		_, err := NewStorageConfig(bad, "")
-		var re *ReleaseError
+		var re *release.Error
 		if !errors.As(err, &re) || re.Release != bad {
-			t.Errorf("release %s: %v (%T), want a *ReleaseError for %s", bad, err, err, bad)
+			t.Errorf("release %s: %v (%T), want a *release.Error for %s", bad, err, err, bad)
 		}
 	}
 	_, err := NewStorageConfig("", "application/xml")
