@@ -17,7 +17,7 @@ package apiserverconfig
 
 import (
 	"fmt"
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 	"net/url"
 	"os"
 	"path"
@@ -288,12 +288,12 @@ func parseCommandLine(args []string, image string, in Input, name string, fileSo
 	if from["emulated-version"] != "" {
 		emulated = kubeEmulatedVersion(fs.Lookup("emulated-version").Value)
 	}
-	release, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, image, emulated, name)
+	rel, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, image, emulated, name)
 	if err != nil {
 		return nil, err
 	}
-	if release != "" {
-		if _, err := decode.TargetEffectiveVersion(release, emulated); err != nil {
+	if rel != "" {
+		if _, err := release.EffectiveVersion(rel, emulated); err != nil {
 			if releaseFrom == FromImage {
 				return nil, fmt.Errorf("%s: kube-apiserver image %s: %w", name, image, err)
 			}
@@ -303,12 +303,12 @@ func parseCommandLine(args []string, image string, in Input, name string, fileSo
 		if emulated == "" {
 			// The registry emulates the release (its feature gates at that
 			// version); min compatibility is set below, as the release has it.
-			if err := fs.Set("emulated-version", release); err != nil {
-				return nil, fmt.Errorf("--target-version %q: %w", release, err)
+			if err := fs.Set("emulated-version", rel); err != nil {
+				return nil, release.Errorf(rel, "--target-version %q: %w", rel, err)
 			}
 		}
 	}
-	return &parsed{opts: opts, reg: reg, ev: ev, fs: fs, from: from, emulated: emulated, release: release, releaseFrom: releaseFrom, contradiction: contradiction}, nil
+	return &parsed{opts: opts, reg: reg, ev: ev, fs: fs, from: from, emulated: emulated, release: rel, releaseFrom: releaseFrom, contradiction: contradiction}, nil
 }
 
 // newOptions returns kube-apiserver's options with private component globals

@@ -9,14 +9,14 @@ import (
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/featuregate"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 // releaseFeatureGate is the feature gate of the real kube-apiserver of an
 // older release, as far as the linked code can have it: the linked gate's
 // features (their specs by version, so that at the release's emulation
 // version they are what the release had), with the dependencies among them
-// that the release itself declares (decode.ReleaseFeatureDependencies,
+// that the release itself declares (release.FeatureDependencies,
 // generated from its own code by internal/releasegen), not the linked
 // release's. The linked release declares dependencies the older one did not
 // (1.37: EventedPLEG on PLEGOnDemandRelist, a gate new in 1.36), so its gate
@@ -26,8 +26,8 @@ import (
 //
 // A dependency on a gate the linked release no longer has is left out: the
 // tool refuses that gate by name ("unrecognized feature gate") anyway.
-func releaseFeatureGate(release string) (gate featuregate.MutableVersionedFeatureGate, own bool, err error) {
-	deps, ok := decode.ReleaseFeatureDependencies(release)
+func releaseFeatureGate(rel string) (gate featuregate.MutableVersionedFeatureGate, own bool, err error) {
+	deps, ok := release.FeatureDependencies(rel)
 	if !ok {
 		return utilfeature.DefaultMutableFeatureGate.DeepCopy(), false, nil
 	}
@@ -49,7 +49,7 @@ func releaseFeatureGate(release string) (gate featuregate.MutableVersionedFeatur
 		}
 	}
 	if err := gate.AddDependencies(add); err != nil {
-		return nil, false, fmt.Errorf("the feature gate dependencies of kube-apiserver %s: %w", release, err)
+		return nil, false, fmt.Errorf("the feature gate dependencies of kube-apiserver %s: %w", rel, err)
 	}
 	return gate, true, nil
 }
@@ -108,5 +108,5 @@ func (c *Config) LinkedOffNote() string {
 		return ""
 	}
 	return fmt.Sprintf("note: --feature-gates: %s on in kube-apiserver %s, off in the tool's linked kube-apiserver %s code, which declares dependencies on gates %s did not have",
-		strings.Join(c.LinkedOff, ", "), c.Release, decode.LinkedRelease(), c.Release)
+		strings.Join(c.LinkedOff, ", "), c.Release, release.Linked(), c.Release)
 }

@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/version"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 // targetRelease decides which kube-apiserver release the tool writes for, from
@@ -15,14 +15,14 @@ import (
 // --target-version names what that image emulates: --target-version wins and
 // the contradiction is returned as text (migrate refuses it; a read-only
 // command warns, as for a check before an upgrade). "" = no evidence.
-func targetRelease(flag, image, emulated string, file string) (release string, from Source, contradiction string, err error) {
+func targetRelease(flag, image, emulated string, file string) (rel string, from Source, contradiction string, err error) {
 	var flagRel, imageRel string
 	if flag != "" {
-		v, err := majorMinor(flag)
+		v, err := release.Parse(flag)
 		if err != nil {
-			return "", "", "", fmt.Errorf("--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, decode.TargetRange())
+			return "", "", "", release.Errorf(flag, "--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, release.Range())
 		}
-		flagRel = v
+		flagRel = v.String()
 	}
 	if image != "" {
 		imageRel = ImageRelease(image)
@@ -30,18 +30,16 @@ func targetRelease(flag, image, emulated string, file string) (release string, f
 	switch {
 	case flagRel != "" && imageRel != "" && flagRel != imageRel:
 		if emulated != "" {
-			if e, err := majorMinor(emulated); err == nil && e == flagRel {
+			if e, err := release.Parse(emulated); err == nil && e.String() == flagRel {
 				return imageRel, FromImage, "", nil // the image's release, emulating --target-version
 			}
 		}
 		return flagRel, FromTool, fmt.Sprintf("--target-version %s contradicts %s: its kube-apiserver image %s is release %s", flagRel, file, image, imageRel), nil
 	case flagRel != "":
 		if emulated != "" {
-			if e, err := majorMinor(emulated); err == nil && e != flagRel {
-				ev, _ := version.ParseGeneric(e)
-				fv, _ := version.ParseGeneric(flagRel)
-				if ev != nil && fv != nil && ev.GreaterThan(fv) {
-					return "", "", "", fmt.Errorf("--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
+			if ev, err := release.Parse(emulated); err == nil && ev.String() != flagRel {
+				if fv, err := release.Parse(flagRel); err == nil && ev.GreaterThan(fv) {
+					return "", "", "", release.Errorf(flag, "--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
 				}
 			}
 		}
@@ -78,43 +76,34 @@ func ImageRelease(image string) string {
 	return fmt.Sprintf("%d.%d", v.Major(), v.Minor())
 }
 
-func majorMinor(s string) (string, error) {
-	v, err := version.ParseGeneric(strings.TrimPrefix(s, "v"))
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%d.%d", v.Major(), v.Minor()), nil
-}
-
 // SetRelease records the release found elsewhere (kubeadm's ClusterConfiguration
 // in etcd) when nothing on the command line or in the manifest said it; the
 // effective version becomes that release's. Before Apply.
-func (c *Config) SetRelease(release string, src Source) error {
-	rel, err := majorMinor(release)
+func (c *Config) SetRelease(found string, src Source) error {
+	v, err := release.Parse(found)
 	if err != nil {
-		return fmt.Errorf("release %q (%s): not a version", release, src)
+		return fmt.Errorf("release %q (%s): not a version", found, src)
 	}
-	c.Release = rel
+	c.Release = v.String()
 	c.From["release"] = src
 	if c.EmulatedVersion == "" {
-		v, _ := version.ParseGeneric(rel)
 		c.effective.SetEmulationVersion(v)
 	}
 	return c.setEffective()
 }
 
 // setEffective makes the effective version the one the release's own
-// kube-apiserver has (decode.TargetEffectiveVersion: its min compatibility
+// kube-apiserver has (release.EffectiveVersion: its min compatibility
 // version below the linked binary's floor included), refusing a release the
 // linked kube-apiserver cannot reproduce.
 func (c *Config) setEffective() error {
 	if c.Release == "" {
 		return nil
 	}
-	ev, err := decode.TargetEffectiveVersion(c.Release, c.EmulatedVersion)
+	ev, err := release.EffectiveVersion(c.Release, c.EmulatedVersion)
 	if err != nil {
 		if src := c.From["release"]; src != FromTool && src != "" {
-			return fmt.Errorf("%s (release %s from the %s)", err, c.Release, src)
+			return fmt.Errorf("%w (release %s from the %s)", err, c.Release, src)
 		}
 		return err
 	}
@@ -129,5 +118,5 @@ func (c *Config) ReleaseOrLinked() string {
 	if c != nil && c.Release != "" {
 		return c.Release
 	}
-	return decode.LinkedRelease()
+	return release.Linked()
 }

@@ -1,8 +1,11 @@
 package apiserverconfig
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"kube-etcd-migrate/release"
 )
 
 func TestImageRelease(t *testing.T) {
@@ -68,5 +71,16 @@ func TestManifestImageRelease(t *testing.T) {
 				t.Errorf("emulation %s min compatibility %s, want %s %s", ev.EmulationVersion(), ev.MinCompatibilityVersion(), c.emulated, c.minCompat)
 			}
 		})
+	}
+}
+
+// TestReleaseErrorType: a --target-version that is no version is refused
+// with decode's *ReleaseError (the type a caller picks its exit code by),
+// its message unchanged.
+func TestReleaseErrorType(t *testing.T) {
+	_, err := Load(Input{TargetVersion: "banana"})
+	var re *release.Error
+	if !errors.As(err, &re) || re.Release != "banana" || err.Error() != `--target-version "banana": not a MAJOR.MINOR version (allowed 1.34..1.37)` {
+		t.Errorf("--target-version banana: %v (%T), want a *release.Error", err, err)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"kube-etcd-migrate/decode"
 	"math"
 	"os"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/release"
 )
 
 type options struct {
@@ -511,7 +511,7 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			args := append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota), "--allow-live-apiserver"}, v.flags...)
 			// migrate writes only for a release it is told (so does a
 			// -baseline built since that rule).
-			args = append(args, "--target-version", decode.LinkedRelease())
+			args = append(args, "--target-version", release.Linked())
 			tr, err := runTool(ctx, v.bin, append(args, common...)...)
 			if err != nil {
 				return err
@@ -571,7 +571,7 @@ func profileRuns(ctx context.Context, o options, bin string, common []string, re
 		}
 		args := []string{cmd, "-o", "json", "--cpuprofile", filepath.Join(abs, cmd+".cpu.pprof"), "--memprofile", filepath.Join(abs, cmd+".mem.pprof")}
 		if cmd == "migrate" {
-			args = append(args, "--quota-backend-bytes", fmt.Sprint(o.quota), "--target-version", decode.LinkedRelease(), "--allow-live-apiserver")
+			args = append(args, "--quota-backend-bytes", fmt.Sprint(o.quota), "--target-version", release.Linked(), "--allow-live-apiserver")
 		}
 		tr, err := runTool(ctx, bin, append(args, common...)...)
 		if err != nil {

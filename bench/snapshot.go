@@ -14,8 +14,8 @@ import (
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/release"
 )
 
 const (
@@ -138,7 +138,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 	}
 	logf("  snapshot file: %.1f MB, saved in %.1fs", float64(fi.Size())/1e6, time.Since(t).Seconds())
 	res.Notes = append(res.Notes, fmt.Sprintf("snapshot file %.1f MB (the mixed keyspace of %d objects, saved by etcd's snapshot code after compaction and defragmentation)", float64(fi.Size())/1e6, n))
-	release := decode.LinkedRelease()
+	rel := release.Linked()
 	common := []string{"--encryption-provider-config", newCfg}
 
 	type measured struct{ bin, verify, migrate string }
@@ -188,7 +188,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 				defer os.Remove(out)
 				// The release the seeded keyspace is written for (a backup has
 				// no kubeadm-config): migrate refuses to guess it.
-				return snapMigrate(ctx, res, v.bin, v.migrate, stale, fi.Size(), append([]string{"--snapshot-file", path, "--output-snapshot", out, "--force", "--target-version", release}, common...))
+				return snapMigrate(ctx, res, v.bin, v.migrate, stale, fi.Size(), append([]string{"--snapshot-file", path, "--output-snapshot", out, "--force", "--target-version", rel}, common...))
 			})
 			if err != nil {
 				return nil, err
@@ -215,7 +215,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 			return nil, err
 		}
 		err = step("live migrate", func() error {
-			return snapMigrate(ctx, res, bin, mSnapLiveMigrate, stale, fi.Size(), append([]string{"--target-version", release, "--quota-backend-bytes", fmt.Sprint(o.quota), "--allow-live-apiserver"}, live...))
+			return snapMigrate(ctx, res, bin, mSnapLiveMigrate, stale, fi.Size(), append([]string{"--target-version", rel, "--quota-backend-bytes", fmt.Sprint(o.quota), "--allow-live-apiserver"}, live...))
 		})
 		if err != nil {
 			return nil, err

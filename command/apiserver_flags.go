@@ -42,7 +42,7 @@ func apiServerConfig(c *cli.Context) (*apiserverconfig.Config, error) {
 // ETCDCTL_* environment, else etcdctl's defaults. What came from the
 // environment, or was left for the manifest, is noted in env.
 func etcdConfig(c *cli.Context, api *apiserverconfig.Config, env *envReport) (etcdscan.Config, error) {
-	cfg, err := etcdscan.ParseCLI(c)
+	cfg, err := parseEtcdFlags(c)
 	if err != nil {
 		return cfg, usageErr("%v", err)
 	}

@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/release"
 )
 
 // stampedVersion is what the test binary is stamped with, as `make release` does.
@@ -174,7 +174,7 @@ func TestBinaryFlagsAnywhereAndVersions(t *testing.T) {
 			t.Fatalf("target versions %v", v.TargetVersions)
 		}
 		for _, tv := range v.TargetVersions {
-			if _, err := decode.EffectiveVersion(tv); err != nil {
+			if _, err := release.EffectiveVersion(tv, ""); err != nil {
 				t.Errorf("listed target %s refused: %v", tv, err)
 			}
 		}

@@ -13,7 +13,7 @@ import (
 )
 
 func commonFlags() []cli.Flag {
-	flags := append(append(etcdscan.Flags(), snapshotFlags()...), apiServerFlags()...)
+	flags := append(append(etcdFlags(), snapshotFlags()...), apiServerFlags()...)
 	return append(flags,
 		&cli.StringFlag{Name: "prefix", Value: "/registry", Usage: "etcd key prefix kube-apiserver uses (--etcd-prefix); kube-apiserver's own --etcd-prefix (--apiserver-manifest) wins over $KEM_PREFIX", EnvVars: []string{"KEM_PREFIX"}},
 		&cli.StringFlag{Name: "encryption-provider-config", Usage: "kube-apiserver EncryptionConfiguration file (unchanged format); none = identity"},

@@ -24,7 +24,7 @@ func rollbackCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "rollback",
 		Usage: "undo run ID and every later run, newest first (--run), or put back the values one journal replaced (--journal); keys changed since are skipped",
-		Flags: append(append(append(etcdscan.Flags(), apiServerFlags()...), livenessFlags()...),
+		Flags: append(append(append(etcdFlags(), apiServerFlags()...), livenessFlags()...),
 			&cli.StringFlag{Name: "run", Usage: "undo this run (an ID from 'kube-etcd-migrate runs') and every later one, newest first"},
 			&cli.StringFlag{Name: "journal", Usage: "undo the writes this journal records (a run directory's journal, or one written with 'migrate --journal')"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be restored, skipped or left, write nothing"},

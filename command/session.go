@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -17,6 +16,7 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 )
@@ -195,7 +195,7 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 		if errors.As(err, &unmapped) {
 			return nil, usageErr("%v", err)
 		}
-		if strings.Contains(err.Error(), "--target-version") || strings.Contains(err.Error(), "--resource") || strings.Contains(err.Error(), "--storage-media-type") {
+		if isTargetUsage(err) {
 			return nil, usageErr("%v", err)
 		}
 		return nil, err
@@ -208,6 +208,19 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 	}
 	s.env = env
 	return s, nil
+}
+
+// isTargetUsage reports whether an error of pipeline.Setup is a usage error
+// (exit 2): a flag's value the target kube-apiserver or the keyspace cannot
+// take (--target-version, --resource, --namespace, --storage-media-type).
+func isTargetUsage(err error) bool {
+	var (
+		rel   *release.Error
+		res   *decode.ResourceError
+		media *decode.MediaTypeError
+		ns    *pipeline.NamespaceWithoutResourceError
+	)
+	return errors.As(err, &rel) || errors.As(err, &res) || errors.As(err, &media) || errors.As(err, &ns)
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM; a second signal exits at once.

@@ -11,11 +11,12 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/release"
 )
 
 func targetFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "target-version", Usage: "the Kubernetes release (MAJOR.MINOR) the cluster's kube-apiserver runs or is being upgraded to: store as that release's own kube-apiserver does (" + decode.TargetRange() + "); else from --apiserver-manifest's image, else kubeadm-config in etcd; migrate refuses when none says it"},
+		&cli.StringFlag{Name: "target-version", Usage: "the Kubernetes release (MAJOR.MINOR) the cluster's kube-apiserver runs or is being upgraded to: store as that release's own kube-apiserver does (" + release.Range() + "); else from --apiserver-manifest's image, else kubeadm-config in etcd; migrate refuses when none says it"},
 		&cli.StringFlag{Name: "storage-media-type", Value: decode.MediaTypeProtobuf, Usage: "kube-apiserver --storage-media-type for built-in resources"},
 		&cli.IntFlag{Name: "concurrency", Value: 0, Usage: "decode/encode workers (0 = twice the number of CPUs)"},
 		&cli.BoolFlag{Name: "encryption-only", Usage: "judge and rewrite only the encryption: an object is stale only when its value is not under the first provider's key of the encryption configuration, and it is re-encrypted with its stored bytes (storage version, media type, content) unchanged"},
@@ -70,8 +71,8 @@ func knowTheRelease(c *cli.Context, env *pipeline.Env) error {
 		return nil
 	}
 	if c.Bool("dry-run") {
-		fmt.Fprintf(c.App.ErrWriter, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", decode.LinkedRelease())
+		fmt.Fprintf(c.App.ErrWriter, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", release.Linked())
 		return nil
 	}
-	return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(decode.TargetVersions(), ", "))
+	return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(release.Versions(), ", "))
 }

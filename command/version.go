@@ -8,8 +8,8 @@ import (
 	"github.com/urfave/cli/v2"
 	"sigs.k8s.io/yaml"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/release"
 )
 
 // versionReport is what `version` and `--version` print.
@@ -26,10 +26,10 @@ type versionReport struct {
 
 func newVersionReport() (versionReport, error) {
 	r := versionReport{Info: buildinfo.Get()}
-	r.KubeAPIServer = decode.LinkedRelease()
+	r.KubeAPIServer = release.Linked()
 	r.DefaultTargetVersion = r.KubeAPIServer
 	// The same function --target-version goes through says which it accepts.
-	r.TargetVersions = decode.TargetVersions()
+	r.TargetVersions = release.Versions()
 	return r, nil
 }
 

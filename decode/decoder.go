@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/release"
 )
 
 // Decrypter decrypts a stored value for a resource; *Encryption implements it.
@@ -112,7 +113,7 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	}
 	obj.Codec = rc
 	if !rc.Scheme.Recognizes(gvk) {
-		return obj, Errorf(kv.Key, ReasonUnknownKind, nil, "no kind %q is registered for version %q in kube-apiserver %s", gvk.Kind, gvk.GroupVersion(), LinkedRelease())
+		return obj, Errorf(kv.Key, ReasonUnknownKind, nil, "no kind %q is registered for version %q in kube-apiserver %s", gvk.Kind, gvk.GroupVersion(), release.Linked())
 	}
 	if want := expectedKind(rc, info.Resource); gvk.Kind != want {
 		return obj, Errorf(kv.Key, ReasonCorruptPayload, nil, "stored kind %s under a %s key (expected %s)", gvk.Kind, info.Resource, want)

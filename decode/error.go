@@ -1,6 +1,9 @@
 package decode
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Reason classifies why a value could not be read (or must not be rewritten).
 type Reason string
@@ -62,4 +65,29 @@ func (e *Error) Unwrap() error { return e.Err }
 // Errorf builds an *Error for key.
 func Errorf(key string, reason Reason, err error, format string, args ...any) *Error {
 	return &Error{Key: key, Reason: reason, Detail: fmt.Sprintf(format, args...), Err: err}
+}
+
+// MediaTypeError is a storage media type kube-apiserver does not store
+// built-in resources in.
+type MediaTypeError struct {
+	MediaType string
+}
+
+func (e *MediaTypeError) Error() string {
+	return fmt.Sprintf("--storage-media-type %q: want one of %s, %s, %s", e.MediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
+}
+
+// ResourceError is a resource name (as --resource gives it) that names no
+// built-in resource or CRD known to the Resolver, or, without a group, more
+// than one (Ambiguous lists them, sorted).
+type ResourceError struct {
+	Name      string
+	Ambiguous []string
+}
+
+func (e *ResourceError) Error() string {
+	if len(e.Ambiguous) > 0 {
+		return fmt.Sprintf("--resource %q is ambiguous: %s", e.Name, strings.Join(e.Ambiguous, ", "))
+	}
+	return fmt.Sprintf("--resource %q: no built-in resource or CRD of that name (use resource.group, e.g. deployments.apps)", e.Name)
 }

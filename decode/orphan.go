@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
+
+	"kube-etcd-migrate/release"
 )
 
 // Orphan says why no resource of this cluster owns an orphaned key.
@@ -65,11 +67,11 @@ func classifyOrphan(obj *Object, e *Error) *Error {
 		return e
 	}
 	if scheme.Recognizes(gvk) {
-		return Errorf(e.Key, ReasonUnknownResource, nil, "holds %s %s, a kind kube-apiserver %s serves, under a prefix none of its resources is stored under", gvk.GroupVersion(), gvk.Kind, LinkedRelease())
+		return Errorf(e.Key, ReasonUnknownResource, nil, "holds %s %s, a kind kube-apiserver %s serves, under a prefix none of its resources is stored under", gvk.GroupVersion(), gvk.Kind, release.Linked())
 	}
 	plural, _ := meta.UnsafeGuessKindToResource(gvk)
 	e.Orphan = OrphanRemovedBuiltin
-	e.Detail = fmt.Sprintf("%s %s (%s): kube-apiserver %s has no such resource", gvk.GroupVersion(), gvk.Kind, plural.GroupResource(), LinkedRelease())
+	e.Detail = fmt.Sprintf("%s %s (%s): kube-apiserver %s has no such resource", gvk.GroupVersion(), gvk.Kind, plural.GroupResource(), release.Linked())
 	return e
 }
 

@@ -225,10 +225,10 @@ func (r *Resolver) ParseResource(s string) (schema.GroupResource, error) {
 				names[i] = f.String()
 			}
 			sort.Strings(names)
-			return gr, fmt.Errorf("--resource %q is ambiguous: %s", s, strings.Join(names, ", "))
+			return gr, &ResourceError{Name: s, Ambiguous: names}
 		}
 	}
-	return gr, fmt.Errorf("--resource %q: no built-in resource or CRD of that name (use resource.group, e.g. deployments.apps)", s)
+	return gr, &ResourceError{Name: s}
 }
 
 // KeyPrefix gives the etcd key prefix (with a trailing slash) holding gr's objects,

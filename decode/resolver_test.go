@@ -7,6 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/test/integration/etcd"
+
+	"kube-etcd-migrate/release"
 )
 
 // upstreamOracle checks our key layout and storage-version choice against the
@@ -60,9 +62,9 @@ func upstreamOracle(t *testing.T, emulated string) {
 		// kube-apiserver stores otherwise (generated from its own code,
 		// releasegen; proved by e2e's TestTargetOlderReleases), the real
 		// release is the target.
-		if real, ok := releaseStorageVersions[emulated][info.Resource.String()]; ok && real != wantGV.String() {
-			t.Logf("%s: upstream's emulation of %s stores %s, the real %s stores %s", gvr, emulated, wantGV, emulated, real)
-			wantGV, _ = schema.ParseGroupVersion(real)
+		if gv, ok := release.StorageVersion(emulated, info.Resource); ok && gv != wantGV {
+			t.Logf("%s: upstream's emulation of %s stores %s, the real %s stores %s", gvr, emulated, wantGV, emulated, gv)
+			wantGV = gv
 		}
 		if rc.StorageVersion != wantGV {
 			t.Errorf("emulated %q: %s is stored as %s by kube-apiserver, we would write %s", emulated, gvr, wantGV, rc.StorageVersion)
@@ -81,8 +83,8 @@ func TestResolverAndStorageVersionsMatchUpstream(t *testing.T) {
 // Every older release the tool writes for: the storage versions upstream's
 // data gives for a server at that release.
 func TestStorageVersionsMatchUpstreamAtOlderReleases(t *testing.T) {
-	for _, v := range TargetVersions() {
-		if v == LinkedRelease() {
+	for _, v := range release.Versions() {
+		if v == release.Linked() {
 			continue
 		}
 		t.Run(v, func(t *testing.T) { upstreamOracle(t, v) })
@@ -99,7 +101,7 @@ func TestRealReleaseAndEmulationDiffer(t *testing.T) {
 		release, emulated, want string
 	}{
 		{"1.34", "", "resource.k8s.io/v1beta2"},
-		{LinkedRelease(), "1.34", "resource.k8s.io/v1"},
+		{release.Linked(), "1.34", "resource.k8s.io/v1"},
 		{"1.35", "", "resource.k8s.io/v1"},
 	} {
 		storage, err := NewStorageConfigFor(StorageOptions{Release: c.release, EmulatedVersion: c.emulated})
@@ -188,8 +190,8 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 	if p, _ := r.KeyPrefix(schema.GroupResource{Resource: "nodes"}, ""); p != "/registry/minions/" {
 		t.Errorf("nodes prefix %q", p)
 	}
-	if got := TargetRange(); got != "1.34..1.37" {
-		t.Errorf("TargetRange() = %s, want 1.34..1.37 (kube-apiserver 1.37 reaches back three releases)", got)
+	if got := release.Range(); got != "1.34..1.37" {
+		t.Errorf("release.Range() = %s, want 1.34..1.37 (kube-apiserver 1.37 reaches back three releases)", got)
 	}
 	for _, bad := range []string{"1.20", "1.33", "1.38", "banana"} {
 		_, err := NewStorageConfig(bad, "")
@@ -209,11 +211,12 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 // factory gives, where this release has it; 1.36 stores DeviceTaintRules
 // as resource.k8s.io/v1alpha3, which 1.37's emulation of 1.36 does not.
 func TestPreviousReleaseStorageVersions(t *testing.T) {
-	if len(releaseStorageVersions) == 0 {
+	if len(release.Generated()) == 0 {
 		t.Fatal("no generated storage versions (go run ./internal/releasegen)")
 	}
-	for release, versions := range releaseStorageVersions {
-		storage, err := NewStorageConfig(release, "")
+	for _, rel := range release.Generated() {
+		versions, _ := release.StorageVersions(rel)
+		storage, err := NewStorageConfig(rel, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,12 +233,12 @@ func TestPreviousReleaseStorageVersions(t *testing.T) {
 				continue
 			}
 			if rc.StorageVersion != gv && legacyscheme.Scheme.IsVersionRegistered(gv) {
-				t.Errorf("--target-version %s: %s stored as %s, kube-apiserver %s stores %s", release, resource, rc.StorageVersion, release, gv)
+				t.Errorf("--target-version %s: %s stored as %s, kube-apiserver %s stores %s", rel, resource, rc.StorageVersion, rel, gv)
 			}
 			checked++
 		}
 		if checked < 60 {
-			t.Errorf("--target-version %s: only %d resources checked", release, checked)
+			t.Errorf("--target-version %s: only %d resources checked", rel, checked)
 		}
 	}
 	storage, err := NewStorageConfig("1.36", "")

@@ -13,7 +13,6 @@ import (
 	apiserveroptions "k8s.io/apiserver/pkg/server/options"
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
-	"k8s.io/apiserver/pkg/util/compatibility"
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/controlplane" // registers every built-in group into legacyscheme, as kube-apiserver does
@@ -26,6 +25,8 @@ import (
 	apiregistrationinstall "k8s.io/kube-aggregator/pkg/apis/apiregistration/install"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	apiregistrationv1beta1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1beta1"
+
+	"kube-etcd-migrate/release"
 )
 
 // Media types kube-apiserver stores with.
@@ -86,7 +87,7 @@ type StorageConfig struct {
 }
 
 // NewStorageConfig returns the storage configuration of kube-apiserver release
-// ("" = the linked one; see TargetEffectiveVersion) with --storage-media-type=
+// ("" = the linked one; see release.EffectiveVersion) with --storage-media-type=
 // mediaType ("" = protobuf), with its default API enablement.
 func NewStorageConfig(release, mediaType string) (*StorageConfig, error) {
 	return NewStorageConfigFor(StorageOptions{Release: release, MediaType: mediaType})
@@ -107,7 +108,7 @@ type StorageOptions struct {
 // kube-apiserver builds from these flags.
 func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	mediaType := o.MediaType
-	ev, err := TargetEffectiveVersion(o.Release, o.EmulatedVersion)
+	ev, err := release.EffectiveVersion(o.Release, o.EmulatedVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -117,13 +118,13 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	switch mediaType {
 	case MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML:
 	default:
-		return nil, fmt.Errorf("--storage-media-type %q: want one of %s, %s, %s", mediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
+		return nil, &MediaTypeError{MediaType: mediaType}
 	}
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType
-	release, emulated := targetRelease(o)
+	rel, emulated := targetRelease(o)
 	cfg := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
-	cfg.ResourceEncodingOverrides = releaseOverrides(release, emulated, cfg.ResourceEncodingOverrides)
+	cfg.ResourceEncodingOverrides = releaseOverrides(rel, emulated, cfg.ResourceEncodingOverrides)
 	cfg.APIResourceConfig = o.ResourceConfig
 	if cfg.APIResourceConfig == nil {
 		cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
@@ -137,29 +138,29 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 		factory:   factory,
 		mediaType: mediaType,
 		effective: ev,
-		release:   release,
+		release:   rel,
 		builtins:  builtinResources(),
 		codecs:    map[schema.GroupResource]*ResourceCodec{},
 	}, nil
 }
 
 // targetRelease is the release (MAJOR.MINOR) of the target kube-apiserver
-// (TargetEffectiveVersion validated o), and whether it emulates an older one.
+// (release.EffectiveVersion validated o), and whether it emulates an older one.
 func targetRelease(o StorageOptions) (string, bool) {
-	release := LinkedRelease()
-	if v, err := parseMajorMinor(o.Release); o.Release != "" && err == nil {
-		release = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+	rel := release.Linked()
+	if v, err := release.Parse(o.Release); o.Release != "" && err == nil {
+		rel = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
 	}
-	if v, err := parseMajorMinor(o.EmulatedVersion); o.EmulatedVersion != "" && err == nil {
-		return release, fmt.Sprintf("%d.%d", v.Major(), v.Minor()) != release
+	if v, err := release.Parse(o.EmulatedVersion); o.EmulatedVersion != "" && err == nil {
+		return rel, fmt.Sprintf("%d.%d", v.Major(), v.Minor()) != rel
 	}
-	return release, false
+	return rel, false
 }
 
 // releaseOverrides are the storage-version overrides of the storage factory
 // of the target kube-apiserver. For a previous release, run without
 // --emulated-version, whose real kube-apiserver's storage versions were
-// generated (releaseStorageVersions, go run ./internal/releasegen), each
+// generated (release.StorageVersions, go run ./internal/releasegen), each
 // built-in resource is stored in the version that release stores it in:
 // the linked kube-apiserver's emulation alone applies the linked release's
 // overrides whatever the emulated version (1.37 emulating 1.36 stores
@@ -172,11 +173,11 @@ func targetRelease(o StorageOptions) (string, bool) {
 // lifecycle, APILifecycleIntroduced) is dropped: that release has no such
 // version and could not read what it stores (1.37's DeviceTaintRules
 // override to v1beta2, introduced in 1.36, for a 1.35 target).
-func releaseOverrides(release string, emulated bool, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
-	if release == LinkedRelease() {
+func releaseOverrides(rel string, emulated bool, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
+	if rel == release.Linked() {
 		return overrides
 	}
-	target, err := parseMajorMinor(release)
+	target, err := release.Parse(rel)
 	if err != nil {
 		return overrides
 	}
@@ -188,7 +189,7 @@ func releaseOverrides(release string, emulated bool, overrides []schema.GroupVer
 		}
 		byGR[o.GroupResource()] = o
 	}
-	versions, ok := releaseStorageVersions[release]
+	versions, ok := release.StorageVersions(rel)
 	if !ok || emulated {
 		versions = nil
 	}
@@ -226,134 +227,11 @@ func introducedAfter(gv schema.GroupVersion, kind string, release *version.Versi
 	return version.MajorMinor(uint(major), uint(minor)).GreaterThan(release)
 }
 
-// ReleaseTypes are the protobuf and JSON fields of an older release's Go types
-// (releasegen): Kinds maps a stored kind (schema.GroupVersionKind.String())
-// to its type, Types each type to its fields' message types by number, JSON
-// to its fields' object types by name.
-type ReleaseTypes struct {
-	Release string
-	Kinds   map[string]string
-	Types   map[string]map[int32]string
-	// JSON are the same types' JSON members, in the order encoding/json
-	// writes them ("*": a map's values).
-	JSON map[string][]JSONField
-}
-
-// JSONField is one JSON member of a release's Go type (releasegen): its name,
-// the type of an object member ("" for any other), and the JSON that type
-// writes for a zero value ("" when it leaves a zero value out).
-type JSONField struct {
-	Name, Type, Zero string
-}
-
-// ReleaseTypes returns the protobuf fields of the Go types of the target
-// release, when it is a previous one whose types were generated; false for
-// the linked release.
-func (s *StorageConfig) ReleaseTypes() (ReleaseTypes, bool) {
-	kinds, ok := releaseProtoKinds[s.release]
-	if !ok {
-		return ReleaseTypes{}, false
-	}
-	return ReleaseTypes{Release: s.release, Kinds: kinds, Types: releaseProtoTypes[s.release], JSON: releaseJSONTypes[s.release]}, true
-}
-
-// EffectiveVersion returns the effective version of the real kube-apiserver of
-// release v ("" = the linked one), as TargetEffectiveVersion(v, "").
-func EffectiveVersion(v string) (basecompatibility.MutableEffectiveVersion, error) {
-	return TargetEffectiveVersion(v, "")
-}
-
-// TargetEffectiveVersion returns the effective version of kube-apiserver of
-// release ("" = the linked one) run with --emulated-version=emulated ("" =
-// none), reproduced by the linked kube-apiserver's own compatibility code.
-//
-// Storage versions follow the minimum compatibility version: a version of a
-// resource is stored only once every release from it on can read it. A real
-// kube-apiserver of release R emulating E has min compatibility E-1, clamped
-// to its own floor R-3. The linked binary emulating an older release clamps
-// to its own, newer floor instead (1.37 emulating 1.34: 1.34, where a real
-// 1.34 has 1.33, and would store DRA objects as resource.k8s.io/v1 where a
-// real 1.34 stores v1beta2). So the minimum compatibility version is set to
-// what the target release itself has, after the linked binary has validated
-// the emulation.
-func TargetEffectiveVersion(release, emulated string) (basecompatibility.MutableEffectiveVersion, error) {
-	ev := compatibility.DefaultBuildEffectiveVersion()
-	if release == "" && emulated == "" {
-		return ev, nil
-	}
-	binary := ev.BinaryVersion()
-	allowed := ev.AllowedEmulationVersionRange()
-	rel := version.MajorMinor(binary.Major(), binary.Minor())
-	if release != "" {
-		parsed, err := parseMajorMinor(release)
-		if err != nil {
-			return nil, fmt.Errorf("--target-version %q: %w (allowed %s)", release, err, TargetRange())
-		}
-		rel = parsed
-	}
-	emu := rel
-	if emulated != "" {
-		parsed, err := parseMajorMinor(emulated)
-		if err != nil {
-			return nil, fmt.Errorf("--emulated-version %q: %w (allowed %s)", emulated, err, allowed)
-		}
-		if parsed.GreaterThan(rel) {
-			return nil, fmt.Errorf("--emulated-version %s: kube-apiserver %s cannot emulate a newer release", emulated, rel)
-		}
-		emu = parsed
-	}
-	if rel.GreaterThan(version.MajorMinor(binary.Major(), binary.Minor())) {
-		return nil, fmt.Errorf("--target-version %s: newer than the Kubernetes release this tool carries (%d.%d); use a kube-etcd-migrate built with Kubernetes %s (allowed %s)", rel, binary.Major(), binary.Minor(), rel, TargetRange())
-	}
-	ev.SetEmulationVersion(emu)
-	if errs := ev.Validate(); len(errs) > 0 {
-		if emulated != "" {
-			return nil, fmt.Errorf("--emulated-version %s: kube-apiserver %d.%d cannot emulate it: allowed %s", emu, binary.Major(), binary.Minor(), allowed)
-		}
-		return nil, fmt.Errorf("--target-version %s: kube-apiserver %d.%d cannot reproduce it: allowed %s", rel, binary.Major(), binary.Minor(), TargetRange())
-	}
-	ev.SetMinCompatibilityVersion(minCompatibility(rel, emu))
-	return ev, nil
-}
-
-// minCompatibility is kube-apiserver release rel's default
-// --min-compatibility-version when it emulates emu: emu-1, but not below its
-// floor rel-3 (k8s.io/apiserver's compatibility.DefaultBuildEffectiveVersion;
-// its lower bound, 1.31, is below every release the linked one reaches).
-func minCompatibility(rel, emu *version.Version) *version.Version {
-	floor := version.MajorMinor(rel.Major(), rel.Minor()).SubtractMinor(3)
-	minCompat := version.MajorMinor(emu.Major(), emu.Minor()).SubtractMinor(1)
-	if minCompat.LessThan(floor) {
-		return floor
-	}
-	return minCompat
-}
-
-// TargetRange is the range of --target-version the linked kube-apiserver can
-// reproduce, "1.34..1.37".
-func TargetRange() string {
-	vs := TargetVersions()
-	if len(vs) == 0 {
-		return "none"
-	}
-	return vs[0] + ".." + vs[len(vs)-1]
-}
-
-// TargetVersions lists the releases --target-version accepts, oldest first:
-// the linked release and those its emulation reaches.
-func TargetVersions() []string {
-	ev := compatibility.DefaultBuildEffectiveVersion()
-	bv := ev.BinaryVersion()
-	var out []string
-	for m := int(bv.Minor()); m >= 0; m-- {
-		probe := compatibility.DefaultBuildEffectiveVersion()
-		probe.SetEmulationVersion(version.MajorMinor(bv.Major(), uint(m)))
-		if len(probe.Validate()) > 0 {
-			break
-		}
-		out = append([]string{fmt.Sprintf("%d.%d", bv.Major(), m)}, out...)
-	}
-	return out
+// ReleaseTypes returns the protobuf and JSON fields of the Go types of the
+// target release, when it is a previous one whose types were generated
+// (release.TypesOf); false for the linked release.
+func (s *StorageConfig) ReleaseTypes() (release.Types, bool) {
+	return release.TypesOf(s.release)
 }
 
 // Effective is the effective version this configuration emulates.
@@ -441,7 +319,7 @@ func (s *StorageConfig) newCodec(gr schema.GroupResource) (*ResourceCodec, error
 		ok = kind != ""
 	}
 	if !ok {
-		return nil, fmt.Errorf("resource %s is not a built-in resource of kube-apiserver %s", gr, LinkedRelease())
+		return nil, fmt.Errorf("resource %s is not a built-in resource of kube-apiserver %s", gr, release.Linked())
 	}
 	example, err := legacyscheme.Scheme.New(schema.GroupVersionKind{Group: gr.Group, Version: runtime.APIVersionInternal, Kind: kind})
 	if err != nil {
@@ -499,19 +377,4 @@ func builtinResources() map[schema.GroupResource]string {
 		out[gr] = gvk.Kind
 	}
 	return out
-}
-
-func parseMajorMinor(v string) (*version.Version, error) {
-	parsed, err := version.ParseGeneric(strings.TrimPrefix(v, "v"))
-	if err != nil {
-		return nil, fmt.Errorf("not a MAJOR.MINOR version")
-	}
-	return version.MajorMinor(parsed.Major(), parsed.Minor()), nil
-}
-
-// LinkedRelease is the Kubernetes release (MAJOR.MINOR) whose kube-apiserver
-// code the tool carries, e.g. "1.37", from the linked modules' build version.
-func LinkedRelease() string {
-	bv := compatibility.DefaultBuildEffectiveVersion().BinaryVersion()
-	return fmt.Sprintf("%d.%d", bv.Major(), bv.Minor())
 }

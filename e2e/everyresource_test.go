@@ -32,11 +32,11 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/utils/ptr"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/apiserverproc"
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/internal/everyresource"
 	"kube-etcd-migrate/internal/modbuild"
+	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/verify"
 )
 
@@ -348,7 +348,7 @@ func everyResourceCase(t *testing.T, from, to storageSetting) {
 		// PodCertificateRequests in certificates.k8s.io/v1alpha1, where 1.37
 		// has ClusterTrustBundles only).
 		Skip: func(gvr schema.GroupVersionResource, kind schema.GroupVersionKind) bool {
-			gv, ok := decode.ReleaseStorageVersion(from.target(t), gvr.GroupResource())
+			gv, ok := release.StorageVersion(from.target(t), gvr.GroupResource())
 			builtin := linkedHasGroup(gvr.Group)
 			if (builtin && !linkedHas(gvr.GroupVersion())) || (from.binary != "" && ok && !linkedKnows(gv.WithKind(kind.Kind))) {
 				skipped[gvr] = true

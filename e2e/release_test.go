@@ -17,12 +17,12 @@ import (
 	"k8s.io/client-go/rest"
 	componentversion "k8s.io/component-base/version"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/apiserverproc"
 	"kube-etcd-migrate/internal/apiservertest"
 	"kube-etcd-migrate/internal/everyresource"
 	"kube-etcd-migrate/internal/modbuild"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/verify"
 )
 
@@ -320,8 +320,8 @@ func TestTargetOlderReleases(t *testing.T) {
 	for _, release := range modbuild.OlderKubernetes {
 		targets[releaseMinor(t, release)] = true
 	}
-	for _, v := range decode.TargetVersions() {
-		if v != decode.LinkedRelease() && !targets[v] {
+	for _, v := range release.Versions() {
+		if v != release.Linked() && !targets[v] {
 			t.Errorf("--target-version %s is accepted but no real kube-apiserver of it is in modbuild.OlderKubernetes: nothing proves it", v)
 		}
 	}

@@ -12,21 +12,22 @@ import (
 	"strings"
 	"time"
 
-	"github.com/urfave/cli/v2"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/mem"
 )
 
-// Defaults of the connection flags; dial and command timeouts are etcdctl's.
+// Defaults of the connection (the command line's flags default to them);
+// dial and command timeouts are etcdctl's.
 const (
 	DefaultEndpoint       = "127.0.0.1:2379"
 	DefaultDialTimeout    = 2 * time.Second
 	DefaultCommandTimeout = 5 * time.Second
 )
 
-// Config says how to reach etcd. It mirrors etcdctl's global flags.
+// Config says how to reach etcd: plain data (the command line's flags, as
+// etcdctl's global flags, are read into it by the command layer).
 type Config struct {
 	Endpoints      []string
 	CACert         string // --cacert: PEM bundle of CAs that sign the server certificates
@@ -35,78 +36,6 @@ type Config struct {
 	Password       string // --password; never printed
 	DialTimeout    time.Duration
 	CommandTimeout time.Duration
-}
-
-// Flags returns the connection flags, named and defaulted like etcdctl's, each
-// falling back to the ETCDCTL_* environment variable of the same name (which
-// --help shows). A caller that also reads kube-apiserver's configuration puts
-// it between the two: the command line, then kube-apiserver's, then the
-// environment.
-func Flags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringSliceFlag{
-			Name:    "endpoints",
-			Usage:   "etcd client endpoints (comma separated); scheme-less endpoints get https:// when --cacert or --cert is given, else http://",
-			Value:   cli.NewStringSlice(DefaultEndpoint),
-			EnvVars: []string{"ETCDCTL_ENDPOINTS"},
-		},
-		&cli.StringFlag{Name: "cacert", Usage: "verify the etcd server certificates with this CA bundle", EnvVars: []string{"ETCDCTL_CACERT"}},
-		&cli.StringFlag{Name: "cert", Usage: "client TLS certificate file", EnvVars: []string{"ETCDCTL_CERT"}},
-		&cli.StringFlag{Name: "key", Usage: "client TLS private key file", EnvVars: []string{"ETCDCTL_KEY"}},
-		&cli.StringFlag{Name: "user", Usage: "etcd user name[:password] when etcd auth is enabled", EnvVars: []string{"ETCDCTL_USER"}},
-		&cli.StringFlag{Name: "password", Usage: "etcd password (prefer ETCDCTL_PASSWORD over the command line)", EnvVars: []string{"ETCDCTL_PASSWORD"}},
-		&cli.DurationFlag{Name: "dial-timeout", Usage: "time to establish the connection and probe the cluster", Value: DefaultDialTimeout, EnvVars: []string{"ETCDCTL_DIAL_TIMEOUT"}},
-		&cli.DurationFlag{Name: "command-timeout", Usage: "time limit of one etcd request", Value: DefaultCommandTimeout, EnvVars: []string{"ETCDCTL_COMMAND_TIMEOUT"}},
-	}
-}
-
-// ConfigFromCLI reads the flags of Flags() and validates them: files must be
-// readable and parse, --cert and --key go together, timeouts are positive.
-// Errors name the offending flag.
-func ConfigFromCLI(c *cli.Context) (Config, error) {
-	cfg, err := ParseCLI(c)
-	if err != nil {
-		return Config{}, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	return cfg, nil
-}
-
-// ParseCLI reads the flags of Flags() without validating them (Validate):
-// for a caller that replaces some values first (kube-apiserver's own etcd
-// flags win over the environment's).
-func ParseCLI(c *cli.Context) (Config, error) {
-	cfg := Config{
-		CACert:         c.String("cacert"),
-		Cert:           c.String("cert"),
-		Key:            c.String("key"),
-		Password:       c.String("password"),
-		DialTimeout:    c.Duration("dial-timeout"),
-		CommandTimeout: c.Duration("command-timeout"),
-	}
-	for _, e := range c.StringSlice("endpoints") {
-		for _, part := range strings.Split(e, ",") {
-			if part = strings.TrimSpace(part); part != "" {
-				cfg.Endpoints = append(cfg.Endpoints, part)
-			}
-		}
-	}
-	if user := c.String("user"); user != "" {
-		name, pass, hasPass := strings.Cut(user, ":")
-		if name == "" {
-			return Config{}, errors.New("--user: empty user name")
-		}
-		cfg.Username = name
-		if hasPass {
-			if cfg.Password != "" {
-				return Config{}, errors.New("--user: password given both in --user and --password")
-			}
-			cfg.Password = pass
-		}
-	}
-	return cfg, nil
 }
 
 // Validate checks the configuration without contacting etcd.

@@ -3,117 +3,29 @@ package etcdscan
 import (
 	"context"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/internal/testpki"
 )
 
-// parseFlags runs a cli app with Flags() and returns what ConfigFromCLI made of args.
-func parseFlags(t *testing.T, args ...string) (Config, error) {
-	t.Helper()
-	var cfg Config
-	var cerr error
-	app := &cli.App{
-		Name:  "x",
-		Flags: Flags(),
-		Action: func(c *cli.Context) error {
-			cfg, cerr = ConfigFromCLI(c)
-			return nil
-		},
-	}
-	if err := app.Run(append([]string{"x"}, args...)); err != nil {
-		t.Fatalf("cli: %v", err)
-	}
-	return cfg, cerr
-}
-
-func clearEtcdctlEnv(t *testing.T) {
-	for _, v := range []string{"ENDPOINTS", "CACERT", "CERT", "KEY", "USER", "PASSWORD", "DIAL_TIMEOUT", "COMMAND_TIMEOUT"} {
-		t.Setenv("ETCDCTL_"+v, "")
-		os.Unsetenv("ETCDCTL_" + v)
-	}
-}
-
-func TestFlagsDefaultsAndEnv(t *testing.T) {
-	clearEtcdctlEnv(t)
-	cfg, err := parseFlags(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Endpoints) != 1 || cfg.Endpoints[0] != "127.0.0.1:2379" || cfg.DialTimeout != 2*time.Second || cfg.CommandTimeout != 5*time.Second {
-		t.Fatalf("defaults: %+v", cfg)
-	}
-	if got := cfg.endpoints(); got[0] != "http://127.0.0.1:2379" {
+// TestEndpointSchemes: scheme-less endpoints get http:// without TLS and
+// https:// with --cacert or --cert; an explicit scheme is kept.
+func TestEndpointSchemes(t *testing.T) {
+	if got := (Config{Endpoints: []string{DefaultEndpoint}}).endpoints(); len(got) != 1 || got[0] != "http://127.0.0.1:2379" {
 		t.Fatalf("scheme-less endpoint without TLS: %v", got)
 	}
-
-	dir := t.TempDir()
-	ca := testpki.NewCA(t, dir, "ca")
-	cert, key := ca.Issue(t, dir, "client", false)
-	t.Setenv("ETCDCTL_ENDPOINTS", "10.0.0.1:2379,https://10.0.0.2:2379")
-	t.Setenv("ETCDCTL_CACERT", ca.File)
-	t.Setenv("ETCDCTL_CERT", cert)
-	t.Setenv("ETCDCTL_KEY", key)
-	t.Setenv("ETCDCTL_DIAL_TIMEOUT", "7s")
-	t.Setenv("ETCDCTL_COMMAND_TIMEOUT", "1m")
-	cfg, err = parseFlags(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eps := cfg.endpoints()
+	eps := (Config{Endpoints: []string{"10.0.0.1:2379", "https://10.0.0.2:2379"}, CACert: "ca.pem"}).endpoints()
 	if len(eps) != 2 || eps[0] != "https://10.0.0.1:2379" || eps[1] != "https://10.0.0.2:2379" {
-		t.Fatalf("endpoints from env: %v", eps)
+		t.Fatalf("endpoints with --cacert: %v", eps)
 	}
-	if cfg.CACert != ca.File || cfg.Cert != cert || cfg.Key != key || cfg.DialTimeout != 7*time.Second || cfg.CommandTimeout != time.Minute {
-		t.Fatalf("env fallback: %+v", cfg)
-	}
-
-	// Flags win over the environment; a repeated --endpoints replaces the default.
-	cfg, err = parseFlags(t, "--endpoints", "a:1", "--endpoints", "b:2,c:3", "--dial-timeout", "3s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(cfg.Endpoints, " ") != "a:1 b:2 c:3" || cfg.DialTimeout != 3*time.Second {
-		t.Fatalf("flags: %+v", cfg)
-	}
-}
-
-func TestFlagsValidation(t *testing.T) {
-	clearEtcdctlEnv(t)
-	dir := t.TempDir()
-	ca := testpki.NewCA(t, dir, "ca")
-	cert, key := ca.Issue(t, dir, "client", false)
-	missing := filepath.Join(dir, "missing.pem")
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"--cert", cert}, "--cert"},
-		{[]string{"--key", key}, "--key"},
-		{[]string{"--cacert", missing}, "--cacert"},
-		{[]string{"--cacert", key}, "--cacert"},
-		{[]string{"--cert", missing, "--key", key}, "--cert"},
-		{[]string{"--cert", cert, "--key", missing}, "--key"},
-		{[]string{"--cert", key, "--key", cert}, "--cert/--key"},
-		{[]string{"--dial-timeout", "0s"}, "--dial-timeout"},
-		{[]string{"--password", "x"}, "--password"},
-	} {
-		_, err := parseFlags(t, tc.args...)
-		if err == nil || !strings.HasPrefix(err.Error(), tc.want+":") {
-			t.Errorf("%v: got error %v, want one starting with %q", tc.args, err, tc.want)
-		}
-	}
-	cfg, err := parseFlags(t, "--user", "root:secret")
-	if err != nil || cfg.Username != "root" || cfg.Password != "secret" {
-		t.Fatalf("--user name:password: %+v %v", cfg, err)
+	eps = (Config{Endpoints: []string{"10.0.0.1:2379"}, Cert: "c.pem", Key: "k.pem"}).endpoints()
+	if len(eps) != 1 || eps[0] != "https://10.0.0.1:2379" {
+		t.Fatalf("endpoints with --cert: %v", eps)
 	}
 }
 

@@ -1,5 +1,5 @@
-// Package etcdscan owns every conversation with etcd: connecting with etcdctl-style
-// flags, scanning a key prefix at one pinned revision in bounded pages, and writing
+// Package etcdscan owns every conversation with etcd: connecting with etcdctl's
+// settings (Config, plain data: the command layer owns the flags), scanning a key prefix at one pinned revision in bounded pages, and writing
 // values back with compare-and-swap on each key's mod revision, keeping its lease.
 package etcdscan
 

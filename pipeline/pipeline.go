@@ -453,7 +453,7 @@ func (e *Env) selectPrefixes() error {
 	cfg := e.Config
 	if len(cfg.Resources) == 0 {
 		if cfg.Namespace != "" {
-			return fmt.Errorf("--namespace needs --resource: the keyspace is laid out by resource first")
+			return &NamespaceWithoutResourceError{Namespace: cfg.Namespace}
 		}
 		e.Prefixes = []string{strings.TrimSuffix(cfg.Prefix, "/") + "/"}
 		return nil
@@ -482,6 +482,17 @@ func (e *Env) selectPrefixes() error {
 	}
 	e.Prefixes = out
 	return nil
+}
+
+// NamespaceWithoutResourceError is a namespace filter (Config.Namespace)
+// without a resource filter: the keyspace is laid out by resource first, so
+// a namespace alone selects no key range.
+type NamespaceWithoutResourceError struct {
+	Namespace string
+}
+
+func (e *NamespaceWithoutResourceError) Error() string {
+	return "--namespace needs --resource: the keyspace is laid out by resource first"
 }
 
 // Mode says how much work Run does per key.

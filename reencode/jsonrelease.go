@@ -7,7 +7,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 // jsonForRelease is forRelease for an object kube-apiserver's JSON or YAML
@@ -19,7 +19,7 @@ import (
 // CSINode "status":{}, a struct encoding/json never omits); a member they do
 // not have holding a value is an error. A value with nothing to change is
 // returned as it is.
-func jsonForRelease(data []byte, typ string, rt decode.ReleaseTypes) ([]byte, error) {
+func jsonForRelease(data []byte, typ string, rt release.Types) ([]byte, error) {
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
 	isJSON := len(trimmed) > 0 && trimmed[0] == '{'
 	doc := data
@@ -50,7 +50,7 @@ func jsonForRelease(data []byte, typ string, rt decode.ReleaseTypes) ([]byte, er
 // releaseJSON writes the JSON object b, of type typ, as the release's type
 // writes it; changed says whether that differs from b. An error names a
 // member the type has not that holds a value (its path).
-func releaseJSON(b []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, bool, error) {
+func releaseJSON(b []byte, typ string, rt release.Types, path string, depth int) ([]byte, bool, error) {
 	fields, ok := rt.JSON[typ]
 	if !ok || depth > maxWireDepth {
 		return b, false, nil
@@ -120,7 +120,7 @@ func releaseJSON(b []byte, typ string, rt decode.ReleaseTypes, path string, dept
 
 // releaseJSONValue is releaseJSON for an object of type typ, or each object
 // of an array of them.
-func releaseJSONValue(v []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, bool, error) {
+func releaseJSONValue(v []byte, typ string, rt release.Types, path string, depth int) ([]byte, bool, error) {
 	if len(v) == 0 {
 		return v, false, nil
 	}

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 // TestReleaseJSON: a JSON object written by this release's types, as an
@@ -13,7 +13,7 @@ import (
 // lacking member with a value is an error naming its path; nothing to
 // change gives back the same bytes.
 func TestReleaseJSON(t *testing.T) {
-	rt := decode.ReleaseTypes{Release: "1.0", JSON: map[string][]decode.JSONField{
+	rt := release.Types{Release: "1.0", JSON: map[string][]release.JSONField{
 		"T":           {{Name: "a"}, {Name: "d", Zero: "null"}, {Name: "s", Type: "S"}, {Name: "m", Type: "T.M[values]"}, {Name: "l", Type: "S"}},
 		"S":           {{Name: "x"}},
 		"T.M[values]": {{Name: "*", Type: "S"}},

@@ -25,6 +25,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 // Status is the verdict on one key.
@@ -443,7 +444,7 @@ func RoundTrip(obj *decode.Object) error {
 		}
 		if len(re) < len(protobufMagic) || len(stored) < len(protobufMagic) || !bytes.Equal(re[:len(protobufMagic)], stored[:len(protobufMagic)]) ||
 			!wireKeeps(stored[len(protobufMagic):], re[len(protobufMagic):], 0) {
-			return fmt.Errorf("the %s types of Kubernetes %s do not give back every field of the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, decode.LinkedRelease(), len(stored), len(re))
+			return fmt.Errorf("the %s types of Kubernetes %s do not give back every field of the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, release.Linked(), len(stored), len(re))
 		}
 		return nil
 	case decode.MediaTypeJSON, decode.MediaTypeYAML:
@@ -477,7 +478,7 @@ func RoundTrip(obj *decode.Object) error {
 		// member an older release's did not have, 1.37's CSINode
 		// "status":{}), as wireKeeps for protobuf.
 		if !reflect.DeepEqual(a, b) && !jsonKeeps(a, b, 0) {
-			return fmt.Errorf("the %s types of Kubernetes %s do not give back the stored JSON document: fields %s would be lost or changed", gvk, decode.LinkedRelease(), strings.Join(diffPaths("", a, b, 5), ", "))
+			return fmt.Errorf("the %s types of Kubernetes %s do not give back the stored JSON document: fields %s would be lost or changed", gvk, release.Linked(), strings.Join(diffPaths("", a, b, 5), ", "))
 		}
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 )
 
 // wireField is one field of a protobuf message as it is on the wire.
@@ -184,7 +185,7 @@ func forRelease(sc *decode.StorageConfig, gvk schema.GroupVersionKind, data []by
 // pruneFields leaves out of message b, of type typ, the zero-valued fields
 // the release's type has not; an error names a set one (its path of field
 // numbers).
-func pruneFields(b []byte, typ string, rt decode.ReleaseTypes, path string, depth int) ([]byte, error) {
+func pruneFields(b []byte, typ string, rt release.Types, path string, depth int) ([]byte, error) {
 	fields, ok := rt.Types[typ]
 	if !ok || depth > maxWireDepth {
 		return b, nil

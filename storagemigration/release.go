@@ -8,8 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 
-	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/release"
 )
 
 // controller is what the target release's kube-controller-manager
@@ -32,16 +32,16 @@ type controller struct {
 // kubeadm's ClusterConfiguration), else the release the tool links. The
 // controller's code is its binary's: --emulated-version does not change it.
 func controllerOf(env *pipeline.Env) (controller, error) {
-	release := env.Config.TargetVersion
+	rel := env.Config.TargetVersion
 	if env.Config.APIServer != nil {
-		release = env.Config.APIServer.ReleaseOrLinked()
+		rel = env.Config.APIServer.ReleaseOrLinked()
 	}
-	if release == "" {
-		release = decode.LinkedRelease()
+	if rel == "" {
+		rel = release.Linked()
 	}
 	var major, minor int
-	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil || major != 1 {
-		return controller{}, fmt.Errorf("storage version migration: release %q: want 1.MINOR", release)
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil || major != 1 {
+		return controller{}, fmt.Errorf("storage version migration: release %q: want 1.MINOR", rel)
 	}
 	return controller{minor: minor}, nil
 }

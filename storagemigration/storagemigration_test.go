@@ -36,21 +36,21 @@ var (
 	widgets = schema.GroupResource{Group: "example.com", Resource: "widgets"}
 )
 
-// release is a target release and what its kube-controller-manager writes
+// controllerRelease is a target release and what its kube-controller-manager writes
 // on requests: 1.36 through storagemigration.k8s.io/v1beta1, 1.37 (GA)
 // through v1, saying "Migration completed" when it succeeds.
-type release struct {
+type controllerRelease struct {
 	target, api, succeeded string
 }
 
 var (
-	r136 = release{target: "1.36", api: "v1beta1"}
-	r137 = release{target: "1.37", api: "v1", succeeded: "Migration completed"}
+	r136 = controllerRelease{target: "1.36", api: "v1beta1"}
+	r137 = controllerRelease{target: "1.37", api: "v1", succeeded: "Migration completed"}
 )
 
 // eachRelease runs f for the target releases 1.36 and 1.37.
-func eachRelease(t *testing.T, f func(t *testing.T, r release)) {
-	for _, r := range []release{r136, r137} {
+func eachRelease(t *testing.T, f func(t *testing.T, r controllerRelease)) {
+	for _, r := range []controllerRelease{r136, r137} {
 		t.Run(r.target, func(t *testing.T) { f(t, r) })
 	}
 }
@@ -58,7 +58,7 @@ func eachRelease(t *testing.T, f func(t *testing.T, r release)) {
 // servingAPI is kube-apiserver r's configuration with the API on (1.36:
 // the feature gate and --runtime-config; 1.37: its defaults) or off (1.36:
 // its defaults; 1.37: storagemigration.k8s.io/v1=false).
-func servingAPI(t *testing.T, r release, on bool) *apiserverconfig.Config {
+func servingAPI(t *testing.T, r controllerRelease, on bool) *apiserverconfig.Config {
 	t.Helper()
 	in := apiserverconfig.Input{TargetVersion: r.target}
 	switch {
@@ -77,7 +77,7 @@ func servingAPI(t *testing.T, r release, on bool) *apiserverconfig.Config {
 
 // putRequest stores a request as kube-apiserver r created it (for kubectl
 // create at r's version, whose field manager recorded the spec).
-func putRequest(c *testcluster.Cluster, r release, name string, created time.Time, gr schema.GroupResource, status svmapi.StorageVersionMigrationStatus) {
+func putRequest(c *testcluster.Cluster, r controllerRelease, name string, created time.Time, gr schema.GroupResource, status svmapi.StorageVersionMigrationStatus) {
 	c.Put("/registry/storageversionmigrations/"+name, GroupResource, &svmapi.StorageVersionMigration{
 		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(created), ManagedFields: []metav1.ManagedFieldsEntry{{
 			Manager: "kubectl-create", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "storagemigration.k8s.io/" + r.api, Time: &metav1.Time{Time: created},
@@ -176,7 +176,7 @@ func TestRequestsAsTheControllerLeavesThem(t *testing.T) {
 	eachRelease(t, testRequestsAsTheControllerLeavesThem)
 }
 
-func testRequestsAsTheControllerLeavesThem(t *testing.T, r release) {
+func testRequestsAsTheControllerLeavesThem(t *testing.T, r controllerRelease) {
 	c := testcluster.New(t, testetcd.Options{})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
@@ -301,7 +301,7 @@ func TestRunningRequestGenerationAndUnreadable(t *testing.T) {
 	eachRelease(t, testRunningRequestGenerationAndUnreadable)
 }
 
-func testRunningRequestGenerationAndUnreadable(t *testing.T, r release) {
+func testRunningRequestGenerationAndUnreadable(t *testing.T, r controllerRelease) {
 	c := testcluster.New(t, testetcd.Options{})
 	lost := c.EncryptionConfig("lost.yaml", testcluster.AESCBC("key9", 9))
 	cfg := c.EncryptionConfig("cfg.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
@@ -346,7 +346,7 @@ func testRunningRequestGenerationAndUnreadable(t *testing.T, r release) {
 	// 1.37's controller counts what it could not migrate: 1 of the 2.
 	cm, _ := storedRequest(t, c, env, "configmaps")
 	failed := condition(cm.Status.Conditions, "Failed")
-	prefix := map[release]string{r137: "1/2 not yet migrated. "}[r]
+	prefix := map[controllerRelease]string{r137: "1/2 not yet migrated. "}[r]
 	if failed == nil || failed.Reason != "StorageVersionMigrationFailed" ||
 		!strings.HasPrefix(failed.Message, prefix+"migration encountered unhandled error: 1 object(s) could not be read and were left untouched, first /registry/configmaps/ns1/lost: undecryptable") ||
 		!strings.Contains(failed.Message, "key9") {
@@ -372,7 +372,7 @@ func condition(conds []metav1.Condition, t string) *metav1.Condition {
 // object, finished, and named after the tool and the start time.
 func TestNotServedAndRecord(t *testing.T) { eachRelease(t, testNotServedAndRecord) }
 
-func testNotServedAndRecord(t *testing.T, r release) {
+func testNotServedAndRecord(t *testing.T, r controllerRelease) {
 	c := testcluster.New(t, testetcd.Options{})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))

@@ -12,7 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/rundir"
 	"os"
 	"os/exec"
@@ -92,7 +92,7 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "# Seeded %d objects as kube-apiserver wrote them (%s).\n", res.Objects, counts(res.Counts))
 	fmt.Fprintln(stdout, "# The story: secrets were encrypted with aescbc key1; the operator has now rotated to key2")
-	fmt.Fprintf(stdout, "# (encryption-config-new.yaml: aescbc [key2, key1], identity) and upgraded to kube-apiserver %s,\n", decode.LinkedRelease())
+	fmt.Fprintf(stdout, "# (encryption-config-new.yaml: aescbc [key2, key1], identity) and upgraded to kube-apiserver %s,\n", release.Linked())
 	fmt.Fprintln(stdout, "# which stores DeviceClasses as resource.k8s.io/v1 and widgets.example.com as v1. Older writes are stale:")
 	fmt.Fprintln(stdout, "# secrets under key1, DeviceClasses at v1beta1/v1beta2, widgets at v1beta1, some objects in JSON.")
 	fmt.Fprintln(stdout, "# kube-apiserver is stopped (its identity lease is old); etcd keeps running.")
@@ -111,12 +111,12 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 	}
 	// A flags file does not say which release runs it (a manifest's image
 	// would): --target-version does, and migrate refuses to write without it.
-	api := []string{"--apiserver-flags-file", flagsFile, "--target-version", decode.LinkedRelease()}
+	api := []string{"--apiserver-flags-file", flagsFile, "--target-version", release.Linked()}
 	steps := []step{
 		{"Which Kubernetes release this binary stores objects as (its scheme and storage factory).", []string{"version"}, 0},
 		{"What is in etcd, per resource: versions, media types, encryption keys, leases.", append([]string{"inventory"}, enc...), 0},
 		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
-		{"Read-only audit against " + decode.LinkedRelease() + " and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
+		{"Read-only audit against " + release.Linked() + " and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
 		{"The plan, read-only (on a real cluster, before kube-apiserver is stopped): what a migration would rewrite, every check it makes before its first write but liveness, and how long it would take.", append([]string{"plan"}, api...), 0},
 		{"The migration: compare-and-swap writes, leases kept; its undo kept automatically in a run directory of the state directory (a snapshot before the first write, the old values journaled).", append([]string{"migrate"}, api...), 0},
 		{"The runs kept in the state directory, and where each one's undo is.", []string{"runs"}, 0},

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// TestGeneratedIsCurrent: decode/zz_generated_releases.go and
+// TestGeneratedIsCurrent: release/zz_generated_releases.go and
 // internal/everyresource/zz_generated_stubs.go are what the older releases'
 // own code gives (after modbuild.OlderKubernetes changes, go run
 // ./internal/releasegen).

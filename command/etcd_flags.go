@@ -1,0 +1,68 @@
+package command
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"kube-etcd-migrate/etcdscan"
+)
+
+// etcdFlags are etcd's connection flags, named and defaulted like etcdctl's
+// global flags (its ctlv3/command/global.go), each falling back to the
+// ETCDCTL_* environment variable of the same name (which --help shows).
+// etcdConfig puts kube-apiserver's configuration between the two: the
+// command line, then kube-apiserver's, then the environment.
+func etcdFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{
+			Name:    "endpoints",
+			Usage:   "etcd client endpoints (comma separated); scheme-less endpoints get https:// when --cacert or --cert is given, else http://",
+			Value:   cli.NewStringSlice(etcdscan.DefaultEndpoint),
+			EnvVars: []string{"ETCDCTL_ENDPOINTS"},
+		},
+		&cli.StringFlag{Name: "cacert", Usage: "verify the etcd server certificates with this CA bundle", EnvVars: []string{"ETCDCTL_CACERT"}},
+		&cli.StringFlag{Name: "cert", Usage: "client TLS certificate file", EnvVars: []string{"ETCDCTL_CERT"}},
+		&cli.StringFlag{Name: "key", Usage: "client TLS private key file", EnvVars: []string{"ETCDCTL_KEY"}},
+		&cli.StringFlag{Name: "user", Usage: "etcd user name[:password] when etcd auth is enabled", EnvVars: []string{"ETCDCTL_USER"}},
+		&cli.StringFlag{Name: "password", Usage: "etcd password (prefer ETCDCTL_PASSWORD over the command line)", EnvVars: []string{"ETCDCTL_PASSWORD"}},
+		&cli.DurationFlag{Name: "dial-timeout", Usage: "time to establish the connection and probe the cluster", Value: etcdscan.DefaultDialTimeout, EnvVars: []string{"ETCDCTL_DIAL_TIMEOUT"}},
+		&cli.DurationFlag{Name: "command-timeout", Usage: "time limit of one etcd request", Value: etcdscan.DefaultCommandTimeout, EnvVars: []string{"ETCDCTL_COMMAND_TIMEOUT"}},
+	}
+}
+
+// parseEtcdFlags reads etcdFlags into plain data without validating it
+// (etcdscan.Config.Validate): etcdConfig replaces some values first
+// (kube-apiserver's own etcd flags win over the environment's).
+func parseEtcdFlags(c *cli.Context) (etcdscan.Config, error) {
+	cfg := etcdscan.Config{
+		CACert:         c.String("cacert"),
+		Cert:           c.String("cert"),
+		Key:            c.String("key"),
+		Password:       c.String("password"),
+		DialTimeout:    c.Duration("dial-timeout"),
+		CommandTimeout: c.Duration("command-timeout"),
+	}
+	for _, e := range c.StringSlice("endpoints") {
+		for _, part := range strings.Split(e, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				cfg.Endpoints = append(cfg.Endpoints, part)
+			}
+		}
+	}
+	if user := c.String("user"); user != "" {
+		name, pass, hasPass := strings.Cut(user, ":")
+		if name == "" {
+			return etcdscan.Config{}, errors.New("--user: empty user name")
+		}
+		cfg.Username = name
+		if hasPass {
+			if cfg.Password != "" {
+				return etcdscan.Config{}, errors.New("--user: password given both in --user and --password")
+			}
+			cfg.Password = pass
+		}
+	}
+	return cfg, nil
+}
