@@ -2,10 +2,12 @@ package testetcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,8 +25,22 @@ type Cluster struct {
 }
 
 // StartCluster starts an n-member cluster and waits until every member
-// serves (it has elected a leader).
+// serves (it has elected a leader). Its ports are the kernel's picks, taken
+// before etcd binds them: when another test's server took one in between,
+// the cluster is started again on new ports (a few times at most).
 func StartCluster(n int) (*Cluster, error) {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var c *Cluster
+		c, err = startCluster(n)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return c, err
+		}
+	}
+	return nil, err
+}
+
+func startCluster(n int) (*Cluster, error) {
 	dir, err := os.MkdirTemp("", "testetcd-cluster-")
 	if err != nil {
 		return nil, err
@@ -68,15 +84,15 @@ func StartCluster(n int) (*Cluster, error) {
 			started[i] <- err
 		}()
 	}
-	var errs []string
+	var errs []error
 	for i := range c.Members {
 		if err := <-started[i]; err != nil {
-			errs = append(errs, err.Error())
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
 		c.Close()
-		return nil, fmt.Errorf("etcd cluster of %d: %s", n, strings.Join(errs, "; "))
+		return nil, fmt.Errorf("etcd cluster of %d: %w", n, errors.Join(errs...))
 	}
 	return c, nil
 }

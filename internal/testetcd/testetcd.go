@@ -7,11 +7,13 @@ package testetcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -71,7 +73,19 @@ type Server struct {
 }
 
 // Start starts an etcd member listening on 127.0.0.1 and waits until it serves.
+// Its ports are the kernel's picks, taken before etcd binds them: when another
+// test's server took one in between, a member in a directory of its own is
+// started again on new ports (a few times at most).
 func Start(opts Options) (*Server, error) {
+	for attempt := 0; ; attempt++ {
+		s, err := startOnce(opts)
+		if err == nil || opts.Dir != "" || attempt == 2 || !errors.Is(err, syscall.EADDRINUSE) {
+			return s, err
+		}
+	}
+}
+
+func startOnce(opts Options) (*Server, error) {
 	dir := opts.Dir
 	remove := false
 	if dir == "" {
