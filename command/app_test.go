@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,29 +20,16 @@ import (
 	api "k8s.io/kubernetes/pkg/apis/core"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/rundir"
 )
-
-var stateDirs sync.Map // test name -> its state directory
-
-// testStateDir is the test's state directory, made on first use.
-func testStateDir(t *testing.T) string {
-	t.Helper()
-	if d, ok := stateDirs.Load(t.Name()); ok {
-		return d.(string)
-	}
-	d := filepath.Join(t.TempDir(), "state")
-	stateDirs.Store(t.Name(), d)
-	t.Cleanup(func() { stateDirs.Delete(t.Name()) })
-	return d
-}
 
 // runCLI runs the command line in-process, with the state directory of the
 // writing commands in the test's own directory (one per test, kept across its calls).
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	t.Setenv(rundir.EnvStateDir, testStateDir(t))
+	t.Setenv(rundir.EnvStateDir, testcluster.StateDir(t))
 	var out, errb bytes.Buffer
 	code = run(append([]string{"kube-etcd-migrate"}, args...), &out, &errb)
 	return code, out.String(), errb.String()

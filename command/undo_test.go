@@ -110,7 +110,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	const n = 1500
 	c.SeedMany(n, oldCfg)
 	before := c.Raw()
-	state := testStateDir(t)
+	state := testcluster.StateDir(t)
 	t.Setenv(rundir.EnvStateDir, state)
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	// The killed runs rewrite secrets (to key2); the last run rewrites them again (key3).
@@ -259,7 +259,7 @@ func TestOneWritingRunAtATime(t *testing.T) {
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
 	c.SeedMany(5, oldCfg)
-	state := testStateDir(t)
+	state := testcluster.StateDir(t)
 	held, err := rundir.Open(state)
 	if err != nil {
 		t.Fatal(err)

@@ -9,24 +9,10 @@ import (
 	"sync"
 	"testing"
 
+	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/rundir"
 	"kube-etcd-migrate/updatepath"
 )
-
-var stateDirs sync.Map // test name -> its state directory
-
-// stateDir is the state directory of the tool's runs in this test (one per
-// test, kept across its runs, so that 'rollback --run' finds them).
-func stateDir(t *testing.T) string {
-	t.Helper()
-	if d, ok := stateDirs.Load(t.Name()); ok {
-		return d.(string)
-	}
-	d := filepath.Join(t.TempDir(), "state")
-	stateDirs.Store(t.Name(), d)
-	t.Cleanup(func() { stateDirs.Delete(t.Name()) })
-	return d
-}
 
 // The tool as an operator runs it: the binary built from this module, once per
 // test binary. Flags that are process-wide in kube-apiserver (feature gates)
@@ -71,7 +57,7 @@ func runTool(t *testing.T, args ...string) (string, string, int) {
 	// Every object of every e2e run goes through the field manager
 	// shortcut and the full field manager both; an object on which they
 	// differ is an error of the run (updatepath.CheckShortcutEnv).
-	cmd.Env = append(os.Environ(), updatepath.CheckShortcutEnv+"=1", rundir.EnvStateDir+"="+stateDir(t))
+	cmd.Env = append(os.Environ(), updatepath.CheckShortcutEnv+"=1", rundir.EnvStateDir+"="+testcluster.StateDir(t))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

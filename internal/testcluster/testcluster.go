@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -291,4 +292,20 @@ func (c *Cluster) Codec(emulated, media string, gr schema.GroupResource) runtime
 		c.T.Fatal(err)
 	}
 	return rc.Codec
+}
+
+var stateDirs sync.Map // test name -> its state directory
+
+// StateDir is the state directory of the tool's runs in test t: made on
+// first use under t's temporary directory and the same for every later call
+// of t, so that 'runs' and 'rollback --run' find the runs t made before.
+func StateDir(t *testing.T) string {
+	t.Helper()
+	if d, ok := stateDirs.Load(t.Name()); ok {
+		return d.(string)
+	}
+	d := filepath.Join(t.TempDir(), "state")
+	stateDirs.Store(t.Name(), d)
+	t.Cleanup(func() { stateDirs.Delete(t.Name()) })
+	return d
 }
