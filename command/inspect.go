@@ -23,7 +23,7 @@ func cmdInspect(c *cli.Context) error {
 	}
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
-	s, err := open(ctx, c, false)
+	s, err := open(ctx, c, targetNone)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ func inventoryCommand() *cli.Command {
 func cmdInventory(c *cli.Context) error {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
-	s, err := open(ctx, c, false)
+	s, err := open(ctx, c, targetNone)
 	if err != nil {
 		return err
 	}

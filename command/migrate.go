@@ -63,14 +63,12 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	s, err := open(ctx, c, true)
+	s, err := open(ctx, c, targetWrite)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	if err := knowTheRelease(c, s.env); err != nil {
-		return err
-	}
+	warnAssumedRelease(c, s.env)
 	if c.Bool("encryption-only") && (c.Bool("requested") || c.Bool("record")) {
 		return usageErr("--encryption-only leaves storage versions as they are; --requested and --record are storage version migrations")
 	}

@@ -36,14 +36,12 @@ func cmdPlan(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := open(ctx, c, true)
+	s, err := open(ctx, c, targetWrite)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	if err := knowTheRelease(c, s.env); err != nil {
-		return err
-	}
+	warnAssumedRelease(c, s.env)
 	stateDir := c.String("state-dir")
 	if c.Bool("no-undo") {
 		stateDir = ""

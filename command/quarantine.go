@@ -54,7 +54,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	s, err := open(ctx, c, false)
+	s, err := open(ctx, c, targetNone)
 	if err != nil {
 		return err
 	}

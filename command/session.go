@@ -2,7 +2,6 @@ package command
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,11 +11,9 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 )
@@ -28,16 +25,12 @@ type session struct {
 	snap     *snapshotfile.Snapshot // a --snapshot-file restored (commands that write)
 	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands)
 	env      *pipeline.Env
-	enc      *decode.Encryption // loaded before Setup (to read kubeadm-config), handed to it
 	stopProf func()
 }
 
 func (s *session) close() {
 	if s.env != nil {
 		s.env.Close()
-	}
-	if s.enc != nil {
-		s.enc.Close()
 	}
 	if s.cli != nil {
 		s.cli.Close()
@@ -67,13 +60,13 @@ func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
 	return etcdscan.Connect(ctx, cfg)
 }
 
-func open(ctx context.Context, c *cli.Context, withTarget bool) (*session, error) {
-	return openFile(ctx, c, withTarget, c.String("snapshot-file"), true)
+func open(ctx context.Context, c *cli.Context, use targetUse) (*session, error) {
+	return openFile(ctx, c, use, c.String("snapshot-file"), true)
 }
 
 // openFile is open with the snapshot file to read ("" for etcd) given: verify
 // of several files opens each in turn (profiles started once, by the caller).
-func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile string, profile bool) (*session, error) {
+func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile string, profile bool) (*session, error) {
 	s := &session{}
 	if profile {
 		stop, err := startProfiles(c)
@@ -110,17 +103,11 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 	}
 	api.EtcdPrefix = fromAPIServer(c, api, envRep, "prefix", "etcd-prefix", api.EtcdPrefix)
 	api.EncryptionConfig = fromAPIServer(c, api, envRep, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
+	if use != targetNone {
+		api.StorageMediaType = fromAPIServer(c, api, envRep, "storage-media-type", "storage-media-type", api.StorageMediaType)
+	}
 	// Before connecting: a connection that fails says where its values came from.
 	envRep.print(c)
-	// kube-apiserver's feature gates and emulated version are process-wide:
-	// its strategies and defaulting read them, as in kube-apiserver itself.
-	if err := api.Apply(); err != nil {
-		s.close()
-		return nil, usageErr("%v", err)
-	}
-	if note := api.LinkedOffNote(); note != "" {
-		fmt.Fprintln(c.App.ErrWriter, note)
-	}
 	var cli *clientv3.Client
 	if snapshotFile != "" && readsInPlace(c) {
 		if s.file, err = openSnapshotFile(c, snapshotFile); err != nil {
@@ -141,16 +128,18 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 		s.cli = cli
 	}
 	cfg := pipeline.Config{
-		APIServer:        api,
-		Prefix:           api.EtcdPrefix,
-		EncryptionConfig: api.EncryptionConfig,
-		Resources:        c.StringSlice("resource"),
-		Namespace:        c.String("namespace"),
-		PageSize:         c.Int64("page-size"),
-		WebhookURLs:      webhooks,
-		WebhookHint:      webhookHint,
-		Revision:         c.Int64("revision"),
-		SnapshotFile:     snapshotFile,
+		Prefix:       api.EtcdPrefix,
+		Resources:    c.StringSlice("resource"),
+		Namespace:    c.String("namespace"),
+		PageSize:     c.Int64("page-size"),
+		WebhookURLs:  webhooks,
+		WebhookHint:  webhookHint,
+		Revision:     c.Int64("revision"),
+		SnapshotFile: snapshotFile,
+		Target:       targetInput(c, api, use),
+	}
+	if use != targetNone {
+		cfg.Concurrency = c.Int("concurrency")
 	}
 	if s.snap != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
 		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
@@ -158,25 +147,6 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 	}
 	if s.file != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
 		cfg.Revision = s.file.Info.Revision
-	}
-	if withTarget && api.Release == "" {
-		// Nothing said which release the cluster runs: kubeadm says it in etcd.
-		var src etcdscan.Source = etcdscan.ClientSource{Client: cli}
-		if s.file != nil {
-			src = s.file
-		}
-		if err := releaseFromCluster(ctx, c, s, src, api, &cfg); err != nil {
-			s.close()
-			return nil, err
-		}
-	}
-	if withTarget {
-		cfg.TargetVersion = api.Release
-		api.StorageMediaType = fromAPIServer(c, api, envRep, "storage-media-type", "storage-media-type", api.StorageMediaType)
-		cfg.StorageMediaType = api.StorageMediaType
-		cfg.Concurrency = c.Int("concurrency")
-		cfg.FullFieldManager = c.Bool("full-field-manager")
-		cfg.EncryptionOnly = c.Bool("encryption-only")
 	}
 	var env *pipeline.Env
 	if s.file != nil {
@@ -189,38 +159,19 @@ func openFile(ctx context.Context, c *cli.Context, withTarget bool, snapshotFile
 	reportAPIServer(c, api)
 	if err != nil {
 		s.close()
-		// A path of the manifest the tool cannot reach: the configuration
-		// given is wrong, as for the manifest's own paths (apiServerConfig).
-		var unmapped *apiserverconfig.UnmappedKMSEndpointError
-		if errors.As(err, &unmapped) {
-			return nil, usageErr("%v", err)
-		}
-		if isTargetUsage(err) {
-			return nil, usageErr("%v", err)
-		}
-		return nil, err
+		return nil, targetError(err)
+	}
+	for _, note := range env.Target.Notes() {
+		fmt.Fprintln(c.App.ErrWriter, note)
 	}
 	for _, w := range env.Warnings {
 		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
 	}
-	if api.Contradiction != "" && c.Command.Name != "migrate" {
+	if api.Contradiction != "" && use != targetWrite {
 		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", api.Contradiction, api.Release)
 	}
 	s.env = env
 	return s, nil
-}
-
-// isTargetUsage reports whether an error of pipeline.Setup is a usage error
-// (exit 2): a flag's value the target kube-apiserver or the keyspace cannot
-// take (--target-version, --resource, --namespace, --storage-media-type).
-func isTargetUsage(err error) bool {
-	var (
-		rel   *release.Error
-		res   *decode.ResourceError
-		media *decode.MediaTypeError
-		ns    *pipeline.NamespaceWithoutResourceError
-	)
-	return errors.As(err, &rel) || errors.As(err, &res) || errors.As(err, &media) || errors.As(err, &ns)
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM; a second signal exits at once.

@@ -173,7 +173,7 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, migrate.HumanBytes(fi.Size()), snap.Info.Revision, snap.Info.Leases, snap.Info.LeasedKeys)
 	cfg := s.env.Config
 	cfg.SnapshotFile, cfg.Revision = out, 0
-	cfg.Encryption = nil
+	cfg.Target = s.env.Target.Input()
 	env, err := pipeline.Setup(ctx, snap.Client, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: verify: %w", out, err)

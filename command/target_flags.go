@@ -1,7 +1,7 @@
 package command
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -9,9 +9,9 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/release"
+	"kube-etcd-migrate/target"
 )
 
 func targetFlags() []cli.Flag {
@@ -24,55 +24,75 @@ func targetFlags() []cli.Flag {
 	}
 }
 
-// releaseFromCluster reads the release kubeadm recorded in etcd
-// (pipeline.ClusterRelease) and, when there is one, makes it the target and
-// applies its feature gates and emulation again. The encryption providers
-// loaded for it are handed to Setup.
-func releaseFromCluster(ctx context.Context, c *cli.Context, s *session, etcd etcdscan.Source, api *apiserverconfig.Config, cfg *pipeline.Config) error {
-	enc, err := pipeline.LoadEncryption(ctx, *cfg)
-	if err != nil {
-		return err
+// targetUse is what a command does with the target kube-apiserver.
+type targetUse int
+
+const (
+	// targetNone: the command decodes only (inventory, inspect, quarantine).
+	targetNone targetUse = iota
+	// targetJudge: the command judges objects against the target (verify):
+	// the release may be read from kubeadm-config, and is assumed when
+	// nothing names it.
+	targetJudge
+	// targetWrite: the command writes for the target, or plans to (migrate,
+	// plan): a contradicted release is refused, and so is an unknown one
+	// unless --dry-run.
+	targetWrite
+)
+
+// targetInput is what the command line says of the target, for
+// target.Resolve.
+func targetInput(c *cli.Context, api *apiserverconfig.Config, use targetUse) target.Input {
+	in := target.Input{APIServer: api, EncryptionConfig: api.EncryptionConfig, Prefix: api.EtcdPrefix}
+	if use == targetNone {
+		return in
 	}
-	s.enc = enc
-	cfg.Encryption = enc
-	rel, err := pipeline.ClusterRelease(ctx, etcd, cfg.Prefix, enc)
-	if err != nil {
-		// Not fatal: the release is then unknown, which migrate refuses and
-		// verify states.
-		fmt.Fprintf(c.App.ErrWriter, "warning: the release in kubeadm's ClusterConfiguration cannot be read: %v\n", err)
-		return nil
+	in.StorageMediaType = api.StorageMediaType
+	in.ReadKubeadm = true
+	in.FullFieldManager = c.Bool("full-field-manager")
+	in.EncryptionOnly = c.Bool("encryption-only")
+	if use == targetWrite {
+		in.RefuseContradiction = true
+		in.RequireRelease = !c.Bool("dry-run")
 	}
-	if rel == "" {
-		return nil
-	}
-	if err := api.SetRelease(rel, apiserverconfig.FromKubeadm); err != nil {
-		return usageErr("%v; give --target-version", err)
-	}
-	if err := api.Apply(); err != nil {
-		return usageErr("%v", err)
-	}
-	if note := api.LinkedOffNote(); note != "" {
-		fmt.Fprintln(c.App.ErrWriter, note)
-	}
-	return nil
+	return in
 }
 
-// knowTheRelease refuses to write when nothing said which Kubernetes release
-// the cluster's kube-apiserver runs (or is being upgraded to): the storage
-// versions, served versions and field managers differ by release, and bytes
-// written for the wrong one are rewritten, or misread, by the right one. A dry
-// run writes nothing and goes on, stating the release it assumed.
-func knowTheRelease(c *cli.Context, env *pipeline.Env) error {
-	api := env.Config.APIServer
-	if api != nil && api.Contradiction != "" {
-		return usageErr("%s; give the release the cluster's kube-apiserver will run, or the manifest it will run with; nothing was written", api.Contradiction)
+// targetError gives an error of setting up the run its exit code and the
+// flags that would mend it: a usage error (exit 2) for a value the target
+// kube-apiserver or the keyspace cannot take.
+func targetError(err error) error {
+	var (
+		unknown  *target.UnknownReleaseError
+		contra   *target.ContradictionError
+		kubeadm  *target.KubeadmReleaseError
+		config   *target.ConfigError
+		unmapped *apiserverconfig.UnmappedKMSEndpointError
+		rel      *release.Error
+		res      *decode.ResourceError
+		media    *decode.MediaTypeError
+		ns       *pipeline.NamespaceWithoutResourceError
+	)
+	switch {
+	case errors.As(err, &unknown):
+		return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(unknown.Versions, ", "))
+	case errors.As(err, &contra):
+		return usageErr("%s; give the release the cluster's kube-apiserver will run, or the manifest it will run with; nothing was written", contra.Contradiction)
+	case errors.As(err, &kubeadm):
+		return usageErr("%v; give --target-version", kubeadm.Err)
+	case errors.As(err, &config), errors.As(err, &unmapped), errors.As(err, &rel), errors.As(err, &res), errors.As(err, &media), errors.As(err, &ns):
+		// A path of the manifest the tool cannot reach: the configuration
+		// given is wrong, as for the manifest's own paths (apiServerConfig).
+		return usageErr("%v", err)
 	}
-	if api != nil && api.Release != "" {
-		return nil
-	}
-	if c.Bool("dry-run") {
+	return err
+}
+
+// warnAssumedRelease says, for a dry run of a writing command, which release
+// it assumed when nothing named the cluster's: the storage versions, served
+// versions and field managers differ by release, and a real run refuses.
+func warnAssumedRelease(c *cli.Context, env *pipeline.Env) {
+	if !env.Target.Named() {
 		fmt.Fprintf(c.App.ErrWriter, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", release.Linked())
-		return nil
 	}
-	return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(release.Versions(), ", "))
 }

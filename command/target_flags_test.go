@@ -15,7 +15,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/pipeline"
+	tgt "kube-etcd-migrate/target"
 )
 
 // kubeadmConfig is kubeadm's kube-system/kubeadm-config ConfigMap as kubeadm
@@ -109,7 +109,7 @@ func TestTargetRelease(t *testing.T) {
 	}
 
 	// kubeadm's ClusterConfiguration in etcd says it when nothing else does.
-	c.Put(pipeline.KubeadmConfigKey("/registry"), schema.GroupResource{Resource: "configmaps"}, kubeadmConfig("v1.36.2"), "", "", "")
+	c.Put(tgt.KubeadmConfigKey("/registry"), schema.GroupResource{Resource: "configmaps"}, kubeadmConfig("v1.36.2"), "", "", "")
 	if got := target(); got != "kube-apiserver 1.36 (protobuf; release from the kubeadm-config in etcd)" {
 		t.Errorf("kubeadm-config v1.36.2: target %q", got)
 	}

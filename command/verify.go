@@ -33,7 +33,7 @@ func cmdVerify(c *cli.Context) error {
 	if several {
 		return verifySnapshotFiles(ctx, c, targets)
 	}
-	s, err := open(ctx, c, true)
+	s, err := open(ctx, c, targetJudge)
 	if err != nil {
 		return err
 	}

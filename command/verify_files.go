@@ -199,7 +199,7 @@ func verifySnapshotFiles(ctx context.Context, c *cli.Context, targets []snapshot
 // error (the same for every file) or a signal.
 func verifyOneFile(ctx context.Context, c *cli.Context, path string) (fileVerdict, error) {
 	v := fileVerdict{Path: path, Exit: exitError}
-	s, err := openFile(ctx, c, true, path, false)
+	s, err := openFile(ctx, c, targetJudge, path, false)
 	if err == nil {
 		defer s.close()
 		var r *verify.Report

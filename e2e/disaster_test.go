@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -37,7 +38,7 @@ func verifySnapshotFile(t *testing.T, path, encCfg string) *verify.Report {
 		t.Fatal(err)
 	}
 	defer snap.Close()
-	env, err := pipeline.SetupSource(ctx, snap, pipeline.Config{EncryptionConfig: encCfg, SnapshotFile: path, Revision: snap.Info.Revision})
+	env, err := pipeline.SetupSource(ctx, snap, pipeline.Config{Target: target.Input{EncryptionConfig: encCfg}, SnapshotFile: path, Revision: snap.Info.Revision})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestSnapshotReencryption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := pipeline.Setup(ctx, snap.Client, pipeline.Config{EncryptionConfig: c.writeEncryptionConfig("key2-key1.yaml", res, aescbcProvider("key2", 2), aescbcProvider("key1", 1)), SnapshotFile: backup})
+	env, err := pipeline.Setup(ctx, snap.Client, pipeline.Config{Target: target.Input{EncryptionConfig: c.writeEncryptionConfig("key2-key1.yaml", res, aescbcProvider("key2", 2), aescbcProvider("key1", 1))}, SnapshotFile: backup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestQuarantineAfterKeyLoss(t *testing.T) {
 	}
 	journal := filepath.Join(c.dir, "quarantine.journal")
 	qopts := quarantine.Options{Reasons: []decode.Reason{decode.ReasonUndecryptable}, Journal: journal}
-	cfg := pipeline.Config{EncryptionConfig: key2Only, Resources: res}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: key2Only}, Resources: res}
 	env := c.env(cfg)
 	if _, err := quarantine.Run(ctx, env, qopts); err == nil || !strings.Contains(err.Error(), "a kube-apiserver is alive") {
 		t.Errorf("quarantine beside a running kube-apiserver: %v, want a refusal", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -122,7 +123,7 @@ func assertEncryptedWith(t *testing.T, c *cluster, prefix, stage string) {
 // current) with the given EncryptionConfiguration, all with no apiserver up.
 func migrateEncryption(t *testing.T, c *cluster, encPath, stage string) {
 	t.Helper()
-	cfg := pipeline.Config{EncryptionConfig: encPath, Resources: encResources}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: encPath}, Resources: encResources}
 	rep := c.verify(cfg)
 	if code := rep.ExitCode(); code != verify.ExitStale {
 		t.Fatalf("%s: verify exit %d before migrate, want 3 (summary %+v)", stage, code, rep.Summary)
@@ -162,7 +163,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	migrateEncryption(t, c, c.writeEncryptionConfig("key2-key1.yaml", res, aescbcProvider("key2", 2), aescbcProvider("key1", 1)), "rotation key1->key2")
 	assertEncryptedWith(t, c, "k8s:enc:aescbc:v1:key2:", "rotation key1->key2")
 	key2Only := c.writeEncryptionConfig("key2-only.yaml", res, aescbcProvider("key2", 2))
-	c.expectCurrent(pipeline.Config{EncryptionConfig: key2Only, Resources: res})
+	c.expectCurrent(pipeline.Config{Target: target.Input{EncryptionConfig: key2Only}, Resources: res})
 	readBackEncrypted(t, c.start(apiservertest.Options{EncryptionConfigPath: key2Only}), "aescbc key2 only")
 	c.stop()
 
@@ -187,7 +188,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	}
 	migrateEncryption(t, c, kmsOnly, "kms v2 key id rotation")
 	kms.ForgetKeyID("kek-1")
-	c.expectCurrent(pipeline.Config{EncryptionConfig: kmsOnly, Resources: res})
+	c.expectCurrent(pipeline.Config{Target: target.Input{EncryptionConfig: kmsOnly}, Resources: res})
 	readBackEncrypted(t, c.start(apiservertest.Options{EncryptionConfigPath: kmsOnly}), "kms v2 after key rotation, old key forgotten")
 	c.stop()
 }

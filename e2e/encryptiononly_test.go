@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -113,7 +114,7 @@ func TestEncryptionOnlyRotation(t *testing.T) {
 	}
 	plainBefore := decrypted()
 
-	cfg := pipeline.Config{EncryptionConfig: key2, EncryptionOnly: true}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: key2, EncryptionOnly: true}}
 	sum := c.migrate(cfg)
 	if sum.Summary.Rewritten < int64(len(keys)) || sum.Summary.Rewritten != sum.Summary.Stale {
 		t.Errorf("migrate --encryption-only rewrote %d, want at least the %d objects under key1", sum.Summary.Rewritten, len(keys))
@@ -129,7 +130,7 @@ func TestEncryptionOnlyRotation(t *testing.T) {
 	if code := c.verify(cfg).ExitCode(); code != verify.ExitCurrent {
 		t.Errorf("verify --encryption-only after: exit %d, want 0", code)
 	}
-	rep := c.verify(pipeline.Config{EncryptionConfig: key2})
+	rep := c.verify(pipeline.Config{Target: target.Input{EncryptionConfig: key2}})
 	if stale := staleResources(t, rep); rep.ExitCode() != verify.ExitStale || !cmp.Equal(stale, []string{"deviceclasses.resource.k8s.io"}) {
 		t.Errorf("verify after: exit %d, stale %v; want 3, the DeviceClass stored as v1beta2", rep.ExitCode(), stale)
 	}

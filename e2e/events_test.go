@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,7 @@ func TestEventLeasesSurviveMigration(t *testing.T) {
 
 	// Encrypt events offline.
 	encAll := c.writeEncryptionConfig("events-aescbc.yaml", []string{"events"}, aescbcProvider("key1", 1), identityProvider)
-	cfg := pipeline.Config{EncryptionConfig: encAll, Resources: []string{"events"}}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: encAll}, Resources: []string{"events"}}
 	if code := c.verify(cfg).ExitCode(); code != verify.ExitStale {
 		t.Fatalf("verify exit %d, want 3", code)
 	}
@@ -184,7 +185,7 @@ func TestEventsJudgedByTheirGroup(t *testing.T) {
 	c.stop()
 
 	// No rotation: every Event is current, none is rewritten.
-	cfg := pipeline.Config{EncryptionConfig: key1, Resources: []string{"events"}}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: key1}, Resources: []string{"events"}}
 	rep := c.verify(cfg)
 	if code := rep.ExitCode(); code != verify.ExitCurrent || rep.Summary.Objects < 2*n {
 		t.Fatalf("verify: exit %d, summary %+v; want exit 0 with at least %d Events", code, rep.Summary, 2*n)
@@ -206,7 +207,7 @@ func TestEventsJudgedByTheirGroup(t *testing.T) {
 	// Key rotation: every Event is rewritten under key2, as a no-op update
 	// through its group writes it.
 	key2 := c.writeEncryptionConfig("events-key2.yaml", []string{"events"}, aescbcProvider("key2", 2), aescbcProvider("key1", 1), identityProvider)
-	cfg = pipeline.Config{EncryptionConfig: key2, Resources: []string{"events"}}
+	cfg = pipeline.Config{Target: target.Input{EncryptionConfig: key2}, Resources: []string{"events"}}
 	sum := c.migrate(cfg)
 	if sum.Summary.Rewritten < 2*n || sum.Summary.Rewritten != sum.Summary.Scanned {
 		t.Fatalf("migrate with key2 first rewrote %d of %d Events, want every one", sum.Summary.Rewritten, sum.Summary.Scanned)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"kube-etcd-migrate/target"
 	"strings"
 	"testing"
 
@@ -41,7 +42,7 @@ func newCluster(t *testing.T) *cluster {
 }
 
 func (c *cluster) env() *pipeline.Env {
-	return c.Env(pipeline.Config{Prefix: "/registry", EncryptionConfig: c.encCfg})
+	return c.Env(pipeline.Config{Prefix: "/registry", Target: target.Input{EncryptionConfig: c.encCfg}})
 }
 
 func meta(ns, name string) metav1.ObjectMeta {
@@ -310,7 +311,7 @@ func TestInventoryJSON(t *testing.T) {
 func TestInventoryResourceFilter(t *testing.T) {
 	c := newCluster(t)
 	c.seed()
-	env, err := pipeline.Setup(context.Background(), c.Cli, pipeline.Config{Prefix: "/registry", EncryptionConfig: c.encCfg, Resources: []string{"events"}})
+	env, err := pipeline.Setup(context.Background(), c.Cli, pipeline.Config{Prefix: "/registry", Target: target.Input{EncryptionConfig: c.encCfg}, Resources: []string{"events"}})
 	if err != nil {
 		t.Fatal(err)
 	}

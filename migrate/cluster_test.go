@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"path/filepath"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	if len(raw) != n {
 		t.Fatalf("seeded %d keys, want %d", len(raw), n)
 	}
-	before := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
+	before := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 
 	startLeader, err := ec.WaitLeader(ctx)
 	if err != nil {
@@ -121,7 +122,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 			}
 		},
 	}
-	sum, err := Run(ctx, c.Env(pipeline.Config{EncryptionConfig: newCfg, PageSize: 20}), opts)
+	sum, err := Run(ctx, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}, PageSize: 20}), opts)
 	if err != nil {
 		t.Fatalf("migrate across leader changes: %v", err)
 	}
@@ -183,14 +184,14 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	}
 
 	// A verify afterwards (the killed member still down) says current.
-	rep, err := verify.Run(ctx, c.Env(pipeline.Config{EncryptionConfig: newCfg}), verify.Options{})
+	rep, err := verify.Run(ctx, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), verify.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.ExitCode() != verify.ExitCurrent || rep.Summary.Current != n {
 		t.Fatalf("verify after the run: exit %d, %+v", rep.ExitCode(), rep.Summary)
 	}
-	assertSameObjects(t, before, snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg})))
+	assertSameObjects(t, before, snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}})))
 
 	// With the member back, a rollback from the journal restores every byte.
 	if err := ec.Members[stopped].Restart(); err != nil {

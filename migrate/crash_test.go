@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +47,7 @@ func childMigrate(endpoint string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	env, err := pipeline.Setup(ctx, cli, pipeline.Config{Prefix: "/registry", EncryptionConfig: os.Getenv(childConfig), PageSize: 50})
+	env, err := pipeline.Setup(ctx, cli, pipeline.Config{Prefix: "/registry", Target: target.Input{EncryptionConfig: os.Getenv(childConfig)}, PageSize: 50})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -97,7 +98,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	const n = 600
 	c.SeedMany(n, oldCfg)
-	before := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
+	before := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 	if len(before) != 2*n {
 		t.Fatalf("seeded %d objects, want %d", len(before), 2*n)
 	}
@@ -132,18 +133,18 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	cancel()
 
 	// Nothing lost or altered by the kill: every object decodes to the same content.
-	mid := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
+	mid := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 	assertSameObjects(t, before, mid)
 
 	// Running again resumes: what the killed run wrote is current and skipped.
 	journal2 := filepath.Join(c.Dir, "journal2")
-	sum := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{Journal: journal2})
+	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{Journal: journal2})
 	if sum.Summary.Failed != 0 || sum.Summary.Current < 1 || sum.Summary.Rewritten+sum.Summary.Current != 2*n {
 		t.Fatalf("resume: %+v", sum.Summary)
 	}
-	after := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
+	after := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 	assertSameObjects(t, before, after)
-	final := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{DryRun: true})
+	final := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{DryRun: true})
 	if final.Summary.Stale != 0 || final.Summary.Current != 2*n {
 		t.Fatalf("after resume: %+v", final.Summary)
 	}
@@ -197,7 +198,7 @@ func testCompactionMidRun(t *testing.T, version string) {
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	const n = 300
 	c.SeedMany(n, oldCfg)
-	before := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
+	before := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 
 	compacted := false
 	opts := Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes, Progress: func(n Counts) {
@@ -209,7 +210,7 @@ func testCompactionMidRun(t *testing.T, version string) {
 			}
 		}
 	}}
-	sum, err := Run(context.Background(), c.Env(pipeline.Config{EncryptionConfig: newCfg, PageSize: 25}), opts)
+	sum, err := Run(context.Background(), c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}, PageSize: 25}), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,9 +223,9 @@ func testCompactionMidRun(t *testing.T, version string) {
 	if sum.Summary.Failed != 0 || sum.Summary.Scanned != 2*n {
 		t.Fatalf("summary %+v", sum.Summary)
 	}
-	after := snapshotObjects(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}))
+	after := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 	assertSameObjects(t, before, after)
-	final := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{DryRun: true})
+	final := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{DryRun: true})
 	if final.Summary.Stale != 0 {
 		t.Fatalf("stale after the run: %+v", final.Summary)
 	}

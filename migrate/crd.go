@@ -163,7 +163,7 @@ func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w *etcds
 		return fmt.Errorf("%s: not a CRD", crd.Key)
 	}
 	internal.Status.StoredVersions = []string{crd.StorageVersion}
-	rc, err := env.Target.Codec(decode.CRDGroupResource)
+	rc, err := env.Target.Storage().Codec(decode.CRDGroupResource)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -146,7 +147,7 @@ func TestEncryptionOnlyKeepsStoredVersions(t *testing.T) {
 	putWidgets(t, c, 3)
 	before, rev, _ := c.Get("/registry/example.com/widgets/ns1/w-01")
 
-	env := c.Env(pipeline.Config{EncryptionOnly: true})
+	env := c.Env(pipeline.Config{Target: target.Input{EncryptionOnly: true}})
 	sum := run(t, env, Options{})
 	if sum.Summary.Rewritten != 0 || widgets(sum).Current != 3 || len(sum.CRDs) != 0 {
 		t.Fatalf("summary %+v, CRDs %+v", sum.Summary, sum.CRDs)

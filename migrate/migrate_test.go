@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +54,7 @@ func TestMigrateEachReason(t *testing.T) {
 	c.Put("/registry/configmaps/ns1/current", testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", "current"), "", "", newCfg)
 	currentBefore, currentRev, _ := c.Get("/registry/configmaps/ns1/current")
 
-	env := c.Env(pipeline.Config{EncryptionConfig: newCfg})
+	env := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}})
 	want := map[string]string{
 		"/registry/secrets/ns1/rotated":  "encryption",
 		"/registry/configmaps/ns1/plain": "encryption",
@@ -71,7 +72,7 @@ func TestMigrateEachReason(t *testing.T) {
 	}
 	// Each value is now what kube-apiserver 1.36 with the new config writes:
 	// current for a fresh decision, under aescbc key2 for secrets and configmaps.
-	env2 := c.Env(pipeline.Config{EncryptionConfig: newCfg})
+	env2 := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}})
 	for key := range want {
 		d := testcluster.Decision(t, env2, c, key)
 		if d.Status != reencode.Current {
@@ -125,7 +126,7 @@ func TestMigrateToIdentity(t *testing.T) {
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.Identity, testcluster.AESCBC("key1", 1))
 	c.Put("/registry/secrets/ns1/s", testcluster.SecretsGR, testcluster.Secret("ns1", "s", "pw"), "", "", oldCfg)
-	sum := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
+	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{})
 	if sum.Summary.Rewritten != 1 {
 		t.Fatalf("%+v", sum.Summary)
 	}
@@ -275,7 +276,7 @@ func testRollbackRestoresBytes(t *testing.T, version string) {
 		before[k], _, _ = c.Get(k)
 	}
 	journal := filepath.Join(c.Dir, "journal")
-	sum := run(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{Journal: journal})
+	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{Journal: journal})
 	if sum.Summary.Rewritten != 11 {
 		t.Fatalf("%+v", sum.Summary)
 	}
@@ -335,7 +336,7 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 	}
 	before["/registry/secrets/ns1/lost-key"], _, _ = c.Get("/registry/secrets/ns1/lost-key")
 
-	sum, err := Run(ctx, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	sum, err := Run(ctx, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
 	if err != nil {
 		t.Fatal(err)
 	}

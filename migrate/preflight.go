@@ -73,11 +73,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 	if err != nil {
 		return done, nil, err
 	}
-	manifest := ""
-	if env.Config.APIServer != nil {
-		manifest = env.Config.APIServer.Manifest
-	}
-	quota := FindQuota(ctx, env.Client, manifest, opts.QuotaBackendBytes)
+	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes)
 	margin := Margin(quota.Bytes)
 	space := &spaceStart{quota: quota, status: st}
 	done = append(done, fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", HumanBytes(quota.Bytes), quota.Source, HumanBytes(margin)))

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,7 +63,7 @@ func seedSpace(t *testing.T, quota int64) *spaceSeed {
 }
 
 func (s *spaceSeed) env() *pipeline.Env {
-	return s.c.Env(pipeline.Config{EncryptionConfig: s.newCfg, Resources: []string{"secrets"}, PageSize: 50})
+	return s.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: s.newCfg}, Resources: []string{"secrets"}, PageSize: 50})
 }
 
 func alarms(t *testing.T, cli *clientv3.Client) []string {

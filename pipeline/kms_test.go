@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,7 +30,7 @@ func TestSetupWarnsOfStoppedKMSPlugin(t *testing.T) {
 	}
 	setup := func(resources ...string) []string {
 		t.Helper()
-		env, err := Setup(ctx, cli, Config{EncryptionConfig: cfg, Resources: resources})
+		env, err := Setup(ctx, cli, Config{Target: target.Input{EncryptionConfig: cfg}, Resources: resources})
 		if err != nil {
 			t.Fatalf("Setup %v: %v", resources, err)
 		}

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"runtime"
 	"sort"
@@ -22,22 +21,21 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
 
-	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/updatepath"
+	"kube-etcd-migrate/target"
 )
 
 // Config is what every command shares.
 type Config struct {
-	Prefix           string   // etcd prefix, "/registry"
-	EncryptionConfig string   // --encryption-provider-config; "" = identity
-	TargetVersion    string   // --target-version (when APIServer is nil); "" = the linked release
-	StorageMediaType string   // --storage-media-type; "" = protobuf
-	Resources        []string // --resource filters
-	Namespace        string   // --namespace filter
-	PageSize         int64
+	Prefix    string   // etcd prefix, "/registry"
+	Resources []string // --resource filters
+	Namespace string   // --namespace filter
+	PageSize  int64
+	// Target is which kube-apiserver the run writes as, resolved once by
+	// Setup (target.Resolve) before any CRD is loaded or KMS plugin probed.
+	Target target.Input
 	// Concurrency is the number of decode/decide workers; 0 = twice GOMAXPROCS
 	// (measured: 13 % faster than one per CPU, the workers of a page finish
 	// unevenly and etcd's own threads share the CPUs).
@@ -52,31 +50,12 @@ type Config struct {
 	// CustomResources builds the codec of one CRD's custom resources; nil uses the
 	// customresource package (the apiextensions-apiserver's read and write path).
 	CustomResources CustomResourceFactory
-	// Encryption, when set, is used instead of loading EncryptionConfig.
-	Encryption *decode.Encryption
-	// APIServer is the target kube-apiserver's configuration (its flags:
-	// --runtime-config, --feature-gates, --emulated-version); nil = its
-	// defaults with --emulated-version=TargetVersion. It decides the storage
-	// versions and the versions served, hence what the field manager of a no-op
-	// update keeps. Feature gates are process-wide: the caller applies them.
-	// When EncryptionConfig is its manifest's, the KMS plugin endpoints in it
-	// are mapped to host paths through the manifest's hostPath volumes.
-	APIServer *apiserverconfig.Config
 	// Revision, when set (--revision), is the revision read-only runs read at,
 	// CRDs included; it must not be compacted. 0 is the current revision.
 	Revision int64
 	// SnapshotFile names the snapshot file the etcd is a private copy of
 	// (--snapshot-file), for reports; "" for a live etcd.
 	SnapshotFile string
-	// FullFieldManager runs kube-apiserver's field manager on every object
-	// (--full-field-manager), never skipping it where it provably changes
-	// nothing (updatepath.Memo).
-	FullFieldManager bool
-	// EncryptionOnly (--encryption-only) narrows the decisions to the
-	// encryption (reencode.Planner.EncryptionOnly): only objects not under
-	// the first provider's key are stale, and they are rewritten with their
-	// stored plaintext, storage version and media type unchanged.
-	EncryptionOnly bool
 }
 
 // CustomResourceCodec reads and writes one CRD's custom resources.
@@ -110,10 +89,12 @@ type Env struct {
 	Source etcdscan.Source
 	// Client writes (migrate, quarantine, rollback, storage migrations); nil
 	// for a read-only run set up on a Source.
-	Client     *clientv3.Client
-	Config     Config
-	Storage    *decode.StorageConfig // decoding (the linked kube-apiserver)
-	Target     *decode.StorageConfig // encoding (target release and media type)
+	Client  *clientv3.Client
+	Config  Config
+	Storage *decode.StorageConfig // decoding (the linked kube-apiserver)
+	// Target is the kube-apiserver the run writes as (its storage
+	// configuration encodes); Encryption is its encryption configuration.
+	Target     *target.Target
 	Encryption *decode.Encryption
 	Resolver   *decode.Resolver
 	Decoder    *decode.Decoder
@@ -126,6 +107,9 @@ type Env struct {
 	// Warnings are one line each for the operator (stderr), found by Setup:
 	// a KMS plugin the selected resources read with that does not work.
 	Warnings []string
+
+	// narrowed is set on an Env made by Narrow: it shares e's target.
+	narrowed bool
 }
 
 // Setup prepares a run on an etcd client, which reads and writes: storage
@@ -158,40 +142,45 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 	if err := checkRevision(ctx, src, cfg.Revision); err != nil {
 		return nil, err
 	}
+	if cfg.Target.Prefix == "" {
+		cfg.Target.Prefix = cfg.Prefix
+	}
+	tgt, err := target.Resolve(ctx, src, cfg.Target)
+	if err != nil {
+		return nil, err
+	}
+	env, err := setupFor(ctx, src, cfg, tgt)
+	if err != nil {
+		tgt.Close()
+		return nil, err
+	}
+	return env, nil
+}
+
+// setupFor is SetupSource once the target is resolved.
+func setupFor(ctx context.Context, src etcdscan.Source, cfg Config, tgt *target.Target) (*Env, error) {
 	storage, err := decode.NewStorageConfig("", "")
 	if err != nil {
 		return nil, err
 	}
-	target, update, api, err := targetAPIServer(cfg)
-	if err != nil {
-		return nil, err
-	}
-	cfg.APIServer = api
-	enc := cfg.Encryption
-	if enc == nil {
-		// From a manifest, the KMS plugins' sockets are container paths too.
-		enc, err = LoadEncryption(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-	}
+	enc := tgt.Encryption()
 	endpoints := &webhookEndpoints{}
 	if cfg.CustomResources == nil {
-		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, cfg.WebhookHint, endpoints, update, cfg.FullFieldManager)
+		cfg.CustomResources = defaultCustomResources(cfg.WebhookURLs, cfg.WebhookHint, endpoints, tgt.Update(), tgt.FullFieldManager())
 	}
 	res := decode.NewResolver(cfg.Prefix, storage)
 	env := &Env{
 		Source:     src,
 		Config:     cfg,
 		Storage:    storage,
-		Target:     target,
+		Target:     tgt,
 		Encryption: enc,
 		Resolver:   res,
 		Decoder:    decode.NewDecoder(res, storage, enc),
-		Planner:    reencode.NewPlanner(target, enc),
+		Planner:    reencode.NewPlanner(tgt.Storage(), enc),
 	}
-	env.Planner.Update = update
-	env.Planner.EncryptionOnly = cfg.EncryptionOnly
+	env.Planner.Update = tgt.Update()
+	env.Planner.EncryptionOnly = tgt.EncryptionOnly()
 	if err := env.loadCRDs(ctx, endpoints); err != nil {
 		return nil, err
 	}
@@ -225,42 +214,10 @@ func (e *Env) checkKMSPlugins(ctx context.Context) {
 	}
 }
 
-// targetAPIServer builds what the target kube-apiserver stores (storage
-// versions, media type) and does on a no-op update, from its flags.
-func targetAPIServer(cfg Config) (*decode.StorageConfig, *updatepath.Path, *apiserverconfig.Config, error) {
-	api := cfg.APIServer
-	if api == nil {
-		var err error
-		api, err = apiserverconfig.Load(apiserverconfig.Input{TargetVersion: cfg.TargetVersion})
-		if err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	ev := api.EffectiveVersion()
-	rc, err := api.ResourceConfig(ev)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	target, err := decode.NewStorageConfigFor(decode.StorageOptions{Release: api.Release, EmulatedVersion: api.EmulatedVersion, MediaType: cfg.StorageMediaType, ResourceConfig: rc})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	emulation, runtimeConfig := api.EmulationForwardCompatible()
-	update := updatepath.New(updatepath.Config{
-		ResourceConfig:                          rc,
-		Effective:                               ev,
-		EmulationForwardCompatible:              emulation,
-		RuntimeConfigEmulationForwardCompatible: runtimeConfig,
-		FullFieldManager:                        cfg.FullFieldManager,
-		CheckShortcut:                           os.Getenv(updatepath.CheckShortcutEnv) != "",
-	})
-	return target, update, api, nil
-}
-
 // Close releases the encryption providers (KMS connections).
 func (e *Env) Close() {
-	if e.Encryption != nil && e.Config.Encryption == nil {
-		e.Encryption.Close()
+	if !e.narrowed {
+		e.Target.Close()
 	}
 }
 
@@ -441,7 +398,7 @@ func (e *Env) Narrow(resources ...schema.GroupResource) (*Env, error) {
 		n.Config.Resources[i] = gr.String()
 	}
 	n.Config.Namespace = ""
-	n.Config.Encryption = e.Encryption // shared: closing n closes nothing
+	n.narrowed = true // shared: closing n closes nothing
 	n.Prefixes, n.Filter = nil, nil
 	if err := n.selectPrefixes(); err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
 	"sort"
@@ -128,7 +129,7 @@ func TestParseReasons(t *testing.T) {
 func TestDryRunListsOnlyWhatIsNamed(t *testing.T) {
 	k := newLostKey(t)
 	before := k.c.Revision()
-	env := k.c.Env(pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets"}})
+	env := k.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}})
 	res, err := quarantine.Run(context.Background(), env, quarantine.Options{Reasons: []decode.Reason{decode.ReasonUndecryptable}, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
@@ -166,9 +167,9 @@ func TestRefusals(t *testing.T) {
 		opts quarantine.Options
 		want string
 	}{
-		{pipeline.Config{EncryptionConfig: k.cfg}, quarantine.Options{Reasons: reasons, Journal: "j"}, "--resource"},
-		{pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets"}}, quarantine.Options{Journal: "j"}, "--reason"},
-		{pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets"}}, quarantine.Options{Reasons: reasons}, "--journal"},
+		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}}, quarantine.Options{Reasons: reasons, Journal: "j"}, "--resource"},
+		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}}, quarantine.Options{Journal: "j"}, "--reason"},
+		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}}, quarantine.Options{Reasons: reasons}, "--journal"},
 	} {
 		before := k.c.Revision()
 		_, err := quarantine.Run(ctx, k.c.Env(tc.cfg), tc.opts)
@@ -201,7 +202,7 @@ func TestRefusals(t *testing.T) {
 		}
 	}()
 	journal := filepath.Join(t.TempDir(), "q.journal")
-	env := k.c.Env(pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets"}})
+	env := k.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}})
 	before := keysIn(t, k.c.Cli, leaseKey)
 	_, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: reasons, Journal: journal, LivenessWindow: 500 * time.Millisecond})
 	stopRenewing()
@@ -228,7 +229,7 @@ func TestQuarantineThenRollback(t *testing.T) {
 	k := newLostKey(t)
 	ctx := context.Background()
 	journal := filepath.Join(t.TempDir(), "quarantine.journal")
-	env := k.c.Env(pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets", "configmaps"}})
+	env := k.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets", "configmaps"}})
 	res, err := quarantine.Run(ctx, env, quarantine.Options{
 		Reasons:            []decode.Reason{decode.ReasonUndecryptable, decode.ReasonCorruptEnvelope, decode.ReasonCorruptPayload},
 		Journal:            journal,
@@ -260,7 +261,7 @@ func TestQuarantineThenRollback(t *testing.T) {
 			t.Errorf("%s changed by the quarantine", key)
 		}
 	}
-	rep, err := verify.Run(ctx, k.c.Env(pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"secrets", "configmaps"}}), verify.Options{ShowKeys: 20})
+	rep, err := verify.Run(ctx, k.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets", "configmaps"}}), verify.Options{ShowKeys: 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +303,7 @@ func TestRollbackKeepsLiveLease(t *testing.T) {
 	k := newLostKey(t)
 	ctx := context.Background()
 	journal := filepath.Join(t.TempDir(), "quarantine.journal")
-	env := k.c.Env(pipeline.Config{EncryptionConfig: k.cfg, Resources: []string{"configmaps", "secrets"}})
+	env := k.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"configmaps", "secrets"}})
 	res, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: []decode.Reason{decode.ReasonUndecryptable}, Journal: journal, AllowLiveAPIServer: true})
 	if err != nil || res.Removed != int64(len(k.lost)) {
 		t.Fatalf("%v, removed %d", err, res.Removed)

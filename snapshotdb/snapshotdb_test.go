@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"kube-etcd-migrate/internal/testsnap"
+	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
 	"strings"
@@ -313,7 +314,7 @@ func testSameAsRestore(t *testing.T, version string) {
 			}
 
 			for _, rev := range []int64{0, sc.compacted} {
-				cfg := pipeline.Config{EncryptionConfig: f.encCfg, Revision: rev, SnapshotFile: sc.path}
+				cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}, Revision: rev, SnapshotFile: sc.path}
 				wenv, err := pipeline.Setup(ctx, restored.Client, cfg)
 				if err != nil {
 					t.Fatal(err)

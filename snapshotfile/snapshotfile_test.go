@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"kube-etcd-migrate/internal/testsnap"
+	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
 	"strings"
@@ -217,7 +218,7 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	ctx := context.Background()
 	f := newFixture(t, version)
 	before := fileSum(t, f.snap)
-	cfg := pipeline.Config{EncryptionConfig: f.encCfg}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}}
 	liveInv, liveVer, liveExit := reports(t, f.c.Cli, cfg)
 	if liveExit != verify.ExitUnreadable {
 		t.Fatalf("live verify exit %d, want 4 (the configmap under a lost key)", liveExit)
@@ -279,7 +280,7 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	// inspect: a key's lease shows its granted TTL only (a snapshot does not
 	// record the time left); a deleted key is found at an older --revision.
 	var out bytes.Buffer
-	if err := inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, EncryptionConfig: f.encCfg}), f.leased, false, "json", &out); err != nil {
+	if err := inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Target: target.Input{EncryptionConfig: f.encCfg}}), f.leased, false, "json", &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), `"leaseGrantedTTL": 600`) || strings.Contains(out.String(), `"leaseTTL"`) {
@@ -393,7 +394,7 @@ func testMemberDB(t *testing.T, version string) {
 	if err == nil || !strings.Contains(err.Error(), "locked by a running etcd member") {
 		t.Errorf("member db of a running member: %v, want locked", err)
 	}
-	cfg := pipeline.Config{EncryptionConfig: f.encCfg}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}}
 	liveInv, liveVer, _ := reports(t, f.c.Cli, cfg)
 	f.c.Srv.Stop()
 	copyDB := filepath.Join(t.TempDir(), "db")
@@ -486,7 +487,7 @@ func TestSave(t *testing.T) {
 	f := newFixture(t, testetcd.Linked)
 	before := fileSum(t, f.snap)
 	s := open(t, f.snap, snapshotfile.Options{})
-	cfg := pipeline.Config{EncryptionConfig: f.encCfg}
+	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}}
 	inInv, inVer, _ := reports(t, s.Client, cfg)
 
 	outDir := t.TempDir()

@@ -32,18 +32,12 @@ type controller struct {
 // kubeadm's ClusterConfiguration), else the release the tool links. The
 // controller's code is its binary's: --emulated-version does not change it.
 func controllerOf(env *pipeline.Env) (controller, error) {
-	rel := env.Config.TargetVersion
-	if env.Config.APIServer != nil {
-		rel = env.Config.APIServer.ReleaseOrLinked()
-	}
-	if rel == "" {
-		rel = release.Linked()
-	}
-	var major, minor int
-	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil || major != 1 {
+	rel := env.Target.Release()
+	v, err := release.Parse(rel)
+	if err != nil || v.Major() != 1 {
 		return controller{}, fmt.Errorf("storage version migration: release %q: want 1.MINOR", rel)
 	}
-	return controller{minor: minor}, nil
+	return controller{minor: int(v.Minor())}, nil
 }
 
 // writable says whether the tool can write what this release's controller

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	tgt "kube-etcd-migrate/target"
 	"slices"
 	"strconv"
 	"strings"
@@ -193,7 +194,7 @@ func testRequestsAsTheControllerLeavesThem(t *testing.T, r controllerRelease) {
 	putRequest(c, r, "done", t0.Add(-time.Hour), testcluster.ConfigMapsGR, done)
 	_, doneRev := storedRequest(t, c, c.Env(pipeline.Config{}), "done")
 
-	env := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg})
+	env := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}})
 	journal := c.Dir + "/journal"
 	res := run(t, env, migrate.Options{Journal: journal})
 	if got, want := results(res), []string{"a-secrets=Succeeded", "b-secrets=Succeeded", "widgets=Succeeded", "ghosts=Failed", "reviews=skipped"}; !slices.Equal(got, want) {
@@ -273,7 +274,7 @@ func testRequestsAsTheControllerLeavesThem(t *testing.T, r controllerRelease) {
 	// Every write is journaled: a rollback puts the pending requests back.
 	// A second run: nothing pending but the unsupported one, nothing written.
 	rev := c.Revision()
-	again := run(t, c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}), migrate.Options{})
+	again := run(t, c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}}), migrate.Options{})
 	if got := results(again); !slices.Equal(got, []string{"reviews=skipped"}) || again.Finished != 5 {
 		t.Errorf("second run: %v (finished %d)", got, again.Finished)
 	}
@@ -318,7 +319,7 @@ func testRunningRequestGenerationAndUnreadable(t *testing.T, r controllerRelease
 	putRequest(c, r, "configmaps", t0.Add(time.Second), testcluster.ConfigMapsGR, svmapi.StorageVersionMigrationStatus{})
 	lostValue, lostRev, _ := c.Get("/registry/configmaps/ns1/lost")
 
-	env := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: cfg})
+	env := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true), EncryptionConfig: cfg}})
 	res := run(t, env, migrate.Options{})
 	if got, want := results(res), []string{"widgets=Succeeded", "configmaps=Failed"}; !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
@@ -380,7 +381,7 @@ func testNotServedAndRecord(t *testing.T, r controllerRelease) {
 	putRequest(c, r, "secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
 	rev := c.Revision()
 
-	off := c.Env(pipeline.Config{APIServer: servingAPI(t, r, false), EncryptionConfig: newCfg})
+	off := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, false), EncryptionConfig: newCfg}})
 	_, err := RunRequested(context.Background(), off, Options{Migrate: migrate.Options{AllowLiveAPIServer: true}})
 	// 1.36 by default: the gate and the API off; 1.37: the API turned off.
 	if err == nil {
@@ -396,7 +397,7 @@ func testNotServedAndRecord(t *testing.T, r controllerRelease) {
 		t.Fatalf("refusals wrote (revision %d -> %d)", rev, c.Revision())
 	}
 
-	on := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg, Resources: []string{"secrets"}})
+	on := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}, Resources: []string{"secrets"}})
 	sum, err := migrate.Run(context.Background(), on, migrate.Options{AllowLiveAPIServer: true})
 	if err != nil || sum.Summary.Rewritten != 1 {
 		t.Fatalf("migrate: %v %+v", err, sum.Summary)
@@ -457,7 +458,7 @@ func TestConflictReported(t *testing.T) {
 	r := r137
 	c := testcluster.New(t, testetcd.Options{})
 	putRequest(c, r, "ghosts", t0, schema.GroupResource{Group: "example.com", Resource: "ghosts"}, svmapi.StorageVersionMigrationStatus{})
-	env := c.Env(pipeline.Config{APIServer: servingAPI(t, r, true)})
+	env := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true)}})
 	wr, err := newWriter(env, migrate.Options{}, func() time.Time { return now })
 	if err != nil {
 		t.Fatal(err)
@@ -505,7 +506,7 @@ func TestOlderControllersRefused(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", target, err)
 		}
-		env := c.Env(pipeline.Config{APIServer: api})
+		env := c.Env(pipeline.Config{Target: tgt.Input{APIServer: api}})
 		err = Writable(env)
 		if refused := target == "1.34" || target == "1.35"; refused != (err != nil) {
 			t.Errorf("target %s: Writable = %v", target, err)

@@ -10,7 +10,6 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/features"
 
-	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/updatepath"
 )
@@ -52,7 +51,7 @@ func resolve(env *pipeline.Env, gr schema.GroupResource) (target, error) {
 		}
 	}
 	if env.Storage.IsBuiltin(gr) {
-		rc, err := env.Target.Codec(gr)
+		rc, err := env.Target.Storage().Codec(gr)
 		if err != nil {
 			return target{}, err
 		}
@@ -118,14 +117,7 @@ func updatePath(env *pipeline.Env) (*updatepath.Path, error) {
 // the cluster can neither read the requests nor record a migration, and
 // kube-controller-manager does not act on them.
 func Serving(env *pipeline.Env) (bool, string, error) {
-	api := env.Config.APIServer
-	if api == nil {
-		var err error
-		api, err = apiserverconfig.Load(apiserverconfig.Input{TargetVersion: env.Config.TargetVersion})
-		if err != nil {
-			return false, "", err
-		}
-	}
+	api := env.Target.APIServer()
 	path, err := updatePath(env)
 	if err != nil {
 		return false, "", err

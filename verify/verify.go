@@ -231,16 +231,16 @@ func Target(env *pipeline.Env) string {
 	if env.Target == nil {
 		return "kube-apiserver"
 	}
-	api := env.Config.APIServer
-	name := "kube-apiserver " + api.ReleaseOrLinked()
-	if api != nil && api.EmulatedVersion != "" {
+	api := env.Target.APIServer()
+	name := "kube-apiserver " + env.Target.Release()
+	if api.EmulatedVersion != "" {
 		name += " emulating " + api.EmulatedVersion
 	}
 	src := "release assumed: nothing said which the cluster runs"
-	if api != nil && api.Release != "" {
+	if env.Target.Named() {
 		src = "release from the " + string(api.From["release"])
 	}
-	media := decode.ShortMediaType(env.Target.MediaType())
+	media := decode.ShortMediaType(env.Target.Storage().MediaType())
 	if mt, err := customresource.StorageMediaType(); err == nil && mt != customresource.MediaTypeJSON {
 		media += ", custom resources " + mt
 	}

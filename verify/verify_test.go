@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"strings"
 	"testing"
 
@@ -57,7 +58,7 @@ func TestVerifyGate(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		c.Put(fmt.Sprintf("/registry/configmaps/ns1/cm-%d", i), testcluster.ConfigMapsGR, testcluster.ConfigMap("ns1", fmt.Sprintf("cm-%d", i)), "", "", newCfg)
 	}
-	rep := verifyRun(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
+	rep := verifyRun(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{})
 	if rep.ExitCode() != ExitCurrent || rep.Summary.Objects != 3 || rep.Summary.Current != 3 {
 		t.Fatalf("all current: exit %d %+v", rep.ExitCode(), rep.Summary)
 	}
@@ -67,7 +68,7 @@ func TestVerifyGate(t *testing.T) {
 	}
 	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
 	rev := c.Revision()
-	rep = verifyRun(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{ShowKeys: 2})
+	rep = verifyRun(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{ShowKeys: 2})
 	if rep.ExitCode() != ExitStale || rep.Summary.Stale != 9 || rep.Summary.Unreadable != 0 {
 		t.Fatalf("stale: exit %d %+v", rep.ExitCode(), rep.Summary)
 	}
@@ -91,7 +92,7 @@ func TestVerifyGate(t *testing.T) {
 	if _, err := c.Cli.Put(context.Background(), "/registry/configmaps/ns2/garbage", "k8s\x00\x0a\x0bnot-protobuf"); err != nil {
 		t.Fatal(err)
 	}
-	rep = verifyRun(t, c.Env(pipeline.Config{EncryptionConfig: newCfg}), Options{})
+	rep = verifyRun(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{})
 	if rep.ExitCode() != ExitUnreadable || rep.Summary.Unreadable != 2 || rep.Summary.Objects != 14 {
 		t.Fatalf("unreadable: exit %d %+v", rep.ExitCode(), rep.Summary)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"kube-etcd-migrate/target"
 	"os"
 	"sort"
 	"strings"
@@ -288,7 +289,7 @@ func unstructuredString(obj map[string]any, path ...string) (string, bool, error
 func TestClusterStaleSet(t *testing.T) {
 	s := seedT(t)
 	ctx := context.Background()
-	env, err := pipeline.Setup(ctx, s.cli, pipeline.Config{Prefix: "/registry", EncryptionConfig: s.res.NewConfig, PageSize: 100, Concurrency: 2})
+	env, err := pipeline.Setup(ctx, s.cli, pipeline.Config{Prefix: "/registry", Target: target.Input{EncryptionConfig: s.res.NewConfig}, PageSize: 100, Concurrency: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

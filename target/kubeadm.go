@@ -1,4 +1,4 @@
-package pipeline
+package target
 
 import (
 	"context"
@@ -16,14 +16,6 @@ import (
 // ConfigMap kube-system/kubeadm-config, under the etcd prefix.
 func KubeadmConfigKey(prefix string) string {
 	return strings.TrimSuffix(prefix, "/") + "/configmaps/kube-system/kubeadm-config"
-}
-
-// LoadEncryption loads cfg's encryption configuration as Setup does (KMS
-// plugin endpoints of a manifest's configuration mapped to host paths), for a
-// caller that needs it before Setup and then hands it over in cfg.Encryption
-// (and closes it itself).
-func LoadEncryption(ctx context.Context, cfg Config) (*decode.Encryption, error) {
-	return decode.LoadEncryptionWith(ctx, cfg.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: cfg.APIServer.KMSEndpointMapper(cfg.EncryptionConfig)})
 }
 
 // ClusterRelease reads the Kubernetes release a kubeadm cluster says it runs:
