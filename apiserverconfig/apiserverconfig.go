@@ -45,6 +45,7 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/controlplane"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 func init() {
@@ -603,7 +604,7 @@ func readManifest(file, container string) ([]string, *hostMounts, string, error)
 	}
 	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: not a Pod manifest: %s", file, oneLine(err))
+		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: not a Pod manifest: %s", file, textfmt.OneLine(err.Error()))
 	}
 	pod := &corev1.Pod{}
 	if err := legacyscheme.Scheme.Convert(obj, pod, nil); err != nil {
@@ -771,14 +772,6 @@ func (m *hostMounts) hostPath(p string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no hostPath volume is mounted at or above it in the container, so the file is not on the host")
-}
-
-func oneLine(err error) string {
-	s := err.Error()
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
-	}
-	return s
 }
 
 var _ runtime.Decoder = manifestCodecs.UniversalDeserializer()

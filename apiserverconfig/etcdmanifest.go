@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // EtcdQuota is etcd's --quota-backend-bytes as its static-pod manifest sets it.
@@ -53,7 +54,7 @@ func EtcdManifestQuota(apiserverManifest string) (EtcdQuota, error) {
 	}
 	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
-		return q, fmt.Errorf("etcd manifest %s: not a Pod manifest: %s", file, oneLine(err))
+		return q, fmt.Errorf("etcd manifest %s: not a Pod manifest: %s", file, textfmt.OneLine(err.Error()))
 	}
 	pod := &corev1.Pod{}
 	if err := legacyscheme.Scheme.Convert(obj, pod, nil); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/verify"
@@ -81,7 +82,7 @@ func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
 		fmt.Fprintf(w, "%s: %s: %d key(s), the first %s: %s\n", c.Status, c.Cause, c.Count, c.FirstKey, c.Error)
 	}
 	if sp := s.Space; sp != nil {
-		line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", migrate.HumanBytes(sp.DBSizeBefore), migrate.HumanBytes(sp.DBSizeAfter), migrate.HumanBytes(sp.DBSizeMax), migrate.HumanBytes(sp.Quota.Bytes))
+		line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), textfmt.Bytes(sp.Quota.Bytes))
 		if sp.Compactions > 0 {
 			line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
@@ -170,7 +170,7 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
 	}
 	defer snap.Close()
-	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, migrate.HumanBytes(fi.Size()), snap.Info.Revision, snap.Info.Leases, snap.Info.LeasedKeys)
+	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, textfmt.Bytes(fi.Size()), snap.Info.Revision, snap.Info.Leases, snap.Info.LeasedKeys)
 	cfg := s.env.Config
 	cfg.SnapshotFile, cfg.Revision = out, 0
 	cfg.Target = s.env.Target.Input()

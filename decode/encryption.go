@@ -28,6 +28,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	kmsservice "k8s.io/kms/pkg/service"
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // apiServerID is what the KMS v2 transformer records as the writer of new DEKs.
@@ -454,7 +455,7 @@ func (e *Encryption) transformError(gr schema.GroupResource, info EncryptionInfo
 			// this, for every value, while the plugin is down.
 			msg = "the plugin has not answered a healthy status since the tool started (unreachable or unhealthy), so kube-apiserver's KMS v2 transformer cannot decrypt anything with it"
 		}
-		return e.kmsPluginFor(gr, info) + " could not decrypt it: " + oneLine(msg, 300)
+		return e.kmsPluginFor(gr, info) + " could not decrypt it: " + truncate(textfmt.OneLine(msg), 300)
 	}
 	return msg
 }
@@ -485,9 +486,6 @@ func kmsPlugin(provider, name, endpoint string) string {
 }
 
 // oneLine keeps a message from a plugin or gRPC to one line of at most n bytes.
-func oneLine(msg string, n int) string {
-	return truncate(strings.Join(strings.Fields(msg), " "), n)
-}
 
 // CanRead reports whether the configuration has, for gr, the provider and key
 // named in a value's prefix (info as Decrypt reports it). An undecryptable value
@@ -598,7 +596,7 @@ type KMSPluginError struct {
 }
 
 func (e *KMSPluginError) Error() string {
-	return kmsPlugin(e.Provider, e.Name, e.Endpoint) + ": " + oneLine(e.Err.Error(), 300)
+	return kmsPlugin(e.Provider, e.Name, e.Endpoint) + ": " + truncate(textfmt.OneLine(e.Err.Error()), 300)
 }
 
 func (e *KMSPluginError) Unwrap() error { return e.Err }
@@ -621,7 +619,7 @@ func (e *KMSPluginError) ReadWarning() string {
 	if e.Unreachable() {
 		state = "is unreachable"
 	}
-	return fmt.Sprintf("%s %s (%s): nothing it encrypted can be decrypted, those objects are reported undecryptable", kmsPlugin(e.Provider, e.Name, e.Endpoint), state, oneLine(e.Err.Error(), 300))
+	return fmt.Sprintf("%s %s (%s): nothing it encrypted can be decrypted, those objects are reported undecryptable", kmsPlugin(e.Provider, e.Name, e.Endpoint), state, truncate(textfmt.OneLine(e.Err.Error()), 300))
 }
 
 // CheckKMSPlugins asks every KMS plugin that the providers of grs read with

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/mem"
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // Defaults of the connection (the command line's flags default to them);
@@ -184,11 +185,11 @@ func describeErr(ctx context.Context, cfg Config, tc *tls.Config, ep string, err
 	}
 	switch {
 	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrInvalidAuthToken):
-		return fmt.Errorf("etcd authentication: %s requires a user (give --user/--password or a client certificate whose CN is an etcd user): %s", ep, oneLine(err))
+		return fmt.Errorf("etcd authentication: %s requires a user (give --user/--password or a client certificate whose CN is an etcd user): %s", ep, textfmt.OneLine(err.Error()))
 	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrUserNotFound):
 		return fmt.Errorf("etcd authentication failed at %s: invalid user name or password", ep)
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
-		return fmt.Errorf("etcd authentication: user %q is not permitted at %s: %s", cfg.Username, ep, oneLine(err))
+		return fmt.Errorf("etcd authentication: user %q is not permitted at %s: %s", cfg.Username, ep, textfmt.OneLine(err.Error()))
 	}
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
@@ -201,7 +202,7 @@ func describeErr(ctx context.Context, cfg Config, tc *tls.Config, ep string, err
 			return d
 		}
 	}
-	return fmt.Errorf("etcd %s: no answer within --dial-timeout %s: %s", ep, cfg.DialTimeout, oneLine(err))
+	return fmt.Errorf("etcd %s: no answer within --dial-timeout %s: %s", ep, cfg.DialTimeout, textfmt.OneLine(err.Error()))
 }
 
 // diagnose dials one endpoint with TCP and, for https, with TLS, and returns
@@ -220,7 +221,7 @@ func diagnose(ctx context.Context, cfg Config, tc *tls.Config, ep string) error 
 	var d net.Dialer
 	conn, err := d.DialContext(dctx, "tcp", hostport)
 	if err != nil {
-		return fmt.Errorf("etcd endpoint %s unreachable: %s", ep, oneLine(err))
+		return fmt.Errorf("etcd endpoint %s unreachable: %s", ep, textfmt.OneLine(err.Error()))
 	}
 	defer conn.Close()
 	host, _, _ := net.SplitHostPort(hostport)
@@ -257,7 +258,7 @@ func diagnose(ctx context.Context, cfg Config, tc *tls.Config, ep string) error 
 }
 
 func tlsError(cfg Config, ep string, err error) error {
-	msg := oneLine(err)
+	msg := textfmt.OneLine(err.Error())
 	var ua x509.UnknownAuthorityError
 	var hn x509.HostnameError
 	var ci x509.CertificateInvalidError
@@ -286,6 +287,3 @@ func tlsError(cfg Config, ep string, err error) error {
 }
 
 // oneLine flattens an error message onto one line.
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
-}

@@ -20,6 +20,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )
@@ -260,11 +261,11 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 		if r.Unreadable > 0 {
 			unreadable += " (" + breakdown(reasonCounts(r.UnreadableBy)) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name(), r.Count, humanBytes(r.Bytes), humanBytes(r.MaxBytes),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name(), r.Count, textfmt.BytesCompact(r.Bytes), textfmt.BytesCompact(r.MaxBytes),
 			breakdown(r.Versions), breakdown(r.MediaTypes), breakdown(r.Encryption), r.WithLease, unreadable)
 	}
 	t := inv.Total
-	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t\t\t\t\t%d\t%d\n", t.Objects, humanBytes(t.Bytes), t.WithLease, t.Unreadable)
+	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t\t\t\t\t%d\t%d\n", t.Objects, textfmt.BytesCompact(t.Bytes), t.WithLease, t.Unreadable)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -286,7 +287,7 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  REASON\tPREFIX\tKEYS\tBYTES\tDETAIL")
 		for _, g := range inv.Orphaned {
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", g.Reason, g.Prefix, g.Keys, humanBytes(g.Bytes), g.Detail)
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", g.Reason, g.Prefix, g.Keys, textfmt.BytesCompact(g.Bytes), g.Detail)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -304,7 +305,7 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 	if t.NotObjects > 0 {
 		fmt.Fprintf(w, "\nKeys that are not API objects (%d):\n", t.NotObjects)
 		for _, k := range inv.NotObjects {
-			fmt.Fprintf(w, "  %s (%s)\n", k.Key, humanBytes(k.Bytes))
+			fmt.Fprintf(w, "  %s (%s)\n", k.Key, textfmt.BytesCompact(k.Bytes))
 		}
 		if n := t.NotObjects - int64(len(inv.NotObjects)); n > 0 {
 			fmt.Fprintf(w, "  ... %d more\n", n)
@@ -314,7 +315,7 @@ func (inv *Inventory) writeTable(w io.Writer) error {
 	if t.Orphaned > 0 {
 		orphaned = fmt.Sprintf(", %d orphaned", t.Orphaned)
 	}
-	_, err := fmt.Fprintf(w, "\n%d keys, %d objects%s, %s\n", t.Keys, t.Objects, orphaned, humanBytes(t.Bytes))
+	_, err := fmt.Fprintf(w, "\n%d keys, %d objects%s, %s\n", t.Keys, t.Objects, orphaned, textfmt.BytesCompact(t.Bytes))
 	return err
 }
 
@@ -343,18 +344,4 @@ func breakdown(m map[string]int64) string {
 		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
 	}
 	return strings.Join(parts, ",")
-}
-
-// humanBytes prints a size in B, KiB, MiB or GiB.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 3; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGT"[exp])
 }

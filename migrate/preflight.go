@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -76,7 +77,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes)
 	margin := Margin(quota.Bytes)
 	space := &spaceStart{quota: quota, status: st}
-	done = append(done, fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", HumanBytes(quota.Bytes), quota.Source, HumanBytes(margin)))
+	done = append(done, fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin)))
 	// Every rewrite adds its new value to the database until compaction; it
 	// reuses the pages free in it first. All live values together take at
 	// most DBSizeInUse, so when even that fits there is no need to count precisely.
@@ -97,7 +98,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 
 	switch {
 	case estimate <= room:
-		line := fmt.Sprintf("database %s + rewrite %s %s fits below the quota", HumanBytes(st.DBSize), how, HumanBytes(estimate))
+		line := fmt.Sprintf("database %s + rewrite %s %s fits below the quota", textfmt.Bytes(st.DBSize), how, textfmt.Bytes(estimate))
 		if opts.CompactHistory {
 			line += "; --compact-history compacts etcd's history when it nears the quota all the same"
 		} else {
@@ -106,16 +107,16 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 		done = append(done, line)
 	case !opts.CompactHistory:
 		return done, nil, &PreflightError{Msg: fmt.Sprintf("the rewrite would add about %s to a %s database, past etcd's %s quota less the %s margin (quota from %s); rerun with --compact-history to compact the history the run makes obsolete as it goes (as kube-apiserver does), or compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), or migrate fewer resources at a time (--resource)",
-			HumanBytes(estimate), HumanBytes(st.DBSize), HumanBytes(quota.Bytes), HumanBytes(margin), quota.Source)}
+			textfmt.Bytes(estimate), textfmt.Bytes(st.DBSize), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source)}
 	default:
 		// Compacting frees the pages of every revision the live values do
 		// not need: what is left is the live data and the margin.
 		if free := quota.Bytes - margin - st.DBSizeInUse; free < minCompactRoom(quota.Bytes) {
 			return done, nil, &PreflightError{Msg: fmt.Sprintf("even with --compact-history there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
-				HumanBytes(st.DBSizeInUse), HumanBytes(quota.Bytes), HumanBytes(margin))}
+				textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
 		}
 		done = append(done, fmt.Sprintf("database %s + rewrite %s %s is more than the %s left below the quota: --compact-history compacts etcd's history up to the run's latest write whenever the database nears the quota",
-			HumanBytes(st.DBSize), how, HumanBytes(estimate), HumanBytes(max(room, 0))))
+			textfmt.Bytes(st.DBSize), how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0))))
 	}
 	if opts.CompactHistory {
 		done = append(done, "--compact-history: the old revisions of what the run rewrites are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
@@ -284,7 +285,3 @@ func bytesToRewrite(ctx context.Context, env *pipeline.Env) (int64, error) {
 	}
 	return n, nil
 }
-
-// HumanBytes prints a size in B, KiB, MiB, ... with one decimal, as the
-// preflight and the snapshot report do.
-func HumanBytes(b int64) string { return rundir.HumanBytes(b) }

@@ -57,7 +57,7 @@ type RollbackCause struct {
 func (r *RollbackResult) listKey(status, key, cause string, err ...error) {
 	why, errText := cause, ""
 	if len(err) > 0 && err[0] != nil {
-		why = oneLine(err[0])
+		why = whyNoAnswer(err[0])
 		errText = why
 	}
 	if len(r.Keys) < maxKeysListed {

@@ -13,6 +13,7 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 )
 
@@ -45,16 +46,16 @@ func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest stri
 			src = fmt.Sprintf("%s of %d members (the smallest, %s)", etcdscan.QuotaMetric, len(qs), q.Member)
 		}
 		if flag > 0 && flag < q.Bytes {
-			return Quota{Bytes: flag, Known: true, Source: fmt.Sprintf("--quota-backend-bytes (below the %s of %s)", HumanBytes(q.Bytes), src)}
+			return Quota{Bytes: flag, Known: true, Source: fmt.Sprintf("--quota-backend-bytes (below the %s of %s)", textfmt.Bytes(q.Bytes), src)}
 		}
 		if flag > q.Bytes {
-			src += fmt.Sprintf("; --quota-backend-bytes %s is larger, etcd enforces its own", HumanBytes(flag))
+			src += fmt.Sprintf("; --quota-backend-bytes %s is larger, etcd enforces its own", textfmt.Bytes(flag))
 		}
 		return Quota{Bytes: q.Bytes, Known: true, Source: src}
 	}
-	why := []string{"metrics: " + oneLine(merr)}
+	why := []string{"metrics: " + whyNoAnswer(merr)}
 	if flag > 0 {
-		return Quota{Bytes: flag, Known: true, Source: "--quota-backend-bytes (etcd's metrics did not answer: " + oneLine(merr) + ")"}
+		return Quota{Bytes: flag, Known: true, Source: "--quota-backend-bytes (etcd's metrics did not answer: " + whyNoAnswer(merr) + ")"}
 	}
 	if apiserverManifest != "" {
 		eq, err := apiserverconfig.EtcdManifestQuota(apiserverManifest)
@@ -73,11 +74,12 @@ func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest stri
 	return Quota{Bytes: DefaultQuotaBackendBytes, Source: "unknown (" + strings.Join(why, "; ") + "): assuming etcd's default"}
 }
 
-func oneLine(err error) string {
+// whyNoAnswer is an etcd error on one line, or that no member answered (nil).
+func whyNoAnswer(err error) string {
 	if err == nil {
 		return "no member answered"
 	}
-	return strings.Join(strings.Fields(err.Error()), " ")
+	return textfmt.OneLine(err.Error())
 }
 
 // Margin is the room a run keeps below the quota: a twentieth of it, at least
@@ -118,7 +120,7 @@ func (e *SpaceError) Error() string {
 		journal = ", the journal " + e.Journal + " is intact"
 	}
 	return fmt.Sprintf("stopped before etcd's quota: the database is %s of %s and the next writes would leave less than the %s margin; nothing more was written and etcd raised no alarm%s; %s",
-		HumanBytes(e.DBSize), HumanBytes(e.Quota), HumanBytes(e.Margin), journal, what)
+		textfmt.Bytes(e.DBSize), textfmt.Bytes(e.Quota), textfmt.Bytes(e.Margin), journal, what)
 }
 
 // SpaceReport says what a run saw of etcd's space.

@@ -25,6 +25,7 @@ import (
 	"kube-etcd-migrate/internal/testcluster"
 	"kube-etcd-migrate/internal/testetcd"
 	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 )
 
@@ -114,7 +115,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	before := s.c.Revision()
 	_, err = Run(ctx, env, Options{LivenessWindow: testWindow})
 	var pe *PreflightError
-	if !errors.As(err, &pe) || !strings.Contains(err.Error(), HumanBytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), "--compact-history") {
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), textfmt.Bytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), "--compact-history") {
 		t.Fatalf("a rewrite past the quota found in etcd's metrics: err = %v", err)
 	}
 	if s.c.Revision() != before {
@@ -135,12 +136,12 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	if sp == nil || sp.Compactions == 0 || sp.DBSizeMax >= quota || sp.DBSizeAfter >= quota {
 		t.Fatalf("space report %+v", sp)
 	}
-	if !strings.Contains(strings.Join(sum.Preflight, "\n"), "etcd's quota: "+HumanBytes(quota)+", from "+etcdscan.QuotaMetric) ||
+	if !strings.Contains(strings.Join(sum.Preflight, "\n"), "etcd's quota: "+textfmt.Bytes(quota)+", from "+etcdscan.QuotaMetric) ||
 		!strings.Contains(strings.Join(sum.Preflight, "\n"), "--compact-history") {
 		t.Fatalf("preflight lines:\n%s", strings.Join(sum.Preflight, "\n"))
 	}
 	t.Logf("rewrote %d secrets (%s) with %s of room: database %s -> %s, at most %s, %d compaction(s)",
-		sum.Summary.Rewritten, HumanBytes(rewrite), HumanBytes(room), HumanBytes(sp.DBSizeBefore), HumanBytes(sp.DBSizeAfter), HumanBytes(sp.DBSizeMax), sp.Compactions)
+		sum.Summary.Rewritten, textfmt.Bytes(rewrite), textfmt.Bytes(room), textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), sp.Compactions)
 
 	// Everything is current now.
 	again := run(t, env, Options{DryRun: true})

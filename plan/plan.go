@@ -22,6 +22,7 @@ import (
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
@@ -128,7 +129,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 		case len(m.Errors) > 0:
 			p.block("etcd members", fmt.Sprintf("member %s (%s) reports %v", m.Name, m.Endpoint, m.Errors), "resolve what the member reports (etcdctl endpoint status) before the window")
 		default:
-			p.Checks = append(p.Checks, fmt.Sprintf("etcd member %s (%s): etcd %s, database %s", m.Name, m.Endpoint, m.Version, rundir.HumanBytes(m.DBSize)))
+			p.Checks = append(p.Checks, fmt.Sprintf("etcd member %s (%s): etcd %s, database %s", m.Name, m.Endpoint, m.Version, textfmt.Bytes(m.DBSize)))
 		}
 	}
 	if !leader && len(members) > 0 {
@@ -176,7 +177,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	p.Estimate.WriteSeconds = float64(sum.Summary.Stale) / writeRate
 	p.Estimate.Seconds = p.Estimate.LivenessSeconds + p.Estimate.DecideSeconds + p.Estimate.SnapshotSeconds + p.Estimate.WriteSeconds
 	p.Estimate.Basis = fmt.Sprintf("its %s liveness watch; the decision over %d objects, which took %.1fs here; a snapshot of %s at 100 MiB/s and %d rewrites at 8,000/s (the benchmark's lowest rates on 2 cores); the outage adds kube-apiserver's stop and restart",
-		window, sum.Summary.Scanned, p.Estimate.DecideSeconds, rundir.HumanBytes(dbSize), sum.Summary.Stale)
+		window, sum.Summary.Scanned, p.Estimate.DecideSeconds, textfmt.Bytes(dbSize), sum.Summary.Stale)
 	return p, nil
 }
 

@@ -2,6 +2,7 @@ package rundir
 
 import (
 	"fmt"
+	"kube-etcd-migrate/internal/textfmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -32,10 +33,10 @@ type SpaceError struct {
 func (e *SpaceError) Error() string {
 	parts := make([]string, len(e.Needs))
 	for i, n := range e.Needs {
-		parts[i] = fmt.Sprintf("%s %s", n.What, HumanBytes(n.Bytes))
+		parts[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
 	}
 	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run's undo needs %s (%s) and %s left free, %s is free; free room there, or give a --state-dir on another filesystem",
-		e.Dir, HumanBytes(e.Needed), strings.Join(parts, ", "), HumanBytes(SpaceMargin), HumanBytes(e.Free))
+		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(SpaceMargin), textfmt.Bytes(e.Free))
 }
 
 // CheckSpace checks that the files fit together, with SpaceMargin to spare, on
@@ -77,9 +78,9 @@ func CheckSpace(needs []Need) ([]string, error) {
 		}
 		what := make([]string, len(f.needs))
 		for i, n := range f.needs {
-			what[i] = fmt.Sprintf("%s %s", n.What, HumanBytes(n.Bytes))
+			what[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
 		}
-		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, the undo needs at most %s (%s) and %s left free", f.dir, HumanBytes(f.free), HumanBytes(f.total), strings.Join(what, ", "), HumanBytes(SpaceMargin)))
+		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, the undo needs at most %s (%s) and %s left free", f.dir, textfmt.Bytes(f.free), textfmt.Bytes(f.total), strings.Join(what, ", "), textfmt.Bytes(SpaceMargin)))
 	}
 	return lines, nil
 }
@@ -91,18 +92,4 @@ func FileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
-}
-
-// HumanBytes prints a size in B, KiB, MiB, ... with one decimal.
-func HumanBytes(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }

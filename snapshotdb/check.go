@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -18,6 +17,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"google.golang.org/protobuf/proto"
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // Hash says how the file's integrity was established.
@@ -38,10 +38,8 @@ func HasTrailer(size int64) bool { return size%512 == sha256.Size }
 
 // FileError is a one-line error naming the file: "snapshot file PATH: ...".
 func FileError(path string, format string, args ...any) error {
-	return fmt.Errorf("snapshot file %s: %s", path, oneLine(fmt.Sprintf(format, args...)))
+	return fmt.Errorf("snapshot file %s: %s", path, textfmt.OneLine(fmt.Sprintf(format, args...)))
 }
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // Check establishes that path is an etcd snapshot that etcd's restore code
 // can read, without writing to it. With the hash checked, only the database
