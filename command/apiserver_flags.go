@@ -84,9 +84,9 @@ func etcdConfig(c *cli.Context, api *apiserverconfig.Config, env *envReport) (et
 	if err := cfg.Validate(); err != nil {
 		env.print(c) // which of the values came from the environment
 		if api.File != "" {
-			return cfg, usageErr("%v (from %s)", err, api.File)
+			return cfg, usageErr("%v (from %s)", etcdError(err), api.File)
 		}
-		return cfg, usageErr("%v", err)
+		return cfg, usageErr("%v", etcdError(err))
 	}
 	return cfg, nil
 }

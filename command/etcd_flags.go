@@ -2,6 +2,7 @@ package command
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -65,4 +66,38 @@ func parseEtcdFlags(c *cli.Context) (etcdscan.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// settingFlags are the flags that set etcdscan's settings.
+var settingFlags = map[etcdscan.Setting]string{
+	etcdscan.SettingEndpoints:      "--endpoints",
+	etcdscan.SettingDialTimeout:    "--dial-timeout",
+	etcdscan.SettingCommandTimeout: "--command-timeout",
+	etcdscan.SettingUser:           "--user",
+	etcdscan.SettingPassword:       "--password",
+	etcdscan.SettingCACert:         "--cacert",
+	etcdscan.SettingCert:           "--cert",
+	etcdscan.SettingKey:            "--key",
+}
+
+// etcdError names the flags in an error of etcdscan's Validate or Connect:
+// the flag whose value is at fault, or the flags that would mend a failed
+// connection.
+func etcdError(err error) error {
+	flags := func(ss []etcdscan.Setting) []string {
+		out := make([]string, len(ss))
+		for i, s := range ss {
+			out[i] = settingFlags[s]
+		}
+		return out
+	}
+	var se *etcdscan.SettingError
+	if errors.As(err, &se) {
+		return fmt.Errorf("%s: %s", strings.Join(flags(se.Settings), "/"), se.Detail())
+	}
+	var ce *etcdscan.ConnectError
+	if errors.As(err, &ce) && len(ce.Fix) > 0 {
+		return fmt.Errorf("%s (%s)", ce.Msg, strings.Join(flags(ce.Fix), ", "))
+	}
+	return err
 }

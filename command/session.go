@@ -57,7 +57,8 @@ func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
 		return nil, err
 	}
 	env.print(c)
-	return etcdscan.Connect(ctx, cfg)
+	cli, err := etcdscan.Connect(ctx, cfg)
+	return cli, etcdError(err)
 }
 
 func open(ctx context.Context, c *cli.Context, use targetUse) (*session, error) {
@@ -123,7 +124,7 @@ func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile s
 	} else {
 		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
 			s.close()
-			return nil, err
+			return nil, etcdError(err)
 		}
 		s.cli = cli
 	}

@@ -39,25 +39,80 @@ type Config struct {
 	CommandTimeout time.Duration
 }
 
+// Setting names a Config field in the errors of Validate and Connect, as
+// plain words; the command layer names the flag that sets it.
+type Setting string
+
+// The settings of Config.
+const (
+	SettingEndpoints      Setting = "endpoints"
+	SettingDialTimeout    Setting = "dial timeout"
+	SettingCommandTimeout Setting = "command timeout"
+	SettingUser           Setting = "user"
+	SettingPassword       Setting = "password"
+	SettingCACert         Setting = "CA certificate"
+	SettingCert           Setting = "client certificate"
+	SettingKey            Setting = "client key"
+)
+
+// SettingError is a Config value that cannot be used (Validate, Connect
+// before any endpoint is contacted).
+type SettingError struct {
+	Settings []Setting // the value at fault (two: a certificate and key that do not pair)
+	Msg      string    // what is wrong with it ("" when Err says it)
+	Err      error
+}
+
+func (e *SettingError) Error() string {
+	names := make([]string, len(e.Settings))
+	for i, s := range e.Settings {
+		names[i] = string(s)
+	}
+	return "etcd " + strings.Join(names, " and ") + ": " + e.Detail()
+}
+
+// Detail is what is wrong, without the settings' names.
+func (e *SettingError) Detail() string {
+	switch {
+	case e.Msg != "" && e.Err != nil:
+		return e.Msg + ": " + e.Err.Error()
+	case e.Err != nil:
+		return e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *SettingError) Unwrap() error { return e.Err }
+
+// ConnectError is a connection that failed in a way a setting can mend (a
+// user, a certificate, a longer dial timeout): Msg says what happened, Fix
+// which settings would mend it.
+type ConnectError struct {
+	Msg string
+	Fix []Setting
+}
+
+func (e *ConnectError) Error() string { return e.Msg }
+
 // Validate checks the configuration without contacting etcd.
 func (cfg Config) Validate() error {
 	if len(cfg.Endpoints) == 0 {
-		return errors.New("--endpoints: no endpoint given")
+		return &SettingError{Settings: []Setting{SettingEndpoints}, Msg: "no endpoint given"}
 	}
 	if cfg.DialTimeout <= 0 {
-		return fmt.Errorf("--dial-timeout: must be positive, got %s", cfg.DialTimeout)
+		return &SettingError{Settings: []Setting{SettingDialTimeout}, Msg: fmt.Sprintf("must be positive, got %s", cfg.DialTimeout)}
 	}
 	if cfg.CommandTimeout <= 0 {
-		return fmt.Errorf("--command-timeout: must be positive, got %s", cfg.CommandTimeout)
+		return &SettingError{Settings: []Setting{SettingCommandTimeout}, Msg: fmt.Sprintf("must be positive, got %s", cfg.CommandTimeout)}
 	}
 	if cfg.Password != "" && cfg.Username == "" {
-		return errors.New("--password: given without --user")
+		return &SettingError{Settings: []Setting{SettingPassword}, Msg: "given without a user"}
 	}
 	if cfg.Cert != "" && cfg.Key == "" {
-		return errors.New("--cert: given without --key")
+		return &SettingError{Settings: []Setting{SettingCert}, Msg: "given without a client key"}
 	}
 	if cfg.Key != "" && cfg.Cert == "" {
-		return errors.New("--key: given without --cert")
+		return &SettingError{Settings: []Setting{SettingKey}, Msg: "given without a client certificate"}
 	}
 	_, err := cfg.tlsConfig()
 	return err
@@ -91,24 +146,24 @@ func (cfg Config) tlsConfig() (*tls.Config, error) {
 	if cfg.CACert != "" {
 		pem, err := os.ReadFile(cfg.CACert)
 		if err != nil {
-			return nil, fmt.Errorf("--cacert: %w", err)
+			return nil, &SettingError{Settings: []Setting{SettingCACert}, Err: err}
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--cacert: %s holds no PEM certificate", cfg.CACert)
+			return nil, &SettingError{Settings: []Setting{SettingCACert}, Msg: cfg.CACert + " holds no PEM certificate"}
 		}
 		tc.RootCAs = pool
 	}
 	if cfg.Cert != "" {
 		if _, err := os.Stat(cfg.Cert); err != nil {
-			return nil, fmt.Errorf("--cert: %w", err)
+			return nil, &SettingError{Settings: []Setting{SettingCert}, Err: err}
 		}
 		if _, err := os.Stat(cfg.Key); err != nil {
-			return nil, fmt.Errorf("--key: %w", err)
+			return nil, &SettingError{Settings: []Setting{SettingKey}, Err: err}
 		}
 		pair, err := tls.LoadX509KeyPair(cfg.Cert, cfg.Key)
 		if err != nil {
-			return nil, fmt.Errorf("--cert/--key: %s and %s: %w", cfg.Cert, cfg.Key, err)
+			return nil, &SettingError{Settings: []Setting{SettingCert, SettingKey}, Msg: cfg.Cert + " and " + cfg.Key, Err: err}
 		}
 		tc.Certificates = []tls.Certificate{pair}
 	}
@@ -185,7 +240,7 @@ func describeErr(ctx context.Context, cfg Config, tc *tls.Config, ep string, err
 	}
 	switch {
 	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrInvalidAuthToken):
-		return fmt.Errorf("etcd authentication: %s requires a user (give --user/--password or a client certificate whose CN is an etcd user): %s", ep, textfmt.OneLine(err.Error()))
+		return &ConnectError{Msg: fmt.Sprintf("etcd authentication: %s requires a user (a user and password, or a client certificate whose CN is an etcd user): %s", ep, textfmt.OneLine(err.Error())), Fix: []Setting{SettingUser, SettingPassword}}
 	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrUserNotFound):
 		return fmt.Errorf("etcd authentication failed at %s: invalid user name or password", ep)
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
@@ -202,7 +257,7 @@ func describeErr(ctx context.Context, cfg Config, tc *tls.Config, ep string, err
 			return d
 		}
 	}
-	return fmt.Errorf("etcd %s: no answer within --dial-timeout %s: %s", ep, cfg.DialTimeout, textfmt.OneLine(err.Error()))
+	return &ConnectError{Msg: fmt.Sprintf("etcd %s: no answer within the dial timeout %s: %s", ep, cfg.DialTimeout, textfmt.OneLine(err.Error())), Fix: []Setting{SettingDialTimeout}}
 }
 
 // diagnose dials one endpoint with TCP and, for https, with TLS, and returns
@@ -231,7 +286,7 @@ func diagnose(ctx context.Context, cfg Config, tc *tls.Config, ep string) error 
 		tconn := tls.Client(conn, probeCfg)
 		_ = tconn.SetDeadline(time.Now().Add(timeout))
 		if tconn.HandshakeContext(dctx) == nil {
-			return fmt.Errorf("etcd endpoint %s serves TLS: use an https:// endpoint and --cacert (with --cert/--key if it wants client certificates)", ep)
+			return &ConnectError{Msg: fmt.Sprintf("etcd endpoint %s serves TLS: use an https:// endpoint and a CA certificate (with a client certificate and key if it wants them)", ep), Fix: []Setting{SettingCACert, SettingCert, SettingKey}}
 		}
 		return nil
 	}
@@ -266,9 +321,9 @@ func tlsError(cfg Config, ep string, err error) error {
 	case errors.As(err, &ua):
 		ca := "the system roots"
 		if cfg.CACert != "" {
-			ca = "--cacert " + cfg.CACert
+			ca = "the CA certificate " + cfg.CACert
 		}
-		return fmt.Errorf("etcd TLS: the certificate of %s is not signed by %s: %s", ep, ca, msg)
+		return &ConnectError{Msg: fmt.Sprintf("etcd TLS: the certificate of %s is not signed by %s: %s", ep, ca, msg), Fix: []Setting{SettingCACert}}
 	case errors.As(err, &hn):
 		return fmt.Errorf("etcd TLS: the certificate of %s does not name that host: %s", ep, msg)
 	case errors.As(err, &ci):
@@ -277,9 +332,9 @@ func tlsError(cfg Config, ep string, err error) error {
 		strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "certificate unknown"),
 		strings.Contains(msg, "expired certificate"), strings.Contains(msg, "revoked"):
 		if cfg.Cert == "" {
-			return fmt.Errorf("etcd TLS: %s requires a client certificate: give --cert and --key (%s)", ep, msg)
+			return &ConnectError{Msg: fmt.Sprintf("etcd TLS: %s requires a client certificate and key (%s)", ep, msg), Fix: []Setting{SettingCert, SettingKey}}
 		}
-		return fmt.Errorf("etcd TLS: %s rejected the client certificate --cert %s (%s)", ep, cfg.Cert, msg)
+		return &ConnectError{Msg: fmt.Sprintf("etcd TLS: %s rejected the client certificate %s (%s)", ep, cfg.Cert, msg), Fix: []Setting{SettingCert, SettingKey}}
 	case strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return fmt.Errorf("etcd TLS: %s does not speak TLS: use an http:// endpoint (%s)", ep, msg)
 	}

@@ -2,7 +2,9 @@ package etcdscan
 
 import (
 	"context"
+	"errors"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +28,19 @@ func TestEndpointSchemes(t *testing.T) {
 	eps = (Config{Endpoints: []string{"10.0.0.1:2379"}, Cert: "c.pem", Key: "k.pem"}).endpoints()
 	if len(eps) != 1 || eps[0] != "https://10.0.0.1:2379" {
 		t.Fatalf("endpoints with --cert: %v", eps)
+	}
+}
+
+// assertFix checks that err says which settings would mend it (the command
+// layer names their flags).
+func assertFix(t *testing.T, err error, want ...Setting) {
+	t.Helper()
+	var ce *ConnectError
+	if !errors.As(err, &ce) {
+		t.Fatalf("error %v: not a *ConnectError naming what would mend it", err)
+	}
+	if !slices.Equal(ce.Fix, want) {
+		t.Errorf("error %v: mended by %v, want %v", err, ce.Fix, want)
 	}
 }
 
@@ -72,13 +87,15 @@ func TestConnectTLS(t *testing.T) {
 	wrongCA := good
 	wrongCA.CACert = otherCA.File
 	_, err = Connect(ctx, wrongCA)
-	assertOneLine(t, err, "TLS", s.Endpoint, "not signed by --cacert "+otherCA.File)
+	assertOneLine(t, err, "TLS", s.Endpoint, "not signed by the CA certificate "+otherCA.File)
+	assertFix(t, err, SettingCACert)
 
 	noClientCert := base
 	noClientCert.DialTimeout = time.Second
 	noClientCert.CACert = ca.File
 	_, err = Connect(ctx, noClientCert)
-	assertOneLine(t, err, "TLS", s.Endpoint, "requires a client certificate", "--cert")
+	assertOneLine(t, err, "TLS", s.Endpoint, "requires a client certificate")
+	assertFix(t, err, SettingCert, SettingKey)
 
 	foreign := good
 	foreign.Cert, foreign.Key = foreignCert, foreignKey
@@ -123,7 +140,8 @@ func TestConnectAuth(t *testing.T) {
 	base := Config{Endpoints: []string{s.Endpoint}, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second}
 
 	_, err = Connect(ctx, base)
-	assertOneLine(t, err, "authentication", "--user")
+	assertOneLine(t, err, "authentication", "requires a user")
+	assertFix(t, err, SettingUser, SettingPassword)
 
 	wrong := base
 	wrong.Username, wrong.Password = "root", "wrong"
