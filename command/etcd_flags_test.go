@@ -25,7 +25,7 @@ func parseEtcdArgs(t *testing.T, args ...string) (etcdscan.Config, error) {
 		Action: func(c *cli.Context) error {
 			cfg, cerr = parseEtcdFlags(c)
 			if cerr == nil {
-				cerr = cfg.Validate()
+				cerr = etcdError(cfg.Validate()) // as etcdConfig: the flag named
 			}
 			return nil
 		},

@@ -58,9 +58,10 @@ func targetInput(c *cli.Context, api *apiserverconfig.Config, use targetUse) tar
 	return in
 }
 
-// targetError gives an error of setting up the run its exit code and the
-// flags that would mend it: a usage error (exit 2) for a value the target
-// kube-apiserver or the keyspace cannot take.
+// targetError gives an error of setting up the run its exit code and names
+// the flags in it: a usage error (exit 2) for a value the target
+// kube-apiserver or the keyspace cannot take; a prefix or revision etcd has
+// nothing at is a failure (exit 1).
 func targetError(err error) error {
 	var (
 		unknown  *target.UnknownReleaseError
@@ -72,6 +73,8 @@ func targetError(err error) error {
 		res      *decode.ResourceError
 		media    *decode.MediaTypeError
 		ns       *pipeline.NamespaceWithoutResourceError
+		prefix   *pipeline.PrefixError
+		revision *pipeline.RevisionError
 	)
 	switch {
 	case errors.As(err, &unknown):
@@ -80,7 +83,13 @@ func targetError(err error) error {
 		return usageErr("%s; give the release the cluster's kube-apiserver will run, or the manifest it will run with; nothing was written", contra.Contradiction)
 	case errors.As(err, &kubeadm):
 		return usageErr("%v; give --target-version", kubeadm.Err)
-	case errors.As(err, &config), errors.As(err, &unmapped), errors.As(err, &rel), errors.As(err, &res), errors.As(err, &media), errors.As(err, &ns):
+	case errors.As(err, &prefix):
+		return fmt.Errorf("--prefix %s: etcd has no keys under it, but has others (first: %q); set --prefix to kube-apiserver's --etcd-prefix", prefix.Prefix, prefix.First)
+	case errors.As(err, &revision):
+		return fmt.Errorf("--revision %d%s", revision.Revision, revision.Detail())
+	case errors.As(err, &ns):
+		return usageErr("--namespace needs --resource: the keyspace is laid out by resource first")
+	case errors.As(err, &config), errors.As(err, &unmapped), errors.As(err, &rel), errors.As(err, &res), errors.As(err, &media):
 		// A path of the manifest the tool cannot reach: the configuration
 		// given is wrong, as for the manifest's own paths (apiServerConfig).
 		return usageErr("%v", err)

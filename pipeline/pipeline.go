@@ -221,21 +221,22 @@ func (e *Env) Close() {
 	}
 }
 
-// checkPrefix refuses a --prefix under which etcd holds nothing while it holds
-// other keys: most likely kube-apiserver runs with a different --etcd-prefix.
+// checkPrefix refuses a prefix under which etcd holds nothing while it holds
+// other keys (*PrefixError): most likely kube-apiserver runs with a different
+// --etcd-prefix.
 func checkPrefix(ctx context.Context, src etcdscan.Source, prefix string) error {
 	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
 	defer cancel()
 	in, err := firstKey(rctx, src, strings.TrimSuffix(prefix, "/")+"/")
 	if err != nil {
-		return fmt.Errorf("count keys under --prefix %s: %w", prefix, err)
+		return fmt.Errorf("count keys under the prefix %s: %w", prefix, err)
 	}
 	if in != "" {
 		return nil
 	}
 	first, err := firstKey(rctx, src, "")
 	if err != nil {
-		return fmt.Errorf("count keys under --prefix %s: %w", prefix, err)
+		return fmt.Errorf("count keys under the prefix %s: %w", prefix, err)
 	}
 	if first == "" {
 		return nil // an empty etcd: nothing to do, nothing wrong
@@ -243,8 +244,39 @@ func checkPrefix(ctx context.Context, src etcdscan.Source, prefix string) error 
 	if len(first) > 80 {
 		first = first[:80] + "…"
 	}
-	return fmt.Errorf("--prefix %s: etcd has no keys under it, but has others (first: %q); set --prefix to kube-apiserver's --etcd-prefix", prefix, first)
+	return &PrefixError{Prefix: prefix, First: first}
 }
+
+// PrefixError is a prefix (Config.Prefix) under which etcd holds nothing
+// while it holds other keys.
+type PrefixError struct {
+	Prefix string
+	First  string // the first key etcd holds
+}
+
+func (e *PrefixError) Error() string {
+	return fmt.Sprintf("prefix %s: etcd has no keys under it, but has others (first: %q); it should be kube-apiserver's --etcd-prefix", e.Prefix, e.First)
+}
+
+// RevisionError is a revision (Config.Revision) etcd cannot serve.
+type RevisionError struct {
+	Revision int64
+	Msg      string // what is wrong with it
+	Err      error
+}
+
+func (e *RevisionError) Error() string { return fmt.Sprintf("revision %d%s", e.Revision, e.Detail()) }
+
+// Detail is what is wrong, after the revision: ": etcd is at revision 9" or
+// " is compacted: ...".
+func (e *RevisionError) Detail() string {
+	if e.Err != nil {
+		return ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *RevisionError) Unwrap() error { return e.Err }
 
 // errFound stops firstKey's scan.
 var errFound = errors.New("found")
@@ -266,26 +298,26 @@ func firstKey(ctx context.Context, src etcdscan.Source, prefix string) (string, 
 	return key, nil
 }
 
-// checkRevision refuses a --revision etcd cannot serve: in the future, or
-// compacted (etcd keeps no older values).
+// checkRevision refuses a revision etcd cannot serve (*RevisionError): in
+// the future, or compacted (etcd keeps no older values).
 func checkRevision(ctx context.Context, src etcdscan.Source, rev int64) error {
 	if rev == 0 {
 		return nil
 	}
 	if rev < 0 {
-		return fmt.Errorf("--revision %d: must be positive", rev)
+		return &RevisionError{Revision: rev, Msg: ": must be positive"}
 	}
 	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
 	defer cancel()
 	cur, compacted, err := src.Revisions(rctx)
 	if err != nil {
-		return fmt.Errorf("--revision %d: %w", rev, err)
+		return &RevisionError{Revision: rev, Err: err}
 	}
 	if rev > cur {
-		return fmt.Errorf("--revision %d: etcd is at revision %d", rev, cur)
+		return &RevisionError{Revision: rev, Msg: fmt.Sprintf(": etcd is at revision %d", cur)}
 	}
 	if rev < compacted {
-		return fmt.Errorf("--revision %d is compacted: the oldest revision etcd still has is %d", rev, compacted)
+		return &RevisionError{Revision: rev, Msg: fmt.Sprintf(" is compacted: the oldest revision etcd still has is %d", compacted)}
 	}
 	return nil
 }
@@ -449,7 +481,7 @@ type NamespaceWithoutResourceError struct {
 }
 
 func (e *NamespaceWithoutResourceError) Error() string {
-	return "--namespace needs --resource: the keyspace is laid out by resource first"
+	return "a namespace filter needs a resource filter: the keyspace is laid out by resource first"
 }
 
 // Mode says how much work Run does per key.

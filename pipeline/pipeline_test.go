@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -18,7 +19,8 @@ func TestWrongPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := Setup(ctx, cli, Config{Prefix: "/registry"})
-	if err == nil || !strings.Contains(err.Error(), "--prefix /registry") || !strings.Contains(err.Error(), "/kubernetes.io/namespaces/default") || strings.Contains(err.Error(), "\n") {
+	var pe *PrefixError
+	if !errors.As(err, &pe) || pe.Prefix != "/registry" || !strings.Contains(err.Error(), "/kubernetes.io/namespaces/default") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("err = %v", err)
 	}
 	env, err := Setup(ctx, cli, Config{Prefix: "/kubernetes.io"})

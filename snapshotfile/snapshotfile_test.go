@@ -325,8 +325,8 @@ func TestRevisionChecks(t *testing.T) {
 		rev  int64
 		want string
 	}{
-		{rev - 1, fmt.Sprintf("--revision %d is compacted: the oldest revision etcd still has is %d", rev-1, rev)},
-		{rev + 10, fmt.Sprintf("--revision %d: etcd is at revision %d", rev+10, rev)},
+		{rev - 1, fmt.Sprintf("revision %d is compacted: the oldest revision etcd still has is %d", rev-1, rev)},
+		{rev + 10, fmt.Sprintf("revision %d: etcd is at revision %d", rev+10, rev)},
 	} {
 		_, err := pipeline.Setup(ctx, c.Cli, pipeline.Config{Revision: tc.rev})
 		if err == nil || err.Error() != tc.want {
