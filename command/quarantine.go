@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -33,7 +34,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	}
 	reasons, err := quarantine.ParseReasons(c.StringSlice("reason"))
 	if err != nil {
-		return usageErr("%v", err)
+		return usageErr("%v", quarantineError(err))
 	}
 	switch orphaned := quarantine.OnlyOrphaned(reasons); {
 	case orphaned && len(c.StringSlice("resource")) > 0:
@@ -98,7 +99,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		}
 	}
 	if runErr != nil {
-		return noOutput(s, runErr)
+		return noOutput(s, quarantineError(runErr))
 	}
 	if res.Conflicts > 0 || res.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})
@@ -124,4 +125,28 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) remain", left), quiet: true}
 	}
 	return nil
+}
+
+// quarantineFlags are the flags that set quarantine's options.
+var quarantineFlags = map[quarantine.Option]string{
+	quarantine.OptionReasons:   "--reason",
+	quarantine.OptionResources: "--resource",
+	quarantine.OptionRevision:  "--revision",
+	quarantine.OptionJournal:   "--journal",
+}
+
+// quarantineError names the flag in a quarantine the options do not allow.
+func quarantineError(err error) error {
+	var oe *quarantine.OptionError
+	if !errors.As(err, &oe) {
+		return err
+	}
+	flag := quarantineFlags[oe.Option]
+	if oe.Value != "" {
+		flag += " " + oe.Value
+	}
+	if oe.Option == quarantine.OptionJournal {
+		return fmt.Errorf("%s: %s (or --dry-run)", flag, oe.Msg)
+	}
+	return fmt.Errorf("%s: %s%s", flag, oe.Msg, oe.Seen(quarantineFlags[oe.See]))
 }

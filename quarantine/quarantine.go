@@ -23,6 +23,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,7 +53,47 @@ func OnlyOrphaned(reasons []decode.Reason) bool {
 	return len(reasons) == 1 && reasons[0] == decode.ReasonOrphaned
 }
 
-// ParseReasons reads --reason values (repeatable, comma separated).
+// Option names what an *OptionError is about: one of Options' settings or the
+// run's resource filter. The command layer names the flag that sets it.
+type Option string
+
+// The options an OptionError names.
+const (
+	OptionReasons   Option = "reasons"
+	OptionResources Option = "resources"
+	OptionRevision  Option = "revision"
+	OptionJournal   Option = "journal"
+)
+
+// OptionError is a quarantine the options do not allow: nothing was read or
+// written.
+type OptionError struct {
+	Option Option
+	Value  string // the value at fault ("" when the option is missing)
+	Msg    string
+	// See, when set, is the option value that does what was asked for.
+	See      Option
+	SeeValue string
+}
+
+func (e *OptionError) Error() string {
+	what := "quarantine " + string(e.Option)
+	if e.Value != "" {
+		what += " " + e.Value
+	}
+	return what + ": " + e.Msg + e.Seen(string(e.See))
+}
+
+// Seen is " (NAME VALUE)" naming See by name, "" without See.
+func (e *OptionError) Seen(name string) string {
+	if e.See == "" {
+		return ""
+	}
+	return " (" + name + " " + e.SeeValue + ")"
+}
+
+// ParseReasons reads reason names (repeatable, comma separated), refusing a
+// reason quarantine never removes objects for (*OptionError).
 func ParseReasons(vals []string) ([]decode.Reason, error) {
 	var out []decode.Reason
 	for _, v := range vals {
@@ -68,19 +109,19 @@ func ParseReasons(vals []string) ([]decode.Reason, error) {
 					out = append(out, reason)
 				}
 			case reason == decode.ReasonWouldLoseFields || reason == decode.ReasonConversionFailed:
-				return nil, fmt.Errorf("--reason %s: such objects decode (kube-apiserver serves them); quarantine never removes a readable object", r)
+				return nil, &OptionError{Option: OptionReasons, Value: r, Msg: "such objects decode (kube-apiserver serves them); quarantine never removes a readable object"}
 			case reason == decode.ReasonUnknownResource:
-				return nil, fmt.Errorf("--reason %s: such keys are under a resource kube-apiserver reads (its CRD is in etcd but unusable, or the key holds a kind it serves); quarantine does not remove them. Keys no built-in resource or CRD owns are orphaned (--reason %s)", r, decode.ReasonOrphaned)
+				return nil, &OptionError{Option: OptionReasons, Value: r, Msg: "such keys are under a resource kube-apiserver reads (its CRD is in etcd but unusable, or the key holds a kind it serves); quarantine does not remove them. Keys no built-in resource or CRD owns are orphaned", See: OptionReasons, SeeValue: string(decode.ReasonOrphaned)}
 			default:
-				return nil, fmt.Errorf("--reason %s: not a reason quarantine removes objects for (want %s)", r, joinReasons(Removable))
+				return nil, &OptionError{Option: OptionReasons, Value: r, Msg: fmt.Sprintf("not a reason quarantine removes objects for (want %s)", joinReasons(Removable))}
 			}
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("--reason: name at least one of %s", joinReasons(Removable))
+		return nil, &OptionError{Option: OptionReasons, Msg: "name at least one of " + joinReasons(Removable)}
 	}
 	if len(out) > 1 && slices.Contains(out, decode.ReasonOrphaned) {
-		return nil, fmt.Errorf("--reason %s: quarantine orphaned keys in a run of their own (they belong to no --resource)", decode.ReasonOrphaned)
+		return nil, &OptionError{Option: OptionReasons, Value: string(decode.ReasonOrphaned), Msg: "quarantine orphaned keys in a run of their own (they belong to no resource)"}
 	}
 	return out, nil
 }
@@ -186,15 +227,15 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	defer func() { res.Duration = time.Since(start).Round(time.Millisecond).String() }()
 	switch {
 	case len(opts.Reasons) == 0:
-		return res, fmt.Errorf("--reason: name at least one of %s", joinReasons(Removable))
+		return res, &OptionError{Option: OptionReasons, Msg: "name at least one of " + joinReasons(Removable)}
 	case OnlyOrphaned(opts.Reasons) && env.Filter != nil:
-		return res, fmt.Errorf("--reason %s: orphaned keys belong to no resource; leave out --resource (the whole prefix is scanned, only orphaned keys are removed)", decode.ReasonOrphaned)
+		return res, &OptionError{Option: OptionResources, Msg: "orphaned keys belong to no resource; select none (the whole prefix is scanned, only orphaned keys are removed)", Value: ""}
 	case env.Filter == nil && !OnlyOrphaned(opts.Reasons):
-		return res, errors.New("--resource: name the resource(s) to quarantine objects of (quarantine never works on every resource at once)")
+		return res, &OptionError{Option: OptionResources, Msg: "name the resource(s) to quarantine objects of (quarantine never works on every resource at once)"}
 	case env.Config.Revision != 0:
-		return res, fmt.Errorf("quarantine reads and writes the current revision: --revision %d is for the read-only commands", env.Config.Revision)
+		return res, &OptionError{Option: OptionRevision, Value: strconv.FormatInt(env.Config.Revision, 10), Msg: "quarantine reads and writes the current revision; a past revision is for the read-only commands"}
 	case !opts.DryRun && opts.Journal == "":
-		return res, errors.New("--journal: required (the removed values are recorded there, for rollback); or --dry-run")
+		return res, &OptionError{Option: OptionJournal, Msg: "required (the removed values are recorded there, for rollback), unless a dry run"}
 	}
 	writeCtx := opts.WriteContext
 	if writeCtx == nil {
@@ -240,7 +281,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 				// The whole prefix is scanned: the unreadable objects of every
 				// resource are counted, not listed.
 			case !slices.Contains(opts.Reasons, e.Reason):
-				res.keep(e, "its reason is not named (--reason)")
+				res.keep(e, "its reason is not among those named")
 			case e.Orphan == decode.OrphanAggregated:
 				res.keep(e, "an APIService sends its group to an aggregated API server, which may still use it: remove that APIService first if the server is gone for good")
 			case e.Reason == decode.ReasonUndecryptable && env.Encryption.CanRead(d.Resource, e.encryption):

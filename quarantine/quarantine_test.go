@@ -3,6 +3,7 @@ package quarantine_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"kube-etcd-migrate/target"
 	"os"
@@ -117,8 +118,9 @@ func TestParseReasons(t *testing.T) {
 		t.Errorf("got %v, %v", got, err)
 	}
 	for _, bad := range [][]string{nil, {""}, {"would-lose-fields"}, {"not-an-object"}, {"unknown-resource"}, {"everything"}} {
-		if _, err := quarantine.ParseReasons(bad); err == nil || !strings.HasPrefix(err.Error(), "--reason") {
-			t.Errorf("%q: %v, want a --reason error", bad, err)
+		var oe *quarantine.OptionError
+		if _, err := quarantine.ParseReasons(bad); !errors.As(err, &oe) || oe.Option != quarantine.OptionReasons {
+			t.Errorf("%q: %v, want an error about the reasons", bad, err)
 		}
 	}
 }
@@ -142,7 +144,7 @@ func TestDryRunListsOnlyWhatIsNamed(t *testing.T) {
 		t.Errorf("kept (-want +got):\n%s", d)
 	}
 	for _, e := range res.Entries {
-		if e.Status == quarantine.StatusKept && !strings.Contains(e.Note, "refused") && !strings.Contains(e.Note, "--reason") {
+		if e.Status == quarantine.StatusKept && !strings.Contains(e.Note, "refused") && !strings.Contains(e.Note, "not among those named") {
 			t.Errorf("%s kept without a reason: %+v", e.Key, e)
 		}
 	}
@@ -165,15 +167,16 @@ func TestRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		cfg  pipeline.Config
 		opts quarantine.Options
-		want string
+		want quarantine.Option
 	}{
-		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}}, quarantine.Options{Reasons: reasons, Journal: "j"}, "--resource"},
-		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}}, quarantine.Options{Journal: "j"}, "--reason"},
-		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}}, quarantine.Options{Reasons: reasons}, "--journal"},
+		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}}, quarantine.Options{Reasons: reasons, Journal: "j"}, quarantine.OptionResources},
+		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}}, quarantine.Options{Journal: "j"}, quarantine.OptionReasons},
+		{pipeline.Config{Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}}, quarantine.Options{Reasons: reasons}, quarantine.OptionJournal},
 	} {
 		before := k.c.Revision()
 		_, err := quarantine.Run(ctx, k.c.Env(tc.cfg), tc.opts)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
+		var oe *quarantine.OptionError
+		if !errors.As(err, &oe) || oe.Option != tc.want {
 			t.Errorf("%+v: %v, want an error about %s", tc.opts, err, tc.want)
 		}
 		if k.c.Revision() != before {
