@@ -76,6 +76,15 @@ func targetError(err error) error {
 		prefix   *pipeline.PrefixError
 		revision *pipeline.RevisionError
 	)
+	var encConfig *decode.ConfigError
+	if errors.As(err, &encConfig) {
+		// kube-apiserver's flag, the tool's too: its value is the file.
+		flag := "--encryption-provider-config"
+		if encConfig.Path != "" {
+			flag += " " + encConfig.Path
+		}
+		err = &flagNamed{msg: flag + ": " + encConfig.Err.Error(), err: err}
+	}
 	switch {
 	case errors.As(err, &unknown):
 		return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(unknown.Versions, ", "))
@@ -105,3 +114,12 @@ func warnAssumedRelease(c *cli.Context, env *pipeline.Env) {
 		fmt.Fprintf(c.App.ErrWriter, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", release.Linked())
 	}
 }
+
+// flagNamed is a library error given the command line's words.
+type flagNamed struct {
+	msg string
+	err error
+}
+
+func (e *flagNamed) Error() string { return e.msg }
+func (e *flagNamed) Unwrap() error { return e.err }

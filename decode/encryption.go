@@ -90,7 +90,7 @@ func LoadEncryptionWith(ctx context.Context, path string, opts EncryptionOptions
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--encryption-provider-config: %w", err)
+		return nil, &ConfigError{Err: err}
 	}
 	mapped := false
 	if opts.MapKMSEndpoint != nil {
@@ -100,15 +100,15 @@ func LoadEncryptionWith(ctx context.Context, path string, opts EncryptionOptions
 	}
 	obj, gvk, err := configCodecs.UniversalDecoder().Decode(data, nil, nil)
 	if err != nil {
-		return nil, fmt.Errorf("--encryption-provider-config %s: not an EncryptionConfiguration: %s", path, redactConfigError(err))
+		return nil, configError(path, fmt.Errorf("not an EncryptionConfiguration: %s", redactConfigError(err)))
 	}
 	cfg, ok := obj.(*apiserverconfig.EncryptionConfiguration)
 	if !ok {
-		return nil, fmt.Errorf("--encryption-provider-config %s: got %s, want EncryptionConfiguration", path, gvk)
+		return nil, configError(path, fmt.Errorf("got %s, want EncryptionConfiguration", gvk))
 	}
 	if usesKMSv1(cfg) && !utilfeature.DefaultFeatureGate.Enabled(features.KMSv1) {
 		if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.KMSv1): true}); err != nil {
-			return nil, fmt.Errorf("--encryption-provider-config %s: enabling the KMSv1 feature gate for its KMS v1 provider: %w", path, err)
+			return nil, configError(path, fmt.Errorf("enabling the KMSv1 feature gate for its KMS v1 provider: %w", err))
 		}
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -120,7 +120,7 @@ func LoadEncryptionWith(ctx context.Context, path string, opts EncryptionOptions
 	}
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("--encryption-provider-config %s: %s", path, redactConfigError(err))
+		return nil, configError(path, errors.New(redactConfigError(err)))
 	}
 	e.config = cfg
 	e.transformers = encryptionconfig.StaticTransformers(loaded.Transformers)
@@ -137,6 +137,24 @@ var strictConfigCodecs = func() serializer.CodecFactory {
 	return serializer.NewCodecFactory(s, serializer.EnableStrict)
 }()
 
+// ConfigError is an encryption configuration file that cannot be loaded as
+// kube-apiserver would load it.
+type ConfigError struct {
+	Path string // "" when Err names it (a file that cannot be read)
+	Err  error
+}
+
+func (e *ConfigError) Error() string {
+	if e.Path == "" {
+		return "encryption configuration: " + e.Err.Error()
+	}
+	return "encryption configuration " + e.Path + ": " + e.Err.Error()
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func configError(path string, err error) error { return &ConfigError{Path: path, Err: err} }
+
 // mapKMSEndpoints returns data with each KMS provider's endpoint replaced by
 // what mapEndpoint gives, and whether any changed (data is returned as it is
 // when none did). The file is decoded into the apiserver's
@@ -146,11 +164,11 @@ var strictConfigCodecs = func() serializer.CodecFactory {
 func mapKMSEndpoints(path string, data []byte, mapEndpoint func(string) (string, error)) ([]byte, bool, error) {
 	obj, gvk, err := strictConfigCodecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
-		return nil, false, fmt.Errorf("--encryption-provider-config %s: not an EncryptionConfiguration kube-apiserver would load: %s", path, redactConfigError(err))
+		return nil, false, configError(path, fmt.Errorf("not an EncryptionConfiguration kube-apiserver would load: %s", redactConfigError(err)))
 	}
 	cfg, ok := obj.(*apiserverconfigv1.EncryptionConfiguration)
 	if !ok {
-		return nil, false, fmt.Errorf("--encryption-provider-config %s: got %s, want EncryptionConfiguration", path, gvk)
+		return nil, false, configError(path, fmt.Errorf("got %s, want EncryptionConfiguration", gvk))
 	}
 	changed := false
 	for i := range cfg.Resources {
@@ -161,7 +179,7 @@ func mapKMSEndpoints(path string, data []byte, mapEndpoint func(string) (string,
 			}
 			ep, err := mapEndpoint(kms.Endpoint)
 			if err != nil {
-				return nil, false, fmt.Errorf("--encryption-provider-config %s: kms provider %q: %w", path, kms.Name, err)
+				return nil, false, configError(path, fmt.Errorf("kms provider %q: %w", kms.Name, err))
 			}
 			if ep != kms.Endpoint {
 				kms.Endpoint = ep
@@ -174,11 +192,11 @@ func mapKMSEndpoints(path string, data []byte, mapEndpoint func(string) (string,
 	}
 	info, ok := runtime.SerializerInfoForMediaType(configCodecs.SupportedMediaTypes(), runtime.ContentTypeYAML)
 	if !ok {
-		return nil, false, fmt.Errorf("--encryption-provider-config %s: no YAML encoder", path)
+		return nil, false, configError(path, errors.New("no YAML encoder"))
 	}
 	out, err := runtime.Encode(configCodecs.EncoderForVersion(info.Serializer, apiserverconfigv1.SchemeGroupVersion), cfg)
 	if err != nil {
-		return nil, false, fmt.Errorf("--encryption-provider-config %s: encoding it with the mapped KMS endpoints: %w", path, err)
+		return nil, false, configError(path, fmt.Errorf("encoding it with the mapped KMS endpoints: %w", err))
 	}
 	return out, true, nil
 }
