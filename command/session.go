@@ -19,6 +19,7 @@ import (
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
+	"kube-etcd-migrate/snapshotout"
 )
 
 // session is what every command opens: etcd (or a snapshot file's private
@@ -26,7 +27,8 @@ import (
 type session struct {
 	cli      *clientv3.Client
 	snap     *snapshotfile.Snapshot // a --snapshot-file restored (commands that write)
-	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands)
+	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands, migrate)
+	out      *snapshotout.Writer    // migrate's --output-snapshot, written from file
 	env      *pipeline.Env
 	enc      *decode.Encryption // loaded before Setup (to read kubeadm-config), handed to it
 	stopProf func()
@@ -44,6 +46,9 @@ func (s *session) close() {
 	}
 	if s.snap != nil {
 		s.snap.Close()
+	}
+	if s.out != nil {
+		s.out.Close()
 	}
 	if s.file != nil {
 		s.file.Close()

@@ -89,7 +89,7 @@ func TestSnapshotFileCLI(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("migrate --snapshot-file: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"no kube-apiserver can reach this etcd: a private copy of " + snap, "wrote " + out, "verified " + out + ", restored afresh", "verify would exit 0"} {
+	for _, want := range []string{"no kube-apiserver can reach " + snap + ": a snapshot file, read in place and never modified", "wrote " + out, "verified " + out + ", read afresh", "verify would exit 0"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("migrate output lacks %q:\n%s", want, stdout)
 		}

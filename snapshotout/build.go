@@ -219,6 +219,10 @@ func (b *builder) build(path string) (err error) {
 	if err := b.copyKeys(); err != nil {
 		return err
 	}
+	// The records copied point into the input's mapping until committed.
+	if err := b.commit(); err != nil {
+		return err
+	}
 	b.closeIn()
 	if err := b.appendWrites(); err != nil {
 		return err
@@ -281,20 +285,28 @@ func (b *builder) put(ob *bolt.Bucket, k, v []byte, inBacked bool) (bool, error)
 	if err := b.ctx.Err(); err != nil {
 		return false, err
 	}
-	b.n = 0
-	if err := b.outTx.Commit(); err != nil {
-		b.outTx = nil
-		return false, b.outErr(err)
-	}
-	var err error
-	if b.outTx, err = b.out.Begin(true); err != nil {
-		return false, b.outErr(err)
+	if err := b.commit(); err != nil {
+		return false, err
 	}
 	if !inBacked || b.in == nil {
 		return true, nil
 	}
 	b.closeIn()
 	return true, b.openIn()
+}
+
+// commit commits the output's transaction and begins the next.
+func (b *builder) commit() error {
+	b.n = 0
+	err := b.outTx.Commit()
+	b.outTx = nil
+	if err != nil {
+		return b.outErr(err)
+	}
+	if b.outTx, err = b.out.Begin(true); err != nil {
+		return b.outErr(err)
+	}
+	return nil
 }
 
 // copyBucket copies the input's bucket name whole, or, with keep, the
