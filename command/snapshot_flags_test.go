@@ -236,14 +236,16 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 }
 
 // TestSnapshotFileSignals: SIGINT while a snapshot file is being restored or
-// read by a command that restores it (migrate) removes the private copy; so
-// does a second signal that exits at once.
+// read by a command that restores it (quarantine into --output-snapshot;
+// migrate reads it in place) removes the private copy; so does a second
+// signal that exits at once.
 func TestSnapshotFileSignals(t *testing.T) {
 	_, res, snap := seededSnapshot(t)
 	bin := toolBinary(t)
 	for _, signals := range []int{1, 2} {
-		tmp := t.TempDir()
-		cmd := exec.Command(bin, "migrate", "--dry-run", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig)
+		tmp, outDir := t.TempDir(), t.TempDir()
+		cmd := exec.Command(bin, "quarantine", "--snapshot-file", snap, "--output-snapshot", filepath.Join(outDir, "q.db"), "--journal", filepath.Join(outDir, "journal"),
+			"--encryption-provider-config", res.NewConfig, "--reason", "undecryptable", "--resource", "secrets")
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
