@@ -233,6 +233,12 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 	if code != exitError || !strings.Contains(stderr, existing) || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("verify of a non-snapshot: exit %d, stderr %q", code, stderr)
 	}
+	// So is a migrate of it, which writes no output.
+	o := filepath.Join(dir, "never.db")
+	code, _, stderr = runCLI(t, "migrate", "--snapshot-file", existing, "--output-snapshot", o)
+	if _, err := os.Stat(o); code != exitError || !strings.Contains(stderr, existing) || strings.Count(stderr, "\n") != 1 || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("migrate of a non-snapshot: exit %d, stderr %q, output %v", code, stderr, err)
+	}
 }
 
 // TestSnapshotFileSignals: SIGINT while a snapshot file is being restored or
