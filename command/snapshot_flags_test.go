@@ -101,6 +101,10 @@ func TestSnapshotFileCLI(t *testing.T) {
 	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("output %v %v, want mode 0600", fi, err)
 	}
+	// --journal given: every rewrite journaled, with OUT's revisions.
+	if b, err := os.ReadFile(journal); err != nil || bytes.Count(b, []byte(`"op":"done"`)) < 49 {
+		t.Errorf("journal %s: %v, %d done record(s); want one per rewrite", journal, err, bytes.Count(b, []byte(`"op":"done"`)))
+	}
 	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", out, "--encryption-provider-config", res.NewConfig); code != exitOK {
 		t.Errorf("verify of the output: exit %d (%s)", code, stderr)
 	}

@@ -235,6 +235,15 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 				return finish(sum, t, start), fmt.Errorf("%w (nothing was written)", err)
 			}
 		}
+		if opts.Journal != "" {
+			// --journal given: its mod revisions are the output's.
+			sum.Journal = opts.Journal
+			journal, err = OpenJournal(opts.Journal)
+			if err != nil {
+				return finish(sum, t, start), err
+			}
+			defer journal.Close()
+		}
 	} else if !opts.DryRun {
 		checks, space, err := preflight(ctx, env, opts)
 		sum.Preflight = checks

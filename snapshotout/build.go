@@ -271,10 +271,10 @@ func (b *builder) keyBucket() (*bolt.Bucket, error) {
 	return ob, nil
 }
 
-// put puts one record; past chunkBytes the output's transaction is
-// committed, and the input's mapping dropped (reopened): then it returns
-// true, and the caller seeks its cursor again.
-func (b *builder) put(ob *bolt.Bucket, k, v []byte, inBacked bool) (bool, error) {
+// put puts one record, and says whether chunkBytes were put since the
+// last commit: then the caller commits (and drops the input's mapping,
+// after copying what it needs of it).
+func (b *builder) put(ob *bolt.Bucket, k, v []byte) (bool, error) {
 	if err := ob.Put(k, v); err != nil {
 		return false, b.outErr(err)
 	}
@@ -282,17 +282,7 @@ func (b *builder) put(ob *bolt.Bucket, k, v []byte, inBacked bool) (bool, error)
 	if b.n < chunkBytes {
 		return false, nil
 	}
-	if err := b.ctx.Err(); err != nil {
-		return false, err
-	}
-	if err := b.commit(); err != nil {
-		return false, err
-	}
-	if !inBacked || b.in == nil {
-		return true, nil
-	}
-	b.closeIn()
-	return true, b.openIn()
+	return true, b.ctx.Err()
 }
 
 // commit commits the output's transaction and begins the next.
@@ -334,12 +324,20 @@ func (b *builder) copyBucket(name []byte, keep func(k, v []byte) (bool, error)) 
 				continue
 			}
 		}
-		again, err := b.put(ob, k, v, true)
+		full, err := b.put(ob, k, v)
 		if err != nil {
 			return err
 		}
-		if again {
+		if full {
+			// k and v are in the input's mapping: dropped after the commit.
 			last := bytes.Clone(k)
+			if err := b.commit(); err != nil {
+				return err
+			}
+			b.closeIn()
+			if err := b.openIn(); err != nil {
+				return err
+			}
 			if ib = b.inTx.Bucket(name); ib == nil {
 				return b.inErr("changed while it was being read: no bucket %q", name)
 			}
@@ -432,11 +430,14 @@ func (b *builder) appendWrites() error {
 		b.res.Keys++
 		// bbolt keeps the slices until the commit: the reader's buffer is reused.
 		k := mvcc.RevToBytes(mvcc.Revision{Main: rev}, mvcc.NewRevBytes())
-		again, err := b.put(ob, k, bytes.Clone(rec), false)
+		full, err := b.put(ob, k, bytes.Clone(rec))
 		if err != nil {
 			return err
 		}
-		if again {
+		if full {
+			if err := b.commit(); err != nil {
+				return err
+			}
 			if ob, err = b.keyBucket(); err != nil {
 				return err
 			}

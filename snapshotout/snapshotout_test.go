@@ -84,6 +84,15 @@ func getAll(t *testing.T, cli *clientv3.Client) (map[string]etcdscan.KV, int64) 
 // with its keys. The input is not modified, and nothing is left beside the
 // output.
 func TestOutputRestores(t *testing.T) {
+	for _, chunk := range []int{64, 8 << 20} {
+		t.Run(fmt.Sprintf("commit every %d bytes", chunk), func(t *testing.T) {
+			defer snapshotout.SetChunkBytes(chunk)()
+			testOutputRestores(t)
+		})
+	}
+}
+
+func testOutputRestores(t *testing.T) {
 	ctx := context.Background()
 	src := testetcd.StartT(t, testetcd.Options{})
 	cli, err := src.Client()
