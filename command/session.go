@@ -243,6 +243,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				continue
 			}
 			snapshotfile.RemoveTempDirs()
+			snapshotout.RemoveTempFiles()
 			decode.RemoveTempDirs()
 			os.Exit(exitSignal)
 		}

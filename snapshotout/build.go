@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -65,7 +66,11 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 	}
 	tmpPath := tmp.Name()
 	tmp.Close()
-	defer os.Remove(tmpPath) // after Publish, a name no longer there
+	building(tmpPath, true)
+	defer func() {
+		os.Remove(tmpPath) // after Publish, a name no longer there
+		building(tmpPath, false)
+	}()
 	b := &builder{w: w, ctx: ctx, res: Result{Path: w.out, Revision: w.next, Rewritten: w.rewritten}}
 	if err := b.build(tmpPath); err != nil {
 		return res, err
@@ -82,6 +87,33 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 		return res, fmt.Errorf("--output-snapshot %s: %w", w.out, err)
 	}
 	return b.res, nil
+}
+
+// The outputs being built, for RemoveTempFiles.
+var (
+	buildMu sync.Mutex
+	builds  = map[string]bool{}
+)
+
+func building(path string, on bool) {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if on {
+		builds[path] = true
+	} else {
+		delete(builds, path)
+	}
+}
+
+// RemoveTempFiles removes the outputs being built. It is for a process about
+// to exit without running its deferred calls (a second SIGINT); the values'
+// temporary files were unlinked when created.
+func RemoveTempFiles() {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	for p := range builds {
+		os.Remove(p)
+	}
 }
 
 // builder is one build of the output.
