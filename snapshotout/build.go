@@ -314,7 +314,10 @@ func (b *builder) put(ob *bolt.Bucket, k, v []byte) (bool, error) {
 	if b.n < chunkBytes {
 		return false, nil
 	}
-	return true, b.ctx.Err()
+	if err := b.ctx.Err(); err != nil {
+		return false, b.outErr(fmt.Errorf("not written: %w", err))
+	}
+	return true, nil
 }
 
 // commit commits the output's transaction and begins the next.

@@ -94,12 +94,10 @@ func pack(main, sub int64) (uint64, bool) {
 // process).
 func New(ctx context.Context, in *snapshotdb.File, out string, opts Options) (*Writer, error) {
 	w := &Writer{in: in, out: out, opts: opts, inRev: in.Info.Revision, next: in.Info.Revision, tracked: map[string]etcdscan.KV{}, superseded: map[int64]bool{}}
-	var bad error
 	err := in.EachRevision(ctx, func(main, sub int64) error {
 		p, ok := pack(main, sub)
-		if !ok && bad == nil {
-			bad = fmt.Errorf("snapshot file %s: revision %d_%d is beyond what an output snapshot is written for", in.Info.Path, main, sub)
-			return bad
+		if !ok {
+			return fmt.Errorf("snapshot file %s: revision %d_%d is beyond what an output snapshot is written for", in.Info.Path, main, sub)
 		}
 		w.live = append(w.live, p)
 		return nil
