@@ -56,9 +56,9 @@ const (
 //   - verify --snapshot-file (the sha256 and bbolt checks, then the file read in
 //     place: the scan's passes, decode and decisions, all within its wall
 //     time);
-//   - migrate --snapshot-file --output-snapshot (restore into a private etcd,
-//     the rewrites, compaction, defragmentation, the new file saved, restored
-//     afresh and verified);
+//   - migrate --snapshot-file --output-snapshot (the file read in place, the
+//     rewrites kept beside the output, the new file built from the input's
+//     live records and them, then read afresh and verified);
 //   - and, on the live etcd the file was saved from (the same data), the scan
 //     ceiling, verify and, last (it changes the keyspace), migrate.
 //

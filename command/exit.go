@@ -39,7 +39,7 @@ var (
 var exitCodes = []exitCodeRow{
 	{exitOK, []string{"inventory", "inspect", "version", "completion"}, "success"},
 	{exitOK, []string{"verify"}, "every object current (several --snapshot-file: every object of every file)"},
-	{exitOK, []string{"migrate"}, "done: every stale object rewritten (--dry-run: what would be rewritten, nothing unreadable); with --output-snapshot, OUT written, restored afresh and verified current"},
+	{exitOK, []string{"migrate"}, "done: every stale object rewritten (--dry-run: what would be rewritten, nothing unreadable); with --output-snapshot, OUT written, read afresh and verified current"},
 	{exitOK, []string{"plan"}, "migrate would proceed: no blocker, nothing unreadable (what it would rewrite is listed, with an estimate of its time)"},
 	{exitOK, []string{"runs"}, "the runs of the state directory listed (none is no error)"},
 	{exitOK, []string{"rollback"}, "every journaled key of the runs (--run) or journal (--journal) restored, newest write first (keys changed since are skipped and listed; --dry-run: what would be, nothing written)"},

@@ -4,15 +4,18 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/metrics"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/storagemigration"
 )
 
@@ -72,6 +75,9 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if c.Bool("encryption-only") && (c.Bool("requested") || c.Bool("record")) {
 		return usageErr("--encryption-only leaves storage versions as they are; --requested and --record are storage version migrations")
 	}
+	if c.Bool("record") && s.file != nil && !c.Bool("dry-run") {
+		return usageErr("--record: a --snapshot-file's --output-snapshot holds the objects migrated, not new StorageVersionMigration records; migrate the restored cluster's etcd to record them")
+	}
 	if c.Bool("requested") {
 		if err := checkRequested(c, s); err != nil {
 			return err
@@ -99,6 +105,12 @@ func cmdMigrate(c *cli.Context) (err error) {
 	defer cancelWrites()
 	opts := migrateOptions(c, writeCtx, u, window)
 	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
+	if s.file != nil && !opts.DryRun {
+		if err := openOutput(ctx, c, s, &opts); err != nil {
+			prog.Finish()
+			return err
+		}
+	}
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
 	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, opts)
@@ -271,4 +283,23 @@ func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum
 		return recs, fmt.Errorf("--record: %w", err)
 	}
 	return recs, nil
+}
+
+// openOutput prepares the writer of --output-snapshot for a run on a
+// snapshot file read in place: the run writes there (opts.Output). The
+// CRDs' writes are kept to be read back: the storedVersions trim reads a CRD
+// the run may have rewritten.
+func openOutput(ctx context.Context, c *cli.Context, s *session, opts *migrate.Options) error {
+	crds, err := s.env.Resolver.KeyPrefix(decode.CRDGroupResource, "")
+	if err != nil {
+		return err
+	}
+	out := c.String("output-snapshot")
+	w, err := snapshotout.New(ctx, s.file, out, snapshotout.Options{Track: func(key string) bool { return strings.HasPrefix(key, crds) }})
+	if err != nil {
+		return err
+	}
+	s.out = w
+	opts.Output, opts.OutputFile = w, out
+	return nil
 }

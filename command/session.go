@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
+	"kube-etcd-migrate/snapshotout"
 )
 
 // session is what every command opens: etcd (or a snapshot file's private
@@ -23,7 +24,8 @@ import (
 type session struct {
 	cli      *clientv3.Client
 	snap     *snapshotfile.Snapshot // a --snapshot-file restored (commands that write)
-	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands)
+	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands, migrate)
+	out      *snapshotout.Writer    // migrate's --output-snapshot, written from file
 	env      *pipeline.Env
 	stopProf func()
 }
@@ -37,6 +39,9 @@ func (s *session) close() {
 	}
 	if s.snap != nil {
 		s.snap.Close()
+	}
+	if s.out != nil {
+		s.out.Close()
 	}
 	if s.file != nil {
 		s.file.Close()
@@ -190,6 +195,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				continue
 			}
 			snapshotfile.RemoveTempDirs()
+			snapshotout.RemoveTempFiles()
 			decode.RemoveTempDirs()
 			os.Exit(exitSignal)
 		}

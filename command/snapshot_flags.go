@@ -21,7 +21,7 @@ import (
 // command but rollback).
 func snapshotFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: inventory, inspect, verify and quarantine --dry-run read it in place, the commands that write restore a copy with etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled (restored copies only: read in place, a file has no auth, and a warning says they are ignored)"},
+		&cli.StringFlag{Name: "snapshot-file", Usage: "read this etcd snapshot (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check) instead of a live etcd; the file is never modified: inventory, inspect, verify, migrate and quarantine --dry-run read it in place (migrate writes its --output-snapshot directly, in flat memory), quarantine restores a copy with etcd's own code into a private etcd under $TMPDIR (unix socket only), removed on exit. The etcd connection flags are ignored, but --user/--password if the snapshot has etcd auth enabled (quarantine's restored copy only: read in place, a file has no auth, and a warning says they are ignored)"},
 		&cli.BoolFlag{Name: "skip-hash-check", Usage: "read a --snapshot-file without etcd's sha256 trailer (a member's member/snap/db) or whose trailer does not match, as etcdutl's --skip-hash-check"},
 	}
 }
@@ -75,11 +75,12 @@ func snapshotOptions(c *cli.Context, path string) snapshotfile.Options {
 }
 
 // readsInPlace says whether the running command reads a --snapshot-file in
-// place (snapshotdb: the read-only commands) rather than restoring it into a
-// private etcd (snapshotfile: the commands that write, through etcd).
+// place (snapshotdb: the read-only commands, and migrate, which writes its
+// --output-snapshot with snapshotout) rather than restoring it into a
+// private etcd (snapshotfile: quarantine, which writes through etcd).
 func readsInPlace(c *cli.Context) bool {
 	switch c.Command.Name {
-	case "inventory", "inspect", "verify":
+	case "inventory", "inspect", "verify", "migrate":
 		return true
 	case "quarantine":
 		return c.Bool("dry-run")
@@ -120,7 +121,7 @@ func authIgnored(c *cli.Context, path string) string {
 	if len(set) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%s ignored: %s is read in place, and a snapshot file has no etcd auth to check them (whoever can read the file can read every key in it; migrate and quarantine, which restore a copy, use them)",
+	return fmt.Sprintf("%s ignored: %s is read in place, and a snapshot file has no etcd auth to check them (whoever can read the file can read every key in it; quarantine, which restores a copy, uses them)",
 		strings.Join(set, " and "), path)
 }
 
@@ -179,17 +180,55 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 		return nil, fmt.Errorf("--output-snapshot %s: verify: %w", out, err)
 	}
 	defer env.Close()
+	return verifyOutput(ctx, env, out, cfg.Resources, "restored afresh", w)
+}
+
+// buildAndVerify builds --output-snapshot from the input read in place and
+// the run's writes (snapshotout), then opens that file afresh, read in place
+// as a restore after a disaster would read it, and verifies it with the same
+// configuration. It prints the verdict and returns it.
+func buildAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer) (*verify.Report, error) {
+	out := c.String("output-snapshot")
+	res, err := s.out.Finish(ctx, c.Bool("force"))
+	s.out = nil
+	if err != nil {
+		return nil, err
+	}
+	// The input's indexes have done their work: dropped before OUT's are built.
+	_ = s.file.Close()
+	f, err := snapshotdb.Open(out, snapshotdb.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
+	}
+	defer f.Close()
+	if f.Info.Revision != res.Revision {
+		return nil, fmt.Errorf("--output-snapshot %s: written at revision %d, but reads at revision %d", out, res.Revision, f.Info.Revision)
+	}
+	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, textfmt.Bytes(res.Size), res.Revision, f.Info.Leases, res.LeasedKeys)
+	cfg := s.env.Config
+	cfg.SnapshotFile, cfg.Revision = out, 0
+	cfg.Target = s.env.Target.Input()
+	env, err := pipeline.SetupSource(ctx, f, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--output-snapshot %s: verify: %w", out, err)
+	}
+	defer env.Close()
+	return verifyOutput(ctx, env, out, cfg.Resources, "read afresh", w)
+}
+
+// verifyOutput verifies OUT and prints the verdict line.
+func verifyOutput(ctx context.Context, env *pipeline.Env, out string, resources []string, how string, w io.Writer) (*verify.Report, error) {
 	rep, err := verify.Run(ctx, env, verify.Options{ShowKeys: -1})
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
 	sum := rep.Summary
 	what := ""
-	if len(cfg.Resources) > 0 {
-		what = " (" + strings.Join(cfg.Resources, ", ") + ")"
+	if len(resources) > 0 {
+		what = " (" + strings.Join(resources, ", ") + ")"
 	}
-	fmt.Fprintf(w, "verified %s%s, restored afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
-		out, what, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
+	fmt.Fprintf(w, "verified %s%s, %s: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
+		out, what, how, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
 	return rep, nil
 }
 
@@ -197,14 +236,18 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 // snapshot file that wrote all it had to; the verdict goes to stdout (stderr
 // with -o json), and the exit is OUT's verification's (outputVerdict).
 func writeOutputSnapshot(ctx context.Context, c *cli.Context, s *session) error {
-	if s.snap == nil || c.Bool("dry-run") {
+	if (s.snap == nil && s.out == nil) || c.Bool("dry-run") {
 		return nil
 	}
 	w := c.App.Writer
 	if c.String("output") == "json" {
 		w = c.App.ErrWriter
 	}
-	rep, err := saveAndVerify(ctx, c, s, w)
+	build := saveAndVerify
+	if s.out != nil {
+		build = buildAndVerify
+	}
+	rep, err := build(ctx, c, s, w)
 	if err != nil {
 		return err
 	}
@@ -226,7 +269,7 @@ func outputVerdict(out string, rep *verify.Report) error {
 
 // noOutput adds to the error of a run on a snapshot file that no output was written.
 func noOutput(s *session, err error) error {
-	if s.snap == nil || err == nil {
+	if (s.snap == nil && s.out == nil) || err == nil {
 		return err
 	}
 	var ce *codeError

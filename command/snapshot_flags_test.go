@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -12,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/seed"
@@ -89,13 +93,17 @@ func TestSnapshotFileCLI(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("migrate --snapshot-file: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"no kube-apiserver can reach this etcd: a private copy of " + snap, "wrote " + out, "verified " + out + ", restored afresh", "verify would exit 0"} {
+	for _, want := range []string{"no kube-apiserver can reach " + snap + ": a snapshot file, read in place and never modified", "wrote " + out, "verified " + out + ", read afresh", "verify would exit 0"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("migrate output lacks %q:\n%s", want, stdout)
 		}
 	}
 	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("output %v %v, want mode 0600", fi, err)
+	}
+	// --journal given: every rewrite journaled, with OUT's revisions.
+	if b, err := os.ReadFile(journal); err != nil || bytes.Count(b, []byte(`"op":"done"`)) < 49 {
+		t.Errorf("journal %s: %v, %d done record(s); want one per rewrite", journal, err, bytes.Count(b, []byte(`"op":"done"`)))
 	}
 	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", out, "--encryption-provider-config", res.NewConfig); code != exitOK {
 		t.Errorf("verify of the output: exit %d (%s)", code, stderr)
@@ -112,17 +120,13 @@ func TestSnapshotFileCLI(t *testing.T) {
 	}
 }
 
-// TestQuarantineSnapshotFileCLI: key1 is lost; quarantine of a backup's
-// secrets under it writes a copy whose every object reads with key2 alone, and
-// a journal that rollback can replay.
-func TestQuarantineSnapshotFileCLI(t *testing.T) {
-	srv, res, snap := seededSnapshot(t)
-	before := sum256(t, snap)
-	newCfg, err := os.ReadFile(res.NewConfig)
+// withoutKey1 writes the rotated configuration without key1's two lines.
+func withoutKey1(t *testing.T, newConfig string) string {
+	t.Helper()
+	newCfg, err := os.ReadFile(newConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The rotated configuration without key1's two lines.
 	var kept []string
 	lines := strings.Split(string(newCfg), "\n")
 	for i := 0; i < len(lines); i++ {
@@ -136,6 +140,94 @@ func TestQuarantineSnapshotFileCLI(t *testing.T) {
 	if err := os.WriteFile(key2Only, []byte(strings.Join(kept, "\n")), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return key2Only
+}
+
+// TestSnapshotOutputRestores: migrate's --output-snapshot, restored with
+// etcdutl's restore code and served by etcd, holds every key of the input:
+// the keys the run did not write byte for byte with their revisions,
+// version and lease; the rewritten ones (as many as the run says) with
+// their create revision and lease, version one more, at revisions above
+// the input's; every object readable with key2 alone, none in the input.
+func TestSnapshotOutputRestores(t *testing.T) {
+	srv, res, snap := seededSnapshot(t)
+	ctx := context.Background()
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	all := func(cli *clientv3.Client) (map[string]*mvccpb.KeyValue, int64) {
+		resp, err := cli.Get(ctx, "\x00", clientv3.WithFromKey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]*mvccpb.KeyValue{}
+		for _, kv := range resp.Kvs {
+			m[string(kv.Key)] = kv
+		}
+		return m, resp.Header.Revision
+	}
+	in, inRev := all(cli)
+	key2Only := withoutKey1(t, res.NewConfig)
+	out := filepath.Join(t.TempDir(), "out.db")
+	code, stdout, stderr := runCLI(t, "migrate", "--snapshot-file", snap, "--output-snapshot", out, "--encryption-provider-config", res.NewConfig, "--target-version", "1.37", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var sum struct{ Summary struct{ Rewritten int } }
+	if err := json.Unmarshal([]byte(stdout), &sum); err != nil || sum.Summary.Rewritten == 0 {
+		t.Fatalf("migrate -o json: %v, %d rewritten\n%s", err, sum.Summary.Rewritten, stdout)
+	}
+	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", out, "--encryption-provider-config", key2Only); code != exitOK {
+		t.Errorf("verify of the output with key2 alone: exit %d (%s)", code, stderr)
+	}
+	if code, _, _ := runCLI(t, "verify", "--snapshot-file", snap, "--encryption-provider-config", key2Only); code != exitUnreadable {
+		t.Errorf("verify of the input with key2 alone: exit %d, want 4", code)
+	}
+	dst := testetcd.StartT(t, testetcd.Options{RestoreFrom: out})
+	dcli, err := dst.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dcli.Close()
+	got, rev := all(dcli)
+	if len(got) != len(in) {
+		t.Errorf("restored %d keys; want %d", len(got), len(in))
+	}
+	rewritten := 0
+	for k, w := range in {
+		g := got[k]
+		switch {
+		case g == nil:
+			t.Errorf("%s: missing from the output", k)
+		case bytes.Equal(g.Value, w.Value):
+			if g.ModRevision != w.ModRevision || g.CreateRevision != w.CreateRevision || g.Version != w.Version || g.Lease != w.Lease {
+				t.Errorf("%s unchanged: mod %d create %d version %d lease %x; want %d %d %d %x", k, g.ModRevision, g.CreateRevision, g.Version, g.Lease, w.ModRevision, w.CreateRevision, w.Version, w.Lease)
+			}
+		default:
+			rewritten++
+			if g.ModRevision <= inRev || g.CreateRevision != w.CreateRevision || g.Version != w.Version+1 || g.Lease != w.Lease {
+				t.Errorf("%s rewritten: mod %d create %d version %d lease %x; want above %d, %d, %d, %x", k, g.ModRevision, g.CreateRevision, g.Version, g.Lease, inRev, w.CreateRevision, w.Version+1, w.Lease)
+			}
+		}
+	}
+	// The CRD whose storedVersions the run trimmed is one more write.
+	if rewritten < sum.Summary.Rewritten || rewritten > sum.Summary.Rewritten+1 {
+		t.Errorf("%d keys differ from the input, the run rewrote %d", rewritten, sum.Summary.Rewritten)
+	}
+	if rev != inRev+int64(rewritten) {
+		t.Errorf("restored at revision %d, want %d: one revision per key written", rev, inRev+int64(rewritten))
+	}
+}
+
+// TestQuarantineSnapshotFileCLI: key1 is lost; quarantine of a backup's
+// secrets under it writes a copy whose every object reads with key2 alone, and
+// a journal that rollback can replay.
+func TestQuarantineSnapshotFileCLI(t *testing.T) {
+	srv, res, snap := seededSnapshot(t)
+	before := sum256(t, snap)
+	key2Only := withoutKey1(t, res.NewConfig)
 	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", snap, "--encryption-provider-config", key2Only); code != exitUnreadable {
 		t.Fatalf("verify with key1 lost: exit %d, want 4 (%s)", code, stderr)
 	}
@@ -233,17 +325,25 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 	if code != exitError || !strings.Contains(stderr, existing) || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("verify of a non-snapshot: exit %d, stderr %q", code, stderr)
 	}
+	// So is a migrate of it, which writes no output.
+	o := filepath.Join(dir, "never.db")
+	code, _, stderr = runCLI(t, "migrate", "--snapshot-file", existing, "--output-snapshot", o)
+	if _, err := os.Stat(o); code != exitError || !strings.Contains(stderr, existing) || strings.Count(stderr, "\n") != 1 || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("migrate of a non-snapshot: exit %d, stderr %q, output %v", code, stderr, err)
+	}
 }
 
 // TestSnapshotFileSignals: SIGINT while a snapshot file is being restored or
-// read by a command that restores it (migrate) removes the private copy; so
-// does a second signal that exits at once.
+// read by a command that restores it (quarantine into --output-snapshot;
+// migrate reads it in place) removes the private copy; so does a second
+// signal that exits at once.
 func TestSnapshotFileSignals(t *testing.T) {
 	_, res, snap := seededSnapshot(t)
 	bin := toolBinary(t)
 	for _, signals := range []int{1, 2} {
-		tmp := t.TempDir()
-		cmd := exec.Command(bin, "migrate", "--dry-run", "--snapshot-file", snap, "--encryption-provider-config", res.NewConfig)
+		tmp, outDir := t.TempDir(), t.TempDir()
+		cmd := exec.Command(bin, "quarantine", "--snapshot-file", snap, "--output-snapshot", filepath.Join(outDir, "q.db"), "--journal", filepath.Join(outDir, "journal"),
+			"--encryption-provider-config", res.NewConfig, "--reason", "undecryptable", "--resource", "secrets")
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr

@@ -24,7 +24,7 @@ import (
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/snapshotfile"
+	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/verify"
 )
 
@@ -94,25 +94,30 @@ func TestSnapshotReencryption(t *testing.T) {
 		t.Fatalf("gate on the key1 backup with key2 only: exit %d, %d unreadable; want 4 and every secret and configmap", rep.ExitCode(), rep.Summary.Unreadable)
 	}
 
-	// Re-encrypt a copy, as `migrate --snapshot-file IN --output-snapshot OUT` does.
+	// Re-encrypt a copy, as `migrate --snapshot-file IN --output-snapshot OUT`
+	// does: the backup read in place, the copy written by snapshotout.
 	rotated := filepath.Join(t.TempDir(), "backup-key2.db")
-	snap, err := snapshotfile.Open(ctx, backup, snapshotfile.Options{})
+	in, err := snapshotdb.Open(backup, snapshotdb.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := pipeline.Setup(ctx, snap.Client, pipeline.Config{Target: target.Input{EncryptionConfig: c.writeEncryptionConfig("key2-key1.yaml", res, aescbcProvider("key2", 2), aescbcProvider("key1", 1))}, SnapshotFile: backup})
+	defer in.Close()
+	env, err := pipeline.SetupSource(ctx, in, pipeline.Config{Target: target.Input{EncryptionConfig: c.writeEncryptionConfig("key2-key1.yaml", res, aescbcProvider("key2", 2), aescbcProvider("key1", 1))}, SnapshotFile: backup})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, err := migrate.Run(ctx, env, migrate.Options{PrivateEtcd: backup, QuotaBackendBytes: migrate.DefaultQuotaBackendBytes})
+	out, err := snapshotout.New(ctx, in, rotated, snapshotout.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := migrate.Run(ctx, env, migrate.Options{Output: out, OutputFile: rotated})
 	env.Close()
 	if err != nil || sum.Summary.Rewritten < 2*encObjects || sum.Summary.Unreadable != 0 || sum.Summary.Failed != 0 {
 		t.Fatalf("migrate of the backup: %v, summary %+v", err, sum.Summary)
 	}
-	if err := snap.Save(ctx, rotated, false); err != nil {
+	if _, err := out.Finish(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	snap.Close()
 	if rep := verifySnapshotFile(t, rotated, key2Only); rep.ExitCode() != verify.ExitCurrent {
 		t.Fatalf("gate on the re-encrypted copy with key2 only: exit %d, summary %+v", rep.ExitCode(), rep.Summary)
 	}

@@ -42,6 +42,11 @@ type Put struct {
 	// Lease is the lease a creation (ModRevision 0) is attached to; 0: none.
 	// An existing key always keeps its own lease.
 	Lease int64
+	// Read is the key as it was read (never its value): etcd's writer
+	// ignores it; an output snapshot's writer gives the new record its
+	// create revision, lease and next version, as etcd's update does, and
+	// tells apart keys of one transaction by its sub-revision.
+	Read KVMeta
 }
 
 func (p Put) verb() string {

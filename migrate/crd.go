@@ -66,7 +66,7 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // answer; with nothing pending that answer was "current", so the re-check
 // decodes only the keys written since: the run's own writes and any other
 // writer's.
-func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, w *etcdscan.Writer, j *Journal) ([]CRDResult, error) {
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, w Store, j *Journal) ([]CRDResult, error) {
 	var out []CRDResult
 	for _, crd := range env.CRDs {
 		if !inScope(env, crd) {
@@ -125,7 +125,7 @@ func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipel
 	}
 	want := schema.GroupVersion{Group: crd.Resource.Group, Version: crd.StorageVersion}.String()
 	var n int64
-	_, err = etcdscan.Scan(ctx, env.Client, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: env.Config.PageSize}, func(page []etcdscan.KV) error {
+	_, err = env.Source.Scan(ctx, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: env.Config.PageSize}, func(page []etcdscan.KV) error {
 		for _, kv := range page {
 			if kv.ModRevision <= since {
 				continue
@@ -145,16 +145,15 @@ func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipel
 
 // trimOne rewrites the CRD object with status.storedVersions = [storage version],
 // encoded as the apiextensions-apiserver stores CRDs.
-func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w *etcdscan.Writer, j *Journal) error {
-	resp, err := env.Client.Get(ctx, crd.Key)
+func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w Store, j *Journal) error {
+	kv, found, err := w.Get(ctx, crd.Key)
 	if err != nil {
 		return fmt.Errorf("%s: %w", crd.Key, err)
 	}
-	if len(resp.Kvs) != 1 {
+	if !found {
 		return fmt.Errorf("%s: CRD was deleted", crd.Key)
 	}
-	kv := resp.Kvs[0]
-	obj, err := env.Decoder.Decode(ctx, etcdscan.KV{Key: crd.Key, Value: kv.Value, ModRevision: kv.ModRevision, Lease: kv.Lease})
+	obj, err := env.Decoder.Decode(ctx, kv)
 	if err != nil {
 		return err
 	}
@@ -175,7 +174,7 @@ func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w *etcds
 	if err != nil {
 		return fmt.Errorf("%s: encrypt: %w", crd.Key, err)
 	}
-	put := etcdscan.Put{Key: crd.Key, Value: value, ModRevision: kv.ModRevision}
+	put := etcdscan.Put{Key: crd.Key, Value: value, ModRevision: kv.ModRevision, Read: kv.Meta()}
 	if j != nil {
 		if err := j.Intents([]etcdscan.Put{put}, [][]byte{kv.Value}); err != nil {
 			return err

@@ -65,6 +65,14 @@ type Options struct {
 	// decides the trim (storagemigration does, with the upstream controller's
 	// generation check).
 	KeepStoredVersions bool
+	// Output, when set, is where the run writes instead of env.Client: an
+	// output snapshot's writer, for a snapshot file read in place
+	// (env.Source), named by OutputFile. Nothing else writes there and the
+	// input is never modified (it is the undo): the preflight of a live etcd
+	// (alarms, liveness, quota, the space guard) and the journal and snapshot
+	// do not apply; the preflight says the output's room instead.
+	Output     Store
+	OutputFile string
 	// OnPreflight, when set, is given the checks passed, after the preflight
 	// and before the first write (the run directory's plan); an error stops
 	// the run with nothing written.
@@ -201,7 +209,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if writeCtx == nil {
 		writeCtx = ctx
 	}
-	w := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}
+	var w Store = etcdStore{&etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}}
+	if opts.Output != nil {
+		w = opts.Output
+	}
 	batchOps := opts.BatchOps
 	if batchOps <= 0 {
 		batchOps = etcdscan.DefaultMaxOps
@@ -213,7 +224,27 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 
 	var journal *Journal
 	var guard *spaceGuard
-	if !opts.DryRun {
+	if !opts.DryRun && opts.Output != nil {
+		checks, err := outputPreflight(ctx, env, opts)
+		sum.Preflight = checks
+		if err != nil {
+			return finish(sum, t, start), err
+		}
+		if opts.OnPreflight != nil {
+			if err := opts.OnPreflight(checks); err != nil {
+				return finish(sum, t, start), fmt.Errorf("%w (nothing was written)", err)
+			}
+		}
+		if opts.Journal != "" {
+			// --journal given: its mod revisions are the output's.
+			sum.Journal = opts.Journal
+			journal, err = OpenJournal(opts.Journal)
+			if err != nil {
+				return finish(sum, t, start), err
+			}
+			defer journal.Close()
+		}
+	} else if !opts.DryRun {
 		checks, space, err := preflight(ctx, env, opts)
 		sum.Preflight = checks
 		if err != nil {
@@ -398,7 +429,7 @@ func finish(sum *Summary, t *tally, start time.Time) *Summary {
 // writeBatch journals, writes and tallies one batch of stale decisions. It
 // writes nothing once the writer met an error no retry fixes, nor when the
 // batch would take etcd's database past its quota (guard).
-func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *Journal, guard *spaceGuard, ds []reencode.Decision, t *tally, opts Options, snapMu *sync.Mutex, snapshotTaken *bool) error {
+func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, guard *spaceGuard, ds []reencode.Decision, t *tally, opts Options, snapMu *sync.Mutex, snapshotTaken *bool) error {
 	if w.Stopped() != nil {
 		return nil // the run is stopping; the first error was returned
 	}
@@ -415,7 +446,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *J
 	puts := make([]etcdscan.Put, len(ds))
 	var cost int64
 	for i, d := range ds {
-		puts[i] = etcdscan.Put{Key: d.Key, Value: d.NewValue, ModRevision: d.ModRevision}
+		puts[i] = etcdscan.Put{Key: d.Key, Value: d.NewValue, ModRevision: d.ModRevision, Read: d.Read}
 		cost += putCost(d.Key, d.NewValue)
 	}
 	if guard != nil {
@@ -440,7 +471,9 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *J
 		}
 	}
 	var stop error
-	if key, fe := firstFatalKey(results); fe != nil {
+	if key, fe := firstFatalKey(results); fe != nil && opts.Output != nil {
+		stop = fmt.Errorf("write %s: %w", key, fe)
+	} else if fe != nil {
 		stop = stopErr(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
 	}
 	t.mu.Lock()

@@ -25,6 +25,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/release"
 )
 
@@ -87,7 +88,10 @@ type Decision struct {
 
 	ModRevision int64
 	Lease       int64
-	OldSize     int
+	// Read is the rest of what the key was read with (create revision,
+	// version, lease, sub-revision): what an output snapshot's writer keeps.
+	Read    etcdscan.KVMeta
+	OldSize int
 	// OldValue is the stored value as read (still encrypted if it was), kept for
 	// the journal. Never printed.
 	OldValue []byte
@@ -181,6 +185,7 @@ func Describe(obj *decode.Object, decodeErr error) Decision {
 		Resource:    obj.Info.Resource,
 		ModRevision: obj.KV.ModRevision,
 		Lease:       obj.KV.Lease,
+		Read:        obj.KV.Meta(),
 		OldSize:     len(obj.KV.Value),
 		OldValue:    obj.KV.Value,
 		From: Form{

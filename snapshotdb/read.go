@@ -117,7 +117,7 @@ func (f *File) fetch(r *reader, keys []string, revs []mvcc.Revision) ([]etcdscan
 		if string(kv.Key) != keys[i] {
 			return nil, FileError(f.Info.Path, "changed while it was being read: the record at revision %d_%d is not %s", revs[i].Main, revs[i].Sub, keys[i])
 		}
-		out[i] = etcdscan.KV{Key: keys[i], Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease}
+		out[i] = etcdscan.KV{Key: keys[i], Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease, ModSub: revs[i].Sub}
 	}
 	return out, nil
 }
@@ -318,4 +318,21 @@ func (f *File) Lease(_ context.Context, id int64) (etcdscan.Lease, error) {
 		return nil
 	})
 	return out, err
+}
+
+// EachRevision calls fn with the revision (main, sub) of every key at the
+// file's revision, in key order, from the index a Scan at that revision
+// shares: what an output snapshot's writer needs to know which records of
+// the key bucket are live.
+func (f *File) EachRevision(ctx context.Context, fn func(main, sub int64) error) error {
+	return f.view(func(r *reader) error {
+		x, err := f.index(ctx, r, f.Info.Revision)
+		if err != nil {
+			return err
+		}
+		defer x.release()
+		return x.each(ctx, "", "", func(_ []byte, rev mvcc.Revision) error {
+			return fn(rev.Main, rev.Sub)
+		})
+	})
 }

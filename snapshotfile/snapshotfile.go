@@ -501,15 +501,15 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	if err := keepVersions(tmpPath, snapshotdb.Versions{Storage: s.Info.StorageVersion, Cluster: s.Info.ClusterVersion}); err != nil {
 		return fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
-	if err := publish(tmpPath, out, force); err != nil {
+	if err := Publish(tmpPath, out, force); err != nil {
 		return fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
 	return nil
 }
 
-// publish moves the complete file tmp to out: a rename (replacing out) with
+// Publish moves the complete file tmp to out: a rename (replacing out) with
 // force, otherwise a hard link, which fails if out exists.
-func publish(tmp, out string, force bool) error {
+func Publish(tmp, out string, force bool) error {
 	if force {
 		if err := os.Rename(tmp, out); err != nil {
 			return err

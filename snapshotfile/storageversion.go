@@ -89,7 +89,7 @@ func keepVersions(path string, want snapshotdb.Versions) error {
 	if err != nil {
 		return fmt.Errorf("storage version %s -> %s: %w", have.Storage, storage, err)
 	}
-	return appendTrailer(path)
+	return AppendTrailer(path)
 }
 
 // versionsOf reads the versions a database file records.
@@ -107,9 +107,9 @@ func versionsOf(path string) (snapshotdb.Versions, error) {
 	return v, err
 }
 
-// appendTrailer appends the sha256 of the database, as etcd does to a
+// AppendTrailer appends the sha256 of the database, as etcd does to a
 // snapshot it sends.
-func appendTrailer(path string) error {
+func AppendTrailer(path string) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return err

@@ -1,0 +1,61 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"kube-etcd-migrate/internal/textfmt"
+	"os"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/rundir"
+)
+
+// Store is where a run writes, with compare-and-swap on each key's mod
+// revision, and reads back what it wrote: etcd (an etcdscan.Writer and the
+// client's reads), or an output snapshot's writer (package snapshotout).
+type Store interface {
+	// Write stores puts; one result per put, in order (etcdscan.Writer.Write).
+	Write(ctx context.Context, puts []etcdscan.Put) []etcdscan.PutResult
+	// Stopped is the refusal no retry fixes that stopped the store, if any.
+	Stopped() *etcdscan.FatalError
+	Stats() etcdscan.WriterStats
+	// Get reads key as the store now holds it, with the run's writes.
+	Get(ctx context.Context, key string) (etcdscan.KV, bool, error)
+}
+
+// etcdStore is etcd as a Store.
+type etcdStore struct{ *etcdscan.Writer }
+
+func (s etcdStore) Get(ctx context.Context, key string) (etcdscan.KV, bool, error) {
+	return etcdscan.ClientSource{Client: s.Client}.Get(ctx, key, 0)
+}
+
+// outputPreflight is the preflight of a run that writes an output snapshot
+// (opts.Output): the input is a file no kube-apiserver reaches, never
+// modified; the output's filesystem has room for about the input's size
+// (the output holds each live key once, the run's new values beside it
+// until it is built); the write encryption providers work.
+func outputPreflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+	in := env.Config.SnapshotFile
+	done := []string{"no kube-apiserver can reach " + in + ": a snapshot file, read in place and never modified (it is the undo)"}
+	fi, err := os.Stat(in)
+	if err != nil {
+		return done, fmt.Errorf("snapshot file %s: %w", in, err)
+	}
+	_, err = rundir.CheckSpace([]rundir.Need{{What: "output snapshot", Path: opts.OutputFile, Bytes: fi.Size()}})
+	var se *rundir.SpaceError
+	if errors.As(err, &se) {
+		return done, &PreflightError{Msg: fmt.Sprintf("not enough disk space on the filesystem of %s for --output-snapshot %s: about %s (the input's size) and %s left free, %s is free; free room there, or write the output elsewhere",
+			se.Dir, opts.OutputFile, textfmt.Bytes(fi.Size()), textfmt.Bytes(rundir.SpaceMargin), textfmt.Bytes(se.Free))}
+	}
+	if err != nil {
+		return done, err
+	}
+	done = append(done, fmt.Sprintf("disk space for --output-snapshot %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.OutputFile, textfmt.Bytes(fi.Size())))
+	if err := CheckEncryption(ctx, env); err != nil {
+		return done, err
+	}
+	return append(done, "write encryption providers encrypt and decrypt a probe value"), nil
+}
