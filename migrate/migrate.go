@@ -224,11 +224,22 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 
 	var journal *Journal
 	var guard *spaceGuard
-	if !opts.DryRun && opts.Output != nil {
-		checks, err := outputPreflight(ctx, env, opts)
+	if !opts.DryRun {
+		var checks []string
+		var space *spaceStart
+		var err error
+		if opts.Output != nil {
+			checks, err = outputPreflight(ctx, env, opts)
+		} else {
+			checks, space, err = preflight(ctx, env, opts)
+		}
 		sum.Preflight = checks
 		if err != nil {
 			return finish(sum, t, start), err
+		}
+		if space != nil {
+			sum.Space = &SpaceReport{Quota: space.quota, Margin: Margin(space.quota.Bytes), DBSizeBefore: space.status.DBSize, DBSizeMax: space.status.DBSize}
+			guard = newSpaceGuard(etcdStatus{env}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
 		}
 		if opts.OnPreflight != nil {
 			if err := opts.OnPreflight(checks); err != nil {
@@ -236,28 +247,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 			}
 		}
 		if opts.Journal != "" {
-			// --journal given: its mod revisions are the output's.
-			sum.Journal = opts.Journal
-			journal, err = OpenJournal(opts.Journal)
-			if err != nil {
-				return finish(sum, t, start), err
-			}
-			defer journal.Close()
-		}
-	} else if !opts.DryRun {
-		checks, space, err := preflight(ctx, env, opts)
-		sum.Preflight = checks
-		if err != nil {
-			return finish(sum, t, start), err
-		}
-		sum.Space = &SpaceReport{Quota: space.quota, Margin: Margin(space.quota.Bytes), DBSizeBefore: space.status.DBSize, DBSizeMax: space.status.DBSize}
-		guard = newSpaceGuard(etcdStatus{env}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
-		if opts.OnPreflight != nil {
-			if err := opts.OnPreflight(checks); err != nil {
-				return finish(sum, t, start), fmt.Errorf("%w (nothing was written)", err)
-			}
-		}
-		if opts.Journal != "" {
+			// With an output snapshot, its mod revisions are the output's.
 			sum.Journal = opts.Journal
 			journal, err = OpenJournal(opts.Journal)
 			if err != nil {
