@@ -71,17 +71,17 @@ lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
-# The previous releases' binaries the tests play (internal/modbuild: the
+# The previous releases' binaries the tests play (internal/build/modbuild: the
 # previous Kubernetes release's kube-apiserver, the two etcd server minors before the linked one), each
 # built once from its own module into the user cache, before the test binaries
 # run in parallel; a later run finds them there.
 releases:
-	$(GO) run ./internal/modbuild/prebuild
+	$(GO) run ./internal/build/modbuild/prebuild
 
 # Move to another Kubernetes release (docs/releasing.md): make bump-kubernetes KUBERNETES=v1.38.0
 bump-kubernetes:
 	@test -n "$(KUBERNETES)" || { echo "usage: make bump-kubernetes KUBERNETES=vX.Y.Z"; exit 2; }
-	$(GO) run ./internal/modbuild/bump $(KUBERNETES)
+	$(GO) run ./internal/build/modbuild/bump $(KUBERNETES)
 
 # Every test, including the end-to-end tests that start kube-apiserver in-process
 # and the previous release's kube-apiserver as a process.

@@ -17,7 +17,7 @@ import (
 // features (their specs by version, so that at the release's emulation
 // version they are what the release had), with the dependencies among them
 // that the release itself declares (release.FeatureDependencies,
-// generated from its own code by internal/releasegen), not the linked
+// generated from its own code by internal/build/releasegen), not the linked
 // release's. The linked release declares dependencies the older one did not
 // (1.37: EventedPLEG on PLEGOnDemandRelist, a gate new in 1.36), so its gate
 // emulating 1.35 refuses --feature-gates=AllAlpha=true, which 1.35's own

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
 // The KMS plugin's socket as kube-apiserver sees it in its container.

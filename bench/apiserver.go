@@ -18,7 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 
-	"kube-etcd-migrate/internal/apiservertest"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
 )
 
 // The incumbent: what kube-storage-version-migrator (and `kubectl get | kubectl

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // kubeadmManifest writes testdata's kubeadm manifest with etcd at endpoint

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/internal/kmstest"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/kmstest"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // TestAPIServerManifestKMSSocket: kube-apiserver's manifest mounts the KMS

@@ -20,8 +20,8 @@ import (
 	api "k8s.io/kubernetes/pkg/apis/core"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/rundir"
 )
 

@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/verify"
 )

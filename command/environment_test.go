@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/inventory"
 )
 

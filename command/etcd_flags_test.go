@@ -10,7 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
 // parseEtcdArgs runs a cli app with etcdFlags and returns what

@@ -13,8 +13,8 @@ import (
 
 	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/inventory"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/quarantine"

@@ -11,10 +11,10 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/kmstest"
-	"kube-etcd-migrate/internal/seed"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/kmstest"
+	"kube-etcd-migrate/internal/testrig/seed"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/plan"
 	"kube-etcd-migrate/rundir"
 )

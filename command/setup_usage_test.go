@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // TestSetupUsageExitCodes: a flag value only the pipeline's setup can judge

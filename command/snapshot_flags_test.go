@@ -18,8 +18,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/seed"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/seed"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/verify"
 )
 

@@ -13,8 +13,8 @@ import (
 	api "k8s.io/kubernetes/pkg/apis/core"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	tgt "kube-etcd-migrate/target"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/rundir"
 	"kube-etcd-migrate/verify"
 )

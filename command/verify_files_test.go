@@ -13,10 +13,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/kmstest"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/internal/testsnap"
+	"kube-etcd-migrate/internal/testrig/kmstest"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testsnap"
 	"kube-etcd-migrate/verify"
 )
 

@@ -24,10 +24,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/seed"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/testrig/seed"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/plan"
 )

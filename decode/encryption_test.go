@@ -15,7 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
 // Test key material: 32 bytes each, public, protecting nothing.

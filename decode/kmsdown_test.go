@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
 // kmsV2Timeout is kmsV2 with a short timeout: a stopped plugin costs a load and

@@ -12,7 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
 // containerEndpoint is where kube-apiserver, in its container, would reach the

@@ -212,7 +212,7 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 // as resource.k8s.io/v1alpha3, which 1.37's emulation of 1.36 does not.
 func TestPreviousReleaseStorageVersions(t *testing.T) {
 	if len(release.Generated()) == 0 {
-		t.Fatal("no generated storage versions (go run ./internal/releasegen)")
+		t.Fatal("no generated storage versions (go run ./internal/build/releasegen)")
 	}
 	for _, rel := range release.Generated() {
 		versions, _ := release.StorageVersions(rel)

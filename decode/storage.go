@@ -160,7 +160,7 @@ func targetRelease(o StorageOptions) (string, bool) {
 // releaseOverrides are the storage-version overrides of the storage factory
 // of the target kube-apiserver. For a previous release, run without
 // --emulated-version, whose real kube-apiserver's storage versions were
-// generated (release.StorageVersions, go run ./internal/releasegen), each
+// generated (release.StorageVersions, go run ./internal/build/releasegen), each
 // built-in resource is stored in the version that release stores it in:
 // the linked kube-apiserver's emulation alone applies the linked release's
 // overrides whatever the emulated version (1.37 emulating 1.36 stores

@@ -12,8 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/kmstest"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/kmstest"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/verify"
 )

@@ -17,7 +17,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/resource"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/apiservertest"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/verify"
 )

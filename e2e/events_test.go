@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"kube-etcd-migrate/internal/apiservertest"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/verify"
 )

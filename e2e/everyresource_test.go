@@ -32,10 +32,10 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/utils/ptr"
 
-	"kube-etcd-migrate/internal/apiserverproc"
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/everyresource"
-	"kube-etcd-migrate/internal/modbuild"
+	"kube-etcd-migrate/internal/build/modbuild"
+	"kube-etcd-migrate/internal/testrig/apiserverproc"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/everyresource"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/verify"
 )
@@ -202,7 +202,7 @@ func (s storageSetting) toolFlags(t *testing.T) []string {
 // by the linked kube-apiserver, one storage media type, custom resources in
 // JSON or CBOR, every resource encrypted with key1) creates one object of
 // every resource it persists, in every version it serves, enumerated through
-// its own discovery (internal/everyresource, Kubernetes' own storage-test
+// its own discovery (internal/testrig/everyresource, Kubernetes' own storage-test
 // stubs: a served resource without a stub fails the test), plus two CRDs of
 // several versions whose storage version is then moved. The tool (the built
 // binary, given the new setting as kube-apiserver flags) migrates: key

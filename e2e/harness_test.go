@@ -28,8 +28,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // protobufMagic prefixes every protobuf-encoded object kube-apiserver stores.

@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/apiserverproc"
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/apiserverproc"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/verify"

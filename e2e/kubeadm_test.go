@@ -20,9 +20,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/verify"
 )

@@ -17,17 +17,17 @@ import (
 	"k8s.io/client-go/rest"
 	componentversion "k8s.io/component-base/version"
 
-	"kube-etcd-migrate/internal/apiserverproc"
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/everyresource"
-	"kube-etcd-migrate/internal/modbuild"
+	"kube-etcd-migrate/internal/build/modbuild"
+	"kube-etcd-migrate/internal/testrig/apiserverproc"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/everyresource"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/verify"
 )
 
 // The older Kubernetes releases' real kube-apiservers, each built from its own
-// module (internal/modbuild caches them per machine), once per test binary.
+// module (internal/build/modbuild caches them per machine), once per test binary.
 var older struct {
 	mu   sync.Mutex
 	bins map[string]*olderBinary
@@ -94,7 +94,7 @@ const betaAPIs = "api/beta=true"
 // writeEveryResource starts release's real kube-apiserver with the
 // encryption configuration enc and beta APIs on, lets it write its bootstrap
 // objects and one object of every resource it persists, in every version it
-// serves (internal/everyresource), and returns it running, with what it wrote.
+// serves (internal/testrig/everyresource), and returns it running, with what it wrote.
 func writeEveryResource(t *testing.T, c *cluster, release, enc string) (*apiserverproc.Server, *everyresource.Result) {
 	t.Helper()
 	old := apiserverproc.Start(t, apiserverproc.Options{
@@ -314,7 +314,7 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 // This release's kube-apiserver run with --emulated-version of an older one
 // would not: it stores DeviceTaintRules in another version and writes
 // CSINodes with a field the older releases' types do not have (see
-// internal/releasegen).
+// internal/build/releasegen).
 func TestTargetOlderReleases(t *testing.T) {
 	targets := map[string]bool{}
 	for _, release := range modbuild.OlderKubernetes {

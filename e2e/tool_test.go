@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"kube-etcd-migrate/internal/testcluster"
+	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/rundir"
 	"kube-etcd-migrate/updatepath"
 )

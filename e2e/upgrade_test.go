@@ -30,7 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"kube-etcd-migrate/internal/apiservertest"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"

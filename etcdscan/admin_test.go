@@ -17,8 +17,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
 func TestStatusSnapshotCompactRevision(t *testing.T) {

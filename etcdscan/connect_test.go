@@ -11,8 +11,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
 // TestEndpointSchemes: scheme-less endpoints get http:// without TLS and

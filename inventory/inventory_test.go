@@ -16,8 +16,8 @@ import (
 	"k8s.io/kubernetes/pkg/apis/resource"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // TestDeletesAndNames: during the window a client deletes a key that has no

@@ -22,9 +22,9 @@ import (
 	"google.golang.org/grpc"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/testcluster"
-	"kube-etcd-migrate/internal/testetcd"
-	"kube-etcd-migrate/internal/testpki"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 )

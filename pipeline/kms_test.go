@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/internal/kmstest"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/kmstest"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // TestSetupWarnsOfStoppedKMSPlugin: Setup with the KMS v2 plugin of secrets

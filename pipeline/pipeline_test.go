@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // TestWrongPrefix: a cluster stored under another --etcd-prefix gets a one-line

@@ -245,7 +245,7 @@ func TestPreviousReleaseTypes(t *testing.T) {
 
 	target := storageConfig(t, "1.36", "")
 	if _, ok := target.ReleaseTypes(); !ok {
-		t.Fatal("no generated types of 1.36 (go run ./internal/releasegen)")
+		t.Fatal("no generated types of 1.36 (go run ./internal/build/releasegen)")
 	}
 	obj, err := decodeKV(t, "/registry/csinodes/node-1", as136)
 	if err != nil {

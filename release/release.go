@@ -3,7 +3,7 @@
 // range of releases the tool can write for (those the linked kube-apiserver's
 // emulation reaches), the one parser of a MAJOR.MINOR release, the effective
 // and minimum compatibility versions of a release's own kube-apiserver, and
-// the data generated from the older releases' own code by internal/releasegen
+// the data generated from the older releases' own code by internal/build/releasegen
 // (zz_generated_releases.go: storage versions, protobuf and JSON fields of
 // their Go types, feature gate dependencies). It is a leaf: it imports no
 // package of this module, and every package that asks "which release, and

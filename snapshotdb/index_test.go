@@ -15,7 +15,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/snapshotdb"
 )
 

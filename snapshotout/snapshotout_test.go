@@ -14,7 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotout"
 )

@@ -1,5 +1,5 @@
 // Command demo is `make demo`: it starts a throw-away etcd on loopback, seeds it with a
-// stale Kubernetes cluster (internal/seed), and runs the kube-etcd-migrate binary
+// stale Kubernetes cluster (internal/testrig/seed), and runs the kube-etcd-migrate binary
 // against it as an operator would: inventory, inspect, verify, migrate --dry-run,
 // migrate, verify, inventory. Each command line is printed before its output. It exits
 // non-zero when a command's exit code is not the expected one, and removes its etcd
@@ -25,8 +25,8 @@ import (
 
 	"google.golang.org/grpc/grpclog"
 
-	"kube-etcd-migrate/internal/seed"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/seed"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 const binName = "kube-etcd-migrate"

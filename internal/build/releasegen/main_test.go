@@ -9,9 +9,9 @@ import (
 )
 
 // TestGeneratedIsCurrent: release/zz_generated_releases.go and
-// internal/everyresource/zz_generated_stubs.go are what the older releases'
+// internal/testrig/everyresource/zz_generated_stubs.go are what the older releases'
 // own code gives (after modbuild.OlderKubernetes changes, go run
-// ./internal/releasegen).
+// ./internal/build/releasegen).
 func TestGeneratedIsCurrent(t *testing.T) {
 	root := t.TempDir()
 	for _, f := range []string{output, stubsOutput} {
@@ -27,12 +27,12 @@ func TestGeneratedIsCurrent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := os.ReadFile(filepath.Join("..", "..", f))
+		got, err := os.ReadFile(filepath.Join("..", "..", "..", f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("%s is not what go run ./internal/releasegen writes now: run it", f)
+			t.Errorf("%s is not what go run ./internal/build/releasegen writes now: run it", f)
 		}
 	}
 }

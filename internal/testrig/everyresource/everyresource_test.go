@@ -9,9 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"kube-etcd-migrate/internal/apiservertest"
-	"kube-etcd-migrate/internal/everyresource"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/everyresource"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 )
 
 // TestCreate writes one object of every resource the linked kube-apiserver

@@ -12,7 +12,7 @@ import (
 	"os/exec"
 	"sort"
 
-	"kube-etcd-migrate/internal/modbuild"
+	"kube-etcd-migrate/internal/build/modbuild"
 )
 
 func main() {

@@ -175,7 +175,7 @@ func Create(ctx context.Context, cfg *rest.Config, opts Options) (*Result, error
 	}
 
 	// An older release's own storage-test stubs (generated from its
-	// k8s.io/kubernetes/test/integration/etcd by internal/releasegen) for the
+	// k8s.io/kubernetes/test/integration/etcd by internal/build/releasegen) for the
 	// versions the linked release's data has no stub for: the alpha
 	// versions the linked release no longer has (1.34's storage.k8s.io/v1alpha1
 	// VolumeAttributesClasses).

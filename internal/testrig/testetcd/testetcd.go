@@ -1,7 +1,7 @@
 // Package testetcd starts a real etcd server on loopback in a temporary
 // directory, for tests, the demo and the benchmark: the release this module
 // links, embedded (go.etcd.io/etcd/server/v3/embed), or an older release's
-// etcd binary built from its own module (internal/modbuild) and run as a
+// etcd binary built from its own module (internal/build/modbuild) and run as a
 // process (Options.Version); and a cluster of embedded members (StartCluster).
 package testetcd
 

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"kube-etcd-migrate/internal/modbuild"
+	"kube-etcd-migrate/internal/build/modbuild"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Package apiserverproc runs a kube-apiserver binary (another release's, built
-// by internal/modbuild) as a process on an existing etcd, for the tests that
+// by internal/build/modbuild) as a process on an existing etcd, for the tests that
 // need what that release itself writes and accepts back: nothing of the code
 // this module links runs inside it.
 //

@@ -19,7 +19,7 @@ const (
 // OlderKubernetes are the older releases --target-version accepts, newest
 // first (PreviousKubernetes first), each at the patch release whose
 // kube-apiserver the tests build and whose storage versions and protobuf
-// fields internal/releasegen generates.
+// fields internal/build/releasegen generates.
 var OlderKubernetes = []string{PreviousKubernetes, "v1.35.4", "v1.34.4"}
 
 // Releases are the binaries the tests use, built by `make test` before the

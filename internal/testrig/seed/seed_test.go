@@ -17,7 +17,7 @@ import (
 
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/internal/testetcd"
+	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )

@@ -17,7 +17,7 @@ import (
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 
-	"kube-etcd-migrate/internal/modbuild"
+	"kube-etcd-migrate/internal/build/modbuild"
 )
 
 // Linked is Options.Version for the etcd server release this module links
