@@ -65,6 +65,66 @@ type scanPage struct {
 	err error
 }
 
+// Paged is the consumer loop of every scan (of etcd here, of a snapshot file
+// in snapshotdb): it runs produce in a goroutine, which reads pages in key
+// order and hands each to send (an error from send: stop, the consumer is
+// gone), and calls fn on each page while the next is read, so at most two
+// pages are held. It counts pages, keys and bytes into stats. The first error
+// of produce or fn, or ctx's end, stops both; Paged returns once produce has
+// returned.
+func Paged(ctx context.Context, stats *ScanStats, produce func(ctx context.Context, send func([]KV) error) error, fn func(page []KV) error) error {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pages := make(chan scanPage) // unbuffered: the producer holds at most one page ahead
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(pages)
+		send := func(kvs []KV) error {
+			select {
+			case pages <- scanPage{kvs: kvs}:
+				return nil
+			case <-pctx.Done():
+				return pctx.Err()
+			}
+		}
+		if err := produce(pctx, send); err != nil && pctx.Err() == nil {
+			select {
+			case pages <- scanPage{err: err}:
+			case <-pctx.Done():
+			}
+		}
+	}()
+	var err error
+	for pg := range pages {
+		if pg.err != nil {
+			err = pg.err
+			break
+		}
+		if ctx.Err() != nil {
+			break // reported below
+		}
+		stats.Pages++
+		for _, kv := range pg.kvs {
+			stats.Keys++
+			stats.Bytes += int64(len(kv.Key) + len(kv.Value))
+		}
+		if ferr := fn(pg.kvs); ferr != nil {
+			err = ferr
+			break
+		}
+	}
+	cancel()
+	for range pages { // let the producer finish
+	}
+	wg.Wait()
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return err
+}
+
 // Scan reads every key under opts.Prefixes, in key order, at one pinned
 // revision, calling fn once per page. The next page is fetched while fn runs,
 // so at most two pages are held whatever the size of the keyspace; fn must not
@@ -90,48 +150,12 @@ func Scan(ctx context.Context, cli *clientv3.Client, opts ScanOptions, fn func(p
 		opts.Retries = 0
 	}
 
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pages := make(chan scanPage) // unbuffered: the producer holds at most one page ahead
 	p := &producer{cli: cli, opts: opts, rev: opts.Revision}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer close(pages)
-		p.run(pctx, pages)
-	}()
-
 	var stats ScanStats
-	var err error
-	for pg := range pages {
-		if pg.err != nil {
-			err = pg.err
-			break
-		}
-		if ctx.Err() != nil {
-			break // reported below
-		}
-		stats.Pages++
-		for _, kv := range pg.kvs {
-			stats.Keys++
-			stats.Bytes += int64(len(kv.Key) + len(kv.Value))
-		}
-		if ferr := fn(pg.kvs); ferr != nil {
-			err = ferr
-			break
-		}
-	}
-	cancel()
-	for range pages { // let the producer finish
-	}
-	wg.Wait()
+	err := Paged(ctx, &stats, p.run, fn)
 	stats.Revision = p.firstRev
 	stats.Restarts = p.restarts
 	stats.Consistent = len(p.restarts) == 0
-	if err == nil && ctx.Err() != nil {
-		err = ctx.Err()
-	}
 	return stats, err
 }
 
@@ -144,28 +168,19 @@ type producer struct {
 	restarts []Restart
 }
 
-func (p *producer) run(ctx context.Context, out chan<- scanPage) {
-	send := func(pg scanPage) bool {
-		select {
-		case out <- pg:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+func (p *producer) run(ctx context.Context, send func([]KV) error) error {
 	for _, prefix := range p.opts.Prefixes {
 		walk := NewRangeWalk(prefix, p.opts.PageSize)
 		for {
 			key, end := walk.Range()
 			kvs, more, count, err := p.page(ctx, key, end)
 			if err != nil {
-				send(scanPage{err: err})
-				return
+				return err
 			}
 			if len(kvs) > 0 {
 				p.lastKey = kvs[len(kvs)-1].Key
-				if !send(scanPage{kvs: kvs}) {
-					return
+				if err := send(kvs); err != nil {
+					return err
 				}
 			}
 			if !walk.Next(p.lastKey, len(kvs), more, count) {
@@ -173,6 +188,7 @@ func (p *producer) run(ctx context.Context, out chan<- scanPage) {
 			}
 		}
 	}
+	return nil
 }
 
 // RangeWalk turns one prefix into the sequence of limited range requests that

@@ -3,7 +3,6 @@ package snapshotdb
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
@@ -146,11 +145,6 @@ func rangeOf(prefix string) (lo, end string) {
 	return prefix, end
 }
 
-type page struct {
-	kvs []etcdscan.KV
-	err error
-}
-
 // Scan reads every key under opts.Prefixes at opts.Revision (0: the file's),
 // in key order, in pages of opts.PageSize, calling fn once per page; the
 // next page is read while fn runs. The scan is always consistent: a file does
@@ -167,15 +161,8 @@ func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page
 		return etcdscan.ScanStats{}, err
 	}
 	stats := etcdscan.ScanStats{Revision: rev, Consistent: true}
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pages := make(chan page) // unbuffered: the producer holds at most one page ahead
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer close(pages)
-		err := f.view(func(r *reader) error {
+	err = etcdscan.Paged(ctx, &stats, func(pctx context.Context, send func([]etcdscan.KV) error) error {
+		return f.view(func(r *reader) error {
 			x, err := f.index(pctx, r, rev)
 			if err != nil {
 				return err
@@ -183,30 +170,25 @@ func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page
 			defer x.release()
 			size := int(opts.PageSize)
 			keys, revs := make([]string, 0, size), make([]mvcc.Revision, 0, size)
-			send := func() error {
+			flush := func() error {
 				kvs, err := f.fetch(r, keys, revs)
 				if err != nil {
 					return err
 				}
 				keys, revs = keys[:0], revs[:0]
-				select {
-				case pages <- page{kvs: kvs}:
-					return nil
-				case <-pctx.Done():
-					return pctx.Err()
-				}
+				return send(kvs)
 			}
 			for _, prefix := range opts.Prefixes {
 				lo, end := rangeOf(prefix)
 				err := x.each(pctx, lo, end, func(key []byte, rev mvcc.Revision) error {
 					keys, revs = append(keys, string(key)), append(revs, rev)
 					if len(keys) == size {
-						return send()
+						return flush()
 					}
 					return nil
 				})
 				if err == nil && len(keys) > 0 {
-					err = send()
+					err = flush()
 				}
 				if err != nil {
 					return err
@@ -214,40 +196,8 @@ func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page
 			}
 			return nil
 		})
-		if err != nil && pctx.Err() == nil {
-			select {
-			case pages <- page{err: err}:
-			case <-pctx.Done():
-			}
-		}
-	}()
-	var scanErr error
-	for pg := range pages {
-		if pg.err != nil {
-			scanErr = pg.err
-			break
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		stats.Pages++
-		for _, kv := range pg.kvs {
-			stats.Keys++
-			stats.Bytes += int64(len(kv.Key) + len(kv.Value))
-		}
-		if err := fn(pg.kvs); err != nil {
-			scanErr = err
-			break
-		}
-	}
-	cancel()
-	for range pages { // let the producer finish
-	}
-	wg.Wait()
-	if scanErr == nil && ctx.Err() != nil {
-		scanErr = ctx.Err()
-	}
-	return stats, scanErr
+	}, fn)
+	return stats, err
 }
 
 // Get reads one key at rev (0: the file's revision), from the index of the
