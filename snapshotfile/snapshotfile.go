@@ -75,25 +75,15 @@ const (
 	HashSkipped  = snapshotdb.HashSkipped
 )
 
-// Info describes an open snapshot file.
+// Info describes an open snapshot file: what snapshotdb reads of it in
+// place (path, size, hash check, revisions, leases, the versions of the etcd
+// that wrote it, which Save keeps: an etcd refuses a data directory of a
+// newer schema or cluster version than its own), and what the private etcd
+// can count besides.
 type Info struct {
-	Path string `json:"path"`
-	Size int64  `json:"size"`
-	Hash Hash   `json:"hash"`
-	// Revision is the snapshot's revision: what every read sees.
-	Revision int64 `json:"revision"`
-	// CompactRevision is the oldest revision still readable (--revision).
-	CompactRevision int64 `json:"compactRevision"`
-	// Leases counts the etcd leases in the snapshot; LeasedKeys the keys attached to one.
-	Leases     int   `json:"leases"`
+	snapshotdb.Info
+	// LeasedKeys counts the keys attached to a lease.
 	LeasedKeys int64 `json:"leasedKeys"`
-	// StorageVersion and ClusterVersion are the storage schema version and
-	// the cluster version the file records, those of the etcd cluster that
-	// wrote it ("3.6.0"; no storage version for etcd 3.5 and older). Save
-	// keeps them: an etcd refuses a data directory of a newer schema or
-	// cluster version than its own.
-	StorageVersion string `json:"storageVersion,omitempty"`
-	ClusterVersion string `json:"clusterVersion,omitempty"`
 }
 
 // Snapshot is a snapshot file served by a private embedded etcd.
@@ -204,7 +194,7 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 	}
 	openDirs[dir] = true
 	openMu.Unlock()
-	s = &Snapshot{dir: dir, Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}}
+	s = &Snapshot{dir: dir, Info: Info{Info: snapshotdb.Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}}}
 	s.memory = privateEtcdMemory()
 	defer func() {
 		if r := recover(); r != nil {
