@@ -58,19 +58,10 @@ func WriteVerify(path string, rep *verify.Report) error {
 		return errors.New("no verify report")
 	}
 	reg := prometheus.NewRegistry()
-	objects := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: VerifyObjects,
-		Help: "Objects found by the last verify run, by resource and verdict (current, stale, unreadable).",
-	}, []string{resourceLabel, statusLabel})
-	remaining := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: RemainingObjects,
-		Help: "The number of objects that still require migration, labeled with the full resource name (stale objects in the last verify run).",
-	}, []string{resourceLabel})
+	objects := gaugeVec(VerifyObjects, "Objects found by the last verify run, by resource and verdict (current, stale, unreadable).", resourceLabel, statusLabel)
+	remaining := gaugeVec(RemainingObjects, "The number of objects that still require migration, labeled with the full resource name (stale objects in the last verify run).", resourceLabel)
 	notObjects := gauge(VerifyNotObjects, "Keys under the prefix that are not API objects (health, ...), last verify run.")
-	orphaned := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: VerifyOrphaned,
-		Help: "Keys no built-in resource or CRD owns (kube-apiserver never reads them), last verify run, by reason (removed-built-in, crd-missing, unknown-prefix).",
-	}, []string{"reason"})
+	orphaned := gaugeVec(VerifyOrphaned, "Keys no built-in resource or CRD owns (kube-apiserver never reads them), last verify run, by reason (removed-built-in, crd-missing, unknown-prefix).", "reason")
 	revision := gauge(VerifyRevision, "etcd revision the last verify run scanned at.")
 	consistent := gauge(VerifyConsistent, "1 when the last verify run read every key at one revision, 0 when the revision was compacted during the scan.")
 	exitCode := gauge(VerifyExitCode, "Exit code of the last verify run: 0 all current, 3 something stale, 4 something unreadable (or orphaned, with --fail-on-orphaned).")
@@ -115,18 +106,9 @@ func WriteMigrate(path string, figs []MigrateFigures, d time.Duration) error {
 		Name: MigratedObjects,
 		Help: "The number of objects that have been migrated, labeled with the full resource name (last migrate run).",
 	}, []string{resourceLabel})
-	remaining := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: RemainingObjects,
-		Help: "The number of objects that still require migration, labeled with the full resource name (stale objects the last migrate run did not rewrite).",
-	}, []string{resourceLabel})
-	objects := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: MigrateObjects,
-		Help: "Objects of the last migrate run by resource and outcome (current, stale, rewritten, conflict, failed, unreadable).",
-	}, []string{resourceLabel, statusLabel})
-	failures := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: MigrateFailures,
-		Help: "Objects the last migrate run could not migrate, by resource and kind (write: the write failed, conflict: the key changed meanwhile, unreadable: left untouched).",
-	}, []string{resourceLabel, "kind"})
+	remaining := gaugeVec(RemainingObjects, "The number of objects that still require migration, labeled with the full resource name (stale objects the last migrate run did not rewrite).", resourceLabel)
+	objects := gaugeVec(MigrateObjects, "Objects of the last migrate run by resource and outcome (current, stale, rewritten, conflict, failed, unreadable).", resourceLabel, statusLabel)
+	failures := gaugeVec(MigrateFailures, "Objects the last migrate run could not migrate, by resource and kind (write: the write failed, conflict: the key changed meanwhile, unreadable: left untouched).", resourceLabel, "kind")
 	duration := gauge(MigrateDuration, "Duration of the last migrate run in seconds.")
 	lastRun := gauge(MigrateLastRun, "Unix time the last migrate run finished.")
 	reg.MustRegister(migrated, remaining, objects, failures, duration, lastRun, buildInfo())
@@ -155,16 +137,17 @@ func WriteMigrate(path string, figs []MigrateFigures, d time.Duration) error {
 // buildInfo is the build_info gauge of the running binary.
 func buildInfo() prometheus.Collector {
 	b := buildinfo.Get()
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: BuildInfo,
-		Help: "Always 1: the kube-etcd-migrate build that wrote this file, and the Kubernetes release whose scheme and storage factory it carries.",
-	}, []string{"version", "kubernetes", "revision", "goversion"})
+	g := gaugeVec(BuildInfo, "Always 1: the kube-etcd-migrate build that wrote this file, and the Kubernetes release whose scheme and storage factory it carries.", "version", "kubernetes", "revision", "goversion")
 	g.WithLabelValues(b.Version, b.Kubernetes, b.Commit, b.Go).Set(1)
 	return g
 }
 
 func gauge(name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 }
 
 func boolFloat(b bool) float64 {
