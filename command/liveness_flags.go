@@ -1,6 +1,7 @@
 package command
 
 import (
+	"context"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -24,4 +25,22 @@ func livenessWindow(c *cli.Context) (time.Duration, error) {
 		return 0, usageErr("--liveness-window must be positive (default %s, longer than kube-apiserver's 10s identity-lease renewal)", liveness.DefaultWindow)
 	}
 	return w, nil
+}
+
+// openToWrite opens the session of a command that writes to etcd, or plans
+// to: --liveness-window checked first (a usage error before any connection),
+// then the session; a writing target's assumed release is warned of.
+func openToWrite(ctx context.Context, c *cli.Context, use targetUse) (*session, time.Duration, error) {
+	window, err := livenessWindow(c)
+	if err != nil {
+		return nil, 0, err
+	}
+	s, err := open(ctx, c, use)
+	if err != nil {
+		return nil, 0, err
+	}
+	if use == targetWrite {
+		warnAssumedRelease(c, s.env)
+	}
+	return s, window, nil
 }

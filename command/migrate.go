@@ -62,16 +62,11 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
 		return err
 	}
-	window, err := livenessWindow(c)
-	if err != nil {
-		return err
-	}
-	s, err := open(ctx, c, targetWrite)
+	s, window, err := openToWrite(ctx, c, targetWrite)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	warnAssumedRelease(c, s.env)
 	if c.Bool("encryption-only") && (c.Bool("requested") || c.Bool("record")) {
 		return usageErr("--encryption-only leaves storage versions as they are; --requested and --record are storage version migrations")
 	}

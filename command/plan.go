@@ -32,16 +32,11 @@ func cmdPlan(c *cli.Context) error {
 			return usageErr("--%s: plan is for a migrate of the cluster's etcd (see docs/commands.md#plan)", f)
 		}
 	}
-	window, err := livenessWindow(c)
-	if err != nil {
-		return err
-	}
-	s, err := open(ctx, c, targetWrite)
+	s, window, err := openToWrite(ctx, c, targetWrite)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	warnAssumedRelease(c, s.env)
 	stateDir := c.String("state-dir")
 	if c.Bool("no-undo") {
 		stateDir = ""

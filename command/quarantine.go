@@ -51,11 +51,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
 		return err
 	}
-	window, err := livenessWindow(c)
-	if err != nil {
-		return err
-	}
-	s, err := open(ctx, c, targetNone)
+	s, window, err := openToWrite(ctx, c, targetNone)
 	if err != nil {
 		return err
 	}
