@@ -17,6 +17,7 @@ package apiserverconfig
 
 import (
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/release"
 	"net/url"
 	"os"
@@ -90,9 +91,9 @@ type Config struct {
 	// Image is the manifest container's image, "" without a manifest.
 	Image string
 	// Contradiction says how the manifest's image contradicts the tool's
-	// --target-version (which wins), "" when it does not: migrate refuses to
+	// target release (which wins), nil when it does not: migrate refuses to
 	// write, a read-only command warns (a check before an upgrade).
-	Contradiction string
+	Contradiction error
 	// RuntimeConfig and FeatureGates are the raw flag values, for reports.
 	RuntimeConfig string
 	FeatureGates  string
@@ -144,7 +145,7 @@ type Input struct {
 // takes from it. Nothing process-wide changes until Apply.
 func Load(in Input) (*Config, error) {
 	if in.Manifest != "" && in.FlagsFile != "" {
-		return nil, fmt.Errorf("--apiserver-manifest and --apiserver-flags-file: give one of them")
+		return nil, input.Errorf("%s and %s: give one of them", input.APIServerManifest, input.APIServerFlagsFile)
 	}
 	var args []string
 	var mounts *hostMounts
@@ -203,7 +204,7 @@ func Load(in Input) (*Config, error) {
 		return nil, err
 	}
 	if len(opts.Etcd.EtcdServersOverrides) > 0 {
-		return nil, fmt.Errorf("%s: --etcd-servers-overrides %s: resources kept in another etcd are not supported; run the tool once per etcd with --resource", name, strings.Join(opts.Etcd.EtcdServersOverrides, ","))
+		return nil, input.Errorf("%s: --etcd-servers-overrides %s: resources kept in another etcd are not supported; run the tool once per etcd with %s", name, strings.Join(opts.Etcd.EtcdServersOverrides, ","), input.Resource)
 	}
 
 	sc := opts.Etcd.StorageConfig
@@ -254,7 +255,7 @@ type parsed struct {
 	from              map[string]Source
 	emulated, release string
 	releaseFrom       Source
-	contradiction     string
+	contradiction     error
 }
 
 // parseCommandLine parses args (the command line of file name, whose
@@ -275,13 +276,13 @@ func parseCommandLine(args []string, image string, in Input, name string, fileSo
 	// The tool's own values come last, as a repeated flag would.
 	for _, v := range in.RuntimeConfig {
 		if err := fs.Set("runtime-config", v); err != nil {
-			return nil, fmt.Errorf("--runtime-config %q: %w", v, err)
+			return nil, input.Errorf("%s %q: %w", input.RuntimeConfig, v, err)
 		}
 		from["runtime-config"] = FromTool
 	}
 	for _, v := range in.FeatureGates {
 		if err := fs.Set("feature-gates", v); err != nil {
-			return nil, fmt.Errorf("--feature-gates %q: %w", v, err)
+			return nil, input.Errorf("%s %q: %w", input.FeatureGates, v, err)
 		}
 		from["feature-gates"] = FromTool
 	}
@@ -305,7 +306,7 @@ func parseCommandLine(args []string, image string, in Input, name string, fileSo
 			// The registry emulates the release (its feature gates at that
 			// version); min compatibility is set below, as the release has it.
 			if err := fs.Set("emulated-version", rel); err != nil {
-				return nil, release.Errorf(rel, "--target-version %q: %w", rel, err)
+				return nil, release.Errorf(rel, "%s %q: %w", input.TargetVersion, rel, err)
 			}
 		}
 	}
@@ -394,7 +395,7 @@ func (c *Config) Apply() error {
 	gate := utilfeature.DefaultMutableFeatureGate
 	for _, f := range c.applied {
 		if err := gate.ResetFeatureValueToDefault(featuregate.Feature(f)); err != nil {
-			return fmt.Errorf("--feature-gates: %w", err)
+			return input.Errorf("%s: %w", input.FeatureGates, err)
 		}
 	}
 	c.applied = nil
@@ -408,7 +409,7 @@ func (c *Config) Apply() error {
 	}
 	if values != "" {
 		if err := gate.Set(values); err != nil {
-			return fmt.Errorf("--feature-gates: %w", err)
+			return input.Errorf("%s: %w", input.FeatureGates, err)
 		}
 		for _, kv := range strings.Split(values, ",") {
 			k, _, _ := strings.Cut(kv, "=")
@@ -460,7 +461,7 @@ func (c *Config) ResourceConfig(ev basecompatibility.EffectiveVersion) (*servers
 		RuntimeConfigEmulationForwardCompatible: c.opts.GenericServerRunOptions.RuntimeConfigEmulationForwardCompatible,
 	}
 	if err := c.opts.APIEnablement.ApplyTo(gc, controlplane.DefaultAPIResourceConfigSource(), legacyscheme.Scheme); err != nil {
-		return nil, fmt.Errorf("--runtime-config %q: %w", c.RuntimeConfig, err)
+		return nil, input.Errorf("%s %q: %w", input.RuntimeConfig, c.RuntimeConfig, err)
 	}
 	return gc.MergedResourceConfig, nil
 }
@@ -586,8 +587,11 @@ type UnmappedKMSEndpointError struct {
 	Dir      string // the socket's directory in the container
 }
 
-func (e *UnmappedKMSEndpointError) Error() string {
-	return fmt.Sprintf("endpoint %s: no hostPath volume of %s is mounted at or above %s in the container, so the tool cannot reach the KMS plugin where kube-apiserver does; give the tool --encryption-provider-config with a copy of the file whose endpoint is the plugin's socket on this host", e.Endpoint, e.Manifest, e.Dir)
+func (e *UnmappedKMSEndpointError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the encryption configuration's input spelled by spell.
+func (e *UnmappedKMSEndpointError) Render(spell func(input.Name) string) string {
+	return fmt.Sprintf("endpoint %s: no hostPath volume of %s is mounted at or above %s in the container, so the tool cannot reach the KMS plugin where kube-apiserver does; give the tool %s with a copy of the file whose endpoint is the plugin's socket on this host", e.Endpoint, e.Manifest, e.Dir, spell(input.EncryptionProviderConfig))
 }
 
 // SetFrom records that the tool's own flag overrode a setting.
@@ -600,19 +604,19 @@ var manifestCodecs = serializer.NewCodecFactory(legacyscheme.Scheme)
 func readManifest(file, container string) ([]string, *hostMounts, string, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("--apiserver-manifest: %w", err)
+		return nil, nil, "", input.Errorf("%s: %w", input.APIServerManifest, err)
 	}
 	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: not a Pod manifest: %s", file, textfmt.OneLine(err.Error()))
+		return nil, nil, "", input.Errorf("%s %s: not a Pod manifest: %s", input.APIServerManifest, file, textfmt.OneLine(err.Error()))
 	}
 	pod := &corev1.Pod{}
 	if err := legacyscheme.Scheme.Convert(obj, pod, nil); err != nil {
-		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: not a Pod manifest (%s)", file, obj.GetObjectKind().GroupVersionKind().Kind)
+		return nil, nil, "", input.Errorf("%s %s: not a Pod manifest (%s)", input.APIServerManifest, file, obj.GetObjectKind().GroupVersionKind().Kind)
 	}
 	c, err := pickContainer(pod, container)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: %w", file, err)
+		return nil, nil, "", input.Errorf("%s %s: %w", input.APIServerManifest, file, err)
 	}
 	// The kubelet expands $(VAR) in command and args from the container's env.
 	env := map[string]string{}
@@ -629,7 +633,7 @@ func readManifest(file, container string) ([]string, *hostMounts, string, error)
 	args := dropProgram(line)
 	mounts, err := newHostMounts(pod, c)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("--apiserver-manifest %s: %w", file, err)
+		return nil, nil, "", input.Errorf("%s %s: %w", input.APIServerManifest, file, err)
 	}
 	return args, mounts, c.Image, nil
 }
@@ -677,7 +681,7 @@ func dropProgram(words []string) []string {
 func readFlagsFile(file string) ([]string, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("--apiserver-flags-file: %w", err)
+		return nil, input.Errorf("%s: %w", input.APIServerFlagsFile, err)
 	}
 	var words []string
 	var cont strings.Builder
@@ -707,13 +711,13 @@ func readFlagsFile(file string) ([]string, error) {
 		}
 		w, err := shellwords.Parse(full)
 		if err != nil {
-			return nil, fmt.Errorf("--apiserver-flags-file %s: %w", file, err)
+			return nil, input.Errorf("%s %s: %w", input.APIServerFlagsFile, file, err)
 		}
 		words = append(words, w...)
 	}
 	for _, w := range words {
 		if strings.Contains(w, "${") || (strings.HasPrefix(w, "$") && len(w) > 1) {
-			return nil, fmt.Errorf("--apiserver-flags-file %s: %q refers to an environment variable; write its value instead", file, w)
+			return nil, input.Errorf("%s %s: %q refers to an environment variable; write its value instead", input.APIServerFlagsFile, file, w)
 		}
 	}
 	return dropProgram(words), nil

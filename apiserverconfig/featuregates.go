@@ -9,6 +9,7 @@ import (
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/featuregate"
 
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/release"
 )
 
@@ -73,7 +74,7 @@ func (c *Config) linkedOff(ev basecompatibility.EffectiveVersion) ([]string, err
 	}
 	if c.FeatureGates != "" {
 		if err := gate.Set(c.FeatureGates); err != nil {
-			return nil, fmt.Errorf("--feature-gates (kube-apiserver %s): %w", c.Release, err)
+			return nil, input.Errorf("%s (kube-apiserver %s): %w", input.FeatureGates, c.Release, err)
 		}
 	}
 	off := map[featuregate.Feature]bool{}

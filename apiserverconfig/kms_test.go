@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
@@ -188,7 +189,7 @@ func TestManifestKMSEndpointNotMapped(t *testing.T) {
 	if err == nil {
 		t.Fatal("loaded although the socket is under no hostPath mount")
 	}
-	for _, want := range []string{encFile, containerEndpoint, manifest, "--encryption-provider-config"} {
+	for _, want := range []string{encFile, containerEndpoint, manifest, string(input.EncryptionProviderConfig)} {
 		if !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("error %q: want one line naming %q", err, want)
 		}

@@ -63,8 +63,8 @@ func TestManifestImageRelease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.Release != c.release || cfg.From["release"] != c.from || (cfg.Contradiction != "") != c.contradiction {
-				t.Errorf("release %q from %q contradiction %q; want %q from %q contradiction %v", cfg.Release, cfg.From["release"], cfg.Contradiction, c.release, c.from, c.contradiction)
+			if cfg.Release != c.release || cfg.From["release"] != c.from || (cfg.Contradiction != nil) != c.contradiction {
+				t.Errorf("release %q from %q contradiction %v; want %q from %q contradiction %v", cfg.Release, cfg.From["release"], cfg.Contradiction, c.release, c.from, c.contradiction)
 			}
 			ev := cfg.EffectiveVersion()
 			if ev.EmulationVersion().String() != c.emulated || ev.MinCompatibilityVersion().String() != c.minCompat {
@@ -80,7 +80,7 @@ func TestManifestImageRelease(t *testing.T) {
 func TestReleaseErrorType(t *testing.T) {
 	_, err := Load(Input{TargetVersion: "banana"})
 	var re *release.Error
-	if !errors.As(err, &re) || re.Release != "banana" || err.Error() != `--target-version "banana": not a MAJOR.MINOR version (allowed 1.34..1.37)` {
+	if !errors.As(err, &re) || re.Release != "banana" || err.Error() != `target release "banana": not a MAJOR.MINOR version (allowed 1.34..1.37)` {
 		t.Errorf("--target-version banana: %v (%T), want a *release.Error", err, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/version"
 
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/release"
 )
 
@@ -13,14 +14,14 @@ import (
 // the tool's --target-version and the manifest's image and --emulated-version.
 // An image of another minor than --target-version contradicts it, unless
 // --target-version names what that image emulates: --target-version wins and
-// the contradiction is returned as text (migrate refuses it; a read-only
-// command warns, as for a check before an upgrade). "" = no evidence.
-func targetRelease(flag, image, emulated string, file string) (rel string, from Source, contradiction string, err error) {
+// the contradiction is returned (migrate refuses it; a read-only command
+// warns, as for a check before an upgrade). "" = no evidence.
+func targetRelease(flag, image, emulated string, file string) (rel string, from Source, contradiction error, err error) {
 	var flagRel, imageRel string
 	if flag != "" {
 		v, err := release.Parse(flag)
 		if err != nil {
-			return "", "", "", release.Errorf(flag, "--target-version %q: not a MAJOR.MINOR version (allowed %s)", flag, release.Range())
+			return "", "", nil, release.Errorf(flag, "%s %q: not a MAJOR.MINOR version (allowed %s)", input.TargetVersion, flag, release.Range())
 		}
 		flagRel = v.String()
 	}
@@ -31,23 +32,23 @@ func targetRelease(flag, image, emulated string, file string) (rel string, from 
 	case flagRel != "" && imageRel != "" && flagRel != imageRel:
 		if emulated != "" {
 			if e, err := release.Parse(emulated); err == nil && e.String() == flagRel {
-				return imageRel, FromImage, "", nil // the image's release, emulating --target-version
+				return imageRel, FromImage, nil, nil // the image's release, emulating the one given
 			}
 		}
-		return flagRel, FromTool, fmt.Sprintf("--target-version %s contradicts %s: its kube-apiserver image %s is release %s", flagRel, file, image, imageRel), nil
+		return flagRel, FromTool, input.Errorf("%s %s contradicts %s: its kube-apiserver image %s is release %s", input.TargetVersion, flagRel, file, image, imageRel), nil
 	case flagRel != "":
 		if emulated != "" {
 			if ev, err := release.Parse(emulated); err == nil && ev.String() != flagRel {
 				if fv, err := release.Parse(flagRel); err == nil && ev.GreaterThan(fv) {
-					return "", "", "", release.Errorf(flag, "--target-version %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", flagRel, file, emulated)
+					return "", "", nil, release.Errorf(flag, "%s %s contradicts %s: it runs kube-apiserver with --emulated-version=%s, newer than the release", input.TargetVersion, flagRel, file, emulated)
 				}
 			}
 		}
-		return flagRel, FromTool, "", nil
+		return flagRel, FromTool, nil, nil
 	case imageRel != "":
-		return imageRel, FromImage, "", nil
+		return imageRel, FromImage, nil, nil
 	}
-	return "", "", "", nil
+	return "", "", nil, nil
 }
 
 // ImageRelease is the Kubernetes release (MAJOR.MINOR) of a kube-apiserver

@@ -71,8 +71,8 @@ func TestAPIServerManifestKMSSocket(t *testing.T) {
 	code, _, stderr = runCLI(t, "verify", "--apiserver-manifest", unmounted)
 	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	last := lines[len(lines)-1]
-	if code != exitUsage || !strings.Contains(last, containerEndpoint) || !strings.Contains(last, unmounted) {
-		t.Errorf("socket under no hostPath mount: exit %d, stderr %q; want exit %d (a configuration error, as a manifest path under no mount is), a line naming %s and %s", code, stderr, exitUsage, containerEndpoint, unmounted)
+	if code != exitUsage || !strings.Contains(last, containerEndpoint) || !strings.Contains(last, unmounted) || !strings.Contains(last, "give the tool --encryption-provider-config with a copy") {
+		t.Errorf("socket under no hostPath mount: exit %d, stderr %q; want exit %d (a configuration error, as a manifest path under no mount is), a line naming %s and %s and the flag that mends it", code, stderr, exitUsage, containerEndpoint, unmounted)
 	}
 }
 

@@ -101,11 +101,11 @@ func exitFor(err error, stderr io.Writer) int {
 	var ce *codeError
 	if errors.As(err, &ce) {
 		if ce.err != nil && !ce.quiet {
-			fmt.Fprintf(stderr, "error: %v\n", ce.err)
+			fmt.Fprintf(stderr, "error: %s\n", cliMessage(ce.err))
 		}
 		return ce.code
 	}
-	fmt.Fprintf(stderr, "error: %v\n", err)
+	fmt.Fprintf(stderr, "error: %s\n", cliMessage(err))
 	return exitCodeOf(err)
 }
 

@@ -119,6 +119,13 @@ func (e *codeError) Error() string { return e.err.Error() }
 
 func (e *codeError) Unwrap() error { return e.err }
 
+// usageErr is an exit-2 error whose message is fmt.Errorf's, with every
+// error argument written as the command line says it (cliMessage).
 func usageErr(format string, args ...any) error {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			args[i] = cliMessage(err)
+		}
+	}
 	return &codeError{code: exitUsage, err: fmt.Errorf(format, args...)}
 }

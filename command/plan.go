@@ -45,6 +45,11 @@ func cmdPlan(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	for i, b := range p.Blockers {
+		if b.Cause != nil {
+			p.Blockers[i].Problem = cliMessage(b.Cause)
+		}
+	}
 	if err := writeReport(c.App.Writer, c.String("output"), func(w io.Writer, format string) error {
 		if format == "json" {
 			return writeJSON(w, p)

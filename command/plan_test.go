@@ -63,6 +63,9 @@ func TestPlanNamesEveryBlocker(t *testing.T) {
 	for _, want := range []string{
 		"BLOCKER (etcd quota): the rewrite would add about",
 		"BLOCKER (disk space): not enough disk space on the filesystem of " + fsDir,
+		// The library's errors, as the command line says them.
+		"rerun with --compact-history to compact the history",
+		"or give a --state-dir on another filesystem",
 		"BLOCKER (encryption providers): write encryption provider:",
 		"BLOCKER (conversion webhooks): 1 object(s) could not be converted, e.g. /registry/example.com/widgets/ns/w",
 	} {

@@ -173,8 +173,8 @@ func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile s
 	for _, w := range env.Warnings {
 		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
 	}
-	if api.Contradiction != "" && use != targetWrite {
-		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", api.Contradiction, api.Release)
+	if api.Contradiction != nil && use != targetWrite {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", cliMessage(api.Contradiction), api.Release)
 	}
 	s.env = env
 	return s, nil

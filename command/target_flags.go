@@ -89,7 +89,7 @@ func targetError(err error) error {
 	case errors.As(err, &unknown):
 		return usageErr("which Kubernetes release does the cluster's kube-apiserver run? nothing said it (no --target-version, no --apiserver-manifest image, no kubeadm-config in etcd): give --target-version (one of %s) or --apiserver-manifest; nothing was written", strings.Join(unknown.Versions, ", "))
 	case errors.As(err, &contra):
-		return usageErr("%s; give the release the cluster's kube-apiserver will run, or the manifest it will run with; nothing was written", contra.Contradiction)
+		return usageErr("%s; give the release the cluster's kube-apiserver will run, or the manifest it will run with; nothing was written", cliMessage(contra.Contradiction))
 	case errors.As(err, &kubeadm):
 		return usageErr("%v; give --target-version", kubeadm.Err)
 	case errors.As(err, &prefix):

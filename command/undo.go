@@ -119,7 +119,7 @@ func (u *undoRun) finish(c *cli.Context, err error, written int64, summary any) 
 		return
 	}
 	if ferr := u.dir.Finish(exitCodeOf(err), written, summary); ferr != nil {
-		fmt.Fprintf(c.App.ErrWriter, "warning: run %s: %v\n", u.dir.ID, ferr)
+		fmt.Fprintf(c.App.ErrWriter, "warning: run %s: %s\n", u.dir.ID, cliMessage(ferr))
 	}
 	u.state.Close()
 }

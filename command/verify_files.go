@@ -218,8 +218,8 @@ func verifyOneFile(ctx context.Context, c *cli.Context, path string) (fileVerdic
 	if ctx.Err() != nil || (errors.As(err, &ce) && ce.code == exitUsage) {
 		return v, err
 	}
-	v.Error = err.Error()
-	fmt.Fprintf(c.App.ErrWriter, "error: %v\n", err)
+	v.Error = cliMessage(err)
+	fmt.Fprintf(c.App.ErrWriter, "error: %s\n", cliMessage(err))
 	return v, nil
 }
 

@@ -3,6 +3,8 @@ package decode
 import (
 	"fmt"
 	"strings"
+
+	"kube-etcd-migrate/internal/input"
 )
 
 // Reason classifies why a value could not be read (or must not be rewritten).
@@ -73,8 +75,11 @@ type MediaTypeError struct {
 	MediaType string
 }
 
-func (e *MediaTypeError) Error() string {
-	return fmt.Sprintf("--storage-media-type %q: want one of %s, %s, %s", e.MediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
+func (e *MediaTypeError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the media type's input spelled by spell.
+func (e *MediaTypeError) Render(spell func(input.Name) string) string {
+	return fmt.Sprintf("%s %q: want one of %s, %s, %s", spell(input.StorageMediaType), e.MediaType, MediaTypeProtobuf, MediaTypeJSON, MediaTypeYAML)
 }
 
 // ResourceError is a resource name (as --resource gives it) that names no
@@ -85,9 +90,12 @@ type ResourceError struct {
 	Ambiguous []string
 }
 
-func (e *ResourceError) Error() string {
+func (e *ResourceError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the resource's input spelled by spell.
+func (e *ResourceError) Render(spell func(input.Name) string) string {
 	if len(e.Ambiguous) > 0 {
-		return fmt.Sprintf("--resource %q is ambiguous: %s", e.Name, strings.Join(e.Ambiguous, ", "))
+		return fmt.Sprintf("%s %q is ambiguous: %s", spell(input.Resource), e.Name, strings.Join(e.Ambiguous, ", "))
 	}
-	return fmt.Sprintf("--resource %q: no built-in resource or CRD of that name (use resource.group, e.g. deployments.apps)", e.Name)
+	return fmt.Sprintf("%s %q: no built-in resource or CRD of that name (use resource.group, e.g. deployments.apps)", spell(input.Resource), e.Name)
 }

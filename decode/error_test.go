@@ -21,7 +21,7 @@ func TestUsageErrorTypes(t *testing.T) {
 	}
 	_, err := NewStorageConfig("", "application/xml")
 	var me *MediaTypeError
-	if !errors.As(err, &me) || me.MediaType != "application/xml" || err.Error() != `--storage-media-type "application/xml": want one of application/vnd.kubernetes.protobuf, application/json, application/yaml` {
+	if !errors.As(err, &me) || me.MediaType != "application/xml" || err.Error() != `storage media type "application/xml": want one of application/vnd.kubernetes.protobuf, application/json, application/yaml` {
 		t.Errorf("media type application/xml: %v (%T), want a *MediaTypeError", err, err)
 	}
 	storage, err := NewStorageConfig("", "")
@@ -34,7 +34,7 @@ func TestUsageErrorTypes(t *testing.T) {
 		t.Errorf("resource nosuchthings: %v (%T), want a *ResourceError", err, err)
 	}
 	amb := &ResourceError{Name: "events", Ambiguous: []string{"events", "events.events.k8s.io"}}
-	if got := amb.Error(); got != `--resource "events" is ambiguous: events, events.events.k8s.io` {
+	if got := amb.Error(); got != `resource "events" is ambiguous: events, events.events.k8s.io` {
 		t.Errorf("ambiguous: %q", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/test/integration/etcd"
 
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/release"
 )
 
@@ -199,7 +200,7 @@ func TestParseResourceAndTargetVersionErrors(t *testing.T) {
 			t.Errorf("--target-version %s accepted", bad)
 			continue
 		}
-		if !strings.Contains(err.Error(), "1.34..1.37") || !strings.Contains(err.Error(), "--target-version") {
+		if !strings.Contains(err.Error(), "1.34..1.37") || !strings.Contains(err.Error(), string(input.TargetVersion)) {
 			t.Errorf("--target-version %s: error does not give the allowed range: %v", bad, err)
 		}
 	}

@@ -305,7 +305,7 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 	case fe != nil:
 		r.Status, r.Err = Failed, fmt.Errorf("%s %s: %w", p.verb(), p.Key, fe)
 	case err != nil && isTooLarge(err):
-		r.Status, r.Err = Failed, fmt.Errorf("%s %s (%d bytes): larger than etcd accepts (--max-request-bytes): %w", p.verb(), p.Key, len(p.Value), err)
+		r.Status, r.Err = Failed, &TooLargeError{Verb: p.verb(), Key: p.Key, Bytes: len(p.Value), Err: err}
 	case err != nil:
 		r.Status, r.Err = Failed, fmt.Errorf("%s %s: %w", p.verb(), p.Key, err)
 	case resp.Succeeded:
@@ -341,3 +341,18 @@ func (w *Writer) do(ctx context.Context, op func(context.Context) error) (bool, 
 	}
 	return amb, err
 }
+
+// TooLargeError is a write etcd refused for its size: a request larger than
+// the server's --max-request-bytes.
+type TooLargeError struct {
+	Verb  string // what the write was
+	Key   string
+	Bytes int // the value's size
+	Err   error
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("%s %s (%d bytes): larger than etcd accepts (--max-request-bytes): %v", e.Verb, e.Key, e.Bytes, e.Err)
+}
+
+func (e *TooLargeError) Unwrap() error { return e.Err }

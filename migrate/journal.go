@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 )
 
 // JournalRecord is one line of a journal (JSON lines). An "intent" record is
@@ -55,11 +56,11 @@ type Journal struct {
 func OpenJournal(path string) (*Journal, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("--journal %s: %w", path, err)
+		return nil, input.Errorf("%s %s: %w", input.Journal, path, err)
 	}
 	if fi, err := f.Stat(); err == nil && fi.Mode().Perm()&0o077 != 0 {
 		f.Close()
-		return nil, fmt.Errorf("--journal %s: file is readable by others (mode %v); it will hold stored values, use a file with mode 0600", path, fi.Mode().Perm())
+		return nil, input.Errorf("%s %s: file is readable by others (mode %v); it will hold stored values, use a file with mode 0600", input.Journal, path, fi.Mode().Perm())
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
 	return &Journal{f: f, w: w, enc: json.NewEncoder(w)}, nil

@@ -15,6 +15,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/coordination"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
@@ -80,7 +81,7 @@ func TestLiveAPIServerWithSlowClock(t *testing.T) {
 	}
 	msg := err.Error()
 	t.Log(msg)
-	for _, want := range []string{"a kube-apiserver is alive", "cp-1: " + live + " written", "mod revision", "not used", "--allow-live-apiserver", "nothing was written"} {
+	for _, want := range []string{"a kube-apiserver is alive", "cp-1: " + live + " written", "mod revision", "not used", string(input.AllowLiveAPIServer), "nothing was written"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("refusal %q does not say %q", msg, want)
 		}

@@ -12,13 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )
@@ -202,7 +202,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	start := time.Now()
 	sum := &Summary{DryRun: opts.DryRun, Consistent: true}
 	if env.Config.Revision != 0 {
-		return sum, fmt.Errorf("migrate reads and writes the current revision: --revision %d is for the read-only commands", env.Config.Revision)
+		return sum, input.Errorf("migrate reads and writes the current revision: %s %d is for the read-only commands", input.Revision, env.Config.Revision)
 	}
 	t := &tally{resources: map[schema.GroupResource]*ResourceSummary{}, crdPending: map[schema.GroupResource]int64{}}
 	writeCtx := opts.WriteContext
@@ -369,7 +369,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	case writeErr != nil:
 		err = writeErr
 	case errors.Is(scanErr, errFailFast):
-		err = fmt.Errorf("--fail-fast: stopped at the first unreadable object")
+		err = input.Errorf("%s: stopped at the first unreadable object", input.FailFast)
 	case scanErr != nil && ctx.Err() != nil:
 		sum.Interrupted = true
 		err = fmt.Errorf("interrupted: in-flight writes finished; run again to resume (current objects are skipped)")
@@ -491,7 +491,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, gua
 			rs.Failed++
 			t.fail(Failure{Key: d.Key, Status: "failed", Reason: writeCause(r.Err), Error: r.Err.Error()})
 			if opts.FailFast && firstErr == nil {
-				firstErr = fmt.Errorf("--fail-fast: write %s: %v", d.Key, r.Err)
+				firstErr = input.Errorf("%s: write %s: %v", input.FailFast, d.Key, r.Err)
 			}
 		}
 	}
@@ -506,10 +506,11 @@ func writeCause(err error) string {
 	if fe := etcdscan.AsFatal(err); fe != nil {
 		return fe.Cause
 	}
+	var tooLarge *etcdscan.TooLargeError
 	switch {
 	case errors.Is(err, context.Canceled):
 		return "interrupted"
-	case strings.Contains(err.Error(), "--max-request-bytes"):
+	case errors.As(err, &tooLarge):
 		return "too-large"
 	}
 	return "etcd-error"

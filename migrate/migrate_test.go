@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
@@ -416,7 +417,7 @@ func TestFailFastStopsAtUnreadable(t *testing.T) {
 		c.Put(fmt.Sprintf("/registry/configmaps/b/cm-%02d", i), testcluster.ConfigMapsGR, testcluster.ConfigMap("b", fmt.Sprintf("cm-%02d", i)), "", decode.MediaTypeJSON, "")
 	}
 	sum, err := Run(context.Background(), c.Env(pipeline.Config{PageSize: 10}), Options{LivenessWindow: testWindow, FailFast: true, QuotaBackendBytes: DefaultQuotaBackendBytes})
-	if err == nil || !strings.Contains(err.Error(), "--fail-fast") {
+	if err == nil || !strings.Contains(err.Error(), string(input.FailFast)) {
 		t.Fatalf("err = %v", err)
 	}
 	if sum.Summary.Unreadable != 1 || sum.Summary.Rewritten != 0 || len(sum.Failures) != 1 || sum.Failures[0].Key != "/registry/configmaps/a/bad" {

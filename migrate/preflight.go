@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
@@ -22,9 +23,13 @@ import (
 const DefaultQuotaBackendBytes = 2 << 30
 
 // PreflightError is a refusal before anything was written.
-type PreflightError struct{ Msg string }
+type PreflightError struct{ Err error }
 
-func (e *PreflightError) Error() string { return "preflight: " + e.Msg + " (nothing was written)" }
+func (e *PreflightError) Error() string {
+	return "preflight: " + e.Err.Error() + " (nothing was written)"
+}
+
+func (e *PreflightError) Unwrap() error { return e.Err }
 
 // Preflight runs the checks that must pass before the first write and returns a
 // line per check passed.
@@ -106,14 +111,14 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 		}
 		done = append(done, line)
 	case !opts.CompactHistory:
-		return done, nil, &PreflightError{Msg: fmt.Sprintf("the rewrite would add about %s to a %s database, past etcd's %s quota less the %s margin (quota from %s); rerun with --compact-history to compact the history the run makes obsolete as it goes (as kube-apiserver does), or compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), or migrate fewer resources at a time (--resource)",
-			textfmt.Bytes(estimate), textfmt.Bytes(st.DBSize), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source)}
+		return done, nil, &PreflightError{Err: input.Errorf("the rewrite would add about %s to a %s database, past etcd's %s quota less the %s margin (quota from %s); rerun with %s to compact the history the run makes obsolete as it goes (as kube-apiserver does), or compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), or migrate fewer resources at a time (%s)",
+			textfmt.Bytes(estimate), textfmt.Bytes(st.DBSize), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source, input.CompactHistory, input.Resource)}
 	default:
 		// Compacting frees the pages of every revision the live values do
 		// not need: what is left is the live data and the margin.
 		if free := quota.Bytes - margin - st.DBSizeInUse; free < minCompactRoom(quota.Bytes) {
-			return done, nil, &PreflightError{Msg: fmt.Sprintf("even with --compact-history there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
-				textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
+			return done, nil, &PreflightError{Err: input.Errorf("even with %s there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
+				input.CompactHistory, textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
 		}
 		done = append(done, fmt.Sprintf("database %s + rewrite %s %s is more than the %s left below the quota: --compact-history compacts etcd's history up to the run's latest write whenever the database nears the quota",
 			textfmt.Bytes(st.DBSize), how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0))))
@@ -139,7 +144,7 @@ func CheckEncryption(ctx context.Context, env *pipeline.Env) error {
 		}
 	}
 	if err := env.Encryption.Preflight(ctx, grs); err != nil {
-		return &PreflightError{Msg: "write encryption provider: " + err.Error()}
+		return &PreflightError{Err: fmt.Errorf("write encryption provider: %w", err)}
 	}
 	return nil
 }
@@ -184,7 +189,7 @@ func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan
 func wrapSpace(err error) error {
 	var se *rundir.SpaceError
 	if errors.As(err, &se) {
-		return &PreflightError{Msg: se.Error()}
+		return &PreflightError{Err: se}
 	}
 	return err
 }
@@ -234,7 +239,7 @@ func PreflightOffline(ctx context.Context, env *pipeline.Env, opts Options) ([]s
 		return done, err
 	}
 	if len(alarms) > 0 {
-		return done, &PreflightError{Msg: fmt.Sprintf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
+		return done, &PreflightError{Err: fmt.Errorf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
 	}
 	done = append(done, "etcd has no active alarm")
 
@@ -263,7 +268,7 @@ func CheckLiveness(ctx context.Context, cli *clientv3.Client, prefix string, win
 		return "", fmt.Errorf("preflight: %w", err)
 	}
 	if why := rep.Refusal(); why != "" {
-		return "", &PreflightError{Msg: why + ", or pass --allow-live-apiserver"}
+		return "", &PreflightError{Err: input.Errorf("%s, or pass %s", why, input.AllowLiveAPIServer)}
 	}
 	return rep.Summary(), nil
 }

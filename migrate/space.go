@@ -13,6 +13,7 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 )
@@ -110,10 +111,13 @@ type SpaceError struct {
 	Journal               string // the run's journal, "" without one
 }
 
-func (e *SpaceError) Error() string {
-	what := "compact and defragment etcd ('etcdctl compact REV', 'etcdctl defrag'), then run again, or run again with --compact-history to compact the history the run makes obsolete as it goes"
+func (e *SpaceError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the inputs of its remedy spelled by spell.
+func (e *SpaceError) Render(spell func(input.Name) string) string {
+	what := "compact and defragment etcd ('etcdctl compact REV', 'etcdctl defrag'), then run again, or run again with " + spell(input.CompactHistory) + " to compact the history the run makes obsolete as it goes"
 	if e.Compacted {
-		what = "even after compacting (--compact-history) the live data does not leave that room: defragment ('etcdctl defrag'), migrate fewer --resource at a time, or raise etcd's --quota-backend-bytes"
+		what = "even after compacting (" + spell(input.CompactHistory) + ") the live data does not leave that room: defragment ('etcdctl defrag'), migrate fewer " + spell(input.Resource) + " at a time, or raise etcd's --quota-backend-bytes"
 	}
 	journal := ""
 	if e.Journal != "" {
@@ -275,14 +279,14 @@ func (g *spaceGuard) compactNow(ctx context.Context) error {
 	}
 	st, err := g.cli.status(ctx)
 	if err != nil {
-		g.err = fmt.Errorf("--compact-history: %w (nothing more was written)", err)
+		g.err = input.Errorf("%s: %w (nothing more was written)", input.CompactHistory, err)
 		return g.err
 	}
 	if st.Revision <= g.report.CompactedAt {
 		return nil // nothing written since the last compaction
 	}
 	if err := g.cli.compact(ctx, st.Revision); err != nil {
-		g.err = fmt.Errorf("--compact-history: %w (nothing more was written)", err)
+		g.err = input.Errorf("%s: %w (nothing more was written)", input.CompactHistory, err)
 		return g.err
 	}
 	g.report.Compactions++

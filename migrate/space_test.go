@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
@@ -115,7 +116,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	before := s.c.Revision()
 	_, err = Run(ctx, env, Options{LivenessWindow: testWindow})
 	var pe *PreflightError
-	if !errors.As(err, &pe) || !strings.Contains(err.Error(), textfmt.Bytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), "--compact-history") {
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), textfmt.Bytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("a rewrite past the quota found in etcd's metrics: err = %v", err)
 	}
 	if s.c.Revision() != before {
@@ -217,7 +218,7 @@ func TestGuardStopsBeforeQuota(t *testing.T) {
 		t.Fatal(fillErr)
 	}
 	var se *SpaceError
-	if !errors.As(err, &se) || !strings.Contains(err.Error(), "--compact-history") {
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("err = %v, want a stop before the quota", err)
 	}
 	if a := alarms(t, s.c.Cli); len(a) != 0 {

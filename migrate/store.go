@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 	"os"
 
@@ -47,8 +48,8 @@ func outputPreflight(ctx context.Context, env *pipeline.Env, opts Options) ([]st
 	_, err = rundir.CheckSpace([]rundir.Need{{What: "output snapshot", Path: opts.OutputFile, Bytes: fi.Size()}})
 	var se *rundir.SpaceError
 	if errors.As(err, &se) {
-		return done, &PreflightError{Msg: fmt.Sprintf("not enough disk space on the filesystem of %s for --output-snapshot %s: about %s (the input's size) and %s left free, %s is free; free room there, or write the output elsewhere",
-			se.Dir, opts.OutputFile, textfmt.Bytes(fi.Size()), textfmt.Bytes(rundir.SpaceMargin), textfmt.Bytes(se.Free))}
+		return done, &PreflightError{Err: input.Errorf("not enough disk space on the filesystem of %s for %s %s: about %s (the input's size) and %s left free, %s is free; free room there, or write the output elsewhere",
+			se.Dir, input.OutputSnapshot, opts.OutputFile, textfmt.Bytes(fi.Size()), textfmt.Bytes(rundir.SpaceMargin), textfmt.Bytes(se.Free))}
 	}
 	if err != nil {
 		return done, err

@@ -44,6 +44,9 @@ type Blocker struct {
 	Check   string `json:"check"`
 	Problem string `json:"problem"`
 	Remedy  string `json:"remedy"`
+	// Cause is the error Problem says, when one did: the command layer
+	// writes it again naming its flags.
+	Cause error `json:"-"`
 }
 
 // Estimate is about how long the write would keep the API down.
@@ -253,10 +256,9 @@ func (p *Plan) block(check, problem, remedy string) {
 func (p *Plan) blockErr(check string, err error, remedy string) {
 	var pe *migrate.PreflightError
 	if errors.As(err, &pe) {
-		p.block(check, pe.Msg, remedy)
-		return
+		err = pe.Err
 	}
-	p.block(check, err.Error(), remedy)
+	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: err.Error(), Remedy: remedy, Cause: err})
 }
 
 // existing is dir, or its nearest ancestor that exists.

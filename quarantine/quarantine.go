@@ -373,7 +373,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, re
 	if err != nil {
 		var se *rundir.SpaceError
 		if errors.As(err, &se) {
-			return &migrate.PreflightError{Msg: se.Error()}
+			return &migrate.PreflightError{Err: se}
 		}
 		return err
 	}

@@ -1,12 +1,13 @@
 package release
 
 import (
-	"errors"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	basecompatibility "k8s.io/component-base/compatibility"
+
+	"kube-etcd-migrate/internal/input"
 )
 
 // Error is a release the linked kube-apiserver cannot write for: not a
@@ -19,15 +20,16 @@ type Error struct {
 	err     error
 }
 
-// Errorf is an *Error for release with the message of fmt.Errorf(format,
-// args...) (which it wraps, %w included).
+// Errorf is an *Error for release with the message of input.Errorf(format,
+// args...) (which it wraps, %w included, and whose input names the command
+// layer spells as flags).
 func Errorf(release, format string, args ...any) *Error {
-	return &Error{Release: release, err: fmt.Errorf(format, args...)}
+	return &Error{Release: release, err: input.Errorf(format, args...)}
 }
 
 func (e *Error) Error() string { return e.err.Error() }
 
-func (e *Error) Unwrap() error { return errors.Unwrap(e.err) }
+func (e *Error) Unwrap() error { return e.err }
 
 // EffectiveVersion returns the effective version of kube-apiserver of
 // release ("" = the linked one) run with --emulated-version=emulated ("" =
@@ -53,7 +55,7 @@ func EffectiveVersion(release, emulated string) (basecompatibility.MutableEffect
 	if release != "" {
 		parsed, err := Parse(release)
 		if err != nil {
-			return nil, Errorf(release, "--target-version %q: %w (allowed %s)", release, err, Range())
+			return nil, Errorf(release, "%s %q: %w (allowed %s)", input.TargetVersion, release, err, Range())
 		}
 		rel = parsed
 	}
@@ -69,14 +71,14 @@ func EffectiveVersion(release, emulated string) (basecompatibility.MutableEffect
 		emu = parsed
 	}
 	if rel.GreaterThan(version.MajorMinor(binary.Major(), binary.Minor())) {
-		return nil, Errorf(release, "--target-version %s: newer than the Kubernetes release this tool carries (%d.%d); use a kube-etcd-migrate built with Kubernetes %s (allowed %s)", rel, binary.Major(), binary.Minor(), rel, Range())
+		return nil, Errorf(release, "%s %s: newer than the Kubernetes release this tool carries (%d.%d); use a kube-etcd-migrate built with Kubernetes %s (allowed %s)", input.TargetVersion, rel, binary.Major(), binary.Minor(), rel, Range())
 	}
 	ev.SetEmulationVersion(emu)
 	if errs := ev.Validate(); len(errs) > 0 {
 		if emulated != "" {
 			return nil, fmt.Errorf("--emulated-version %s: kube-apiserver %d.%d cannot emulate it: allowed %s", emu, binary.Major(), binary.Minor(), allowed)
 		}
-		return nil, Errorf(release, "--target-version %s: kube-apiserver %d.%d cannot reproduce it: allowed %s", rel, binary.Major(), binary.Minor(), Range())
+		return nil, Errorf(release, "%s %s: kube-apiserver %d.%d cannot reproduce it: allowed %s", input.TargetVersion, rel, binary.Major(), binary.Minor(), Range())
 	}
 	ev.SetMinCompatibilityVersion(minCompatibility(rel, emu))
 	return ev, nil

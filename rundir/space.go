@@ -2,6 +2,7 @@ package rundir
 
 import (
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 	"os"
 	"path/filepath"
@@ -30,13 +31,16 @@ type SpaceError struct {
 	Free   int64
 }
 
-func (e *SpaceError) Error() string {
+func (e *SpaceError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the state directory's input spelled by spell.
+func (e *SpaceError) Render(spell func(input.Name) string) string {
 	parts := make([]string, len(e.Needs))
 	for i, n := range e.Needs {
 		parts[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
 	}
-	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run's undo needs %s (%s) and %s left free, %s is free; free room there, or give a --state-dir on another filesystem",
-		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(SpaceMargin), textfmt.Bytes(e.Free))
+	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run's undo needs %s (%s) and %s left free, %s is free; free room there, or give a %s on another filesystem",
+		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(SpaceMargin), textfmt.Bytes(e.Free), spell(input.StateDir))
 }
 
 // CheckSpace checks that the files fit together, with SpaceMargin to spare, on

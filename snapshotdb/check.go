@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"google.golang.org/protobuf/proto"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 )
 
@@ -38,7 +39,15 @@ func HasTrailer(size int64) bool { return size%512 == sha256.Size }
 
 // FileError is a one-line error naming the file: "snapshot file PATH: ...".
 func FileError(path string, format string, args ...any) error {
-	return fmt.Errorf("snapshot file %s: %s", path, textfmt.OneLine(fmt.Sprintf(format, args...)))
+	for i, a := range args {
+		switch a := a.(type) {
+		case error:
+			args[i] = textfmt.OneLine(a.Error())
+		case string:
+			args[i] = textfmt.OneLine(a)
+		}
+	}
+	return input.Errorf("snapshot file %s: "+format, append([]any{path}, args...)...)
 }
 
 // Check establishes that path is an etcd snapshot that etcd's restore code
@@ -69,7 +78,7 @@ func Check(path string, skipHash bool) (size int64, hash Hash, v Versions, err e
 	case skipHash:
 		hash = HashSkipped
 	case !HasTrailer(size):
-		return 0, "", Versions{}, FileError(path, "no sha256 trailer: truncated, or not a snapshot saved by etcdctl/etcdutl (a member's member/snap/db has none: read it with --skip-hash-check)")
+		return 0, "", Versions{}, FileError(path, "no sha256 trailer: truncated, or not a snapshot saved by etcdctl/etcdutl (a member's member/snap/db has none: read it with %s)", input.SkipHashCheck)
 	default:
 		if err := checkDigest(path, dataSize); err != nil {
 			return 0, "", Versions{}, err
@@ -99,7 +108,7 @@ func checkDigest(path string, dataSize int64) error {
 		return FileError(path, "read the sha256 trailer: %v", err)
 	}
 	if !bytes.Equal(h.Sum(nil), trailer) {
-		return FileError(path, "sha256 of the database does not match the trailer etcd wrote: the file is corrupt or truncated (--skip-hash-check reads it anyway)")
+		return FileError(path, "sha256 of the database does not match the trailer etcd wrote: the file is corrupt or truncated (%s reads it anyway)", input.SkipHashCheck)
 	}
 	return nil
 }

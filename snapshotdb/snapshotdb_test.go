@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testsnap"
 	"kube-etcd-migrate/target"
 	"os"
@@ -389,7 +390,7 @@ func TestDamagedFiles(t *testing.T) {
 	}{
 		{"truncated", d.Truncated, "", false},
 		{"bad hash", d.Flipped, "sha256 of the database does not match", false},
-		{"member db without --skip-hash-check", d.MemberDB, "--skip-hash-check", false},
+		{"member db without --skip-hash-check", d.MemberDB, string(input.SkipHashCheck), false},
 		{"truncated, --skip-hash-check", d.TruncatedMember, "truncated", true},
 		{"not a snapshot, --skip-hash-check", write("notes.txt", []byte("not a snapshot\n")), "not an etcd snapshot", true},
 		{"pages overwritten, --skip-hash-check", d.Garbage, "", true},

@@ -33,6 +33,7 @@ import (
 	"go.uber.org/zap"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/loopback"
 	"kube-etcd-migrate/snapshotdb"
 )
@@ -424,27 +425,27 @@ func (s *Snapshot) CheckLeases(ctx context.Context, readOnly bool) error {
 // existing file without force, before any work is done.
 func CheckOutput(in, out string, force bool) error {
 	if out == "" {
-		return errors.New("--output-snapshot: no file given")
+		return input.Errorf("%s: no file given", input.OutputSnapshot)
 	}
 	ofi, err := os.Stat(out)
 	switch {
 	case err == nil:
 		if ifi, ierr := os.Stat(in); ierr == nil && os.SameFile(ifi, ofi) {
-			return fmt.Errorf("--output-snapshot %s is the --snapshot-file itself, which is never modified: write elsewhere", out)
+			return input.Errorf("%s %s is the %s itself, which is never modified: write elsewhere", input.OutputSnapshot, out, input.SnapshotFile)
 		}
 		if !ofi.Mode().IsRegular() {
-			return fmt.Errorf("--output-snapshot %s: not a regular file", out)
+			return input.Errorf("%s %s: not a regular file", input.OutputSnapshot, out)
 		}
 		if !force {
-			return fmt.Errorf("--output-snapshot %s exists: remove it or pass --force to replace it", out)
+			return input.Errorf("%s %s exists: remove it or pass %s to replace it", input.OutputSnapshot, out, input.Force)
 		}
 	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("--output-snapshot %s: %w", out, err)
+		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	dir := filepath.Dir(out)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(out)+".probe-*")
 	if err != nil {
-		return fmt.Errorf("--output-snapshot %s: cannot write in %s: %w", out, dir, err)
+		return input.Errorf("%s %s: cannot write in %s: %w", input.OutputSnapshot, out, dir, err)
 	}
 	f.Close()
 	os.Remove(f.Name())
@@ -467,18 +468,18 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	}
 	g, err := s.Client.Get(ctx, "\x00", clientv3.WithCountOnly())
 	if err != nil {
-		return fmt.Errorf("--output-snapshot %s: read the revision: %w", out, err)
+		return input.Errorf("%s %s: read the revision: %w", input.OutputSnapshot, out, err)
 	}
 	rev := g.Header.Revision
 	if _, err := s.Client.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
-		return fmt.Errorf("--output-snapshot %s: compact at revision %d: %w", out, rev, err)
+		return input.Errorf("%s %s: compact at revision %d: %w", input.OutputSnapshot, out, rev, err)
 	}
 	if _, err := s.Client.Defragment(ctx, s.Client.Endpoints()[0]); err != nil {
-		return fmt.Errorf("--output-snapshot %s: defragment: %w", out, err)
+		return input.Errorf("%s %s: defragment: %w", input.OutputSnapshot, out, err)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".new-*")
 	if err != nil {
-		return fmt.Errorf("--output-snapshot %s: %w", out, err)
+		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	tmpPath := tmp.Name()
 	tmp.Close()
@@ -486,13 +487,13 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	os.Remove(tmpPath)
 	defer os.Remove(tmpPath)
 	if err := etcdscan.Snapshot(ctx, s.Client, tmpPath); err != nil {
-		return fmt.Errorf("--output-snapshot %s: %w", out, err)
+		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	if err := keepVersions(tmpPath, snapshotdb.Versions{Storage: s.Info.StorageVersion, Cluster: s.Info.ClusterVersion}); err != nil {
-		return fmt.Errorf("--output-snapshot %s: %w", out, err)
+		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	if err := Publish(tmpPath, out, force); err != nil {
-		return fmt.Errorf("--output-snapshot %s: %w", out, err)
+		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	return nil
 }
@@ -506,7 +507,7 @@ func Publish(tmp, out string, force bool) error {
 		}
 	} else if err := os.Link(tmp, out); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return errors.New("created by someone else meanwhile: not replaced (--force replaces it)")
+			return input.Errorf("created by someone else meanwhile: not replaced (%s replaces it)", input.Force)
 		}
 		// A file system without hard links: rename if out is still absent.
 		if _, serr := os.Lstat(out); !errors.Is(serr, os.ErrNotExist) {

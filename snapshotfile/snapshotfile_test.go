@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testsnap"
 	"kube-etcd-migrate/target"
 	"os"
@@ -363,7 +364,7 @@ func TestDamagedFiles(t *testing.T) {
 		{"truncated", d.Truncated, "", false},
 		{"truncated, --skip-hash-check", d.TruncatedMember, "truncated", true},
 		{"one byte flipped", d.Flipped, "sha256 of the database does not match", false},
-		{"member db without --skip-hash-check", d.MemberDB, "--skip-hash-check", false},
+		{"member db without --skip-hash-check", d.MemberDB, string(input.SkipHashCheck), false},
 		{"pages overwritten, --skip-hash-check", d.Garbage, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,7 +493,7 @@ func TestSave(t *testing.T) {
 
 	outDir := t.TempDir()
 	out := filepath.Join(outDir, "out.db")
-	if err := s.Save(ctx, f.snap, true); err == nil || !strings.Contains(err.Error(), "is the --snapshot-file itself") {
+	if err := s.Save(ctx, f.snap, true); err == nil || !strings.Contains(err.Error(), "is the "+string(input.SnapshotFile)+" itself") {
 		t.Errorf("Save onto the input with force: %v", err)
 	}
 	if err := s.Save(ctx, out, false); err != nil {

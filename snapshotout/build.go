@@ -21,6 +21,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/snapshotfile"
 )
 
@@ -48,7 +49,7 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.log == nil {
-		return res, fmt.Errorf("--output-snapshot %s: the writer is closed", w.out)
+		return res, input.Errorf("%s %s: the writer is closed", input.OutputSnapshot, w.out)
 	}
 	defer func() {
 		w.log.Close()
@@ -58,11 +59,11 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 		return res, fe
 	}
 	if err := w.logw.Flush(); err != nil {
-		return res, fmt.Errorf("--output-snapshot %s: store the new values beside it: %w", w.out, err)
+		return res, input.Errorf("%s %s: store the new values beside it: %w", input.OutputSnapshot, w.out, err)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(w.out), "."+filepath.Base(w.out)+".new-*")
 	if err != nil {
-		return res, fmt.Errorf("--output-snapshot %s: %w", w.out, err)
+		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	tmpPath := tmp.Name()
 	tmp.Close()
@@ -76,15 +77,15 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 		return res, err
 	}
 	if err := snapshotfile.AppendTrailer(tmpPath); err != nil {
-		return res, fmt.Errorf("--output-snapshot %s: %w", w.out, err)
+		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	fi, err := os.Stat(tmpPath)
 	if err != nil {
-		return res, fmt.Errorf("--output-snapshot %s: %w", w.out, err)
+		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	b.res.Size = fi.Size()
 	if err := snapshotfile.Publish(tmpPath, w.out, force); err != nil {
-		return res, fmt.Errorf("--output-snapshot %s: %w", w.out, err)
+		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	return b.res, nil
 }
@@ -162,7 +163,7 @@ func (b *builder) inErr(format string, args ...any) error {
 }
 
 func (b *builder) outErr(err error) error {
-	return fmt.Errorf("--output-snapshot %s: %w", b.w.out, err)
+	return input.Errorf("%s %s: %w", input.OutputSnapshot, b.w.out, err)
 }
 
 // openIn opens the input read-only, checking it is the file the run read.

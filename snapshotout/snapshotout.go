@@ -35,6 +35,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/snapshotdb"
 )
 
@@ -110,7 +111,7 @@ func New(ctx context.Context, in *snapshotdb.File, out string, opts Options) (*W
 	w.gone = make([]uint64, (len(w.live)+63)/64)
 	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".values-*")
 	if err != nil {
-		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
+		return nil, input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	os.Remove(f.Name())
 	w.log, w.logw = f, bufio.NewWriterSize(f, 1<<20)
@@ -225,7 +226,7 @@ func (w *Writer) Write(ctx context.Context, puts []etcdscan.Put) []etcdscan.PutR
 		rev := w.next + 1
 		kv := mvccpb.KeyValue{Key: []byte(p.Key), Value: p.Value, CreateRevision: read.CreateRevision, ModRevision: rev, Version: read.Version + 1, Lease: read.Lease}
 		if err := w.append(rev, &kv); err != nil {
-			fe := &etcdscan.FatalError{Cause: CauseOutput, Err: fmt.Errorf("--output-snapshot %s: store the new values beside it: %w", w.out, err)}
+			fe := &etcdscan.FatalError{Cause: CauseOutput, Err: input.Errorf("%s %s: store the new values beside it: %w", input.OutputSnapshot, w.out, err)}
 			w.stopped.CompareAndSwap(nil, fe)
 			r.Status, r.Err = etcdscan.Failed, fmt.Errorf("put %s: %w", p.Key, fe)
 			if tracked {

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotout"
@@ -280,7 +281,7 @@ func TestOutputFailures(t *testing.T) {
 	w := open(filepath.Join(gone, "out.db"))
 	os.Remove(gone)
 	_, err = w.Finish(ctx, false)
-	if err == nil || !strings.Contains(err.Error(), "--output-snapshot "+filepath.Join(gone, "out.db")) || strings.Contains(err.Error(), "\n") {
+	if err == nil || !strings.Contains(err.Error(), string(input.OutputSnapshot)+" "+filepath.Join(gone, "out.db")) || strings.Contains(err.Error(), "\n") {
 		t.Errorf("output directory gone: %v, want one line naming the output", err)
 	}
 

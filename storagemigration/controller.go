@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/release"
 )
@@ -46,7 +47,7 @@ func controllerOf(env *pipeline.Env) (controller, error) {
 // and writes storagemigration.k8s.io/v1alpha1.
 func (c controller) writable() error {
 	if c.minor < 36 {
-		return fmt.Errorf("StorageVersionMigration requests for a 1.%d target: the tool writes what the storage version migrator of kube-controller-manager 1.36 and 1.37 writes, and 1.%d's writes other conditions (or another API version); migrate without --requested and --record, and let that release's kube-controller-manager carry out the requests", c.minor, c.minor)
+		return input.Errorf("StorageVersionMigration requests for a 1.%d target: the tool writes what the storage version migrator of kube-controller-manager 1.36 and 1.37 writes, and 1.%d's writes other conditions (or another API version); migrate without %s and %s, and let that release's kube-controller-manager carry out the requests", c.minor, c.minor, input.Requested, input.Record)
 	}
 	return nil
 }

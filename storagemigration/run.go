@@ -18,6 +18,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 )
@@ -95,10 +96,10 @@ type Result struct {
 func RunRequested(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) {
 	res := &Result{DryRun: opts.Migrate.DryRun, Requests: []Outcome{}}
 	if env.Filter != nil {
-		return res, fmt.Errorf("the requests name their resources: --resource and --namespace do not apply")
+		return res, input.Errorf("the requests name their resources: %s and %s do not apply", input.Resource, input.Namespace)
 	}
 	if env.Config.Revision != 0 {
-		return res, fmt.Errorf("requests are carried out at the current revision: --revision %d is for the read-only commands", env.Config.Revision)
+		return res, input.Errorf("requests are carried out at the current revision: %s %d is for the read-only commands", input.Revision, env.Config.Revision)
 	}
 	served, why, err := Serving(env)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/updatepath"
@@ -217,7 +218,7 @@ func (wr *writer) put(ctx context.Context, gr schema.GroupResource, key string, 
 	}
 	if wr.snapshot != "" && !wr.snapshotTaken {
 		if err := etcdscan.Snapshot(wr.ctx, wr.env.Client, wr.snapshot); err != nil {
-			return etcdscan.PutResult{}, fmt.Errorf("--snapshot %s: %w (nothing was written)", wr.snapshot, err)
+			return etcdscan.PutResult{}, input.Errorf("%s %s: %w (nothing was written)", input.Snapshot, wr.snapshot, err)
 		}
 		wr.snapshotTaken = true
 	}

@@ -123,7 +123,7 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 			t.notes = append(t.notes, note)
 		}
 	}
-	if in.RefuseContradiction && api.Contradiction != "" {
+	if in.RefuseContradiction && api.Contradiction != nil {
 		return nil, &ContradictionError{Contradiction: api.Contradiction}
 	}
 	if in.RequireRelease && api.Release == "" {
@@ -234,9 +234,11 @@ func (e *UnknownReleaseError) Error() string {
 
 // ContradictionError: the manifest's image contradicts the release given,
 // and the run writes.
-type ContradictionError struct{ Contradiction string }
+type ContradictionError struct{ Contradiction error }
 
-func (e *ContradictionError) Error() string { return e.Contradiction }
+func (e *ContradictionError) Error() string { return e.Contradiction.Error() }
+
+func (e *ContradictionError) Unwrap() error { return e.Contradiction }
 
 // ConfigError: the kube-apiserver configuration (feature gates, emulated
 // version) cannot be applied.

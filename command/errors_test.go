@@ -1,0 +1,70 @@
+package command
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/snapshotfile"
+)
+
+// TestEveryInputHasAFlag: every input the library's messages refer to is
+// spelled as a flag some command has, so that no error the user reads names
+// an input in words where a flag was typed.
+func TestEveryInputHasAFlag(t *testing.T) {
+	flags := map[string]bool{}
+	app := newApp(io.Discard, io.Discard)
+	for _, f := range app.Flags {
+		for _, n := range f.Names() {
+			flags["--"+n] = true
+		}
+	}
+	for _, cmd := range app.Commands {
+		for _, f := range cmd.Flags {
+			for _, n := range f.Names() {
+				flags["--"+n] = true
+			}
+		}
+	}
+	for _, n := range input.All() {
+		f, ok := inputFlags[n]
+		if !ok {
+			t.Errorf("input %q has no flag in inputFlags", n)
+			continue
+		}
+		if !flags[f] {
+			t.Errorf("input %q is spelled %s, which no command has", n, f)
+		}
+	}
+	if len(inputFlags) != len(input.All()) {
+		t.Errorf("inputFlags has %d entries, input.All %d", len(inputFlags), len(input.All()))
+	}
+}
+
+// TestCLIMessageNamesFlags: a library error, wrapped, reads with the flags the
+// user typed; the library's own text names none.
+func TestCLIMessageNamesFlags(t *testing.T) {
+	err := snapshotfile.CheckOutput("/nonexistent/in.db", "", false)
+	if err == nil {
+		t.Fatal("CheckOutput accepted no output file")
+	}
+	wrapped := fmt.Errorf("migrate: %w", err)
+	if got, want := cliMessage(wrapped), "migrate: --output-snapshot: no file given"; got != want {
+		t.Errorf("cliMessage = %q, want %q", got, want)
+	}
+	if strings.Contains(err.Error(), "--") {
+		t.Errorf("library error names a flag: %q", err)
+	}
+	inner := input.Errorf("%s %s exists: pass %s", input.OutputSnapshot, "/tmp/x", input.Force)
+	outer := input.Errorf("%s: %w", input.CompactHistory, inner)
+	joined := errors.Join(errors.New("first"), fmt.Errorf("second: %w", outer))
+	if got, want := cliMessage(joined), "first\nsecond: --compact-history: --output-snapshot /tmp/x exists: pass --force"; got != want {
+		t.Errorf("cliMessage = %q, want %q", got, want)
+	}
+	if !errors.Is(joined, inner) {
+		t.Error("the wrapped error is not found through input.Errorf")
+	}
+}
