@@ -8,6 +8,8 @@ var inputFlags = map[input.Name]string{
 	input.AllowLiveAPIServer:       "--allow-live-apiserver",
 	input.APIServerFlagsFile:       "--apiserver-flags-file",
 	input.APIServerManifest:        "--apiserver-manifest",
+	input.ClientCert:               "--cert",
+	input.ClientKey:                "--key",
 	input.CompactHistory:           "--compact-history",
 	input.ConversionWebhook:        "--conversion-webhook",
 	input.EncryptionProviderConfig: "--encryption-provider-config",
@@ -31,6 +33,7 @@ var inputFlags = map[input.Name]string{
 	input.StateDir:                 "--state-dir",
 	input.StorageMediaType:         "--storage-media-type",
 	input.TargetVersion:            "--target-version",
+	input.User:                     "--user",
 }
 
 // flagOf is the flag of an input (its words if it has none).

@@ -317,7 +317,10 @@ type StopError struct {
 	Verb    string // "migrate" or "rollback"
 }
 
-func (e *StopError) Error() string {
+func (e *StopError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the inputs of its remedy spelled by spell.
+func (e *StopError) Render(spell func(input.Name) string) string {
 	var b strings.Builder
 	switch e.Fatal.Cause {
 	case etcdscan.CauseNoSpace:
@@ -336,9 +339,9 @@ func (e *StopError) Error() string {
 	case e.Fatal.Cause == etcdscan.CauseNoSpace && e.Verb == "rollback":
 		b.WriteString("; rollback needs room too: make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run the same rollback again")
 	case e.Fatal.Cause == etcdscan.CauseNoSpace:
-		b.WriteString("; make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run again with --compact-history")
+		b.WriteString("; make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run again with " + spell(input.CompactHistory))
 	default:
-		b.WriteString("; give credentials allowed to write the keys (--cert/--key of kube-apiserver's etcd client, or --user with read-write on the prefix), then run again")
+		fmt.Fprintf(&b, "; give credentials allowed to write the keys (%s/%s of kube-apiserver's etcd client, or %s with read-write on the prefix), then run again", spell(input.ClientCert), spell(input.ClientKey), spell(input.User))
 	}
 	return b.String()
 }

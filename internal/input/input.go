@@ -22,6 +22,8 @@ const (
 	AllowLiveAPIServer       Name = "live kube-apiserver allowance"
 	APIServerFlagsFile       Name = "kube-apiserver flags file"
 	APIServerManifest        Name = "kube-apiserver manifest"
+	ClientCert               Name = "client certificate"
+	ClientKey                Name = "client key"
 	CompactHistory           Name = "history compaction"
 	ConversionWebhook        Name = "conversion webhook address"
 	EncryptionProviderConfig Name = "encryption configuration"
@@ -45,15 +47,16 @@ const (
 	StateDir                 Name = "state directory"
 	StorageMediaType         Name = "storage media type"
 	TargetVersion            Name = "target release"
+	User                     Name = "etcd user"
 )
 
 // All is every Name, for the command layer's test that each has a flag.
 func All() []Name {
-	return []Name{AllowLiveAPIServer, APIServerFlagsFile, APIServerManifest, CompactHistory,
+	return []Name{AllowLiveAPIServer, APIServerFlagsFile, APIServerManifest, ClientCert, ClientKey, CompactHistory,
 		ConversionWebhook, EncryptionProviderConfig, FailFast, FailOnOrphaned, FeatureGates, Force,
 		Journal, Namespace, NoUndo, OutputSnapshot, QuotaBackendBytes, Record, Requested,
 		Resource, Revision, RuntimeConfig, SkipHashCheck, Snapshot, SnapshotFile, StateDir,
-		StorageMediaType, TargetVersion}
+		StorageMediaType, TargetVersion, User}
 }
 
 // Error is a message that refers to inputs by Name. Its arguments are kept,
