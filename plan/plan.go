@@ -43,8 +43,9 @@ type Options struct {
 type Blocker struct {
 	Check   string `json:"check"`
 	Problem string `json:"problem"`
-	// Fix is what mends it. Remedy is Fix in words, with the flags that
-	// apply, which the command layer writes in before it prints the plan.
+	// Fix is what mends it. Remedy, empty here, is Fix in words with the
+	// flags that apply: the command layer's printers fill it in the copy
+	// they print (the table's "remedy:" and this JSON member).
 	Fix    Fix    `json:"-"`
 	Remedy string `json:"remedy"`
 }
