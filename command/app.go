@@ -4,9 +4,10 @@
 // migrate.go, rollback.go, quarantine.go, version.go, completion.go), the flag
 // groups the commands share (global_flags.go, apiserver_flags.go,
 // snapshot_flags.go, target_flags.go), what every command opens (session.go),
-// flags anywhere on the line (args.go), and the printers by output format
-// (printer_table.go, printer_json.go, metrics.go, progress.go). The binary's
-// main calls Run. See docs/commands.md.
+// flags anywhere on the line (args.go), and all the printing: the printers by
+// output format (printer.go: table, json with the build stamp, yaml) and each
+// report's table (printer_*.go), metrics.go, progress.go. The binary's main
+// calls Run. See docs/commands.md.
 package command
 
 import (

@@ -28,5 +28,12 @@ func cmdInspect(c *cli.Context) error {
 		return err
 	}
 	defer s.close()
-	return inventory.Inspect(ctx, s.env, c.Args().First(), c.Bool("show-secrets"), c.String("output"), c.App.Writer)
+	o, err := inventory.Inspect(ctx, s.env, c.Args().First(), c.Bool("show-secrets"))
+	if o != nil {
+		// A key that does not decode: its header and the reason, then the error.
+		if werr := writeInspected(c.App.Writer, o, c.String("output")); werr != nil {
+			return werr
+		}
+	}
+	return err
 }

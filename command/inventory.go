@@ -30,5 +30,5 @@ func cmdInventory(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return writeReport(c.App.Writer, c.String("output"), inv.Write)
+	return printReport(c.App.Writer, c.String("output"), inventoryReport{inv})
 }

@@ -3,7 +3,6 @@ package command
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -110,7 +109,7 @@ func cmdMigrate(c *cli.Context) (err error) {
 	prog.Finish()
 	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, opts)
 	if sum != nil {
-		if err := writeMigrateReport(c.App.Writer, sum, records, c.String("output")); err != nil {
+		if err := printReport(c.App.Writer, c.String("output"), migrateReport{sum, records}); err != nil {
 			return err
 		}
 		if p := c.String("metrics-file"); p != "" {
@@ -203,13 +202,7 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, u *und
 	defer cancelWrites()
 	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx, u, window)})
 	if res != nil {
-		write := func(w io.Writer, format string) error {
-			if format == "json" {
-				return writeJSON(w, res)
-			}
-			return res.WriteTable(w)
-		}
-		if err := writeReport(c.App.Writer, c.String("output"), write); err != nil {
+		if err := printReport(c.App.Writer, c.String("output"), requestedReport{res}); err != nil {
 			return res, err
 		}
 	}

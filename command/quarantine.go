@@ -90,7 +90,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		WriteContext:       writeCtx,
 	})
 	if res != nil {
-		if err := writeReport(c.App.Writer, c.String("output"), res.Write); err != nil {
+		if err := printReport(c.App.Writer, c.String("output"), quarantineReport{res}); err != nil {
 			return err
 		}
 	}

@@ -100,7 +100,7 @@ func cmdRollback(c *cli.Context) (err error) {
 	}
 	res, err = migrate.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
 	res.Preflight = preflight
-	if werr := writeRollback(c.App.Writer, res, c.String("output")); werr != nil && err == nil {
+	if werr := printReport(c.App.Writer, c.String("output"), rollbackReport{res}); werr != nil && err == nil {
 		err = werr
 	}
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/rundir"
 )
 
@@ -41,21 +42,31 @@ func cmdRuns(c *cli.Context) error {
 		_, jerr := os.Stat(r.Journal)
 		views[i] = runView{Record: r, SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
 	}
-	if c.String("output") == "json" {
-		return writeReport(c.App.Writer, "json", func(w io.Writer, _ string) error {
-			return writeJSON(w, struct {
-				StateDir string    `json:"stateDir"`
-				Runs     []runView `json:"runs"`
-			}{dir, views})
-		})
-	}
-	if len(views) == 0 {
-		fmt.Fprintf(c.App.Writer, "no runs in %s\n", dir)
+	return printReport(c.App.Writer, c.String("output"), runsReport{dir, views})
+}
+
+// runsReport is the state directory's runs.
+type runsReport struct {
+	dir  string
+	runs []runView
+}
+
+func (r runsReport) stamped(build buildinfo.Info) any {
+	return struct {
+		Build    buildinfo.Info `json:"build"`
+		StateDir string         `json:"stateDir"`
+		Runs     []runView      `json:"runs"`
+	}{build, r.dir, r.runs}
+}
+
+func (r runsReport) table(w io.Writer) error {
+	if len(r.runs) == 0 {
+		fmt.Fprintf(w, "no runs in %s\n", r.dir)
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tCOMMAND\tSTARTED\tENDED\tEXIT\tKEYS WRITTEN\tSNAPSHOT\tJOURNAL")
-	for _, v := range views {
+	for _, v := range r.runs {
 		ended, exit := "-", "unfinished (running, or killed)"
 		if v.Finished() {
 			ended, exit = v.End.Local().Format(time.DateTime), fmt.Sprint(*v.ExitCode)
@@ -77,6 +88,6 @@ func cmdRuns(c *cli.Context) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "undo run ID and every later one: kube-etcd-migrate rollback --run ID --dry-run, then without --dry-run\n")
+	fmt.Fprintf(w, "undo run ID and every later one: kube-etcd-migrate rollback --run ID --dry-run, then without --dry-run\n")
 	return nil
 }

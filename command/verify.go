@@ -1,10 +1,7 @@
 package command
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 
 	"github.com/urfave/cli/v2"
 
@@ -46,7 +43,7 @@ func cmdVerify(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := writeReport(c.App.Writer, c.String("output"), verifyWithRequests(rep, plan)); err != nil {
+	if err := printReport(c.App.Writer, c.String("output"), verifyReport{rep, plan}); err != nil {
 		return err
 	}
 	if p := c.String("metrics-file"); p != "" {
@@ -61,43 +58,5 @@ func cmdVerify(c *cli.Context) error {
 		return &codeError{code: code, err: fmt.Errorf("exit %d", code), quiet: true}
 	default:
 		return fmt.Errorf("verify: exit code %d is none of those documented (exitCodes)", code)
-	}
-}
-
-// verifyWithRequests writes the verify report followed by the pending
-// StorageVersionMigration requests (a "storageVersionMigrations" member in
-// JSON and YAML); plan nil: the report alone.
-func verifyWithRequests(rep *verify.Report, plan *storagemigration.Plan) func(io.Writer, string) error {
-	if plan == nil {
-		return rep.Write
-	}
-	return func(w io.Writer, format string) error {
-		if format != "json" {
-			if err := rep.Write(w, format); err != nil {
-				return err
-			}
-			return plan.WriteTable(w)
-		}
-		var buf bytes.Buffer
-		if err := rep.Write(&buf, "json"); err != nil {
-			return err
-		}
-		body := bytes.TrimSpace(buf.Bytes())
-		if len(body) < 2 || body[len(body)-1] != '}' {
-			return fmt.Errorf("verify report is not a JSON object")
-		}
-		member, err := json.Marshal(plan)
-		if err != nil {
-			return err
-		}
-		merged := append(bytes.TrimSpace(body[:len(body)-1]), []byte(`,"storageVersionMigrations":`)...)
-		merged = append(append(merged, member...), '}')
-		var out bytes.Buffer
-		if err := json.Indent(&out, merged, "", "  "); err != nil {
-			return err
-		}
-		out.WriteByte('\n')
-		_, err = w.Write(out.Bytes())
-		return err
 	}
 }

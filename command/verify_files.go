@@ -2,7 +2,6 @@ package command
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/verify"
 )
@@ -177,15 +177,7 @@ func verifySnapshotFiles(ctx context.Context, c *cli.Context, targets []snapshot
 		rep.Files = append(rep.Files, v)
 	}
 	rep.ExitCode, rep.Verdict = rep.verdict()
-	write := func(w io.Writer, format string) error {
-		if format == "json" {
-			enc := json.NewEncoder(w)
-			enc.SetIndent("", "  ")
-			return enc.Encode(rep)
-		}
-		return rep.writeTable(w, c.Int("show-keys"))
-	}
-	if err := writeReport(c.App.Writer, c.String("output"), write); err != nil {
+	if err := printReport(c.App.Writer, c.String("output"), filesPrint{rep, c.Int("show-keys")}); err != nil {
 		return err
 	}
 	if rep.ExitCode == exitOK {
@@ -274,7 +266,22 @@ func (r *filesReport) verdict() (int, string) {
 	return code, fmt.Sprintf("VERDICT: %s Exit %d.", strings.Join(parts, " "), code)
 }
 
-func (r *filesReport) writeTable(w io.Writer, show int) error {
+// filesPrint is verify over several snapshot files as the printers take
+// it: the table lists the first show unreadable keys of each file.
+type filesPrint struct {
+	rep  *filesReport
+	show int
+}
+
+func (f filesPrint) stamped(build buildinfo.Info) any {
+	return struct {
+		Build buildinfo.Info `json:"build"`
+		*filesReport
+	}{build, f.rep}
+}
+
+func (f filesPrint) table(w io.Writer) error {
+	r, show := f.rep, f.show
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FILE\tEXIT\tREVISION\tOBJECTS\tSTALE\tUNREADABLE\tOBJECTS BY ENCRYPTION (provider:key=N (first|later|unreadable))")
@@ -286,7 +293,7 @@ func (r *filesReport) writeTable(w io.Writer, show int) error {
 			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\tnot read (error above)\n", f.Path, f.Exit)
 		default:
 			s := f.Summary
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Path, f.Exit, f.Revision, s.Objects, s.Stale, s.Unreadable, verify.EncryptionSummary(f.Encryption))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Path, f.Exit, f.Revision, s.Objects, s.Stale, s.Unreadable, encryptionSummary(f.Encryption))
 		}
 	}
 	if err := tw.Flush(); err != nil {

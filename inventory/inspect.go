@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
-	"strings"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
@@ -62,7 +59,10 @@ type KeyError struct {
 	Detail string        `json:"detail,omitempty"`
 }
 
-type inspected struct {
+// Inspected is one key as inspect shows it: how it is stored, what a
+// rewrite would do, and the object in its stored version (Secret data
+// redacted unless asked), or why it could not be decoded.
+type Inspected struct {
 	Storage Header         `json:"storage"`
 	Rewrite *Rewrite       `json:"rewrite,omitempty"`
 	Object  map[string]any `json:"object,omitempty"`
@@ -85,32 +85,27 @@ type Rewrite struct {
 	Error         string   `json:"error,omitempty"`
 }
 
-// Inspect reads one key, decodes it as kube-apiserver would and prints its storage
-// header and the object in its stored version, as "yaml" (the header as comments)
-// or "json" ({"storage": ..., "object": ...}). Secret data, stringData and kubectl's
-// last-applied annotation are replaced by "<redacted N bytes>" unless showSecrets.
-// A key that does not decode prints the header and the reason, and returns an
-// error naming the key.
-func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets bool, format string, w io.Writer) error {
-	switch format {
-	case "", "yaml", "json":
-	default:
-		return fmt.Errorf("unknown output format %q (want yaml or json)", format)
-	}
+// Inspect reads one key and decodes it as kube-apiserver would: its storage
+// header, what a rewrite would do, and the object in its stored version.
+// Secret data, stringData and kubectl's last-applied annotation are replaced
+// by "<redacted N bytes>" unless showSecrets. A key that does not decode
+// returns the header and the reason, and an error naming the key; a key not
+// found returns no report.
+func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets bool) (*Inspected, error) {
 	if env == nil || env.Source == nil {
-		return errors.New("inspect: no environment")
+		return nil, errors.New("inspect: no environment")
 	}
 	kv, found, err := env.Source.Get(ctx, key, env.Config.Revision)
 	if err != nil {
-		return fmt.Errorf("get %s: %w", key, err)
+		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
 	if !found {
 		if env.Config.Revision > 0 {
-			return fmt.Errorf("key not found at revision %d: %s", env.Config.Revision, key)
+			return nil, fmt.Errorf("key not found at revision %d: %s", env.Config.Revision, key)
 		}
-		return fmt.Errorf("key not found: %s", key)
+		return nil, fmt.Errorf("key not found: %s", key)
 	}
-	out := inspected{Storage: Header{
+	out := &Inspected{Storage: Header{
 		Key: kv.Key, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Size: len(kv.Value),
 	}}
 	if kv.Lease != 0 {
@@ -136,19 +131,16 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 	if decodeErr != nil {
 		out.Object = nil
 		out.Error = keyError(decodeErr)
-		if err := out.write(w, format); err != nil {
-			return err
-		}
 		var de *decode.Error
 		if errors.As(decodeErr, &de) {
-			return fmt.Errorf("cannot decode %w", de) // de names the key
+			return out, fmt.Errorf("cannot decode %w", de) // de names the key
 		}
-		return fmt.Errorf("cannot decode %s: %w", key, decodeErr)
+		return out, fmt.Errorf("cannot decode %s: %w", key, decodeErr)
 	}
 	if obj.Info.Resource == secretsGR && !showSecrets {
 		redactSecret(out.Object)
 	}
-	return out.write(w, format)
+	return out, nil
 }
 
 // leaseInfo fills the lease's TTLs. A snapshot file does not record the time a
@@ -201,7 +193,7 @@ func external(obj *decode.Object) (map[string]any, error) {
 }
 
 // rewrite runs the decision migrate would take on obj (after the object was
-// printed: the decision re-encodes it in place).
+// converted for the report: the decision re-encodes it in place).
 func rewrite(ctx context.Context, env *pipeline.Env, obj *decode.Object) *Rewrite {
 	before := managedFields(obj.Internal)
 	d := env.Planner.Decide(ctx, obj, nil)
@@ -219,14 +211,6 @@ func rewrite(ctx context.Context, env *pipeline.Env, obj *decode.Object) *Rewrit
 		}
 	}
 	return r
-}
-
-func joinReasons(rs []reencode.Reason) string {
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = string(r)
-	}
-	return strings.Join(s, ", ")
 }
 
 func managedFields(obj runtime.Object) []metav1.ManagedFieldsEntry {
@@ -289,85 +273,3 @@ func redactSecret(m map[string]any) {
 }
 
 func redacted(n int) string { return fmt.Sprintf("<redacted %d bytes>", n) }
-
-func (o *inspected) write(w io.Writer, format string) error {
-	if format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(o)
-	}
-	var b strings.Builder
-	h := o.Storage
-	line := func(name, format string, args ...any) {
-		fmt.Fprintf(&b, "# %-15s %s\n", name+":", fmt.Sprintf(format, args...))
-	}
-	line("key", "%s", h.Key)
-	if h.Resource != "" {
-		line("resource", "%s", h.Resource)
-	}
-	line("revisions", "mod %d, create %d, version %d", h.ModRevision, h.CreateRevision, h.Version)
-	switch {
-	case h.Lease == "":
-		line("lease", "none")
-	case h.LeaseError != "":
-		line("lease", "%s (TTL unknown: %s)", h.Lease, h.LeaseError)
-	case h.LeaseTTL == nil:
-		line("lease", "%s (granted %ds; a snapshot does not record the time left: restored, it starts again)", h.Lease, *h.LeaseGrantedTTL)
-	case *h.LeaseTTL < 0:
-		line("lease", "%s (expired)", h.Lease)
-	default:
-		line("lease", "%s (%ds left of %ds)", h.Lease, *h.LeaseTTL, *h.LeaseGrantedTTL)
-	}
-	if h.Provider != "" {
-		enc := h.Provider
-		if h.KeyName != "" {
-			enc += ", key " + h.KeyName
-		}
-		if h.EncryptionStale {
-			enc += " (stale: new writes use another provider or key)"
-		}
-		line("encryption", "%s", enc)
-	}
-	if h.MediaType != "" {
-		line("media type", "%s", h.MediaType)
-	}
-	if h.APIVersion != "" {
-		line("stored as", "%s %s", h.APIVersion, h.Kind)
-	}
-	line("size", "%d bytes", h.Size)
-	if r := o.Rewrite; r != nil {
-		switch r.Status {
-		case reencode.Stale:
-			line("migrate", "would rewrite it (%s) as %s %s, %s", joinReasons(r.Reasons), r.To.Version, r.To.MediaType, r.To.Encryption)
-		case reencode.Current:
-			line("migrate", "current: nothing to rewrite")
-		default:
-			line("migrate", "%s: %s", r.Status, r.Error)
-		}
-		for _, f := range r.FieldsDropped {
-			line("drops field", "%s (in the schema of %s, pruned by %s's: kube-apiserver's next write drops it too; the journal keeps the original)", f, h.APIVersion, r.To.Version)
-		}
-		for _, e := range r.ManagedFieldsDropped {
-			line("drops entry", "managedFields %s (version not served by the target kube-apiserver)", e)
-		}
-	}
-	if o.Error != nil {
-		line("error", "%s", o.Error.Reason)
-		if o.Error.Orphan != "" {
-			line("orphan", "%s", o.Error.Orphan)
-		}
-		if o.Error.Detail != "" {
-			line("detail", "%s", o.Error.Detail)
-		}
-		_, err := io.WriteString(w, b.String())
-		return err
-	}
-	data, err := yaml.Marshal(o.Object)
-	if err != nil {
-		return fmt.Errorf("%s: render YAML: %w", h.Key, err)
-	}
-	b.WriteString("---\n")
-	b.Write(data)
-	_, err = io.WriteString(w, b.String())
-	return err
-}

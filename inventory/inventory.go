@@ -3,24 +3,21 @@
 // encryption providers and keys, leases and unreadable objects by reason; the
 // orphaned keys no resource of the cluster owns, apart, by reason) and the
 // inspect command (one key decoded, with its storage header, Secret data redacted).
-// It never writes to etcd and never prints plaintext it was not asked for.
+// It never writes to etcd and prints nothing: it returns report values (the
+// command layer prints them), with no plaintext it was not asked for.
 package inventory
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )
@@ -112,9 +109,12 @@ type Inventory struct {
 	// Orphaned are the orphaned keys by reason and prefix, with sample keys.
 	Orphaned []decode.OrphanGroup `json:"orphaned"`
 
-	orphans                 decode.Orphans
-	showKeys, maxNotObjects int
-	byResource              map[schema.GroupResource]*Resource
+	// ShowKeys is how many unreadable keys are listed per resource.
+	ShowKeys int `json:"-"`
+
+	orphans       decode.Orphans
+	maxNotObjects int
+	byResource    map[schema.GroupResource]*Resource
 }
 
 // Run takes the census of the keys env selects, at one revision
@@ -129,7 +129,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options, progress func(n i
 		Namespace:     env.Config.Namespace,
 		Resources:     []*Resource{},
 		NotObjects:    []Key{},
-		showKeys:      bound(opts.ShowKeys, DefaultShowKeys),
+		ShowKeys:      bound(opts.ShowKeys, DefaultShowKeys),
 		maxNotObjects: bound(opts.MaxNotObjects, DefaultNotObjects),
 		orphans:       decode.Orphans{Show: bound(opts.ShowKeys, DefaultShowKeys)},
 		byResource:    map[schema.GroupResource]*Resource{},
@@ -217,7 +217,7 @@ func (inv *Inventory) add(prefix string, d *reencode.Decision) {
 		r.UnreadableBy = map[decode.Reason]int64{}
 	}
 	r.UnreadableBy[reason]++
-	if len(r.UnreadableKeys) < inv.showKeys {
+	if len(r.UnreadableKeys) < inv.ShowKeys {
 		r.UnreadableKeys = append(r.UnreadableKeys, Key{Key: d.Key, Bytes: size, Reason: reason, Detail: detail})
 	}
 }
@@ -227,121 +227,4 @@ func orUnknown(s string) string {
 		return unknown
 	}
 	return s
-}
-
-// Write prints the census as "table" (the default) or "json".
-func (inv *Inventory) Write(w io.Writer, format string) error {
-	switch format {
-	case "", "table":
-		return inv.writeTable(w)
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(inv)
-	}
-	return fmt.Errorf("unknown output format %q (want table or json)", format)
-}
-
-func (inv *Inventory) writeTable(w io.Writer) error {
-	consistency := "consistent"
-	if !inv.Consistent {
-		consistency = "NOT consistent: the revision was compacted during the scan"
-	}
-	if _, err := fmt.Fprintf(w, "Revision %d (%s), prefixes %s\n", inv.Revision, consistency, strings.Join(inv.Prefixes, ", ")); err != nil {
-		return err
-	}
-	for _, rs := range inv.Restarts {
-		fmt.Fprintf(w, "WARNING: continued after %s at revision %d\n", rs.AfterKey, rs.Revision)
-	}
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RESOURCE\tOBJECTS\tBYTES\tLARGEST\tVERSIONS\tMEDIA TYPES\tENCRYPTION\tLEASES\tUNREADABLE")
-	for _, r := range inv.Resources {
-		unreadable := fmt.Sprint(r.Unreadable)
-		if r.Unreadable > 0 {
-			unreadable += " (" + breakdown(reasonCounts(r.UnreadableBy)) + ")"
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name(), r.Count, textfmt.BytesCompact(r.Bytes), textfmt.BytesCompact(r.MaxBytes),
-			breakdown(r.Versions), breakdown(r.MediaTypes), breakdown(r.Encryption), r.WithLease, unreadable)
-	}
-	t := inv.Total
-	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t\t\t\t\t%d\t%d\n", t.Objects, textfmt.BytesCompact(t.Bytes), t.WithLease, t.Unreadable)
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if t.Unreadable > 0 && inv.showKeys > 0 {
-		fmt.Fprintf(w, "\nUnreadable keys (first %d per resource):\n", inv.showKeys)
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  KEY\tREASON\tDETAIL")
-		for _, r := range inv.Resources {
-			for _, k := range r.UnreadableKeys {
-				fmt.Fprintf(tw, "  %s\t%s\t%s\n", k.Key, k.Reason, k.Detail)
-			}
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if t.Orphaned > 0 {
-		fmt.Fprintf(w, "\nOrphaned keys (%d; no built-in resource or CRD of this cluster owns them; kube-apiserver never reads them):\n", t.Orphaned)
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  REASON\tPREFIX\tKEYS\tBYTES\tDETAIL")
-		for _, g := range inv.Orphaned {
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", g.Reason, g.Prefix, g.Keys, textfmt.BytesCompact(g.Bytes), g.Detail)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, g := range inv.Orphaned {
-			for _, k := range g.SampleKeys {
-				fmt.Fprintf(tw, "  %s\t%s\n", k, g.Reason)
-			}
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if t.NotObjects > 0 {
-		fmt.Fprintf(w, "\nKeys that are not API objects (%d):\n", t.NotObjects)
-		for _, k := range inv.NotObjects {
-			fmt.Fprintf(w, "  %s (%s)\n", k.Key, textfmt.BytesCompact(k.Bytes))
-		}
-		if n := t.NotObjects - int64(len(inv.NotObjects)); n > 0 {
-			fmt.Fprintf(w, "  ... %d more\n", n)
-		}
-	}
-	orphaned := ""
-	if t.Orphaned > 0 {
-		orphaned = fmt.Sprintf(", %d orphaned", t.Orphaned)
-	}
-	_, err := fmt.Fprintf(w, "\n%d keys, %d objects%s, %s\n", t.Keys, t.Objects, orphaned, textfmt.BytesCompact(t.Bytes))
-	return err
-}
-
-func reasonCounts(m map[decode.Reason]int64) map[string]int64 {
-	out := make(map[string]int64, len(m))
-	for k, v := range m {
-		out[string(k)] = v
-	}
-	return out
-}
-
-// breakdown prints "v1=3,v1beta1=1", largest count first.
-func breakdown(m map[string]int64) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if m[keys[i]] != m[keys[j]] {
-			return m[keys[i]] > m[keys[j]]
-		}
-		return keys[i] < keys[j]
-	})
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
-	}
-	return strings.Join(parts, ",")
 }

@@ -43,11 +43,39 @@ type Options struct {
 type Blocker struct {
 	Check   string `json:"check"`
 	Problem string `json:"problem"`
-	Remedy  string `json:"remedy"`
+	// Fix is what mends it. Remedy, empty here, is Fix in words with the
+	// flags that apply: the command layer's printers fill it in the copy
+	// they print (the table's "remedy:" and this JSON member).
+	Fix    Fix    `json:"-"`
+	Remedy string `json:"remedy"`
 	// Cause is the error Problem says, when one did: the command layer
 	// writes it again naming its flags.
 	Cause error `json:"-"`
 }
+
+// Fix names the remedy of a blocker.
+type Fix string
+
+const (
+	// FixMember: bring a member that does not answer back, or remove it.
+	FixMember Fix = "member"
+	// FixMemberErrors: resolve what a member reports.
+	FixMemberErrors Fix = "member-errors"
+	// FixQuorum: restore etcd's quorum.
+	FixQuorum Fix = "quorum"
+	// FixAlarm: make room and disarm etcd's alarm.
+	FixAlarm Fix = "alarm"
+	// FixConversionWebhook: reach the webhook through its endpoints, or give one.
+	FixConversionWebhook Fix = "conversion-webhook"
+	// FixQuota: compact and defragment, compact as the run goes, or a larger quota.
+	FixQuota Fix = "quota"
+	// FixStateDir: the state directory's mode, the run that holds it, or another one.
+	FixStateDir Fix = "state-dir"
+	// FixDiskSpace: room for the undo, or a state directory elsewhere.
+	FixDiskSpace Fix = "disk-space"
+	// FixEncryption: a KMS plugin that answers, or a key that works.
+	FixEncryption Fix = "encryption"
+)
 
 // Estimate is about how long the write would keep the API down.
 type Estimate struct {
@@ -127,23 +155,22 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 		leader = leader || m.Leader
 		switch {
 		case m.Err != "":
-			p.block("etcd members", fmt.Sprintf("member %s (%s) does not answer: %s", m.Name, m.Endpoint, m.Err),
-				"bring the member back (its etcd static pod and data directory on that node), or remove it ('etcdctl member remove ID') if it is gone for good")
+			p.block("etcd members", fmt.Sprintf("member %s (%s) does not answer: %s", m.Name, m.Endpoint, m.Err), FixMember)
 		case len(m.Errors) > 0:
-			p.block("etcd members", fmt.Sprintf("member %s (%s) reports %v", m.Name, m.Endpoint, m.Errors), "resolve what the member reports (etcdctl endpoint status) before the window")
+			p.block("etcd members", fmt.Sprintf("member %s (%s) reports %v", m.Name, m.Endpoint, m.Errors), FixMemberErrors)
 		default:
 			p.Checks = append(p.Checks, fmt.Sprintf("etcd member %s (%s): etcd %s, database %s", m.Name, m.Endpoint, m.Version, textfmt.Bytes(m.DBSize)))
 		}
 	}
 	if !leader && len(members) > 0 {
-		p.block("etcd members", "no member says it is the leader", "restore etcd's quorum first (etcdctl endpoint status --cluster)")
+		p.block("etcd members", "no member says it is the leader", FixQuorum)
 	}
 	alarms, err := etcdscan.Alarms(ctx, env.Client)
 	if err != nil {
 		return p, err
 	}
 	if len(alarms) > 0 {
-		p.block("etcd alarms", fmt.Sprintf("etcd has active alarms: %v", alarms), "for NOSPACE: compact, defragment every member, then 'etcdctl alarm disarm'")
+		p.block("etcd alarms", fmt.Sprintf("etcd has active alarms: %v", alarms), FixAlarm)
 	}
 	if len(members) > 0 && p.Proceeds() {
 		p.preflight(ctx, env, opts)
@@ -162,8 +189,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	p.FieldLoss = sum.FieldLoss
 	for _, c := range sum.Causes {
 		if c.Cause == string(decode.ReasonConversionFailed) {
-			p.block("conversion webhooks", fmt.Sprintf("%d object(s) could not be converted, e.g. %s: %s", c.Count, c.FirstKey, c.Error),
-				"with every kube-apiserver stopped the webhook's Service is reached through its ready endpoints in etcd (its pods keep answering during the outage); if none answers from here, give one with --conversion-webhook NAMESPACE/SERVICE=HOST:PORT")
+			p.block("conversion webhooks", fmt.Sprintf("%d object(s) could not be converted, e.g. %s: %s", c.Count, c.FirstKey, c.Error), FixConversionWebhook)
 		}
 	}
 	p.checkWebhooks(ctx, env)
@@ -190,12 +216,11 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 	lines, err := migrate.CheckQuota(ctx, env, opts.Migrate)
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
-		remedy := "compact and defragment etcd before the window, or rerun the plan with --compact-history (migrate then compacts as it goes), or raise --quota-backend-bytes"
-		p.blockErr("etcd quota", err, remedy)
+		p.blockErr("etcd quota", err, FixQuota)
 	}
 	if opts.StateDir != "" {
 		if err := rundir.Check(opts.StateDir); err != nil {
-			p.block("state directory", err.Error(), "chmod 700 it (it holds stored values), or wait for the run that holds it; --state-dir names another")
+			p.block("state directory", err.Error(), FixStateDir)
 		}
 		// The run directory does not exist yet: its filesystem is the nearest
 		// directory that does.
@@ -205,11 +230,11 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		lines, err := migrate.CheckUndoSpace(ctx, env, mopts)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {
-			p.blockErr("disk space", err, "free room on that filesystem, or give --state-dir on another one (the undo needs the room; --no-undo is not a remedy)")
+			p.blockErr("disk space", err, FixDiskSpace)
 		}
 	}
 	if err := migrate.CheckEncryption(ctx, env); err != nil {
-		p.blockErr("encryption providers", err, "start the KMS plugin (its socket must answer on this node) or fix the key in the encryption configuration")
+		p.blockErr("encryption providers", err, FixEncryption)
 	} else {
 		p.Checks = append(p.Checks, "write encryption providers encrypt and decrypt a probe value")
 	}
@@ -249,16 +274,16 @@ func (p *Plan) checkWebhooks(ctx context.Context, env *pipeline.Env) {
 	}
 }
 
-func (p *Plan) block(check, problem, remedy string) {
-	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: problem, Remedy: remedy})
+func (p *Plan) block(check, problem string, fix Fix) {
+	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: problem, Fix: fix})
 }
 
-func (p *Plan) blockErr(check string, err error, remedy string) {
+func (p *Plan) blockErr(check string, err error, fix Fix) {
 	var pe *migrate.PreflightError
 	if errors.As(err, &pe) {
 		err = pe.Err
 	}
-	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: err.Error(), Remedy: remedy, Cause: err})
+	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: err.Error(), Fix: fix, Cause: err})
 }
 
 // existing is dir, or its nearest ancestor that exists.

@@ -17,19 +17,17 @@ package quarantine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -113,25 +111,17 @@ func ParseReasons(vals []string) ([]decode.Reason, error) {
 			case reason == decode.ReasonUnknownResource:
 				return nil, &OptionError{Option: OptionReasons, Value: r, Msg: "such keys are under a resource kube-apiserver reads (its CRD is in etcd but unusable, or the key holds a kind it serves); quarantine does not remove them. Keys no built-in resource or CRD owns are orphaned", See: OptionReasons, SeeValue: string(decode.ReasonOrphaned)}
 			default:
-				return nil, &OptionError{Option: OptionReasons, Value: r, Msg: fmt.Sprintf("not a reason quarantine removes objects for (want %s)", joinReasons(Removable))}
+				return nil, &OptionError{Option: OptionReasons, Value: r, Msg: fmt.Sprintf("not a reason quarantine removes objects for (want %s)", textfmt.Join(Removable, ", "))}
 			}
 		}
 	}
 	if len(out) == 0 {
-		return nil, &OptionError{Option: OptionReasons, Msg: "name at least one of " + joinReasons(Removable)}
+		return nil, &OptionError{Option: OptionReasons, Msg: "name at least one of " + textfmt.Join(Removable, ", ")}
 	}
 	if len(out) > 1 && slices.Contains(out, decode.ReasonOrphaned) {
 		return nil, &OptionError{Option: OptionReasons, Value: string(decode.ReasonOrphaned), Msg: "quarantine orphaned keys in a run of their own (they belong to no resource)"}
 	}
 	return out, nil
-}
-
-func joinReasons(rs []decode.Reason) string {
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = string(r)
-	}
-	return strings.Join(s, ", ")
 }
 
 // Options control a quarantine.
@@ -209,11 +199,12 @@ type Result struct {
 	Failed      int64 `json:"failed"`
 	Kept        int64 `json:"kept"`
 	// Entries lists every unreadable object (kept ones up to maxKeptListed).
-	Entries      []Entry `json:"entries"`
-	Interrupted  bool    `json:"interrupted,omitempty"`
-	Duration     string  `json:"duration"`
+	Entries     []Entry `json:"entries"`
+	Interrupted bool    `json:"interrupted,omitempty"`
+	Duration    string  `json:"duration"`
+	// KeptUnlisted counts the kept objects beyond those listed.
+	KeptUnlisted int64 `json:"-"`
 	keptListed   int
-	keptUnlisted int64
 }
 
 // maxKeptListed bounds the kept objects listed (all are counted).
@@ -227,7 +218,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	defer func() { res.Duration = time.Since(start).Round(time.Millisecond).String() }()
 	switch {
 	case len(opts.Reasons) == 0:
-		return res, &OptionError{Option: OptionReasons, Msg: "name at least one of " + joinReasons(Removable)}
+		return res, &OptionError{Option: OptionReasons, Msg: "name at least one of " + textfmt.Join(Removable, ", ")}
 	case OnlyOrphaned(opts.Reasons) && env.Filter != nil:
 		return res, &OptionError{Option: OptionResources, Msg: "orphaned keys belong to no resource; select none (the whole prefix is scanned, only orphaned keys are removed)", Value: ""}
 	case env.Filter == nil && !OnlyOrphaned(opts.Reasons):
@@ -414,7 +405,7 @@ func entryOf(d *reencode.Decision) *Entry {
 func (r *Result) keep(e *Entry, note string) {
 	r.Kept++
 	if r.keptListed >= maxKeptListed {
-		r.keptUnlisted++
+		r.KeptUnlisted++
 		return
 	}
 	r.keptListed++
@@ -482,67 +473,4 @@ func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *
 		res.Entries = append(res.Entries, *e)
 	}
 	return nil
-}
-
-// Write prints the result as "table" or "json".
-func (r *Result) Write(w io.Writer, format string) error {
-	switch format {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
-	case "", "table":
-	default:
-		return fmt.Errorf("unknown output format %q (want table or json)", format)
-	}
-	consistency := "consistent"
-	if !r.Consistent {
-		consistency = "NOT consistent: the revision was compacted during the scan"
-	}
-	fmt.Fprintf(w, "Revision %d (%s), %s, reasons %s\n", r.Revision, consistency, strings.Join(r.Prefixes, ", "), joinReasons(r.Reasons))
-	for _, p := range r.Preflight {
-		fmt.Fprintf(w, "preflight: %s\n", p)
-	}
-	if len(r.Entries) > 0 {
-		fmt.Fprintln(w)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tRESOURCE\tREASON\tSTORED AS\tSTATUS\tNOTE")
-		for _, e := range r.Entries {
-			// Why it is unreadable is in STORED AS and REASON (the detail is in
-			// the JSON); the note says why something is kept or not removed.
-			reason := string(e.Reason)
-			if e.Orphan != "" {
-				reason += " (" + string(e.Orphan) + ")"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Key, orDash(e.Resource), reason, orDash(e.Encryption), e.Status, e.Note)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if r.keptUnlisted > 0 {
-			fmt.Fprintf(w, "... and %d more kept\n", r.keptUnlisted)
-		}
-	}
-	fmt.Fprintln(w)
-	found, what := r.Unreadable, "unreadable object(s)"
-	if OnlyOrphaned(r.Reasons) {
-		found, what = r.Orphaned, "orphaned key(s)"
-	}
-	if r.DryRun {
-		_, err := fmt.Fprintf(w, "dry run: would remove %d of %d %s (%d keys scanned), keep %d; nothing was written\n", r.WouldRemove, found, what, r.Objects, r.Kept)
-		return err
-	}
-	fmt.Fprintf(w, "removed %d of %d %s (%d keys scanned), kept %d, conflicts %d, failed %d", r.Removed, found, what, r.Objects, r.Kept, r.Conflicts, r.Failed)
-	if r.Removed > 0 {
-		fmt.Fprintf(w, "; their values are in the journal %s ('rollback --journal %s' puts them back)", r.Journal, r.Journal)
-	}
-	_, err := fmt.Fprintln(w)
-	return err
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

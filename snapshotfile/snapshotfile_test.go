@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testsnap"
 	"kube-etcd-migrate/target"
@@ -184,7 +186,7 @@ func reports(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) (inv, ver 
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	if err := i.Write(&b, "json"); err != nil {
+	if err := asJSON(&b, i); err != nil {
 		t.Fatal(err)
 	}
 	inv = b.String()
@@ -193,7 +195,7 @@ func reports(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) (inv, ver 
 		t.Fatal(err)
 	}
 	b.Reset()
-	if err := r.Write(&b, "json"); err != nil {
+	if err := asJSON(&b, r); err != nil {
 		t.Fatal(err)
 	}
 	return inv, b.String(), r.ExitCode()
@@ -281,17 +283,17 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	// inspect: a key's lease shows its granted TTL only (a snapshot does not
 	// record the time left); a deleted key is found at an older --revision.
 	var out bytes.Buffer
-	if err := inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Target: target.Input{EncryptionConfig: f.encCfg}}), f.leased, false, "json", &out); err != nil {
+	if err := inspectTo(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Target: target.Input{EncryptionConfig: f.encCfg}}), f.leased, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), `"leaseGrantedTTL": 600`) || strings.Contains(out.String(), `"leaseTTL"`) {
 		t.Errorf("inspect %s on the file:\n%s", f.leased, out.String())
 	}
 	out.Reset()
-	if err := inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Revision: f.beforeDel}), f.deleted, false, "yaml", &out); err != nil {
+	if err := inspectTo(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Revision: f.beforeDel}), f.deleted, &out); err != nil {
 		t.Errorf("inspect %s at revision %d: %v", f.deleted, f.beforeDel, err)
 	}
-	err = inventory.Inspect(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap}), f.deleted, false, "yaml", &out)
+	err = inspectTo(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap}), f.deleted, &out)
 	if err == nil || !strings.Contains(err.Error(), "key not found") {
 		t.Errorf("inspect %s at the snapshot's revision: %v, want not found", f.deleted, err)
 	}
@@ -608,4 +610,22 @@ func testSaveRestoresOnItsOwnEtcd(t *testing.T, version string) {
 			t.Errorf("%s = %q, want %q", kv.Key, kv.Value, want)
 		}
 	}
+}
+
+// asJSON writes v as the commands print a report: indented JSON.
+func asJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// inspectTo is the inspect command's report of key, written as JSON to w.
+func inspectTo(ctx context.Context, env *pipeline.Env, key string, w io.Writer) error {
+	o, err := inventory.Inspect(ctx, env, key, false)
+	if o != nil {
+		if werr := asJSON(w, o); werr != nil {
+			return werr
+		}
+	}
+	return err
 }

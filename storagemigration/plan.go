@@ -3,12 +3,6 @@ package storagemigration
 import (
 	"context"
 	"fmt"
-	"io"
-	"maps"
-	"slices"
-	"strings"
-	"text/tabwriter"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -28,14 +22,24 @@ type Plan struct {
 	Unreadable []string         `json:"unreadable,omitempty"`
 }
 
+// What carrying out a pending request would do (PlannedRequest.Action).
+const (
+	ActionMigrate = "migrate"
+	ActionFail    = "fail"
+	ActionSkip    = "skip"
+)
+
 // PlannedRequest is one pending request and what carrying it out would do.
 type PlannedRequest struct {
 	Request
-	// Action: "migrate", "fail" (with the Failed condition's Message) or
-	// "skip" (left pending, Note says why).
+	// Action: ActionMigrate, ActionFail (with the Failed condition's
+	// Message) or ActionSkip (left pending, Note says why).
 	Action  string `json:"action"`
 	Message string `json:"message,omitempty"`
-	Note    string `json:"note,omitempty"`
+	// Note says why a request is skipped or failed; empty for one to
+	// migrate, where !Scanned says the verify run's filters left (part of)
+	// its resource out.
+	Note string `json:"note,omitempty"`
 	// After names an earlier request for the same resource, carried out
 	// first: this one finds what that one leaves.
 	After string `json:"after,omitempty"`
@@ -83,15 +87,12 @@ func PlanRequests(ctx context.Context, env *pipeline.Env, rep *verify.Report) (*
 		}
 		switch t.kind {
 		case unsupported:
-			pr.Action, pr.Note = "skip", t.note
+			pr.Action, pr.Note = ActionSkip, t.note
 		case missing:
-			pr.Action, pr.Message, pr.Note = "fail", messageNoResource, t.note
+			pr.Action, pr.Message, pr.Note = ActionFail, messageNoResource, t.note
 		default:
-			pr.Action = "migrate"
+			pr.Action = ActionMigrate
 			pr.Scanned = (env.Filter == nil || env.Filter[t.scan]) && env.Config.Namespace == ""
-			if !pr.Scanned {
-				pr.Note = "not (entirely) scanned by this verify run (--resource, --namespace)"
-			}
 			if prev, ok := first[t.scan]; ok {
 				pr.After = prev
 			} else {
@@ -104,7 +105,7 @@ func PlanRequests(ctx context.Context, env *pipeline.Env, rep *verify.Report) (*
 					}
 				}
 				if pr.Unreadable > 0 {
-					pr.Action = "fail"
+					pr.Action = ActionFail
 					pr.Message = ctrl.objectsFailedMessage(pr.Unreadable, pr.Objects, fmt.Sprintf("%d object(s) could not be read and were left untouched", pr.Unreadable))
 				}
 			}
@@ -119,69 +120,4 @@ func PlanRequests(ctx context.Context, env *pipeline.Env, rep *verify.Report) (*
 		p.Pending = append(p.Pending, pr)
 	}
 	return p, nil
-}
-
-// WriteTable prints the plan as verify's table output does.
-func (p *Plan) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "\nStorageVersionMigration requests: %d pending, %d finished\n", len(p.Pending), p.Finished)
-	if !p.Served {
-		fmt.Fprintf(w, "  %s: 'migrate --requested' would refuse\n", p.NotServed)
-	}
-	for _, u := range p.Unreadable {
-		fmt.Fprintf(w, "  unreadable: %s\n", u)
-	}
-	if len(p.Pending) == 0 {
-		return nil
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  NAME\tRESOURCE\tCREATED\tPHASE\tWOULD")
-	for _, r := range p.Pending {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", r.Name, r.GroupResource(), r.Created.UTC().Format(time.RFC3339), r.Phase, r.would())
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if p.Served {
-		_, err := fmt.Fprintln(w, "  'kube-etcd-migrate migrate --requested' carries them out offline (with these flags); kube-controller-manager with the StorageVersionMigrator feature gate does it through kube-apiserver.")
-		return err
-	}
-	return nil
-}
-
-// would is the WOULD column.
-func (r PlannedRequest) would() string {
-	switch r.Action {
-	case "skip":
-		return "skip: " + r.Note
-	case "fail":
-		if r.Note != "" {
-			return fmt.Sprintf("fail: %s (%s)", r.Message, r.Note)
-		}
-		return "fail: " + r.Message
-	}
-	var parts []string
-	switch {
-	case r.After != "":
-		parts = append(parts, fmt.Sprintf("after %s, which leaves nothing stale", r.After))
-	case !r.Scanned:
-		parts = append(parts, r.Note)
-	default:
-		s := fmt.Sprintf("rewrite %d of %d object(s)", r.Stale+r.Reencode, r.Objects)
-		if len(r.StaleBy) > 0 {
-			var by []string
-			for _, k := range slices.Sorted(maps.Keys(r.StaleBy)) {
-				by = append(by, fmt.Sprintf("%s=%d", k, r.StaleBy[k]))
-			}
-			s += " (" + strings.Join(by, ",") + ")"
-		}
-		parts = append(parts, s)
-	}
-	if c := r.CRD; c != nil && r.After == "" {
-		if len(c.StoredVersions) == 1 && c.StoredVersions[0] == c.StorageVersion {
-			parts = append(parts, "storedVersions already ["+c.StorageVersion+"]")
-		} else {
-			parts = append(parts, fmt.Sprintf("then storedVersions [%s] -> [%s]", strings.Join(c.StoredVersions, ","), c.StorageVersion))
-		}
-	}
-	return "migrate: " + strings.Join(parts, "; ") + ", Succeeded"
 }

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	apiextensions "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	svmapi "k8s.io/kubernetes/pkg/apis/storagemigration"
 	svmregistry "k8s.io/kubernetes/pkg/registry/storagemigration/storagemigration"
 
@@ -439,47 +436,4 @@ func (wr *writer) updateCRD(ctx context.Context, crd *pipeline.CRD, change func(
 			return nil, errors.New(crd.Key + ": the CRD kept changing; its StorageMigrating condition was not written")
 		}
 	}
-}
-
-// WriteTable prints what became of each request.
-func (r *Result) WriteTable(w io.Writer) error {
-	for _, line := range r.Preflight {
-		fmt.Fprintf(w, "preflight: ok: %s\n", line)
-	}
-	for _, u := range r.Unreadable {
-		fmt.Fprintf(w, "unreadable request: %s\n", u)
-	}
-	if len(r.Requests) == 0 {
-		_, err := fmt.Fprintf(w, "no pending StorageVersionMigration request (%d finished)\n", r.Finished)
-		return err
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REQUEST\tRESOURCE\tRESULT\tSCANNED\tREWRITTEN\tCONFLICTS\tUNREADABLE\tRESOURCEVERSION\tMESSAGE")
-	for _, o := range r.Requests {
-		var c migrate.Counts
-		if o.Migration != nil {
-			c = o.Migration.Summary
-		}
-		rewritten := c.Rewritten
-		if r.DryRun {
-			rewritten = c.Stale
-		}
-		gr := schema.GroupResource{Group: o.Group, Resource: o.Resource}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", o.Name, gr, o.Result, c.Scanned, rewritten, c.Conflicts, c.Unreadable, o.ResourceVersion, o.Message)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, o := range r.Requests {
-		if c := o.CRD; c != nil {
-			line := fmt.Sprintf("crd %s: storedVersions %v", c.Name, c.StoredVersions)
-			for _, s := range []string{c.Reason, c.Message} {
-				if s != "" {
-					line += ": " + s
-				}
-			}
-			fmt.Fprintln(w, line)
-		}
-	}
-	return nil
 }

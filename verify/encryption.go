@@ -1,9 +1,7 @@
 package verify
 
 import (
-	"fmt"
 	"sort"
-	"strings"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/pipeline"
@@ -96,20 +94,6 @@ func (r *Report) encryptionCounts() []EncryptionCount {
 		return out[i].Encryption < out[j].Encryption
 	})
 	return out
-}
-
-// EncryptionSummary is the counts in one line, e.g.
-// "aescbc:key1=3 (unreadable), identity=2 (later), aescbc:key2=120 (first)";
-// "none" when no object was counted.
-func EncryptionSummary(counts []EncryptionCount) string {
-	if len(counts) == 0 {
-		return "none"
-	}
-	parts := make([]string, len(counts))
-	for i, c := range counts {
-		parts[i] = fmt.Sprintf("%s=%d (%s)", c.Encryption, c.Objects, c.State)
-	}
-	return strings.Join(parts, ", ")
 }
 
 // NeedsMissingKey lists the providers and keys of the objects no provider of

@@ -118,9 +118,23 @@ type CRDStatus struct {
 	// Trimmable: storedVersions lists other versions than the storage version, and
 	// every object of the CRD is current and stored in the storage version.
 	Trimmable bool `json:"trimmable"`
-	// Note explains the verdict in one sentence.
+	// Note explains the verdict in one sentence; empty when Unjudged says
+	// why the run could not tell (the command layer says it in words).
 	Note string `json:"note"`
+	// Unjudged names the filter of the run that left the CRD's objects
+	// (partly) unscanned, so that nothing can be said of trimming.
+	Unjudged Narrowed `json:"-"`
 }
+
+// Narrowed is a filter of the run that narrows the keyspace scanned.
+type Narrowed string
+
+const (
+	// NarrowedResources: the resources scanned leave this one out.
+	NarrowedResources Narrowed = "resources"
+	// NarrowedNamespace: one namespace was scanned.
+	NarrowedNamespace Narrowed = "namespace"
+)
 
 // Report is the outcome of a verify run.
 type Report struct {
@@ -409,9 +423,9 @@ func (t *crdTally) statuses() []CRDStatus {
 		case crd.Err != nil:
 			s.Note = "its custom resources could not be read: " + crd.Err.Error()
 		case !scanned:
-			s.Note = "not scanned (--resource excludes it): cannot tell"
+			s.Unjudged = NarrowedResources
 		case t.env.Config.Namespace != "":
-			s.Note = "only one namespace was scanned (--namespace): cannot tell"
+			s.Unjudged = NarrowedNamespace
 		case c.notInStorage > 0:
 			s.Note = fmt.Sprintf("%d object(s) not (known to be) stored in %s: migrate them first", c.notInStorage, c.storageGroupVersion)
 		case c.notCurrent > 0:

@@ -1,7 +1,8 @@
 // Package textfmt holds the few text helpers every layer's messages share, so
 // that each has one behaviour: an error or message on one line (etcd, YAML and
 // gRPC errors span lines; the tool's errors and reports are one line each),
-// and a size in binary units. It imports nothing of the module.
+// a list of named values joined, and a size in binary units. It imports
+// nothing of the module.
 package textfmt
 
 import (
@@ -12,6 +13,16 @@ import (
 // OneLine is s with every run of white space, newlines included, made one
 // space, and no leading or trailing space.
 func OneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// Join is the items, each a string type (reasons, statuses), joined by sep:
+// Join([]reencode.Reason{"version", "encryption"}, ",") is "version,encryption".
+func Join[S ~string](items []S, sep string) string {
+	s := make([]string, len(items))
+	for i, it := range items {
+		s[i] = string(it)
+	}
+	return strings.Join(s, sep)
+}
 
 // Bytes prints a size in B, KiB, MiB, ... with one decimal: "512 B", "1.5 GiB".
 func Bytes(b int64) string {

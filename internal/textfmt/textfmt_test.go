@@ -31,3 +31,13 @@ func TestBytes(t *testing.T) {
 		t.Errorf("BytesCompact = %q", got)
 	}
 }
+
+func TestJoin(t *testing.T) {
+	type reason string
+	if got := Join([]reason{"version", "encryption"}, ", "); got != "version, encryption" {
+		t.Errorf("Join = %q", got)
+	}
+	if got := Join([]reason(nil), ","); got != "" {
+		t.Errorf("Join(nil) = %q", got)
+	}
+}

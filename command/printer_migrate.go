@@ -9,33 +9,45 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/storagemigration"
-	"kube-etcd-migrate/verify"
 )
 
-// writeMigrateReport is migrate's summary, with the records written.
-func writeMigrateReport(w io.Writer, sum *migrate.Summary, recs []storagemigration.Recorded, format string) error {
-	if recs == nil {
-		return writeSummary(w, sum, format)
+// migrateReport is migrate's summary, with the records written (recs nil:
+// none were asked for, and the JSON has no "records" member).
+type migrateReport struct {
+	sum  *migrate.Summary
+	recs []storagemigration.Recorded
+}
+
+func (m migrateReport) stamped(build buildinfo.Info) any {
+	if m.recs == nil {
+		return struct {
+			Build buildinfo.Info `json:"build"`
+			*migrate.Summary
+		}{build, m.sum}
 	}
-	if format == "json" {
-		return writeReport(w, format, func(w io.Writer, _ string) error {
-			return writeJSON(w, struct {
-				*migrate.Summary
-				Records []storagemigration.Recorded `json:"records"`
-			}{sum, recs})
-		})
-	}
-	if err := writeSummary(w, sum, format); err != nil {
+	return struct {
+		Build buildinfo.Info `json:"build"`
+		*migrate.Summary
+		Records []storagemigration.Recorded `json:"records"`
+	}{build, m.sum, m.recs}
+}
+
+func (m migrateReport) table(w io.Writer) error {
+	if err := writeSummaryTable(w, m.sum); err != nil {
 		return err
 	}
-	if len(recs) == 0 {
+	if m.recs == nil {
+		return nil
+	}
+	if len(m.recs) == 0 {
 		_, err := fmt.Fprintln(w, "record: no resource was rewritten, so no StorageVersionMigration was written")
 		return err
 	}
-	for _, r := range recs {
+	for _, r := range m.recs {
 		gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
 		line := fmt.Sprintf("record %s (%s): %s", r.Name, gr, r.Result)
 		if r.Message != "" {
@@ -48,10 +60,9 @@ func writeMigrateReport(w io.Writer, sum *migrate.Summary, recs []storagemigrati
 	return nil
 }
 
-func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
-	if format == "json" {
-		return writeReport(w, format, func(w io.Writer, _ string) error { return writeJSON(w, s) })
-	}
+// writeSummaryTable is migrate's summary (and plan's decision) as a table
+// and its lines.
+func writeSummaryTable(w io.Writer, s *migrate.Summary) error {
 	verb := "rewritten"
 	if s.DryRun {
 		verb = "would rewrite"
@@ -114,7 +125,7 @@ func writeSummary(w io.Writer, s *migrate.Summary, format string) error {
 // resources the rewrite drops (paths and counts, never values), and where
 // the objects' originals are.
 func writeFieldLoss(w io.Writer, s *migrate.Summary) error {
-	if err := verify.WriteFieldLoss(w, s.FieldLoss, !s.DryRun); err != nil {
+	if err := writeFieldLossTable(w, s.FieldLoss, !s.DryRun); err != nil {
 		return err
 	}
 	var n int64
@@ -133,28 +144,36 @@ func writeFieldLoss(w io.Writer, s *migrate.Summary) error {
 	return err
 }
 
-func writeRollback(w io.Writer, r migrate.RollbackResult, format string) error {
-	if format == "json" {
-		return writeReport(w, format, func(w io.Writer, _ string) error { return writeJSON(w, r) })
-	}
-	for _, p := range r.Preflight {
+// rollbackReport is what rollback restored.
+type rollbackReport struct{ res migrate.RollbackResult }
+
+func (r rollbackReport) stamped(build buildinfo.Info) any {
+	return struct {
+		Build buildinfo.Info `json:"build"`
+		migrate.RollbackResult
+	}{build, r.res}
+}
+
+func (r rollbackReport) table(w io.Writer) error {
+	res := r.res
+	for _, p := range res.Preflight {
 		fmt.Fprintf(w, "preflight: %s\n", p)
 	}
 	verb := "restored"
-	if r.DryRun {
+	if res.DryRun {
 		verb = "dry run, nothing written: would restore"
 	}
-	fmt.Fprintf(w, "%s %d, unchanged %d, skipped %d (changed since), failed %d\n", verb, r.Restored, r.Unchanged, r.Skipped, r.Failed)
-	for _, c := range r.Causes {
+	fmt.Fprintf(w, "%s %d, unchanged %d, skipped %d (changed since), failed %d\n", verb, res.Restored, res.Unchanged, res.Skipped, res.Failed)
+	for _, c := range res.Causes {
 		fmt.Fprintf(w, "%s: %s: %d key(s), the first %s\n", c.Status, c.Cause, c.Count, c.FirstKey)
 	}
-	for _, k := range r.Keys {
+	for _, k := range res.Keys {
 		fmt.Fprintf(w, "  %s\n", k)
 	}
-	if r.KeysNotListed > 0 {
-		fmt.Fprintf(w, "  ... and %d more\n", r.KeysNotListed)
+	if res.KeysNotListed > 0 {
+		fmt.Fprintf(w, "  ... and %d more\n", res.KeysNotListed)
 	}
-	for _, n := range r.Notes {
+	for _, n := range res.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}
 	return nil

@@ -1,47 +1,57 @@
-package verify
+package command
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 	"text/tabwriter"
 
-	"sigs.k8s.io/yaml"
-
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/storagemigration"
+	"kube-etcd-migrate/verify"
 )
 
-// Write prints the report as "table" (the default), "json" or "yaml".
-func (r *Report) Write(w io.Writer, format string) error {
-	switch format {
-	case "", "table":
-		return r.writeTable(w)
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r.exported())
-	case "yaml":
-		data, err := yaml.Marshal(r.exported())
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(data)
-		return err
-	}
-	return fmt.Errorf("unknown output format %q (want table, json or yaml)", format)
+// verifyReport is verify's report, with the pending StorageVersionMigration
+// requests (nil: etcd holds none) after it: a table of its own, a
+// "storageVersionMigrations" member in JSON and YAML.
+type verifyReport struct {
+	rep      *verify.Report
+	requests *storagemigration.Plan
 }
 
-// exported fills the slices that must show as [] rather than null.
-func (r *Report) exported() *Report {
+func (v verifyReport) table(w io.Writer) error {
+	if err := writeVerifyTable(w, v.rep); err != nil {
+		return err
+	}
+	if v.requests == nil {
+		return nil
+	}
+	return writeRequestsTable(w, v.requests)
+}
+
+func (v verifyReport) stamped(build buildinfo.Info) any {
+	return struct {
+		Build buildinfo.Info `json:"build"`
+		*verify.Report
+		Requests *storagemigration.Plan `json:"storageVersionMigrations,omitempty"`
+	}{build, verifyValue(v.rep), requestsValue(v.requests)}
+}
+
+// verifyValue is the report as JSON shows it: the lists that are empty as []
+// rather than null, no orphaned groups when none was counted, and every CRD's
+// note in words.
+func verifyValue(r *verify.Report) *verify.Report {
 	c := *r
 	if c.Resources == nil {
-		c.Resources = []ResourceReport{}
+		c.Resources = []verify.ResourceReport{}
 	}
+	c.CRDs = withCRDNotes(c.CRDs)
 	if c.CRDs == nil {
-		c.CRDs = []CRDStatus{}
+		c.CRDs = []verify.CRDStatus{}
 	}
 	if c.Prefixes == nil {
 		c.Prefixes = []string{}
@@ -52,7 +62,47 @@ func (r *Report) exported() *Report {
 	return &c
 }
 
-func (r *Report) writeTable(w io.Writer) error {
+// withCRDNotes is a copy of crds with each note in words (crdNote).
+func withCRDNotes(crds []verify.CRDStatus) []verify.CRDStatus {
+	if crds == nil {
+		return nil
+	}
+	out := make([]verify.CRDStatus, len(crds))
+	for i, c := range crds {
+		c.Note = crdNote(c)
+		out[i] = c
+	}
+	return out
+}
+
+// crdNote explains a CRD's storedVersions verdict in one sentence: the
+// report's own, or, for a CRD the run's filters left unjudged, which flag
+// left it out.
+func crdNote(c verify.CRDStatus) string {
+	switch c.Unjudged {
+	case verify.NarrowedResources:
+		return "not scanned (--resource excludes it): cannot tell"
+	case verify.NarrowedNamespace:
+		return "only one namespace was scanned (--namespace): cannot tell"
+	}
+	return c.Note
+}
+
+// encryptionSummary is the counts in one line, e.g.
+// "aescbc:key1=3 (unreadable), identity=2 (later), aescbc:key2=120 (first)";
+// "none" when no object was counted.
+func encryptionSummary(counts []verify.EncryptionCount) string {
+	if len(counts) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(counts))
+	for i, c := range counts {
+		parts[i] = fmt.Sprintf("%s=%d (%s)", c.Encryption, c.Objects, c.State)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func writeVerifyTable(w io.Writer, r *verify.Report) error {
 	ew := &errWriter{w: w}
 	consistency := "consistent"
 	if !r.Consistent {
@@ -81,7 +131,7 @@ func (r *Report) writeTable(w io.Writer) error {
 		ew.printf("(%d key(s) that are not API objects, such as compact_rev_key, were left out)\n", s.NotObjects)
 	}
 	if len(r.Encryption) > 0 {
-		ew.printf("Encryption: %s\n", EncryptionSummary(r.Encryption))
+		ew.printf("Encryption: %s\n", encryptionSummary(r.Encryption))
 	}
 
 	if s.Stale > 0 && r.ShowKeys > 0 {
@@ -93,7 +143,7 @@ func (r *Report) writeTable(w io.Writer) error {
 				if len(k.Dropped) > 0 {
 					drops = " drops " + strings.Join(k.Dropped, ",")
 				}
-				fmt.Fprintf(tw, "  %s\t%s\t->\t%s\t[%s]%s\n", k.Key, form(k.From), form(k.To), reasons(k.Reasons), drops)
+				fmt.Fprintf(tw, "  %s\t%s\t->\t%s\t[%s]%s\n", k.Key, form(k.From), form(k.To), textfmt.Join(k.Reasons, ","), drops)
 			}
 			if more := rr.Stale - int64(len(rr.StaleKeys)); more > 0 && len(rr.StaleKeys) > 0 {
 				fmt.Fprintf(tw, "  ... %d more %s\t\t\t\t\n", more, rr.Name())
@@ -104,7 +154,7 @@ func (r *Report) writeTable(w io.Writer) error {
 		}
 	}
 	if len(r.FieldLoss) > 0 {
-		if err := WriteFieldLoss(ew, r.FieldLoss, false); err != nil {
+		if err := writeFieldLossTable(ew, r.FieldLoss, false); err != nil {
 			return err
 		}
 	}
@@ -142,19 +192,19 @@ func (r *Report) writeTable(w io.Writer) error {
 		}
 		for _, c := range r.CRDs {
 			if c.Trimmable {
-				ew.printf("  %s: %s (kubectl patch crd %s --subresource=status --type=merge -p '{\"status\":{\"storedVersions\":[\"%s\"]}}')\n", c.Name, c.Note, c.Name, c.StorageVersion)
+				ew.printf("  %s: %s (kubectl patch crd %s --subresource=status --type=merge -p '{\"status\":{\"storedVersions\":[\"%s\"]}}')\n", c.Name, crdNote(c), c.Name, c.StorageVersion)
 			} else if len(c.StoredVersions) > 1 || (len(c.StoredVersions) == 1 && c.StoredVersions[0] != c.StorageVersion) {
-				ew.printf("  %s: not trimmable: %s\n", c.Name, c.Note)
+				ew.printf("  %s: not trimmable: %s\n", c.Name, crdNote(c))
 			}
 		}
 	}
 
-	ew.printf("\n%s\n", r.Verdict())
+	ew.printf("\n%s\n", verifyVerdict(r))
 	return ew.err
 }
 
-// Verdict is the one-line conclusion, naming the exit code.
-func (r *Report) Verdict() string {
+// verifyVerdict is the one-line conclusion, naming the exit code.
+func verifyVerdict(r *verify.Report) string {
 	s := r.Summary
 	notes := ""
 	if s.Orphaned > 0 {
@@ -164,12 +214,12 @@ func (r *Report) Verdict() string {
 		notes += fmt.Sprintf(" The rewrite of %d %s object(s) stored as %s drops fields (listed above; migrate's journal keeps their originals).", f.Objects, f.Name(), f.StoredVersion)
 	}
 	switch r.ExitCode() {
-	case ExitUnreadable:
+	case verify.ExitUnreadable:
 		if s.Unreadable == 0 {
 			return fmt.Sprintf("VERDICT: %d orphaned key(s), which fail the gate (--fail-on-orphaned), and %d object(s) stale: exit 4. Remove them ('quarantine --reason orphaned', journaled) or restore their CRD, or drop --fail-on-orphaned.", s.Orphaned, s.Stale)
 		}
 		return fmt.Sprintf("VERDICT: %d object(s) unreadable (and %d stale): exit 4. Fix or account for every unreadable key (missing encryption key, unknown kind, corrupt value) before migrating or removing an old key or version.", s.Unreadable, s.Stale) + notes
-	case ExitStale:
+	case verify.ExitStale:
 		if r.EncryptionOnly {
 			return fmt.Sprintf("VERDICT: %d of %d object(s) not under the first encryption key, all readable: exit 3. Run migrate --encryption-only, then verify again before removing an old encryption key.", s.Stale, s.Objects) + notes
 		}
@@ -181,10 +231,10 @@ func (r *Report) Verdict() string {
 	return fmt.Sprintf("VERDICT: all %d object(s) current for %s: exit 0. Safe to remove old encryption keys and versions no longer listed.", s.Objects, r.Target) + notes
 }
 
-// WriteFieldLoss prints the fields a rewrite drops (done: the rewrite
+// writeFieldLossTable prints the fields a rewrite drops (done: the rewrite
 // happened), one line per resource, stored version and field, with the
 // number of objects that carry it: paths and counts, never values.
-func WriteFieldLoss(w io.Writer, losses []reencode.FieldLoss, done bool) error {
+func writeFieldLossTable(w io.Writer, losses []reencode.FieldLoss, done bool) error {
 	ew := &errWriter{w: w}
 	verb := "the rewrite drops"
 	if done {
@@ -238,7 +288,7 @@ func writeOrphans(ew *errWriter, groups []decode.OrphanGroup, show int) error {
 	return ew.err
 }
 
-func why(rr ResourceReport) string {
+func why(rr verify.ResourceReport) string {
 	var parts []string
 	for _, k := range sortedKeys(rr.StaleBy) {
 		part := fmt.Sprintf("%s=%d", k, rr.StaleBy[reencode.Reason(k)])
@@ -280,17 +330,9 @@ func orQ(s string) string {
 	return s
 }
 
-func reasons(rs []reencode.Reason) string {
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = string(r)
-	}
-	return strings.Join(s, ",")
-}
-
 // trimmable is the CRD table's last column: "done" when storedVersions is already
 // just the storage version.
-func trimmable(c CRDStatus) string {
+func trimmable(c verify.CRDStatus) string {
 	if len(c.StoredVersions) == 1 && c.StoredVersions[0] == c.StorageVersion {
 		return "done"
 	}
