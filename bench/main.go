@@ -44,6 +44,7 @@ type options struct {
 	rollbackN              int
 	snap                   snapOptions
 	scale                  scaleOptions
+	productionN            int
 	dataset                string
 	rotationN              int
 	crN                    int
@@ -73,7 +74,8 @@ func main() {
 	flag.BoolVar(&o.scale.on, "scale", true, "also measure how verify --snapshot-file grows with the file (the scale phase, on an etcd of its own): files of -scale-n and 4 × -scale-n mixed objects read side by side, the ratio of their times and each one's peak RSS")
 	flag.IntVar(&o.scale.n, "scale-n", 25000, "objects of the scale phase's smaller file (the larger has 4 ×); 1000000 is the production row: files of about 1.8 and 7.4 GB")
 	flag.IntVar(&o.scale.reps, "scale-reps", 1, "repetitions of the scale phase's two reads")
-	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), scale (the scale phase only), or all (the three, one after the other, each on its own etcd, then the snapshot, rollback and scale phases)")
+	flag.IntVar(&o.productionN, "production-n", 4000000, "objects of the production phase (-dataset production only: never part of all): 4,000,000 mixed objects fill etcd's largest quota, 8 GiB")
+	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), scale (the scale phase only), production (the production phase only: -production-n objects filling an 8 GiB quota, every command once, with the disk each used and plan's estimate beside migrate's time), or all (the three, one after the other, each on its own etcd, then the snapshot, rollback and scale phases)")
 	flag.BoolVar(&o.rollback, "rollback", true, "also measure rollback of a journal of -rollback-n rewrites of 2 KB values (the rollback phase, on an etcd of its own): its rate and peak RSS against its 150 MB bound")
 	flag.IntVar(&o.rollbackN, "rollback-n", 1000000, "journal entries of the rollback phase (1,000,000 make a journal of about 3 GB and 2 GB of etcd data)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
@@ -110,9 +112,9 @@ func runAll(ctx context.Context, o options) error {
 		datasets = []string{o.dataset}
 	case "all":
 		datasets = []string{"mixed", "rotation", "cr"}
-	case "snapshot", "rollback", "scale": // that phase only
+	case "snapshot", "rollback", "scale", "production": // that phase only
 	default:
-		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot, rollback, scale or all", o.dataset)
+		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot, rollback, scale, production or all", o.dataset)
 	}
 	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 || o.rollbackN <= 0 || o.scale.n <= 0 || o.scale.reps <= 0 {
 		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -rollback-n, -scale-n, -reps, -snapshot-reps and -scale-reps must be positive")
@@ -182,6 +184,16 @@ func runAll(ctx context.Context, o options) error {
 		}
 		all = append(all, res)
 	}
+	if o.dataset == "production" {
+		if o.productionN <= 0 {
+			return fmt.Errorf("-production-n must be positive")
+		}
+		res, err := phaseRun(ctx, o, dir, "production", productionPhase)
+		if err != nil {
+			return fmt.Errorf("production phase: %w", err)
+		}
+		all = append(all, res)
+	}
 	if len(all) > 1 {
 		fmt.Println("\n==== all datasets ====")
 		for _, res := range all {
@@ -211,6 +223,9 @@ type sample struct {
 	DBSizeAfterKB  int64 `json:"dbSizeAfterKiB,omitempty"`
 	DBSizeMaxKB    int64 `json:"dbSizeMaxKiB,omitempty"`
 	Compactions    int   `json:"compactions,omitempty"`
+	// DiskKB is the disk the run used: its undo (state directory) and what
+	// it wrote beside it (a journal, an output snapshot).
+	DiskKB int64 `json:"diskKiB,omitempty"`
 }
 
 func (s sample) objPerSec() float64 { return float64(s.Objects) / s.Seconds }

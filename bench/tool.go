@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,6 +53,10 @@ type toolRun struct {
 	exit      int
 	stdout    []byte
 	stderr    []byte
+	// stateBytes is what the run left in its state directory (its undo: the
+	// snapshot taken before the first write, the journal), measured before
+	// the directory is emptied.
+	stateBytes int64
 }
 
 // runTool runs the tool as a child process and samples its peak RSS (VmHWM in
@@ -97,7 +102,7 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 	err = cmd.Wait()
 	close(stop)
 	<-sampled
-	r := toolRun{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes(), peakRSSKB: peak}
+	r := toolRun{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes(), peakRSSKB: peak, stateBytes: dirBytes(stateDir)}
 	if cmd.ProcessState != nil {
 		r.exit = cmd.ProcessState.ExitCode()
 		r.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
@@ -172,4 +177,18 @@ func tail(b []byte) string {
 		s = "..." + s[len(s)-800:]
 	}
 	return s
+}
+
+// dirBytes is the size of the files under dir (0 when it cannot be read).
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }

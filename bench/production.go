@@ -1,0 +1,310 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/release"
+)
+
+// The production phase (-dataset production; make bench-production): the size
+// at which disaster recovery happens. -production-n mixed objects (4,000,000
+// fill etcd's largest quota, 8 GiB) are seeded into an etcd of their own
+// with that quota and saved as its backup; then, once each and in the order
+// of an operator's night: plan (its estimate kept), verify, migrate
+// --compact-history with a journal (the estimate beside the time measured),
+// rollback of that whole journal, and on the backup verify --snapshot-file and
+// migrate --snapshot-file --output-snapshot, whose output is restored by
+// etcd's own restore code and read again by verify. Each row has objects/s,
+// CPU per object, peak RSS against its bound, and the disk the run used.
+const (
+	mProdPlan        = "plan"
+	mProdVerify      = "verify"
+	mProdMigrate     = "migrate --compact-history"
+	mProdRollback    = "rollback (whole journal)"
+	mProdSnapVerify  = "verify --snapshot-file"
+	mProdSnapMigrate = "migrate --output-snapshot"
+
+	// productionQuota is etcd's largest recommended --quota-backend-bytes.
+	productionQuota = 8 << 30
+	// Peak RSS bounds (MB): every command that reads or writes a live etcd
+	// or reads a file, and the output snapshot's (issue 28).
+	prodRSSBound       = 150
+	prodOutputRSSBound = 300
+	// prodOutputRate is the least an output snapshot may go at against a live
+	// migrate of the same data (objects/s).
+	prodOutputRate = 0.8
+)
+
+type planOut struct {
+	Estimate struct {
+		Seconds float64 `json:"seconds"`
+		Basis   string  `json:"basis"`
+	} `json:"estimate"`
+	Blockers []struct {
+		Check, Problem string
+	} `json:"blockers"`
+}
+
+func productionPhase(ctx context.Context, o options, dir string) (*results, error) {
+	n := o.productionN
+	res := &results{Dataset: "production", N: n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: 1,
+		PageSize: etcdscan.DefaultPageSize, BatchOps: etcdscan.DefaultMaxOps, BatchBytes: etcdscan.DefaultMaxBytes, Writers: toolWriters,
+		Date: time.Now().UTC().Format(time.RFC3339)}
+	res.Machine.CPUs, res.Machine.GoVersion, res.Machine.OS = runtime.NumCPU(), runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
+	res.Machine.CPU = cpuModel()
+	res.LoadAvg = append(res.LoadAvg, loadAvg())
+	gb := float64(n) * fileBytesPerObj / 1e9
+	logf("production phase: %d mixed objects (a backup of about %.1f GB) in an etcd with a %d GiB quota; expect about %s on 2 shared cores and about %.0f GB of free disk (etcd, its backup, the undo's snapshot, the output and its restore)",
+		n, gb, productionQuota>>30, (time.Duration(n) * (estSeedPerObj + 6*estReadPerObj)).Round(time.Second), 6*gb)
+	phase := time.Now()
+
+	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
+	if err != nil {
+		return nil, err
+	}
+	etcd, err := startEtcd(filepath.Join(dir, "etcd"), productionQuota)
+	if err != nil {
+		return nil, err
+	}
+	defer etcd.Stop()
+	gen, err := newGenerator(ctx, n, o.staleVersion, o.staleKey, oldCfg, newCfg, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	seeded, err := gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true)
+	if err != nil {
+		return nil, err
+	}
+	res.SeedSeconds = time.Since(start).Seconds()
+	stale := len(gen.staleKeys())
+	res.StaleObjects = stale
+	settle := func() (int64, error) {
+		db, err := etcd.Settle(ctx)
+		runtime.GC()
+		time.Sleep(500 * time.Millisecond)
+		return db, err
+	}
+	db, err := settle()
+	if err != nil {
+		return nil, err
+	}
+	logf("  seeded %d objects in %.1fs, %d stale; etcd's database %.1f GB of the %d GiB quota", seeded, res.SeedSeconds, stale, float64(db)/1e9, productionQuota>>30)
+	res.Notes = append(res.Notes, fmt.Sprintf("etcd's database after seeding: %.2f GB of its %d GiB quota (%.0f%%)", float64(db)/1e9, productionQuota>>30, 100*float64(db)/productionQuota))
+
+	backup := filepath.Join(dir, "backup.db")
+	if err := etcdscan.Snapshot(ctx, etcd.cli, backup); err != nil {
+		return nil, fmt.Errorf("backup of the seeded etcd: %w", err)
+	}
+	defer os.Remove(backup)
+	in, err := os.Stat(backup)
+	if err != nil {
+		return nil, err
+	}
+	logf("  backup %s: %.1f MB", backup, float64(in.Size())/1e6)
+	res.Notes = append(res.Notes, fmt.Sprintf("backup: %.1f MB", float64(in.Size())/1e6))
+
+	tool := filepath.Join(dir, "tool") // a copy, as an installed binary sits (scale.go)
+	if err := copyFile(o.tool, tool); err != nil {
+		return nil, err
+	}
+	rel := release.Linked()
+	live := []string{"--endpoints", etcd.URL, "--encryption-provider-config", newCfg}
+	write := []string{"--target-version", rel, "--quota-backend-bytes", fmt.Sprint(productionQuota), "--compact-history", "--liveness-window", "1s"}
+
+	// plan, as before the window.
+	if _, err := settle(); err != nil {
+		return nil, err
+	}
+	tr, err := runTool(ctx, tool, append(append([]string{"plan", "-o", "json"}, write...), live...)...)
+	if err != nil {
+		return nil, err
+	}
+	var po planOut
+	if err := parseJSON(tr, &po); err != nil {
+		return nil, err
+	}
+	if tr.exit != 0 {
+		return nil, fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
+	}
+	record(res, mProdPlan, tr, int64(seeded), in.Size(), 0, 0)
+
+	// verify.
+	if _, err := settle(); err != nil {
+		return nil, err
+	}
+	tr, err = runTool(ctx, tool, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, live...)...)
+	if err != nil {
+		return nil, err
+	}
+	var vo verifyOut
+	if err := parseJSON(tr, &vo); err != nil {
+		return nil, err
+	}
+	if tr.exit != 3 || vo.Summary.Stale != int64(stale) || vo.Summary.Unreadable != 0 {
+		return nil, fmt.Errorf("verify: exit %d, %d stale, %d unreadable; want exit 3, %d stale; stderr: %s", tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, stale, tail(tr.stderr))
+	}
+	record(res, mProdVerify, tr, vo.Summary.Objects+vo.Summary.NotObjects, in.Size(), 0, 0)
+
+	// migrate --compact-history, its journal kept for the rollback.
+	journal := filepath.Join(dir, "migrate.journal")
+	defer os.Remove(journal)
+	if _, err := settle(); err != nil {
+		return nil, err
+	}
+	tr, err = runTool(ctx, tool, append(append([]string{"migrate", "-o", "json", "--journal", journal}, write...), live...)...)
+	if err != nil {
+		return nil, err
+	}
+	var mo migrateOut
+	if err := parseJSON(tr, &mo); err != nil {
+		return nil, err
+	}
+	if tr.exit != 0 || mo.Summary.Rewritten != int64(stale) {
+		return nil, fmt.Errorf("migrate: exit %d, rewrote %d, want %d; stderr: %s", tr.exit, mo.Summary.Rewritten, stale, tail(tr.stderr))
+	}
+	jfi, err := os.Stat(journal)
+	if err != nil {
+		return nil, err
+	}
+	m := record(res, mProdMigrate, tr, mo.Summary.Scanned, in.Size(), mo.Summary.Rewritten, jfi.Size())
+	m.Samples[0].DBSizeBeforeKB, m.Samples[0].DBSizeAfterKB, m.Samples[0].DBSizeMaxKB, m.Samples[0].Compactions = mo.Space.DBSizeBefore>>10, mo.Space.DBSizeAfter>>10, mo.Space.DBSizeMax>>10, mo.Space.Compactions
+	res.Notes = append(res.Notes, fmt.Sprintf("plan's estimate of migrate: %.0fs; measured: %.0fs (%.2f ×; %s)", po.Estimate.Seconds, tr.wall.Seconds(), tr.wall.Seconds()/po.Estimate.Seconds, po.Estimate.Basis),
+		fmt.Sprintf("migrate: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %d GiB quota, %d compaction(s)", float64(mo.Space.DBSizeBefore)/1e9, float64(mo.Space.DBSizeAfter)/1e9, float64(mo.Space.DBSizeMax)/1e9, productionQuota>>30, mo.Space.Compactions))
+
+	// rollback of the whole journal.
+	if _, err := settle(); err != nil {
+		return nil, err
+	}
+	tr, err = runTool(ctx, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--journal", journal, "--liveness-window", "1s")
+	if err != nil {
+		return nil, err
+	}
+	var rb migrate.RollbackResult
+	if err := parseJSON(tr, &rb); err != nil {
+		return nil, err
+	}
+	// The journal holds every rewrite and the CRDs' storedVersions updates.
+	if tr.exit != 0 || rb.Restored < stale || rb.Skipped != 0 || rb.Failed != 0 {
+		return nil, fmt.Errorf("rollback: exit %d, restored %d of at least %d (%d skipped, %d failed); stderr: %s", tr.exit, rb.Restored, stale, rb.Skipped, rb.Failed, tail(tr.stderr))
+	}
+	record(res, mProdRollback, tr, int64(rb.Restored), jfi.Size(), int64(rb.Restored), 0)
+
+	// The backup: verify it, then re-encrypt it into a new one.
+	tr, err = runTool(ctx, tool, "verify", "-o", "json", "--show-keys", "-1", "--snapshot-file", backup, "--encryption-provider-config", newCfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := parseJSON(tr, &vo); err != nil {
+		return nil, err
+	}
+	if tr.exit != 3 || vo.Summary.Stale != int64(stale) || vo.Summary.Unreadable != 0 {
+		return nil, fmt.Errorf("verify --snapshot-file: exit %d, %d stale, %d unreadable; want exit 3, %d stale; stderr: %s", tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, stale, tail(tr.stderr))
+	}
+	record(res, mProdSnapVerify, tr, vo.Summary.Objects+vo.Summary.NotObjects, in.Size(), 0, 0)
+	backupObjects := vo.Summary.Objects
+
+	out := filepath.Join(dir, "backup-rotated.db")
+	defer os.Remove(out)
+	tr, err = runTool(ctx, tool, "migrate", "-o", "json", "--snapshot-file", backup, "--output-snapshot", out, "--target-version", rel, "--encryption-provider-config", newCfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := parseJSON(tr, &mo); err != nil {
+		return nil, err
+	}
+	if tr.exit != 0 || mo.Summary.Rewritten != int64(stale) {
+		return nil, fmt.Errorf("migrate --output-snapshot: exit %d, rewrote %d, want %d; stderr: %s", tr.exit, mo.Summary.Rewritten, stale, tail(tr.stderr))
+	}
+	ofi, err := os.Stat(out)
+	if err != nil {
+		return nil, err
+	}
+	record(res, mProdSnapMigrate, tr, mo.Summary.Scanned, in.Size(), mo.Summary.Rewritten, ofi.Size())
+	if after, err := os.Stat(backup); err != nil || after.Size() != in.Size() || !after.ModTime().Equal(in.ModTime()) {
+		return nil, fmt.Errorf("the backup changed under migrate --snapshot-file (%v)", err)
+	}
+	restored, err := restoreSnapshot(out, filepath.Join(dir, "restored"))
+	if err != nil {
+		return nil, err
+	}
+	tr, err = runTool(ctx, tool, "verify", "-o", "json", "--show-keys", "-1", "--snapshot-file", out, "--encryption-provider-config", newCfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := parseJSON(tr, &vo); err != nil {
+		return nil, err
+	}
+	if tr.exit != 0 || vo.Summary.Stale != 0 || vo.Summary.Unreadable != 0 || vo.Summary.Objects != backupObjects {
+		return nil, fmt.Errorf("verify of the output snapshot: exit %d, %d objects, %d stale, %d unreadable; want exit 0, the backup's %d objects; stderr: %s", tr.exit, vo.Summary.Objects, vo.Summary.Stale, vo.Summary.Unreadable, backupObjects, tail(tr.stderr))
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("output snapshot: %.1f MB, restored by etcd's snapshot restore into a %.1f MB data directory, verified current (exit 0); the backup unchanged", float64(ofi.Size())/1e6, float64(restored)/1e6))
+
+	for _, m := range res.Measurements {
+		m.finish()
+	}
+	res.Keys = int64(seeded)
+	for _, b := range []struct {
+		name  string
+		bound float64
+	}{{mProdPlan, prodRSSBound}, {mProdVerify, prodRSSBound}, {mProdMigrate, prodRSSBound}, {mProdRollback, prodRSSBound}, {mProdSnapVerify, prodRSSBound}, {mProdSnapMigrate, prodOutputRSSBound}} {
+		peak := res.get(b.name).PeakRSSMB.Max
+		res.Ratios = append(res.Ratios, ratio{Name: "peak RSS MB, " + b.name, Value: peak, Target: b.bound, Met: peak <= b.bound, AtMost: true})
+	}
+	if v := ratioOf(res, mProdSnapMigrate, mProdMigrate); v > 0 {
+		res.Ratios = append(res.Ratios, ratio{Name: "output snapshot / live migrate (objects/s)", Value: v, Target: prodOutputRate, Met: v >= prodOutputRate,
+			Note: "the live migrate compacts as it goes (--compact-history), as it must to fit the quota"})
+	}
+	for _, m := range res.Measurements {
+		if len(m.Samples) > 0 && m.Samples[0].DiskKB > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("disk used by %s: %.1f MB", m.Name, float64(m.Samples[0].DiskKB)/1024))
+		}
+	}
+	res.LoadAvg = append(res.LoadAvg, loadAvg())
+	logf("production phase took %s", time.Since(phase).Round(time.Second))
+	return res, nil
+}
+
+// record adds a run of the tool as row name: objects read, the input's bytes,
+// rewrites, and the disk it used (its state directory, plus extra: a journal
+// or an output file).
+func record(res *results, name string, tr toolRun, objects, bytes, rewrites, extra int64) *measurement {
+	m := res.get(name)
+	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: objects, Bytes: bytes, Rewrites: rewrites,
+		PeakRSSKB: tr.peakRSSKB, DiskKB: (tr.stateBytes + extra) >> 10})
+	logf("  %s: %d objects, %d rewritten in %.2fs (CPU %.2fs), peak RSS %d MB, disk %d MB", name, objects, rewrites, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024, (tr.stateBytes+extra)>>20)
+	return m
+}
+
+// restoreSnapshot restores the snapshot file with etcd's own restore code
+// (the etcdutl snapshot restore an operator runs) into dir, and returns the
+// size of the data directory it made; dir is removed afterwards.
+func restoreSnapshot(file, dir string) (int64, error) {
+	defer os.RemoveAll(dir)
+	peer := url.URL{Scheme: "http", Host: "127.0.0.1:2380"} // written into the member, never listened on
+	if err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+		SnapshotPath:        file,
+		Name:                "restored",
+		OutputDataDir:       dir,
+		PeerURLs:            []string{peer.String()},
+		InitialCluster:      "restored=" + peer.String(),
+		InitialClusterToken: "bench-restore",
+	}); err != nil {
+		return 0, fmt.Errorf("etcd snapshot restore of %s: %w", file, err)
+	}
+	return dirBytes(dir), nil
+}
