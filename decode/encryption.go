@@ -530,7 +530,7 @@ func (e *Encryption) describeReadable(gr schema.GroupResource) string {
 		return fmt.Sprintf("kube-apiserver cannot read: it stores %s unencrypted whatever its encryption configuration says (the raw storage of its leases and service allocators has no encryption transformer), and refuses an encrypted value", gr)
 	}
 	if e.Path == "" {
-		return "needs an encryption configuration (none was given: only unencrypted values can be read)"
+		return "needs --encryption-provider-config (none given: only unencrypted values can be read)"
 	}
 	var names []string
 	for _, r := range e.readable(gr) {
