@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/snapshotfile"
 )
 
@@ -66,5 +68,18 @@ func TestCLIMessageNamesFlags(t *testing.T) {
 	}
 	if !errors.Is(joined, inner) {
 		t.Error("the wrapped error is not found through input.Errorf")
+	}
+}
+
+// TestStopErrorNamesFlags: a run stopped by etcd says which flags give it the
+// credentials, or the compaction, that would let it finish.
+func TestStopErrorNamesFlags(t *testing.T) {
+	denied := &migrate.StopError{Fatal: &etcdscan.FatalError{Cause: etcdscan.CausePermission, Err: errors.New("etcdserver: permission denied")}, Key: "/registry/secrets/a/b", Verb: "migrate"}
+	if got, want := cliMessage(fmt.Errorf("migrate: %w", denied)), "(--cert/--key of kube-apiserver's etcd client, or --user with read-write on the prefix)"; !strings.Contains(got, want) {
+		t.Errorf("cliMessage = %q, want it to say %q", got, want)
+	}
+	full := &migrate.StopError{Fatal: &etcdscan.FatalError{Cause: etcdscan.CauseNoSpace, Err: errors.New("etcdserver: mvcc: database space exceeded")}, Key: "/registry/secrets/a/b", Verb: "migrate"}
+	if got := cliMessage(full); !strings.HasSuffix(got, "then run again with --compact-history") {
+		t.Errorf("cliMessage = %q, want the remedy with --compact-history", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 )
 
 // TestPermissionRevokedMidRun: the run's etcd user loses its write
@@ -60,7 +61,7 @@ func TestPermissionRevokedMidRun(t *testing.T) {
 		_, err := admin.RoleGrantPermission(ctx, "migrator", "/registry/", prefixEnd, clientv3.PermissionType(clientv3.PermRead))
 		return err
 	})
-	stoppedMidRun(t, sum, err, etcdscan.CausePermission, batch, journal, "permission denied", "--user")
+	stoppedMidRun(t, sum, err, etcdscan.CausePermission, batch, journal, "permission denied", string(input.User))
 	// What etcd holds is what the journal says: every key rewritten or
 	// untouched, none written after the stop.
 	changed := 0
