@@ -17,7 +17,6 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc/experimental"
@@ -110,15 +109,13 @@ func exitFor(err error, stderr io.Writer) int {
 	return exitCodeOf(err)
 }
 
-// isUsage recognises urfave/cli's own flag errors.
+// isUsage recognises urfave/cli's own usage errors that do not come through
+// an OnUsageError (which every command and the app set, typing flag errors
+// as codeError): the help command's unknown topic, an ExitCoder. The tool's
+// own code never returns one.
 func isUsage(err error) bool {
-	msg := err.Error()
-	for _, s := range []string{"flag provided but not defined", "Required flag", "invalid value", "flag needs an argument", "No help topic", "invalid boolean"} {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
+	var ec cli.ExitCoder
+	return errors.As(err, &ec)
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
