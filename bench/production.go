@@ -69,30 +69,12 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 		n, gb, productionQuota>>30, (time.Duration(n) * (estSeedPerObj + 6*estReadPerObj)).Round(time.Second), 6*gb)
 	phase := time.Now()
 
-	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
+	sd, err := seedOwnEtcd(ctx, o, dir, n, productionQuota, res)
 	if err != nil {
 		return nil, err
 	}
-	etcd, err := startEtcd(filepath.Join(dir, "etcd"), productionQuota)
-	if err != nil {
-		return nil, err
-	}
-	defer etcd.Stop()
-	gen, err := newGenerator(ctx, n, o.staleVersion, o.staleKey, oldCfg, newCfg, false)
-	if err != nil {
-		return nil, err
-	}
-	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	seeded, err := gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true)
-	if err != nil {
-		return nil, err
-	}
-	res.SeedSeconds = time.Since(start).Seconds()
-	stale := len(gen.staleKeys())
-	res.StaleObjects = stale
+	defer sd.etcd.Stop()
+	etcd, newCfg, seeded, stale := sd.etcd, sd.newCfg, sd.objects, res.StaleObjects
 	settle := func() (int64, error) {
 		db, err := etcd.Settle(ctx)
 		runtime.GC()
@@ -103,7 +85,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if err != nil {
 		return nil, err
 	}
-	logf("  seeded %d objects in %.1fs, %d stale; etcd's database %.1f GB of the %d GiB quota", seeded, res.SeedSeconds, stale, float64(db)/1e9, productionQuota>>30)
+	logf("  etcd's database %.1f GB of the %d GiB quota", float64(db)/1e9, productionQuota>>30)
 	res.Notes = append(res.Notes, fmt.Sprintf("etcd's database after seeding: %.2f GB of its %d GiB quota (%.0f%%)", float64(db)/1e9, productionQuota>>30, 100*float64(db)/productionQuota))
 
 	backup := filepath.Join(dir, "backup.db")

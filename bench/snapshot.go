@@ -87,31 +87,12 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 	phase := time.Now()
 
 	bin := o.tool
-	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
+	s, err := seedOwnEtcd(ctx, o, dir, n, o.quota, res)
 	if err != nil {
 		return nil, err
 	}
-	etcd, err := startEtcd(filepath.Join(dir, "etcd"), o.quota)
-	if err != nil {
-		return nil, err
-	}
-	defer etcd.Stop()
-	gen, err := newGenerator(ctx, n, o.staleVersion, o.staleKey, oldCfg, newCfg, false)
-	if err != nil {
-		return nil, err
-	}
-	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	seeded, err := gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true)
-	if err != nil {
-		return nil, err
-	}
-	res.SeedSeconds = time.Since(start).Seconds()
-	stale := len(gen.staleKeys())
-	res.StaleObjects = stale
-	logf("  seeded %d objects in %.1fs (%.0f objects/s); %d stale", seeded, res.SeedSeconds, float64(seeded)/res.SeedSeconds, stale)
+	defer s.etcd.Stop()
+	etcd, gen, oldCfg, newCfg, stale := s.etcd, s.gen, s.oldCfg, s.newCfg, res.StaleObjects
 	settle := func() error {
 		_, err := etcd.Settle(ctx)
 		runtime.GC()
@@ -369,4 +350,42 @@ func writeResults(res *results, path string) error {
 	}
 	logf("figures written to %s and %s", path, txt)
 	return nil
+}
+
+// seeded is an etcd of a phase's own with the mixed objects in it.
+type seeded struct {
+	etcd           *etcdProc
+	gen            *generator
+	oldCfg, newCfg string
+	objects        int
+}
+
+// seedOwnEtcd starts an etcd of its own in dir with quota and seeds n mixed
+// objects into it (the fixed ones included), with the seeding time and the
+// stale count in res. The caller stops the etcd.
+func seedOwnEtcd(ctx context.Context, o options, dir string, n int, quota int64, res *results) (*seeded, error) {
+	oldCfg, newCfg, err := writeEncryptionConfigs(dir)
+	if err != nil {
+		return nil, err
+	}
+	etcd, err := startEtcd(filepath.Join(dir, "etcd"), quota)
+	if err != nil {
+		return nil, err
+	}
+	s := &seeded{etcd: etcd, oldCfg: oldCfg, newCfg: newCfg}
+	if s.gen, err = newGenerator(ctx, n, o.staleVersion, o.staleKey, oldCfg, newCfg, false); err == nil {
+		err = s.gen.grantLeases(ctx, etcd.cli)
+	}
+	start := time.Now()
+	if err == nil {
+		s.objects, err = s.gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true)
+	}
+	if err != nil {
+		etcd.Stop()
+		return nil, err
+	}
+	res.SeedSeconds = time.Since(start).Seconds()
+	res.StaleObjects = len(s.gen.staleKeys())
+	logf("  seeded %d objects in %.1fs (%.0f objects/s); %d stale", s.objects, res.SeedSeconds, float64(s.objects)/res.SeedSeconds, res.StaleObjects)
+	return s, nil
 }
