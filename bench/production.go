@@ -124,6 +124,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 		return nil, fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
 	}
 	record(res, mProdPlan, tr, int64(seeded), in.Size(), 0, 0)
+	logf("  plan's estimate of migrate: %.0fs (%s)", po.Estimate.Seconds, po.Estimate.Basis)
 
 	// verify.
 	if _, err := settle(); err != nil {
