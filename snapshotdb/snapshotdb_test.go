@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testsnap"
 	"kube-etcd-migrate/target"
@@ -154,14 +152,14 @@ func reports(t *testing.T, env *pipeline.Env) string {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	if err := asJSON(&b, i); err != nil {
+	if err := testsnap.ReportJSON(&b, i); err != nil {
 		t.Fatal(err)
 	}
 	r, err := verify.Run(ctx, env, verify.Options{ShowKeys: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := asJSON(&b, r); err != nil {
+	if err := testsnap.ReportJSON(&b, r); err != nil {
 		t.Fatal(err)
 	}
 	return b.String()
@@ -335,8 +333,8 @@ func testSameAsRestore(t *testing.T, version string) {
 					t.Errorf("revision %d: reports differ (-restored +file):\n%s", rev, d)
 				}
 				var want, got bytes.Buffer
-				werr := inspectTo(ctx, wenv, f.keys[0], &want)
-				err = inspectTo(ctx, env, f.keys[0], &got)
+				werr := testsnap.InspectJSON(ctx, wenv, f.keys[0], &want)
+				err = testsnap.InspectJSON(ctx, env, f.keys[0], &got)
 				if werr != nil || err != nil || want.String() != got.String() {
 					t.Errorf("inspect %s: %v %v\nrestored:\n%s\nfile:\n%s", f.keys[0], werr, err, want.String(), got.String())
 				}
@@ -444,22 +442,4 @@ func TestDamagedFiles(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "changed while it was being read") || !strings.Contains(err.Error(), other) {
 		t.Errorf("scan of a replaced file: %v", err)
 	}
-}
-
-// asJSON writes v as the commands print a report: indented JSON.
-func asJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// inspectTo is the inspect command's report of key, written as JSON to w.
-func inspectTo(ctx context.Context, env *pipeline.Env, key string, w io.Writer) error {
-	o, err := inventory.Inspect(ctx, env, key, false)
-	if o != nil {
-		if werr := asJSON(w, o); werr != nil {
-			return werr
-		}
-	}
-	return err
 }

@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
-	"io"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testsnap"
 	"kube-etcd-migrate/target"
@@ -186,7 +184,7 @@ func reports(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) (inv, ver 
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	if err := asJSON(&b, i); err != nil {
+	if err := testsnap.ReportJSON(&b, i); err != nil {
 		t.Fatal(err)
 	}
 	inv = b.String()
@@ -195,7 +193,7 @@ func reports(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) (inv, ver 
 		t.Fatal(err)
 	}
 	b.Reset()
-	if err := asJSON(&b, r); err != nil {
+	if err := testsnap.ReportJSON(&b, r); err != nil {
 		t.Fatal(err)
 	}
 	return inv, b.String(), r.ExitCode()
@@ -283,17 +281,17 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	// inspect: a key's lease shows its granted TTL only (a snapshot does not
 	// record the time left); a deleted key is found at an older --revision.
 	var out bytes.Buffer
-	if err := inspectTo(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Target: target.Input{EncryptionConfig: f.encCfg}}), f.leased, &out); err != nil {
+	if err := testsnap.InspectJSON(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Target: target.Input{EncryptionConfig: f.encCfg}}), f.leased, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), `"leaseGrantedTTL": 600`) || strings.Contains(out.String(), `"leaseTTL"`) {
 		t.Errorf("inspect %s on the file:\n%s", f.leased, out.String())
 	}
 	out.Reset()
-	if err := inspectTo(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Revision: f.beforeDel}), f.deleted, &out); err != nil {
+	if err := testsnap.InspectJSON(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap, Revision: f.beforeDel}), f.deleted, &out); err != nil {
 		t.Errorf("inspect %s at revision %d: %v", f.deleted, f.beforeDel, err)
 	}
-	err = inspectTo(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap}), f.deleted, &out)
+	err = testsnap.InspectJSON(ctx, setup(t, s.Client, pipeline.Config{SnapshotFile: f.snap}), f.deleted, &out)
 	if err == nil || !strings.Contains(err.Error(), "key not found") {
 		t.Errorf("inspect %s at the snapshot's revision: %v, want not found", f.deleted, err)
 	}
@@ -610,22 +608,4 @@ func testSaveRestoresOnItsOwnEtcd(t *testing.T, version string) {
 			t.Errorf("%s = %q, want %q", kv.Key, kv.Value, want)
 		}
 	}
-}
-
-// asJSON writes v as the commands print a report: indented JSON.
-func asJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// inspectTo is the inspect command's report of key, written as JSON to w.
-func inspectTo(ctx context.Context, env *pipeline.Env, key string, w io.Writer) error {
-	o, err := inventory.Inspect(ctx, env, key, false)
-	if o != nil {
-		if werr := asJSON(w, o); werr != nil {
-			return werr
-		}
-	}
-	return err
 }

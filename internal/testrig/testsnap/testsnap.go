@@ -6,10 +6,16 @@ package testsnap
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
+	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"kube-etcd-migrate/inventory"
+	"kube-etcd-migrate/pipeline"
 )
 
 // Damaged are the paths of the damaged copies of one good snapshot.
@@ -56,4 +62,23 @@ func Write(t testing.TB, dir, name string, b []byte) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// ReportJSON writes v as the commands print a report: indented JSON.
+func ReportJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// InspectJSON is the inspect command's report of key, written as JSON to w
+// (the report of a key that does not decode, then its error).
+func InspectJSON(ctx context.Context, env *pipeline.Env, key string, w io.Writer) error {
+	o, err := inventory.Inspect(ctx, env, key, false)
+	if o != nil {
+		if werr := ReportJSON(w, o); werr != nil {
+			return werr
+		}
+	}
+	return err
 }
