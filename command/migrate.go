@@ -25,8 +25,6 @@ func migrateCommand() *cli.Command {
 		Flags: append(append(append(commonFlags(), targetFlags()...),
 			outputFlag("table", "table", "json"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "decide everything, write nothing"},
-			&cli.Int64Flag{Name: "quota-backend-bytes", Usage: "etcd's --quota-backend-bytes, when its members' metrics (etcd_server_quota_backend_bytes) do not answer; else etcd's manifest beside --apiserver-manifest; the preflight says which it used"},
-			&cli.BoolFlag{Name: "compact-history", Usage: "compact etcd's history up to the run's latest write whenever the database nears the quota, as kube-apiserver's compactor does (the journal is the rollback), so a rewrite larger than the free space completes"},
 			&cli.IntFlag{Name: "writers", Value: migrate.DefaultWriters, Usage: "concurrent write transactions"},
 			&cli.IntFlag{Name: "batch-ops", Value: etcdscan.DefaultMaxOps, Usage: "puts per CAS transaction (etcd --max-txn-ops caps it, 128 by default)"},
 			&cli.IntFlag{Name: "batch-bytes", Value: etcdscan.DefaultMaxBytes, Usage: "bytes per CAS transaction (below etcd --max-request-bytes, 1.5 MiB by default)"},
@@ -34,7 +32,7 @@ func migrateCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics-file", Usage: "write Prometheus text-format metrics here"},
 			&cli.BoolFlag{Name: "requested", Usage: "carry out exactly the cluster's pending StorageVersionMigration requests, in kube-controller-manager's order, and record each outcome in the request as it does (needs a target kube-apiserver serving storagemigration.k8s.io)"},
 			&cli.BoolFlag{Name: "record", Usage: "after the migration, write a finished StorageVersionMigration for each resource rewritten, so the cluster's API shows it (needs a target kube-apiserver serving storagemigration.k8s.io, else nothing is written)"},
-		), append(append(undoFlags(), livenessFlags()...), outputSnapshotFlags()...)...),
+		), append(append(append(undoFlags(), spaceFlags()...), livenessFlags()...), outputSnapshotFlags()...)...),
 		Action:       cmdMigrate,
 		OnUsageError: commandUsageError,
 	}

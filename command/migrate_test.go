@@ -16,6 +16,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
@@ -151,5 +152,76 @@ func TestSpaceCLI(t *testing.T) {
 	}
 	if c.Revision() != before {
 		t.Fatal("rollback wrote under the alarm")
+	}
+}
+
+// TestRollbackSpaceCLI: after a migrate that fit etcd's quota only by
+// compacting as it went, its rollback would write back more than the room
+// left: rollback refuses before any write, in one line naming
+// --compact-history (a dry run says the same); with --compact-history it
+// restores every key byte for byte below the quota, says how often it
+// compacted, and etcd raises no alarm.
+func TestRollbackSpaceCLI(t *testing.T) {
+	const quota, n = 4<<20 + 512<<10, 600
+	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: quota})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	ctx := context.Background()
+	values := map[string][]byte{}
+	var ops []clientv3.Op
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("s-%04d", i)
+		key := "/registry/secrets/ns/" + name
+		values[key] = c.Encode(key, testcluster.SecretsGR, testcluster.Secret("ns", name, strings.Repeat(fmt.Sprintf("%x", i), 2000)[:2000]), "", "", oldCfg)
+		ops = append(ops, clientv3.OpPut(key, string(values[key])))
+		if len(ops) == 32 || i == n-1 {
+			if _, err := c.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+	time.Sleep(150 * time.Millisecond)
+	journal := filepath.Join(c.Dir, "journal")
+	code, out, stderr := runCLI(t, "migrate", "--journal", journal, "--compact-history", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
+	if code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
+	}
+	time.Sleep(150 * time.Millisecond)
+
+	before := c.Revision()
+	for _, dry := range []bool{false, true} {
+		args := []string{"rollback", "--journal", journal, "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		code, out, stderr = runCLI(t, args...)
+		if code != exitError || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "the rollback would add about") || !strings.Contains(stderr, "rerun with --compact-history") {
+			t.Fatalf("rollback (dry run %v) past the room left: exit %d\nstdout:\n%sstderr:\n%s", dry, code, out, stderr)
+		}
+		if c.Revision() != before {
+			t.Fatalf("the refused rollback (dry run %v) wrote", dry)
+		}
+		t.Logf("dry run %v: %s%s", dry, out, stderr)
+	}
+
+	code, out, stderr = runCLI(t, "rollback", "--journal", journal, "--compact-history", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint)
+	if code != exitOK {
+		t.Fatalf("rollback --compact-history: exit %d\n%s%s", code, out, stderr)
+	}
+	t.Logf("%s", out)
+	for _, want := range []string{fmt.Sprintf("restored %d, unchanged 0, skipped 0", n), "preflight: --compact-history: ", "--compact-history compacted "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rollback's output does not say %q:\n%s", want, out)
+		}
+	}
+	alarms, err := etcdscan.Alarms(ctx, c.Cli)
+	if err != nil || len(alarms) != 0 {
+		t.Fatalf("alarms after the rollback: %v %v", alarms, err)
+	}
+	for key, want := range values {
+		if got, _, _ := c.Get(key); !bytes.Equal(got, want) {
+			t.Fatalf("%s: not restored byte for byte", key)
+		}
 	}
 }

@@ -92,12 +92,8 @@ func writeSummaryTable(w io.Writer, s *migrate.Summary) error {
 	for _, c := range s.Causes {
 		fmt.Fprintf(w, "%s: %s: %d key(s), the first %s: %s\n", c.Status, c.Cause, c.Count, c.FirstKey, c.Error)
 	}
-	if sp := s.Space; sp != nil {
-		line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), textfmt.Bytes(sp.Quota.Bytes))
-		if sp.Compactions > 0 {
-			line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)
-		}
-		fmt.Fprintln(w, line)
+	if s.Space != nil {
+		fmt.Fprintln(w, spaceLine(s.Space))
 	}
 	consistency := "one consistent snapshot"
 	switch {
@@ -144,6 +140,15 @@ func writeFieldLoss(w io.Writer, s *migrate.Summary) error {
 	return err
 }
 
+// spaceLine is what a run saw of etcd's database.
+func spaceLine(sp *migrate.SpaceReport) string {
+	line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), textfmt.Bytes(sp.Quota.Bytes))
+	if sp.Compactions > 0 {
+		line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)
+	}
+	return line
+}
+
 // rollbackReport is what rollback restored.
 type rollbackReport struct{ res migrate.RollbackResult }
 
@@ -175,6 +180,9 @@ func (r rollbackReport) table(w io.Writer) error {
 	}
 	for _, n := range res.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+	if res.Space != nil {
+		fmt.Fprintln(w, spaceLine(res.Space))
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func rollbackCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "rollback",
 		Usage: "undo run ID and every later run, newest first (--run), or put back the values one journal replaced (--journal); keys changed since are skipped",
-		Flags: append(append(append(etcdFlags(), apiServerFlags()...), livenessFlags()...),
+		Flags: append(append(append(append(etcdFlags(), apiServerFlags()...), livenessFlags()...), spaceFlags()...),
 			&cli.StringFlag{Name: "run", Usage: "undo this run (an ID from 'kube-etcd-migrate runs') and every later one, newest first"},
 			&cli.StringFlag{Name: "journal", Usage: "undo the writes this journal records (a run directory's journal, or one written with 'migrate --journal')"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be restored, skipped or left, write nothing"},
@@ -57,13 +57,21 @@ func cmdRollback(c *cli.Context) (err error) {
 		return err
 	}
 	prefix := journalPrefix(journals)
-	opts := migrate.RollbackOptions{DryRun: c.Bool("dry-run")}
+	opts := migrate.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
 	var preflight []string
 	if !opts.DryRun {
 		if preflight, err = rollbackPreflight(ctx, c, cli, journals, prefix, window); err != nil {
 			return err
 		}
 	}
+	// etcd's room for what the rollback writes (a dry run says it too).
+	quota := migrate.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"))
+	lines, refused := migrate.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory)
+	preflight = append(preflight, lines...)
+	if refused != nil && !opts.DryRun {
+		return refused
+	}
+	opts.Quota = &quota
 	u, err := startRun(c, "rollback", cli.Endpoints(), prefix, "", "")
 	if err != nil {
 		return err
@@ -105,6 +113,9 @@ func cmdRollback(c *cli.Context) (err error) {
 	}
 	if err != nil {
 		return err
+	}
+	if refused != nil {
+		return refused // a dry run: the rollback would be refused
 	}
 	if res.Failed > 0 {
 		return &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}

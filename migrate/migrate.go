@@ -239,7 +239,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		if space != nil {
 			sum.Space = &SpaceReport{Quota: space.quota, Margin: Margin(space.quota.Bytes), DBSizeBefore: space.status.DBSize, DBSizeMax: space.status.DBSize}
-			guard = newSpaceGuard(etcdStatus{env}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
+			guard = newSpaceGuard(etcdStatus{env.Client}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
 		}
 		if opts.OnPreflight != nil {
 			if err := opts.OnPreflight(checks); err != nil {

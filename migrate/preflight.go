@@ -74,59 +74,80 @@ func CheckQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 
 // checkQuota is CheckQuota, also returning what it found of etcd's space.
 func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *spaceStart, error) {
-	var done []string
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
-		return done, nil, err
+		return nil, nil, err
 	}
 	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes)
-	margin := Margin(quota.Bytes)
-	space := &spaceStart{quota: quota, status: st}
-	done = append(done, fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin)))
-	// Every rewrite adds its new value to the database until compaction; it
-	// reuses the pages free in it first. All live values together take at
-	// most DBSizeInUse, so when even that fits there is no need to count precisely.
-	room := quota.Bytes - margin - st.DBSize + st.Free
-	estimate := st.DBSizeInUse
-	exact := false
-	if estimate > room {
-		estimate, err = bytesToRewrite(ctx, env)
-		if err != nil {
-			return done, nil, err
-		}
-		exact = true
+	// Every rewrite adds its new value to the database until compaction; all
+	// live values together take at most DBSizeInUse.
+	lines, err := fitQuota(st, quota, writeSize{
+		what:  "rewrite",
+		bound: st.DBSizeInUse,
+		exact: func() (int64, error) { return bytesToRewrite(ctx, env) },
+		fewer: true,
+	}, opts.CompactHistory)
+	if err != nil {
+		return lines, nil, err
 	}
-	how := "at most"
-	if exact {
+	return lines, &spaceStart{quota: quota, status: st}, nil
+}
+
+// writeSize is what a writing run (migrate, rollback) is about to add to
+// etcd's database, for fitQuota.
+type writeSize struct {
+	what  string                // "rewrite", "rollback"
+	bound int64                 // what the writes take at most
+	exact func() (int64, error) // about what they take: asked only when bound does not fit
+	fewer bool                  // migrating fewer resources at a time is a remedy
+}
+
+// fitQuota says whether the run's writes fit below etcd's quota less the
+// margin (reusing the pages free in the database first), or, with compact,
+// can be made to fit by compacting as it goes, with a line per finding; a
+// refusal is a *PreflightError.
+func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool) ([]string, error) {
+	margin := Margin(quota.Bytes)
+	done := []string{fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin))}
+	room := quota.Bytes - margin - st.DBSize + st.Free
+	estimate, how := w.bound, "at most"
+	if estimate > room {
+		var err error
+		if estimate, err = w.exact(); err != nil {
+			return done, err
+		}
 		how = "about"
 	}
-
 	switch {
 	case estimate <= room:
-		line := fmt.Sprintf("database %s + rewrite %s %s fits below the quota", textfmt.Bytes(st.DBSize), how, textfmt.Bytes(estimate))
-		if opts.CompactHistory {
+		line := fmt.Sprintf("database %s + %s %s %s fits below the quota", textfmt.Bytes(st.DBSize), w.what, how, textfmt.Bytes(estimate))
+		if compact {
 			line += "; --compact-history compacts etcd's history when it nears the quota all the same"
 		} else {
 			line += "; compact and defragment afterwards to reclaim it"
 		}
 		done = append(done, line)
-	case !opts.CompactHistory:
-		return done, nil, &PreflightError{Err: input.Errorf("the rewrite would add about %s to a %s database, past etcd's %s quota less the %s margin (quota from %s); rerun with %s to compact the history the run makes obsolete as it goes (as kube-apiserver does), or compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag'), or migrate fewer resources at a time (%s)",
-			textfmt.Bytes(estimate), textfmt.Bytes(st.DBSize), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source, input.CompactHistory, input.Resource)}
+	case !compact:
+		format, args := "the %s would add about %s to a %s database, past etcd's %s quota less the %s margin (quota from %s); rerun with %s to compact the history the run makes obsolete as it goes (as kube-apiserver does), or compact and defragment etcd first ('etcdctl compact', 'etcdctl defrag')",
+			[]any{w.what, textfmt.Bytes(estimate), textfmt.Bytes(st.DBSize), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source, input.CompactHistory}
+		if w.fewer {
+			format, args = format+", or migrate fewer resources at a time (%s)", append(args, input.Resource)
+		}
+		return done, &PreflightError{Err: input.Errorf(format, args...)}
 	default:
 		// Compacting frees the pages of every revision the live values do
 		// not need: what is left is the live data and the margin.
 		if free := quota.Bytes - margin - st.DBSizeInUse; free < minCompactRoom(quota.Bytes) {
-			return done, nil, &PreflightError{Err: input.Errorf("even with %s there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
+			return done, &PreflightError{Err: input.Errorf("even with %s there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
 				input.CompactHistory, textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
 		}
-		done = append(done, fmt.Sprintf("database %s + rewrite %s %s is more than the %s left below the quota: --compact-history compacts etcd's history up to the run's latest write whenever the database nears the quota",
-			textfmt.Bytes(st.DBSize), how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0))))
+		done = append(done, fmt.Sprintf("database %s + %s %s %s is more than the %s left below the quota: --compact-history compacts etcd's history up to the run's latest write whenever the database nears the quota",
+			textfmt.Bytes(st.DBSize), w.what, how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0))))
 	}
-	if opts.CompactHistory {
-		done = append(done, "--compact-history: the old revisions of what the run rewrites are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
+	if compact {
+		done = append(done, "--compact-history: the old revisions of what the run writes are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
 	}
-	return done, space, nil
+	return done, nil
 }
 
 // CheckEncryption has the write encryption provider of every resource in

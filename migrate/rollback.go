@@ -1,9 +1,11 @@
 package migrate
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/rundir"
 )
 
 // RollbackResult counts what a rollback did (a dry run: would do). Each journal
@@ -38,6 +41,8 @@ type RollbackResult struct {
 	Notes []string `json:"notes,omitempty"`
 	// Preflight are the checks passed before the first write.
 	Preflight []string `json:"preflight,omitempty"`
+	// Space is what the rollback saw of etcd's space (with RollbackOptions.Quota).
+	Space *SpaceReport `json:"space,omitempty"`
 }
 
 // maxKeysListed bounds the skipped and failed keys a rollback lists.
@@ -93,6 +98,14 @@ type RollbackOptions struct {
 	BeforeFirstWrite func(context.Context) error
 	// BatchOps is the number of records decided and written together (0: DefaultMaxOps).
 	BatchOps int
+	// Quota, when set, is etcd's quota (FindQuota) the rollback keeps every
+	// member's database below, less the margin, as migrate does: it stops
+	// before a write would take the database past it (a *SpaceError).
+	Quota *Quota
+	// CompactHistory compacts etcd's history up to the rollback's latest
+	// write whenever the database nears the quota (with Quota), as migrate's
+	// does: the rollback's own journal and snapshot are its undo.
+	CompactHistory bool
 }
 
 // Rollback puts back the old bytes of every key the journal says the tool
@@ -125,14 +138,108 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	}
 	if opts.DryRun {
 		rb.sim = map[string]simValue{}
-	}
-	for _, path := range journals {
-		rb.path = path
-		if err := rb.journal(path); err != nil {
+	} else if opts.Quota != nil {
+		st, err := etcdscan.Status(ctx, cli)
+		if err != nil {
 			return res, err
 		}
+		res.Space = &SpaceReport{Quota: *opts.Quota, Margin: Margin(opts.Quota.Bytes), DBSizeBefore: st.DBSize, DBSizeMax: st.DBSize}
+		rb.guard = newSpaceGuard(etcdStatus{cli}, opts.Quota.Bytes, opts.CompactHistory, st, res.Space)
 	}
-	return res, nil
+	var err error
+	for _, path := range journals {
+		rb.path = path
+		if err = rb.journal(path); err != nil {
+			break
+		}
+	}
+	var se *SpaceError
+	if errors.As(err, &se) {
+		se.Journal, se.Verb = rb.path, "rollback"
+	}
+	if res.Space != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdscan.DefaultCommandTimeout)
+		if st, serr := etcdscan.Status(sctx, cli); serr == nil {
+			res.Space.DBSizeAfter = st.DBSize
+			res.Space.DBSizeMax = max(res.Space.DBSizeMax, st.DBSize)
+		}
+		cancel()
+	}
+	return res, err
+}
+
+// CheckRollbackQuota says whether undoing the journals fits below etcd's
+// quota less the margin, or, with compact, can be made to fit by compacting
+// as it goes, with a line per finding; a refusal is a *PreflightError. What
+// the rollback writes is the old value of every record it undoes (at most:
+// keys changed since or never written are left), bounded first by three
+// times the journals' size, then added up from their records.
+func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []string, quota Quota, compact bool) ([]string, error) {
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	var bound int64
+	for _, j := range journals {
+		bound += 3 * rundir.FileSize(j)
+	}
+	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: func() (int64, error) { return rollbackBytes(journals) }}, compact)
+}
+
+// rollbackBytes adds up what undoing every record of the journals writes to
+// etcd's backend (putCost): each overwrite's and re-creation's old value, each
+// removal's deletion.
+func rollbackBytes(journals []string) (int64, error) {
+	var n int64
+	for _, path := range journals {
+		f, err := os.Open(path)
+		if err != nil {
+			return 0, fmt.Errorf("journal %s: %w", path, err)
+		}
+		br := bufio.NewReaderSize(f, 1<<20)
+		var long []byte // a line longer than br's buffer, assembled
+		for {
+			line, err := br.ReadSlice('\n')
+			if errors.Is(err, bufio.ErrBufferFull) {
+				long = append(long, line...)
+				continue
+			}
+			if long != nil {
+				line, long = append(long, line...), nil
+			}
+			n += rollbackRecordCost(line)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				f.Close()
+				return 0, fmt.Errorf("journal %s: %w", path, err)
+			}
+		}
+		f.Close()
+	}
+	return n, nil
+}
+
+// rollbackRecordCost is what undoing one journal record writes (putCost); 0
+// for a record that undoes nothing, or a torn last one.
+func rollbackRecordCost(line []byte) int64 {
+	// The old value's length without decoding it: the base64 between its quotes.
+	var r struct {
+		Op       string          `json:"op"`
+		Key      string          `json:"key"`
+		OldValue json.RawMessage `json:"oldValue"`
+	}
+	if len(bytes.TrimSpace(line)) == 0 || json.Unmarshal(line, &r) != nil {
+		return 0
+	}
+	switch r.Op {
+	case "intent", "delete-intent":
+		return putCostN(len(r.Key), base64.StdEncoding.DecodedLen(max(len(r.OldValue)-2, 0)))
+	case "create-intent":
+		return putCostN(len(r.Key), 0)
+	}
+	return 0
 }
 
 // RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes
@@ -164,6 +271,8 @@ type rollback struct {
 	pendingDone map[string]int64
 	// sim is a dry run's view of the keys it would have changed.
 	sim map[string]simValue
+	// guard keeps etcd's database below its quota (RollbackOptions.Quota).
+	guard *spaceGuard
 }
 
 // simValue is a key as a dry run would have left it.
@@ -358,10 +467,20 @@ func (rb *rollback) batch(items []item) error {
 		}
 	}
 	puts := make([]etcdscan.Put, len(undos))
+	var cost int64
 	for i, u := range undos {
 		puts[i] = u.put
+		cost += putCost(u.put.Key, u.put.Value)
+	}
+	if rb.guard != nil {
+		if err := rb.guard.reserve(rb.ctx, cost); err != nil {
+			return err
+		}
 	}
 	out := rb.w.Write(rb.ctx, puts)
+	if rb.guard != nil {
+		rb.guard.done(cost)
+	}
 	if rb.opts.Journal != nil {
 		var done []JournalRecord
 		for i, r := range out {

@@ -15,7 +15,6 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/pipeline"
 )
 
 // Quota is etcd's --quota-backend-bytes as the tool found it.
@@ -94,9 +93,12 @@ func Margin(quota int64) int64 { return max(quota/20, 1<<20) }
 // fields) on 4 KiB pages that etcd fills to 90% with its sequential revision
 // keys; one that does not fit twice into that takes whole pages of its own
 // (measured: 1,000 puts of 2,000 bytes added 3.5 MiB).
-func putCost(key string, value []byte) int64 {
+func putCost(key string, value []byte) int64 { return putCostN(len(key), len(value)) }
+
+// putCostN is putCost for a key and a value of these lengths.
+func putCostN(keyLen, valueLen int) int64 {
 	const page, fill, overhead = 4096, 4096 * 9 / 10, 64
-	n := int64(len(key) + len(value) + overhead)
+	n := int64(keyLen + valueLen + overhead)
 	if perPage := fill / n; perPage >= 2 {
 		return page / perPage
 	}
@@ -109,6 +111,7 @@ type SpaceError struct {
 	DBSize, Quota, Margin int64
 	Compacted             bool   // the run compacted (--compact-history) and it was not enough
 	Journal               string // the run's journal, "" without one
+	Verb                  string // "rollback", or "" for migrate
 }
 
 func (e *SpaceError) Error() string { return e.Render(input.Words) }
@@ -116,8 +119,13 @@ func (e *SpaceError) Error() string { return e.Render(input.Words) }
 // Render is the message with the inputs of its remedy spelled by spell.
 func (e *SpaceError) Render(spell func(input.Name) string) string {
 	what := "compact and defragment etcd ('etcdctl compact REV', 'etcdctl defrag'), then run again, or run again with " + spell(input.CompactHistory) + " to compact the history the run makes obsolete as it goes"
-	if e.Compacted {
+	switch {
+	case e.Compacted && e.Verb == "rollback":
+		what = "even after compacting (" + spell(input.CompactHistory) + ") the live data does not leave that room: defragment ('etcdctl defrag') or raise etcd's --quota-backend-bytes, then run the same rollback again"
+	case e.Compacted:
 		what = "even after compacting (" + spell(input.CompactHistory) + ") the live data does not leave that room: defragment ('etcdctl defrag'), migrate fewer " + spell(input.Resource) + " at a time, or raise etcd's --quota-backend-bytes"
+	case e.Verb == "rollback":
+		what = "run the same rollback again with " + spell(input.CompactHistory) + " to compact the history it makes obsolete as it goes, or compact and defragment etcd ('etcdctl compact REV', 'etcdctl defrag') first"
 	}
 	journal := ""
 	if e.Journal != "" {
@@ -158,8 +166,12 @@ type spaceGuard struct {
 	sinceCompact  int64 // reserved since the last compaction
 	sinceUpdate   int64 // reserved since the last Status
 	completedMark int64
-	err           error
-	report        *SpaceReport
+	// marks are the completed bytes at each update, newest last: what etcd
+	// reports lags the writes that returned by up to its backend's commit
+	// interval (commitLag).
+	marks  []completedAt
+	err    error
+	report *SpaceReport
 }
 
 // clientStatus is what the guard asks etcd (the real client in the run; the
@@ -217,7 +229,7 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 		if err := g.update(ctx); err != nil {
 			return err
 		}
-		if !g.fits(cost) && g.compact && g.sinceCompact > 0 {
+		if !g.fits(cost) && g.compact {
 			if err := g.compactNow(ctx); err != nil {
 				return err
 			}
@@ -251,22 +263,40 @@ func (g *spaceGuard) done(cost int64) {
 	g.completed.Add(cost)
 }
 
-// update asks every member's size. What was in flight then, and what returned
-// since the previous update (it may not have reached the backend yet), still
-// counts as spent.
+// update asks every member's size. What was in flight then, and what
+// returned within etcd's commit interval before it (it may not have reached
+// the backend yet), still counts as spent.
 func (g *spaceGuard) update(ctx context.Context) error {
+	asked := time.Now()
 	inflight, completed := g.inflight.Load(), g.completed.Load()
 	st, err := g.cli.status(ctx)
 	if err != nil {
 		g.err = fmt.Errorf("watching etcd's database size: %w (nothing more was written)", err)
 		return g.err
 	}
+	// The newest mark older than the commit interval is in what etcd reported.
+	i := 0
+	for i < len(g.marks) && asked.Sub(g.marks[i].at) >= commitLag {
+		g.completedMark = g.marks[i].completed
+		i++
+	}
+	g.marks = append(g.marks[i:], completedAt{at: asked, completed: completed})
 	g.base, g.free = st.DBSize, st.Free
 	g.spent = inflight + (completed - g.completedMark)
-	g.completedMark = completed
 	g.sinceUpdate = 0
 	g.report.DBSizeMax = max(g.report.DBSizeMax, st.DBSize)
 	return nil
+}
+
+// commitLag is how long a write that returned may be missing from the
+// database size etcd reports: etcd commits its backend every 100 ms (or every
+// 10,000 writes, sooner).
+const commitLag = 200 * time.Millisecond
+
+// completedAt is the guard's count of completed bytes at a time.
+type completedAt struct {
+	at        time.Time
+	completed int64
 }
 
 // compactNow compacts etcd's history up to the current revision (the old
@@ -296,14 +326,14 @@ func (g *spaceGuard) compactNow(ctx context.Context) error {
 }
 
 // etcdStatus is clientStatus on a real client.
-type etcdStatus struct{ env *pipeline.Env }
+type etcdStatus struct{ cli *clientv3.Client }
 
 func (e etcdStatus) status(ctx context.Context) (etcdscan.StatusInfo, error) {
-	return etcdscan.Status(ctx, e.env.Client)
+	return etcdscan.Status(ctx, e.cli)
 }
 
 func (e etcdStatus) compact(ctx context.Context, rev int64) error {
-	return etcdscan.Compact(ctx, e.env.Client, rev)
+	return etcdscan.Compact(ctx, e.cli, rev)
 }
 
 // StopError is a run ended at the first error no retry fixes (etcd out of

@@ -504,3 +504,103 @@ func TestNoSpaceMidRollback(t *testing.T) {
 		}
 	}
 }
+
+// TestRollbackKeepsBelowQuota is the full-etcd rollback at small scale: a
+// migrate that fit only by compacting as it went (--compact-history) leaves
+// a database whose room is less than the old values its rollback must write
+// back. Rollback's preflight refuses that before any write, naming
+// compaction; without the preflight, the rollback's guard stops it before
+// etcd's quota (no alarm, the journal intact, no key half-written); with
+// compaction it restores every key byte for byte, below the quota, no alarm.
+func TestRollbackKeepsBelowQuota(t *testing.T) {
+	const quota = 4<<20 + 512<<10
+	s := seedSpace(t, quota)
+	ctx := context.Background()
+	journal := filepath.Join(s.c.Dir, "journal")
+	sum, err := Run(ctx, s.env(), Options{LivenessWindow: testWindow, CompactHistory: true, Journal: journal})
+	if err != nil || sum.Summary.Rewritten != spaceSecrets {
+		t.Fatalf("migrate --compact-history: %+v %v", sum.Summary, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	st, err := etcdscan.Status(ctx, s.c.Cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	need, err := rollbackBytes([]string{journal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := quota - Margin(quota) - st.DBSize + st.Free
+	t.Logf("after migrate: database %s (%s free), the rollback writes %s, room %s", textfmt.Bytes(st.DBSize), textfmt.Bytes(st.Free), textfmt.Bytes(need), textfmt.Bytes(room))
+	if need <= room {
+		t.Fatalf("test setup: the rollback (%d bytes) fits the room left (%d)", need, room)
+	}
+	if bound := 3 * rundirFileSize(t, journal); need > bound {
+		t.Fatalf("the journal's cheap bound %d is below what its records add up to, %d", bound, need)
+	}
+
+	// The preflight refuses, before any write, naming compaction.
+	q := FindQuota(ctx, s.c.Cli, "", 0)
+	before := s.c.Revision()
+	_, err = CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false)
+	var pe *PreflightError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "the rollback would add about") || !strings.Contains(err.Error(), string(input.CompactHistory)) {
+		t.Fatalf("rollback's preflight: %v, want a refusal naming %s", err, input.CompactHistory)
+	}
+	lines, err := CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true)
+	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "is more than the") {
+		t.Fatalf("rollback's preflight with compaction: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+
+	// Without the preflight and without compaction, the guard stops the
+	// rollback before the quota.
+	res, err := RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, RollbackOptions{Quota: &q, BatchOps: 16})
+	var se *SpaceError
+	if !errors.As(err, &se) || se.Verb != "rollback" || se.Journal != journal || !strings.Contains(err.Error(), "run the same rollback again with "+string(input.CompactHistory)) {
+		t.Fatalf("rollback without compaction: %+v %v, want a stop before the quota", res, err)
+	}
+	if a := alarms(t, s.c.Cli); len(a) != 0 {
+		t.Fatalf("etcd raised %v", a)
+	}
+	if res.Failed != 0 || res.Restored == 0 || res.Restored >= spaceSecrets || res.Space == nil || res.Space.DBSizeMax >= quota {
+		t.Fatalf("stopped rollback: %+v space %+v", res, res.Space)
+	}
+	back := 0
+	for key, want := range s.values {
+		if got, _, _ := s.c.Get(key); bytes.Equal(got, want) {
+			back++
+		}
+	}
+	if back != res.Restored {
+		t.Fatalf("%d keys hold their old bytes, the rollback says %d restored", back, res.Restored)
+	}
+	if s.c.Revision() <= before {
+		t.Fatal("the guarded rollback wrote nothing")
+	}
+
+	// With compaction the same rollback finishes: every key as before the migration.
+	again, err := RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, RollbackOptions{Quota: &q, CompactHistory: true, BatchOps: 16})
+	if err != nil || again.Failed != 0 || again.Skipped != 0 || again.Restored+res.Restored != spaceSecrets {
+		t.Fatalf("rollback with compaction: %+v %v (first: %+v)", again, err, res)
+	}
+	if a := alarms(t, s.c.Cli); len(a) != 0 {
+		t.Fatalf("etcd raised %v", a)
+	}
+	if sp := again.Space; sp == nil || sp.Compactions == 0 || sp.DBSizeMax >= quota {
+		t.Fatalf("space report %+v", sp)
+	}
+	for key, want := range s.values {
+		if got, _, _ := s.c.Get(key); !bytes.Equal(got, want) {
+			t.Fatalf("%s: not restored byte for byte", key)
+		}
+	}
+}
+
+func rundirFileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
