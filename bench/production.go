@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
@@ -169,11 +170,12 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	res.Notes = append(res.Notes, fmt.Sprintf("plan's estimate of migrate: %.0fs; measured: %.0fs (%.2f ×; %s)", po.Estimate.Seconds, tr.wall.Seconds(), tr.wall.Seconds()/po.Estimate.Seconds, po.Estimate.Basis),
 		fmt.Sprintf("migrate: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %d GiB quota, %d compaction(s)", float64(mo.Space.DBSizeBefore)/1e9, float64(mo.Space.DBSizeAfter)/1e9, float64(mo.Space.DBSizeMax)/1e9, productionQuota>>30, mo.Space.Compactions))
 
-	// rollback of the whole journal.
+	// rollback of the whole journal: it writes every old value back, more than
+	// the room a migrate that compacted as it went leaves, so it compacts too.
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	tr, err = runTool(ctx, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--journal", journal, "--liveness-window", "1s")
+	tr, err = runTool(ctx, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--journal", journal, "--liveness-window", "1s", "--compact-history")
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +187,16 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if tr.exit != 0 || rb.Restored < stale || rb.Skipped != 0 || rb.Failed != 0 {
 		return nil, fmt.Errorf("rollback: exit %d, restored %d of at least %d (%d skipped, %d failed); stderr: %s", tr.exit, rb.Restored, stale, rb.Skipped, rb.Failed, tail(tr.stderr))
 	}
-	record(res, mProdRollback, tr, int64(rb.Restored), jfi.Size(), int64(rb.Restored), 0)
+	r := record(res, mProdRollback, tr, int64(rb.Restored), jfi.Size(), int64(rb.Restored), 0)
+	if sp := rb.Space; sp != nil {
+		r.Samples[0].DBSizeBeforeKB, r.Samples[0].DBSizeAfterKB, r.Samples[0].DBSizeMaxKB, r.Samples[0].Compactions = sp.DBSizeBefore>>10, sp.DBSizeAfter>>10, sp.DBSizeMax>>10, sp.Compactions
+		res.Notes = append(res.Notes, fmt.Sprintf("rollback: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %d GiB quota, %d compaction(s)", float64(sp.DBSizeBefore)/1e9, float64(sp.DBSizeAfter)/1e9, float64(sp.DBSizeMax)/1e9, productionQuota>>30, sp.Compactions))
+	}
+	for _, p := range rb.Preflight {
+		if strings.Contains(p, "rollback") {
+			res.Notes = append(res.Notes, "rollback's preflight: "+p)
+		}
+	}
 
 	// The backup: verify it, then re-encrypt it into a new one.
 	tr, err = runTool(ctx, tool, "verify", "-o", "json", "--show-keys", "-1", "--snapshot-file", backup, "--encryption-provider-config", newCfg)
