@@ -73,6 +73,10 @@ type Options struct {
 	// do not apply; the preflight says the output's room instead.
 	Output     Store
 	OutputFile string
+	// Sizes, when set, is what a dry run found just before (plan's): the
+	// preflight's estimates of the rewrite and the journal take it instead
+	// of a decision pass of their own.
+	Sizes *WriteSizes
 	// OnPreflight, when set, is given the checks passed, after the preflight
 	// and before the first write (the run directory's plan); an error stops
 	// the run with nothing written.
@@ -137,8 +141,10 @@ type Summary struct {
 	Failures     []Failure          `json:"failures,omitempty"`
 	Causes       []FailureCause     `json:"causes,omitempty"`
 	Space        *SpaceReport       `json:"space,omitempty"`
-	CRDs         []CRDResult        `json:"crds,omitempty"`
-	Preflight    []string           `json:"preflight,omitempty"`
+	// WriteSizes is what the rewrite of the stale objects takes (a dry run's).
+	WriteSizes *WriteSizes `json:"writeSizes,omitempty"`
+	CRDs       []CRDResult `json:"crds,omitempty"`
+	Preflight  []string    `json:"preflight,omitempty"`
 	// FieldLoss lists, per custom resource and stored version, the fields
 	// the rewrite dropped (a dry run: would drop) and how many objects
 	// carried each (reencode.FieldLoss: paths and counts, never values):
@@ -167,6 +173,8 @@ type tally struct {
 	// fieldLoss: the fields of the objects rewritten (a dry run: stale) that
 	// the rewrite drops.
 	fieldLoss reencode.FieldLosses
+	// sizes: what the stale objects' rewrite takes (a dry run).
+	sizes WriteSizes
 }
 
 func (t *tally) res(gr schema.GroupResource) *ResourceSummary {
@@ -315,6 +323,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 					r.Reasons[string(reason)]++
 				}
 				if opts.DryRun {
+					t.sizes.add(d)
 					t.total.BytesNew += int64(len(d.NewValue))
 					r.BytesNew += int64(len(d.NewValue))
 					t.fieldLoss.Add(&d)
@@ -411,6 +420,10 @@ func finish(sum *Summary, t *tally, start time.Time) *Summary {
 	sum.Failures = t.failures
 	sum.FieldLoss = t.fieldLoss.List()
 	sum.Causes = append(sum.Causes[:0], t.causes...)
+	if sum.DryRun {
+		sizes := t.sizes
+		sum.WriteSizes = &sizes
+	}
 	sum.Duration = time.Since(start)
 	sum.DurationText = sum.Duration.Round(time.Millisecond).String()
 	return sum

@@ -45,13 +45,14 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 		return done, nil, err
 	}
 
-	lines, space, err := checkQuota(ctx, env, opts)
+	sizes := newSizer(env, opts)
+	lines, space, err := checkQuota(ctx, env, opts, sizes)
 	done = append(done, lines...)
 	if err != nil {
 		return done, nil, err
 	}
 	if opts.Journal != "" || opts.Snapshot != "" {
-		lines, err := undoSpace(ctx, env, opts, space.status)
+		lines, err := undoSpace(ctx, env, opts, space.status, sizes)
 		done = append(done, lines...)
 		if err != nil {
 			return done, nil, err
@@ -68,12 +69,12 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 // opts.CompactHistory, can be made to fit by compacting as it goes), with a
 // line per finding; a refusal is a *PreflightError.
 func CheckQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
-	lines, _, err := checkQuota(ctx, env, opts)
+	lines, _, err := checkQuota(ctx, env, opts, newSizer(env, opts))
 	return lines, err
 }
 
 // checkQuota is CheckQuota, also returning what it found of etcd's space.
-func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *spaceStart, error) {
+func checkQuota(ctx context.Context, env *pipeline.Env, opts Options, sizes *sizer) ([]string, *spaceStart, error) {
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
 		return nil, nil, err
@@ -84,7 +85,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string,
 	lines, err := fitQuota(st, quota, writeSize{
 		what:  "rewrite",
 		bound: st.DBSizeInUse,
-		exact: func() (int64, error) { return bytesToRewrite(ctx, env) },
+		exact: func() (int64, error) { sz, err := sizes.get(ctx); return sz.EtcdBytes, err },
 		fewer: true,
 	}, opts.CompactHistory)
 	if err != nil {
@@ -111,7 +112,9 @@ func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool) ([
 	done := []string{fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin))}
 	room := quota.Bytes - margin - st.DBSize + st.Free
 	estimate, how := w.bound, "at most"
-	if estimate > room {
+	// With compaction the run goes ahead whatever the writes take (the
+	// live data decides, below): no pass over the keys to add them up.
+	if estimate > room && !compact {
 		var err error
 		if estimate, err = w.exact(); err != nil {
 			return done, err
@@ -177,7 +180,7 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts Options) ([]str
 	if err != nil {
 		return nil, err
 	}
-	return undoSpace(ctx, env, opts, st)
+	return undoSpace(ctx, env, opts, st, newSizer(env, opts))
 }
 
 // undoSpace checks, before the first write, that the run's snapshot and
@@ -185,7 +188,7 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts Options) ([]str
 // file; the journal holds every rewritten key's old value in base64 with its
 // key and hashes: at most about twice the live data, and when that does not
 // fit, a decision pass adds up what the stale objects' records take.
-func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan.StatusInfo) ([]string, error) {
+func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan.StatusInfo, sizes *sizer) ([]string, error) {
 	var needs []rundir.Need
 	if opts.Snapshot != "" {
 		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
@@ -198,11 +201,11 @@ func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan
 	if !errors.As(err, &se) || opts.Journal == "" {
 		return lines, wrapSpace(err)
 	}
-	exact, err := journalBytes(ctx, env)
+	exact, err := sizes.get(ctx)
 	if err != nil {
 		return lines, err
 	}
-	needs[len(needs)-1].Bytes = exact
+	needs[len(needs)-1].Bytes = exact.JournalBytes
 	lines, err = rundir.CheckSpace(needs)
 	return lines, wrapSpace(err)
 }
@@ -215,23 +218,46 @@ func wrapSpace(err error) error {
 	return err
 }
 
-// journalBytes runs the decision over the selected keys and adds up what
-// their journal records take: the old value in base64, the key twice (intent
-// and done), the hashes and the JSON around them.
-func journalBytes(ctx context.Context, env *pipeline.Env) (int64, error) {
-	var n int64
-	_, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+// WriteSizes is what rewriting the stale objects takes: their new values in
+// etcd's backend (putCost) and their journal records (JournalRecordBytes).
+type WriteSizes struct {
+	EtcdBytes    int64 `json:"etcdBytes"`
+	JournalBytes int64 `json:"journalBytes"`
+}
+
+func (w *WriteSizes) add(d reencode.Decision) {
+	w.EtcdBytes += putCost(d.Key, d.NewValue)
+	w.JournalBytes += JournalRecordBytes(d.Key, d.OldSize)
+}
+
+// sizer is a preflight's WriteSizes: given (a dry run's, opts.Sizes), or
+// added up by one decision pass over the selected keys the first time a
+// check needs them, shared by the quota's check and the journal's.
+type sizer struct {
+	env   *pipeline.Env
+	known *WriteSizes
+}
+
+func newSizer(env *pipeline.Env, opts Options) *sizer { return &sizer{env: env, known: opts.Sizes} }
+
+func (s *sizer) get(ctx context.Context) (WriteSizes, error) {
+	if s.known != nil {
+		return *s.known, nil
+	}
+	var w WriteSizes
+	_, err := s.env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		for _, d := range page {
 			if d.Status == reencode.Stale {
-				n += JournalRecordBytes(d.Key, d.OldSize)
+				w.add(d)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("preflight: estimate the journal: %w", err)
+		return w, fmt.Errorf("preflight: estimate the rewrite: %w", err)
 	}
-	return n, nil
+	s.known = &w
+	return w, nil
 }
 
 // JournalRecordBytes is about what the journal records of one rewrite take.
@@ -292,22 +318,4 @@ func CheckLiveness(ctx context.Context, cli *clientv3.Client, prefix string, win
 		return "", &PreflightError{Err: input.Errorf("%s, or pass %s", why, input.AllowLiveAPIServer)}
 	}
 	return rep.Summary(), nil
-}
-
-// bytesToRewrite runs the decision over the selected keys and adds up what
-// their new values take in etcd's backend (putCost).
-func bytesToRewrite(ctx context.Context, env *pipeline.Env) (int64, error) {
-	var n int64
-	_, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
-		for _, d := range page {
-			if d.Status == reencode.Stale {
-				n += putCost(d.Key, d.NewValue)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("preflight: estimate the rewrite: %w", err)
-	}
-	return n, nil
 }

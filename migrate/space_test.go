@@ -103,9 +103,18 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rewrite, err := bytesToRewrite(ctx, env)
+	sizes, err := newSizer(env, Options{}).get(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	rewrite := sizes.EtcdBytes
+	// A dry run adds up the same sizes (what plan hands to the preflight).
+	if dry := run(t, env, Options{DryRun: true}); dry.WriteSizes == nil || *dry.WriteSizes != sizes {
+		t.Fatalf("a dry run's sizes %+v, the preflight's pass %+v", dry.WriteSizes, sizes)
+	}
+	// Given them, the preflight takes them as they are (no pass of its own).
+	if _, err := CheckQuota(ctx, env, Options{Sizes: &WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
+		t.Fatalf("the preflight given a dry run's sizes: %v", err)
 	}
 	room := quota - Margin(quota) - st.DBSize + st.Free
 	t.Logf("database %d (%d free), rewrite %d, room %d", st.DBSize, st.Free, rewrite, room)

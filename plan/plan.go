@@ -172,9 +172,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	if len(alarms) > 0 {
 		p.block("etcd alarms", fmt.Sprintf("etcd has active alarms: %v", alarms), FixAlarm)
 	}
-	if len(members) > 0 && p.Proceeds() {
-		p.preflight(ctx, env, opts)
-	}
+	preflight := len(members) > 0 && p.Proceeds()
 
 	// The decision over every object, as migrate makes it (a dry run).
 	mopts := opts.Migrate
@@ -185,6 +183,12 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 		return p, err
 	}
 	p.Estimate.DecideSeconds = time.Since(decideStart).Seconds()
+	if preflight {
+		// migrate's checks, with the sizes of the rewrite and its journal
+		// this decision added up (no second pass over the keys).
+		opts.Migrate.Sizes = sum.WriteSizes
+		p.preflight(ctx, env, opts)
+	}
 	p.Revision, p.Consistent, p.Summary, p.Resources, p.Causes, p.CRDs = sum.Revision, sum.Consistent, sum.Summary, sum.Resources, sum.Causes, sum.CRDs
 	p.FieldLoss = sum.FieldLoss
 	for _, c := range sum.Causes {
