@@ -45,6 +45,7 @@ type options struct {
 	snap                   snapOptions
 	scale                  scaleOptions
 	productionN            int
+	productionQuota        int64
 	dataset                string
 	rotationN              int
 	crN                    int
@@ -75,6 +76,7 @@ func main() {
 	flag.IntVar(&o.scale.n, "scale-n", 25000, "objects of the scale phase's smaller file (the larger has 4 ×); 1000000 is the production row: files of about 1.8 and 7.4 GB")
 	flag.IntVar(&o.scale.reps, "scale-reps", 1, "repetitions of the scale phase's two reads")
 	flag.IntVar(&o.productionN, "production-n", 4000000, "objects of the production phase (-dataset production only: never part of all): 4,000,000 mixed objects fill etcd's largest quota, 8 GiB")
+	flag.Int64Var(&o.productionQuota, "production-quota", defaultProductionQuota, "etcd's --quota-backend-bytes in the production phase: 8 GiB, the largest etcd recommends; a smaller one with a smaller -production-n fills it as full (1 GiB for 500,000 objects)")
 	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), scale (the scale phase only), production (the production phase only: -production-n objects filling an 8 GiB quota, every command once, with the disk each used and plan's estimate beside migrate's time), or all (the three, one after the other, each on its own etcd, then the snapshot, rollback and scale phases)")
 	flag.BoolVar(&o.rollback, "rollback", true, "also measure rollback of a journal of -rollback-n rewrites of 2 KB values (the rollback phase, on an etcd of its own): its rate and peak RSS against its 150 MB bound")
 	flag.IntVar(&o.rollbackN, "rollback-n", 1000000, "journal entries of the rollback phase (1,000,000 make a journal of about 3 GB and 2 GB of etcd data)")

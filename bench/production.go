@@ -36,8 +36,8 @@ const (
 	mProdSnapVerify  = "verify --snapshot-file"
 	mProdSnapMigrate = "migrate --output-snapshot"
 
-	// productionQuota is etcd's largest recommended --quota-backend-bytes.
-	productionQuota = 8 << 30
+	// defaultProductionQuota is etcd's largest recommended --quota-backend-bytes.
+	defaultProductionQuota = 8 << 30
 	// Peak RSS bounds (MB): every command that reads or writes a live etcd
 	// or reads a file, and the output snapshot's (issue 28).
 	prodRSSBound       = 150
@@ -58,7 +58,7 @@ type planOut struct {
 }
 
 func productionPhase(ctx context.Context, o options, dir string) (*results, error) {
-	n := o.productionN
+	n, productionQuota := o.productionN, o.productionQuota
 	res := &results{Dataset: "production", N: n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: 1,
 		PageSize: etcdscan.DefaultPageSize, BatchOps: etcdscan.DefaultMaxOps, BatchBytes: etcdscan.DefaultMaxBytes, Writers: toolWriters,
 		Date: time.Now().UTC().Format(time.RFC3339)}
@@ -87,7 +87,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 		return nil, err
 	}
 	logf("  etcd's database %.1f GB of the %d GiB quota", float64(db)/1e9, productionQuota>>30)
-	res.Notes = append(res.Notes, fmt.Sprintf("etcd's database after seeding: %.2f GB of its %d GiB quota (%.0f%%)", float64(db)/1e9, productionQuota>>30, 100*float64(db)/productionQuota))
+	res.Notes = append(res.Notes, fmt.Sprintf("etcd's database after seeding: %.2f GB of its %d GiB quota (%.0f%%)", float64(db)/1e9, productionQuota>>30, 100*float64(db)/float64(productionQuota)))
 
 	backup := filepath.Join(dir, "backup.db")
 	if err := etcdscan.Snapshot(ctx, etcd.cli, backup); err != nil {
