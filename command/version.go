@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
-	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/release"
@@ -38,17 +37,14 @@ func writeVersion(w io.Writer, format string) error {
 	if err != nil {
 		return err
 	}
-	switch format {
-	case "json":
-		return writeJSON(w, r)
-	case "yaml":
-		data, err := yaml.Marshal(r)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(data)
-		return err
-	}
+	return printReport(w, format, r)
+}
+
+// stamped is the report itself: it is the build's own description.
+func (r versionReport) stamped(buildinfo.Info) any { return r }
+
+// table is the text form (-o text).
+func (r versionReport) table(w io.Writer) error {
 	commit := "none recorded"
 	if r.Commit != "" {
 		commit = r.Commit
@@ -63,7 +59,7 @@ func writeVersion(w io.Writer, format string) error {
 	if r.Development {
 		version += " (a development build: the source of " + r.Version + " or a later commit, not a release binary)"
 	}
-	_, err = fmt.Fprintf(w, `kube-etcd-migrate %s
+	_, err := fmt.Fprintf(w, `kube-etcd-migrate %s
   commit:          %s
   kubernetes:      %s (kube-apiserver %s: scheme, storage factory, encryption transformers)
   target versions: %s (--target-version; read-only commands assume %s when nothing says which)
