@@ -356,6 +356,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	})
 	close(queue)
 	wg.Wait()
+	if guard != nil {
+		guard.finish(writeCtx)
+	}
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
 	if sum.Space != nil {

@@ -153,6 +153,9 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 			break
 		}
 	}
+	if rb.guard != nil {
+		rb.guard.finish(ctx)
+	}
 	var se *SpaceError
 	if errors.As(err, &se) {
 		se.Journal, se.Verb = rb.path, "rollback"

@@ -169,9 +169,19 @@ type spaceGuard struct {
 	// marks are the completed bytes at each update, newest last: what etcd
 	// reports lags the writes that returned by up to its backend's commit
 	// interval (commitLag).
-	marks  []completedAt
-	err    error
-	report *SpaceReport
+	marks []completedAt
+	// compacting, while a compaction runs in the background, is where its
+	// result comes.
+	compacting chan compactResult
+	err        error
+	report     *SpaceReport
+}
+
+// compactResult is a background compaction's outcome: the revision it
+// compacted at (0: nothing was written since the last one), or its error.
+type compactResult struct {
+	rev int64
+	err error
 }
 
 // clientStatus is what the guard asks etcd (the real client in the run; the
@@ -199,8 +209,11 @@ func (g *spaceGuard) fits(cost int64) bool {
 }
 
 // reserve is called before a batch is sent; an error stops the run. With
-// compaction, every compactEvery bytes, and when a batch would not fit, the
-// history up to the current revision is compacted first.
+// compaction, every compactEvery bytes a compaction of the history up to the
+// current revision starts in the background while the writes go on (etcd
+// compacts every revision of its keyspace in batches: at millions of keys
+// a compaction takes as long as the writes between two of them); when a
+// batch would not fit, the run waits for it, or compacts at once.
 func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -212,13 +225,14 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 	for g.inflight.Load() > 0 && g.inflight.Load()+cost > g.margin/4 && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	compacted := false
-	if g.compact && g.sinceCompact >= g.compactEvery() {
-		if err := g.compactNow(ctx); err != nil {
-			return err
-		}
-		compacted = true
-	} else if g.sinceUpdate >= g.refresh {
+	compacted, err := g.collect(ctx, false)
+	if err != nil {
+		return err
+	}
+	switch {
+	case g.compact && g.compacting == nil && g.sinceCompact >= g.compactEvery():
+		g.startCompact(ctx)
+	case g.sinceUpdate >= g.refresh && !compacted:
 		if err := g.update(ctx); err != nil {
 			return err
 		}
@@ -229,11 +243,21 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 		if err := g.update(ctx); err != nil {
 			return err
 		}
-		if !g.fits(cost) && g.compact {
-			if err := g.compactNow(ctx); err != nil {
+		// The compaction running (if any), then one at the latest write.
+		for try := 0; try < 2 && !g.fits(cost) && g.compact; try++ {
+			if g.compacting == nil {
+				// New batches wait (g.mu); let those in flight land, so that the
+				// revision compacted at covers every write made so far.
+				for g.inflight.Load() > 0 && ctx.Err() == nil {
+					time.Sleep(5 * time.Millisecond)
+				}
+				g.startCompact(ctx)
+			}
+			c, err := g.collect(ctx, true)
+			if err != nil {
 				return err
 			}
-			compacted = true
+			compacted = compacted || c
 		}
 		// The pages a compaction frees show as free only after etcd's next
 		// commits, which the run's next writes bring: right after one, a
@@ -299,30 +323,65 @@ type completedAt struct {
 	completed int64
 }
 
-// compactNow compacts etcd's history up to the current revision (the old
-// revisions of every key the run rewrote) and waits for the pages to be free.
-func (g *spaceGuard) compactNow(ctx context.Context) error {
-	// New batches wait (g.mu); let those in flight land, so that the
-	// revision compacted at covers every write made so far.
-	for g.inflight.Load() > 0 && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
+// startCompact starts compacting etcd's history up to the current revision
+// (the old revisions of every key the run rewrote) in the background, and
+// waits for the pages to be free there (g.mu held; collect takes the result).
+func (g *spaceGuard) startCompact(ctx context.Context) {
+	ch := make(chan compactResult, 1)
+	g.compacting, g.sinceCompact = ch, 0
+	after := g.report.CompactedAt
+	// The run's interruption does not abandon a compaction etcd has begun.
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		st, err := g.cli.status(ctx)
+		switch {
+		case err != nil:
+			ch <- compactResult{err: err}
+		case st.Revision <= after:
+			ch <- compactResult{} // nothing written since the last compaction
+		default:
+			ch <- compactResult{rev: st.Revision, err: g.cli.compact(ctx, st.Revision)}
+		}
+	}()
+}
+
+// collect takes the result of the compaction running in the background, if
+// it has ended (wait: when it ends), and says whether it compacted (g.mu held).
+func (g *spaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
+	if g.compacting == nil {
+		return false, nil
 	}
-	st, err := g.cli.status(ctx)
-	if err != nil {
-		g.err = input.Errorf("%s: %w (nothing more was written)", input.CompactHistory, err)
-		return g.err
+	var r compactResult
+	if wait {
+		r = <-g.compacting
+	} else {
+		select {
+		case r = <-g.compacting:
+		default:
+			return false, nil
+		}
 	}
-	if st.Revision <= g.report.CompactedAt {
-		return nil // nothing written since the last compaction
+	g.compacting = nil
+	if r.err != nil {
+		g.err = input.Errorf("%s: %w (nothing more was written)", input.CompactHistory, r.err)
+		return false, g.err
 	}
-	if err := g.cli.compact(ctx, st.Revision); err != nil {
-		g.err = input.Errorf("%s: %w (nothing more was written)", input.CompactHistory, err)
-		return g.err
+	if r.rev == 0 {
+		return false, nil
 	}
 	g.report.Compactions++
-	g.report.CompactedAt = st.Revision
-	g.sinceCompact = 0
-	return g.update(ctx)
+	g.report.CompactedAt = r.rev
+	return true, g.update(ctx)
+}
+
+// finish waits for a compaction still running when the run's writes are
+// over, and counts it.
+func (g *spaceGuard) finish(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.compacting != nil {
+		_, _ = g.collect(ctx, true) // the writes are done: a failed last compaction loses nothing
+	}
 }
 
 // etcdStatus is clientStatus on a real client.
