@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -216,5 +217,44 @@ func TestIndexSpilledMatchesEtcd(t *testing.T) {
 	_, err = file.Scan(ctx, etcdscan.ScanOptions{Prefixes: []string{""}}, func([]etcdscan.KV) error { return nil })
 	if err == nil || strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), "snapshot file "+path+": ") || !strings.Contains(err.Error(), missing) {
 		t.Errorf("scan with $TMPDIR missing: %v; want one line naming %s and %s", err, path, missing)
+	}
+}
+
+// TestFileReadsOutliveRequestTimeouts: the first read of a file builds its
+// key index in a pass over the whole file, which for a backup of etcd's
+// largest quota on a slow disk outlasts the timeouts callers give etcd's
+// requests: a deadline does not stop a read of the file (even one already
+// past), cancellation does.
+func TestFileReadsOutliveRequestTimeouts(t *testing.T) {
+	ctx := context.Background()
+	srv := testetcd.StartT(t, testetcd.Options{})
+	cli := srv.ClientT(t)
+	for i := 0; i < 50; i++ {
+		if _, err := cli.Put(ctx, fmt.Sprintf("/registry/configmaps/ns/cm-%02d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "backup.db")
+	if err := etcdscan.Snapshot(ctx, cli, path); err != nil {
+		t.Fatal(err)
+	}
+	file, err := snapshotdb.Open(path, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if n, err := file.Count(expired, "/registry/configmaps/"); err != nil || n != 50 {
+		t.Fatalf("count past its deadline: %d %v, want 50 and no error", n, err)
+	}
+	if _, found, err := file.Get(expired, "/registry/configmaps/ns/cm-07", 0); err != nil || !found {
+		t.Fatalf("get past its deadline: %v %v", found, err)
+	}
+	cancelled, cancel2 := context.WithCancel(ctx)
+	cancel2()
+	if _, err := file.Count(cancelled, "/registry/configmaps/"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("count cancelled: %v, want context.Canceled", err)
 	}
 }

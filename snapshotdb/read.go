@@ -2,6 +2,7 @@ package snapshotdb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -54,6 +55,25 @@ func (f *File) index(ctx context.Context, r *reader, rev int64) (*index, error) 
 		x.release()
 	}
 	return x, nil
+}
+
+// local is ctx for a read of the file: it keeps ctx's cancellation (an
+// interrupted command stops reading) but not its deadline. A deadline bounds
+// a request to a live etcd, whose member may not answer; a file always
+// answers, and the first read at a revision builds the key index in a pass
+// over the whole file, which for a backup of etcd's largest quota on a slow
+// disk takes longer than any request's timeout (the callers' are etcd's).
+func local(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); !ok {
+		return ctx, func() {}
+	}
+	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel(context.Cause(ctx))
+		}
+	})
+	return lctx, func() { stop(); cancel(nil) }
 }
 
 // The number of mvccpb.KeyValue's key field, from its own descriptor.
@@ -150,6 +170,8 @@ func rangeOf(prefix string) (lo, end string) {
 // next page is read while fn runs. The scan is always consistent: a file does
 // not move. CommandTimeout, Retries and KeepRevision have no use here.
 func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page []etcdscan.KV) error) (etcdscan.ScanStats, error) {
+	ctx, done := local(ctx)
+	defer done()
 	if len(opts.Prefixes) == 0 {
 		return etcdscan.ScanStats{}, fmt.Errorf("scan: no prefix given")
 	}
@@ -203,6 +225,8 @@ func (f *File) Scan(ctx context.Context, opts etcdscan.ScanOptions, fn func(page
 // Get reads one key at rev (0: the file's revision), from the index of the
 // keys at rev: one pass over the file, unless a read at rev made it already.
 func (f *File) Get(ctx context.Context, key string, rev int64) (etcdscan.KV, bool, error) {
+	ctx, done := local(ctx)
+	defer done()
 	rev, err := f.at(rev)
 	if err != nil {
 		return etcdscan.KV{}, false, err
@@ -237,6 +261,8 @@ func (f *File) Get(ctx context.Context, key string, rev int64) (etcdscan.KV, boo
 // of the keys at that revision: one pass over the file, which a Scan of the
 // prefix that follows (inventory's progress bar, then its scan) shares.
 func (f *File) Count(ctx context.Context, prefix string) (int64, error) {
+	ctx, done := local(ctx)
+	defer done()
 	var n int64
 	err := f.view(func(r *reader) error {
 		x, err := f.index(ctx, r, f.Info.Revision)
@@ -275,6 +301,8 @@ func (f *File) Lease(_ context.Context, id int64) (etcdscan.Lease, error) {
 // shares: what an output snapshot's writer needs to know which records of
 // the key bucket are live.
 func (f *File) EachRevision(ctx context.Context, fn func(main, sub int64) error) error {
+	ctx, done := local(ctx)
+	defer done()
 	return f.view(func(r *reader) error {
 		x, err := f.index(ctx, r, f.Info.Revision)
 		if err != nil {
