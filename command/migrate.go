@@ -174,6 +174,7 @@ func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun, window
 		Writers:            c.Int("writers"),
 		WriteContext:       writeCtx,
 		PrivateEtcd:        c.String("snapshot-file"),
+		Spell:              flagOf,
 	}
 }
 

@@ -65,8 +65,8 @@ func cmdRollback(c *cli.Context) (err error) {
 		}
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	quota := migrate.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"))
-	lines, refused := migrate.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory)
+	quota := migrate.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"), flagOf)
+	lines, refused := migrate.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
 	preflight = append(preflight, lines...)
 	if refused != nil && !opts.DryRun {
 		return refused

@@ -73,6 +73,9 @@ type Options struct {
 	// do not apply; the preflight says the output's room instead.
 	Output     Store
 	OutputFile string
+	// Spell names the operator's inputs in the preflight's lines and the
+	// quota's source (the command: its flags); nil: words.
+	Spell func(input.Name) string
 	// Sizes, when set, is what a dry run found just before (plan's): the
 	// preflight's estimates of the rewrite and the journal take it instead
 	// of a decision pass of their own.
@@ -81,6 +84,14 @@ type Options struct {
 	// and before the first write (the run directory's plan); an error stops
 	// the run with nothing written.
 	OnPreflight func(checks []string) error
+}
+
+// spell is Spell, or words.
+func (o Options) spell() func(input.Name) string {
+	if o.Spell != nil {
+		return o.Spell
+	}
+	return input.Words
 }
 
 // Counts are a summary's figures, overall or for one resource.

@@ -79,7 +79,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options, sizes *siz
 	if err != nil {
 		return nil, nil, err
 	}
-	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes)
+	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
 	// Every rewrite adds its new value to the database until compaction; all
 	// live values together take at most DBSizeInUse.
 	lines, err := fitQuota(st, quota, writeSize{
@@ -87,7 +87,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options, sizes *siz
 		bound: st.DBSizeInUse,
 		exact: func() (int64, error) { sz, err := sizes.get(ctx); return sz.EtcdBytes, err },
 		fewer: true,
-	}, opts.CompactHistory)
+	}, opts.CompactHistory, opts.Spell)
 	if err != nil {
 		return lines, nil, err
 	}
@@ -107,7 +107,11 @@ type writeSize struct {
 // margin (reusing the pages free in the database first), or, with compact,
 // can be made to fit by compacting as it goes, with a line per finding; a
 // refusal is a *PreflightError.
-func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool) ([]string, error) {
+func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool, spell func(input.Name) string) ([]string, error) {
+	if spell == nil {
+		spell = input.Words
+	}
+	compaction := spell(input.CompactHistory)
 	margin := Margin(quota.Bytes)
 	done := []string{fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin))}
 	room := quota.Bytes - margin - st.DBSize + st.Free
@@ -125,7 +129,7 @@ func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool) ([
 	case estimate <= room:
 		line := fmt.Sprintf("database %s + %s %s %s fits below the quota", textfmt.Bytes(st.DBSize), w.what, how, textfmt.Bytes(estimate))
 		if compact {
-			line += "; --compact-history compacts etcd's history when it nears the quota all the same"
+			line += "; " + compaction + " compacts etcd's history when it nears the quota all the same"
 		} else {
 			line += "; compact and defragment afterwards to reclaim it"
 		}
@@ -144,11 +148,11 @@ func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool) ([
 			return done, &PreflightError{Err: input.Errorf("even with %s there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
 				input.CompactHistory, textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
 		}
-		done = append(done, fmt.Sprintf("database %s + %s %s %s is more than the %s left below the quota: --compact-history compacts etcd's history up to the run's latest write whenever the database nears the quota",
-			textfmt.Bytes(st.DBSize), w.what, how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0))))
+		done = append(done, fmt.Sprintf("database %s + %s %s %s is more than the %s left below the quota: %s compacts etcd's history up to the run's latest write whenever the database nears the quota",
+			textfmt.Bytes(st.DBSize), w.what, how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0)), compaction))
 	}
 	if compact {
-		done = append(done, "--compact-history: the old revisions of what the run writes are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
+		done = append(done, compaction+": the old revisions of what the run writes are compacted away as it goes, as kube-apiserver's compactor does every 5 minutes; the journal, not etcd's history, is the rollback")
 	}
 	return done, nil
 }

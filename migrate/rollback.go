@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/rundir"
 )
 
@@ -173,11 +174,12 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 
 // CheckRollbackQuota says whether undoing the journals fits below etcd's
 // quota less the margin, or, with compact, can be made to fit by compacting
-// as it goes, with a line per finding; a refusal is a *PreflightError. What
+// as it goes, with a line per finding (spell names the operator's inputs;
+// nil: words); a refusal is a *PreflightError. What
 // the rollback writes is the old value of every record it undoes (at most:
 // keys changed since or never written are left), bounded first by three
 // times the journals' size, then added up from their records.
-func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []string, quota Quota, compact bool) ([]string, error) {
+func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []string, quota Quota, compact bool, spell func(input.Name) string) ([]string, error) {
 	st, err := etcdscan.Status(ctx, cli)
 	if err != nil {
 		return nil, err
@@ -186,7 +188,7 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 	for _, j := range journals {
 		bound += 3 * rundir.FileSize(j)
 	}
-	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: func() (int64, error) { return rollbackBytes(journals) }}, compact)
+	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: func() (int64, error) { return rollbackBytes(journals) }}, compact, spell)
 }
 
 // rollbackBytes adds up what undoing every record of the journals writes to

@@ -24,7 +24,8 @@ type Quota struct {
 	Source string `json:"source"` // where Bytes comes from, for the preflight line
 }
 
-// FindQuota finds etcd's real quota, in this order: every member's own
+// FindQuota finds etcd's real quota (spell names the operator's inputs in
+// its Source; nil: words), in this order: every member's own
 // etcd_server_quota_backend_bytes (its metrics on the client URL; the
 // smallest when members differ, and the flag when that is smaller still); the
 // flag (opts.QuotaBackendBytes, when the metrics do not answer); etcd's
@@ -32,7 +33,11 @@ type Quota struct {
 // --apiserver-manifest, "" when none). When
 // none answers the quota is unknown, said so with why, and etcd's default is
 // assumed.
-func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest string, flag int64) Quota {
+func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest string, flag int64, spell func(input.Name) string) Quota {
+	if spell == nil {
+		spell = input.Words
+	}
+	given := spell(input.QuotaBackendBytes)
 	qs, merr := etcdscan.Quotas(ctx, cli)
 	if merr == nil && len(qs) > 0 {
 		q := qs[0]
@@ -46,16 +51,16 @@ func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest stri
 			src = fmt.Sprintf("%s of %d members (the smallest, %s)", etcdscan.QuotaMetric, len(qs), q.Member)
 		}
 		if flag > 0 && flag < q.Bytes {
-			return Quota{Bytes: flag, Known: true, Source: fmt.Sprintf("--quota-backend-bytes (below the %s of %s)", textfmt.Bytes(q.Bytes), src)}
+			return Quota{Bytes: flag, Known: true, Source: fmt.Sprintf("%s (below the %s of %s)", given, textfmt.Bytes(q.Bytes), src)}
 		}
 		if flag > q.Bytes {
-			src += fmt.Sprintf("; --quota-backend-bytes %s is larger, etcd enforces its own", textfmt.Bytes(flag))
+			src += fmt.Sprintf("; %s %s is larger, etcd enforces its own", given, textfmt.Bytes(flag))
 		}
 		return Quota{Bytes: q.Bytes, Known: true, Source: src}
 	}
 	why := []string{"metrics: " + whyNoAnswer(merr)}
 	if flag > 0 {
-		return Quota{Bytes: flag, Known: true, Source: "--quota-backend-bytes (etcd's metrics did not answer: " + whyNoAnswer(merr) + ")"}
+		return Quota{Bytes: flag, Known: true, Source: given + " (etcd's metrics did not answer: " + whyNoAnswer(merr) + ")"}
 	}
 	if apiserverManifest != "" {
 		eq, err := apiserverconfig.EtcdManifestQuota(apiserverManifest)
@@ -68,9 +73,9 @@ func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest stri
 			why = append(why, err.Error())
 		}
 	} else {
-		why = append(why, "no --apiserver-manifest to find etcd's beside")
+		why = append(why, "no "+spell(input.APIServerManifest)+" to find etcd's beside")
 	}
-	why = append(why, "no --quota-backend-bytes")
+	why = append(why, "no "+given)
 	return Quota{Bytes: DefaultQuotaBackendBytes, Source: "unknown (" + strings.Join(why, "; ") + "): assuming etcd's default"}
 }
 

@@ -88,14 +88,14 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	ctx := context.Background()
 	env := s.env()
 
-	found := FindQuota(ctx, s.c.Cli, "", 0)
+	found := FindQuota(ctx, s.c.Cli, "", 0, testFlags)
 	if found.Bytes != quota || !found.Known || !strings.Contains(found.Source, etcdscan.QuotaMetric) {
 		t.Fatalf("not told: found %+v, want %d from %s", found, quota, etcdscan.QuotaMetric)
 	}
-	if told := FindQuota(ctx, s.c.Cli, "", 3<<20); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
+	if told := FindQuota(ctx, s.c.Cli, "", 3<<20, testFlags); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
 		t.Fatalf("told a smaller quota: %+v", told)
 	}
-	if told := FindQuota(ctx, s.c.Cli, "", 1<<30); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
+	if told := FindQuota(ctx, s.c.Cli, "", 1<<30, testFlags); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
 		t.Fatalf("told a larger quota than etcd's: %+v", told)
 	}
 
@@ -132,7 +132,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatal("the refused run wrote")
 	}
 
-	sum, err := Run(ctx, env, Options{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal")})
+	sum, err := Run(ctx, env, Options{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal"), Spell: testFlags})
 	if err != nil {
 		t.Fatalf("--compact-history: %v", err)
 	}
@@ -390,7 +390,7 @@ func TestFindQuotaSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	if q := FindQuota(ctx, cli, "", 0); q.Bytes != 64<<20 || !q.Known || !strings.Contains(q.Source, "https://") {
+	if q := FindQuota(ctx, cli, "", 0, testFlags); q.Bytes != 64<<20 || !q.Known || !strings.Contains(q.Source, "https://") {
 		t.Fatalf("over TLS: %+v", q)
 	}
 
@@ -411,7 +411,7 @@ func TestFindQuotaSources(t *testing.T) {
 	}
 	defer other.Close()
 
-	if q := FindQuota(ctx, other, "", 3<<20); q.Bytes != 3<<20 || !q.Known || !strings.HasPrefix(q.Source, "--quota-backend-bytes (etcd's metrics did not answer") {
+	if q := FindQuota(ctx, other, "", 3<<20, testFlags); q.Bytes != 3<<20 || !q.Known || !strings.HasPrefix(q.Source, "--quota-backend-bytes (etcd's metrics did not answer") {
 		t.Fatalf("told, metrics unreadable: %+v", q)
 	}
 	manifests := filepath.Join(dir, "manifests")
@@ -419,7 +419,7 @@ func TestFindQuotaSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	apiserver := filepath.Join(dir, "kube-apiserver.yaml") // moved up out of manifests/ to stop it
-	q := FindQuota(ctx, other, apiserver, 0)
+	q := FindQuota(ctx, other, apiserver, 0, testFlags)
 	if q.Known || q.Bytes != DefaultQuotaBackendBytes || !strings.HasPrefix(q.Source, "unknown (") || !strings.Contains(q.Source, "no etcd static-pod manifest") || !strings.Contains(q.Source, "no --quota-backend-bytes") {
 		t.Fatalf("nothing to go by: %+v", q)
 	}
@@ -427,7 +427,7 @@ func TestFindQuotaSources(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(manifests, "etcd.yaml"), []byte(etcdPod), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if q := FindQuota(ctx, other, apiserver, 0); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
+	if q := FindQuota(ctx, other, apiserver, 0, testFlags); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
 		t.Fatalf("from etcd's manifest: %+v", q)
 	}
 }
@@ -549,14 +549,14 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	}
 
 	// The preflight refuses, before any write, naming compaction.
-	q := FindQuota(ctx, s.c.Cli, "", 0)
+	q := FindQuota(ctx, s.c.Cli, "", 0, testFlags)
 	before := s.c.Revision()
-	_, err = CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false)
+	_, err = CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false, nil)
 	var pe *PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "the rollback would add about") || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("rollback's preflight: %v, want a refusal naming %s", err, input.CompactHistory)
 	}
-	lines, err := CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true)
+	lines, err := CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true, nil)
 	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "is more than the") {
 		t.Fatalf("rollback's preflight with compaction: %v\n%s", err, strings.Join(lines, "\n"))
 	}
@@ -612,4 +612,14 @@ func rundirFileSize(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return fi.Size()
+}
+
+// testFlags spells inputs as the command line does (command/errors.go), for
+// the lines a test reads as an operator would.
+func testFlags(n input.Name) string {
+	if f, ok := map[input.Name]string{input.QuotaBackendBytes: "--quota-backend-bytes", input.APIServerManifest: "--apiserver-manifest",
+		input.CompactHistory: "--compact-history", input.OutputSnapshot: "--output-snapshot", input.Resource: "--resource"}[n]; ok {
+		return f
+	}
+	return input.Words(n)
 }

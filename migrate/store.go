@@ -54,7 +54,7 @@ func outputPreflight(ctx context.Context, env *pipeline.Env, opts Options) ([]st
 	if err != nil {
 		return done, err
 	}
-	done = append(done, fmt.Sprintf("disk space for --output-snapshot %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.OutputFile, textfmt.Bytes(fi.Size())))
+	done = append(done, fmt.Sprintf("disk space for %s %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.spell()(input.OutputSnapshot), opts.OutputFile, textfmt.Bytes(fi.Size())))
 	if err := CheckEncryption(ctx, env); err != nil {
 		return done, err
 	}
