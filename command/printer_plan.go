@@ -56,7 +56,11 @@ func remedy(b plan.Blocker) string {
 
 // webhookLine says whether a CRD's conversion webhook answered from here.
 func webhookLine(wh plan.WebhookCheck) string {
-	name := fmt.Sprintf("conversion webhook of %s (%s)", wh.CRD, wh.Target)
+	target := wh.Target
+	if wh.Given != "" {
+		target += " at " + wh.Given + " (--conversion-webhook)"
+	}
+	name := fmt.Sprintf("conversion webhook of %s (%s)", wh.CRD, target)
 	if wh.Target == "" {
 		name = "conversion webhook of " + wh.CRD
 	}

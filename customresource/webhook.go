@@ -168,9 +168,11 @@ func probe(ctx context.Context, addr, serverName string, caBundle []byte) error 
 // answered, and, when it converted nothing, whether it can be reached at all
 // (a TLS handshake checked as kube-apiserver's client checks it).
 type WebhookStatus struct {
-	// Target is the webhook as the CRD names it: service NAMESPACE/NAME:PORT
-	// (with the address given for it, if any), or its URL's host.
-	Target      string
+	// Target is the webhook as the CRD names it: service NAMESPACE/NAME:PORT,
+	// or its URL's host.
+	Target string
+	// Given is the address the operator gave for the service, if any.
+	Given       string
 	Answered    bool
 	Address     string // the address that answered last
 	Conversions int64
@@ -199,9 +201,7 @@ func (c *Codec) Webhook(ctx context.Context) (status WebhookStatus, ok bool) {
 		}
 		key := cc.Service.Namespace + "/" + cc.Service.Name
 		status.Target = fmt.Sprintf("service %s:%d", key, port)
-		if addr, given := c.resolver.urls[key]; given {
-			status.Target += " at " + addr + " (--conversion-webhook)"
-		}
+		status.Given = c.resolver.urls[key]
 		if status.Conversions > 0 {
 			status.Answered = true
 			c.resolver.mu.Lock()

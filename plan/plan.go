@@ -98,6 +98,7 @@ type Estimate struct {
 type WebhookCheck struct {
 	CRD         string `json:"crd"`
 	Target      string `json:"target"`
+	Given       string `json:"given,omitempty"` // the address given for its service
 	Answered    bool   `json:"answered"`
 	Address     string `json:"address,omitempty"`
 	Conversions int64  `json:"conversions"`
@@ -273,7 +274,7 @@ func (p *Plan) checkWebhooks(ctx context.Context, env *pipeline.Env) {
 		if !ok {
 			continue
 		}
-		check.Target, check.Answered, check.Address, check.Conversions, check.Failures, check.Error = st.Target, st.Answered, st.Address, st.Conversions, st.Failures, st.Err
+		check.Target, check.Given, check.Answered, check.Address, check.Conversions, check.Failures, check.Error = st.Target, st.Given, st.Answered, st.Address, st.Conversions, st.Failures, st.Err
 		p.Webhooks = append(p.Webhooks, check)
 	}
 }
