@@ -64,7 +64,7 @@ func WriteVerify(path string, rep *verify.Report) error {
 	orphaned := gaugeVec(VerifyOrphaned, "Keys no built-in resource or CRD owns (kube-apiserver never reads them), last verify run, by reason (removed-built-in, crd-missing, unknown-prefix).", "reason")
 	revision := gauge(VerifyRevision, "etcd revision the last verify run scanned at.")
 	consistent := gauge(VerifyConsistent, "1 when the last verify run read every key at one revision, 0 when the revision was compacted during the scan.")
-	exitCode := gauge(VerifyExitCode, "Exit code of the last verify run: 0 all current, 3 something stale, 4 something unreadable (or orphaned, with --fail-on-orphaned).")
+	exitCode := gauge(VerifyExitCode, "Exit code of the last verify run: 0 all current, 3 something stale, 4 something unreadable (or orphaned keys, when the run was told they fail the gate).")
 	lastRun := gauge(VerifyLastRun, "Unix time the last verify run finished.")
 	reg.MustRegister(objects, remaining, notObjects, orphaned, revision, consistent, exitCode, lastRun, buildInfo())
 
