@@ -64,6 +64,21 @@ func seedSpace(t *testing.T, quota int64) *spaceSeed {
 	return s
 }
 
+// checkRestored checks that exactly restored keys hold their bytes from
+// before the migration, as a stopped rollback says.
+func (s *spaceSeed) checkRestored(t *testing.T, restored int) {
+	t.Helper()
+	back := 0
+	for key, want := range s.values {
+		if got, _, _ := s.c.Get(key); bytes.Equal(got, want) {
+			back++
+		}
+	}
+	if back != restored {
+		t.Fatalf("%d keys hold their old bytes, the rollback says %d restored", back, restored)
+	}
+}
+
 func (s *spaceSeed) env() *pipeline.Env {
 	return s.c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: s.newCfg}, Resources: []string{"secrets"}, PageSize: 50})
 }
@@ -485,15 +500,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 	if res.Failed < 1 || res.Failed > etcdscan.DefaultMaxOps || res.Restored < 150 || res.Restored >= spaceSecrets {
 		t.Fatalf("rollback did not stop mid-way at the refusal: %+v", res)
 	}
-	back := 0
-	for key, want := range s.values {
-		if got, _, _ := s.c.Get(key); bytes.Equal(got, want) {
-			back++
-		}
-	}
-	if back != res.Restored {
-		t.Fatalf("%d keys hold their old bytes, the rollback says %d restored", back, res.Restored)
-	}
+	s.checkRestored(t, res.Restored)
 
 	// The remedy the message names (the filler is gone and compacted):
 	// defragment, disarm; the same rollback again restores the rest.
@@ -574,15 +581,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	if res.Failed != 0 || res.Restored == 0 || res.Restored >= spaceSecrets || res.Space == nil || res.Space.DBSizeMax >= quota {
 		t.Fatalf("stopped rollback: %+v space %+v", res, res.Space)
 	}
-	back := 0
-	for key, want := range s.values {
-		if got, _, _ := s.c.Get(key); bytes.Equal(got, want) {
-			back++
-		}
-	}
-	if back != res.Restored {
-		t.Fatalf("%d keys hold their old bytes, the rollback says %d restored", back, res.Restored)
-	}
+	s.checkRestored(t, res.Restored)
 	if s.c.Revision() <= before {
 		t.Fatal("the guarded rollback wrote nothing")
 	}
