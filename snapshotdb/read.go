@@ -108,7 +108,9 @@ func recordKey(v []byte) ([]byte, error) {
 }
 
 // faultAround is what Linux maps on a page fault of a file mapping (its
-// default fault_around_bytes): the pages around the one read, if cached.
+// default fault_around_bytes): the pages around the one read, if cached. On
+// Linux 6.18 it can be the whole folio around them, up to 2 MB: the regions
+// read are counted too (mappedRegions).
 const faultAround = 64 << 10
 
 // fetch reads the records of keys[i] at revs[i].
@@ -126,13 +128,13 @@ func (f *File) fetch(r *reader, keys []string, revs []mvcc.Revision) ([]etcdscan
 		if v == nil {
 			return nil, FileError(f.Info.Path, "changed while it was being read: no record at revision %d_%d of %s", revs[i].Main, revs[i].Sub, keys[i])
 		}
-		// A record read out of order maps its own pages and, the kernel's
-		// fault-around, up to 64 KiB of the file around them.
-		r.account(faultAround + len(v))
 		var kv mvccpb.KeyValue
 		if err := proto.Unmarshal(v, &kv); err != nil {
 			return nil, FileError(f.Info.Path, "damaged key record %x: %v", rb, err)
 		}
+		// A record read out of order maps its own pages and, the kernel's
+		// fault-around, more of the file around them (faultAround).
+		r.account(faultAround+len(v), v)
 		if string(kv.Key) != keys[i] {
 			return nil, FileError(f.Info.Path, "changed while it was being read: the record at revision %d_%d is not %s", revs[i].Main, revs[i].Sub, keys[i])
 		}
