@@ -257,8 +257,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 			return finish(sum, t, start), err
 		}
 		if space != nil {
-			sum.Space = &SpaceReport{Quota: space.quota, Margin: Margin(space.quota.Bytes), DBSizeBefore: space.status.DBSize, DBSizeMax: space.status.DBSize}
-			guard = newSpaceGuard(etcdStatus{env.Client}, space.quota.Bytes, opts.CompactHistory, space.status, sum.Space)
+			guard = newSpaceGuard(etcdStatus{env.Client}, space.quota, opts.CompactHistory, space.status)
+			sum.Space = guard.report
 		}
 		if opts.OnPreflight != nil {
 			if err := opts.OnPreflight(checks); err != nil {
@@ -372,16 +372,6 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	}
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
-	if sum.Space != nil {
-		// etcd commits its backend every 100 ms: the last writes count then.
-		time.Sleep(150 * time.Millisecond)
-		sctx, scancel := context.WithTimeout(writeCtx, etcdscan.DefaultCommandTimeout)
-		if st, err := etcdscan.Status(sctx, env.Client); err == nil {
-			sum.Space.DBSizeAfter = st.DBSize
-			sum.Space.DBSizeMax = max(sum.Space.DBSizeMax, st.DBSize)
-		}
-		scancel()
-	}
 
 	var err error
 	var spaceErr *SpaceError

@@ -1,7 +1,6 @@
 package migrate
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -144,8 +143,8 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 		if err != nil {
 			return res, err
 		}
-		res.Space = &SpaceReport{Quota: *opts.Quota, Margin: Margin(opts.Quota.Bytes), DBSizeBefore: st.DBSize, DBSizeMax: st.DBSize}
-		rb.guard = newSpaceGuard(etcdStatus{cli}, opts.Quota.Bytes, opts.CompactHistory, st, res.Space)
+		rb.guard = newSpaceGuard(etcdStatus{cli}, *opts.Quota, opts.CompactHistory, st)
+		res.Space = rb.guard.report
 	}
 	var err error
 	for _, path := range journals {
@@ -155,19 +154,11 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 		}
 	}
 	if rb.guard != nil {
-		rb.guard.finish(ctx)
+		rb.guard.finish(context.WithoutCancel(ctx))
 	}
 	var se *SpaceError
 	if errors.As(err, &se) {
 		se.Journal, se.Verb = rb.path, "rollback"
-	}
-	if res.Space != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdscan.DefaultCommandTimeout)
-		if st, serr := etcdscan.Status(sctx, cli); serr == nil {
-			res.Space.DBSizeAfter = st.DBSize
-			res.Space.DBSizeMax = max(res.Space.DBSizeMax, st.DBSize)
-		}
-		cancel()
 	}
 	return res, err
 }
@@ -192,8 +183,10 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 }
 
 // rollbackBytes adds up what undoing every record of the journals writes to
-// etcd's backend (putCost): each overwrite's and re-creation's old value, each
-// removal's deletion.
+// etcd's backend (putCost): each overwrite's and re-creation's old value
+// (its length from the base64, not decoded), each removal's deletion. A
+// record that does not parse ends the count of its journal: a torn last
+// record undoes nothing, and rollback refuses a damaged earlier one.
 func rollbackBytes(journals []string) (int64, error) {
 	var n int64
 	for _, path := range journals {
@@ -201,50 +194,26 @@ func rollbackBytes(journals []string) (int64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("journal %s: %w", path, err)
 		}
-		br := bufio.NewReaderSize(f, 1<<20)
-		var long []byte // a line longer than br's buffer, assembled
+		dec := json.NewDecoder(f)
 		for {
-			line, err := br.ReadSlice('\n')
-			if errors.Is(err, bufio.ErrBufferFull) {
-				long = append(long, line...)
-				continue
+			var r struct {
+				Op       string          `json:"op"`
+				Key      string          `json:"key"`
+				OldValue json.RawMessage `json:"oldValue"`
 			}
-			if long != nil {
-				line, long = append(long, line...), nil
-			}
-			n += rollbackRecordCost(line)
-			if errors.Is(err, io.EOF) {
+			if dec.Decode(&r) != nil {
 				break
 			}
-			if err != nil {
-				f.Close()
-				return 0, fmt.Errorf("journal %s: %w", path, err)
+			switch r.Op {
+			case "intent", "delete-intent":
+				n += putCostN(len(r.Key), base64.StdEncoding.DecodedLen(max(len(r.OldValue)-2, 0)))
+			case "create-intent":
+				n += putCostN(len(r.Key), 0)
 			}
 		}
 		f.Close()
 	}
 	return n, nil
-}
-
-// rollbackRecordCost is what undoing one journal record writes (putCost); 0
-// for a record that undoes nothing, or a torn last one.
-func rollbackRecordCost(line []byte) int64 {
-	// The old value's length without decoding it: the base64 between its quotes.
-	var r struct {
-		Op       string          `json:"op"`
-		Key      string          `json:"key"`
-		OldValue json.RawMessage `json:"oldValue"`
-	}
-	if len(bytes.TrimSpace(line)) == 0 || json.Unmarshal(line, &r) != nil {
-		return 0
-	}
-	switch r.Op {
-	case "intent", "delete-intent":
-		return putCostN(len(r.Key), base64.StdEncoding.DecodedLen(max(len(r.OldValue)-2, 0)))
-	case "create-intent":
-		return putCostN(len(r.Key), 0)
-	}
-	return 0
 }
 
 // RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes

@@ -196,9 +196,11 @@ type clientStatus interface {
 	compact(ctx context.Context, rev int64) error
 }
 
-func newSpaceGuard(cli clientStatus, quota int64, compact bool, st etcdscan.StatusInfo, rep *SpaceReport) *spaceGuard {
-	m := Margin(quota)
-	return &spaceGuard{cli: cli, quota: quota, margin: m, compact: compact, refresh: max(m/4, 256<<10),
+// newSpaceGuard is the guard of a run that starts at st, with its report.
+func newSpaceGuard(cli clientStatus, quota Quota, compact bool, st etcdscan.StatusInfo) *spaceGuard {
+	m := Margin(quota.Bytes)
+	rep := &SpaceReport{Quota: quota, Margin: m, DBSizeBefore: st.DBSize, DBSizeMax: st.DBSize}
+	return &spaceGuard{cli: cli, quota: quota.Bytes, margin: m, compact: compact, refresh: max(m/4, 256<<10),
 		base: st.DBSize, free: st.Free, report: rep}
 }
 
@@ -379,13 +381,22 @@ func (g *spaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
 	return true, g.update(ctx)
 }
 
-// finish waits for a compaction still running when the run's writes are
-// over, and counts it.
+// finish is called when the run's writes are over: it waits for a
+// compaction still running (and counts it), then reports the database's size
+// after the run.
 func (g *spaceGuard) finish(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.compacting != nil {
 		_, _ = g.collect(ctx, true) // the writes are done: a failed last compaction loses nothing
+	}
+	// etcd commits its backend every 100 ms: the last writes count then.
+	time.Sleep(150 * time.Millisecond)
+	sctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultCommandTimeout)
+	defer cancel()
+	if st, err := g.cli.status(sctx); err == nil {
+		g.report.DBSizeAfter = st.DBSize
+		g.report.DBSizeMax = max(g.report.DBSizeMax, st.DBSize)
 	}
 }
 
