@@ -460,21 +460,28 @@ func (c *Codec) EncodeDropping(ctx context.Context, obj *unstructured.Unstructur
 	if obj == nil || obj.Object == nil {
 		return nil, nil, errors.New("customresource: nil object")
 	}
-	u := obj.DeepCopy()
-	u.SetResourceVersion("")
-	u.SetSelfLink("")
-
-	from := u.GroupVersionKind()
+	from := obj.GroupVersionKind()
+	to := c.StorageGVK()
+	to.Kind = from.Kind
 	if from.Version == "" {
 		// versioning.codec would encode it untouched; an object without apiVersion
 		// cannot be read back, so refuse.
 		return nil, nil, fmt.Errorf("custom resource of %s has no apiVersion", c.name)
 	}
-	to := c.StorageGVK()
 	if from.Group != to.Group {
 		return nil, nil, fmt.Errorf("%s is not in group %s of CRD %s", from, c.group, c.name)
 	}
-	to.Kind = from.Kind
+	var u *unstructured.Unstructured
+	if from != to {
+		// The conversion and the coercion after it change the object.
+		u = obj.DeepCopy()
+	} else {
+		// Only metadata's two fields below change before the serializer,
+		// which writes nothing: a copy of the two maps on the way suffices.
+		u = shallowCopy(obj)
+	}
+	u.SetResourceVersion("")
+	u.SetSelfLink("")
 	var dropped []string
 	if from != to {
 		converted, err := c.convert(ctx, u, to.GroupVersion())
@@ -496,6 +503,23 @@ func (c *Codec) EncodeDropping(ctx context.Context, obj *unstructured.Unstructur
 		return nil, nil, fmt.Errorf("encoding %s: %w", u.GroupVersionKind(), err)
 	}
 	return buf.Bytes(), dropped, nil
+}
+
+// shallowCopy copies obj's top-level map and its metadata map; every other
+// value is shared with obj.
+func shallowCopy(obj *unstructured.Unstructured) *unstructured.Unstructured {
+	out := make(map[string]interface{}, len(obj.Object))
+	for k, v := range obj.Object {
+		out[k] = v
+	}
+	if md, ok := obj.Object["metadata"].(map[string]interface{}); ok {
+		cp := make(map[string]interface{}, len(md))
+		for k, v := range md {
+			cp[k] = v
+		}
+		out["metadata"] = cp
+	}
+	return &unstructured.Unstructured{Object: out}
 }
 
 // fieldPaths writes the array indices of diffValues' paths as [*], sorted,

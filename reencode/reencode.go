@@ -229,7 +229,8 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 		if !ok {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonCorruptPayload, nil, "custom resource did not decode to an unstructured object"))
 		}
-		u = u.DeepCopy()
+		// The field manager's entries are written into the decoded object, as
+		// for built-ins below: it belongs to this decision.
 		managedChanged, err = enc.NoOpUpdate(u)
 		if err != nil {
 			return p.unreadable(d, decode.Errorf(d.Key, decode.ReasonConversionFailed, err, "no-op update path"))
