@@ -64,9 +64,12 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // current, not rewritten). A key whose mod revision is at most decidedAt
 // holds the bytes that scan decided, and decoding them again gives the same
 // answer; with nothing pending that answer was "current", so the re-check
-// decodes only the keys written since: the run's own writes and any other
-// writer's.
-func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, w Store, j *Journal) ([]CRDResult, error) {
+// decodes only the keys written since by any other writer. A key whose mod
+// revision is one of own's (the revisions of the run's own writes of custom
+// resources) holds the value the run wrote there, encoded in the storage
+// version: etcd gives each transaction its own revision, and a key's mod
+// revision is that of the transaction that last wrote it.
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w Store, j *Journal) ([]CRDResult, error) {
 	var out []CRDResult
 	for _, crd := range env.CRDs {
 		if !inScope(env, crd) {
@@ -87,7 +90,7 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 		if env.Filter != nil && !env.Filter[crd.Resource] {
 			since = 0 // its objects were not read by the run
 		}
-		others, err := notInStorageVersionSince(ctx, env, crd, since)
+		others, err := notInStorageVersionSince(ctx, env, crd, since, own)
 		if err != nil {
 			return out, err
 		}
@@ -112,13 +115,14 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 // current revision, the objects of crd not stored in its storage version or
 // not readable: status.storedVersions may be trimmed only when there are none.
 func NotInStorageVersion(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD) (int64, error) {
-	return notInStorageVersionSince(ctx, env, crd, 0)
+	return notInStorageVersionSince(ctx, env, crd, 0, nil)
 }
 
 // notInStorageVersionSince is NotInStorageVersion that does not decode the
-// keys last written at or before the revision since (known to be in the
-// storage version, see TrimStoredVersions).
-func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, since int64) (int64, error) {
+// keys last written at or before the revision since, nor those last written
+// by the run itself at a revision in own (known to be in the storage
+// version, see TrimStoredVersions).
+func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, since int64, own *Revisions) (int64, error) {
 	prefix, err := env.Resolver.KeyPrefix(crd.Resource, "")
 	if err != nil {
 		return 0, err
@@ -127,7 +131,7 @@ func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipel
 	var n int64
 	_, err = env.Source.Scan(ctx, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: env.Config.PageSize}, func(page []etcdscan.KV) error {
 		for _, kv := range page {
-			if kv.ModRevision <= since {
+			if kv.ModRevision <= since || own.Has(kv.ModRevision) {
 				continue
 			}
 			d := env.DecideOne(ctx, kv, pipeline.DecodeOnly)
@@ -193,4 +197,41 @@ func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w Store,
 		return fmt.Errorf("%s: CRD changed during the trim; run again", crd.Key)
 	}
 	return fmt.Errorf("%s: %v", crd.Key, res[0].Err)
+}
+
+// Revisions is a set of etcd revisions, at most maxRevisions of them: past
+// that it forgets them all and holds none from then on (Has is false), so
+// its memory stays bounded whatever the run writes. The zero value is empty;
+// a nil *Revisions holds none.
+type Revisions struct {
+	set  map[int64]struct{}
+	full bool
+}
+
+// maxRevisions bounds a Revisions (about 40 MB of map at the most; a run's
+// writes take one revision per transaction of up to 128 puts).
+const maxRevisions = 1 << 20
+
+// Add records rev.
+func (r *Revisions) Add(rev int64) {
+	if r.full {
+		return
+	}
+	if len(r.set) >= maxRevisions {
+		r.set, r.full = nil, true
+		return
+	}
+	if r.set == nil {
+		r.set = map[int64]struct{}{}
+	}
+	r.set[rev] = struct{}{}
+}
+
+// Has reports whether rev was recorded (false once the set is full).
+func (r *Revisions) Has(rev int64) bool {
+	if r == nil || r.full {
+		return false
+	}
+	_, ok := r.set[rev]
+	return ok
 }

@@ -278,3 +278,28 @@ func TestMigrateCRDWebhookConversion(t *testing.T) {
 		t.Fatalf("storedVersions %v, want [v1]", got)
 	}
 }
+
+// TestRevisionsForgetsPastItsBound: the set of the run's own revisions stays
+// bounded; past its bound it holds none, so the re-check decodes every key
+// written since the scan again rather than trusting a partial set.
+func TestRevisionsForgetsPastItsBound(t *testing.T) {
+	var nilSet *Revisions
+	if nilSet.Has(1) {
+		t.Fatal("a nil set holds revision 1")
+	}
+	var r Revisions
+	for rev := int64(1); rev <= maxRevisions; rev++ {
+		r.Add(rev)
+	}
+	if !r.Has(1) || !r.Has(maxRevisions) || r.Has(maxRevisions+1) {
+		t.Fatal("a set at its bound does not hold exactly what was added")
+	}
+	r.Add(maxRevisions + 1)
+	if r.Has(1) || r.Has(maxRevisions+1) || r.set != nil {
+		t.Fatal("a set past its bound still holds revisions")
+	}
+	r.Add(7)
+	if r.Has(7) {
+		t.Fatal("a full set took a revision again")
+	}
+}

@@ -181,6 +181,8 @@ type tally struct {
 	causes    []FailureCause
 	// crdPending counts, per custom resource, objects not (yet) in the storage version.
 	crdPending map[schema.GroupResource]int64
+	// crWrites are the revisions of the run's own writes of custom resources.
+	crWrites Revisions
 	// fieldLoss: the fields of the objects rewritten (a dry run: stale) that
 	// the rewrite drops.
 	fieldLoss reencode.FieldLosses
@@ -400,7 +402,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if !sum.Consistent || env.Config.Namespace != "" {
 			decidedAt = 0
 		}
-		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, w, journal)
+		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, &t.crWrites, w, journal)
 	} else if err == nil && !keepStored {
 		sum.CRDs = PlanStoredVersions(env, t.crdPending)
 	}
@@ -497,6 +499,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, gua
 			rs.BytesNew += int64(len(d.NewValue))
 			if env.Resolver.IsCustom(d.Resource) {
 				t.crdPending[d.Resource]--
+				t.crWrites.Add(r.NewModRevision)
 			}
 			t.fieldLoss.Add(&d)
 		case etcdscan.Conflict:
