@@ -71,7 +71,7 @@ func writeInspected(w io.Writer, o *inventory.Inspected, format string) error {
 			line("drops field", "%s (in the schema of %s, pruned by %s's: kube-apiserver's next write drops it too; the journal keeps the original)", f, h.APIVersion, r.To.Version)
 		}
 		for _, e := range r.ManagedFieldsDropped {
-			line("drops entry", "managedFields %s (version not served by the target kube-apiserver)", e)
+			line("drops entry", "managedFields %s (the target kube-apiserver's field manager drops it on the next write: a version it does not serve, or more than ten update managers)", e)
 		}
 	}
 	if o.Error != nil {
