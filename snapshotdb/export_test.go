@@ -30,3 +30,27 @@ func SetFanIn(n int) (restore func()) {
 	fanIn = n
 	return func() { fanIn = old }
 }
+
+// SetRegions sets the size of the regions of the mapping counted as records
+// are read out of order (1<<shift bytes), how many are read before their
+// pages are dropped, and, when mapped > 0, the bytes read through a mapping
+// before the whole of it is dropped; it drops f's cached index (nil f: none)
+// and returns what puts them back.
+func SetRegions(f *File, shift uint, regions int, mapped int64) (restore func()) {
+	s, n, m := regionShift, mappedRegions, mappedBytes
+	regionShift, mappedRegions = shift, regions
+	if mapped > 0 {
+		mappedBytes = mapped
+	}
+	f.forget()
+	return func() {
+		regionShift, mappedRegions, mappedBytes = s, n, m
+		f.forget()
+	}
+}
+
+// Drops is how many regions of the mapping f's reads dropped (dropRegions).
+func Drops(f *File) int64 { return f.drops.Load() }
+
+// Releases is how many times f's reads dropped a whole mapping (release).
+func Releases(f *File) int64 { return f.releases.Load() }

@@ -76,6 +76,8 @@ type File struct {
 	cache    []*index     // the indexes of the last revisions read, the latest first
 	passes   atomic.Int64 // passes over the file made (tests)
 	spills   atomic.Int64 // runs of an index spilled to disk (tests)
+	drops    atomic.Int64 // regions of the mapping dropped (dropRegions; tests)
+	releases atomic.Int64 // whole mappings dropped (release; tests)
 }
 
 // Open checks the file at path and reads its revisions and leases. The file
@@ -164,8 +166,8 @@ var mappedBytes int64 = 4 << 20
 // around the page, which for a file read from disk is up to 2 MB. Records read
 // in key order each fault in a folio of their own: at about 60 records
 // between drops (mappedBytes), 18-34 MB of the file were resident at once on
-// Linux 6.18, the peak RSS 150-159 MB.
-const regionShift = 21
+// Linux 6.18, the peak RSS 150-159 MB. A variable for the tests.
+var regionShift uint = 21
 
 // mappedRegions is how many distinct regions (regionShift) of the file may
 // be read through one handle before their pages are dropped (dropRegions):
@@ -250,10 +252,11 @@ func (r *reader) dropRegions() {
 		if off >= size {
 			continue
 		}
-		if !dropRange(r.base+off, min(1<<regionShift, size-off)) {
+		if !dropRange(r.base+off, min(uintptr(1)<<regionShift, size-off)) {
 			r.read = max(r.read, mappedBytes)
 			break
 		}
+		r.f.drops.Add(1)
 	}
 	r.regs = r.regs[:0]
 }
@@ -262,6 +265,7 @@ func (r *reader) dropRegions() {
 // madvise(MADV_DONTNEED) (dropRange), the handle and its transaction kept;
 // elsewhere by closing the handle and opening the file again.
 func (r *reader) release() error {
+	r.f.releases.Add(1)
 	if dropRange(r.base, uintptr(r.tx.Size())) {
 		r.read, r.regs = 0, r.regs[:0]
 		return nil
