@@ -182,8 +182,14 @@ func TestRollbackSpaceCLI(t *testing.T) {
 		}
 	}
 	time.Sleep(150 * time.Millisecond)
+	// The plan, before the outage, says the undo will need compaction.
+	code, out, stderr := runCLI(t, "plan", "--compact-history", "--state-dir", filepath.Join(c.Dir, "state"), "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
+	if code != exitOK || !strings.Contains(out, "the undo: a rollback of this run writes about") || !strings.Contains(out, "run it as rollback --compact-history") {
+		t.Fatalf("plan: exit %d, want 0 and the undo's need for --compact-history named\nstdout:\n%sstderr:\n%s", code, out, stderr)
+	}
+	t.Logf("plan:\n%s", out)
 	journal := filepath.Join(c.Dir, "journal")
-	code, out, stderr := runCLI(t, "migrate", "--journal", journal, "--compact-history", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
+	code, out, stderr = runCLI(t, "migrate", "--journal", journal, "--compact-history", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
 	if code != exitOK {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
 	}

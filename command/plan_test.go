@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,6 +121,12 @@ func TestPlanMemberDownThenProceeds(t *testing.T) {
 	var p plan.Plan
 	if code != exitOK || json.Unmarshal([]byte(out), &p) != nil || !p.Proceeds() || p.Summary.Stale != 100 || len(p.Members) != 3 || p.Estimate.Seconds <= 0 {
 		t.Fatalf("plan on a healthy cluster: exit %d\n%s%s", code, out, stderr)
+	}
+	// Far below etcd's quota, the undo fits without compaction.
+	if !slices.ContainsFunc(p.Checks, func(l string) bool {
+		return strings.HasPrefix(l, "the undo: a rollback of this run writes about") && strings.Contains(l, "which fits in the")
+	}) {
+		t.Fatalf("the plan does not say the rollback fits:\n%s", strings.Join(p.Checks, "\n"))
 	}
 	if code, out, stderr := runCLI(t, append([]string{"migrate", "--liveness-window", "500ms"}, flags...)...); code != exitOK {
 		t.Fatalf("migrate after the plan: exit %d\n%s%s", code, out, stderr)

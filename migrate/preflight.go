@@ -91,7 +91,28 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options, sizes *siz
 	if err != nil {
 		return lines, nil, err
 	}
+	if opts.Sizes != nil {
+		lines = append(lines, rollbackFit(st, quota, *opts.Sizes, opts.Spell))
+	}
 	return lines, &spaceStart{quota: quota, status: st}, nil
+}
+
+// rollbackFit says, from a dry run's sizes, whether undoing the run (a
+// rollback of its journal, as CheckRollbackQuota will count it) fits below
+// the quota less the margin after the rewrite, or needs rollback's
+// compaction. The room after the rewrite is taken as the room now less what
+// the rewrite adds: compacting during the run only frees more, so "fits" holds
+// whatever the run compacts.
+func rollbackFit(st etcdscan.StatusInfo, quota Quota, sz WriteSizes, spell func(input.Name) string) string {
+	if spell == nil {
+		spell = input.Words
+	}
+	room := quota.Bytes - Margin(quota.Bytes) - st.DBSize + st.Free - sz.EtcdBytes
+	if sz.RollbackBytes <= room {
+		return fmt.Sprintf("the undo: a rollback of this run writes about %s back, which fits in the %s left below the quota after the rewrite", textfmt.Bytes(sz.RollbackBytes), textfmt.Bytes(room))
+	}
+	return fmt.Sprintf("the undo: a rollback of this run writes about %s back, more than the %s left below the quota after the rewrite: run it as rollback %s (it compacts etcd's history as it goes, as migrate does)",
+		textfmt.Bytes(sz.RollbackBytes), textfmt.Bytes(max(room, 0)), spell(input.CompactHistory))
 }
 
 // writeSize is what a writing run (migrate, rollback) is about to add to
@@ -227,11 +248,15 @@ func wrapSpace(err error) error {
 type WriteSizes struct {
 	EtcdBytes    int64 `json:"etcdBytes"`
 	JournalBytes int64 `json:"journalBytes"`
+	// RollbackBytes is what undoing the rewrite adds to etcd's backend:
+	// every old value put back (rollback's own count of its journal).
+	RollbackBytes int64 `json:"rollbackBytes"`
 }
 
 func (w *WriteSizes) add(d reencode.Decision) {
 	w.EtcdBytes += putCost(d.Key, d.NewValue)
 	w.JournalBytes += JournalRecordBytes(d.Key, d.OldSize)
+	w.RollbackBytes += putCostN(len(d.Key), d.OldSize)
 }
 
 // sizer is a preflight's WriteSizes: given (a dry run's, opts.Sizes), or
