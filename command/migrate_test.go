@@ -184,7 +184,7 @@ func TestRollbackSpaceCLI(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	// The plan, before the outage, says the undo will need compaction.
 	code, out, stderr := runCLI(t, "plan", "--compact-history", "--state-dir", filepath.Join(c.Dir, "state"), "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37")
-	if code != exitOK || !strings.Contains(out, "the undo: a rollback of this run writes about") || !strings.Contains(out, "run it as rollback --compact-history") {
+	if code != exitOK || !strings.Contains(out, "\nwarning: the undo: a rollback of this run writes about") || !strings.Contains(out, "run it as rollback --compact-history") {
 		t.Fatalf("plan: exit %d, want 0 and the undo's need for --compact-history named\nstdout:\n%sstderr:\n%s", code, out, stderr)
 	}
 	t.Logf("plan:\n%s", out)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/plan"
 )
@@ -83,6 +85,9 @@ func (pr planReport) table(w io.Writer) error {
 	for _, l := range p.Checks {
 		fmt.Fprintf(w, "ok: %s\n", l)
 	}
+	if u := p.Undo; u != nil {
+		fmt.Fprintln(w, undoLine(*u))
+	}
 	for _, wh := range p.Webhooks {
 		fmt.Fprintln(w, webhookLine(wh))
 	}
@@ -105,4 +110,14 @@ func fmtSeconds(s float64) string {
 		return fmt.Sprintf("%.0f s", s+0.5)
 	}
 	return fmt.Sprintf("%.1f min", s/60)
+}
+
+// undoLine says whether a rollback of the run fits below etcd's quota after
+// the rewrite: a warning, naming the flag, when it will need compaction.
+func undoLine(u migrate.UndoFit) string {
+	if !u.NeedsCompaction {
+		return fmt.Sprintf("ok: the undo: a rollback of this run writes about %s back, which fits in the %s left below the quota after the rewrite", textfmt.Bytes(u.RollbackBytes), textfmt.Bytes(u.RoomAfter))
+	}
+	return fmt.Sprintf("warning: the undo: a rollback of this run writes about %s back, more than the %s left below the quota after the rewrite: run it as rollback %s (it compacts etcd's history as it goes, as migrate does)",
+		textfmt.Bytes(u.RollbackBytes), textfmt.Bytes(u.RoomAfter), flagOf(input.CompactHistory))
 }

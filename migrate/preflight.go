@@ -91,28 +91,34 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts Options, sizes *siz
 	if err != nil {
 		return lines, nil, err
 	}
-	if opts.Sizes != nil {
-		lines = append(lines, rollbackFit(st, quota, *opts.Sizes, opts.Spell))
-	}
 	return lines, &spaceStart{quota: quota, status: st}, nil
 }
 
-// rollbackFit says, from a dry run's sizes, whether undoing the run (a
-// rollback of its journal, as CheckRollbackQuota will count it) fits below
-// the quota less the margin after the rewrite, or needs rollback's
-// compaction. The room after the rewrite is taken as the room now less what
-// the rewrite adds: compacting during the run only frees more, so "fits" holds
-// whatever the run compacts.
-func rollbackFit(st etcdscan.StatusInfo, quota Quota, sz WriteSizes, spell func(input.Name) string) string {
-	if spell == nil {
-		spell = input.Words
+// UndoFit is whether a rollback of the run (its journal undone, as
+// CheckRollbackQuota will count it) fits below etcd's quota less the margin
+// after the rewrite.
+type UndoFit struct {
+	// RollbackBytes is what the rollback adds to etcd's backend.
+	RollbackBytes int64 `json:"rollbackBytes"`
+	// RoomAfter is the room below the quota less the margin once the rewrite
+	// is written (the room now less what the rewrite adds: a lower bound,
+	// compacting during the run only frees more); 0 when there is none.
+	RoomAfter int64 `json:"roomAfterRewrite"`
+	// NeedsCompaction: the rollback will fit only compacting etcd's history
+	// as it goes (rollback's compaction, as migrate's).
+	NeedsCompaction bool `json:"needsCompaction"`
+}
+
+// CheckUndoFit says, from the sizes a dry run added up, whether a rollback
+// of the run would fit below the quota after the rewrite.
+func CheckUndoFit(ctx context.Context, env *pipeline.Env, opts Options, sz WriteSizes) (UndoFit, error) {
+	st, err := etcdscan.Status(ctx, env.Client)
+	if err != nil {
+		return UndoFit{}, err
 	}
+	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
 	room := quota.Bytes - Margin(quota.Bytes) - st.DBSize + st.Free - sz.EtcdBytes
-	if sz.RollbackBytes <= room {
-		return fmt.Sprintf("the undo: a rollback of this run writes about %s back, which fits in the %s left below the quota after the rewrite", textfmt.Bytes(sz.RollbackBytes), textfmt.Bytes(room))
-	}
-	return fmt.Sprintf("the undo: a rollback of this run writes about %s back, more than the %s left below the quota after the rewrite: run it as rollback %s (it compacts etcd's history as it goes, as migrate does)",
-		textfmt.Bytes(sz.RollbackBytes), textfmt.Bytes(max(room, 0)), spell(input.CompactHistory))
+	return UndoFit{RollbackBytes: sz.RollbackBytes, RoomAfter: max(room, 0), NeedsCompaction: sz.RollbackBytes > room}, nil
 }
 
 // writeSize is what a writing run (migrate, rollback) is about to add to

@@ -117,14 +117,18 @@ type Plan struct {
 	// FieldLoss: the fields the rewrite would drop, per custom resource
 	// and stored version, with the objects that carry each (paths and
 	// counts, never values).
-	FieldLoss  []reencode.FieldLoss    `json:"fieldLoss,omitempty"`
-	Webhooks   []WebhookCheck          `json:"conversionWebhooks,omitempty"`
-	Members    []etcdscan.MemberHealth `json:"members"`
-	Checks     []string                `json:"checks"`
-	Blockers   []Blocker               `json:"blockers"`
-	Estimate   Estimate                `json:"estimate"`
-	StateDir   string                  `json:"stateDir,omitempty"`
-	DurationMs int64                   `json:"durationMs"`
+	FieldLoss []reencode.FieldLoss    `json:"fieldLoss,omitempty"`
+	Webhooks  []WebhookCheck          `json:"conversionWebhooks,omitempty"`
+	Members   []etcdscan.MemberHealth `json:"members"`
+	Checks    []string                `json:"checks"`
+	// Undo is whether a rollback of the run would fit below etcd's quota
+	// after the rewrite, or need its compaction (nil when the quota check
+	// did not run or blocked).
+	Undo       *migrate.UndoFit `json:"undo,omitempty"`
+	Blockers   []Blocker        `json:"blockers"`
+	Estimate   Estimate         `json:"estimate"`
+	StateDir   string           `json:"stateDir,omitempty"`
+	DurationMs int64            `json:"durationMs"`
 }
 
 // Proceeds says whether migrate would go ahead.
@@ -222,6 +226,13 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
+	} else if opts.Migrate.Sizes != nil {
+		undo, err := migrate.CheckUndoFit(ctx, env, opts.Migrate, *opts.Migrate.Sizes)
+		if err != nil {
+			p.blockErr("etcd quota", err, FixQuota)
+		} else {
+			p.Undo = &undo
+		}
 	}
 	if opts.StateDir != "" {
 		if err := rundir.Check(opts.StateDir); err != nil {
