@@ -125,6 +125,12 @@ func TestPlanMemberDownThenProceeds(t *testing.T) {
 	if p.Undo == nil || p.Undo.NeedsCompaction || p.Undo.RollbackBytes <= 0 || p.Undo.RoomAfter < p.Undo.RollbackBytes {
 		t.Fatalf("the plan's undo %+v: want a rollback that fits", p.Undo)
 	}
+	// With no undo kept, the plan says nothing of a rollback.
+	code, out, stderr = runCLI(t, append([]string{"plan", "-o", "json", "--no-undo"}, flags...)...)
+	var noUndo plan.Plan
+	if code != exitOK || json.Unmarshal([]byte(out), &noUndo) != nil || noUndo.Undo != nil {
+		t.Fatalf("plan --no-undo: exit %d, undo %+v\n%s%s", code, noUndo.Undo, out, stderr)
+	}
 	if code, out, stderr := runCLI(t, append([]string{"migrate", "--liveness-window", "500ms"}, flags...)...); code != exitOK {
 		t.Fatalf("migrate after the plan: exit %d\n%s%s", code, out, stderr)
 	}

@@ -122,8 +122,8 @@ type Plan struct {
 	Members   []etcdscan.MemberHealth `json:"members"`
 	Checks    []string                `json:"checks"`
 	// Undo is whether a rollback of the run would fit below etcd's quota
-	// after the rewrite, or need its compaction (nil when the quota check
-	// did not run or blocked).
+	// after the rewrite, or need its compaction (nil when the run keeps no
+	// undo, or the quota check did not run or blocked).
 	Undo       *migrate.UndoFit `json:"undo,omitempty"`
 	Blockers   []Blocker        `json:"blockers"`
 	Estimate   Estimate         `json:"estimate"`
@@ -226,7 +226,8 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
-	} else if opts.Migrate.Sizes != nil {
+	} else if opts.Migrate.Sizes != nil && (opts.StateDir != "" || opts.Migrate.Journal != "") {
+		// The run keeps an undo: would its rollback fit?
 		undo, err := migrate.CheckUndoFit(ctx, env, opts.Migrate, *opts.Migrate.Sizes)
 		if err != nil {
 			p.blockErr("etcd quota", err, FixQuota)
