@@ -12,7 +12,7 @@ import (
 func planCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "plan",
-		Usage: "read-only, kube-apiserver still up: everything migrate (with the same flags) would check before its first write except liveness, one line per blocker with its remedy, and an estimate of the outage",
+		Usage: "read-only, kube-apiserver still up: everything migrate (with the same flags) would check before its first write except liveness, one line per blocker with its remedy, whether the undo would fit below etcd's quota, and an estimate of the outage",
 		// The migrate command's flags, so that the plan is the same command
 		// line with another verb.
 		Flags:        migrateCommand().Flags,
