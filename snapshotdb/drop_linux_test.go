@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,15 +126,7 @@ func TestRegionDropsMatchEtcd(t *testing.T) {
 	ops(all)
 	mark()
 
-	path := filepath.Join(t.TempDir(), "shuffled.db")
-	if err := etcdscan.Snapshot(ctx, cli, path); err != nil {
-		t.Fatal(err)
-	}
-	file, err := snapshotdb.Open(path, snapshotdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer file.Close()
+	file, path := saveAndOpen(t, ctx, cli, "shuffled.db")
 	etcd := etcdscan.ClientSource{Client: cli}
 
 	// The records come out of key order: read in key order, their

@@ -234,15 +234,7 @@ func TestFileReadsOutliveRequestTimeouts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "backup.db")
-	if err := etcdscan.Snapshot(ctx, cli, path); err != nil {
-		t.Fatal(err)
-	}
-	file, err := snapshotdb.Open(path, snapshotdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer file.Close()
+	file, _ := saveAndOpen(t, ctx, cli, "backup.db")
 
 	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
 	defer cancel()

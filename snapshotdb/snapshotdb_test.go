@@ -127,6 +127,23 @@ func newFixture(t *testing.T, version string) *fixture {
 // each record's sub-revision (etcdscan.KV.ModSub), etcd's API does not give it.
 var ignoreSub = cmpopts.IgnoreFields(etcdscan.KV{}, "ModSub")
 
+// saveAndOpen saves cli's etcd with etcd's snapshot code into a file named
+// name of a temporary directory and opens it in place, closed at the test's
+// end; it returns the file and its path.
+func saveAndOpen(t *testing.T, ctx context.Context, cli *clientv3.Client, name string) (*snapshotdb.File, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := etcdscan.Snapshot(ctx, cli, path); err != nil {
+		t.Fatal(err)
+	}
+	file, err := snapshotdb.Open(path, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { file.Close() })
+	return file, path
+}
+
 func scanAll(t *testing.T, src etcdscan.Source, prefix string, rev int64) []etcdscan.KV {
 	t.Helper()
 	var all []etcdscan.KV
