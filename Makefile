@@ -26,7 +26,7 @@ RELEASE_LDFLAGS   := -s -w -X kube-etcd-migrate/internal/buildinfo.version=$(REL
 DIST              ?= dist
 RELEASE_PLATFORMS := linux/amd64 linux/arm64
 
-.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-apiserver bench-scale bench-production clean
+.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
 
 build:
 	$(GO) build -o $(BIN) .
@@ -87,6 +87,14 @@ bump-kubernetes:
 # and the previous release's kube-apiserver as a process.
 test: lint releases
 	$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./...
+	$(MAKE) bench-smoke
+
+# Every phase of `make bench` at a tiny size, one repetition, no figures
+# written: a change of the tool that breaks the benchmark (a new preflight
+# refusing one of its runs) fails `make test`, not the next benchmark night
+# (about 40 s).
+bench-smoke:
+	$(GO) run ./bench -n 3000 -rotation-n 1000 -cr-n 1000 -snapshot-n 3000 -rollback-n 3000 -scale-n 1000 -reps 1 -sweep=false -json ''
 
 # Short fuzzing of the decoders (the seed corpora already run in `make test`).
 fuzz:
