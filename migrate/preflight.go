@@ -67,10 +67,16 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 
 // CheckQuota says whether the rewrite fits below etcd's quota (or, with
 // opts.CompactHistory, can be made to fit by compacting as it goes), with a
-// line per finding; a refusal is a *PreflightError.
-func CheckQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
-	lines, _, err := checkQuota(ctx, env, opts, newSizer(env, opts))
-	return lines, err
+// line per finding; a refusal is a *PreflightError. Given a dry run's sizes
+// (opts.Sizes), it also says whether a rollback of the run would fit after
+// the rewrite (nil otherwise).
+func CheckQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *UndoFit, error) {
+	lines, space, err := checkQuota(ctx, env, opts, newSizer(env, opts))
+	if err != nil || opts.Sizes == nil {
+		return lines, nil, err
+	}
+	undo := undoFit(space, *opts.Sizes)
+	return lines, &undo, nil
 }
 
 // checkQuota is CheckQuota, also returning what it found of etcd's space.
@@ -109,16 +115,12 @@ type UndoFit struct {
 	NeedsCompaction bool `json:"needsCompaction"`
 }
 
-// CheckUndoFit says, from the sizes a dry run added up, whether a rollback
-// of the run would fit below the quota after the rewrite.
-func CheckUndoFit(ctx context.Context, env *pipeline.Env, opts Options, sz WriteSizes) (UndoFit, error) {
-	st, err := etcdscan.Status(ctx, env.Client)
-	if err != nil {
-		return UndoFit{}, err
-	}
-	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
+// undoFit is whether a rollback fits below the quota less the margin once
+// the rewrite sz describes is written.
+func undoFit(space *spaceStart, sz WriteSizes) UndoFit {
+	st, quota := space.status, space.quota
 	room := quota.Bytes - Margin(quota.Bytes) - st.DBSize + st.Free - sz.EtcdBytes
-	return UndoFit{RollbackBytes: sz.RollbackBytes, RoomAfter: max(room, 0), NeedsCompaction: sz.RollbackBytes > room}, nil
+	return UndoFit{RollbackBytes: sz.RollbackBytes, RoomAfter: max(room, 0), NeedsCompaction: sz.RollbackBytes > room}
 }
 
 // writeSize is what a writing run (migrate, rollback) is about to add to

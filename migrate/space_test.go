@@ -128,7 +128,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatalf("a dry run's sizes %+v, the preflight's pass %+v", dry.WriteSizes, sizes)
 	}
 	// Given them, the preflight takes them as they are (no pass of its own).
-	if _, err := CheckQuota(ctx, env, Options{Sizes: &WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
+	if _, _, err := CheckQuota(ctx, env, Options{Sizes: &WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
 		t.Fatalf("the preflight given a dry run's sizes: %v", err)
 	}
 	room := quota - Margin(quota) - st.DBSize + st.Free

@@ -222,18 +222,13 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 // preflight runs migrate's own checks, each on its own, so that every blocker
 // is named at once.
 func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
-	lines, err := migrate.CheckQuota(ctx, env, opts.Migrate)
+	lines, undo, err := migrate.CheckQuota(ctx, env, opts.Migrate)
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
-	} else if opts.Migrate.Sizes != nil && (opts.StateDir != "" || opts.Migrate.Journal != "") {
+	} else if opts.StateDir != "" || opts.Migrate.Journal != "" {
 		// The run keeps an undo: would its rollback fit?
-		undo, err := migrate.CheckUndoFit(ctx, env, opts.Migrate, *opts.Migrate.Sizes)
-		if err != nil {
-			p.blockErr("etcd quota", err, FixQuota)
-		} else {
-			p.Undo = &undo
-		}
+		p.Undo = undo
 	}
 	if opts.StateDir != "" {
 		if err := rundir.Check(opts.StateDir); err != nil {
