@@ -137,6 +137,15 @@ func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error)
 	if errors.As(err, &nf) {
 		return nil, nil, usageErr("--run: %v", err)
 	}
+	var gap *rundir.GapError
+	if errors.As(err, &gap) {
+		// Refused as a run with its journal gone is: nothing written.
+		way := fmt.Sprintf("run %s's snapshot %s is the way back to the state before it", gap.From.ID, gap.From.Snapshot)
+		if gap.Next != "" {
+			way = fmt.Sprintf("undo only the runs after the gap (--run %s), or %s", gap.Next, way)
+		}
+		return nil, nil, fmt.Errorf("--run %s: %w; %s", runID, err, way)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("--run: %w", err)
 	}

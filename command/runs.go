@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -37,18 +38,25 @@ func cmdRuns(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
+	missing, err := rundir.Missing(dir, recs)
+	if err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
 	views := make([]runView, len(recs))
 	for i, r := range recs {
 		_, jerr := os.Stat(r.Journal)
 		views[i] = runView{Record: r, SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
 	}
-	return printReport(c.App.Writer, c.String("output"), runsReport{dir, views})
+	return printReport(c.App.Writer, c.String("output"), runsReport{dir, views, missing})
 }
 
 // runsReport is the state directory's runs.
 type runsReport struct {
 	dir  string
 	runs []runView
+	// missing are runs created after the oldest listed whose directories
+	// were removed (rundir.Missing).
+	missing []string
 }
 
 func (r runsReport) stamped(build buildinfo.Info) any {
@@ -56,7 +64,8 @@ func (r runsReport) stamped(build buildinfo.Info) any {
 		Build    buildinfo.Info `json:"build"`
 		StateDir string         `json:"stateDir"`
 		Runs     []runView      `json:"runs"`
-	}{build, r.dir, r.runs}
+		Missing  []string       `json:"missing,omitempty"`
+	}{build, r.dir, r.runs, r.missing}
 }
 
 func (r runsReport) table(w io.Writer) error {
@@ -87,6 +96,9 @@ func (r runsReport) table(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.missing) > 0 {
+		fmt.Fprintf(w, "missing: %s (run directory removed, its undo with it: a rollback of an earlier run is refused)\n", strings.Join(r.missing, ", "))
 	}
 	fmt.Fprintf(w, "undo run ID and every later one: kube-etcd-migrate rollback --run ID --dry-run, then without --dry-run\n")
 	return nil

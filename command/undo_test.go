@@ -195,6 +195,66 @@ func TestUndoAcrossReruns(t *testing.T) {
 	}
 }
 
+// TestRollbackRefusesARemovedRun: an operator removes a run directory by hand
+// (to free its snapshot's disk space) while an earlier run is still the one to
+// undo. What the removed run wrote has no undo left, so `rollback --run` of the
+// earlier run — which would put back only that run's keys and exit 0 — is
+// refused before any write, naming the missing run and the ways back; etcd is
+// left byte for byte. `runs` shows the gap, and the removed run's number is
+// never given again.
+func TestRollbackRefusesARemovedRun(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c.SeedMany(1500, oldCfg)
+	state := testcluster.StateDir(t)
+	t.Setenv(rundir.EnvStateDir, state)
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37", "--liveness-window", "500ms"}
+	// Run 1 is killed part-way; run 2, the rerun, rewrites the rest: keys run 1 did not write.
+	killMidRun(t, c, 100, append([]string{"migrate", "--writers", "1", "--batch-ops", "1", "--resource", "secrets"}, conn...)...)
+	if code, out, stderr := runCLI(t, append([]string{"migrate"}, conn...)...); code != exitOK {
+		t.Fatalf("the rerun: exit %d\n%s%s", code, out, stderr)
+	}
+	second := filepath.Join(state, "runs", "0002-migrate")
+	if err := os.RemoveAll(second); err != nil {
+		t.Fatal(err)
+	}
+
+	before, rev := c.Raw(), c.Revision()
+	for _, dry := range [][]string{{"--dry-run"}, nil} {
+		code, out, stderr := runCLI(t, append([]string{"rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms"}, dry...)...)
+		if code != exitError || !strings.Contains(stderr, "run 0002-migrate is missing from "+filepath.Join(state, "runs")) ||
+			!strings.Contains(stderr, "run 0001-migrate's snapshot "+filepath.Join(state, "runs", "0001-migrate", rundir.SnapshotFile)) {
+			t.Fatalf("rollback %v of run 1 with run 2 removed: exit %d, want %d naming the missing run and run 1's snapshot\n%s%s", dry, code, exitError, out, stderr)
+		}
+	}
+	if c.Revision() != rev {
+		t.Fatalf("the refused rollback wrote: revision %d -> %d", rev, c.Revision())
+	}
+	after := c.Raw()
+	for k, v := range before {
+		if after[k] != v {
+			t.Fatalf("%s changed", k)
+		}
+	}
+
+	code, out, stderr := runCLI(t, "runs")
+	if code != exitOK || !strings.Contains(out, "missing: 0002-migrate (run directory removed, its undo with it") {
+		t.Fatalf("runs: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runCLI(t, "runs", "-o", "json")
+	var listed struct {
+		Missing []string `json:"missing"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &listed) != nil || strings.Join(listed.Missing, ",") != "0002-migrate" {
+		t.Fatalf("runs -o json: exit %d\n%s%s", code, out, stderr)
+	}
+	// The next writing run is 0003, not a second 0002.
+	if code, out, stderr := runCLI(t, append([]string{"migrate"}, conn...)...); code != exitOK || !strings.Contains(stderr, "run 0003-migrate") {
+		t.Fatalf("the next migrate: exit %d, want it numbered 0003\n%s%s", code, out, stderr)
+	}
+}
+
 // smallFilesystem mounts a tmpfs of size bytes (the test needs root, as the
 // tool does on a control-plane node) and unmounts it at the end.
 func smallFilesystem(t *testing.T, size int64) string {

@@ -5,11 +5,12 @@
 // start and end, exit code, keys written, where its journal and snapshot are),
 // its journal of old values, the etcd snapshot taken before its first write, its
 // plan (the checks it passed before writing) and its summary. A run directory is
-// created before anything is written and never reused; a snapshot file that
-// exists is never replaced, so the state before the first of several reruns
-// stays on disk. One writing run at a time holds the state directory's lock.
-// Listing the runs and undoing run N and every later one (newest first) start
-// from here: see List and Since.
+// created before anything is written and never reused, nor is its number once
+// the directory is removed; a snapshot file that exists is never replaced, so
+// the state before the first of several reruns stays on disk. One writing run
+// at a time holds the state directory's lock. Listing the runs and undoing run N
+// and every later one (newest first) start from here: see List and Since, which
+// refuses when a later run's directory is gone (its undo with it).
 package rundir
 
 import (
@@ -42,6 +43,10 @@ const (
 	SummaryFile  = "summary.json"
 	runsDir      = "runs"
 	lockFile     = "lock"
+	// lastFile holds the ID of the newest run ever created in the state
+	// directory, so that a run directory removed by hand (the newest one
+	// too) is seen as missing and its number is never given again.
+	lastFile = "last-run"
 )
 
 // Record is what run.json says of a run.
@@ -200,6 +205,11 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 	if len(recs) > 0 {
 		seq = recs[len(recs)-1].Seq + 1
 	}
+	last, err := lastRun(s.Dir)
+	if err != nil {
+		return nil, err
+	}
+	seq = max(seq, last.seq+1)
 	for {
 		id := fmt.Sprintf("%04d-%s", seq, command)
 		dir := filepath.Join(s.Dir, runsDir, id)
@@ -210,6 +220,10 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 		}
 		if err != nil {
 			return nil, fmt.Errorf("run directory %s: %w", dir, err)
+		}
+		if err := writeFile(filepath.Join(s.Dir, lastFile), []byte(id+"\n")); err != nil {
+			os.Remove(dir)
+			return nil, err
 		}
 		host, _ := os.Hostname()
 		r := &Run{Record: Record{
@@ -309,8 +323,8 @@ func List(stateDir string) ([]Record, error) {
 		if !e.IsDir() {
 			continue
 		}
-		seq, err := strconv.Atoi(strings.SplitN(e.Name(), "-", 2)[0])
-		if err != nil {
+		seq := seqOf(e.Name())
+		if seq == 0 {
 			continue // not a run directory
 		}
 		var rec Record
@@ -338,8 +352,32 @@ func (e *NotFoundError) Error() string {
 	return fmt.Sprintf("no run %q in %s ('kube-etcd-migrate runs' lists them)", e.ID, e.StateDir)
 }
 
+// GapError says that runs created after the one asked for are gone from the
+// state directory (their directories were removed): what they wrote can no
+// longer be undone, so undoing the run asked for and every later one would
+// leave it in place.
+type GapError struct {
+	StateDir string
+	// From is the run asked for; Missing the runs after it that are gone, by
+	// ID where the state directory still knows it, else by number ("0002").
+	From    Record
+	Missing []string
+	// Next is the oldest run listed after the last missing one ("" when none).
+	Next string
+}
+
+func (e *GapError) Error() string {
+	runs := "run " + e.Missing[0] + " is"
+	if len(e.Missing) > 1 {
+		runs = "runs " + strings.Join(e.Missing, ", ") + " are"
+	}
+	return fmt.Sprintf("%s missing from %s (removed after run %s): what it wrote cannot be undone, so undoing run %s and every later run would leave that in place",
+		runs, filepath.Join(e.StateDir, runsDir), e.From.ID, e.From.ID)
+}
+
 // Since returns run id and every later run, oldest first. id may be the
-// full ID ("0003-migrate") or its number ("3").
+// full ID ("0003-migrate") or its number ("3"). A run created after it whose
+// directory is gone is a GapError: the undo would be incomplete.
 func Since(stateDir, id string) ([]Record, error) {
 	recs, err := List(stateDir)
 	if err != nil {
@@ -347,8 +385,93 @@ func Since(stateDir, id string) ([]Record, error) {
 	}
 	for i, r := range recs {
 		if r.ID == id || strconv.Itoa(r.Seq) == strings.TrimLeft(id, "0") {
+			missing, err := Missing(stateDir, recs[i:])
+			if err != nil {
+				return nil, err
+			}
+			if len(missing) > 0 {
+				ge := &GapError{StateDir: stateDir, From: r, Missing: missing}
+				last := missing[len(missing)-1]
+				for _, later := range recs[i:] {
+					if later.Seq > seqOf(last) {
+						ge.Next = later.ID
+						break
+					}
+				}
+				return nil, ge
+			}
 			return recs[i:], nil
 		}
 	}
 	return nil, &NotFoundError{ID: id, StateDir: stateDir}
+}
+
+// Missing names the runs created after the first of recs (as List gives
+// them) whose directories are gone: a number between two listed runs, or up
+// to the newest run the state directory recorded, that no entry of its runs
+// directory carries.
+func Missing(stateDir string, recs []Record) ([]string, error) {
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	last, err := lastRun(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(filepath.Join(stateDir, runsDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("state directory %s: %w", stateDir, err)
+	}
+	taken := map[int]bool{}
+	for _, e := range ents {
+		// Any entry holds its number: NewRun passes over a name that exists.
+		if seq := seqOf(e.Name()); seq > 0 {
+			taken[seq] = true
+		}
+	}
+	newest := max(recs[len(recs)-1].Seq, last.seq)
+	var out []string
+	for seq := recs[0].Seq + 1; seq <= newest; seq++ {
+		switch {
+		case taken[seq]:
+		case seq == last.seq:
+			out = append(out, last.id)
+		default:
+			out = append(out, fmt.Sprintf("%04d", seq))
+		}
+	}
+	return out, nil
+}
+
+// seqOf is the number a run directory's name starts with (0 when none).
+func seqOf(name string) int {
+	seq, err := strconv.Atoi(strings.SplitN(name, "-", 2)[0])
+	if err != nil || seq < 0 {
+		return 0
+	}
+	return seq
+}
+
+// newestRun is what the state directory's last-run file says.
+type newestRun struct {
+	id  string
+	seq int
+}
+
+// lastRun reads the last-run file: the newest run ever created (none in a
+// state directory an older release made, or before its first run).
+func lastRun(stateDir string) (newestRun, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, lastFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return newestRun{}, nil
+	}
+	if err != nil {
+		return newestRun{}, fmt.Errorf("state directory %s: %w", stateDir, err)
+	}
+	id := strings.TrimSpace(string(b))
+	seq := seqOf(id)
+	if seq == 0 {
+		return newestRun{}, fmt.Errorf("state directory %s: %s says %q, not a run ID", stateDir, lastFile, id)
+	}
+	return newestRun{id: id, seq: seq}, nil
 }

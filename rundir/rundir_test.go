@@ -94,3 +94,67 @@ func TestStateDirPrivateAndLocked(t *testing.T) {
 		t.Fatalf("Check once released: %v", err)
 	}
 }
+
+// TestSinceRefusesARemovedRun: a run directory removed by hand takes its undo
+// with it, so undoing an earlier run and every later one would leave what it
+// wrote in place: Since refuses, naming the missing runs — the newest one too,
+// which only the state directory's record of its newest run shows — and the
+// run after the gap. A removed run's number is never given again.
+func TestSinceRefusesARemovedRun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	st, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var runs []*Run
+	for range 3 {
+		r, err := st.NewRun("migrate", nil, "/registry")
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, r)
+	}
+	if err := os.RemoveAll(runs[1].Dir); err != nil {
+		t.Fatal(err)
+	}
+	var gap *GapError
+	_, err = Since(dir, "1")
+	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002" || gap.Next != "0003-migrate" || gap.From.ID != "0001-migrate" {
+		t.Fatalf("Since(1) with run 2 removed: %v (%+v)", err, gap)
+	}
+	if want := "run 0002 is missing from " + filepath.Join(dir, "runs") + " (removed after run 0001-migrate)"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
+	}
+	if since, err := Since(dir, "3"); err != nil || len(since) != 1 {
+		t.Errorf("Since(3), nothing missing after it: %+v %v", since, err)
+	}
+
+	// The newest run removed too: only the last-run record shows it.
+	if err := os.RemoveAll(runs[2].Dir); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Since(dir, "0001-migrate")
+	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003-migrate" || gap.Next != "" {
+		t.Fatalf("Since(1) with runs 2 and 3 removed: %v (%+v)", err, gap)
+	}
+	if !strings.Contains(err.Error(), "runs 0002, 0003-migrate are missing") {
+		t.Errorf("error %q", err)
+	}
+	next, err := st.NewRun("rollback", nil, "/registry")
+	if err != nil || next.ID != "0004-rollback" {
+		t.Fatalf("the run after a removed newest run: %+v %v, want 0004-rollback", next, err)
+	}
+	if since, err := Since(dir, "4"); err != nil || len(since) != 1 {
+		t.Errorf("Since(4): %+v %v", since, err)
+	}
+
+	// A state directory an older release made has no last-run record: a gap
+	// between two listed runs is still seen.
+	if err := os.Remove(filepath.Join(dir, lastFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003" || gap.Next != "0004-rollback" {
+		t.Fatalf("Since(1) without last-run: %v (%+v)", err, gap)
+	}
+}
