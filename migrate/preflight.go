@@ -130,6 +130,10 @@ type writeSize struct {
 	bound int64                 // what the writes take at most
 	exact func() (int64, error) // about what they take: asked only when bound does not fit
 	fewer bool                  // migrating fewer resources at a time is a remedy
+	// replaced, when not nil, is at most how much of the pages in use hold
+	// history the runs being undone left (the values they replaced, which
+	// compaction frees): asked only when the pages in use leave no room.
+	replaced func() (int64, error)
 }
 
 // fitQuota says whether the run's writes fit below etcd's quota less the
@@ -172,10 +176,26 @@ func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool, sp
 		return done, &PreflightError{Err: input.Errorf(format, args...)}
 	default:
 		// Compacting frees the pages of every revision the live values do
-		// not need: what is left is the live data and the margin.
-		if free := quota.Bytes - margin - st.DBSizeInUse; free < minCompactRoom(quota.Bytes) {
-			return done, &PreflightError{Err: input.Errorf("even with %s there is no room: %s of live data in a %s quota less the %s margin; defragment etcd ('etcdctl defrag'), or raise its --quota-backend-bytes",
-				input.CompactHistory, textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
+		// not need: what is left is the live data and the margin. The pages
+		// in use are more than the live data: they hold the history not
+		// compacted yet too, and the pages a compaction freed, which etcd
+		// counts free only after its next commits with writes in them.
+		least := minCompactRoom(quota.Bytes)
+		free, replaced := quota.Bytes-margin-st.DBSizeInUse, int64(0)
+		if free < least && w.replaced != nil {
+			var err error
+			if replaced, err = w.replaced(); err != nil {
+				return done, err
+			}
+		}
+		if free+replaced < least {
+			live := textfmt.Bytes(st.DBSizeInUse) + " in use"
+			if replaced > 0 {
+				live = fmt.Sprintf("%s in use, of which the %s the %s puts back may be history that compaction frees (%s would still be live)",
+					textfmt.Bytes(st.DBSizeInUse), textfmt.Bytes(replaced), w.what, textfmt.Bytes(max(st.DBSizeInUse-replaced, 0)))
+			}
+			return done, &PreflightError{Err: input.Errorf("even with %s there is no room: %s in a %s quota less the %s margin; compact etcd's history and defragment it ('etcdctl compact', then 'etcdctl defrag' on every member: only then does etcd count what compaction frees), or raise its --quota-backend-bytes",
+				input.CompactHistory, live, textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin))}
 		}
 		done = append(done, fmt.Sprintf("database %s + %s %s %s is more than the %s left below the quota: %s compacts etcd's history up to the run's latest write whenever the database nears the quota",
 			textfmt.Bytes(st.DBSize), w.what, how, textfmt.Bytes(estimate), textfmt.Bytes(max(room, 0)), compaction))

@@ -179,7 +179,10 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 	for _, j := range journals {
 		bound += 3 * rundir.FileSize(j)
 	}
-	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: func() (int64, error) { return rollbackBytes(journals) }}, compact, spell)
+	exact := func() (int64, error) { return rollbackBytes(journals) }
+	// What the rollback puts back is what the runs replaced: their old
+	// values, history until a compaction frees it.
+	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: exact, replaced: exact}, compact, spell)
 }
 
 // rollbackBytes adds up what undoing every record of the journals writes to
