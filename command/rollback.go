@@ -144,7 +144,7 @@ func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error)
 		if gap.Next != "" {
 			way = fmt.Sprintf("undo only the runs after the gap (--run %s), or %s", gap.Next, way)
 		}
-		return nil, nil, fmt.Errorf("--run %s: %w; %s", runID, err, way)
+		return nil, nil, fmt.Errorf("--run %s: %w; %s (if the missing runs wrote nothing, undo the runs that are left one journal at a time, newest first, with --journal)", runID, err, way)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("--run: %w", err)
