@@ -56,15 +56,15 @@ type runsReport struct {
 	runs []runView
 	// missing are runs created after the oldest listed whose directories
 	// were removed (rundir.Missing).
-	missing []string
+	missing []rundir.MissingRun
 }
 
 func (r runsReport) stamped(build buildinfo.Info) any {
 	return struct {
-		Build    buildinfo.Info `json:"build"`
-		StateDir string         `json:"stateDir"`
-		Runs     []runView      `json:"runs"`
-		Missing  []string       `json:"missing,omitempty"`
+		Build    buildinfo.Info      `json:"build"`
+		StateDir string              `json:"stateDir"`
+		Runs     []runView           `json:"runs"`
+		Missing  []rundir.MissingRun `json:"missing,omitempty"`
 	}{build, r.dir, r.runs, r.missing}
 }
 
@@ -97,8 +97,19 @@ func (r runsReport) table(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(r.missing) > 0 {
-		fmt.Fprintf(w, "missing: %s (run directory removed, its undo with it: a rollback of an earlier run is refused)\n", strings.Join(r.missing, ", "))
+	var lost, empty []string
+	for _, m := range r.missing {
+		if m.WroteNothing {
+			empty = append(empty, m.ID)
+		} else {
+			lost = append(lost, m.ID)
+		}
+	}
+	if len(lost) > 0 {
+		fmt.Fprintf(w, "missing: %s (run directory removed, its undo with it: a rollback of an earlier run is refused)\n", strings.Join(lost, ", "))
+	}
+	if len(empty) > 0 {
+		fmt.Fprintf(w, "removed: %s (wrote nothing: no undo lost)\n", strings.Join(empty, ", "))
 	}
 	fmt.Fprintf(w, "undo run ID and every later one: kube-etcd-migrate rollback --run ID --dry-run, then without --dry-run\n")
 	return nil

@@ -244,9 +244,9 @@ func TestRollbackRefusesARemovedRun(t *testing.T) {
 	}
 	code, out, stderr = runCLI(t, "runs", "-o", "json")
 	var listed struct {
-		Missing []string `json:"missing"`
+		Missing []rundir.MissingRun `json:"missing"`
 	}
-	if code != exitOK || json.Unmarshal([]byte(out), &listed) != nil || strings.Join(listed.Missing, ",") != "0002-migrate" {
+	if code != exitOK || json.Unmarshal([]byte(out), &listed) != nil || len(listed.Missing) != 1 || listed.Missing[0].ID != "0002-migrate" || listed.Missing[0].WroteNothing {
 		t.Fatalf("runs -o json: exit %d\n%s%s", code, out, stderr)
 	}
 	// The next writing run is 0003, not a second 0002.

@@ -4,13 +4,15 @@
 // the order the runs started on this host: the run's record (run.json: command,
 // start and end, exit code, keys written, where its journal and snapshot are),
 // its journal of old values, the etcd snapshot taken before its first write, its
-// plan (the checks it passed before writing) and its summary. A run directory is
-// created before anything is written and never reused, nor is its number once
-// the directory is removed; a snapshot file that exists is never replaced, so
-// the state before the first of several reruns stays on disk. One writing run
-// at a time holds the state directory's lock. Listing the runs and undoing run N
-// and every later one (newest first) start from here: see List and Since, which
-// refuses when a later run's directory is gone (its undo with it).
+// plan (the checks it passed before writing) and its summary; beside the run
+// directories, a log of every run's start and end (runs.log). A run directory
+// is created before anything is written and never reused, nor is its number
+// once the directory is removed; a snapshot file that exists is never
+// replaced, so the state before the first of several reruns stays on disk. One
+// writing run at a time holds the state directory's lock. Listing the runs and
+// undoing run N and every later one (newest first) start from here: see List
+// and Since, which refuses when a later run that may have written is gone (its
+// undo with it).
 package rundir
 
 import (
@@ -43,10 +45,11 @@ const (
 	SummaryFile  = "summary.json"
 	runsDir      = "runs"
 	lockFile     = "lock"
-	// lastFile holds the ID of the newest run ever created in the state
-	// directory, so that a run directory removed by hand (the newest one
-	// too) is seen as missing and its number is never given again.
-	lastFile = "last-run"
+	// logFile (log.go) records each run's start and end in the state
+	// directory itself, so that a run directory removed by hand (the newest
+	// one too) is seen as missing, what it wrote is still known, and its
+	// number is never given again.
+	logFile = "runs.log"
 )
 
 // Record is what run.json says of a run.
@@ -192,6 +195,7 @@ func (s *State) Close() error {
 // Run is a run directory being written.
 type Run struct {
 	Record
+	stateDir string
 }
 
 // NewRun creates the next run directory for command (mode 0700) and its record.
@@ -205,11 +209,11 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 	if len(recs) > 0 {
 		seq = recs[len(recs)-1].Seq + 1
 	}
-	last, err := lastRun(s.Dir)
+	log, err := readLog(s.Dir)
 	if err != nil {
 		return nil, err
 	}
-	seq = max(seq, last.seq+1)
+	seq = max(seq, log.newest+1)
 	for {
 		id := fmt.Sprintf("%04d-%s", seq, command)
 		dir := filepath.Join(s.Dir, runsDir, id)
@@ -221,7 +225,7 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 		if err != nil {
 			return nil, fmt.Errorf("run directory %s: %w", dir, err)
 		}
-		if err := writeFile(filepath.Join(s.Dir, lastFile), []byte(id+"\n")); err != nil {
+		if err := appendLog(s.Dir, logEntry{ID: id, Seq: seq, Event: "start"}); err != nil {
 			os.Remove(dir)
 			return nil, err
 		}
@@ -230,7 +234,7 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 			ID: id, Seq: seq, Command: command, Start: time.Now().UTC().Truncate(time.Second),
 			Dir: dir, Journal: filepath.Join(dir, JournalFile), Snapshot: filepath.Join(dir, SnapshotFile),
 			Endpoints: endpoints, Prefix: prefix, Host: host, PID: os.Getpid(),
-		}}
+		}, stateDir: s.Dir}
 		if err := r.save(); err != nil {
 			return nil, err
 		}
@@ -260,6 +264,9 @@ func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
 	}
 	if serr := r.save(); err == nil {
 		err = serr
+	}
+	if lerr := appendLog(r.stateDir, logEntry{ID: r.ID, Seq: r.Seq, Event: "end", ExitCode: &exitCode, KeysWritten: keysWritten}); err == nil {
+		err = lerr
 	}
 	return err
 }
@@ -353,13 +360,14 @@ func (e *NotFoundError) Error() string {
 }
 
 // GapError says that runs created after the one asked for are gone from the
-// state directory (their directories were removed): what they wrote can no
-// longer be undone, so undoing the run asked for and every later one would
-// leave it in place.
+// state directory (their directories were removed) and may have written: what
+// they wrote can no longer be undone, so undoing the run asked for and every
+// later one would leave it in place.
 type GapError struct {
 	StateDir string
-	// From is the run asked for; Missing the runs after it that are gone, by
-	// ID where the state directory still knows it, else by number ("0002").
+	// From is the run asked for; Missing the runs after it that are gone and
+	// not known to have written nothing, by ID where the state directory
+	// still knows it, else by number ("0002").
 	From    Record
 	Missing []string
 	// Next is the oldest run listed after the last missing one ("" when none).
@@ -377,7 +385,8 @@ func (e *GapError) Error() string {
 
 // Since returns run id and every later run, oldest first. id may be the
 // full ID ("0003-migrate") or its number ("3"). A run created after it whose
-// directory is gone is a GapError: the undo would be incomplete.
+// directory is gone is a GapError (the undo would be incomplete), unless the
+// state directory's log says it ended having written nothing.
 func Since(stateDir, id string) ([]Record, error) {
 	recs, err := List(stateDir)
 	if err != nil {
@@ -389,32 +398,47 @@ func Since(stateDir, id string) ([]Record, error) {
 			if err != nil {
 				return nil, err
 			}
-			if len(missing) > 0 {
-				ge := &GapError{StateDir: stateDir, From: r, Missing: missing}
-				last := missing[len(missing)-1]
-				for _, later := range recs[i:] {
-					if later.Seq > seqOf(last) {
-						ge.Next = later.ID
-						break
-					}
+			ge := &GapError{StateDir: stateDir, From: r}
+			last := 0
+			for _, m := range missing {
+				if !m.WroteNothing {
+					ge.Missing = append(ge.Missing, m.ID)
+					last = m.Seq
 				}
-				return nil, ge
 			}
-			return recs[i:], nil
+			if len(ge.Missing) == 0 {
+				return recs[i:], nil
+			}
+			for _, later := range recs[i:] {
+				if later.Seq > last {
+					ge.Next = later.ID
+					break
+				}
+			}
+			return nil, ge
 		}
 	}
 	return nil, &NotFoundError{ID: id, StateDir: stateDir}
 }
 
-// Missing names the runs created after the first of recs (as List gives
+// MissingRun is a run whose directory is gone.
+type MissingRun struct {
+	// ID as the state directory's log knows it, else the number ("0002").
+	ID  string `json:"id"`
+	Seq int    `json:"seq"`
+	// WroteNothing: the log records its end with no key written.
+	WroteNothing bool `json:"wroteNothing,omitempty"`
+}
+
+// Missing lists the runs created after the first of recs (as List gives
 // them) whose directories are gone: a number between two listed runs, or up
-// to the newest run the state directory recorded, that no entry of its runs
-// directory carries.
-func Missing(stateDir string, recs []Record) ([]string, error) {
+// to the newest run the state directory's log records, that no entry of its
+// runs directory carries.
+func Missing(stateDir string, recs []Record) ([]MissingRun, error) {
 	if len(recs) == 0 {
 		return nil, nil
 	}
-	last, err := lastRun(stateDir)
+	log, err := readLog(stateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -429,16 +453,16 @@ func Missing(stateDir string, recs []Record) ([]string, error) {
 			taken[seq] = true
 		}
 	}
-	newest := max(recs[len(recs)-1].Seq, last.seq)
-	var out []string
-	for seq := recs[0].Seq + 1; seq <= newest; seq++ {
-		switch {
-		case taken[seq]:
-		case seq == last.seq:
-			out = append(out, last.id)
-		default:
-			out = append(out, fmt.Sprintf("%04d", seq))
+	var out []MissingRun
+	for seq := recs[0].Seq + 1; seq <= max(recs[len(recs)-1].Seq, log.newest); seq++ {
+		if taken[seq] {
+			continue
 		}
+		m := MissingRun{ID: fmt.Sprintf("%04d", seq), Seq: seq}
+		if run, ok := log.runs[seq]; ok {
+			m.ID, m.WroteNothing = run.ID, run.ended && run.keysWritten == 0
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }
@@ -450,28 +474,4 @@ func seqOf(name string) int {
 		return 0
 	}
 	return seq
-}
-
-// newestRun is what the state directory's last-run file says.
-type newestRun struct {
-	id  string
-	seq int
-}
-
-// lastRun reads the last-run file: the newest run ever created (none in a
-// state directory an older release made, or before its first run).
-func lastRun(stateDir string) (newestRun, error) {
-	b, err := os.ReadFile(filepath.Join(stateDir, lastFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return newestRun{}, nil
-	}
-	if err != nil {
-		return newestRun{}, fmt.Errorf("state directory %s: %w", stateDir, err)
-	}
-	id := strings.TrimSpace(string(b))
-	seq := seqOf(id)
-	if seq == 0 {
-		return newestRun{}, fmt.Errorf("state directory %s: %s says %q, not a run ID", stateDir, lastFile, id)
-	}
-	return newestRun{id: id, seq: seq}, nil
 }

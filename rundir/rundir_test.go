@@ -98,8 +98,10 @@ func TestStateDirPrivateAndLocked(t *testing.T) {
 // TestSinceRefusesARemovedRun: a run directory removed by hand takes its undo
 // with it, so undoing an earlier run and every later one would leave what it
 // wrote in place: Since refuses, naming the missing runs — the newest one too,
-// which only the state directory's record of its newest run shows — and the
-// run after the gap. A removed run's number is never given again.
+// which only the state directory's log shows — and the run after the gap. A
+// removed run that the log says ended having written nothing (a refused run)
+// needs no undo: it does not stop the rollback. A removed run's number is never
+// given again.
 func TestSinceRefusesARemovedRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	st, err := Open(dir)
@@ -120,25 +122,26 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	}
 	var gap *GapError
 	_, err = Since(dir, "1")
-	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002" || gap.Next != "0003-migrate" || gap.From.ID != "0001-migrate" {
+	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate" || gap.Next != "0003-migrate" || gap.From.ID != "0001-migrate" {
 		t.Fatalf("Since(1) with run 2 removed: %v (%+v)", err, gap)
 	}
-	if want := "run 0002 is missing from " + filepath.Join(dir, "runs") + " (removed after run 0001-migrate)"; !strings.Contains(err.Error(), want) {
+	if want := "run 0002-migrate is missing from " + filepath.Join(dir, "runs") + " (removed after run 0001-migrate)"; !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not say %q", err, want)
 	}
 	if since, err := Since(dir, "3"); err != nil || len(since) != 1 {
 		t.Errorf("Since(3), nothing missing after it: %+v %v", since, err)
 	}
 
-	// The newest run removed too: only the last-run record shows it.
+	// The newest run removed too (still running, or killed: no end logged):
+	// only the log shows it.
 	if err := os.RemoveAll(runs[2].Dir); err != nil {
 		t.Fatal(err)
 	}
 	_, err = Since(dir, "0001-migrate")
-	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003-migrate" || gap.Next != "" {
+	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate,0003-migrate" || gap.Next != "" {
 		t.Fatalf("Since(1) with runs 2 and 3 removed: %v (%+v)", err, gap)
 	}
-	if !strings.Contains(err.Error(), "runs 0002, 0003-migrate are missing") {
+	if !strings.Contains(err.Error(), "runs 0002-migrate, 0003-migrate are missing") {
 		t.Errorf("error %q", err)
 	}
 	next, err := st.NewRun("rollback", nil, "/registry")
@@ -149,12 +152,38 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 		t.Errorf("Since(4): %+v %v", since, err)
 	}
 
-	// A state directory an older release made has no last-run record: a gap
-	// between two listed runs is still seen.
-	if err := os.Remove(filepath.Join(dir, lastFile)); err != nil {
+	// A run that ended having written nothing, then removed: no gap.
+	if err := next.Finish(1, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003" || gap.Next != "0004-rollback" {
-		t.Fatalf("Since(1) without last-run: %v (%+v)", err, gap)
+	refused, err := st.NewRun("migrate", nil, "/registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := refused.Finish(1, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	after, err := st.NewRun("migrate", nil, "/registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(refused.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if since, err := Since(dir, "4"); err != nil || len(since) != 2 || since[1].ID != after.ID {
+		t.Fatalf("Since(4) past a removed run that wrote nothing: %+v %v", since, err)
+	}
+	missing, err := Missing(dir, []Record{runs[0].Record})
+	if err != nil || len(missing) != 3 || missing[2] != (MissingRun{ID: "0005-migrate", Seq: 5, WroteNothing: true}) || missing[0].WroteNothing || missing[1].WroteNothing {
+		t.Fatalf("Missing: %+v %v", missing, err)
+	}
+
+	// A state directory an older release made has no log: a gap between two
+	// listed runs is still seen (by number).
+	if err := os.Remove(filepath.Join(dir, logFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003,0005" || gap.Next != "0006-migrate" {
+		t.Fatalf("Since(1) without the log: %v (%+v)", err, gap)
 	}
 }
