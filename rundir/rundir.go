@@ -266,7 +266,11 @@ func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
 	if serr := r.save(); err == nil {
 		err = serr
 	}
-	if lerr := appendLog(r.stateDir, logEntry{ID: r.ID, Seq: r.Seq, Event: "end", ExitCode: &exitCode, KeysWritten: keysWritten}); err == nil {
+	// A run opens its journal once its checks pass, before its first
+	// write: one without a journal was refused, or stopped, before writing.
+	_, jerr := os.Stat(r.Journal)
+	logged := logEntry{ID: r.ID, Seq: r.Seq, Event: "end", ExitCode: &exitCode, KeysWritten: keysWritten, Journaled: r.Journal != "" && jerr == nil}
+	if lerr := appendLog(r.stateDir, logged); err == nil {
 		err = lerr
 	}
 	return err
@@ -427,7 +431,8 @@ type MissingRun struct {
 	// ID as the state directory's log knows it, else the number ("0002").
 	ID  string `json:"id"`
 	Seq int    `json:"seq"`
-	// WroteNothing: the log records its end with no key written.
+	// WroteNothing: the log records its end with no journal (the run was
+	// refused, or stopped, before its first write) and no key written.
 	WroteNothing bool `json:"wroteNothing,omitempty"`
 }
 
@@ -461,7 +466,7 @@ func Missing(stateDir string, recs []Record) ([]MissingRun, error) {
 		}
 		m := MissingRun{ID: fmt.Sprintf("%04d", seq), Seq: seq}
 		if run, ok := log.runs[seq]; ok {
-			m.ID, m.WroteNothing = run.ID, run.ended && run.keysWritten == 0
+			m.ID, m.WroteNothing = run.ID, run.ended && run.wroteNothing
 		}
 		out = append(out, m)
 	}
@@ -490,6 +495,9 @@ type logEntry struct {
 	Event       string `json:"event"` // "start" or "end"
 	ExitCode    *int   `json:"exitCode,omitempty"`
 	KeysWritten int64  `json:"keysWritten,omitempty"`
+	// Journaled: the run's journal was on disk at its end (a write may
+	// have landed even when KeysWritten, the writes confirmed, is 0).
+	Journaled bool `json:"journaled,omitempty"`
 }
 
 // appendLog appends e to the state directory's log and syncs it.
@@ -518,9 +526,9 @@ func appendLog(stateDir string, e logEntry) error {
 
 // loggedRun is what the log says of one run.
 type loggedRun struct {
-	ID          string
-	ended       bool
-	keysWritten int64
+	ID string
+	// wroteNothing: it ended with no journal and no key written.
+	ended, wroteNothing bool
 }
 
 // runLog is the log read: each run by number, and the newest number.
@@ -551,7 +559,7 @@ func readLog(stateDir string) (runLog, error) {
 		r := out.runs[e.Seq]
 		r.ID = e.ID
 		if e.Event == "end" {
-			r.ended, r.keysWritten = true, e.KeysWritten
+			r.ended, r.wroteNothing = true, e.KeysWritten == 0 && !e.Journaled
 		}
 		out.runs[e.Seq] = r
 		out.newest = max(out.newest, e.Seq)

@@ -177,13 +177,31 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	if err != nil || len(missing) != 3 || missing[2] != (MissingRun{ID: "0005-migrate", Seq: 5, WroteNothing: true}) || missing[0].WroteNothing || missing[1].WroteNothing {
 		t.Fatalf("Missing: %+v %v", missing, err)
 	}
+	// One that confirmed no write but had opened its journal (a write may
+	// have landed unconfirmed) is a gap.
+	if err := os.WriteFile(after.Journal, []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Finish(1, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	last, err := st.NewRun("migrate", nil, "/registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(after.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Since(dir, "4"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0006-migrate" || gap.Next != last.ID {
+		t.Fatalf("Since(4) past a removed run that had a journal: %v (%+v)", err, gap)
+	}
 
 	// A state directory an older release made has no log: a gap between two
 	// listed runs is still seen (by number).
 	if err := os.Remove(filepath.Join(dir, logFile)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003,0005" || gap.Next != "0006-migrate" {
+	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003,0005,0006" || gap.Next != "0007-migrate" {
 		t.Fatalf("Since(1) without the log: %v (%+v)", err, gap)
 	}
 }
