@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/rundir"
 )
 
@@ -27,9 +28,12 @@ func runsCommand() *cli.Command {
 // runView is a run as 'runs' shows it.
 type runView struct {
 	rundir.Record
-	// SnapshotTaken and JournalKept say whether those files are on disk.
-	SnapshotTaken bool `json:"snapshotTaken"`
-	JournalKept   bool `json:"journalKept"`
+	// SnapshotTaken and JournalKept say whether those files are on disk;
+	// SnapshotBytes and JournalBytes their sizes (what removing them frees).
+	SnapshotTaken bool  `json:"snapshotTaken"`
+	JournalKept   bool  `json:"journalKept"`
+	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
+	JournalBytes  int64 `json:"journalBytes,omitempty"`
 }
 
 func cmdRuns(c *cli.Context) error {
@@ -46,6 +50,12 @@ func cmdRuns(c *cli.Context) error {
 	for i, r := range recs {
 		_, jerr := os.Stat(r.Journal)
 		views[i] = runView{Record: r, SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
+		if views[i].SnapshotTaken {
+			views[i].SnapshotBytes = rundir.FileSize(r.Snapshot)
+		}
+		if views[i].JournalKept {
+			views[i].JournalBytes = rundir.FileSize(r.Journal)
+		}
 	}
 	return printReport(c.App.Writer, c.String("output"), runsReport{dir, views, missing})
 }
@@ -82,11 +92,11 @@ func (r runsReport) table(w io.Writer) error {
 		}
 		snap := "none"
 		if v.SnapshotTaken {
-			snap = v.Snapshot
+			snap = fmt.Sprintf("%s (%s)", v.Snapshot, textfmt.Bytes(v.SnapshotBytes))
 		}
 		journal := "none"
 		if v.JournalKept {
-			journal = v.Journal
+			journal = fmt.Sprintf("%s (%s)", v.Journal, textfmt.Bytes(v.JournalBytes))
 		}
 		cmd := v.Command
 		if len(v.Undoes) > 0 {

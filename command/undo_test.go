@@ -19,6 +19,7 @@ import (
 
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/rundir"
 	"kube-etcd-migrate/verify"
 )
@@ -159,6 +160,13 @@ func TestUndoAcrossReruns(t *testing.T) {
 		if !r.SnapshotTaken || !r.JournalKept {
 			t.Errorf("run %s: snapshot taken %v, journal kept %v", r.ID, r.SnapshotTaken, r.JournalKept)
 		}
+		// What removing the run's files would free, as the files are.
+		if r.SnapshotBytes == 0 || r.SnapshotBytes != rundir.FileSize(r.Snapshot) || r.JournalBytes == 0 || r.JournalBytes != rundir.FileSize(r.Journal) {
+			t.Errorf("run %s: snapshot %d bytes (file %d), journal %d bytes (file %d)", r.ID, r.SnapshotBytes, rundir.FileSize(r.Snapshot), r.JournalBytes, rundir.FileSize(r.Journal))
+		}
+	}
+	if code, out, _ := runCLI(t, "runs"); code != exitOK || !strings.Contains(out, listed.Runs[0].Snapshot+" ("+textfmt.Bytes(listed.Runs[0].SnapshotBytes)+")") {
+		t.Errorf("runs does not show the first snapshot's size:\n%s", out)
 	}
 	// The first snapshot is the state before any write: every object stale.
 	code, out, _ = runCLI(t, "verify", "--snapshot-file", snap1, "--encryption-provider-config", conn[3], "--target-version", "1.37", "-o", "json")
