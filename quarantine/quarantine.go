@@ -397,7 +397,7 @@ func entryOf(d *reencode.Decision) *Entry {
 	if d.Lease != 0 {
 		e.Lease = fmt.Sprintf("%016x", d.Lease)
 	}
-	// EncryptionInfo.String is provider[:key]; provider names have no ':'.
+	// encryption.Info.String is provider[:key]; provider names have no ':'.
 	provider, key, _ := strings.Cut(d.From.Encryption, ":")
 	e.encryption = encryption.Info{Provider: provider, KeyName: key}
 	return e
