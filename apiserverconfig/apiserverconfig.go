@@ -520,7 +520,7 @@ func (c *Config) Describe() string {
 
 // KMSEndpointMapper returns the function that maps the KMS plugin endpoints
 // written in the encryption configuration at path to the endpoints the tool
-// dials (for decode.EncryptionOptions.MapKMSEndpoint), or nil when there is
+// dials (for encryption.Options.MapKMSEndpoint), or nil when there is
 // nothing to map: path is not the manifest's --encryption-provider-config (the
 // tool's own flag overrode it, or it came from a flags file: host paths). In a
 // manifest's encryption configuration, a KMS endpoint is a socket path inside

@@ -11,7 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/kmstest"
 )
@@ -79,7 +79,7 @@ func TestManifestKMSEndpoint(t *testing.T) {
 	if err := os.WriteFile(writerPath, []byte(encryptionConfig(hostEndpoint)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	writer, err := decode.LoadEncryption(ctx, writerPath)
+	writer, err := encryption.Load(ctx, writerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestManifestKMSEndpoint(t *testing.T) {
 	if mapEndpoint == nil {
 		t.Fatal("KMSEndpointMapper: nil for the manifest's encryption configuration")
 	}
-	mapped, err := decode.LoadEncryptionWith(ctx, cfg.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: mapEndpoint})
+	mapped, err := encryption.LoadWith(ctx, cfg.EncryptionConfig, encryption.Options{MapKMSEndpoint: mapEndpoint})
 	if err != nil {
 		t.Fatalf("loading with the mapped endpoint: %v", err)
 	}
@@ -119,7 +119,7 @@ func TestManifestKMSEndpoint(t *testing.T) {
 	}
 
 	// As written, the endpoint is the container's path: nothing the tool can reach.
-	unmapped, err := decode.LoadEncryption(ctx, cfg.EncryptionConfig)
+	unmapped, err := encryption.Load(ctx, cfg.EncryptionConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestManifestKMSEndpointNotMapped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = decode.LoadEncryptionWith(context.Background(), noMount.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: noMount.KMSEndpointMapper(noMount.EncryptionConfig)})
+	_, err = encryption.LoadWith(context.Background(), noMount.EncryptionConfig, encryption.Options{MapKMSEndpoint: noMount.KMSEndpointMapper(noMount.EncryptionConfig)})
 	if err == nil {
 		t.Fatal("loaded although the socket is under no hostPath mount")
 	}

@@ -14,6 +14,7 @@ import (
 
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -47,7 +48,7 @@ func (c crDecoder) DecodeStored(plaintext []byte) (*unstructured.Unstructured, s
 // readPath fetches every value under /registry, then decodes each once on
 // runtime.GOMAXPROCS workers; the sample's CPU is this process's over the
 // decoding.
-func readPath(ctx context.Context, cli *clientv3.Client, g *generator, enc *decode.Encryption) (sample, error) {
+func readPath(ctx context.Context, cli *clientv3.Client, g *generator, enc *encryption.Transformers) (sample, error) {
 	var kvs []etcdscan.KV
 	var size int64
 	if _, _, err := rawScan(ctx, cli, "/registry/", etcdscan.DefaultPageSize, func(page []rawKV) error {

@@ -26,6 +26,7 @@ import (
 
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 )
 
 // The mix, in percent of N (objects are assigned by index, deterministically).
@@ -83,7 +84,7 @@ type objSpec struct {
 type generator struct {
 	n                       int
 	staleVersion, staleKey  float64
-	oldEnc, newEnc          *decode.Encryption
+	oldEnc, newEnc          *encryption.Transformers
 	current, staleOld, json *decode.StorageConfig
 	crCodec                 *customresource.Codec
 	crd                     *apiextensionsv1.CustomResourceDefinition
@@ -156,10 +157,10 @@ func uid(i int) types.UID { return types.UID(fmt.Sprintf("00000000-0000-4000-800
 func newGenerator(ctx context.Context, n int, staleVersion, staleKey float64, oldCfg, newCfg string, rotation bool) (*generator, error) {
 	g := &generator{n: n, staleVersion: staleVersion, staleKey: staleKey, rotation: rotation}
 	var err error
-	if g.oldEnc, err = decode.LoadEncryption(ctx, oldCfg); err != nil {
+	if g.oldEnc, err = encryption.Load(ctx, oldCfg); err != nil {
 		return nil, err
 	}
-	if g.newEnc, err = decode.LoadEncryption(ctx, newCfg); err != nil {
+	if g.newEnc, err = encryption.Load(ctx, newCfg); err != nil {
 		return nil, err
 	}
 	if g.current, err = decode.NewStorageConfig("", ""); err != nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
@@ -76,7 +77,7 @@ func TestEncryptionOnlyCLI(t *testing.T) {
 	type stored struct {
 		plain  []byte
 		modRev int64
-		enc    decode.EncryptionInfo
+		enc    encryption.Info
 	}
 	read := func() map[string]stored {
 		out := map[string]stored{}

@@ -11,7 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
@@ -196,7 +196,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 			}
 			snapshotfile.RemoveTempDirs()
 			snapshotout.RemoveTempFiles()
-			decode.RemoveTempDirs()
+			encryption.RemoveTempDirs()
 			os.Exit(exitSignal)
 		}
 	}()

@@ -9,6 +9,7 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/target"
@@ -76,7 +77,7 @@ func targetError(err error) error {
 		prefix   *pipeline.PrefixError
 		revision *pipeline.RevisionError
 	)
-	var encConfig *decode.ConfigError
+	var encConfig *encryption.ConfigError
 	if errors.As(err, &encConfig) {
 		// kube-apiserver's flag, the tool's too: its value is the file.
 		flag := "--encryption-provider-config"

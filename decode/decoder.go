@@ -9,13 +9,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/release"
 )
 
-// Decrypter decrypts a stored value for a resource; *Encryption implements it.
+// Decrypter decrypts a stored value for a resource; *encryption.Transformers implements it.
 type Decrypter interface {
-	Decrypt(ctx context.Context, gr schema.GroupResource, key string, value []byte) ([]byte, EncryptionInfo, error)
+	Decrypt(ctx context.Context, gr schema.GroupResource, key string, value []byte) ([]byte, encryption.Info, error)
 }
 
 // CustomResourceDecoder reads one CRD's stored custom resources the way the
@@ -30,7 +31,7 @@ type CustomResourceDecoder interface {
 type Object struct {
 	KV         etcdscan.KV
 	Info       KeyInfo
-	Encryption EncryptionInfo
+	Encryption encryption.Info
 	// Plaintext is the decrypted value. It may hold secret data: never print it.
 	Plaintext []byte
 	MediaType string
@@ -76,13 +77,13 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 		}
 		return obj, err
 	}
-	obj.Encryption = EnvelopeInfo(kv.Value)
+	obj.Encryption = encryption.EnvelopeInfo(kv.Value)
 	plaintext := kv.Value
 	if d.Encryption != nil {
 		pt, enc, err := d.Encryption.Decrypt(ctx, info.Resource, kv.Key, kv.Value)
 		obj.Encryption = enc
 		if err != nil {
-			return obj, asKeyError(kv.Key, ReasonUndecryptable, err)
+			return obj, decryptError(kv.Key, err)
 		}
 		plaintext, obj.Encryption = pt, enc
 	}
@@ -131,6 +132,24 @@ func expectedKind(rc *ResourceCodec, gr schema.GroupResource) string {
 		return k
 	}
 	return rc.Kind
+}
+
+// decryptError is asKeyError for a Decrypter's error: an
+// *encryption.DecryptError becomes an *Error with its reason (undecryptable or
+// corrupt-envelope) and detail, the same message.
+func decryptError(key string, err error) error {
+	var de *encryption.DecryptError
+	if errors.As(err, &de) {
+		reason := ReasonUndecryptable
+		if de.Corrupt {
+			reason = ReasonCorruptEnvelope
+		}
+		if de.Key != "" {
+			key = de.Key
+		}
+		return &Error{Key: key, Reason: reason, Detail: de.Detail}
+	}
+	return asKeyError(key, ReasonUndecryptable, err)
 }
 
 // asKeyError keeps an *Error as it is (adding the key) or wraps err in one.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/apps"
 	"k8s.io/kubernetes/pkg/apis/core"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 )
 
@@ -81,9 +82,9 @@ func testStorage(tb testing.TB) *StorageConfig {
 }
 
 // capturedDecoder decodes with the EncryptionConfiguration the captures were made with.
-func capturedDecoder(tb testing.TB) (*Decoder, *Encryption) {
+func capturedDecoder(tb testing.TB) (*Decoder, *encryption.Transformers) {
 	tb.Helper()
-	enc, err := LoadEncryption(context.Background(), filepath.Join(capturedDir, "encryption-config.yaml"))
+	enc, err := encryption.Load(context.Background(), filepath.Join(capturedDir, "encryption-config.yaml"))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -133,9 +134,9 @@ func TestDecodeCapturedValues(t *testing.T) {
 		if ShortMediaType(obj.MediaType) != c.Encoding {
 			t.Errorf("%s: media type %s, sidecar says %s", name, obj.MediaType, c.Encoding)
 		}
-		wantEnc := EncryptionInfo{Provider: ProviderIdentity}
+		wantEnc := encryption.Info{Provider: encryption.ProviderIdentity}
 		if c.Provider != "identity" {
-			wantEnc = EnvelopeInfo([]byte(c.Provider))
+			wantEnc = encryption.EnvelopeInfo([]byte(c.Provider))
 		}
 		if obj.Encryption != wantEnc {
 			t.Errorf("%s: encryption %+v, want %+v (fresh: written by the first provider)", name, obj.Encryption, wantEnc)

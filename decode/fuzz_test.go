@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 )
 
@@ -44,7 +45,9 @@ func FuzzDecode(f *testing.F) {
 				f.Add(suffix, v[:n])
 			}
 		}
-		if _, off := splitEnvelope(v); off > 0 {
+		// Truncations just after the envelope's "<prefix><name>:".
+		if info := encryption.EnvelopeInfo(v); info.KeyName != "" {
+			off := bytes.Index(v, []byte(":"+info.KeyName+":")) + len(info.KeyName) + 2
 			f.Add(suffix, v[:off+16])
 			f.Add(suffix, v[:off+32])
 		}
@@ -84,7 +87,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode(%q): error names key %q", key, de.Key)
 		}
 		// A value that was really decrypted must not show up in the error.
-		if obj.Encryption.Provider != ProviderIdentity && len(obj.Plaintext) >= 16 {
+		if obj.Encryption.Provider != encryption.ProviderIdentity && len(obj.Plaintext) >= 16 {
 			msg := []byte(err.Error())
 			for i := 0; i+16 <= len(obj.Plaintext); i += 8 {
 				if bytes.Contains(msg, obj.Plaintext[i:i+16]) {

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/release"
 )
 
@@ -51,7 +52,7 @@ const (
 // somewhere unexpected, and is never offered for removal as a leftover.
 func classifyOrphan(obj *Object, e *Error) *Error {
 	value := obj.KV.Value
-	if e.Reason != ReasonOrphaned || strings.HasPrefix(string(value), encryptedPrefix) {
+	if e.Reason != ReasonOrphaned || strings.HasPrefix(string(value), encryption.EncryptedPrefix) {
 		return e
 	}
 	gvk, mt, err := StoredGVK(e.Key, value)

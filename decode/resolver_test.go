@@ -8,6 +8,7 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/test/integration/etcd"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/release"
 )
@@ -271,5 +272,25 @@ func TestTargetCannotStoreAVersionItLacks(t *testing.T) {
 		if got := rc.StorageVersion.String(); got != "resource.k8s.io/v1alpha3" {
 			t.Errorf("--target-version %s: DeviceTaintRules stored as %s, want resource.k8s.io/v1alpha3 (the only version %s has)", release, got, release)
 		}
+	}
+}
+
+// TestRawStorageNeverEncrypted: every raw-storage key (the peer endpoint leases
+// included: /registry/peerserverleases/, UnknownVersionInteroperabilityProxy)
+// resolves to a group/resource package encryption reads and writes as
+// identity whatever the configuration says, as kube-apiserver does.
+func TestRawStorageNeverEncrypted(t *testing.T) {
+	gr := schema.GroupResource{Resource: "apiServerPeerIPInfo"}
+	info, err := NewResolver("/registry", testStorage(t)).Resolve("/registry/peerserverleases/apiserver-1")
+	if err != nil || info.Resource != gr {
+		t.Errorf("peerserverleases resolve to %+v, %v; want %s", info, err, gr)
+	}
+	for _, k := range rawStorageKeys {
+		if !encryption.NeverEncrypted(k.gr) {
+			t.Errorf("%s (%s): encryption.NeverEncrypted = false, want true", k.segment, k.gr)
+		}
+	}
+	if encryption.NeverEncrypted(secretsGR) {
+		t.Errorf("encryption.NeverEncrypted(%s) = true, want false", secretsGR)
 	}
 }

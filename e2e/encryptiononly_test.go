@@ -17,6 +17,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/resource"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/verify"
@@ -74,7 +75,7 @@ func TestEncryptionOnlyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	const dcKey = "/registry/deviceclasses/gpu"
-	enc1, err := decode.LoadEncryption(ctx, key1)
+	enc1, err := encryption.Load(ctx, key1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestEncryptionOnlyRotation(t *testing.T) {
 	}
 
 	key2 := c.writeEncryptionConfig("key2.yaml", resources, aescbcProvider("key2", 2), aescbcProvider("key1", 1), identityProvider)
-	enc2, err := decode.LoadEncryption(ctx, key2)
+	enc2, err := encryption.Load(ctx, key2)
 	if err != nil {
 		t.Fatal(err)
 	}

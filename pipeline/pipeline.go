@@ -22,6 +22,7 @@ import (
 	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/target"
@@ -95,7 +96,7 @@ type Env struct {
 	// Target is the kube-apiserver the run writes as (its storage
 	// configuration encodes); Encryption is its encryption configuration.
 	Target     *target.Target
-	Encryption *decode.Encryption
+	Encryption *encryption.Transformers
 	Resolver   *decode.Resolver
 	Decoder    *decode.Decoder
 	Planner    *reencode.Planner

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
@@ -174,7 +175,7 @@ type Entry struct {
 	// Note says why a kept object is kept, or why a removal did not happen.
 	Note string `json:"note,omitempty"`
 
-	encryption decode.EncryptionInfo
+	encryption encryption.Info
 }
 
 // Result is what a quarantine found and did.
@@ -295,7 +296,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	// A key that refused values may also have "decrypted" others to garbage.
 	var remove []*Entry
 	for _, e := range candidates {
-		if e.encryption.Provider != decode.ProviderIdentity && refused[e.encryption.String()] && e.Reason != decode.ReasonUndecryptable && e.Reason != decode.ReasonCorruptEnvelope {
+		if e.encryption.Provider != encryption.ProviderIdentity && refused[e.encryption.String()] && e.Reason != decode.ReasonUndecryptable && e.Reason != decode.ReasonCorruptEnvelope {
 			res.keep(e, fmt.Sprintf("the configured %s refused other values: this one likely decrypted to garbage with wrong key material", e.encryption))
 			continue
 		}
@@ -396,9 +397,9 @@ func entryOf(d *reencode.Decision) *Entry {
 	if d.Lease != 0 {
 		e.Lease = fmt.Sprintf("%016x", d.Lease)
 	}
-	// EncryptionInfo.String is provider[:key]; provider names have no ':'.
+	// encryption.Info.String is provider[:key]; provider names have no ':'.
 	provider, key, _ := strings.Cut(d.From.Encryption, ":")
-	e.encryption = decode.EncryptionInfo{Provider: provider, KeyName: key}
+	e.encryption = encryption.Info{Provider: provider, KeyName: key}
 	return e
 }
 

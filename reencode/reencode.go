@@ -25,6 +25,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/release"
 )
@@ -99,10 +100,10 @@ type Decision struct {
 }
 
 // Encrypter encrypts new values with the first provider configured for a resource;
-// *decode.Encryption implements it.
+// *encryption.Transformers implements it.
 type Encrypter interface {
 	Encrypt(ctx context.Context, gr schema.GroupResource, key string, plaintext []byte) ([]byte, error)
-	WriteProvider(gr schema.GroupResource) decode.EncryptionInfo
+	WriteProvider(gr schema.GroupResource) encryption.Info
 }
 
 // CustomResourceEncoder writes one CRD's custom resources as the
@@ -269,7 +270,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 		}
 	}
 
-	write := decode.EncryptionInfo{Provider: "identity"}
+	write := encryption.Info{Provider: "identity"}
 	if p.Encryption != nil {
 		write = p.Encryption.WriteProvider(obj.Info.Resource)
 	}
@@ -334,7 +335,7 @@ func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, wi
 // provider. Nothing is decoded further: an object this rewrite keeps in its
 // stored form cannot lose fields.
 func (p *Planner) decideEncryption(ctx context.Context, obj *decode.Object, d Decision, withValue bool) Decision {
-	write := decode.EncryptionInfo{Provider: "identity"}
+	write := encryption.Info{Provider: "identity"}
 	if p.Encryption != nil {
 		write = p.Encryption.WriteProvider(obj.Info.Resource)
 	}

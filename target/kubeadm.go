@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 )
 
@@ -23,7 +24,7 @@ func KubeadmConfigKey(prefix string) string {
 // ConfigMap, decrypted and decoded as kube-apiserver reads it. It returns ""
 // with no error when there is no such ConfigMap (not a kubeadm cluster), and
 // an error naming the key when it is there but cannot be read.
-func ClusterRelease(ctx context.Context, src etcdscan.Source, prefix string, enc *decode.Encryption) (string, error) {
+func ClusterRelease(ctx context.Context, src etcdscan.Source, prefix string, enc *encryption.Transformers) (string, error) {
 	key := KubeadmConfigKey(prefix)
 	rctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultScanCommandTimeout)
 	defer cancel()

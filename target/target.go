@@ -20,6 +20,7 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/updatepath"
@@ -43,7 +44,7 @@ type Input struct {
 	EncryptionConfig string
 	// Encryption, when set, is used instead of loading EncryptionConfig; the
 	// caller keeps it and closes it.
-	Encryption *decode.Encryption
+	Encryption *encryption.Transformers
 	// StorageMediaType is kube-apiserver's --storage-media-type; "" = protobuf.
 	StorageMediaType string
 	// Prefix is kube-apiserver's --etcd-prefix ("" = /registry): where
@@ -70,7 +71,7 @@ type Input struct {
 // after Resolve.
 type Target struct {
 	api       *apiserverconfig.Config
-	enc       *decode.Encryption
+	enc       *encryption.Transformers
 	ownsEnc   bool
 	storage   *decode.StorageConfig
 	update    *updatepath.Path
@@ -102,7 +103,7 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 	t.enc, t.ownsEnc = in.Encryption, false
 	if t.enc == nil {
 		// From a manifest, the KMS plugins' sockets are container paths too.
-		t.enc, err = decode.LoadEncryptionWith(ctx, in.EncryptionConfig, decode.EncryptionOptions{MapKMSEndpoint: api.KMSEndpointMapper(in.EncryptionConfig)})
+		t.enc, err = encryption.LoadWith(ctx, in.EncryptionConfig, encryption.Options{MapKMSEndpoint: api.KMSEndpointMapper(in.EncryptionConfig)})
 		if err != nil {
 			return nil, err
 		}
@@ -189,7 +190,7 @@ func (t *Target) Update() *updatepath.Path { return t.update }
 
 // Encryption is the encryption configuration: every provider reads, the first
 // writes.
-func (t *Target) Encryption() *decode.Encryption { return t.enc }
+func (t *Target) Encryption() *encryption.Transformers { return t.enc }
 
 // EncryptionConfig is the encryption configuration file ("" = identity).
 func (t *Target) EncryptionConfig() string { return t.encConfig }

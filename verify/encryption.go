@@ -4,6 +4,7 @@ import (
 	"sort"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )
@@ -67,7 +68,7 @@ func (r *Report) addEncryption(env *pipeline.Env, d *reencode.Decision) {
 			if env.Planner.Encryption.WriteProvider(d.Resource).String() == name {
 				state = EncryptionFirst
 			}
-		case name == decode.ProviderIdentity:
+		case name == encryption.ProviderIdentity:
 			state = EncryptionFirst // no configuration: identity is what is written
 		default:
 			state = EncryptionUnreadable

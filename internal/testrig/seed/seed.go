@@ -21,6 +21,7 @@ import (
 
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 )
 
 // Options tune Cluster.
@@ -117,7 +118,7 @@ func Cluster(ctx context.Context, cli *clientv3.Client, opts Options) (*Result, 
 	if err != nil {
 		return nil, fmt.Errorf("seed: %w", err)
 	}
-	enc, err := decode.LoadEncryption(ctx, oldPath)
+	enc, err := encryption.Load(ctx, oldPath)
 	if err != nil {
 		return nil, fmt.Errorf("seed: load %s: %w", oldPath, err)
 	}
@@ -154,7 +155,7 @@ type writer struct {
 	ctx     context.Context
 	cli     *clientv3.Client
 	prefix  string
-	enc     *decode.Encryption
+	enc     *encryption.Transformers
 	configs map[string]*decode.StorageConfig
 
 	eventLease clientv3.LeaseID

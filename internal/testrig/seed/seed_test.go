@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/customresource"
-	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -156,12 +156,12 @@ func TestClusterStoredForms(t *testing.T) {
 
 	// Secrets: aescbc under key1 (stale under the new config), except the one that
 	// predates encryption; each decrypts to a protobuf v1 Secret.
-	oldEnc, err := decode.LoadEncryption(ctx, s.res.OldConfig)
+	oldEnc, err := encryption.Load(ctx, s.res.OldConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer oldEnc.Close()
-	newEnc, err := decode.LoadEncryption(ctx, s.res.NewConfig)
+	newEnc, err := encryption.Load(ctx, s.res.NewConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/resource"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
@@ -43,7 +44,7 @@ type Cluster struct {
 	Cli *clientv3.Client
 	Dir string
 
-	encs map[string]*decode.Encryption
+	encs map[string]*encryption.Transformers
 }
 
 func New(t *testing.T, opts testetcd.Options) *Cluster {
@@ -86,18 +87,18 @@ func AESCBC(name string, key byte) string {
 
 const Identity = "  - identity: {}\n"
 
-func (c *Cluster) LoadEncryption(path string) *decode.Encryption {
+func (c *Cluster) LoadEncryption(path string) *encryption.Transformers {
 	c.T.Helper()
 	if enc := c.encs[path]; enc != nil {
 		return enc
 	}
-	enc, err := decode.LoadEncryption(context.Background(), path)
+	enc, err := encryption.Load(context.Background(), path)
 	if err != nil {
 		c.T.Fatal(err)
 	}
 	c.T.Cleanup(enc.Close)
 	if c.encs == nil {
-		c.encs = map[string]*decode.Encryption{}
+		c.encs = map[string]*encryption.Transformers{}
 	}
 	c.encs[path] = enc
 	return enc

@@ -1,4 +1,4 @@
-package decode
+package encryption
 
 import (
 	"bytes"
@@ -92,9 +92,9 @@ func writeConfig(t *testing.T, yaml string) string {
 	return path
 }
 
-func loadT(t *testing.T, yaml string) *Encryption {
+func loadT(t *testing.T, yaml string) *Transformers {
 	t.Helper()
-	e, err := LoadEncryption(context.Background(), writeConfig(t, yaml))
+	e, err := Load(context.Background(), writeConfig(t, yaml))
 	if err != nil {
 		t.Fatalf("LoadEncryption: %v\n%s", err, yaml)
 	}
@@ -102,7 +102,7 @@ func loadT(t *testing.T, yaml string) *Encryption {
 	return e
 }
 
-func encryptT(t *testing.T, e *Encryption, key string, plain []byte) []byte {
+func encryptT(t *testing.T, e *Transformers, key string, plain []byte) []byte {
 	t.Helper()
 	ct, err := e.Encrypt(context.Background(), secretsGR, key, plain)
 	if err != nil {
@@ -111,16 +111,22 @@ func encryptT(t *testing.T, e *Encryption, key string, plain []byte) []byte {
 	return ct
 }
 
-// wantDecodeError checks err is a *Error with reason for key, that its message
+// The reasons package decode gives a DecryptError (DecryptError.Reason).
+const (
+	reasonUndecryptable   = "undecryptable"
+	reasonCorruptEnvelope = "corrupt-envelope"
+)
+
+// wantDecodeError checks err is a *DecryptError with reason for key, that its message
 // contains every want, and that it contains no plaintext and no key material.
-func wantDecodeError(t *testing.T, err error, key string, reason Reason, want ...string) {
+func wantDecodeError(t *testing.T, err error, key string, reason string, want ...string) {
 	t.Helper()
-	var de *Error
+	var de *DecryptError
 	if !errors.As(err, &de) {
-		t.Fatalf("got error %v (%T), want *decode.Error %s", err, err, reason)
+		t.Fatalf("got error %v (%T), want *encryption.DecryptError %s", err, err, reason)
 	}
-	if de.Reason != reason {
-		t.Errorf("reason %s, want %s (%v)", de.Reason, reason, err)
+	if de.Reason() != reason {
+		t.Errorf("reason %s, want %s (%v)", de.Reason(), reason, err)
 	}
 	if de.Key != key {
 		t.Errorf("error names key %q, want %q", de.Key, key)
@@ -174,7 +180,7 @@ func TestRoundTripAndStale(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			fresh := loadT(t, secretsConfig(c.fresh...))
 			rotated := loadT(t, secretsConfig(c.rotated...))
-			want := EncryptionInfo{Provider: c.provider, KeyName: c.keyName}
+			want := Info{Provider: c.provider, KeyName: c.keyName}
 			if got := fresh.WriteProvider(secretsGR); got != want {
 				t.Errorf("WriteProvider = %v, want %v", got, want)
 			}
@@ -232,7 +238,7 @@ func TestKMSv2KeyIDRotationIsStale(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after rotation: %v", err)
 	}
-	want := EncryptionInfo{Provider: ProviderKMSv2, KeyName: "vault", Stale: true}
+	want := Info{Provider: ProviderKMSv2, KeyName: "vault", Stale: true}
 	if info != want || !bytes.Equal(pt, testPlain) {
 		t.Errorf("after rotation: %+v, want %+v and the plaintext", info, want)
 	}
@@ -246,7 +252,7 @@ func TestKMSv2KeyIDRotationIsStale(t *testing.T) {
 	plugin.ForgetKeyID("kek-1")
 	fresh := loadT(t, cfg)
 	_, _, err = fresh.Decrypt(ctx, secretsGR, secretKey, ct)
-	wantDecodeError(t, err, secretKey, ReasonUndecryptable, "kms2:vault")
+	wantDecodeError(t, err, secretKey, reasonUndecryptable, "kms2:vault")
 }
 
 // TestWildcardResourcesPickTheApiserversProvider: exact entries, "*." (core group),
@@ -263,14 +269,14 @@ func TestWildcardResourcesPickTheApiserversProvider(t *testing.T) {
 	))
 	cases := []struct {
 		gr   schema.GroupResource
-		want EncryptionInfo
+		want Info
 	}{
-		{schema.GroupResource{Resource: "secrets"}, EncryptionInfo{Provider: ProviderAESGCM, KeyName: "exact"}},
-		{schema.GroupResource{Group: "apps", Resource: "deployments"}, EncryptionInfo{Provider: ProviderAESGCM, KeyName: "exact"}},
-		{schema.GroupResource{Resource: "configmaps"}, EncryptionInfo{Provider: ProviderSecretbox, KeyName: "core"}},
-		{schema.GroupResource{Group: "apps", Resource: "statefulsets"}, EncryptionInfo{Provider: ProviderAESCBC, KeyName: "apps"}},
-		{schema.GroupResource{Group: "batch", Resource: "jobs"}, EncryptionInfo{Provider: ProviderAESGCM, KeyName: "everything"}},
-		{schema.GroupResource{Group: "example.com", Resource: "widgets"}, EncryptionInfo{Provider: ProviderAESGCM, KeyName: "everything"}},
+		{schema.GroupResource{Resource: "secrets"}, Info{Provider: ProviderAESGCM, KeyName: "exact"}},
+		{schema.GroupResource{Group: "apps", Resource: "deployments"}, Info{Provider: ProviderAESGCM, KeyName: "exact"}},
+		{schema.GroupResource{Resource: "configmaps"}, Info{Provider: ProviderSecretbox, KeyName: "core"}},
+		{schema.GroupResource{Group: "apps", Resource: "statefulsets"}, Info{Provider: ProviderAESCBC, KeyName: "apps"}},
+		{schema.GroupResource{Group: "batch", Resource: "jobs"}, Info{Provider: ProviderAESGCM, KeyName: "everything"}},
+		{schema.GroupResource{Group: "example.com", Resource: "widgets"}, Info{Provider: ProviderAESGCM, KeyName: "everything"}},
 	}
 	for _, c := range cases {
 		if got := e.WriteProvider(c.gr); got != c.want {
@@ -290,7 +296,7 @@ func TestWildcardResourcesPickTheApiserversProvider(t *testing.T) {
 	}
 
 	// kube-apiserver refuses a file where a wildcard masks a later entry.
-	_, err := LoadEncryption(ctx, writeConfig(t, configYAML(
+	_, err := Load(ctx, writeConfig(t, configYAML(
 		entry{[]string{"*.apps"}, []string{identityProvider}},
 		entry{[]string{"deployments.apps"}, []string{keyed("aescbc", "k", material1)}},
 	)))
@@ -323,7 +329,7 @@ func TestRawStorageIsNeverEncrypted(t *testing.T) {
 			t.Errorf("%s: Encrypt = %q, %v; want the plaintext", c.gr, ct, err)
 		}
 		pt, info, err := e.Decrypt(ctx, c.gr, c.key, testPlain)
-		if err != nil || info != (EncryptionInfo{Provider: ProviderIdentity}) || !bytes.Equal(pt, testPlain) {
+		if err != nil || info != (Info{Provider: ProviderIdentity}) || !bytes.Equal(pt, testPlain) {
 			t.Errorf("%s: Decrypt = %+v, %v; want the plaintext, identity, not stale", c.gr, info, err)
 		}
 		encrypted := encryptT(t, e, secretKey, testPlain)
@@ -344,14 +350,14 @@ func TestResourceInTwoEntries(t *testing.T) {
 		entry{[]string{"secrets"}, []string{keyed("aesgcm", "new", material2)}},
 		entry{[]string{"configmaps", "secrets"}, []string{keyed("aescbc", "old", material1)}},
 	))
-	if got, want := both.WriteProvider(secretsGR), (EncryptionInfo{Provider: ProviderAESGCM, KeyName: "new"}); got != want {
+	if got, want := both.WriteProvider(secretsGR), (Info{Provider: ProviderAESGCM, KeyName: "new"}); got != want {
 		t.Errorf("WriteProvider = %v, want %v", got, want)
 	}
 	pt, info, err := both.Decrypt(ctx, secretsGR, secretKey, ct)
 	if err != nil {
 		t.Fatalf("value written with the second entry's key: %v", err)
 	}
-	if want := (EncryptionInfo{Provider: ProviderAESCBC, KeyName: "old", Stale: true}); info != want || !bytes.Equal(pt, testPlain) {
+	if want := (Info{Provider: ProviderAESCBC, KeyName: "old", Stale: true}); info != want || !bytes.Equal(pt, testPlain) {
 		t.Errorf("Decrypt = %+v, want %+v and the plaintext", info, want)
 	}
 }
@@ -387,7 +393,7 @@ func TestFullKeyIsAuthenticatedData(t *testing.T) {
 				}
 				return
 			}
-			wantDecodeError(t, err, otherKey, ReasonUndecryptable, EnvelopeInfo(ct).String())
+			wantDecodeError(t, err, otherKey, reasonUndecryptable, EnvelopeInfo(ct).String())
 		})
 	}
 }
@@ -420,41 +426,41 @@ func TestUndecryptable(t *testing.T) {
 
 	t.Run("wrong key material, same name", func(t *testing.T) {
 		_, info, err := wrong.Decrypt(ctx, secretsGR, secretKey, cbc)
-		wantDecodeError(t, err, secretKey, ReasonUndecryptable, "aescbc:key1")
+		wantDecodeError(t, err, secretKey, reasonUndecryptable, "aescbc:key1")
 		if info.Provider != ProviderAESCBC || info.KeyName != "key1" {
 			t.Errorf("info %+v, want aescbc key1", info)
 		}
 		for _, p := range []string{"aesgcm", "secretbox"} {
 			ct := encryptT(t, loadT(t, secretsConfig(keyed(p, "key1", material1))), secretKey, testPlain)
 			_, _, err := loadT(t, secretsConfig(keyed(p, "key1", material3))).Decrypt(ctx, secretsGR, secretKey, ct)
-			wantDecodeError(t, err, secretKey, ReasonUndecryptable, p+":key1")
+			wantDecodeError(t, err, secretKey, reasonUndecryptable, p+":key1")
 		}
 	})
 
 	t.Run("key name not in config", func(t *testing.T) {
 		v := cbcValue(t, "key7", material1, testPlain)
 		_, _, err := right.Decrypt(ctx, secretsGR, secretKey, v)
-		wantDecodeError(t, err, secretKey, ReasonUndecryptable, "aescbc:key7", "aescbc:key1")
+		wantDecodeError(t, err, secretKey, reasonUndecryptable, "aescbc:key7", "aescbc:key1")
 	})
 
 	t.Run("encrypted value, no config", func(t *testing.T) {
-		none, err := LoadEncryption(ctx, "")
+		none, err := Load(ctx, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer none.Close()
 		_, _, err = none.Decrypt(ctx, secretsGR, secretKey, cbc)
-		wantDecodeError(t, err, secretKey, ReasonUndecryptable, "aescbc:key1", "--encryption-provider-config")
+		wantDecodeError(t, err, secretKey, reasonUndecryptable, "aescbc:key1", "--encryption-provider-config")
 		// ... while plaintext reads, and is not stale.
 		pt, info, err := none.Decrypt(ctx, secretsGR, secretKey, testPlain)
-		if err != nil || !bytes.Equal(pt, testPlain) || info != (EncryptionInfo{Provider: ProviderIdentity}) {
+		if err != nil || !bytes.Equal(pt, testPlain) || info != (Info{Provider: ProviderIdentity}) {
 			t.Errorf("plaintext with no config: %+v, %v", info, err)
 		}
 	})
 
 	t.Run("plaintext, config without identity", func(t *testing.T) {
 		_, _, err := right.Decrypt(ctx, secretsGR, secretKey, testPlain)
-		wantDecodeError(t, err, secretKey, ReasonUndecryptable, "identity", "aescbc:key1")
+		wantDecodeError(t, err, secretKey, reasonUndecryptable, "identity", "aescbc:key1")
 	})
 
 	t.Run("other resource is identity", func(t *testing.T) {
@@ -463,7 +469,7 @@ func TestUndecryptable(t *testing.T) {
 			t.Errorf("configmap with no entry: %+v, %v", info, err)
 		}
 		_, _, err := right.Decrypt(ctx, cm, "/registry/configmaps/default/c", cbc)
-		wantDecodeError(t, err, "/registry/configmaps/default/c", ReasonUndecryptable, "aescbc:key1")
+		wantDecodeError(t, err, "/registry/configmaps/default/c", reasonUndecryptable, "aescbc:key1")
 	})
 }
 
@@ -510,7 +516,7 @@ func TestCorruptEnvelope(t *testing.T) {
 			if err == nil {
 				t.Fatalf("decrypted a corrupt envelope to %d bytes", len(pt))
 			}
-			wantDecodeError(t, err, secretKey, ReasonCorruptEnvelope, c.want...)
+			wantDecodeError(t, err, secretKey, reasonCorruptEnvelope, c.want...)
 		})
 	}
 
@@ -535,8 +541,8 @@ func TestCorruptEnvelope(t *testing.T) {
 			if err == nil && cbcData >= 0 && n-cbcData >= 2*aes.BlockSize && (n-cbcData)%aes.BlockSize == 0 {
 				continue
 			}
-			var de *Error
-			if !errors.As(err, &de) || (de.Reason != ReasonCorruptEnvelope && de.Reason != ReasonUndecryptable) {
+			var de *DecryptError
+			if !errors.As(err, &de) || (de.Reason() != reasonCorruptEnvelope && de.Reason() != reasonUndecryptable) {
 				t.Fatalf("%s cut to %d bytes: %v, want corrupt-envelope or undecryptable", name, n, err)
 			}
 			assertNoSecrets(t, err.Error())
@@ -549,7 +555,7 @@ func TestKeyNameIsPrintable(t *testing.T) {
 	e := loadT(t, secretsConfig(keyed("aescbc", "key1", material1)))
 	v := []byte("k8s:enc:aescbc:v1:bad\x1b[31mname\n:" + strings.Repeat("x", 32))
 	_, _, err := e.Decrypt(context.Background(), secretsGR, secretKey, v)
-	wantDecodeError(t, err, secretKey, ReasonUndecryptable)
+	wantDecodeError(t, err, secretKey, reasonUndecryptable)
 	if err != nil && strings.ContainsAny(err.Error(), "\x1b\n") {
 		t.Errorf("control characters from the value reach the message: %q", err.Error())
 	}
@@ -634,13 +640,9 @@ func TestRawStoragePeerLeasesAndMessage(t *testing.T) {
 	if got := e.WriteProvider(gr); got.Provider != ProviderIdentity {
 		t.Errorf("%s: WriteProvider = %v, want identity", gr, got)
 	}
-	info, err := NewResolver("/registry", testStorage(t)).Resolve("/registry/peerserverleases/apiserver-1")
-	if err != nil || info.Resource != gr {
-		t.Errorf("peerserverleases resolve to %+v, %v; want %s", info, err, gr)
-	}
-	_, _, err = e.Decrypt(ctx, gr, "/registry/peerserverleases/apiserver-1", encryptT(t, e, secretKey, testPlain))
-	var de *Error
-	if !errors.As(err, &de) || de.Reason != ReasonUndecryptable || !strings.Contains(err.Error(), "unencrypted whatever its encryption configuration says") {
+	_, _, err := e.Decrypt(ctx, gr, "/registry/peerserverleases/apiserver-1", encryptT(t, e, secretKey, testPlain))
+	var de *DecryptError
+	if !errors.As(err, &de) || de.Reason() != reasonUndecryptable || !strings.Contains(err.Error(), "unencrypted whatever its encryption configuration says") {
 		t.Errorf("encrypted peer lease: %v, want undecryptable and why", err)
 	}
 }

@@ -1,4 +1,4 @@
-package decode
+package encryption
 
 import (
 	"context"
@@ -64,7 +64,7 @@ func TestKMSPluginDown(t *testing.T) {
 	}
 
 	_, info, err := down.Decrypt(ctx, secretsGR, secretKey, ct)
-	wantDecodeError(t, err, secretKey, ReasonUndecryptable, "kms2:vault", `KMS v2 plugin "vault" at `+endpoint+" could not decrypt it", "unreachable or unhealthy")
+	wantDecodeError(t, err, secretKey, reasonUndecryptable, "kms2:vault", `KMS v2 plugin "vault" at `+endpoint+" could not decrypt it", "unreachable or unhealthy")
 	t.Logf("per-object: %v", err)
 	if strings.Contains(err.Error(), kmsv2NoState) {
 		t.Errorf("error still gives the apiserver's bare text: %v", err)

@@ -1,4 +1,4 @@
-package decode
+package encryption
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	kmstypes "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2/v2"
 )
 
-// Provider names used in EncryptionInfo.Provider.
+// Provider names used in Info.Provider.
 const (
 	ProviderIdentity  = "identity"
 	ProviderAESCBC    = "aescbc"
@@ -27,9 +27,9 @@ const (
 	ProviderUnknown = "unknown"
 )
 
-// encryptedPrefix is reserved by kube-apiserver for encrypted values; the identity
+// EncryptedPrefix is reserved by kube-apiserver for encrypted values; the identity
 // transformer refuses to read values that start with it.
-const encryptedPrefix = "k8s:enc:"
+const EncryptedPrefix = "k8s:enc:"
 
 // providerPrefixes are the prefixes of k8s.io/apiserver's encryptionconfig
 // (aesCBCTransformerPrefixV1, ...); the key or KMS provider name and ':' follow.
@@ -49,19 +49,19 @@ const maxNameInPrefix = 256
 // prefix alone, without decrypting: "identity" when the value has no "k8s:enc:"
 // prefix, ProviderUnknown for an unrecognised "k8s:enc:" prefix, and an empty KeyName
 // when the name is not terminated by ':'. A key name that itself contains ':' is cut at
-// its first ':' here; Encryption.Decrypt resolves such names against the configuration
+// its first ':' here; Transformers.Decrypt resolves such names against the configuration
 // (readEnvelope).
 // Stale is always false.
-func EnvelopeInfo(value []byte) EncryptionInfo {
+func EnvelopeInfo(value []byte) Info {
 	info, _ := splitEnvelope(value)
 	return info
 }
 
 // splitEnvelope returns the info from the prefix and the offset just after the name's
 // ':' (0 for identity, -1 when it cannot be determined).
-func splitEnvelope(value []byte) (EncryptionInfo, int) {
-	if !bytes.HasPrefix(value, []byte(encryptedPrefix)) {
-		return EncryptionInfo{Provider: ProviderIdentity}, 0
+func splitEnvelope(value []byte) (Info, int) {
+	if !bytes.HasPrefix(value, []byte(EncryptedPrefix)) {
+		return Info{Provider: ProviderIdentity}, 0
 	}
 	for _, p := range providerPrefixes {
 		if !bytes.HasPrefix(value, []byte(p.prefix)) {
@@ -71,18 +71,18 @@ func splitEnvelope(value []byte) (EncryptionInfo, int) {
 		limit := min(len(rest), maxNameInPrefix)
 		i := bytes.IndexByte(rest[:limit], ':')
 		if i < 0 {
-			return EncryptionInfo{Provider: p.provider}, -1
+			return Info{Provider: p.provider}, -1
 		}
-		return EncryptionInfo{Provider: p.provider, KeyName: string(rest[:i])}, len(p.prefix) + i + 1
+		return Info{Provider: p.provider, KeyName: string(rest[:i])}, len(p.prefix) + i + 1
 	}
-	return EncryptionInfo{Provider: ProviderUnknown}, -1
+	return Info{Provider: ProviderUnknown}, -1
 }
 
 // readEnvelope is splitEnvelope with the key name resolved against the names
-// configured for the value's resource (readable: Encryption.readable): a name
+// configured for the value's resource (readable: Transformers.readable): a name
 // that itself contains ':' is the longest configured name of the provider
 // that, with its ':', follows the provider's prefix.
-func readEnvelope(value []byte, readable []EncryptionInfo) (EncryptionInfo, int) {
+func readEnvelope(value []byte, readable []Info) (Info, int) {
 	info, off := splitEnvelope(value)
 	if info.Provider == ProviderIdentity || info.Provider == ProviderUnknown {
 		return info, off

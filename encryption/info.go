@@ -1,8 +1,8 @@
-package decode
+package encryption
 
-// EncryptionInfo says how a value was (or will be) encrypted at rest. It never
+// Info says how a value was (or will be) encrypted at rest. It never
 // carries key material.
-type EncryptionInfo struct {
+type Info struct {
 	// Provider is "identity", "aescbc", "aesgcm", "secretbox", "kms" (KMS v1) or
 	// "kms2" (KMS v2), read from the value's prefix.
 	Provider string `json:"provider"`
@@ -16,7 +16,7 @@ type EncryptionInfo struct {
 }
 
 // String gives "provider:key" or "identity".
-func (e EncryptionInfo) String() string {
+func (e Info) String() string {
 	if e.KeyName == "" {
 		return e.Provider
 	}

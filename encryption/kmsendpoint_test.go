@@ -1,4 +1,4 @@
-package decode
+package encryption
 
 import (
 	"bytes"
@@ -80,7 +80,7 @@ func TestMapKMSEndpoints(t *testing.T) {
 		return ep, nil
 	}
 	copies := watchPrivateCopies(t, plugin.Endpoint())
-	mapped, err := LoadEncryptionWith(ctx, path, EncryptionOptions{MapKMSEndpoint: mapEndpoint})
+	mapped, err := LoadWith(ctx, path, Options{MapKMSEndpoint: mapEndpoint})
 	if err != nil {
 		t.Fatalf("LoadEncryptionWith: %v", err)
 	}
@@ -107,7 +107,7 @@ func TestMapKMSEndpoints(t *testing.T) {
 	if !reflect.DeepEqual(mapped.config, want.config) {
 		t.Errorf("the mapped configuration is not the file as written with the endpoint replaced")
 	}
-	for gr, w := range map[schema.GroupResource]EncryptionInfo{
+	for gr, w := range map[schema.GroupResource]Info{
 		secretsGR:                                {Provider: ProviderKMSv2, KeyName: "kms2a"},
 		configMapsGR:                             {Provider: ProviderSecretbox, KeyName: "key3"},
 		{Group: "apps", Resource: "deployments"}: {Provider: ProviderSecretbox, KeyName: "key3"},
@@ -135,7 +135,7 @@ func TestMapKMSEndpoints(t *testing.T) {
 	// The same file without the mapping dials the container path.
 	unmapped := loadT(t, written)
 	_, _, err = unmapped.Decrypt(ctx, secretsGR, secretKey, ct)
-	wantDecodeError(t, err, secretKey, ReasonUndecryptable, "kms2:kms2a")
+	wantDecodeError(t, err, secretKey, reasonUndecryptable, "kms2:kms2a")
 	err = unmapped.Preflight(ctx, []schema.GroupResource{secretsGR})
 	if err == nil || !strings.Contains(err.Error(), containerEndpoint) {
 		t.Errorf("Preflight without the mapping: %v; want an error naming %s", err, containerEndpoint)
@@ -153,7 +153,7 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 	copies := watchPrivateCopies(t, plugin.Endpoint())
 
 	same := writeConfig(t, secretsConfig(kmsV2("kms2a", plugin.Endpoint()), keyed("aescbc", "key1", material1)))
-	e, err := LoadEncryptionWith(ctx, same, EncryptionOptions{MapKMSEndpoint: func(ep string) (string, error) { return ep, nil }})
+	e, err := LoadWith(ctx, same, Options{MapKMSEndpoint: func(ep string) (string, error) { return ep, nil }})
 	if err != nil {
 		t.Fatalf("unchanged endpoints: %v", err)
 	}
@@ -163,7 +163,7 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 	}
 
 	refused := writeConfig(t, secretsConfig(keyed("aescbc", "key1", material1), kmsV2("kms2a", containerEndpoint)))
-	_, err = LoadEncryptionWith(ctx, refused, EncryptionOptions{MapKMSEndpoint: func(ep string) (string, error) {
+	_, err = LoadWith(ctx, refused, Options{MapKMSEndpoint: func(ep string) (string, error) {
 		return "", errors.New("not under any hostPath volume")
 	}})
 	if err == nil {
@@ -177,7 +177,7 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 	assertNoSecrets(t, err.Error())
 
 	unknown := writeConfig(t, strings.Replace(secretsConfig(kmsV2("kms2a", containerEndpoint), keyed("aescbc", "key1", material1)), "timeout: 3s", "timeout: 3s, retries: 2", 1))
-	_, err = LoadEncryptionWith(ctx, unknown, EncryptionOptions{MapKMSEndpoint: func(string) (string, error) { return plugin.Endpoint(), nil }})
+	_, err = LoadWith(ctx, unknown, Options{MapKMSEndpoint: func(string) (string, error) { return plugin.Endpoint(), nil }})
 	if err == nil || !strings.Contains(err.Error(), "retries") || !strings.Contains(err.Error(), unknown) {
 		t.Errorf("unknown field: %v; want an error naming the field and the file", err)
 	} else {

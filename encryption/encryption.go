@@ -1,4 +1,4 @@
-package decode
+package encryption
 
 import (
 	"bytes"
@@ -40,12 +40,12 @@ var configCodecs = func() serializer.CodecFactory {
 	return serializer.NewCodecFactory(s)
 }()
 
-// Encryption decrypts and encrypts values with the transformers kube-apiserver
+// Transformers decrypts and encrypts values with the transformers kube-apiserver
 // builds from an EncryptionConfiguration file (encryptionconfig.LoadEncryptionConfig),
 // with the full etcd key as authenticated data, as kube-apiserver does. With no file
 // every resource uses identity. It never logs or returns key material or plaintext
 // in errors.
-type Encryption struct {
+type Transformers struct {
 	// Path is the configuration file ("" for identity everywhere).
 	Path string
 
@@ -54,20 +54,20 @@ type Encryption struct {
 	cancel       context.CancelFunc
 
 	mu    sync.Mutex
-	write map[schema.GroupResource]EncryptionInfo
+	write map[schema.GroupResource]Info
 }
 
-// LoadEncryption loads an EncryptionConfiguration file in kube-apiserver's format
+// Load loads an EncryptionConfiguration file in kube-apiserver's format
 // (path "" means no encryption: identity for every resource). KMS plugins are dialled
 // here; their connections live until Close. A KMS v1 provider in the file turns on
 // the deprecated KMSv1 feature gate, as the kube-apiserver that wrote those values
 // must have had it.
-func LoadEncryption(ctx context.Context, path string) (*Encryption, error) {
-	return LoadEncryptionWith(ctx, path, EncryptionOptions{})
+func Load(ctx context.Context, path string) (*Transformers, error) {
+	return LoadWith(ctx, path, Options{})
 }
 
-// EncryptionOptions tune LoadEncryptionWith.
-type EncryptionOptions struct {
+// Options tune LoadWith.
+type Options struct {
 	// MapKMSEndpoint, when set, gives the endpoint to dial for each KMS provider's
 	// endpoint as the file writes it (kube-apiserver's socket path is not always
 	// the tool's: see apiserverconfig). Returning it unchanged keeps it; an error
@@ -79,9 +79,9 @@ type EncryptionOptions struct {
 	MapKMSEndpoint func(endpoint string) (string, error)
 }
 
-// LoadEncryptionWith is LoadEncryption with options.
-func LoadEncryptionWith(ctx context.Context, path string, opts EncryptionOptions) (*Encryption, error) {
-	e := &Encryption{Path: path, write: map[schema.GroupResource]EncryptionInfo{}}
+// LoadWith is Load with options.
+func LoadWith(ctx context.Context, path string, opts Options) (*Transformers, error) {
+	e := &Transformers{Path: path, write: map[schema.GroupResource]Info{}}
 	if path == "" {
 		e.config = &apiserverconfig.EncryptionConfiguration{}
 		e.transformers = encryptionconfig.StaticTransformers{}
@@ -298,14 +298,14 @@ func usesKMSv1(cfg *apiserverconfig.EncryptionConfiguration) bool {
 }
 
 // Close stops the KMS plugin connections and probes.
-func (e *Encryption) Close() {
+func (e *Transformers) Close() {
 	if e != nil && e.cancel != nil {
 		e.cancel()
 	}
 }
 
-func (e *Encryption) transformer(gr schema.GroupResource) value.Transformer {
-	if KindFor(gr) != "" {
+func (e *Transformers) transformer(gr schema.GroupResource) value.Transformer {
+	if NeverEncrypted(gr) {
 		return identity.NewEncryptCheckTransformer()
 	}
 	return e.transformers.TransformerForResource(gr)
@@ -325,8 +325,8 @@ func (e *Encryption) transformer(gr schema.GroupResource) value.Transformer {
 // concatenates entries that repeat a resource), else those of the "*.group" entry,
 // else those of the "*.*" entry (transformerFromOverrides). The apiserver rejects
 // files where a wildcard masks a later entry, so there is at most one wildcard match.
-func (e *Encryption) resourceProviders(gr schema.GroupResource) []apiserverconfig.ProviderConfiguration {
-	if KindFor(gr) != "" {
+func (e *Transformers) resourceProviders(gr schema.GroupResource) []apiserverconfig.ProviderConfiguration {
+	if NeverEncrypted(gr) {
 		return nil // raw storage: identity, see transformer
 	}
 	for _, want := range []schema.GroupResource{gr, {Group: gr.Group, Resource: "*"}, {Group: "*", Resource: "*"}} {
@@ -347,29 +347,29 @@ func (e *Encryption) resourceProviders(gr schema.GroupResource) []apiserverconfi
 }
 
 // providerInfo gives the provider and the name it writes into its prefix.
-func providerInfo(p apiserverconfig.ProviderConfiguration) EncryptionInfo {
+func providerInfo(p apiserverconfig.ProviderConfiguration) Info {
 	switch {
 	case p.AESCBC != nil && len(p.AESCBC.Keys) > 0:
-		return EncryptionInfo{Provider: ProviderAESCBC, KeyName: p.AESCBC.Keys[0].Name}
+		return Info{Provider: ProviderAESCBC, KeyName: p.AESCBC.Keys[0].Name}
 	case p.AESGCM != nil && len(p.AESGCM.Keys) > 0:
-		return EncryptionInfo{Provider: ProviderAESGCM, KeyName: p.AESGCM.Keys[0].Name}
+		return Info{Provider: ProviderAESGCM, KeyName: p.AESGCM.Keys[0].Name}
 	case p.Secretbox != nil && len(p.Secretbox.Keys) > 0:
-		return EncryptionInfo{Provider: ProviderSecretbox, KeyName: p.Secretbox.Keys[0].Name}
+		return Info{Provider: ProviderSecretbox, KeyName: p.Secretbox.Keys[0].Name}
 	case p.KMS != nil && p.KMS.APIVersion == "v2":
-		return EncryptionInfo{Provider: ProviderKMSv2, KeyName: p.KMS.Name}
+		return Info{Provider: ProviderKMSv2, KeyName: p.KMS.Name}
 	case p.KMS != nil:
-		return EncryptionInfo{Provider: ProviderKMSv1, KeyName: p.KMS.Name}
+		return Info{Provider: ProviderKMSv1, KeyName: p.KMS.Name}
 	}
-	return EncryptionInfo{Provider: ProviderIdentity}
+	return Info{Provider: ProviderIdentity}
 }
 
 // readable lists every provider:name the configuration can read for gr.
-func (e *Encryption) readable(gr schema.GroupResource) []EncryptionInfo {
+func (e *Transformers) readable(gr schema.GroupResource) []Info {
 	providers := e.resourceProviders(gr)
 	if len(providers) == 0 {
-		return []EncryptionInfo{{Provider: ProviderIdentity}}
+		return []Info{{Provider: ProviderIdentity}}
 	}
-	var out []EncryptionInfo
+	var out []Info
 	for _, p := range providers {
 		var keys []apiserverconfig.Key
 		switch {
@@ -385,7 +385,7 @@ func (e *Encryption) readable(gr schema.GroupResource) []EncryptionInfo {
 		}
 		base := providerInfo(p).Provider
 		for _, k := range keys {
-			out = append(out, EncryptionInfo{Provider: base, KeyName: k.Name})
+			out = append(out, Info{Provider: base, KeyName: k.Name})
 		}
 	}
 	return out
@@ -393,13 +393,13 @@ func (e *Encryption) readable(gr schema.GroupResource) []EncryptionInfo {
 
 // WriteProvider is the provider and key new writes of gr use: the first provider
 // (and its first key) of the resource's configuration entry, identity without one.
-func (e *Encryption) WriteProvider(gr schema.GroupResource) EncryptionInfo {
+func (e *Transformers) WriteProvider(gr schema.GroupResource) Info {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if w, ok := e.write[gr]; ok {
 		return w
 	}
-	w := EncryptionInfo{Provider: ProviderIdentity}
+	w := Info{Provider: ProviderIdentity}
 	if providers := e.resourceProviders(gr); len(providers) > 0 {
 		w = providerInfo(providers[0])
 	}
@@ -410,32 +410,32 @@ func (e *Encryption) WriteProvider(gr schema.GroupResource) EncryptionInfo {
 // Decrypt reads value (stored under key, of resource gr) the way kube-apiserver
 // would with this configuration. It reports the provider and key name from the
 // value's prefix and whether the transformer found it stale (not written by the
-// first provider and key, or under an old KMS v2 key ID). Errors are *Error with
-// reason undecryptable or corrupt-envelope and name the provider and key.
+// first provider and key, or under an old KMS v2 key ID). Errors are *DecryptError
+// (undecryptable, or a corrupt envelope) and name the provider and key.
 //
 // One path, in this order: the provider:key names the configuration reads for gr
 // (readable); the value's envelope, its key name resolved against those names
 // (readEnvelope, envelope.go); a refusal when the envelope is not one a provider
 // writes, names a key the configuration does not have, or cannot hold what its
 // provider writes (checkBody); else kube-apiserver's transformer.
-func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key string, val []byte) ([]byte, EncryptionInfo, error) {
+func (e *Transformers) Decrypt(ctx context.Context, gr schema.GroupResource, key string, val []byte) ([]byte, Info, error) {
 	readable := e.readable(gr)
 	info, off := readEnvelope(val, readable)
 	switch info.Provider {
 	case ProviderUnknown:
-		return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "value starts with %q but with no prefix a kube-apiserver encryption provider writes", encryptedPrefix)
+		return nil, info, decryptErrorf(key, true, "value starts with %q but with no prefix a kube-apiserver encryption provider writes", EncryptedPrefix)
 	case ProviderIdentity:
 	default:
 		if off < 0 {
-			return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "%s envelope with no key name terminated by ':'", info.Provider)
+			return nil, info, decryptErrorf(key, true, "%s envelope with no key name terminated by ':'", info.Provider)
 		}
 	}
 	if !readsWith(readable, info) {
-		return nil, info, Errorf(key, ReasonUndecryptable, nil, "stored as %s, which %s", shown(info), e.describeReadable(gr))
+		return nil, info, decryptErrorf(key, false, "stored as %s, which %s", shown(info), e.describeReadable(gr))
 	}
 	if info.Provider != ProviderIdentity {
 		if err := checkBody(info.Provider, val[off:]); err != nil {
-			return nil, info, Errorf(key, ReasonCorruptEnvelope, nil, "%s: %s", shown(info), err)
+			return nil, info, decryptErrorf(key, true, "%s: %s", shown(info), err)
 		}
 	}
 	out, stale, err := e.transformer(gr).TransformFromStorage(ctx, val, value.DefaultContext(key))
@@ -443,7 +443,7 @@ func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key s
 		if ctx.Err() != nil {
 			return nil, info, ctx.Err()
 		}
-		return nil, info, Errorf(key, ReasonUndecryptable, nil, "%s: %s", shown(info), e.transformError(gr, info, err))
+		return nil, info, decryptErrorf(key, false, "%s: %s", shown(info), e.transformError(gr, info, err))
 	}
 	info.Stale = stale
 	return out, info, nil
@@ -451,7 +451,7 @@ func (e *Encryption) Decrypt(ctx context.Context, gr schema.GroupResource, key s
 
 // shown is info for messages: the key name comes from the value itself, so it is
 // quoted unless it is short printable ASCII.
-func shown(info EncryptionInfo) string {
+func shown(info Info) string {
 	if info.KeyName == "" {
 		return info.Provider
 	}
@@ -461,7 +461,7 @@ func shown(info EncryptionInfo) string {
 // transformError explains a transformer failure without quoting anything of the
 // value: a wrong key, a value moved from another key (authenticated data), or a KMS
 // plugin that refused, named with its endpoint.
-func (e *Encryption) transformError(gr schema.GroupResource, info EncryptionInfo, err error) string {
+func (e *Transformers) transformError(gr schema.GroupResource, info Info, err error) string {
 	msg := err.Error()
 	switch info.Provider {
 	case ProviderAESCBC, ProviderAESGCM, ProviderSecretbox:
@@ -485,7 +485,7 @@ const kmsv2NoState = "got unexpected nil transformer"
 
 // kmsPluginFor names the KMS plugin of gr's configuration that info's prefix
 // names, with the endpoint dialled.
-func (e *Encryption) kmsPluginFor(gr schema.GroupResource, info EncryptionInfo) string {
+func (e *Transformers) kmsPluginFor(gr schema.GroupResource, info Info) string {
 	for _, p := range e.resourceProviders(gr) {
 		if p.KMS != nil && p.KMS.Name == info.KeyName && providerInfo(p).Provider == info.Provider {
 			return kmsPlugin(info.Provider, p.KMS.Name, p.KMS.Endpoint)
@@ -510,13 +510,13 @@ func kmsPlugin(provider, name, endpoint string) string {
 // it can read was refused by a configured key or KMS plugin (wrong key
 // material, a plugin error); one it cannot read is under a key the
 // configuration does not have.
-func (e *Encryption) CanRead(gr schema.GroupResource, info EncryptionInfo) bool {
+func (e *Transformers) CanRead(gr schema.GroupResource, info Info) bool {
 	return readsWith(e.readable(gr), info)
 }
 
-// readsWith reports whether readable (Encryption.readable) has the provider
+// readsWith reports whether readable (Transformers.readable) has the provider
 // and key info names.
-func readsWith(readable []EncryptionInfo, info EncryptionInfo) bool {
+func readsWith(readable []Info, info Info) bool {
 	for _, r := range readable {
 		if r.Provider == info.Provider && (r.KeyName == info.KeyName || r.Provider == ProviderIdentity) {
 			return true
@@ -525,8 +525,8 @@ func readsWith(readable []EncryptionInfo, info EncryptionInfo) bool {
 	return false
 }
 
-func (e *Encryption) describeReadable(gr schema.GroupResource) string {
-	if KindFor(gr) != "" {
+func (e *Transformers) describeReadable(gr schema.GroupResource) string {
+	if NeverEncrypted(gr) {
 		return fmt.Sprintf("kube-apiserver cannot read: it stores %s unencrypted whatever its encryption configuration says (the raw storage of its leases and service allocators has no encryption transformer), and refuses an encrypted value", gr)
 	}
 	if e.Path == "" {
@@ -541,7 +541,7 @@ func (e *Encryption) describeReadable(gr schema.GroupResource) string {
 }
 
 // Encrypt transforms plaintext for storage under key with gr's write provider.
-func (e *Encryption) Encrypt(ctx context.Context, gr schema.GroupResource, key string, plain []byte) ([]byte, error) {
+func (e *Transformers) Encrypt(ctx context.Context, gr schema.GroupResource, key string, plain []byte) ([]byte, error) {
 	out, err := e.transformer(gr).TransformToStorage(ctx, plain, value.DefaultContext(key))
 	if err != nil {
 		return nil, fmt.Errorf("%s: encrypt with %s: %w", key, e.WriteProvider(gr), err)
@@ -556,7 +556,7 @@ func (e *Encryption) Encrypt(ctx context.Context, gr schema.GroupResource, key s
 // kube-apiserver's healthz does). The transformer alone is not enough: a KMS v2
 // transformer keeps writing with its cached DEK for minutes after the plugin went
 // down or unhealthy. Errors name the provider and the resources it is written for.
-func (e *Encryption) Preflight(ctx context.Context, grs []schema.GroupResource) error {
+func (e *Transformers) Preflight(ctx context.Context, grs []schema.GroupResource) error {
 	type target struct {
 		gr       schema.GroupResource
 		provider apiserverconfig.ProviderConfiguration
@@ -648,7 +648,7 @@ func (e *KMSPluginError) ReadWarning() string {
 // nothing to decrypt with until its plugin has answered a healthy Status,
 // and then fails each value with a message that names no plugin: this names
 // it once. The result is in configuration order, nil when all work.
-func (e *Encryption) CheckKMSPlugins(ctx context.Context, grs []schema.GroupResource) []*KMSPluginError {
+func (e *Transformers) CheckKMSPlugins(ctx context.Context, grs []schema.GroupResource) []*KMSPluginError {
 	var providers []apiserverconfig.ProviderConfiguration
 	if grs == nil {
 		for _, rc := range e.config.Resources {
