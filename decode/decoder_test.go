@@ -17,6 +17,7 @@ import (
 
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testrig/enctest"
 )
 
 const capturedDir = "../testdata/captured"
@@ -105,7 +106,7 @@ func wantReason(t *testing.T, err error, key string, reason Reason) *Error {
 	if de.Key != key {
 		t.Errorf("error names key %q, want %q", de.Key, key)
 	}
-	assertNoSecrets(t, err.Error())
+	enctest.AssertNoSecrets(t, err.Error())
 	if strings.Contains(err.Error(), "not-a-real-password") {
 		t.Errorf("error leaks the captured secret's data: %v", err)
 	}
@@ -199,20 +200,20 @@ func TestDecodeErrors(t *testing.T) {
 		reason    Reason
 		detail    string
 	}{
-		{"garbage", "/registry/configmaps/default/c", []byte("\x01\x02\x03 not an object " + plainMarker), ReasonCorruptPayload, "not protobuf, JSON, YAML or CBOR"},
+		{"garbage", "/registry/configmaps/default/c", []byte("\x01\x02\x03 not an object " + enctest.PlainMarker), ReasonCorruptPayload, "not protobuf, JSON, YAML or CBOR"},
 		{"empty value", "/registry/configmaps/default/c", nil, ReasonCorruptPayload, ""},
 		{"truncated protobuf", cm.Key, cm.Value[:len(cm.Value)/2], ReasonCorruptEnvelope, "protobuf"},
 		{"protobuf magic only", cm.Key, []byte("k8s\x00"), ReasonCorruptEnvelope, "no kind"},
-		{"garbage object in a valid envelope", cm.Key, protobufValue(t, "v1", "ConfigMap", []byte("\xff\xff\xff\xff"+plainMarker)), ReasonCorruptPayload, "ConfigMap"},
+		{"garbage object in a valid envelope", cm.Key, protobufValue(t, "v1", "ConfigMap", []byte("\xff\xff\xff\xff"+enctest.PlainMarker)), ReasonCorruptPayload, "ConfigMap"},
 		{"truncated secret object", secretBody.Key, protobufValue(t, "v1", "Secret", secretPlain[20:len(secretPlain)-30]), ReasonCorruptPayload, "Secret"},
 		{"mis-prefixed protobuf magic", cm.Key, append([]byte("k8s\x01"), cm.Value[4:]...), ReasonCorruptPayload, ""},
 		{"JSON array", "/registry/configmaps/default/c", []byte(`[{"apiVersion":"v1","kind":"ConfigMap"}]`), ReasonCorruptPayload, ""},
-		{"JSON string", "/registry/configmaps/default/c", []byte(`"` + plainMarker + `"`), ReasonCorruptPayload, ""},
+		{"JSON string", "/registry/configmaps/default/c", []byte(`"` + enctest.PlainMarker + `"`), ReasonCorruptPayload, ""},
 		{"JSON null", "/registry/configmaps/default/c", []byte(`null`), ReasonCorruptPayload, ""},
-		{"JSON without kind", "/registry/configmaps/default/c", []byte(`{"apiVersion":"v1","data":{"k":"` + plainMarker + `"}}`), ReasonCorruptPayload, "apiVersion/kind"},
+		{"JSON without kind", "/registry/configmaps/default/c", []byte(`{"apiVersion":"v1","data":{"k":"` + enctest.PlainMarker + `"}}`), ReasonCorruptPayload, "apiVersion/kind"},
 		{"JSON kind not a string", "/registry/configmaps/default/c", []byte(`{"apiVersion":"v1","kind":7}`), ReasonCorruptPayload, ""},
-		{"invalid JSON", "/registry/secrets/default/s", []byte(`{"apiVersion":"v1","kind":"Secret","stringData":{"k":"` + plainMarker + `"`), ReasonCorruptPayload, "offset"},
-		{"JSON secret with a wrong field type", "/registry/secrets/default/s", []byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"password":123},"stringData":{"k":"` + plainMarker + `"}}`), ReasonCorruptPayload, "Secret"},
+		{"invalid JSON", "/registry/secrets/default/s", []byte(`{"apiVersion":"v1","kind":"Secret","stringData":{"k":"` + enctest.PlainMarker + `"`), ReasonCorruptPayload, "offset"},
+		{"JSON secret with a wrong field type", "/registry/secrets/default/s", []byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"password":123},"stringData":{"k":"` + enctest.PlainMarker + `"}}`), ReasonCorruptPayload, "Secret"},
 		{"unknown kind", "/registry/configmaps/default/c", protobufValue(t, "v1", "NoSuchKind", nil), ReasonUnknownKind, "NoSuchKind"},
 		{"unknown group", "/registry/configmaps/default/c", []byte(`{"apiVersion":"nosuch.example.com/v1","kind":"ConfigMap"}`), ReasonUnknownKind, "nosuch.example.com"},
 		{"wrong kind under the key", "/registry/secrets/default/c", cm.Value, ReasonCorruptPayload, "ConfigMap"},
@@ -221,8 +222,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"health", "/registry/health", []byte(`{"health":"true"}`), ReasonNotObject, ""},
 		{"unknown resource", "/registry/nosuchthings/default/x", cm.Value, ReasonUnknownResource, ""},
 		{"custom resource without CRD", caps["customresource-json"].Key, caps["customresource-json"].Value, ReasonOrphaned, "widgets"},
-		{"encrypted with an unknown key", "/registry/secrets/default/s", cbcValue(t, "key9", material1, secretPlain), ReasonUndecryptable, "aescbc:key9"},
-		{"encrypted with other key material", "/registry/secrets/default/s", cbcValue(t, "key1", material1, secretPlain), ReasonUndecryptable, "aescbc:key1"},
+		{"encrypted with an unknown key", "/registry/secrets/default/s", enctest.CBCValue(t, "key9", enctest.Material1, secretPlain), ReasonUndecryptable, "aescbc:key9"},
+		{"encrypted with other key material", "/registry/secrets/default/s", enctest.CBCValue(t, "key1", enctest.Material1, secretPlain), ReasonUndecryptable, "aescbc:key1"},
 		{"corrupt encryption envelope", secretBody.Key, secretBody.Value[:len("k8s:enc:aescbc:v1:key1:")+16], ReasonCorruptEnvelope, "aescbc:key1"},
 	}
 	for _, c := range cases {
@@ -281,7 +282,7 @@ func TestDecodeOrphaned(t *testing.T) {
 		{"unknown prefix", "/registry/somethingelse/x", []byte("not an object"), ReasonOrphaned, OrphanUnknownPrefix, "/registry/somethingelse"},
 		{"unknown group under an unknown prefix", "/registry/things/x", []byte(`{"apiVersion":"things.io/v1","kind":"Thing"}`), ReasonOrphaned, OrphanUnknownPrefix, ""},
 		// Never decrypted: which provider wrote it is unknown.
-		{"encrypted, unknown prefix", "/registry/podsecuritypolicy/enc", cbcValue(t, "key1", material1, psp), ReasonOrphaned, OrphanUnknownPrefix, ""},
+		{"encrypted, unknown prefix", "/registry/podsecuritypolicy/enc", enctest.CBCValue(t, "key1", enctest.Material1, psp), ReasonOrphaned, OrphanUnknownPrefix, ""},
 		// A kind kube-apiserver serves, under a prefix it does not read: not a leftover.
 		{"served kind under an unknown prefix", "/registry/nosuchthings/default/x", cm.Value, ReasonUnknownResource, "", "v1 ConfigMap"},
 		{"bad layout under a resource", "/registry/configmaps/a/b/c", cm.Value, ReasonUnknownResource, "", ""},
@@ -299,3 +300,5 @@ func TestDecodeOrphaned(t *testing.T) {
 		})
 	}
 }
+
+var secretsGR = schema.GroupResource{Resource: "secrets"}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/aes"
-	"crypto/cipher"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -15,35 +13,22 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/internal/testrig/enctest"
 	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
-// Test key material: 32 bytes each, public, protecting nothing.
-const (
-	material1 = "decode-test-key-1-not-a-secret!!"
-	material2 = "decode-test-key-2-not-a-secret!!"
-	material3 = "decode-test-key-3-not-a-secret!!"
-)
-
-// plainMarker is inside every test plaintext; no error message may contain it.
-const plainMarker = "hunter2-plaintext-marker"
-
 var (
-	secretsGR  = schema.GroupResource{Resource: "secrets"}
-	secretKey  = "/registry/secrets/default/db-credentials"
-	otherKey   = "/registry/secrets/default/copied-here"
-	testPlain  = []byte("k8s\x00\n\x0c\n\x02v1\x12\x06Secret password: " + plainMarker)
-	allSecrets = []string{material1, material2, material3,
-		b64(material1), b64(material2), b64(material3), plainMarker}
+	secretsGR = schema.GroupResource{Resource: "secrets"}
+	secretKey = "/registry/secrets/default/db-credentials"
+	otherKey  = "/registry/secrets/default/copied-here"
+	testPlain = []byte("k8s\x00\n\x0c\n\x02v1\x12\x06Secret password: " + enctest.PlainMarker)
 )
-
-func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 // keyed renders an aescbc/aesgcm/secretbox provider with keys given as name, material pairs.
 func keyed(provider string, nameMaterial ...string) string {
 	var keys []string
 	for i := 0; i+1 < len(nameMaterial); i += 2 {
-		keys = append(keys, fmt.Sprintf("{name: %q, secret: %q}", nameMaterial[i], b64(nameMaterial[i+1])))
+		keys = append(keys, fmt.Sprintf("{name: %q, secret: %q}", nameMaterial[i], enctest.B64(nameMaterial[i+1])))
 	}
 	return fmt.Sprintf("%s: {keys: [%s]}", provider, strings.Join(keys, ", "))
 }
@@ -137,16 +122,7 @@ func wantDecodeError(t *testing.T, err error, key string, reason string, want ..
 			t.Errorf("error %q does not mention %q", msg, w)
 		}
 	}
-	assertNoSecrets(t, msg)
-}
-
-func assertNoSecrets(t *testing.T, msg string) {
-	t.Helper()
-	for _, s := range allSecrets {
-		if strings.Contains(msg, s) {
-			t.Errorf("error message leaks secret material %q: %s", s, msg)
-		}
-	}
+	enctest.AssertNoSecrets(t, msg)
 }
 
 // TestRoundTripAndStale: for every provider, a value written by the first provider
@@ -161,19 +137,19 @@ func TestRoundTripAndStale(t *testing.T) {
 		fresh, rotated                  []string // providers of the writing and the rotated configuration
 	}{
 		{"identity", ProviderIdentity, "", "",
-			[]string{identityProvider}, []string{keyed("aescbc", "key2", material2), identityProvider}},
+			[]string{identityProvider}, []string{keyed("aescbc", "key2", enctest.Material2), identityProvider}},
 		{"aescbc", ProviderAESCBC, "key1", "k8s:enc:aescbc:v1:key1:",
-			[]string{keyed("aescbc", "key1", material1)}, []string{keyed("aescbc", "key2", material2, "key1", material1)}},
+			[]string{keyed("aescbc", "key1", enctest.Material1)}, []string{keyed("aescbc", "key2", enctest.Material2, "key1", enctest.Material1)}},
 		{"aescbc-separate-providers", ProviderAESCBC, "key1", "k8s:enc:aescbc:v1:key1:",
-			[]string{keyed("aescbc", "key1", material1)}, []string{keyed("aescbc", "key2", material2), keyed("aescbc", "key1", material1)}},
+			[]string{keyed("aescbc", "key1", enctest.Material1)}, []string{keyed("aescbc", "key2", enctest.Material2), keyed("aescbc", "key1", enctest.Material1)}},
 		{"aesgcm", ProviderAESGCM, "key1", "k8s:enc:aesgcm:v1:key1:",
-			[]string{keyed("aesgcm", "key1", material1)}, []string{keyed("aesgcm", "key2", material2, "key1", material1)}},
+			[]string{keyed("aesgcm", "key1", enctest.Material1)}, []string{keyed("aesgcm", "key2", enctest.Material2, "key1", enctest.Material1)}},
 		{"secretbox", ProviderSecretbox, "key1", "k8s:enc:secretbox:v1:key1:",
-			[]string{keyed("secretbox", "key1", material1)}, []string{keyed("secretbox", "key2", material2, "key1", material1)}},
+			[]string{keyed("secretbox", "key1", enctest.Material1)}, []string{keyed("secretbox", "key2", enctest.Material2, "key1", enctest.Material1)}},
 		{"kms-v1", ProviderKMSv1, "kms1a", "k8s:enc:kms:v1:kms1a:",
-			[]string{kmsV1("kms1a", v1.Endpoint())}, []string{keyed("aesgcm", "key2", material2), kmsV1("kms1a", v1.Endpoint())}},
+			[]string{kmsV1("kms1a", v1.Endpoint())}, []string{keyed("aesgcm", "key2", enctest.Material2), kmsV1("kms1a", v1.Endpoint())}},
 		{"kms-v2", ProviderKMSv2, "kms2a", "k8s:enc:kms:v2:kms2a:",
-			[]string{kmsV2("kms2a", v2.Endpoint())}, []string{keyed("secretbox", "key2", material2), kmsV2("kms2a", v2.Endpoint())}},
+			[]string{kmsV2("kms2a", v2.Endpoint())}, []string{keyed("secretbox", "key2", enctest.Material2), kmsV2("kms2a", v2.Endpoint())}},
 	}
 	ctx := context.Background()
 	for _, c := range cases {
@@ -189,7 +165,7 @@ func TestRoundTripAndStale(t *testing.T) {
 			if c.prefix == "" && !bytes.Equal(ct, testPlain) {
 				t.Errorf("identity wrote %q, want the plaintext unchanged", ct)
 			}
-			if c.prefix != "" && (!bytes.HasPrefix(ct, []byte(c.prefix)) || bytes.Contains(ct, []byte(plainMarker))) {
+			if c.prefix != "" && (!bytes.HasPrefix(ct, []byte(c.prefix)) || bytes.Contains(ct, []byte(enctest.PlainMarker))) {
 				t.Errorf("stored value %q: want prefix %q and no plaintext", ct, c.prefix)
 			}
 			if got := EnvelopeInfo(ct); got != want {
@@ -262,10 +238,10 @@ func TestKMSv2KeyIDRotationIsStale(t *testing.T) {
 func TestWildcardResourcesPickTheApiserversProvider(t *testing.T) {
 	ctx := context.Background()
 	e := loadT(t, configYAML(
-		entry{[]string{"secrets", "deployments.apps"}, []string{keyed("aesgcm", "exact", material1)}},
-		entry{[]string{"*."}, []string{keyed("secretbox", "core", material2)}},
-		entry{[]string{"*.apps"}, []string{keyed("aescbc", "apps", material3)}},
-		entry{[]string{"*.*"}, []string{keyed("aesgcm", "everything", material2)}},
+		entry{[]string{"secrets", "deployments.apps"}, []string{keyed("aesgcm", "exact", enctest.Material1)}},
+		entry{[]string{"*."}, []string{keyed("secretbox", "core", enctest.Material2)}},
+		entry{[]string{"*.apps"}, []string{keyed("aescbc", "apps", enctest.Material3)}},
+		entry{[]string{"*.*"}, []string{keyed("aesgcm", "everything", enctest.Material2)}},
 	))
 	cases := []struct {
 		gr   schema.GroupResource
@@ -298,7 +274,7 @@ func TestWildcardResourcesPickTheApiserversProvider(t *testing.T) {
 	// kube-apiserver refuses a file where a wildcard masks a later entry.
 	_, err := Load(ctx, writeConfig(t, configYAML(
 		entry{[]string{"*.apps"}, []string{identityProvider}},
-		entry{[]string{"deployments.apps"}, []string{keyed("aescbc", "k", material1)}},
+		entry{[]string{"deployments.apps"}, []string{keyed("aescbc", "k", enctest.Material1)}},
 	)))
 	if err == nil || !strings.Contains(err.Error(), "masked") {
 		t.Errorf("wildcard masking a later entry: err = %v, want the apiserver's 'masked' error", err)
@@ -312,7 +288,7 @@ func TestWildcardResourcesPickTheApiserversProvider(t *testing.T) {
 // one, as the apiserver's storage does.
 func TestRawStorageIsNeverEncrypted(t *testing.T) {
 	ctx := context.Background()
-	e := loadT(t, configYAML(entry{[]string{"*.*"}, []string{keyed("aescbc", "everything", material2)}}))
+	e := loadT(t, configYAML(entry{[]string{"*.*"}, []string{keyed("aescbc", "everything", enctest.Material2)}}))
 	for _, c := range []struct {
 		gr  schema.GroupResource
 		key string
@@ -343,12 +319,12 @@ func TestRawStorageIsNeverEncrypted(t *testing.T) {
 // and reads with the providers of both (writes with the first entry's first).
 func TestResourceInTwoEntries(t *testing.T) {
 	ctx := context.Background()
-	old := loadT(t, secretsConfig(keyed("aescbc", "old", material1)))
+	old := loadT(t, secretsConfig(keyed("aescbc", "old", enctest.Material1)))
 	ct := encryptT(t, old, secretKey, testPlain)
 
 	both := loadT(t, configYAML(
-		entry{[]string{"secrets"}, []string{keyed("aesgcm", "new", material2)}},
-		entry{[]string{"configmaps", "secrets"}, []string{keyed("aescbc", "old", material1)}},
+		entry{[]string{"secrets"}, []string{keyed("aesgcm", "new", enctest.Material2)}},
+		entry{[]string{"configmaps", "secrets"}, []string{keyed("aescbc", "old", enctest.Material1)}},
 	))
 	if got, want := both.WriteProvider(secretsGR), (Info{Provider: ProviderAESGCM, KeyName: "new"}); got != want {
 		t.Errorf("WriteProvider = %v, want %v", got, want)
@@ -373,11 +349,11 @@ func TestFullKeyIsAuthenticatedData(t *testing.T) {
 		name, provider string
 		authenticated  bool
 	}{
-		{"aesgcm", keyed("aesgcm", "key1", material1), true},
+		{"aesgcm", keyed("aesgcm", "key1", enctest.Material1), true},
 		{"kms", kmsV1("kms1a", v1.Endpoint()), true},
 		{"kms2", kmsV2("kms2a", v2.Endpoint()), true},
-		{"aescbc", keyed("aescbc", "key1", material1), false},
-		{"secretbox", keyed("secretbox", "key1", material1), false},
+		{"aescbc", keyed("aescbc", "key1", enctest.Material1), false},
+		{"secretbox", keyed("secretbox", "key1", enctest.Material1), false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -398,28 +374,11 @@ func TestFullKeyIsAuthenticatedData(t *testing.T) {
 	}
 }
 
-// cbcValue builds an aescbc value the way kube-apiserver does, with a fixed IV so
-// that the test is deterministic.
-func cbcValue(t *testing.T, keyName, material string, plain []byte) []byte {
-	t.Helper()
-	block, err := aes.NewCipher([]byte(material))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pad := aes.BlockSize - len(plain)%aes.BlockSize
-	body := append(append([]byte{}, plain...), bytes.Repeat([]byte{byte(pad)}, pad)...)
-	iv := []byte("fixed-iv-16bytes")
-	out := append([]byte("k8s:enc:aescbc:v1:"+keyName+":"), iv...)
-	enc := make([]byte, len(body))
-	cipher.NewCBCEncrypter(block, iv).CryptBlocks(enc, body)
-	return append(out, enc...)
-}
-
 func TestUndecryptable(t *testing.T) {
 	ctx := context.Background()
-	right := loadT(t, secretsConfig(keyed("aescbc", "key1", material1)))
-	wrong := loadT(t, secretsConfig(keyed("aescbc", "key1", material2), identityProvider))
-	cbc := cbcValue(t, "key1", material1, testPlain)
+	right := loadT(t, secretsConfig(keyed("aescbc", "key1", enctest.Material1)))
+	wrong := loadT(t, secretsConfig(keyed("aescbc", "key1", enctest.Material2), identityProvider))
+	cbc := enctest.CBCValue(t, "key1", enctest.Material1, testPlain)
 	if pt, info, err := right.Decrypt(ctx, secretsGR, secretKey, cbc); err != nil || !bytes.Equal(pt, testPlain) || info.Stale {
 		t.Fatalf("hand-built aescbc value does not read with the right key: %+v %v", info, err)
 	}
@@ -431,14 +390,14 @@ func TestUndecryptable(t *testing.T) {
 			t.Errorf("info %+v, want aescbc key1", info)
 		}
 		for _, p := range []string{"aesgcm", "secretbox"} {
-			ct := encryptT(t, loadT(t, secretsConfig(keyed(p, "key1", material1))), secretKey, testPlain)
-			_, _, err := loadT(t, secretsConfig(keyed(p, "key1", material3))).Decrypt(ctx, secretsGR, secretKey, ct)
+			ct := encryptT(t, loadT(t, secretsConfig(keyed(p, "key1", enctest.Material1))), secretKey, testPlain)
+			_, _, err := loadT(t, secretsConfig(keyed(p, "key1", enctest.Material3))).Decrypt(ctx, secretsGR, secretKey, ct)
 			wantDecodeError(t, err, secretKey, reasonUndecryptable, p+":key1")
 		}
 	})
 
 	t.Run("key name not in config", func(t *testing.T) {
-		v := cbcValue(t, "key7", material1, testPlain)
+		v := enctest.CBCValue(t, "key7", enctest.Material1, testPlain)
 		_, _, err := right.Decrypt(ctx, secretsGR, secretKey, v)
 		wantDecodeError(t, err, secretKey, reasonUndecryptable, "aescbc:key7", "aescbc:key1")
 	})
@@ -478,9 +437,9 @@ func TestCorruptEnvelope(t *testing.T) {
 	v2 := kmstest.StartV2T(t, "kek-1")
 	v1 := kmstest.StartV1T(t)
 	e := loadT(t, secretsConfig(
-		keyed("aescbc", "key1", material1),
-		keyed("aesgcm", "key1", material1),
-		keyed("secretbox", "key1", material1),
+		keyed("aescbc", "key1", enctest.Material1),
+		keyed("aesgcm", "key1", enctest.Material1),
+		keyed("secretbox", "key1", enctest.Material1),
 		kmsV1("kms1a", v1.Endpoint()),
 		kmsV2("kms2a", v2.Endpoint()),
 		identityProvider,
@@ -494,12 +453,12 @@ func TestCorruptEnvelope(t *testing.T) {
 		value []byte
 		want  []string
 	}{
-		{"unknown provider prefix", []byte("k8s:enc:foo:v1:key1:" + plainMarker), []string{"k8s:enc:"}},
+		{"unknown provider prefix", []byte("k8s:enc:foo:v1:key1:" + enctest.PlainMarker), []string{"k8s:enc:"}},
 		{"bare reserved prefix", []byte("k8s:enc:"), nil},
 		{"name not terminated", []byte("k8s:enc:aescbc:v1:key1"), []string{"aescbc"}},
 		{"aescbc empty body", []byte("k8s:enc:aescbc:v1:key1:"), []string{"aescbc:key1"}},
 		{"aescbc IV only (16 bytes)", []byte("k8s:enc:aescbc:v1:key1:0123456789abcdef"), []string{"aescbc:key1"}},
-		{"aescbc not whole blocks", cbcValue(t, "key1", material1, testPlain)[:len("k8s:enc:aescbc:v1:key1:")+40], []string{"aescbc:key1"}},
+		{"aescbc not whole blocks", enctest.CBCValue(t, "key1", enctest.Material1, testPlain)[:len("k8s:enc:aescbc:v1:key1:")+40], []string{"aescbc:key1"}},
 		{"aesgcm short", []byte("k8s:enc:aesgcm:v1:key1:0123456789"), []string{"aesgcm:key1"}},
 		{"secretbox short", []byte("k8s:enc:secretbox:v1:key1:0123456789abcdef0123"), []string{"secretbox:key1"}},
 		{"kms v1 no length", []byte("k8s:enc:kms:v1:kms1a:\x01"), []string{"kms:kms1a"}},
@@ -522,7 +481,7 @@ func TestCorruptEnvelope(t *testing.T) {
 
 	// Every truncation of real KMS v2 / v1 / aescbc values: an error, never a panic or
 	// a success, and always a typed reason.
-	for name, v := range map[string][]byte{"kms2": kms2, "kms": kms1, "aescbc": cbcValue(t, "key1", material1, testPlain)} {
+	for name, v := range map[string][]byte{"kms2": kms2, "kms": kms1, "aescbc": enctest.CBCValue(t, "key1", enctest.Material1, testPlain)} {
 		_, prefix := splitEnvelope(v)
 		// AES-CBC (aescbc, and KMS v1's data after its length-prefixed DEK)
 		// authenticates nothing: a value cut at a block boundary decrypts
@@ -545,14 +504,14 @@ func TestCorruptEnvelope(t *testing.T) {
 			if !errors.As(err, &de) || (de.Reason() != reasonCorruptEnvelope && de.Reason() != reasonUndecryptable) {
 				t.Fatalf("%s cut to %d bytes: %v, want corrupt-envelope or undecryptable", name, n, err)
 			}
-			assertNoSecrets(t, err.Error())
+			enctest.AssertNoSecrets(t, err.Error())
 		}
 	}
 }
 
 // TestKeyNameIsPrintable: a name in a garbage prefix is quoted in messages.
 func TestKeyNameIsPrintable(t *testing.T) {
-	e := loadT(t, secretsConfig(keyed("aescbc", "key1", material1)))
+	e := loadT(t, secretsConfig(keyed("aescbc", "key1", enctest.Material1)))
 	v := []byte("k8s:enc:aescbc:v1:bad\x1b[31mname\n:" + strings.Repeat("x", 32))
 	_, _, err := e.Decrypt(context.Background(), secretsGR, secretKey, v)
 	wantDecodeError(t, err, secretKey, reasonUndecryptable)
@@ -635,7 +594,7 @@ func TestPreflight(t *testing.T) {
 // reason named (kube-apiserver cannot read it either).
 func TestRawStoragePeerLeasesAndMessage(t *testing.T) {
 	ctx := context.Background()
-	e := loadT(t, configYAML(entry{[]string{"*.*"}, []string{keyed("aescbc", "everything", material2)}}))
+	e := loadT(t, configYAML(entry{[]string{"*.*"}, []string{keyed("aescbc", "everything", enctest.Material2)}}))
 	gr := schema.GroupResource{Resource: "apiServerPeerIPInfo"}
 	if got := e.WriteProvider(gr); got.Provider != ProviderIdentity {
 		t.Errorf("%s: WriteProvider = %v, want identity", gr, got)

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/internal/testrig/enctest"
 	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
@@ -29,7 +30,7 @@ func TestKMSPluginDown(t *testing.T) {
 	other := kmstest.StartV2T(t, "kek-9")
 	endpoint := plugin.Endpoint()
 	cfg := configYAML(
-		entry{[]string{"secrets"}, []string{kmsV2Timeout("vault", endpoint), keyed("aescbc", "key1", material1)}},
+		entry{[]string{"secrets"}, []string{kmsV2Timeout("vault", endpoint), keyed("aescbc", "key1", enctest.Material1)}},
 		entry{[]string{"configmaps"}, []string{kmsV2Timeout("other", other.Endpoint())}},
 	)
 	up := loadT(t, cfg)
@@ -37,7 +38,7 @@ func TestKMSPluginDown(t *testing.T) {
 		t.Fatalf("healthy plugins: %v", errs)
 	}
 	ct := encryptT(t, up, secretKey, testPlain)
-	cbc := encryptT(t, loadT(t, secretsConfig(keyed("aescbc", "key1", material1))), secretKey, testPlain)
+	cbc := encryptT(t, loadT(t, secretsConfig(keyed("aescbc", "key1", enctest.Material1))), secretKey, testPlain)
 
 	plugin.Close()
 	down := loadT(t, cfg)

@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"kube-etcd-migrate/internal/testrig/enctest"
 	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
@@ -60,8 +61,8 @@ func TestMapKMSEndpoints(t *testing.T) {
 	t.Setenv("TMPDIR", tmp)
 	configMapsGR := schema.GroupResource{Resource: "configmaps"}
 	written := configYAML(
-		entry{[]string{"secrets"}, []string{kmsV2("kms2a", containerEndpoint), keyed("aescbc", "key1", material1, "key2", material2), identityProvider}},
-		entry{[]string{"configmaps", "*.apps"}, []string{keyed("secretbox", "key3", material3), kmsV2("kms2b", containerEndpoint)}},
+		entry{[]string{"secrets"}, []string{kmsV2("kms2a", containerEndpoint), keyed("aescbc", "key1", enctest.Material1, "key2", enctest.Material2), identityProvider}},
+		entry{[]string{"configmaps", "*.apps"}, []string{keyed("secretbox", "key3", enctest.Material3), kmsV2("kms2b", containerEndpoint)}},
 	)
 	path := writeConfig(t, written)
 	// What kube-apiserver wrote with: the same file, seen from its container.
@@ -152,7 +153,7 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	copies := watchPrivateCopies(t, plugin.Endpoint())
 
-	same := writeConfig(t, secretsConfig(kmsV2("kms2a", plugin.Endpoint()), keyed("aescbc", "key1", material1)))
+	same := writeConfig(t, secretsConfig(kmsV2("kms2a", plugin.Endpoint()), keyed("aescbc", "key1", enctest.Material1)))
 	e, err := LoadWith(ctx, same, Options{MapKMSEndpoint: func(ep string) (string, error) { return ep, nil }})
 	if err != nil {
 		t.Fatalf("unchanged endpoints: %v", err)
@@ -162,7 +163,7 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 		t.Errorf("unchanged endpoints: %d private copies, want none", len(*copies))
 	}
 
-	refused := writeConfig(t, secretsConfig(keyed("aescbc", "key1", material1), kmsV2("kms2a", containerEndpoint)))
+	refused := writeConfig(t, secretsConfig(keyed("aescbc", "key1", enctest.Material1), kmsV2("kms2a", containerEndpoint)))
 	_, err = LoadWith(ctx, refused, Options{MapKMSEndpoint: func(ep string) (string, error) {
 		return "", errors.New("not under any hostPath volume")
 	}})
@@ -174,14 +175,14 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 			t.Errorf("error %q does not name %q", err, w)
 		}
 	}
-	assertNoSecrets(t, err.Error())
+	enctest.AssertNoSecrets(t, err.Error())
 
-	unknown := writeConfig(t, strings.Replace(secretsConfig(kmsV2("kms2a", containerEndpoint), keyed("aescbc", "key1", material1)), "timeout: 3s", "timeout: 3s, retries: 2", 1))
+	unknown := writeConfig(t, strings.Replace(secretsConfig(kmsV2("kms2a", containerEndpoint), keyed("aescbc", "key1", enctest.Material1)), "timeout: 3s", "timeout: 3s, retries: 2", 1))
 	_, err = LoadWith(ctx, unknown, Options{MapKMSEndpoint: func(string) (string, error) { return plugin.Endpoint(), nil }})
 	if err == nil || !strings.Contains(err.Error(), "retries") || !strings.Contains(err.Error(), unknown) {
 		t.Errorf("unknown field: %v; want an error naming the field and the file", err)
 	} else {
-		assertNoSecrets(t, err.Error())
+		enctest.AssertNoSecrets(t, err.Error())
 	}
 	if len(*copies) != 0 {
 		t.Errorf("%d private copies written for refused files, want none", len(*copies))
