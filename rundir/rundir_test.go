@@ -111,15 +111,9 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	defer st.Close()
 	var runs []*Run
 	for range 3 {
-		r, err := st.NewRun("migrate", nil, "/registry")
-		if err != nil {
-			t.Fatal(err)
-		}
-		runs = append(runs, r)
+		runs = append(runs, newRun(t, st, "migrate"))
 	}
-	if err := os.RemoveAll(runs[1].Dir); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.RemoveAll(runs[1].Dir))
 	var gap *GapError
 	_, err = Since(dir, "1")
 	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate" || gap.Next != "0003-migrate" || gap.From.ID != "0001-migrate" {
@@ -134,9 +128,7 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 
 	// The newest run removed too (still running, or killed: no end logged):
 	// only the log shows it.
-	if err := os.RemoveAll(runs[2].Dir); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.RemoveAll(runs[2].Dir))
 	_, err = Since(dir, "0001-migrate")
 	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate,0003-migrate" || gap.Next != "" {
 		t.Fatalf("Since(1) with runs 2 and 3 removed: %v (%+v)", err, gap)
@@ -153,23 +145,11 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	}
 
 	// A run that ended having written nothing, then removed: no gap.
-	if err := next.Finish(1, 0, nil); err != nil {
-		t.Fatal(err)
-	}
-	refused, err := st.NewRun("migrate", nil, "/registry")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := refused.Finish(1, 0, nil); err != nil {
-		t.Fatal(err)
-	}
-	after, err := st.NewRun("migrate", nil, "/registry")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(refused.Dir); err != nil {
-		t.Fatal(err)
-	}
+	must(t, next.Finish(1, 0, nil))
+	refused := newRun(t, st, "migrate")
+	must(t, refused.Finish(1, 0, nil))
+	after := newRun(t, st, "migrate")
+	must(t, os.RemoveAll(refused.Dir))
 	if since, err := Since(dir, "4"); err != nil || len(since) != 2 || since[1].ID != after.ID {
 		t.Fatalf("Since(4) past a removed run that wrote nothing: %+v %v", since, err)
 	}
@@ -182,16 +162,9 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	if err := os.WriteFile(after.Journal, []byte("{}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := after.Finish(1, 0, nil); err != nil {
-		t.Fatal(err)
-	}
-	last, err := st.NewRun("migrate", nil, "/registry")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(after.Dir); err != nil {
-		t.Fatal(err)
-	}
+	must(t, after.Finish(1, 0, nil))
+	last := newRun(t, st, "migrate")
+	must(t, os.RemoveAll(after.Dir))
 	if _, err := Since(dir, "4"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0006-migrate" || gap.Next != last.ID {
 		t.Fatalf("Since(4) past a removed run that had a journal: %v (%+v)", err, gap)
 	}
@@ -203,5 +176,22 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	}
 	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003,0005,0006" || gap.Next != "0007-migrate" {
 		t.Fatalf("Since(1) without the log: %v (%+v)", err, gap)
+	}
+}
+
+// newRun is st.NewRun of command, failing the test on an error.
+func newRun(t *testing.T, st *State, command string) *Run {
+	t.Helper()
+	r, err := st.NewRun(command, nil, "/registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
