@@ -81,7 +81,7 @@ func loadT(t *testing.T, yaml string) *Transformers {
 	t.Helper()
 	e, err := Load(context.Background(), writeConfig(t, yaml))
 	if err != nil {
-		t.Fatalf("LoadEncryption: %v\n%s", err, yaml)
+		t.Fatalf("Load: %v\n%s", err, yaml)
 	}
 	t.Cleanup(e.Close)
 	return e
