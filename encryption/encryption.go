@@ -320,6 +320,23 @@ func (e *Transformers) transformer(gr schema.GroupResource) value.Transformer {
 // identity transformer that refuses encrypted data. The tool reads and
 // writes them the same way.
 
+// neverEncrypted are the group/resources of the objects kube-apiserver writes
+// outside a resource's REST storage (masterleases, peer server leases, the
+// service IP and node port allocations; package decode's raw-storage keys).
+var neverEncrypted = map[schema.GroupResource]bool{
+	{Resource: "apiServerIPInfo"}:            true,
+	{Resource: "apiServerPeerIPInfo"}:        true,
+	{Resource: "serviceipallocations"}:       true,
+	{Resource: "servicenodeportallocations"}: true,
+}
+
+// NeverEncrypted reports whether kube-apiserver stores gr unencrypted whatever
+// its encryption configuration says: the raw-storage objects it writes outside
+// a resource's REST storage, whose storage carries no encryption transformer
+// (its identity transformer refuses encrypted values). Transformers reads and
+// writes them the same way.
+func NeverEncrypted(gr schema.GroupResource) bool { return neverEncrypted[gr] }
+
 // resourceProviders returns the providers kube-apiserver uses for gr, in the order its
 // transformer tries them: those of every entry naming gr exactly (the apiserver
 // concatenates entries that repeat a resource), else those of the "*.group" entry,

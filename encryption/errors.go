@@ -1,10 +1,6 @@
 package encryption
 
-import (
-	"fmt"
-
-	"k8s.io/apimachinery/pkg/runtime/schema"
-)
+import "fmt"
 
 // DecryptError is why Transformers.Decrypt cannot read a stored value. Detail
 // names the provider and key name; it never holds plaintext or key material.
@@ -34,20 +30,3 @@ func (e *DecryptError) Error() string {
 func decryptErrorf(key string, corrupt bool, format string, args ...any) *DecryptError {
 	return &DecryptError{Key: key, Corrupt: corrupt, Detail: fmt.Sprintf(format, args...)}
 }
-
-// neverEncrypted are the group/resources of the objects kube-apiserver writes
-// outside a resource's REST storage (masterleases, peer server leases, the
-// service IP and node port allocations; package decode's raw-storage keys).
-var neverEncrypted = map[schema.GroupResource]bool{
-	{Resource: "apiServerIPInfo"}:            true,
-	{Resource: "apiServerPeerIPInfo"}:        true,
-	{Resource: "serviceipallocations"}:       true,
-	{Resource: "servicenodeportallocations"}: true,
-}
-
-// NeverEncrypted reports whether kube-apiserver stores gr unencrypted whatever
-// its encryption configuration says: the raw-storage objects it writes outside
-// a resource's REST storage, whose storage carries no encryption transformer
-// (its identity transformer refuses encrypted values). Transformers reads and
-// writes them the same way.
-func NeverEncrypted(gr schema.GroupResource) bool { return neverEncrypted[gr] }
