@@ -18,6 +18,8 @@ import (
 	"os"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/version"
+
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
@@ -135,7 +137,11 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 	if err != nil {
 		return nil, err
 	}
-	t.storage, err = decode.NewStorageConfigFor(decode.StorageOptions{Release: api.Release, EmulatedVersion: api.EmulatedVersion, MediaType: in.StorageMediaType, ResourceConfig: rc})
+	rel, err := releaseOf(api)
+	if err != nil {
+		return nil, err
+	}
+	t.storage, err = decode.NewStorageConfigFor(decode.StorageOptions{Release: rel, MediaType: in.StorageMediaType, ResourceConfig: rc})
 	if err != nil {
 		return nil, err
 	}
@@ -254,3 +260,18 @@ type KubeadmReleaseError struct{ Err error }
 
 func (e *KubeadmReleaseError) Error() string { return e.Err.Error() }
 func (e *KubeadmReleaseError) Unwrap() error { return e.Err }
+
+// releaseOf is the release api names, with its --emulated-version.
+func releaseOf(api *apiserverconfig.Config) (release.Release, error) {
+	v, err := release.ParseTarget(api.Release)
+	if err != nil {
+		return release.Release{}, err
+	}
+	var emu *version.Version
+	if api.EmulatedVersion != "" {
+		if emu, err = release.Parse(api.EmulatedVersion); err != nil {
+			return release.Release{}, err
+		}
+	}
+	return release.New(v, emu)
+}
