@@ -168,24 +168,3 @@ func minCompatibility(rel, emu *version.Version) *version.Version {
 	}
 	return minCompat
 }
-
-// EffectiveVersion returns the effective version of kube-apiserver of
-// release ("" = the linked one) run with --emulated-version=emulated ("" =
-// none): New's, from strings.
-func EffectiveVersion(release, emulated string) (basecompatibility.EffectiveVersion, error) {
-	v, err := ParseTarget(release)
-	if err != nil {
-		return nil, err
-	}
-	var emu *version.Version
-	if emulated != "" {
-		if emu, err = Parse(emulated); err != nil {
-			return nil, fmt.Errorf("--emulated-version %q: %w (allowed %s)", emulated, err, compatibility.DefaultBuildEffectiveVersion().AllowedEmulationVersionRange())
-		}
-	}
-	r, err := New(v, emu)
-	if err != nil {
-		return nil, err
-	}
-	return r.Effective(), nil
-}
