@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/version"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/util/compatibility"
@@ -80,13 +81,8 @@ type Config struct {
 	EtcdPrefix       string
 	EncryptionConfig string
 	StorageMediaType string
-	// Release is the Kubernetes release (MAJOR.MINOR) of the kube-apiserver
-	// the tool writes for: the tool's --target-version, else the manifest's
-	// image tag, else what SetRelease was told (kubeadm's ClusterConfiguration
-	// in etcd); "" = unknown (the linked release is assumed; From["release"]
-	// says where it came from).
-	Release string
-	// EmulatedVersion is the file's --emulated-version ("" = none: the release's own).
+	// EmulatedVersion is the file's --emulated-version ("" = none: the
+	// release's own), for reports; Release has it as a version.
 	EmulatedVersion string
 	// Image is the manifest container's image, "" without a manifest.
 	Image string
@@ -97,11 +93,6 @@ type Config struct {
 	// RuntimeConfig and FeatureGates are the raw flag values, for reports.
 	RuntimeConfig string
 	FeatureGates  string
-	// LinkedOff are the feature gates the release's kube-apiserver has on
-	// with FeatureGates that Apply left off in the linked code, which
-	// cannot have them on at that release (linkedOff); set by Apply.
-	LinkedOff []string
-
 	// From records where each of the settings above came from, by flag name.
 	From map[string]Source
 	// File is the manifest or flags file read, "" when none.
@@ -109,10 +100,10 @@ type Config struct {
 	// Manifest is File when it is a static-pod manifest (--apiserver-manifest).
 	Manifest string
 
+	// release is what the command line says of the release (Release).
+	release  release.Release
 	opts     *options.ServerRunOptions
 	registry basecompatibility.ComponentGlobalsRegistry
-	// effective is the registry's effective version, set to the release's.
-	effective basecompatibility.MutableEffectiveVersion
 	// mounts are the manifest's hostPath mounts (nil without a manifest).
 	mounts *hostMounts
 	// kmsMapped lists the KMS endpoints mapped to host paths, for Describe.
@@ -136,9 +127,10 @@ type Input struct {
 	// repeated flag: key by key, the later wins).
 	RuntimeConfig []string
 	FeatureGates  []string
-	// TargetVersion is the tool's --target-version: the release of the
-	// cluster's kube-apiserver (the file's image must agree).
-	TargetVersion string
+	// TargetVersion is the tool's --target-version (release.ParseTarget): the
+	// release of the cluster's kube-apiserver (the file's image must agree);
+	// nil = not given.
+	TargetVersion *version.Version
 }
 
 // Load parses kube-apiserver's command line from in and returns what the tool
@@ -176,23 +168,35 @@ func Load(in Input) (*Config, error) {
 	// finds it, and an older release's command line is parsed again with
 	// its gate.
 	name := cfg.File
-	p, err := parseCommandLine(args, cfg.Image, in, name, fileSource, utilfeature.DefaultMutableFeatureGate.DeepCopy())
+	p, err := parseCommandLine(args, in, name, fileSource, utilfeature.DefaultMutableFeatureGate.DeepCopy())
 	if err != nil {
 		return nil, err
 	}
-	if p.release != "" {
-		gate, own, err := releaseFeatureGate(p.release)
+	rel, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, cfg.Image, p.emulated, name)
+	if err != nil {
+		return nil, err
+	}
+	if rel != nil {
+		if cfg.release, err = p.releaseOf(rel); err != nil {
+			if releaseFrom == FromImage {
+				return nil, fmt.Errorf("%s: kube-apiserver image %s: %w", name, cfg.Image, err)
+			}
+			return nil, err
+		}
+		gate, own, err := releaseFeatureGate(cfg.release)
 		if err != nil {
 			return nil, err
 		}
 		if own {
-			if p, err = parseCommandLine(args, cfg.Image, in, name, fileSource, gate); err != nil {
+			if p, err = parseCommandLine(args, in, name, fileSource, gate); err != nil {
 				return nil, err
 			}
 		}
+		if err := p.emulate(cfg.release, releaseFrom); err != nil {
+			return nil, err
+		}
 	}
-	opts, reg, ev, fs, from := p.opts, p.reg, p.ev, p.fs, p.from
-	emulated, release, contradiction := p.emulated, p.release, p.contradiction
+	opts, reg, fs, from := p.opts, p.reg, p.fs, p.from
 	cfg.From = from
 	// The private registry takes --emulated-version and --feature-gates as
 	// kube-apiserver's does (emulation first, then gates) and so rejects what
@@ -206,6 +210,13 @@ func Load(in Input) (*Config, error) {
 	if len(opts.Etcd.EtcdServersOverrides) > 0 {
 		return nil, input.Errorf("%s: --etcd-servers-overrides %s: resources kept in another etcd are not supported; run the tool once per etcd with %s", name, strings.Join(opts.Etcd.EtcdServersOverrides, ","), input.Resource)
 	}
+	if rel == nil {
+		// Nothing names the release: the linked one, emulating what the
+		// command line says.
+		if cfg.release, err = release.New(nil, p.emulated); err != nil {
+			return nil, err
+		}
+	}
 
 	sc := opts.Etcd.StorageConfig
 	cfg.EtcdServers = sc.Transport.ServerList
@@ -217,11 +228,9 @@ func Load(in Input) (*Config, error) {
 	cfg.StorageMediaType = opts.Etcd.DefaultStorageMediaType
 	cfg.RuntimeConfig = fs.Lookup("runtime-config").Value.String()
 	cfg.FeatureGates = stripKubePrefix(fs.Lookup("feature-gates").Value.String())
-	if emulated != "" {
-		v := reg.EffectiveVersionFor(basecompatibility.DefaultKubeComponent).EmulationVersion()
-		cfg.EmulatedVersion = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+	if v := cfg.release.Emulated(); v != nil {
+		cfg.EmulatedVersion = v.String()
 	}
-	cfg.Release = release
 	cfg.Contradiction = contradiction
 	if mounts != nil {
 		for flag, p := range map[string]*string{"etcd-cafile": &cfg.EtcdCAFile, "etcd-certfile": &cfg.EtcdCertFile, "etcd-keyfile": &cfg.EtcdKeyFile, "encryption-provider-config": &cfg.EncryptionConfig} {
@@ -237,33 +246,28 @@ func Load(in Input) (*Config, error) {
 	}
 	cfg.opts = opts
 	cfg.registry = reg
-	cfg.effective = ev
 	cfg.mounts = mounts
-	if err := cfg.setEffective(); err != nil {
-		return nil, err
-	}
 	return cfg, nil
 }
 
-// parsed is a command line parsed by kube-apiserver's own flag set, with the
-// release the tool writes for.
+// parsed is a command line parsed by kube-apiserver's own flag set.
 type parsed struct {
-	opts              *options.ServerRunOptions
-	reg               basecompatibility.ComponentGlobalsRegistry
-	ev                basecompatibility.MutableEffectiveVersion
-	fs                *pflag.FlagSet
-	from              map[string]Source
-	emulated, release string
-	releaseFrom       Source
-	contradiction     error
+	opts *options.ServerRunOptions
+	reg  basecompatibility.ComponentGlobalsRegistry
+	fs   *pflag.FlagSet
+	from map[string]Source
+	// emulated is its --emulated-version (emulatedVersion), nil when none;
+	// badEmulated the value when kube-apiserver's registry refuses it.
+	emulated    *version.Version
+	badEmulated string
 }
 
-// parseCommandLine parses args (the command line of file name, whose
-// container runs image) then the tool's own --runtime-config and
-// --feature-gates, with gate as kube-apiserver's feature gate, and finds the
-// release (targetRelease). The gates are not applied yet (the registry's Set).
-func parseCommandLine(args []string, image string, in Input, name string, fileSource Source, gate featuregate.MutableVersionedFeatureGate) (*parsed, error) {
-	opts, reg, ev := newOptions(gate)
+// parseCommandLine parses args (the command line of file name) then the
+// tool's own --runtime-config and --feature-gates, with gate as
+// kube-apiserver's feature gate. The gates are not applied yet (the
+// registry's Set).
+func parseCommandLine(args []string, in Input, name string, fileSource Source, gate featuregate.MutableVersionedFeatureGate) (*parsed, error) {
+	opts, reg := newOptions(gate)
 	fs := flagSet(opts)
 	from := map[string]Source{}
 	if err := fs.Parse(args); err != nil {
@@ -286,38 +290,43 @@ func parseCommandLine(args []string, image string, in Input, name string, fileSo
 		}
 		from["feature-gates"] = FromTool
 	}
-	emulated := ""
+	p := &parsed{opts: opts, reg: reg, fs: fs, from: from}
 	if from["emulated-version"] != "" {
-		emulated = kubeEmulatedVersion(fs.Lookup("emulated-version").Value)
+		// A value the registry refuses is refused by its Set, or by
+		// releaseOf for a release named.
+		p.emulated, p.badEmulated, _ = emulatedVersion(fs.Lookup("emulated-version").Value)
 	}
-	rel, releaseFrom, contradiction, err := targetRelease(in.TargetVersion, image, emulated, name)
-	if err != nil {
-		return nil, err
+	return p, nil
+}
+
+// releaseOf is release rel run with the command line's --emulated-version.
+func (p *parsed) releaseOf(rel *version.Version) (release.Release, error) {
+	if p.badEmulated != "" {
+		return release.Release{}, badEmulatedVersion(p.badEmulated)
 	}
-	if rel != "" {
-		if _, err := release.EffectiveVersion(rel, emulated); err != nil {
-			if releaseFrom == FromImage {
-				return nil, fmt.Errorf("%s: kube-apiserver image %s: %w", name, image, err)
-			}
-			return nil, err
-		}
-		from["release"] = releaseFrom
-		if emulated == "" {
-			// The registry emulates the release (its feature gates at that
-			// version); min compatibility is set below, as the release has it.
-			if err := fs.Set("emulated-version", rel); err != nil {
-				return nil, release.Errorf(rel, "%s %q: %w", input.TargetVersion, rel, err)
-			}
-		}
+	return release.New(rel, p.emulated)
+}
+
+// emulate records where the release written for came from and, without
+// an --emulated-version on the command line, makes the registry emulate it
+// (its feature gates at that version; the min compatibility version is
+// the release's own, rel.Effective).
+func (p *parsed) emulate(rel release.Release, from Source) error {
+	p.from["release"] = from
+	if rel.Emulated() != nil {
+		return nil
 	}
-	return &parsed{opts: opts, reg: reg, ev: ev, fs: fs, from: from, emulated: emulated, release: rel, releaseFrom: releaseFrom, contradiction: contradiction}, nil
+	if err := p.fs.Set("emulated-version", rel.String()); err != nil {
+		return release.Errorf(rel.String(), "%s %q: %w", input.TargetVersion, rel, err)
+	}
+	return nil
 }
 
 // newOptions returns kube-apiserver's options with private component globals
 // (an effective version, and gate: a copy of the process's feature gate, or
 // releaseFeatureGate's), so that parsing and validating a command line
 // changes nothing process-wide.
-func newOptions(gate featuregate.MutableVersionedFeatureGate) (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry, basecompatibility.MutableEffectiveVersion) {
+func newOptions(gate featuregate.MutableVersionedFeatureGate) (*options.ServerRunOptions, basecompatibility.ComponentGlobalsRegistry) {
 	opts := options.NewServerRunOptions()
 	reg := basecompatibility.NewComponentGlobalsRegistry()
 	ev := compatibility.DefaultBuildEffectiveVersion()
@@ -325,7 +334,7 @@ func newOptions(gate featuregate.MutableVersionedFeatureGate) (*options.ServerRu
 		panic(err) // a fresh registry has no component yet
 	}
 	opts.GenericServerRunOptions.ComponentGlobalsRegistry = reg
-	return opts, reg, ev
+	return opts, reg
 }
 
 // flagSet is kube-apiserver's whole flag set, global flags included.
@@ -370,37 +379,40 @@ func validate(opts *options.ServerRunOptions, name string) error {
 	return nil
 }
 
-// EffectiveVersion is kube-apiserver's effective version under --emulated-version.
-func (c *Config) EffectiveVersion() basecompatibility.EffectiveVersion {
-	return c.registry.EffectiveVersionFor(basecompatibility.DefaultKubeComponent)
-}
+// Release is the release the command line names, with its
+// --emulated-version and effective version: the tool's --target-version,
+// else the manifest's image tag; From["release"] says which, and is unset
+// when nothing names it (the linked release, emulating what the command line
+// says). The target (package target) may settle another (kubeadm's
+// ClusterConfiguration in etcd).
+func (c *Config) Release() release.Release { return c.release }
 
-// Apply sets the process's feature gate as kube-apiserver sets its own at
-// start-up (emulation and min-compatibility versions first, then
-// --feature-gates): the strategies, defaulting and storage decisions the tool
-// runs read it. It is meant to be called once per process, before any object is
-// decoded.
+// Apply sets the process's feature gate as kube-apiserver of release rel
+// sets its own at start-up (emulation and min-compatibility versions first,
+// then --feature-gates): the strategies, defaulting and storage decisions the
+// tool runs read it. It is meant to be called once per process, before any
+// object is decoded.
 //
 // For an older release, --feature-gates is checked against that release's
 // own gate dependencies (releaseFeatureGate), and the gates the linked code
-// cannot have on at that release are left off (LinkedOff, linkedOff). Apply
-// may be called again (after SetRelease): the values it set before are
-// replaced.
-func (c *Config) Apply() error {
-	ev := c.EffectiveVersion()
-	off, err := c.linkedOff(ev)
+// cannot have on at that release are left off and returned (linkedOff,
+// LinkedOffNote). Apply may be called again (for a release found later):
+// the values it set before are replaced.
+func (c *Config) Apply(rel release.Release) (linkedOff []string, err error) {
+	ev := rel.Effective()
+	off, err := c.linkedOff(rel)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	gate := utilfeature.DefaultMutableFeatureGate
 	for _, f := range c.applied {
 		if err := gate.ResetFeatureValueToDefault(featuregate.Feature(f)); err != nil {
-			return input.Errorf("%s: %w", input.FeatureGates, err)
+			return nil, input.Errorf("%s: %w", input.FeatureGates, err)
 		}
 	}
 	c.applied = nil
 	if err := gate.SetEmulationVersionAndMinCompatibilityVersion(ev.EmulationVersion(), ev.MinCompatibilityVersion()); err != nil {
-		return fmt.Errorf("--emulated-version: %w", err)
+		return nil, fmt.Errorf("--emulated-version: %w", err)
 	}
 	values := c.FeatureGates
 	for _, f := range off {
@@ -409,34 +421,14 @@ func (c *Config) Apply() error {
 	}
 	if values != "" {
 		if err := gate.Set(values); err != nil {
-			return input.Errorf("%s: %w", input.FeatureGates, err)
+			return nil, input.Errorf("%s: %w", input.FeatureGates, err)
 		}
 		for _, kv := range strings.Split(values, ",") {
 			k, _, _ := strings.Cut(kv, "=")
 			c.applied = append(c.applied, strings.TrimSpace(k))
 		}
 	}
-	c.LinkedOff = off
-	return nil
-}
-
-// kubeEmulatedVersion is kube-apiserver's own entry of --emulated-version
-// ("1.35", or "kube=1.35" among other components').
-func kubeEmulatedVersion(v pflag.Value) string {
-	sv, ok := v.(pflag.SliceValue)
-	if !ok {
-		return v.String()
-	}
-	for _, e := range sv.GetSlice() {
-		component, version, found := strings.Cut(e, "=")
-		if !found {
-			return component
-		}
-		if component == basecompatibility.DefaultKubeComponent {
-			return version
-		}
-	}
-	return ""
+	return off, nil
 }
 
 // stripKubePrefix turns the registry's "kube:A=true,kube:B=false" (or the
@@ -477,9 +469,10 @@ func (c *Config) EmulationForwardCompatible() (emulation, runtimeConfig bool) {
 	return c.opts.GenericServerRunOptions.EmulationForwardCompatible, c.opts.GenericServerRunOptions.RuntimeConfigEmulationForwardCompatible
 }
 
-// Describe is the one line the commands print: what was taken from where. It
-// names files, never their contents.
-func (c *Config) Describe() string {
+// Describe is the one line the commands print: what was taken from where,
+// with rel the release settled, from where ("" = nothing said it). It names
+// files, never their contents.
+func (c *Config) Describe(rel release.Release, relFrom Source) string {
 	var parts []string
 	for _, f := range []struct{ flag, value string }{
 		{"etcd-servers", strings.Join(c.EtcdServers, ",")},
@@ -492,9 +485,13 @@ func (c *Config) Describe() string {
 		{"runtime-config", c.RuntimeConfig},
 		{"feature-gates", c.FeatureGates},
 		{"emulated-version", c.EmulatedVersion},
-		{"release", c.Release},
+		{"release", rel.String()},
 	} {
-		if src := c.From[f.flag]; src != "" {
+		src := c.From[f.flag]
+		if f.flag == "release" {
+			src = relFrom
+		}
+		if src != "" {
 			note := string(src)
 			if f.flag == "encryption-provider-config" && src == FromManifest {
 				for _, m := range c.kmsMapped {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/version"
 )
 
 const kubeadmManifest = "../testdata/kubeadm/kube-apiserver.yaml"
@@ -31,7 +32,7 @@ func TestManifestKubeadm(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", what, c[0], c[1])
 		}
 	}
-	line := cfg.Describe()
+	line := cfg.Describe(cfg.Release(), cfg.From["release"])
 	for _, want := range []string{kubeadmManifest, "--etcd-prefix=/cluster-a/registry (manifest)", "--encryption-provider-config=/etc/kubernetes/encryption/encryption-config.yaml (manifest)"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("Describe() = %q, want it to contain %q", line, want)
@@ -76,7 +77,7 @@ func TestManifestRuntimeConfigAndGates(t *testing.T) {
 	if cfg.EmulatedVersion != "1.35" {
 		t.Errorf("emulated version %q, want 1.35", cfg.EmulatedVersion)
 	}
-	if ev := cfg.EffectiveVersion().EmulationVersion(); ev.String() != "1.35" {
+	if ev := cfg.Release().Effective().EmulationVersion(); ev.String() != "1.35" {
 		t.Errorf("effective emulation version %s, want 1.35", ev)
 	}
 	for _, want := range []string{"DRAAdminAccess=false", "DRAConsumableCapacity=false"} {
@@ -90,7 +91,7 @@ func TestManifestRuntimeConfigAndGates(t *testing.T) {
 	if cfg.FeatureGate().Enabled("DRAAdminAccess") {
 		t.Errorf("DRAAdminAccess enabled, the manifest disables it")
 	}
-	rc, err := cfg.ResourceConfig(cfg.EffectiveVersion())
+	rc, err := cfg.ResourceConfig(cfg.Release().Effective())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func TestRejectsWhatKubeAPIServerRejects(t *testing.T) {
 			return Input{RuntimeConfig: []string{"no.such.group/v9=true"}}
 		}, "no.such.group/v9"},
 		"target version out of range": {func(t *testing.T) Input {
-			return Input{TargetVersion: "1.20"}
+			return Input{TargetVersion: version.MajorMinor(1, 20)}
 		}, "1.20"},
 		"emulated version in the manifest out of range": {func(t *testing.T) Input {
 			return Input{Manifest: writeManifest(t, addFlag("--emulated-version=1.20"))}

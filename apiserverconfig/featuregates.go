@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
-	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/featuregate"
 
 	"kube-etcd-migrate/internal/input"
@@ -27,8 +26,8 @@ import (
 //
 // A dependency on a gate the linked release no longer has is left out: the
 // tool refuses that gate by name ("unrecognized feature gate") anyway.
-func releaseFeatureGate(rel string) (gate featuregate.MutableVersionedFeatureGate, own bool, err error) {
-	deps, ok := release.FeatureDependencies(rel)
+func releaseFeatureGate(rel release.Release) (gate featuregate.MutableVersionedFeatureGate, own bool, err error) {
+	deps, ok := release.FeatureDependencies(rel.String())
 	if !ok {
 		return utilfeature.DefaultMutableFeatureGate.DeepCopy(), false, nil
 	}
@@ -56,7 +55,8 @@ func releaseFeatureGate(rel string) (gate featuregate.MutableVersionedFeatureGat
 }
 
 // linkedOff lists the feature gates that the real kube-apiserver of the
-// release turns on with the flags (its own gate, releaseFeatureGate, at ev)
+// release turns on with the flags (its own gate, releaseFeatureGate, at its
+// effective version)
 // but that the linked gate at the same emulation version cannot have on: a
 // dependency the linked release declares is off at that release (a gate
 // the release did not have yet), or one of those gates is left off in turn.
@@ -64,17 +64,18 @@ func releaseFeatureGate(rel string) (gate featuregate.MutableVersionedFeatureGat
 // otherwise (1.35 with AllAlpha: EventedPLEG, which only the kubelet reads;
 // TestOlderReleaseFeatureGates pins the list). An error is what the
 // release's own kube-apiserver refuses.
-func (c *Config) linkedOff(ev basecompatibility.EffectiveVersion) ([]string, error) {
-	gate, own, err := releaseFeatureGate(c.Release)
+func (c *Config) linkedOff(rel release.Release) ([]string, error) {
+	gate, own, err := releaseFeatureGate(rel)
 	if err != nil || !own {
 		return nil, err
 	}
+	ev := rel.Effective()
 	if err := gate.SetEmulationVersionAndMinCompatibilityVersion(ev.EmulationVersion(), ev.MinCompatibilityVersion()); err != nil {
 		return nil, fmt.Errorf("--emulated-version: %w", err)
 	}
 	if c.FeatureGates != "" {
 		if err := gate.Set(c.FeatureGates); err != nil {
-			return nil, input.Errorf("%s (kube-apiserver %s): %w", input.FeatureGates, c.Release, err)
+			return nil, input.Errorf("%s (kube-apiserver %s): %w", input.FeatureGates, rel, err)
 		}
 	}
 	off := map[featuregate.Feature]bool{}
@@ -103,11 +104,11 @@ func (c *Config) linkedOff(ev basecompatibility.EffectiveVersion) ([]string, err
 }
 
 // LinkedOffNote is the line the commands print when Apply left gates off
-// (LinkedOff), "" when it left none.
-func (c *Config) LinkedOffNote() string {
-	if c == nil || len(c.LinkedOff) == 0 {
+// for release rel, "" when it left none.
+func LinkedOffNote(rel release.Release, off []string) string {
+	if len(off) == 0 {
 		return ""
 	}
 	return fmt.Sprintf("note: --feature-gates: %s on in kube-apiserver %s, off in the tool's linked kube-apiserver %s code, which declares dependencies on gates %s did not have",
-		strings.Join(c.LinkedOff, ", "), c.Release, release.Linked(), c.Release)
+		strings.Join(off, ", "), rel, release.Linked(), rel)
 }

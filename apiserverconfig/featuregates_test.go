@@ -10,6 +10,8 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/component-base/featuregate"
 	basever "k8s.io/component-base/version"
+
+	"kube-etcd-migrate/release"
 )
 
 // An older target's --feature-gates are checked as that release's own
@@ -23,7 +25,7 @@ func TestOlderReleaseFeatureGates(t *testing.T) {
 	cases := []struct {
 		release, gates string
 		err            string   // Load's error, "" = accepted
-		off            []string // Apply's LinkedOff
+		off            []string // what Apply leaves off
 	}{
 		{release: "1.35", gates: "AllAlpha=true,AllBeta=true", off: []string{"EventedPLEG"}},
 		{release: "1.34", gates: "AllAlpha=true,AllBeta=true", off: []string{"EventedPLEG"}},
@@ -34,7 +36,7 @@ func TestOlderReleaseFeatureGates(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.release+" "+c.gates, func(t *testing.T) {
-			cfg, err := Load(Input{TargetVersion: c.release, FeatureGates: []string{c.gates}, RuntimeConfig: []string{"api/all=true"}})
+			cfg, err := Load(Input{TargetVersion: version.MustParse(c.release), FeatureGates: []string{c.gates}, RuntimeConfig: []string{"api/all=true"}})
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("Load: %v, want %q", err, c.err)
@@ -45,13 +47,14 @@ func TestOlderReleaseFeatureGates(t *testing.T) {
 				t.Fatalf("Load: %v", err)
 			}
 			t.Cleanup(func() { resetProcessGate(t, cfg) })
-			if err := cfg.Apply(); err != nil {
+			off, err := cfg.Apply(cfg.Release())
+			if err != nil {
 				t.Fatalf("Apply: %v", err)
 			}
-			if !slices.Equal(cfg.LinkedOff, c.off) {
-				t.Errorf("LinkedOff %v, want %v", cfg.LinkedOff, c.off)
+			if !slices.Equal(off, c.off) {
+				t.Errorf("left off %v, want %v", off, c.off)
 			}
-			if note := cfg.LinkedOffNote(); (note != "") != (len(c.off) > 0) || (note != "" && !strings.Contains(note, c.off[0])) {
+			if note := LinkedOffNote(cfg.Release(), off); (note != "") != (len(c.off) > 0) || (note != "" && !strings.Contains(note, c.off[0])) {
 				t.Errorf("note %q", note)
 			}
 			gate := utilfeature.DefaultFeatureGate
@@ -94,20 +97,22 @@ func TestFeatureGatesReappliedForTheRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resetProcessGate(t, cfg) })
-	if err := cfg.Apply(); err != nil {
+	off, err := cfg.Apply(cfg.Release())
+	if err != nil {
 		t.Fatalf("Apply as 1.37: %v", err)
 	}
-	if len(cfg.LinkedOff) != 0 {
-		t.Errorf("LinkedOff %v as 1.37", cfg.LinkedOff)
+	if len(off) != 0 {
+		t.Errorf("left off %v as 1.37", off)
 	}
-	if err := cfg.SetRelease("1.35", FromKubeadm); err != nil {
+	rel, err := release.New(version.MajorMinor(1, 35), cfg.Release().Emulated())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cfg.Apply(); err != nil {
+	if off, err = cfg.Apply(rel); err != nil {
 		t.Fatalf("Apply as 1.35: %v", err)
 	}
-	if !slices.Equal(cfg.LinkedOff, []string{"EventedPLEG"}) {
-		t.Errorf("LinkedOff %v as 1.35, want [EventedPLEG]", cfg.LinkedOff)
+	if !slices.Equal(off, []string{"EventedPLEG"}) {
+		t.Errorf("left off %v as 1.35, want [EventedPLEG]", off)
 	}
 	gate := utilfeature.DefaultMutableFeatureGate
 	if got := gate.EmulationVersion().String(); got != "1.35" {

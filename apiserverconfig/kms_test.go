@@ -113,7 +113,7 @@ func TestManifestKMSEndpoint(t *testing.T) {
 	if err := mapped.Preflight(ctx, []schema.GroupResource{secrets}); err != nil {
 		t.Errorf("preflight through the mapped endpoint: %v", err)
 	}
-	line := cfg.Describe()
+	line := cfg.Describe(cfg.Release(), cfg.From["release"])
 	if want := "(manifest; kms endpoint " + containerEndpoint + " -> " + hostEndpoint + ")"; !strings.Contains(line, want) {
 		t.Errorf("Describe() = %q, want it to contain %q", line, want)
 	}

@@ -27,6 +27,7 @@ import (
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
+	"kube-etcd-migrate/release"
 )
 
 // The mix, in percent of N (objects are assigned by index, deterministically).
@@ -163,13 +164,17 @@ func newGenerator(ctx context.Context, n int, staleVersion, staleKey float64, ol
 	if g.newEnc, err = encryption.Load(ctx, newCfg); err != nil {
 		return nil, err
 	}
-	if g.current, err = decode.NewStorageConfig("", ""); err != nil {
+	if g.current, err = decode.NewStorageConfig(""); err != nil {
 		return nil, err
 	}
-	if g.staleOld, err = decode.NewStorageConfig("1.34", ""); err != nil {
+	old, err := release.Named("1.34")
+	if err != nil {
 		return nil, err
 	}
-	if g.json, err = decode.NewStorageConfig("", decode.MediaTypeJSON); err != nil {
+	if g.staleOld, err = decode.NewStorageConfigFor(decode.StorageOptions{Release: old}); err != nil {
+		return nil, err
+	}
+	if g.json, err = decode.NewStorageConfig(decode.MediaTypeJSON); err != nil {
 		return nil, err
 	}
 	g.crd = widgetCRD()

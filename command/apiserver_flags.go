@@ -8,6 +8,8 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/release"
+	"kube-etcd-migrate/target"
 )
 
 // apiServerFlags configure the tool from the cluster's own kube-apiserver.
@@ -21,15 +23,19 @@ func apiServerFlags() []cli.Flag {
 }
 
 // apiServerConfig reads kube-apiserver's configuration from the flags above
-// (and --target-version, the tool's name for --emulated-version). Errors are
-// usage errors naming the flag or file.
+// (and --target-version, the release the tool writes as, parsed here once).
+// Errors are usage errors naming the flag or file.
 func apiServerConfig(c *cli.Context) (*apiserverconfig.Config, error) {
+	targetVersion, err := release.ParseTarget(c.String("target-version"))
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
 	api, err := apiserverconfig.Load(apiserverconfig.Input{
 		Manifest:      c.String("apiserver-manifest"),
 		FlagsFile:     c.String("apiserver-flags-file"),
 		RuntimeConfig: c.StringSlice("runtime-config"),
 		FeatureGates:  c.StringSlice("feature-gates"),
-		TargetVersion: c.String("target-version"),
+		TargetVersion: targetVersion,
 	})
 	if err != nil {
 		return nil, usageErr("%v", err)
@@ -111,11 +117,16 @@ func fromAPIServer(c *cli.Context, api *apiserverconfig.Config, env *envReport, 
 }
 
 // reportAPIServer prints the one line saying what was taken from where, when
-// anything came from kube-apiserver's configuration. It names files and flags,
+// anything came from kube-apiserver's configuration, with the release tgt
+// settled (nil: the one the command line names). It names files and flags,
 // never key material.
-func reportAPIServer(c *cli.Context, api *apiserverconfig.Config) {
+func reportAPIServer(c *cli.Context, api *apiserverconfig.Config, tgt *target.Target) {
 	if api.File == "" && len(c.StringSlice("runtime-config")) == 0 && len(c.StringSlice("feature-gates")) == 0 {
 		return
 	}
-	fmt.Fprintln(c.App.ErrWriter, "using "+api.Describe())
+	rel, from := api.Release(), api.From["release"]
+	if tgt != nil {
+		rel, from = tgt.Release(), tgt.ReleaseFrom()
+	}
+	fmt.Fprintln(c.App.ErrWriter, "using "+api.Describe(rel, from))
 }

@@ -115,7 +115,7 @@ func TestBinary(t *testing.T) {
 
 func put(t *testing.T, cli *clientv3.Client, key string, gr schema.GroupResource, obj runtime.Object, opts ...clientv3.OpOption) {
 	t.Helper()
-	sc, err := decode.NewStorageConfig("", "")
+	sc, err := decode.NewStorageConfig("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,7 +174,7 @@ func TestBinaryFlagsAnywhereAndVersions(t *testing.T) {
 			t.Fatalf("target versions %v", v.TargetVersions)
 		}
 		for _, tv := range v.TargetVersions {
-			if _, err := release.EffectiveVersion(tv, ""); err != nil {
+			if _, err := release.Named(tv); err != nil {
 				t.Errorf("listed target %s refused: %v", tv, err)
 			}
 		}

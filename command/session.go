@@ -17,6 +17,7 @@ import (
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/snapshotout"
+	"kube-etcd-migrate/target"
 )
 
 // session is what every command opens: etcd (or a snapshot file's private
@@ -162,7 +163,11 @@ func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile s
 	}
 	// After Setup, success or not: the line names the KMS endpoints mapped
 	// while the encryption configuration was loaded.
-	reportAPIServer(c, api)
+	var tgt *target.Target
+	if env != nil {
+		tgt = env.Target
+	}
+	reportAPIServer(c, api, tgt)
 	if err != nil {
 		s.close()
 		return nil, targetError(err)
@@ -174,7 +179,7 @@ func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile s
 		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
 	}
 	if api.Contradiction != nil && use != targetWrite {
-		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", cliMessage(api.Contradiction), api.Release)
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", cliMessage(api.Contradiction), env.Target.Release())
 	}
 	s.env = env
 	return s, nil

@@ -31,7 +31,7 @@ func staticSpec(t testing.TB) func() (map[string]*spec.Schema, error) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rc, err := cfg.ResourceConfig(cfg.EffectiveVersion())
+		rc, err := cfg.ResourceConfig(cfg.Release().Effective())
 		if err != nil {
 			t.Fatal(err)
 		}

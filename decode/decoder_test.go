@@ -75,7 +75,7 @@ var (
 
 func testStorage(tb testing.TB) *StorageConfig {
 	tb.Helper()
-	storageOnce.Do(func() { storage136, storageErr = NewStorageConfig("", "") })
+	storageOnce.Do(func() { storage136, storageErr = NewStorageConfig("") })
 	if storageErr != nil {
 		tb.Fatal(storageErr)
 	}

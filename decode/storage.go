@@ -13,7 +13,6 @@ import (
 	apiserveroptions "k8s.io/apiserver/pkg/server/options"
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
-	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/controlplane" // registers every built-in group into legacyscheme, as kube-apiserver does
 	"k8s.io/kubernetes/pkg/kubeapiserver"
@@ -76,8 +75,7 @@ type ResourceCodec struct {
 type StorageConfig struct {
 	factory   *serverstorage.DefaultStorageFactory
 	mediaType string
-	effective basecompatibility.EffectiveVersion
-	release   string // the target kube-apiserver's release, MAJOR.MINOR
+	release   release.Release // the target kube-apiserver's
 
 	// builtins maps each built-in group/resource to its internal kind.
 	builtins map[schema.GroupResource]string
@@ -86,19 +84,20 @@ type StorageConfig struct {
 	codecs map[schema.GroupResource]*ResourceCodec
 }
 
-// NewStorageConfig returns the storage configuration of kube-apiserver release
-// ("" = the linked one; see release.EffectiveVersion) with --storage-media-type=
-// mediaType ("" = protobuf), with its default API enablement.
-func NewStorageConfig(release, mediaType string) (*StorageConfig, error) {
-	return NewStorageConfigFor(StorageOptions{Release: release, MediaType: mediaType})
+// NewStorageConfig returns the storage configuration of the linked
+// kube-apiserver with --storage-media-type=mediaType ("" = protobuf), with its
+// default API enablement: what decoding reads with.
+func NewStorageConfig(mediaType string) (*StorageConfig, error) {
+	return NewStorageConfigFor(StorageOptions{MediaType: mediaType})
 }
 
 // StorageOptions are what decides storage versions: the target kube-apiserver's
 // release and flags.
 type StorageOptions struct {
-	Release         string // the kube-apiserver release, MAJOR.MINOR; "" = the linked one
-	EmulatedVersion string // its --emulated-version; "" = none (the release itself)
-	MediaType       string // --storage-media-type; "" = protobuf
+	// Release is the kube-apiserver release, with its --emulated-version and
+	// effective version; the zero Release is the linked one.
+	Release   release.Release
+	MediaType string // --storage-media-type; "" = protobuf
 	// ResourceConfig is the API enablement merged with --runtime-config (a
 	// version disabled there is not a storage version); nil = the defaults.
 	ResourceConfig *serverstorage.ResourceConfig
@@ -108,10 +107,6 @@ type StorageOptions struct {
 // kube-apiserver builds from these flags.
 func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	mediaType := o.MediaType
-	ev, err := release.EffectiveVersion(o.Release, o.EmulatedVersion)
-	if err != nil {
-		return nil, err
-	}
 	if mediaType == "" {
 		mediaType = MediaTypeProtobuf
 	}
@@ -122,9 +117,9 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	}
 	etcdOpts := apiserveroptions.NewEtcdOptions(storagebackend.NewDefaultConfig("/registry", nil))
 	etcdOpts.DefaultStorageMediaType = mediaType
-	rel, emulated := targetRelease(o)
+	ev := o.Release.Effective()
 	cfg := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
-	cfg.ResourceEncodingOverrides = releaseOverrides(rel, emulated, cfg.ResourceEncodingOverrides)
+	cfg.ResourceEncodingOverrides = releaseOverrides(o.Release, cfg.ResourceEncodingOverrides)
 	cfg.APIResourceConfig = o.ResourceConfig
 	if cfg.APIResourceConfig == nil {
 		cfg.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
@@ -137,24 +132,10 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	return &StorageConfig{
 		factory:   factory,
 		mediaType: mediaType,
-		effective: ev,
-		release:   rel,
+		release:   o.Release,
 		builtins:  builtinResources(),
 		codecs:    map[schema.GroupResource]*ResourceCodec{},
 	}, nil
-}
-
-// targetRelease is the release (MAJOR.MINOR) of the target kube-apiserver
-// (release.EffectiveVersion validated o), and whether it emulates an older one.
-func targetRelease(o StorageOptions) (string, bool) {
-	rel := release.Linked()
-	if v, err := release.Parse(o.Release); o.Release != "" && err == nil {
-		rel = fmt.Sprintf("%d.%d", v.Major(), v.Minor())
-	}
-	if v, err := release.Parse(o.EmulatedVersion); o.EmulatedVersion != "" && err == nil {
-		return rel, fmt.Sprintf("%d.%d", v.Major(), v.Minor()) != rel
-	}
-	return rel, false
 }
 
 // releaseOverrides are the storage-version overrides of the storage factory
@@ -173,14 +154,11 @@ func targetRelease(o StorageOptions) (string, bool) {
 // lifecycle, APILifecycleIntroduced) is dropped: that release has no such
 // version and could not read what it stores (1.37's DeviceTaintRules
 // override to v1beta2, introduced in 1.36, for a 1.35 target).
-func releaseOverrides(rel string, emulated bool, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
-	if rel == release.Linked() {
+func releaseOverrides(rel release.Release, overrides []schema.GroupVersionResource) []schema.GroupVersionResource {
+	if rel.IsLinked() {
 		return overrides
 	}
-	target, err := release.Parse(rel)
-	if err != nil {
-		return overrides
-	}
+	target := rel.Version()
 	kinds := builtinResources()
 	byGR := map[schema.GroupResource]schema.GroupVersionResource{}
 	for _, o := range overrides {
@@ -189,8 +167,8 @@ func releaseOverrides(rel string, emulated bool, overrides []schema.GroupVersion
 		}
 		byGR[o.GroupResource()] = o
 	}
-	versions, ok := release.StorageVersions(rel)
-	if !ok || emulated {
+	versions, ok := release.StorageVersions(rel.String())
+	if !ok || rel.Emulates() {
 		versions = nil
 	}
 	for resource, version := range versions {
@@ -231,11 +209,8 @@ func introducedAfter(gv schema.GroupVersion, kind string, release *version.Versi
 // target release, when it is a previous one whose types were generated
 // (release.TypesOf); false for the linked release.
 func (s *StorageConfig) ReleaseTypes() (release.Types, bool) {
-	return release.TypesOf(s.release)
+	return release.TypesOf(s.release.String())
 }
-
-// Effective is the effective version this configuration emulates.
-func (s *StorageConfig) Effective() basecompatibility.EffectiveVersion { return s.effective }
 
 // MediaType is the storage media type for built-in resources.
 func (s *StorageConfig) MediaType() string { return s.mediaType }

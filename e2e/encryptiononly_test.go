@@ -20,6 +20,7 @@ import (
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/verify"
 )
 
@@ -59,7 +60,11 @@ func TestEncryptionOnlyRotation(t *testing.T) {
 
 	// The DeviceClass, as kube-apiserver 1.34 stored it under key1.
 	dcGR := schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}
-	old, err := decode.NewStorageConfig("1.34", "")
+	rel134, err := release.Named("1.34")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := decode.NewStorageConfigFor(decode.StorageOptions{Release: rel134})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -377,7 +377,7 @@ type storageOwners struct{ sc *decode.StorageConfig }
 
 func storageGroups(t *testing.T) storageOwners {
 	t.Helper()
-	sc, err := decode.NewStorageConfig("", "")
+	sc, err := decode.NewStorageConfig("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -213,7 +213,7 @@ func testConcurrentWriterWins(t *testing.T, version string) {
 		defer close(done)
 		for i := 0; i < n; i += 3 {
 			key := fmt.Sprintf("/registry/deviceclasses/dc-%03d", i)
-			sc, _ := decode.NewStorageConfig("", "")
+			sc, _ := decode.NewStorageConfig("")
 			rc, _ := sc.Codec(testcluster.DeviceClassGR)
 			dc := testcluster.DeviceClass(fmt.Sprintf("dc-%03d", i))
 			dc.Labels = map[string]string{"written-by": "other"}

@@ -160,7 +160,7 @@ func SetupSource(ctx context.Context, src etcdscan.Source, cfg Config) (*Env, er
 
 // setupFor is SetupSource once the target is resolved.
 func setupFor(ctx context.Context, src etcdscan.Source, cfg Config, tgt *target.Target) (*Env, error) {
-	storage, err := decode.NewStorageConfig("", "")
+	storage, err := decode.NewStorageConfig("")
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/release"
 )
 
 var (
@@ -24,7 +25,11 @@ var (
 
 func storageConfig(t *testing.T, emulated, media string) *decode.StorageConfig {
 	t.Helper()
-	s, err := decode.NewStorageConfig(emulated, media)
+	rel, err := release.Named(emulated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := decode.NewStorageConfigFor(decode.StorageOptions{Release: rel, MediaType: media})
 	if err != nil {
 		t.Fatal(err)
 	}

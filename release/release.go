@@ -1,8 +1,10 @@
 // Package release is what the tool knows of Kubernetes releases, and the one
 // place that knows it: the release whose kube-apiserver code is linked, the
 // range of releases the tool can write for (those the linked kube-apiserver's
-// emulation reaches), the one parser of a MAJOR.MINOR release, the effective
-// and minimum compatibility versions of a release's own kube-apiserver, and
+// emulation reaches), the one parser of a MAJOR.MINOR release, a Release
+// value (a release, its --emulated-version, and the effective and minimum
+// compatibility versions of that release's own kube-apiserver, computed once
+// by New) that every stage receives instead of a string, and
 // the data generated from the older releases' own code by internal/build/releasegen
 // (zz_generated_releases.go: storage versions, protobuf and JSON fields of
 // their Go types, feature gate dependencies). It is a leaf: it imports no

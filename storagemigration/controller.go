@@ -34,7 +34,7 @@ type controller struct {
 // controller's code is its binary's: --emulated-version does not change it.
 func controllerOf(env *pipeline.Env) (controller, error) {
 	rel := env.Target.Release()
-	v, err := release.Parse(rel)
+	v, err := release.Parse(rel.String())
 	if err != nil || v.Major() != 1 {
 		return controller{}, fmt.Errorf("storage version migration: release %q: want 1.MINOR", rel)
 	}

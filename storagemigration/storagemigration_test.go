@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/version"
 	svmapi "k8s.io/kubernetes/pkg/apis/storagemigration"
 
 	"kube-etcd-migrate/apiserverconfig"
@@ -61,7 +62,7 @@ func eachRelease(t *testing.T, f func(t *testing.T, r controllerRelease)) {
 // its defaults; 1.37: storagemigration.k8s.io/v1=false).
 func servingAPI(t *testing.T, r controllerRelease, on bool) *apiserverconfig.Config {
 	t.Helper()
-	in := apiserverconfig.Input{TargetVersion: r.target}
+	in := apiserverconfig.Input{TargetVersion: version.MustParse(r.target)}
 	switch {
 	case on && r == r136:
 		in.FeatureGates = []string{"StorageVersionMigrator=true"}
@@ -496,7 +497,7 @@ func TestOlderControllersRefused(t *testing.T) {
 	putRequest(c, r136, "secrets", t0, testcluster.SecretsGR, svmapi.StorageVersionMigrationStatus{})
 	rev := c.Revision()
 	for _, target := range []string{"1.34", "1.35", "1.36", "1.37"} {
-		in := apiserverconfig.Input{TargetVersion: target, FeatureGates: []string{"StorageVersionMigrator=true"}, RuntimeConfig: []string{"storagemigration.k8s.io/v1beta1=true"}}
+		in := apiserverconfig.Input{TargetVersion: version.MustParse(target), FeatureGates: []string{"StorageVersionMigrator=true"}, RuntimeConfig: []string{"storagemigration.k8s.io/v1beta1=true"}}
 		if target == "1.34" {
 			// 1.34 served v1alpha1 only, which these 1.37 types no longer
 			// have: the tool cannot serve the requests at all.

@@ -35,7 +35,7 @@ func ClusterRelease(ctx context.Context, src etcdscan.Source, prefix string, enc
 	if !found {
 		return "", nil
 	}
-	storage, err := decode.NewStorageConfig("", "")
+	storage, err := decode.NewStorageConfig("")
 	if err != nil {
 		return "", err
 	}

@@ -30,13 +30,13 @@ import (
 type Input struct {
 	// APIServer is the target kube-apiserver's command line as loaded from its
 	// manifest or flags file and the tool's own --runtime-config,
-	// --feature-gates and --target-version (apiserverconfig.Load). When set,
-	// Resolve owns it: it records the release read from kubeadm-config in it
-	// and applies its gates to the process. nil: Release's defaults, nothing
-	// applied to the process (tests and benchmarks setting gates themselves).
+	// --feature-gates and --target-version (apiserverconfig.Load), with the
+	// release they name. When set, Resolve applies its gates to the process,
+	// at the release settled. nil: Release's defaults, nothing applied to the
+	// process (tests and benchmarks setting gates themselves).
 	APIServer *apiserverconfig.Config
-	// Release is the release (MAJOR.MINOR) when APIServer is nil; "" = the
-	// linked kube-apiserver's.
+	// Release is the release (MAJOR.MINOR, release.ParseTarget) when
+	// APIServer is nil; "" = the linked kube-apiserver's.
 	Release string
 	// EncryptionConfig is kube-apiserver's --encryption-provider-config; "" =
 	// identity. Its KMS plugin endpoints are mapped to host paths through the
@@ -65,12 +65,22 @@ type Input struct {
 	// EncryptionOnly narrows the decisions to the encryption
 	// (reencode.Planner.EncryptionOnly).
 	EncryptionOnly bool
+
+	// settled is the release of a Target resolved before (Target.Input).
+	settled *settled
+}
+
+// settled is a release settled by Resolve, and where it came from.
+type settled struct {
+	rel  release.Release
+	from apiserverconfig.Source
 }
 
 // Target is the resolved kube-apiserver the run writes as. It does not change
 // after Resolve.
 type Target struct {
 	api       *apiserverconfig.Config
+	release   settled
 	enc       *encryption.Transformers
 	ownsEnc   bool
 	storage   *decode.StorageConfig
@@ -90,11 +100,19 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 	t = &Target{in: in, encConfig: in.EncryptionConfig}
 	api := in.APIServer
 	if api == nil {
-		if api, err = apiserverconfig.Load(apiserverconfig.Input{TargetVersion: in.Release}); err != nil {
+		v, err := release.ParseTarget(in.Release)
+		if err != nil {
+			return nil, err
+		}
+		if api, err = apiserverconfig.Load(apiserverconfig.Input{TargetVersion: v}); err != nil {
 			return nil, err
 		}
 	}
 	t.api = api
+	t.release = settled{rel: api.Release(), from: api.From["release"]}
+	if in.settled != nil {
+		t.release = *in.settled
+	}
 	defer func() {
 		if err != nil {
 			t.Close()
@@ -109,7 +127,7 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 		}
 		t.ownsEnc = true
 	}
-	if in.ReadKubeadm && api.Release == "" && src != nil {
+	if in.ReadKubeadm && !t.Named() && src != nil {
 		if err := t.releaseFromKubeadm(ctx, src); err != nil {
 			return nil, err
 		}
@@ -117,25 +135,26 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 	if in.APIServer != nil {
 		// kube-apiserver's feature gates and emulated version are
 		// process-wide: its strategies and defaulting read them.
-		if err := api.Apply(); err != nil {
+		off, err := api.Apply(t.release.rel)
+		if err != nil {
 			return nil, &ConfigError{Err: err}
 		}
-		if note := api.LinkedOffNote(); note != "" {
+		if note := apiserverconfig.LinkedOffNote(t.release.rel, off); note != "" {
 			t.notes = append(t.notes, note)
 		}
 	}
 	if in.RefuseContradiction && api.Contradiction != nil {
 		return nil, &ContradictionError{Contradiction: api.Contradiction}
 	}
-	if in.RequireRelease && api.Release == "" {
+	if in.RequireRelease && !t.Named() {
 		return nil, &UnknownReleaseError{Linked: release.Linked(), Versions: release.Versions()}
 	}
-	ev := api.EffectiveVersion()
+	ev := t.release.rel.Effective()
 	rc, err := api.ResourceConfig(ev)
 	if err != nil {
 		return nil, err
 	}
-	t.storage, err = decode.NewStorageConfigFor(decode.StorageOptions{Release: api.Release, EmulatedVersion: api.EmulatedVersion, MediaType: in.StorageMediaType, ResourceConfig: rc})
+	t.storage, err = decode.NewStorageConfigFor(decode.StorageOptions{Release: t.release.rel, MediaType: in.StorageMediaType, ResourceConfig: rc})
 	if err != nil {
 		return nil, err
 	}
@@ -151,21 +170,28 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 	return t, nil
 }
 
-// releaseFromKubeadm makes the release kubeadm recorded in etcd the target's.
-// One that cannot be read is a note, not a refusal: the release is then
-// unknown, which RequireRelease refuses and a read-only run states.
+// releaseFromKubeadm makes the release kubeadm recorded in etcd the target's,
+// run with the --emulated-version of the command line. One that cannot be
+// read is a note, not a refusal: the release is then unknown, which
+// RequireRelease refuses and a read-only run states.
 func (t *Target) releaseFromKubeadm(ctx context.Context, src etcdscan.Source) error {
-	rel, err := ClusterRelease(ctx, src, t.in.Prefix, t.enc)
+	found, err := ClusterRelease(ctx, src, t.in.Prefix, t.enc)
 	if err != nil {
 		t.notes = append(t.notes, fmt.Sprintf("warning: the release in kubeadm's ClusterConfiguration cannot be read: %v", err))
 		return nil
 	}
-	if rel == "" {
+	if found == "" {
 		return nil
 	}
-	if err := t.api.SetRelease(rel, apiserverconfig.FromKubeadm); err != nil {
-		return &KubeadmReleaseError{Err: err}
+	v, err := release.Parse(found)
+	if err != nil {
+		return &KubeadmReleaseError{Err: fmt.Errorf("release %q (%s): not a version", found, apiserverconfig.FromKubeadm)}
 	}
+	rel, err := release.New(v, t.release.rel.Emulated())
+	if err != nil {
+		return &KubeadmReleaseError{Err: fmt.Errorf("%w (release %s from the %s)", err, v, apiserverconfig.FromKubeadm)}
+	}
+	t.release = settled{rel: rel, from: apiserverconfig.FromKubeadm}
 	return nil
 }
 
@@ -173,13 +199,17 @@ func (t *Target) releaseFromKubeadm(ctx context.Context, src etcdscan.Source) er
 // change it.
 func (t *Target) APIServer() *apiserverconfig.Config { return t.api }
 
-// Release is the release written for: the one named, else the linked
-// kube-apiserver's (assumed; Named says which).
-func (t *Target) Release() string { return t.api.ReleaseOrLinked() }
+// Release is the release written for, with its --emulated-version and
+// effective version: the one named, else the linked kube-apiserver's
+// (assumed; Named says which).
+func (t *Target) Release() release.Release { return t.release.rel }
 
 // Named reports whether something named the release (--target-version, the
 // manifest's image, kubeadm-config) rather than the linked one being assumed.
-func (t *Target) Named() bool { return t.api.Release != "" }
+func (t *Target) Named() bool { return t.release.from != "" }
+
+// ReleaseFrom says what named the release, "" when nothing did.
+func (t *Target) ReleaseFrom() apiserverconfig.Source { return t.release.from }
 
 // Storage is the target's storage configuration: storage versions, media
 // type and codecs of the release, emulation and --runtime-config.
@@ -207,6 +237,8 @@ func (t *Target) FullFieldManager() bool { return t.in.FullFieldManager }
 func (t *Target) Input() Input {
 	in := t.in
 	in.APIServer, in.Encryption, in.ReadKubeadm = t.api, nil, false
+	settled := t.release
+	in.settled = &settled
 	return in
 }
 

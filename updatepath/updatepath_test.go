@@ -18,7 +18,7 @@ func path(t *testing.T, runtimeConfig ...string) *Path {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := cfg.ResourceConfig(cfg.EffectiveVersion())
+	rc, err := cfg.ResourceConfig(cfg.Release().Effective())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func BenchmarkApply(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rc, err := cfg.ResourceConfig(cfg.EffectiveVersion())
+	rc, err := cfg.ResourceConfig(cfg.Release().Effective())
 	if err != nil {
 		b.Fatal(err)
 	}

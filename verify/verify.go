@@ -245,14 +245,14 @@ func Target(env *pipeline.Env) string {
 	if env.Target == nil {
 		return "kube-apiserver"
 	}
-	api := env.Target.APIServer()
-	name := "kube-apiserver " + env.Target.Release()
-	if api.EmulatedVersion != "" {
-		name += " emulating " + api.EmulatedVersion
+	rel := env.Target.Release()
+	name := "kube-apiserver " + rel.String()
+	if emulated := rel.Emulated(); emulated != nil {
+		name += " emulating " + emulated.String()
 	}
 	src := "release assumed: nothing said which the cluster runs"
 	if env.Target.Named() {
-		src = "release from the " + string(api.From["release"])
+		src = "release from the " + string(env.Target.ReleaseFrom())
 	}
 	media := decode.ShortMediaType(env.Target.Storage().MediaType())
 	if mt, err := customresource.StorageMediaType(); err == nil && mt != customresource.MediaTypeJSON {

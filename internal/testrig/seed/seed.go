@@ -22,6 +22,7 @@ import (
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
+	"kube-etcd-migrate/release"
 )
 
 // Options tune Cluster.
@@ -174,7 +175,11 @@ func (w *writer) storage(emulated, media string) (*decode.StorageConfig, error) 
 	if sc, ok := w.configs[id]; ok {
 		return sc, nil
 	}
-	sc, err := decode.NewStorageConfig(emulated, media)
+	rel, err := release.Named(emulated)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := decode.NewStorageConfigFor(decode.StorageOptions{Release: rel, MediaType: media})
 	if err != nil {
 		return nil, err
 	}

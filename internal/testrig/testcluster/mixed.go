@@ -90,7 +90,7 @@ func (c *Mixed) Seed() clientv3.LeaseID {
 // StorageVersion is the version kube-apiserver emulating emulated stores gr in.
 func StorageVersion(t *testing.T, emulated string, gr schema.GroupResource) string {
 	t.Helper()
-	sc, err := decode.NewStorageConfig(emulated, "")
+	sc, err := storageConfig(emulated, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/release"
 )
 
 // Resources the tests use.
@@ -281,10 +282,10 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 }
 
 // Codec is the storage codec of gr as the real kube-apiserver of a release
-// ("" = the linked one, decode.NewStorageConfig) with a storage media type ("" = protobuf) writes it.
+// ("" = the linked one) with a storage media type ("" = protobuf) writes it.
 func (c *Cluster) Codec(emulated, media string, gr schema.GroupResource) runtime.Codec {
 	c.T.Helper()
-	sc, err := decode.NewStorageConfig(emulated, media)
+	sc, err := storageConfig(emulated, media)
 	if err != nil {
 		c.T.Fatal(err)
 	}
@@ -309,4 +310,14 @@ func StateDir(t *testing.T) string {
 	stateDirs.Store(t.Name(), d)
 	t.Cleanup(func() { stateDirs.Delete(t.Name()) })
 	return d
+}
+
+// storageConfig is the storage configuration of the real kube-apiserver of
+// release ("" = the linked one) with a storage media type ("" = protobuf).
+func storageConfig(rel, media string) (*decode.StorageConfig, error) {
+	r, err := release.Named(rel)
+	if err != nil {
+		return nil, err
+	}
+	return decode.NewStorageConfigFor(decode.StorageOptions{Release: r, MediaType: media})
 }
