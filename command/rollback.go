@@ -17,7 +17,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/migrate"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 func rollbackCommand() *cli.Command {
@@ -132,12 +132,12 @@ func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error)
 		}
 		return []string{journal}, nil, nil
 	}
-	recs, err := rundir.Since(stateDir, runID)
-	var nf *rundir.NotFoundError
+	recs, err := undo.Since(stateDir, runID)
+	var nf *undo.NotFoundError
 	if errors.As(err, &nf) {
 		return nil, nil, usageErr("--run: %v", err)
 	}
-	var gap *rundir.GapError
+	var gap *undo.GapError
 	if errors.As(err, &gap) {
 		// Refused as a run with its journal gone is: nothing written.
 		way := fmt.Sprintf("run %s's snapshot %s is the way back to the state before it", gap.From.ID, gap.From.Snapshot)
@@ -212,11 +212,11 @@ func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client
 	}
 	var journal int64
 	for _, j := range journals {
-		journal += rundir.FileSize(j)
+		journal += undo.FileSize(j)
 	}
-	space, err := rundir.CheckSpace([]rundir.Need{
-		{What: "snapshot", Path: filepath.Join(stateDir, rundir.SnapshotFile), Bytes: st.DBSize},
-		{What: "journal", Path: filepath.Join(stateDir, rundir.JournalFile), Bytes: journal},
+	space, err := undo.CheckDiskSpace([]undo.DiskNeed{
+		{What: "snapshot", Path: filepath.Join(stateDir, undo.SnapshotFile), Bytes: st.DBSize},
+		{What: "journal", Path: filepath.Join(stateDir, undo.JournalFile), Bytes: journal},
 	})
 	lines = append(lines, space...)
 	if err != nil {

@@ -7,12 +7,12 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // stateDirFlag is --state-dir, on every command that writes and on runs and plan.
 func stateDirFlag() cli.Flag {
-	return &cli.StringFlag{Name: "state-dir", Value: rundir.DefaultStateDir, EnvVars: []string{rundir.EnvStateDir},
+	return &cli.StringFlag{Name: "state-dir", Value: undo.DefaultStateDir, EnvVars: []string{undo.EnvStateDir},
 		Usage: "where each writing run keeps its undo (a run directory: journal, snapshot before the first write, plan, summary; mode 0700)"}
 }
 
@@ -29,8 +29,8 @@ func undoFlags() []cli.Flag {
 // undoRun is the run directory of a writing run, nil-safe: a dry run, a run
 // with --no-undo and a run on a --snapshot-file have none.
 type undoRun struct {
-	state *rundir.State
-	dir   *rundir.Run
+	state *undo.State
+	dir   *undo.Run
 }
 
 // checkUndoFlags refuses contradictory undo flags before anything is opened.
@@ -44,7 +44,7 @@ func checkUndoFlags(c *cli.Context) error {
 		}
 	}
 	if c.String("state-dir") == "" && !c.Bool("no-undo") {
-		return usageErr("--state-dir: empty; give a directory (default %s)", rundir.DefaultStateDir)
+		return usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
 	}
 	return nil
 }
@@ -62,7 +62,7 @@ func startRun(c *cli.Context, command string, endpoints []string, prefix, journa
 		fmt.Fprintln(c.App.ErrWriter, "WARNING: --no-undo: this run keeps no journal and no snapshot; nothing can roll it back")
 		return nil, nil
 	}
-	st, err := rundir.Open(c.String("state-dir"))
+	st, err := undo.Open(c.String("state-dir"))
 	if err != nil {
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written (--no-undo runs without an undo)", err)}
 	}

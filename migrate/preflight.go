@@ -16,7 +16,7 @@ import (
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // DefaultQuotaBackendBytes is etcd's default --quota-backend-bytes.
@@ -242,15 +242,15 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts Options) ([]str
 // key and hashes: at most about twice the live data, and when that does not
 // fit, a decision pass adds up what the stale objects' records take.
 func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan.StatusInfo, sizes *sizer) ([]string, error) {
-	var needs []rundir.Need
+	var needs []undo.DiskNeed
 	if opts.Snapshot != "" {
-		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+		needs = append(needs, undo.DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
 	}
 	if opts.Journal != "" {
-		needs = append(needs, rundir.Need{What: "journal", Path: opts.Journal, Bytes: 2 * st.DBSizeInUse})
+		needs = append(needs, undo.DiskNeed{What: "journal", Path: opts.Journal, Bytes: 2 * st.DBSizeInUse})
 	}
-	lines, err := rundir.CheckSpace(needs)
-	var se *rundir.SpaceError
+	lines, err := undo.CheckDiskSpace(needs)
+	var se *undo.DiskSpaceError
 	if !errors.As(err, &se) || opts.Journal == "" {
 		return lines, wrapSpace(err)
 	}
@@ -259,12 +259,12 @@ func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan
 		return lines, err
 	}
 	needs[len(needs)-1].Bytes = exact.JournalBytes
-	lines, err = rundir.CheckSpace(needs)
+	lines, err = undo.CheckDiskSpace(needs)
 	return lines, wrapSpace(err)
 }
 
 func wrapSpace(err error) error {
-	var se *rundir.SpaceError
+	var se *undo.DiskSpaceError
 	if errors.As(err, &se) {
 		return &PreflightError{Err: se}
 	}

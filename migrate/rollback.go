@@ -18,7 +18,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // RollbackResult counts what a rollback did (a dry run: would do). Each journal
@@ -177,7 +177,7 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 	}
 	var bound int64
 	for _, j := range journals {
-		bound += 3 * rundir.FileSize(j)
+		bound += 3 * undo.FileSize(j)
 	}
 	exact := func() (int64, error) { return rollbackBytes(journals) }
 	// What the rollback puts back is what the runs replaced: their old
@@ -388,8 +388,8 @@ func (c *currentKV) ours(it item) bool {
 	return hex.EncodeToString(s[:]) == it.rec.NewSHA256
 }
 
-// undo is one write a batch sends, with what the rollback's journal records.
-type undo struct {
+// restore is one write a batch sends, with what the rollback's journal records.
+type restore struct {
 	put    etcdscan.Put
 	record JournalRecord
 	note   string
@@ -403,7 +403,7 @@ func (rb *rollback) batch(items []item) error {
 	if err != nil {
 		return err
 	}
-	var undos []undo
+	var undos []restore
 	for i, it := range items {
 		if u, ok, err := rb.decide(it, cur[i]); err != nil {
 			return err
@@ -507,7 +507,7 @@ func (rb *rollback) batch(items []item) error {
 }
 
 // decide says what undoing one record writes, if anything.
-func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
+func (rb *rollback) decide(it item, cur *currentKV) (restore, bool, error) {
 	r := it.rec
 	switch r.Op {
 	case "delete-intent":
@@ -519,13 +519,13 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 				rb.res.Skipped++
 				rb.res.listKey("skipped", r.Key, "created again or changed since it was removed")
 			}
-			return undo{}, false, nil
+			return restore{}, false, nil
 		}
 		lease, note := r.Lease, ""
 		if lease != 0 {
 			ttl, err := rb.cli.TimeToLive(rb.ctx, clientv3.LeaseID(lease))
 			if err != nil {
-				return undo{}, false, fmt.Errorf("rollback %s: lease %016x: %w", r.Key, lease, err)
+				return restore{}, false, fmt.Errorf("rollback %s: lease %016x: %w", r.Key, lease, err)
 			}
 			if ttl.TTL <= 0 {
 				note = fmt.Sprintf("%s: restored without its lease %016x, which expired", r.Key, lease)
@@ -533,7 +533,7 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 			}
 		}
 		sum := sha256.Sum256(r.OldValue)
-		return undo{
+		return restore{
 			put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, Lease: lease},
 			record: JournalRecord{Op: "create-intent", Key: r.Key, NewSHA256: hex.EncodeToString(sum[:]), Lease: lease},
 			note:   note,
@@ -542,14 +542,14 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 		// A rollback created the key again: remove it if it still holds that.
 		if cur == nil {
 			rb.res.Unchanged++
-			return undo{}, false, nil
+			return restore{}, false, nil
 		}
 		if !cur.ours(it) {
 			rb.res.Skipped++
 			rb.res.listKey("skipped", r.Key, "changed since the rollback created it again")
-			return undo{}, false, nil
+			return restore{}, false, nil
 		}
-		return undo{
+		return restore{
 			put: etcdscan.Put{Key: r.Key, ModRevision: cur.modRevision, Delete: true},
 			record: JournalRecord{Op: "delete-intent", Key: r.Key, OldValue: cur.value, OldModRevision: cur.modRevision,
 				OldCreateRevision: cur.createRevision, OldVersion: cur.version, Lease: cur.lease, Reason: "rollback"},
@@ -559,19 +559,19 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 	if cur == nil {
 		rb.res.Skipped++
 		rb.res.listKey("skipped", r.Key, "deleted since")
-		return undo{}, false, nil
+		return restore{}, false, nil
 	}
 	if (cur.simSum == nil && cur.modRevision == r.OldModRevision) || cur.equal(r.OldValue) {
 		rb.res.Unchanged++
-		return undo{}, false, nil
+		return restore{}, false, nil
 	}
 	if !cur.ours(it) {
 		rb.res.Skipped++
 		rb.res.listKey("skipped", r.Key, "changed since the tool wrote it")
-		return undo{}, false, nil
+		return restore{}, false, nil
 	}
 	sum := sha256.Sum256(r.OldValue)
-	return undo{
+	return restore{
 		put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, ModRevision: cur.modRevision},
 		record: JournalRecord{Op: "intent", Key: r.Key, OldModRevision: cur.modRevision, OldValue: cur.value, NewSHA256: hex.EncodeToString(sum[:])},
 	}, true, nil

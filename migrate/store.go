@@ -10,7 +10,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // Store is where a run writes, with compare-and-swap on each key's mod
@@ -45,11 +45,11 @@ func outputPreflight(ctx context.Context, env *pipeline.Env, opts Options) ([]st
 	if err != nil {
 		return done, fmt.Errorf("snapshot file %s: %w", in, err)
 	}
-	_, err = rundir.CheckSpace([]rundir.Need{{What: "output snapshot", Path: opts.OutputFile, Bytes: fi.Size()}})
-	var se *rundir.SpaceError
+	_, err = undo.CheckDiskSpace([]undo.DiskNeed{{What: "output snapshot", Path: opts.OutputFile, Bytes: fi.Size()}})
+	var se *undo.DiskSpaceError
 	if errors.As(err, &se) {
 		return done, &PreflightError{Err: input.Errorf("not enough disk space on the filesystem of %s for %s %s: about %s (the input's size) and %s left free, %s is free; free room there, or write the output elsewhere",
-			se.Dir, input.OutputSnapshot, opts.OutputFile, textfmt.Bytes(fi.Size()), textfmt.Bytes(rundir.SpaceMargin), textfmt.Bytes(se.Free))}
+			se.Dir, input.OutputSnapshot, opts.OutputFile, textfmt.Bytes(fi.Size()), textfmt.Bytes(undo.DiskMargin), textfmt.Bytes(se.Free))}
 	}
 	if err != nil {
 		return done, err

@@ -27,7 +27,7 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // Options say what migrate would be run with.
@@ -222,23 +222,23 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 // preflight runs migrate's own checks, each on its own, so that every blocker
 // is named at once.
 func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
-	lines, undo, err := migrate.CheckQuota(ctx, env, opts.Migrate)
+	lines, fit, err := migrate.CheckQuota(ctx, env, opts.Migrate)
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
 	} else if opts.StateDir != "" || opts.Migrate.Journal != "" {
 		// The run keeps an undo: would its rollback fit?
-		p.Undo = undo
+		p.Undo = fit
 	}
 	if opts.StateDir != "" {
-		if err := rundir.Check(opts.StateDir); err != nil {
+		if err := undo.Check(opts.StateDir); err != nil {
 			p.block("state directory", err.Error(), FixStateDir)
 		}
 		// The run directory does not exist yet: its filesystem is the nearest
 		// directory that does.
 		dir := existing(filepath.Join(opts.StateDir, "runs"))
 		mopts := opts.Migrate
-		mopts.Journal, mopts.Snapshot = filepath.Join(dir, rundir.JournalFile), filepath.Join(dir, rundir.SnapshotFile)
+		mopts.Journal, mopts.Snapshot = filepath.Join(dir, undo.JournalFile), filepath.Join(dir, undo.SnapshotFile)
 		lines, err := migrate.CheckUndoSpace(ctx, env, mopts)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {

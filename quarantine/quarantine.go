@@ -32,7 +32,7 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // Removable are the reasons a quarantine may be asked to remove objects for:
@@ -347,23 +347,23 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 // beforeFirstRemoval checks that the snapshot and the journal fit on their
 // filesystems, hands the checks to OnPreflight and saves the snapshot.
 func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, remove []*Entry, res *Result) error {
-	var needs []rundir.Need
+	var needs []undo.DiskNeed
 	if opts.Snapshot != "" {
 		st, err := etcdscan.Status(ctx, env.Client)
 		if err != nil {
 			return err
 		}
-		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+		needs = append(needs, undo.DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
 	}
 	var journal int64
 	for _, e := range remove {
 		journal += migrate.JournalRecordBytes(e.Key, e.Bytes)
 	}
-	needs = append(needs, rundir.Need{What: "journal", Path: opts.Journal, Bytes: journal})
-	lines, err := rundir.CheckSpace(needs)
+	needs = append(needs, undo.DiskNeed{What: "journal", Path: opts.Journal, Bytes: journal})
+	lines, err := undo.CheckDiskSpace(needs)
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
-		var se *rundir.SpaceError
+		var se *undo.DiskSpaceError
 		if errors.As(err, &se) {
 			return &migrate.PreflightError{Err: se}
 		}

@@ -1,10 +1,10 @@
-// Package rundir keeps the undo of every command that writes to etcd. A state
-// directory (by default /var/lib/kube-etcd-migrate, mode 0700: it holds stored
-// values, secrets among them) holds one run directory per writing run, numbered in
-// the order the runs started on this host: the run's record (run.json: command,
-// start and end, exit code, keys written, where its journal and snapshot are),
-// its journal of old values, the etcd snapshot taken before its first write, its
-// plan (the checks it passed before writing) and its summary; beside the run
+// The state directory and its run directories. A state directory (by default
+// /var/lib/kube-etcd-migrate, mode 0700: it holds stored values, secrets among
+// them) holds one run directory per writing run, numbered in the order the runs
+// started on this host: the run's record (run.json: command, start and end,
+// exit code, keys written, where its journal and snapshot are), its journal of
+// old values, the etcd snapshot taken before its first write, its plan (the
+// checks it passed before writing) and its summary; beside the run
 // directories, a log of every run's start and end (runs.log). A run directory
 // is created before anything is written and never reused, nor is its number
 // once the directory is removed; a snapshot file that exists is never
@@ -13,7 +13,8 @@
 // undoing run N and every later one (newest first) start from here: see List
 // and Since, which refuses when a later run that may have written is gone (its
 // undo with it).
-package rundir
+
+package undo
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package rundir
+package undo
 
 import (
 	"errors"
