@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/storagemigration"
+	"kube-etcd-migrate/undo"
 )
 
 func migrateCommand() *cli.Command {
@@ -160,21 +161,23 @@ func requestsWritten(res *storagemigration.Result) int64 {
 // the run directory the journal and snapshot go to.
 func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun, window time.Duration) migrate.Options {
 	return migrate.Options{
-		DryRun:             c.Bool("dry-run"),
-		FailFast:           c.Bool("fail-fast"),
-		Journal:            u.journalPath(c),
-		Snapshot:           u.snapshotPath(c),
-		OnPreflight:        u.recordChecks,
-		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
-		LivenessWindow:     window,
-		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
-		CompactHistory:     c.Bool("compact-history"),
-		BatchOps:           c.Int("batch-ops"),
-		BatchBytes:         c.Int("batch-bytes"),
-		Writers:            c.Int("writers"),
-		WriteContext:       writeCtx,
-		PrivateEtcd:        c.String("snapshot-file"),
-		Spell:              flagOf,
+		PreflightOptions: undo.PreflightOptions{
+			Journal:            u.journalPath(c),
+			Snapshot:           u.snapshotPath(c),
+			AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+			LivenessWindow:     window,
+			QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
+			CompactHistory:     c.Bool("compact-history"),
+			PrivateEtcd:        c.String("snapshot-file"),
+			Spell:              flagOf,
+		},
+		DryRun:       c.Bool("dry-run"),
+		FailFast:     c.Bool("fail-fast"),
+		OnPreflight:  u.recordChecks,
+		BatchOps:     c.Int("batch-ops"),
+		BatchBytes:   c.Int("batch-bytes"),
+		Writers:      c.Int("writers"),
+		WriteContext: writeCtx,
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/undo"
 )
 
@@ -57,7 +56,7 @@ func cmdRollback(c *cli.Context) (err error) {
 		return err
 	}
 	prefix := journalPrefix(journals)
-	opts := migrate.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
+	opts := undo.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
 	var preflight []string
 	if !opts.DryRun {
 		if preflight, err = rollbackPreflight(ctx, c, cli, journals, prefix, window); err != nil {
@@ -65,8 +64,8 @@ func cmdRollback(c *cli.Context) (err error) {
 		}
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	quota := migrate.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"), flagOf)
-	lines, refused := migrate.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
+	quota := undo.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"), flagOf)
+	lines, refused := undo.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
 	preflight = append(preflight, lines...)
 	if refused != nil && !opts.DryRun {
 		return refused
@@ -76,7 +75,7 @@ func cmdRollback(c *cli.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	var res migrate.RollbackResult
+	var res undo.RollbackResult
 	defer func() { u.finish(c, err, res.Written(), res) }()
 	if u != nil {
 		if err := u.dir.SetUndoes(undoes); err != nil {
@@ -85,7 +84,7 @@ func cmdRollback(c *cli.Context) (err error) {
 		if err := u.recordChecks(preflight); err != nil {
 			return err
 		}
-		j, err := migrate.OpenJournal(u.dir.Journal)
+		j, err := undo.OpenJournal(u.dir.Journal)
 		if err != nil {
 			return err
 		}
@@ -106,7 +105,7 @@ func cmdRollback(c *cli.Context) (err error) {
 			return nil
 		}
 	}
-	res, err = migrate.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
+	res, err = undo.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
 	res.Preflight = preflight
 	if werr := printReport(c.App.Writer, c.String("output"), rollbackReport{res}); werr != nil && err == nil {
 		err = werr
@@ -173,7 +172,7 @@ func journalPrefix(journals []string) string {
 		if err != nil {
 			continue
 		}
-		var r migrate.JournalRecord
+		var r undo.JournalRecord
 		err = json.NewDecoder(bufio.NewReader(f)).Decode(&r)
 		f.Close()
 		if err == nil && r.Op == "begin" && r.Prefix != "" {
@@ -188,12 +187,12 @@ func journalPrefix(journals []string) string {
 // window), room for its own undo (a snapshot of the database and a journal
 // about the size of the journals it undoes).
 func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, journals []string, prefix string, window time.Duration) ([]string, error) {
-	if err := migrate.RollbackAlarms(ctx, cli, journals); err != nil {
+	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
 	var lines []string
 	if !c.Bool("allow-live-apiserver") {
-		line, err := migrate.CheckLiveness(ctx, cli, prefix, window)
+		line, err := undo.CheckLiveness(ctx, cli, prefix, window)
 		if err != nil {
 			return nil, err
 		}

@@ -124,11 +124,11 @@ type Plan struct {
 	// Undo is whether a rollback of the run would fit below etcd's quota
 	// after the rewrite, or need its compaction (nil when the run keeps no
 	// undo, or the quota check did not run or blocked).
-	Undo       *migrate.UndoFit `json:"undo,omitempty"`
-	Blockers   []Blocker        `json:"blockers"`
-	Estimate   Estimate         `json:"estimate"`
-	StateDir   string           `json:"stateDir,omitempty"`
-	DurationMs int64            `json:"durationMs"`
+	Undo       *undo.UndoFit `json:"undo,omitempty"`
+	Blockers   []Blocker     `json:"blockers"`
+	Estimate   Estimate      `json:"estimate"`
+	StateDir   string        `json:"stateDir,omitempty"`
+	DurationMs int64         `json:"durationMs"`
 }
 
 // Proceeds says whether migrate would go ahead.
@@ -222,7 +222,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 // preflight runs migrate's own checks, each on its own, so that every blocker
 // is named at once.
 func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
-	lines, fit, err := migrate.CheckQuota(ctx, env, opts.Migrate)
+	lines, fit, err := undo.CheckQuota(ctx, env, opts.Migrate.PreflightOptions)
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
@@ -239,13 +239,13 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		dir := existing(filepath.Join(opts.StateDir, "runs"))
 		mopts := opts.Migrate
 		mopts.Journal, mopts.Snapshot = filepath.Join(dir, undo.JournalFile), filepath.Join(dir, undo.SnapshotFile)
-		lines, err := migrate.CheckUndoSpace(ctx, env, mopts)
+		lines, err := undo.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {
 			p.blockErr("disk space", err, FixDiskSpace)
 		}
 	}
-	if err := migrate.CheckEncryption(ctx, env); err != nil {
+	if err := undo.CheckEncryption(ctx, env); err != nil {
 		p.blockErr("encryption providers", err, FixEncryption)
 	} else {
 		p.Checks = append(p.Checks, "write encryption providers encrypt and decrypt a probe value")
@@ -291,7 +291,7 @@ func (p *Plan) block(check, problem string, fix Fix) {
 }
 
 func (p *Plan) blockErr(check string, err error, fix Fix) {
-	var pe *migrate.PreflightError
+	var pe *undo.PreflightError
 	if errors.As(err, &pe) {
 		err = pe.Err
 	}

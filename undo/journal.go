@@ -1,8 +1,9 @@
-package migrate
+package undo
 
 import (
 	"bufio"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -192,4 +193,9 @@ func ReadJournal(path string, fn func(JournalRecord) error) error {
 			return fmt.Errorf("journal %s: %w", path, err)
 		}
 	}
+}
+
+// JournalRecordBytes is about what the journal records of one rewrite take.
+func JournalRecordBytes(key string, oldSize int) int64 {
+	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 256
 }

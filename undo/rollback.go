@@ -1,4 +1,4 @@
-package migrate
+package undo
 
 import (
 	"bytes"
@@ -18,7 +18,6 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/undo"
 )
 
 // RollbackResult counts what a rollback did (a dry run: would do). Each journal
@@ -154,7 +153,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 		}
 	}
 	if rb.guard != nil {
-		rb.guard.finish(context.WithoutCancel(ctx))
+		rb.guard.Finish(context.WithoutCancel(ctx))
 	}
 	var se *SpaceError
 	if errors.As(err, &se) {
@@ -177,20 +176,20 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 	}
 	var bound int64
 	for _, j := range journals {
-		bound += 3 * undo.FileSize(j)
+		bound += 3 * FileSize(j)
 	}
-	exact := func() (int64, error) { return rollbackBytes(journals) }
+	exact := func() (int64, error) { return RollbackBytes(journals) }
 	// What the rollback puts back is what the runs replaced: their old
 	// values, history until a compaction frees it.
 	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: exact, replaced: exact}, compact, spell)
 }
 
-// rollbackBytes adds up what undoing every record of the journals writes to
+// RollbackBytes adds up what undoing every record of the journals writes to
 // etcd's backend (putCost): each overwrite's and re-creation's old value
 // (its length from the base64, not decoded), each removal's deletion. A
 // record that does not parse ends the count of its journal: a torn last
 // record undoes nothing, and rollback refuses a damaged earlier one.
-func rollbackBytes(journals []string) (int64, error) {
+func RollbackBytes(journals []string) (int64, error) {
 	var n int64
 	for _, path := range journals {
 		f, err := os.Open(path)
@@ -249,7 +248,7 @@ type rollback struct {
 	// sim is a dry run's view of the keys it would have changed.
 	sim map[string]simValue
 	// guard keeps etcd's database below its quota (RollbackOptions.Quota).
-	guard *spaceGuard
+	guard *SpaceGuard
 }
 
 // simValue is a key as a dry run would have left it.
@@ -447,16 +446,16 @@ func (rb *rollback) batch(items []item) error {
 	var cost int64
 	for i, u := range undos {
 		puts[i] = u.put
-		cost += putCost(u.put.Key, u.put.Value)
+		cost += PutCost(u.put.Key, u.put.Value)
 	}
 	if rb.guard != nil {
-		if err := rb.guard.reserve(rb.ctx, cost); err != nil {
+		if err := rb.guard.Reserve(rb.ctx, cost); err != nil {
 			return err
 		}
 	}
 	out := rb.w.Write(rb.ctx, puts)
 	if rb.guard != nil {
-		rb.guard.done(cost)
+		rb.guard.Done(cost)
 	}
 	if rb.opts.Journal != nil {
 		var done []JournalRecord
@@ -497,11 +496,11 @@ func (rb *rollback) batch(items []item) error {
 				r = again[0]
 			}
 			rb.res.Failed++
-			rb.res.listKey("failed", r.Key, writeCause(r.Err), r.Err)
+			rb.res.listKey("failed", r.Key, WriteCause(r.Err), r.Err)
 		}
 	}
-	if key, fe := firstFatalKey(out); fe != nil {
-		return stopErr(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
+	if key, fe := FirstFatal(out); fe != nil {
+		return NewStopError(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
 	}
 	return nil
 }
