@@ -42,7 +42,8 @@ func migrateCommand() *cli.Command {
 func cmdMigrate(c *cli.Context) (err error) {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
-	if err := checkUndoFlags(c); err != nil {
+	stateDir, err := checkUndoFlags(c)
+	if err != nil {
 		return err
 	}
 	if c.Int("batch-ops") <= 0 || c.Int("batch-ops") > 128 {
@@ -78,7 +79,7 @@ func cmdMigrate(c *cli.Context) (err error) {
 	} else if err := checkRecord(c, s.env); err != nil {
 		return err
 	}
-	u, err := startRun(c, "migrate", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	u, err := startRun(c, stateDir, "migrate", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
 	if err != nil {
 		return err
 	}

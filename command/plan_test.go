@@ -155,7 +155,7 @@ func TestPlanStateDirBlockers(t *testing.T) {
 	if err := os.Chmod(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	held, err := undo.Open(state)
+	held, err := undo.StateDir(state).Open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,11 @@
 package command
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -51,15 +48,16 @@ func cmdRollback(c *cli.Context) (err error) {
 		return err
 	}
 	defer cli.Close()
-	journals, undoes, err := journalsToUndo(c.String("state-dir"), runID, journalPath)
+	stateDir := stateDirOf(c)
+	journals, undoes, err := journalsToUndo(stateDir, runID, journalPath)
 	if err != nil {
 		return err
 	}
-	prefix := journalPrefix(journals)
+	prefix := undo.JournalsPrefix(journals)
 	opts := undo.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
 	var preflight []string
 	if !opts.DryRun {
-		if preflight, err = rollbackPreflight(ctx, c, cli, journals, prefix, window); err != nil {
+		if preflight, err = rollbackPreflight(ctx, c, cli, stateDir, journals, prefix, window); err != nil {
 			return err
 		}
 	}
@@ -71,7 +69,7 @@ func cmdRollback(c *cli.Context) (err error) {
 		return refused
 	}
 	opts.Quota = &quota
-	u, err := startRun(c, "rollback", cli.Endpoints(), prefix, "", "")
+	u, err := startRun(c, stateDir, "rollback", cli.Endpoints(), prefix, "", "")
 	if err != nil {
 		return err
 	}
@@ -124,14 +122,14 @@ func cmdRollback(c *cli.Context) (err error) {
 
 // journalsToUndo are the journals a rollback undoes, newest run first, and
 // the IDs of those runs.
-func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error) {
+func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]string, []string, error) {
 	if journal != "" {
 		if _, err := os.Stat(journal); err != nil {
 			return nil, nil, usageErr("--journal: %v", err)
 		}
 		return []string{journal}, nil, nil
 	}
-	recs, err := undo.Since(stateDir, runID)
+	recs, err := stateDir.Since(runID)
 	var nf *undo.NotFoundError
 	if errors.As(err, &nf) {
 		return nil, nil, usageErr("--run: %v", err)
@@ -165,28 +163,11 @@ func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error)
 	return journals, ids, nil
 }
 
-// journalPrefix is the etcd prefix the first journal's run worked on.
-func journalPrefix(journals []string) string {
-	for _, p := range journals {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
-		}
-		var r undo.JournalRecord
-		err = json.NewDecoder(bufio.NewReader(f)).Decode(&r)
-		f.Close()
-		if err == nil && r.Op == "begin" && r.Prefix != "" {
-			return r.Prefix
-		}
-	}
-	return "/registry"
-}
-
 // rollbackPreflight is what a rollback checks before its first write, as
 // migrate does: no alarm, no kube-apiserver alive (etcd watched for the
-// window), room for its own undo (a snapshot of the database and a journal
-// about the size of the journals it undoes).
-func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, journals []string, prefix string, window time.Duration) ([]string, error) {
+// window), room for its own undo in stateDir (a snapshot of the database and
+// a journal about the size of the journals it undoes).
+func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, stateDir undo.StateDir, journals []string, prefix string, window time.Duration) ([]string, error) {
 	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
@@ -201,27 +182,8 @@ func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client
 	if c.Bool("no-undo") {
 		return lines, nil
 	}
-	st, err := etcdscan.Status(ctx, cli)
-	if err != nil {
-		return nil, err
-	}
-	stateDir := c.String("state-dir")
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
-	}
-	var journal int64
-	for _, j := range journals {
-		journal += undo.FileSize(j)
-	}
-	space, err := undo.CheckDiskSpace([]undo.DiskNeed{
-		{What: "snapshot", Path: filepath.Join(stateDir, undo.SnapshotFile), Bytes: st.DBSize},
-		{What: "journal", Path: filepath.Join(stateDir, undo.JournalFile), Bytes: journal},
-	})
-	lines = append(lines, space...)
-	if err != nil {
-		return lines, &codeError{code: exitError, err: fmt.Errorf("preflight: %w (nothing was written)", err)}
-	}
-	return lines, nil
+	space, err := undo.CheckRollbackSpace(ctx, cli, stateDir, journals)
+	return append(lines, space...), err
 }
 
 func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {

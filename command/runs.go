@@ -37,12 +37,12 @@ type runView struct {
 }
 
 func cmdRuns(c *cli.Context) error {
-	dir := c.String("state-dir")
-	recs, err := undo.List(dir)
+	dir := stateDirOf(c)
+	recs, err := dir.List()
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
-	missing, err := undo.Missing(dir, recs)
+	missing, err := dir.Missing(recs)
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
@@ -62,7 +62,7 @@ func cmdRuns(c *cli.Context) error {
 
 // runsReport is the state directory's runs.
 type runsReport struct {
-	dir  string
+	dir  undo.StateDir
 	runs []runView
 	// missing are runs created after the oldest listed whose directories
 	// were removed (undo.Missing).
@@ -72,7 +72,7 @@ type runsReport struct {
 func (r runsReport) stamped(build buildinfo.Info) any {
 	return struct {
 		Build    buildinfo.Info    `json:"build"`
-		StateDir string            `json:"stateDir"`
+		StateDir undo.StateDir     `json:"stateDir"`
 		Runs     []runView         `json:"runs"`
 		Missing  []undo.MissingRun `json:"missing,omitempty"`
 	}{build, r.dir, r.runs, r.missing}

@@ -197,7 +197,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if fileSHA(t, snap1) != sum1 {
 		t.Fatal("the first run's snapshot changed")
 	}
-	recs, err := undo.List(state)
+	recs, err := undo.StateDir(state).List()
 	if err != nil || len(recs) != 4 || recs[3].Command != "rollback" || strings.Join(recs[3].Undoes, ",") != "0003-migrate,0002-migrate,0001-migrate" {
 		t.Fatalf("runs after the rollback: %+v %v", recs, err)
 	}
@@ -328,7 +328,7 @@ func TestOneWritingRunAtATime(t *testing.T) {
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
 	c.SeedMany(5, oldCfg)
 	state := testcluster.StateDir(t)
-	held, err := undo.Open(state)
+	held, err := undo.StateDir(state).Open()
 	if err != nil {
 		t.Fatal(err)
 	}

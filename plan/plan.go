@@ -15,8 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"kube-etcd-migrate/customresource"
@@ -36,7 +34,7 @@ type Options struct {
 	// QuotaBackendBytes, batching); DryRun and the undo paths are set here.
 	Migrate migrate.Options
 	// StateDir is where the run's undo would go ("" with --no-undo).
-	StateDir string
+	StateDir undo.StateDir
 }
 
 // Blocker is one reason migrate would refuse, or would stop part-way.
@@ -127,7 +125,7 @@ type Plan struct {
 	Undo       *undo.UndoFit `json:"undo,omitempty"`
 	Blockers   []Blocker     `json:"blockers"`
 	Estimate   Estimate      `json:"estimate"`
-	StateDir   string        `json:"stateDir,omitempty"`
+	StateDir   undo.StateDir `json:"stateDir,omitempty"`
 	DurationMs int64         `json:"durationMs"`
 }
 
@@ -231,14 +229,13 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		p.Undo = fit
 	}
 	if opts.StateDir != "" {
-		if err := undo.Check(opts.StateDir); err != nil {
+		if err := opts.StateDir.Check(); err != nil {
 			p.block("state directory", err.Error(), FixStateDir)
 		}
 		// The run directory does not exist yet: its filesystem is the nearest
 		// directory that does.
-		dir := existing(filepath.Join(opts.StateDir, "runs"))
 		mopts := opts.Migrate
-		mopts.Journal, mopts.Snapshot = filepath.Join(dir, undo.JournalFile), filepath.Join(dir, undo.SnapshotFile)
+		mopts.Journal, mopts.Snapshot = opts.StateDir.NextRunFiles()
 		lines, err := undo.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {
@@ -296,18 +293,4 @@ func (p *Plan) blockErr(check string, err error, fix Fix) {
 		err = pe.Err
 	}
 	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: err.Error(), Fix: fix, Cause: err})
-}
-
-// existing is dir, or its nearest ancestor that exists.
-func existing(dir string) string {
-	for {
-		if _, err := os.Stat(dir); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return dir
-		}
-		dir = parent
-	}
 }

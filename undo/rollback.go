@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -216,6 +217,32 @@ func RollbackBytes(journals []string) (int64, error) {
 		f.Close()
 	}
 	return n, nil
+}
+
+// CheckRollbackSpace says whether a rollback's own undo fits in the state
+// directory d (made, mode 0700, if need be): a snapshot of etcd's database
+// and a journal about the size of the journals it undoes, with a line per
+// filesystem; a refusal is a *PreflightError.
+func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, d StateDir, journals []string) ([]string, error) {
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(string(d), 0o700); err != nil {
+		return nil, input.Errorf("%s: %w; nothing was written", input.StateDir, err)
+	}
+	var journal int64
+	for _, j := range journals {
+		journal += FileSize(j)
+	}
+	lines, err := CheckDiskSpace([]DiskNeed{
+		{What: "snapshot", Path: filepath.Join(string(d), SnapshotFile), Bytes: st.DBSize},
+		{What: "journal", Path: filepath.Join(string(d), JournalFile), Bytes: journal},
+	})
+	if err != nil {
+		return lines, &PreflightError{Err: err}
+	}
+	return lines, nil
 }
 
 // RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes
