@@ -490,7 +490,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	if need <= room {
 		t.Fatalf("test setup: the rollback (%d bytes) fits the room left (%d)", need, room)
 	}
-	if bound := 3 * rundirFileSize(t, journal); need > bound {
+	if bound := 3 * fileSize(t, journal); need > bound {
 		t.Fatalf("the journal's cheap bound %d is below what its records add up to, %d", bound, need)
 	}
 
@@ -543,7 +543,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	}
 }
 
-func rundirFileSize(t *testing.T, path string) int64 {
+func fileSize(t *testing.T, path string) int64 {
 	t.Helper()
 	fi, err := os.Stat(path)
 	if err != nil {
