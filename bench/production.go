@@ -14,8 +14,8 @@ import (
 	"go.uber.org/zap"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/release"
+	"kube-etcd-migrate/undo"
 )
 
 // The production phase (-dataset production; make bench-production): the size
@@ -179,7 +179,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if err != nil {
 		return nil, err
 	}
-	var rb migrate.RollbackResult
+	var rb undo.RollbackResult
 	if err := parseJSON(tr, &rb); err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/undo"
 )
 
 // The rollback phase: a journal of -rollback-n rewrites of 2 KB values (a
@@ -61,7 +61,7 @@ func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rb migrate.RollbackResult
+	var rb undo.RollbackResult
 	if err := parseJSON(tr, &rb); err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
 // and the journal that migration would have written (each intent with the
 // old value, each done with the new mod revision); it returns the journal's size.
 func seedRollback(ctx context.Context, cli *clientv3.Client, path string, n int) (int64, error) {
-	j, err := migrate.OpenJournal(path)
+	j, err := undo.OpenJournal(path)
 	if err != nil {
 		return 0, err
 	}

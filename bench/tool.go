@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // buildTool builds the kube-etcd-migrate binary from the module root.
@@ -74,7 +74,7 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 		return toolRun{}, err
 	}
 	defer os.RemoveAll(stateDir)
-	cmd.Env = append(os.Environ(), rundir.EnvStateDir+"="+stateDir)
+	cmd.Env = append(os.Environ(), undo.EnvStateDir+"="+stateDir)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()

@@ -22,14 +22,14 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // runCLI runs the command line in-process, with the state directory of the
 // writing commands in the test's own directory (one per test, kept across its calls).
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	t.Setenv(rundir.EnvStateDir, testcluster.StateDir(t))
+	t.Setenv(undo.EnvStateDir, testcluster.StateDir(t))
 	var out, errb bytes.Buffer
 	code = run(append([]string{"kube-etcd-migrate"}, args...), &out, &errb)
 	return code, out.String(), errb.String()

@@ -15,9 +15,9 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/plan"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -191,7 +191,7 @@ func TestFieldLossSurfaced(t *testing.T) {
 func journalOldValues(t *testing.T, path string) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
-	err := migrate.ReadJournal(path, func(r migrate.JournalRecord) error {
+	err := undo.ReadJournal(path, func(r undo.JournalRecord) error {
 		if r.Op == "intent" {
 			out[r.Key] = r.OldValue
 		}

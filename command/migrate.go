@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/storagemigration"
+	"kube-etcd-migrate/undo"
 )
 
 func migrateCommand() *cli.Command {
@@ -41,7 +42,8 @@ func migrateCommand() *cli.Command {
 func cmdMigrate(c *cli.Context) (err error) {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
-	if err := checkUndoFlags(c); err != nil {
+	stateDir, err := checkUndoFlags(c)
+	if err != nil {
 		return err
 	}
 	if c.Int("batch-ops") <= 0 || c.Int("batch-ops") > 128 {
@@ -77,7 +79,7 @@ func cmdMigrate(c *cli.Context) (err error) {
 	} else if err := checkRecord(c, s.env); err != nil {
 		return err
 	}
-	u, err := startRun(c, "migrate", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	u, err := startRun(c, stateDir, "migrate", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
 	if err != nil {
 		return err
 	}
@@ -160,21 +162,23 @@ func requestsWritten(res *storagemigration.Result) int64 {
 // the run directory the journal and snapshot go to.
 func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun, window time.Duration) migrate.Options {
 	return migrate.Options{
-		DryRun:             c.Bool("dry-run"),
-		FailFast:           c.Bool("fail-fast"),
-		Journal:            u.journalPath(c),
-		Snapshot:           u.snapshotPath(c),
-		OnPreflight:        u.recordChecks,
-		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
-		LivenessWindow:     window,
-		QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
-		CompactHistory:     c.Bool("compact-history"),
-		BatchOps:           c.Int("batch-ops"),
-		BatchBytes:         c.Int("batch-bytes"),
-		Writers:            c.Int("writers"),
-		WriteContext:       writeCtx,
-		PrivateEtcd:        c.String("snapshot-file"),
-		Spell:              flagOf,
+		PreflightOptions: undo.PreflightOptions{
+			Journal:            u.journalPath(c),
+			Snapshot:           u.snapshotPath(c),
+			AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
+			LivenessWindow:     window,
+			QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
+			CompactHistory:     c.Bool("compact-history"),
+			PrivateEtcd:        c.String("snapshot-file"),
+			Spell:              flagOf,
+		},
+		DryRun:       c.Bool("dry-run"),
+		FailFast:     c.Bool("fail-fast"),
+		OnPreflight:  u.recordChecks,
+		BatchOps:     c.Int("batch-ops"),
+		BatchBytes:   c.Int("batch-bytes"),
+		Writers:      c.Int("writers"),
+		WriteContext: writeCtx,
 	}
 }
 

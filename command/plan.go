@@ -34,7 +34,7 @@ func cmdPlan(c *cli.Context) error {
 		return err
 	}
 	defer s.close()
-	stateDir := c.String("state-dir")
+	stateDir := stateDirOf(c)
 	if c.Bool("no-undo") {
 		stateDir = ""
 	}

@@ -16,7 +16,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/plan"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // TestPlanNamesEveryBlocker: the plan, run as an operator runs it before the
@@ -155,7 +155,7 @@ func TestPlanStateDirBlockers(t *testing.T) {
 	if err := os.Chmod(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	held, err := rundir.Open(state)
+	held, err := undo.StateDir(state).Open()
 	if err != nil {
 		t.Fatal(err)
 	}

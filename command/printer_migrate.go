@@ -13,6 +13,7 @@ import (
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/storagemigration"
+	"kube-etcd-migrate/undo"
 )
 
 // migrateReport is migrate's summary, with the records written (recs nil:
@@ -141,7 +142,7 @@ func writeFieldLoss(w io.Writer, s *migrate.Summary) error {
 }
 
 // spaceLine is what a run saw of etcd's database.
-func spaceLine(sp *migrate.SpaceReport) string {
+func spaceLine(sp *undo.SpaceReport) string {
 	line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), textfmt.Bytes(sp.Quota.Bytes))
 	if sp.Compactions > 0 {
 		line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)
@@ -150,12 +151,12 @@ func spaceLine(sp *migrate.SpaceReport) string {
 }
 
 // rollbackReport is what rollback restored.
-type rollbackReport struct{ res migrate.RollbackResult }
+type rollbackReport struct{ res undo.RollbackResult }
 
 func (r rollbackReport) stamped(build buildinfo.Info) any {
 	return struct {
 		Build buildinfo.Info `json:"build"`
-		migrate.RollbackResult
+		undo.RollbackResult
 	}{build, r.res}
 }
 

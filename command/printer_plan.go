@@ -10,6 +10,7 @@ import (
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/plan"
+	"kube-etcd-migrate/undo"
 )
 
 // planReport is the plan: the checks, the decision (migrate's summary of a
@@ -114,7 +115,7 @@ func fmtSeconds(s float64) string {
 
 // undoLine says whether a rollback of the run fits below etcd's quota after
 // the rewrite: a warning, naming the flag, when it will need compaction.
-func undoLine(u migrate.UndoFit) string {
+func undoLine(u undo.UndoFit) string {
 	if !u.NeedsCompaction {
 		return fmt.Sprintf("ok: the undo: a rollback of this run writes about %s back, which fits in the %s left below the quota after the rewrite", textfmt.Bytes(u.RollbackBytes), textfmt.Bytes(u.RoomAfter))
 	}

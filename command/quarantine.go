@@ -29,7 +29,8 @@ func quarantineCommand() *cli.Command {
 func cmdQuarantine(c *cli.Context) (err error) {
 	ctx, stop := signalContext(c.App.ErrWriter)
 	defer stop()
-	if err := checkUndoFlags(c); err != nil {
+	stateDir, err := checkUndoFlags(c)
+	if err != nil {
 		return err
 	}
 	reasons, err := quarantine.ParseReasons(c.StringSlice("reason"))
@@ -60,7 +61,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	// flight finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	u, err := startRun(c, "quarantine", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	u, err := startRun(c, stateDir, "quarantine", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
 	if err != nil {
 		return err
 	}

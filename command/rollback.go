@@ -1,14 +1,11 @@
 package command
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -16,8 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/migrate"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 func rollbackCommand() *cli.Command {
@@ -52,31 +48,32 @@ func cmdRollback(c *cli.Context) (err error) {
 		return err
 	}
 	defer cli.Close()
-	journals, undoes, err := journalsToUndo(c.String("state-dir"), runID, journalPath)
+	stateDir := stateDirOf(c)
+	journals, undoes, err := journalsToUndo(stateDir, runID, journalPath)
 	if err != nil {
 		return err
 	}
-	prefix := journalPrefix(journals)
-	opts := migrate.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
+	prefix := undo.JournalsPrefix(journals)
+	opts := undo.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
 	var preflight []string
 	if !opts.DryRun {
-		if preflight, err = rollbackPreflight(ctx, c, cli, journals, prefix, window); err != nil {
+		if preflight, err = rollbackPreflight(ctx, c, cli, stateDir, journals, prefix, window); err != nil {
 			return err
 		}
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	quota := migrate.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"), flagOf)
-	lines, refused := migrate.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
+	quota := undo.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"), flagOf)
+	lines, refused := undo.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
 	preflight = append(preflight, lines...)
 	if refused != nil && !opts.DryRun {
 		return refused
 	}
 	opts.Quota = &quota
-	u, err := startRun(c, "rollback", cli.Endpoints(), prefix, "", "")
+	u, err := startRun(c, stateDir, "rollback", cli.Endpoints(), prefix, "", "")
 	if err != nil {
 		return err
 	}
-	var res migrate.RollbackResult
+	var res undo.RollbackResult
 	defer func() { u.finish(c, err, res.Written(), res) }()
 	if u != nil {
 		if err := u.dir.SetUndoes(undoes); err != nil {
@@ -85,7 +82,7 @@ func cmdRollback(c *cli.Context) (err error) {
 		if err := u.recordChecks(preflight); err != nil {
 			return err
 		}
-		j, err := migrate.OpenJournal(u.dir.Journal)
+		j, err := undo.OpenJournal(u.dir.Journal)
 		if err != nil {
 			return err
 		}
@@ -106,7 +103,7 @@ func cmdRollback(c *cli.Context) (err error) {
 			return nil
 		}
 	}
-	res, err = migrate.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
+	res, err = undo.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
 	res.Preflight = preflight
 	if werr := printReport(c.App.Writer, c.String("output"), rollbackReport{res}); werr != nil && err == nil {
 		err = werr
@@ -125,19 +122,19 @@ func cmdRollback(c *cli.Context) (err error) {
 
 // journalsToUndo are the journals a rollback undoes, newest run first, and
 // the IDs of those runs.
-func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error) {
+func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]string, []string, error) {
 	if journal != "" {
 		if _, err := os.Stat(journal); err != nil {
 			return nil, nil, usageErr("--journal: %v", err)
 		}
 		return []string{journal}, nil, nil
 	}
-	recs, err := rundir.Since(stateDir, runID)
-	var nf *rundir.NotFoundError
+	recs, err := stateDir.Since(runID)
+	var nf *undo.NotFoundError
 	if errors.As(err, &nf) {
 		return nil, nil, usageErr("--run: %v", err)
 	}
-	var gap *rundir.GapError
+	var gap *undo.GapError
 	if errors.As(err, &gap) {
 		// Refused as a run with its journal gone is: nothing written.
 		way := fmt.Sprintf("run %s's snapshot %s is the way back to the state before it", gap.From.ID, gap.From.Snapshot)
@@ -166,34 +163,17 @@ func journalsToUndo(stateDir, runID, journal string) ([]string, []string, error)
 	return journals, ids, nil
 }
 
-// journalPrefix is the etcd prefix the first journal's run worked on.
-func journalPrefix(journals []string) string {
-	for _, p := range journals {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
-		}
-		var r migrate.JournalRecord
-		err = json.NewDecoder(bufio.NewReader(f)).Decode(&r)
-		f.Close()
-		if err == nil && r.Op == "begin" && r.Prefix != "" {
-			return r.Prefix
-		}
-	}
-	return "/registry"
-}
-
 // rollbackPreflight is what a rollback checks before its first write, as
 // migrate does: no alarm, no kube-apiserver alive (etcd watched for the
-// window), room for its own undo (a snapshot of the database and a journal
-// about the size of the journals it undoes).
-func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, journals []string, prefix string, window time.Duration) ([]string, error) {
-	if err := migrate.RollbackAlarms(ctx, cli, journals); err != nil {
+// window), room for its own undo in stateDir (a snapshot of the database and
+// a journal about the size of the journals it undoes).
+func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, stateDir undo.StateDir, journals []string, prefix string, window time.Duration) ([]string, error) {
+	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
 	var lines []string
 	if !c.Bool("allow-live-apiserver") {
-		line, err := migrate.CheckLiveness(ctx, cli, prefix, window)
+		line, err := undo.CheckLiveness(ctx, cli, prefix, window)
 		if err != nil {
 			return nil, err
 		}
@@ -202,27 +182,8 @@ func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client
 	if c.Bool("no-undo") {
 		return lines, nil
 	}
-	st, err := etcdscan.Status(ctx, cli)
-	if err != nil {
-		return nil, err
-	}
-	stateDir := c.String("state-dir")
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
-	}
-	var journal int64
-	for _, j := range journals {
-		journal += rundir.FileSize(j)
-	}
-	space, err := rundir.CheckSpace([]rundir.Need{
-		{What: "snapshot", Path: filepath.Join(stateDir, rundir.SnapshotFile), Bytes: st.DBSize},
-		{What: "journal", Path: filepath.Join(stateDir, rundir.JournalFile), Bytes: journal},
-	})
-	lines = append(lines, space...)
-	if err != nil {
-		return lines, &codeError{code: exitError, err: fmt.Errorf("preflight: %w (nothing was written)", err)}
-	}
-	return lines, nil
+	space, err := undo.CheckRollbackSpace(ctx, cli, stateDir, journals)
+	return append(lines, space...), err
 }
 
 func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {

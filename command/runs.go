@@ -12,7 +12,7 @@ import (
 
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 func runsCommand() *cli.Command {
@@ -27,7 +27,7 @@ func runsCommand() *cli.Command {
 
 // runView is a run as 'runs' shows it.
 type runView struct {
-	rundir.Record
+	undo.Record
 	// SnapshotTaken and JournalKept say whether those files are on disk;
 	// SnapshotBytes and JournalBytes their sizes (what removing them frees).
 	SnapshotTaken bool  `json:"snapshotTaken"`
@@ -37,12 +37,12 @@ type runView struct {
 }
 
 func cmdRuns(c *cli.Context) error {
-	dir := c.String("state-dir")
-	recs, err := rundir.List(dir)
+	dir := stateDirOf(c)
+	recs, err := dir.List()
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
-	missing, err := rundir.Missing(dir, recs)
+	missing, err := dir.Missing(recs)
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
@@ -51,10 +51,10 @@ func cmdRuns(c *cli.Context) error {
 		_, jerr := os.Stat(r.Journal)
 		views[i] = runView{Record: r, SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
 		if views[i].SnapshotTaken {
-			views[i].SnapshotBytes = rundir.FileSize(r.Snapshot)
+			views[i].SnapshotBytes = undo.FileSize(r.Snapshot)
 		}
 		if views[i].JournalKept {
-			views[i].JournalBytes = rundir.FileSize(r.Journal)
+			views[i].JournalBytes = undo.FileSize(r.Journal)
 		}
 	}
 	return printReport(c.App.Writer, c.String("output"), runsReport{dir, views, missing})
@@ -62,19 +62,19 @@ func cmdRuns(c *cli.Context) error {
 
 // runsReport is the state directory's runs.
 type runsReport struct {
-	dir  string
+	dir  undo.StateDir
 	runs []runView
 	// missing are runs created after the oldest listed whose directories
-	// were removed (rundir.Missing).
-	missing []rundir.MissingRun
+	// were removed (undo.Missing).
+	missing []undo.MissingRun
 }
 
 func (r runsReport) stamped(build buildinfo.Info) any {
 	return struct {
-		Build    buildinfo.Info      `json:"build"`
-		StateDir string              `json:"stateDir"`
-		Runs     []runView           `json:"runs"`
-		Missing  []rundir.MissingRun `json:"missing,omitempty"`
+		Build    buildinfo.Info    `json:"build"`
+		StateDir undo.StateDir     `json:"stateDir"`
+		Runs     []runView         `json:"runs"`
+		Missing  []undo.MissingRun `json:"missing,omitempty"`
 	}{build, r.dir, r.runs, r.missing}
 }
 

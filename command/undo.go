@@ -7,12 +7,12 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // stateDirFlag is --state-dir, on every command that writes and on runs and plan.
 func stateDirFlag() cli.Flag {
-	return &cli.StringFlag{Name: "state-dir", Value: rundir.DefaultStateDir, EnvVars: []string{rundir.EnvStateDir},
+	return &cli.StringFlag{Name: "state-dir", Value: undo.DefaultStateDir, EnvVars: []string{undo.EnvStateDir},
 		Usage: "where each writing run keeps its undo (a run directory: journal, snapshot before the first write, plan, summary; mode 0700)"}
 }
 
@@ -29,32 +29,39 @@ func undoFlags() []cli.Flag {
 // undoRun is the run directory of a writing run, nil-safe: a dry run, a run
 // with --no-undo and a run on a --snapshot-file have none.
 type undoRun struct {
-	state *rundir.State
-	dir   *rundir.Run
+	state *undo.State
+	dir   *undo.Run
 }
 
-// checkUndoFlags refuses contradictory undo flags before anything is opened.
-func checkUndoFlags(c *cli.Context) error {
+// stateDirOf is the state directory --state-dir names (else
+// $KUBE_ETCD_MIGRATE_STATE_DIR, else the default): read once by each command
+// and handed on.
+func stateDirOf(c *cli.Context) undo.StateDir { return undo.StateDir(c.String("state-dir")) }
+
+// checkUndoFlags refuses contradictory undo flags before anything is opened,
+// and returns the state directory.
+func checkUndoFlags(c *cli.Context) (undo.StateDir, error) {
 	if c.Bool("no-undo") && (c.String("journal") != "" || c.String("snapshot") != "") {
-		return usageErr("--no-undo keeps no journal and no snapshot: leave out --journal and --snapshot, or --no-undo")
+		return "", usageErr("--no-undo keeps no journal and no snapshot: leave out --journal and --snapshot, or --no-undo")
 	}
 	if p := c.String("snapshot"); p != "" && !c.Bool("dry-run") {
 		if _, err := os.Lstat(p); err == nil {
-			return usageErr("--snapshot %s: the file exists and a snapshot is never replaced (it may hold the state before an earlier run); give a new path, or leave out --snapshot: each run keeps its own in its run directory", p)
+			return "", usageErr("--snapshot %s: the file exists and a snapshot is never replaced (it may hold the state before an earlier run); give a new path, or leave out --snapshot: each run keeps its own in its run directory", p)
 		}
 	}
-	if c.String("state-dir") == "" && !c.Bool("no-undo") {
-		return usageErr("--state-dir: empty; give a directory (default %s)", rundir.DefaultStateDir)
+	dir := stateDirOf(c)
+	if dir == "" && !c.Bool("no-undo") {
+		return "", usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
 	}
-	return nil
+	return dir, nil
 }
 
-// startRun creates the run directory of a writing run before anything is
-// written, and says on stderr where the undo is; journal and snapshot, when
-// set, are where the operator asked for those files instead. A state
-// directory that cannot be made, is shared with others or is locked by
-// another run refuses the run (exit 1).
-func startRun(c *cli.Context, command string, endpoints []string, prefix, journal, snapshot string) (*undoRun, error) {
+// startRun creates the run directory of a writing run in the state directory
+// dir before anything is written, and says on stderr where the undo is;
+// journal and snapshot, when set, are where the operator asked for those
+// files instead. A state directory that cannot be made, is shared with
+// others or is locked by another run refuses the run (exit 1).
+func startRun(c *cli.Context, dir undo.StateDir, command string, endpoints []string, prefix, journal, snapshot string) (*undoRun, error) {
 	if c.Bool("dry-run") || c.String("snapshot-file") != "" {
 		return nil, nil
 	}
@@ -62,7 +69,7 @@ func startRun(c *cli.Context, command string, endpoints []string, prefix, journa
 		fmt.Fprintln(c.App.ErrWriter, "WARNING: --no-undo: this run keeps no journal and no snapshot; nothing can roll it back")
 		return nil, nil
 	}
-	st, err := rundir.Open(c.String("state-dir"))
+	st, err := dir.Open()
 	if err != nil {
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written (--no-undo runs without an undo)", err)}
 	}

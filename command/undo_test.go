@@ -20,7 +20,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -112,16 +112,16 @@ func TestUndoAcrossReruns(t *testing.T) {
 	c.SeedMany(n, oldCfg)
 	before := c.Raw()
 	state := testcluster.StateDir(t)
-	t.Setenv(rundir.EnvStateDir, state)
+	t.Setenv(undo.EnvStateDir, state)
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
 	// The killed runs rewrite secrets (to key2); the last run rewrites them again (key3).
 	slow := append([]string{"migrate", "--liveness-window", "500ms", "--writers", "1", "--batch-ops", "1", "--resource", "secrets"}, conn...)
 
 	killMidRun(t, c, 100, slow...)
 	first := filepath.Join(state, "runs", "0001-migrate")
-	snap1 := filepath.Join(first, rundir.SnapshotFile)
+	snap1 := filepath.Join(first, undo.SnapshotFile)
 	sum1 := fileSHA(t, snap1)
-	if fi, err := os.Stat(filepath.Join(first, rundir.JournalFile)); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(filepath.Join(first, undo.JournalFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("first run's journal: %v %v", fi, err)
 	}
 	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o700 {
@@ -161,8 +161,8 @@ func TestUndoAcrossReruns(t *testing.T) {
 			t.Errorf("run %s: snapshot taken %v, journal kept %v", r.ID, r.SnapshotTaken, r.JournalKept)
 		}
 		// What removing the run's files would free, as the files are.
-		if r.SnapshotBytes == 0 || r.SnapshotBytes != rundir.FileSize(r.Snapshot) || r.JournalBytes == 0 || r.JournalBytes != rundir.FileSize(r.Journal) {
-			t.Errorf("run %s: snapshot %d bytes (file %d), journal %d bytes (file %d)", r.ID, r.SnapshotBytes, rundir.FileSize(r.Snapshot), r.JournalBytes, rundir.FileSize(r.Journal))
+		if r.SnapshotBytes == 0 || r.SnapshotBytes != undo.FileSize(r.Snapshot) || r.JournalBytes == 0 || r.JournalBytes != undo.FileSize(r.Journal) {
+			t.Errorf("run %s: snapshot %d bytes (file %d), journal %d bytes (file %d)", r.ID, r.SnapshotBytes, undo.FileSize(r.Snapshot), r.JournalBytes, undo.FileSize(r.Journal))
 		}
 	}
 	if code, out, _ := runCLI(t, "runs"); code != exitOK || !strings.Contains(out, listed.Runs[0].Snapshot+" ("+textfmt.Bytes(listed.Runs[0].SnapshotBytes)+")") {
@@ -197,7 +197,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if fileSHA(t, snap1) != sum1 {
 		t.Fatal("the first run's snapshot changed")
 	}
-	recs, err := rundir.List(state)
+	recs, err := undo.StateDir(state).List()
 	if err != nil || len(recs) != 4 || recs[3].Command != "rollback" || strings.Join(recs[3].Undoes, ",") != "0003-migrate,0002-migrate,0001-migrate" {
 		t.Fatalf("runs after the rollback: %+v %v", recs, err)
 	}
@@ -216,7 +216,7 @@ func TestRollbackRefusesARemovedRun(t *testing.T) {
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
 	c.SeedMany(1500, oldCfg)
 	state := testcluster.StateDir(t)
-	t.Setenv(rundir.EnvStateDir, state)
+	t.Setenv(undo.EnvStateDir, state)
 	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37", "--liveness-window", "500ms"}
 	// Run 1 is killed part-way; run 2, the rerun, rewrites the rest: keys run 1 did not write.
 	killMidRun(t, c, 100, append([]string{"migrate", "--writers", "1", "--batch-ops", "1", "--resource", "secrets"}, conn...)...)
@@ -232,7 +232,7 @@ func TestRollbackRefusesARemovedRun(t *testing.T) {
 	for _, dry := range [][]string{{"--dry-run"}, nil} {
 		code, out, stderr := runCLI(t, append([]string{"rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms"}, dry...)...)
 		if code != exitError || !strings.Contains(stderr, "run 0002-migrate is missing from "+filepath.Join(state, "runs")) ||
-			!strings.Contains(stderr, "run 0001-migrate's snapshot "+filepath.Join(state, "runs", "0001-migrate", rundir.SnapshotFile)) {
+			!strings.Contains(stderr, "run 0001-migrate's snapshot "+filepath.Join(state, "runs", "0001-migrate", undo.SnapshotFile)) {
 			t.Fatalf("rollback %v of run 1 with run 2 removed: exit %d, want %d naming the missing run and run 1's snapshot\n%s%s", dry, code, exitError, out, stderr)
 		}
 	}
@@ -252,7 +252,7 @@ func TestRollbackRefusesARemovedRun(t *testing.T) {
 	}
 	code, out, stderr = runCLI(t, "runs", "-o", "json")
 	var listed struct {
-		Missing []rundir.MissingRun `json:"missing"`
+		Missing []undo.MissingRun `json:"missing"`
 	}
 	if code != exitOK || json.Unmarshal([]byte(out), &listed) != nil || len(listed.Missing) != 1 || listed.Missing[0].ID != "0002-migrate" || listed.Missing[0].WroteNothing {
 		t.Fatalf("runs -o json: exit %d\n%s%s", code, out, stderr)
@@ -328,7 +328,7 @@ func TestOneWritingRunAtATime(t *testing.T) {
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
 	c.SeedMany(5, oldCfg)
 	state := testcluster.StateDir(t)
-	held, err := rundir.Open(state)
+	held, err := undo.StateDir(state).Open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,9 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"kube-etcd-migrate/internal/testrig/apiservertest"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/undo"
 )
 
 // TestFieldLossAsAPIServer (issue 27, item 4): gizmos written through
@@ -149,7 +149,7 @@ func TestFieldLossAsAPIServer(t *testing.T) {
 func journalIntents(t *testing.T, path string) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
-	err := migrate.ReadJournal(path, func(r migrate.JournalRecord) error {
+	err := undo.ReadJournal(path, func(r undo.JournalRecord) error {
 		if r.Op == "intent" {
 			out[r.Key] = r.OldValue
 		}

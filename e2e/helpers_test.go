@@ -30,6 +30,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -113,9 +114,11 @@ func (c *cluster) migrate(cfg pipeline.Config) *migrate.Summary {
 	env := c.env(cfg)
 	defer env.Close()
 	sum, err := migrate.Run(context.Background(), env, migrate.Options{
-		QuotaBackendBytes:  migrate.DefaultQuotaBackendBytes,
-		AllowLiveAPIServer: true,
-		Journal:            filepath.Join(c.dir, fmt.Sprintf("journal-%d", time.Now().UnixNano())),
+		PreflightOptions: undo.PreflightOptions{
+			QuotaBackendBytes:  undo.DefaultQuotaBackendBytes,
+			AllowLiveAPIServer: true,
+			Journal:            filepath.Join(c.dir, fmt.Sprintf("journal-%d", time.Now().UnixNano())),
+		},
 	})
 	if err != nil {
 		c.t.Fatalf("migrate: %v (summary %+v, failures %+v)", err, sum.Summary, sum.Failures)

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"kube-etcd-migrate/internal/testrig/testcluster"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/updatepath"
 )
 
@@ -57,7 +57,7 @@ func runTool(t *testing.T, args ...string) (string, string, int) {
 	// Every object of every e2e run goes through the field manager
 	// shortcut and the full field manager both; an object on which they
 	// differ is an error of the run (updatepath.CheckShortcutEnv).
-	cmd.Env = append(os.Environ(), updatepath.CheckShortcutEnv+"=1", rundir.EnvStateDir+"="+testcluster.StateDir(t))
+	cmd.Env = append(os.Environ(), updatepath.CheckShortcutEnv+"=1", undo.EnvStateDir+"="+testcluster.StateDir(t))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

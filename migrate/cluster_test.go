@@ -15,6 +15,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -101,8 +102,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	stopped := -1
 	journal := filepath.Join(c.Dir, "journal")
 	opts := Options{
-		LivenessWindow: testWindow,
-		Journal:        journal, BatchOps: 2, Writers: 2, QuotaBackendBytes: DefaultQuotaBackendBytes,
+		PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, BatchOps: 2, Writers: 2,
 		Progress: func(p Counts) {
 			switch {
 			case len(evs) == 0 && p.Scanned >= n/4:
@@ -165,7 +165,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	// The journal is complete: an intent and a done record for every key,
 	// the done record naming the mod revision the key has now.
 	intents, done := map[string]int{}, map[string]int64{}
-	err = ReadJournal(journal, func(r JournalRecord) error {
+	err = undo.ReadJournal(journal, func(r undo.JournalRecord) error {
 		switch r.Op {
 		case "intent":
 			intents[r.Key]++
@@ -197,7 +197,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	if err := ec.Members[stopped].Restart(); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := Rollback(ctx, cli, journal, &etcdscan.Writer{Client: cli})
+	rb, err := undo.Rollback(ctx, cli, journal, &etcdscan.Writer{Client: cli})
 	if err != nil || rb.Restored != n || rb.Failed != 0 || rb.Skipped != 0 {
 		t.Fatalf("rollback: %+v %v", rb, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/undo"
 )
 
 // The crash test re-executes this test binary as the migrating process; these
@@ -52,7 +53,7 @@ func childMigrate(endpoint string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	_, err = Run(ctx, env, Options{LivenessWindow: testWindow, Journal: os.Getenv(childJournal), BatchOps: 1, Writers: 1, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: os.Getenv(childJournal), QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, BatchOps: 1, Writers: 1})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -138,7 +139,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 
 	// Running again resumes: what the killed run wrote is current and skipped.
 	journal2 := filepath.Join(c.Dir, "journal2")
-	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{Journal: journal2})
+	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: undo.PreflightOptions{Journal: journal2}})
 	if sum.Summary.Failed != 0 || sum.Summary.Current < 1 || sum.Summary.Rewritten+sum.Summary.Current != 2*n {
 		t.Fatalf("resume: %+v", sum.Summary)
 	}
@@ -152,7 +153,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	// Rolling back both runs, latest first, gives back the bytes stored before the
 	// first one, key for key (the killed run's journal may end in a torn record).
 	for _, j := range []string{journal2, journal} {
-		rb, err := Rollback(context.Background(), c.Cli, j, &etcdscan.Writer{Client: c.Cli})
+		rb, err := undo.Rollback(context.Background(), c.Cli, j, &etcdscan.Writer{Client: c.Cli})
 		if err != nil {
 			t.Fatalf("rollback %s: %v", filepath.Base(j), err)
 		}
@@ -201,7 +202,7 @@ func testCompactionMidRun(t *testing.T, version string) {
 	before := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 
 	compacted := false
-	opts := Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes, Progress: func(n Counts) {
+	opts := Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, Progress: func(n Counts) {
 		if !compacted && n.Scanned >= 100 {
 			compacted = true
 			rev := c.Revision()

@@ -13,6 +13,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/undo"
 )
 
 // CRDResult says what happened to one CRD's status.storedVersions.
@@ -69,7 +70,7 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // resources) holds the value the run wrote there, encoded in the storage
 // version: etcd gives each transaction its own revision, and a key's mod
 // revision is that of the transaction that last wrote it.
-func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w Store, j *Journal) ([]CRDResult, error) {
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w undo.Store, j *undo.Journal) ([]CRDResult, error) {
 	var out []CRDResult
 	for _, crd := range env.CRDs {
 		if !inScope(env, crd) {
@@ -149,7 +150,7 @@ func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipel
 
 // trimOne rewrites the CRD object with status.storedVersions = [storage version],
 // encoded as the apiextensions-apiserver stores CRDs.
-func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w Store, j *Journal) error {
+func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w undo.Store, j *undo.Journal) error {
 	kv, found, err := w.Get(ctx, crd.Key)
 	if err != nil {
 		return fmt.Errorf("%s: %w", crd.Key, err)

@@ -19,6 +19,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 )
 
 // testWindow is the liveness window of tests: a "kube-apiserver" in them
@@ -73,9 +74,9 @@ func TestLiveAPIServerWithSlowClock(t *testing.T) {
 	stop := c.Renewer(t, "apiserver-abc", "cp-1", -10*time.Minute)
 	before := dump(t, c)
 
-	_, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	_, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
 	stop()
-	var pe *PreflightError
+	var pe *undo.PreflightError
 	if !errors.As(err, &pe) {
 		t.Fatalf("err = %v, want a preflight refusal", err)
 	}
@@ -100,7 +101,7 @@ func TestStoppedAPIServerWithFastClock(t *testing.T) {
 	c.PutRaw("/registry/leases/kube-system/apiserver-future", c.IdentityLease("apiserver-future", "cp-1", time.Now().Add(10*time.Minute)))
 	c.PutRaw("/registry/leases/kube-system/apiserver-past", c.IdentityLease("apiserver-past", "cp-2", time.Now().Add(-10*time.Minute)))
 	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
-	sum, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	sum, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
 	if err != nil || sum.Summary.Rewritten != 1 {
 		t.Fatalf("err %v summary %+v", err, sum.Summary)
 	}
@@ -133,7 +134,7 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 	env := c.Env(pipeline.Config{})
 	stop := c.KeepWriting(t, kcm, [][]byte{value})
 	before := dump(t, c)
-	_, err = Run(ctx, env, Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
 	stop()
 	if err == nil || !strings.Contains(err.Error(), "something is writing under /registry") || !strings.Contains(err.Error(), kcm+" written") {
 		t.Fatalf("err = %v, want the kube-controller-manager lease named", err)
@@ -148,7 +149,7 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 	ep := &api.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.1", UID: "m", CreationTimestamp: metav1.Unix(1700000000, 0)}}
 	c.Put("/registry/masterleases/10.0.0.1", schema.GroupResource{Resource: "endpoints"}, ep, "", "", "", clientv3.WithLease(held.ID))
 	before = dump(t, c)
-	_, err = Run(ctx, env, Options{LivenessWindow: testWindow, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
 	if err == nil || !strings.Contains(err.Error(), "/registry/masterleases/10.0.0.1 has") || !strings.Contains(err.Error(), "wait that long and rerun") {
 		t.Fatalf("err = %v, want the held master lease named", err)
 	}
@@ -164,7 +165,7 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 		}
 		done <- err
 	}()
-	sum, err := Run(ctx, env, Options{LivenessWindow: time.Second, QuotaBackendBytes: DefaultQuotaBackendBytes})
+	sum, err := Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: time.Second, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,8 @@
 // pipeline, journals the old bytes, writes the new values with compare-and-swap on
 // each key's mod revision in bounded multi-key transactions (keeping leases), trims
 // CRD status.storedVersions once every object of a CRD is in its storage version,
-// and can roll a run back from its journal. Before the first write it checks that no
-// kube-apiserver is live, that etcd has no alarm and room for the rewrite, and that
-// the write encryption provider works.
+// and sums up the run. Its preflight, journal, space guard and the rollback of a
+// run are package undo's.
 package migrate
 
 import (
@@ -21,6 +20,7 @@ import (
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
+	"kube-etcd-migrate/undo"
 )
 
 // DefaultWriters is the number of write transactions in flight (--writers).
@@ -35,32 +35,20 @@ const DefaultWriters = 16
 
 // Options control a migration.
 type Options struct {
-	DryRun             bool
-	FailFast           bool
-	Journal            string // --journal FILE
-	Snapshot           string // --snapshot FILE
-	AllowLiveAPIServer bool
-	// QuotaBackendBytes is etcd's --quota-backend-bytes as the operator
-	// gives it (0: not given). etcd's own metrics win when they answer and
-	// are not smaller (FindQuota).
-	QuotaBackendBytes int64
-	// CompactHistory compacts etcd's history up to the run's latest write
-	// whenever the database nears the quota (--compact-history).
-	CompactHistory bool
-	BatchOps       int
-	BatchBytes     int
-	Writers        int // concurrent write transactions; 0 = DefaultWriters
+	// PreflightOptions are what the checks before the first write go by:
+	// the journal and snapshot, the quota, liveness, and how the lines
+	// name the operator's inputs.
+	undo.PreflightOptions
+	DryRun     bool
+	FailFast   bool
+	BatchOps   int
+	BatchBytes int
+	Writers    int // concurrent write transactions; 0 = DefaultWriters
 	// Progress, when set, is called after each page with the running totals.
 	Progress func(Counts)
-	// LivenessWindow is how long the live-apiserver check watches etcd for
-	// writes (--liveness-window); 0 = liveness.DefaultWindow.
-	LivenessWindow time.Duration
 	// WriteContext is used for writes; it should outlive a SIGINT so in-flight
 	// writes finish. nil = the run context.
 	WriteContext context.Context
-	// PrivateEtcd, when set, names the snapshot file the etcd is a private copy
-	// of: no kube-apiserver can reach it, so the live-apiserver check is moot.
-	PrivateEtcd string
 	// KeepStoredVersions leaves CRD status.storedVersions alone: the caller
 	// decides the trim (storagemigration does, with the upstream controller's
 	// generation check).
@@ -71,27 +59,12 @@ type Options struct {
 	// input is never modified (it is the undo): the preflight of a live etcd
 	// (alarms, liveness, quota, the space guard) and the journal and snapshot
 	// do not apply; the preflight says the output's room instead.
-	Output     Store
+	Output     undo.Store
 	OutputFile string
-	// Spell names the operator's inputs in the preflight's lines and the
-	// quota's source (the command: its flags); nil: words.
-	Spell func(input.Name) string
-	// Sizes, when set, is what a dry run found just before (plan's): the
-	// preflight's estimates of the rewrite and the journal take it instead
-	// of a decision pass of their own.
-	Sizes *WriteSizes
 	// OnPreflight, when set, is given the checks passed, after the preflight
 	// and before the first write (the run directory's plan); an error stops
 	// the run with nothing written.
 	OnPreflight func(checks []string) error
-}
-
-// spell is Spell, or words.
-func (o Options) spell() func(input.Name) string {
-	if o.Spell != nil {
-		return o.Spell
-	}
-	return input.Words
 }
 
 // Counts are a summary's figures, overall or for one resource.
@@ -151,11 +124,11 @@ type Summary struct {
 	Resources    []ResourceSummary  `json:"resources"`
 	Failures     []Failure          `json:"failures,omitempty"`
 	Causes       []FailureCause     `json:"causes,omitempty"`
-	Space        *SpaceReport       `json:"space,omitempty"`
+	Space        *undo.SpaceReport  `json:"space,omitempty"`
 	// WriteSizes is what the rewrite of the stale objects takes (a dry run's).
-	WriteSizes *WriteSizes `json:"writeSizes,omitempty"`
-	CRDs       []CRDResult `json:"crds,omitempty"`
-	Preflight  []string    `json:"preflight,omitempty"`
+	WriteSizes *undo.WriteSizes `json:"writeSizes,omitempty"`
+	CRDs       []CRDResult      `json:"crds,omitempty"`
+	Preflight  []string         `json:"preflight,omitempty"`
 	// FieldLoss lists, per custom resource and stored version, the fields
 	// the rewrite dropped (a dry run: would drop) and how many objects
 	// carried each (reencode.FieldLoss: paths and counts, never values):
@@ -187,7 +160,7 @@ type tally struct {
 	// the rewrite drops.
 	fieldLoss reencode.FieldLosses
 	// sizes: what the stale objects' rewrite takes (a dry run).
-	sizes WriteSizes
+	sizes undo.WriteSizes
 }
 
 func (t *tally) res(gr schema.GroupResource) *ResourceSummary {
@@ -230,7 +203,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if writeCtx == nil {
 		writeCtx = ctx
 	}
-	var w Store = etcdStore{&etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}}
+	var w undo.Store = undo.EtcdStore{Writer: &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}}
 	if opts.Output != nil {
 		w = opts.Output
 	}
@@ -243,24 +216,22 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		writers = DefaultWriters
 	}
 
-	var journal *Journal
-	var guard *spaceGuard
+	var journal *undo.Journal
+	var guard *undo.SpaceGuard
 	if !opts.DryRun {
 		var checks []string
-		var space *spaceStart
 		var err error
 		if opts.Output != nil {
-			checks, err = outputPreflight(ctx, env, opts)
+			checks, err = undo.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
 		} else {
-			checks, space, err = preflight(ctx, env, opts)
+			checks, guard, err = undo.Preflight(ctx, env, opts.PreflightOptions)
 		}
 		sum.Preflight = checks
 		if err != nil {
 			return finish(sum, t, start), err
 		}
-		if space != nil {
-			guard = newSpaceGuard(etcdStatus{env.Client}, space.quota, opts.CompactHistory, space.status)
-			sum.Space = guard.report
+		if guard != nil {
+			sum.Space = guard.Report()
 		}
 		if opts.OnPreflight != nil {
 			if err := opts.OnPreflight(checks); err != nil {
@@ -270,7 +241,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if opts.Journal != "" {
 			// With an output snapshot, its mod revisions are the output's.
 			sum.Journal = opts.Journal
-			journal, err = OpenJournal(opts.Journal)
+			journal, err = undo.OpenJournal(opts.Journal)
 			if err != nil {
 				return finish(sum, t, start), err
 			}
@@ -336,7 +307,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 					r.Reasons[string(reason)]++
 				}
 				if opts.DryRun {
-					t.sizes.add(d)
+					t.sizes.Add(d)
 					t.total.BytesNew += int64(len(d.NewValue))
 					r.BytesNew += int64(len(d.NewValue))
 					t.fieldLoss.Add(&d)
@@ -370,13 +341,13 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	close(queue)
 	wg.Wait()
 	if guard != nil {
-		guard.finish(writeCtx)
+		guard.Finish(writeCtx)
 	}
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
 
 	var err error
-	var spaceErr *SpaceError
+	var spaceErr *undo.SpaceError
 	if errors.As(writeErr, &spaceErr) {
 		spaceErr.Journal = opts.Journal
 	}
@@ -438,7 +409,7 @@ func finish(sum *Summary, t *tally, start time.Time) *Summary {
 // writeBatch journals, writes and tallies one batch of stale decisions. It
 // writes nothing once the writer met an error no retry fixes, nor when the
 // batch would take etcd's database past its quota (guard).
-func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, guard *spaceGuard, ds []reencode.Decision, t *tally, opts Options, snapMu *sync.Mutex, snapshotTaken *bool) error {
+func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Journal, guard *undo.SpaceGuard, ds []reencode.Decision, t *tally, opts Options, snapMu *sync.Mutex, snapshotTaken *bool) error {
 	if w.Stopped() != nil {
 		return nil // the run is stopping; the first error was returned
 	}
@@ -456,13 +427,13 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, gua
 	var cost int64
 	for i, d := range ds {
 		puts[i] = etcdscan.Put{Key: d.Key, Value: d.NewValue, ModRevision: d.ModRevision, Read: d.Read}
-		cost += putCost(d.Key, d.NewValue)
+		cost += undo.PutCost(d.Key, d.NewValue)
 	}
 	if guard != nil {
-		if err := guard.reserve(ctx, cost); err != nil {
+		if err := guard.Reserve(ctx, cost); err != nil {
 			return err
 		}
-		defer guard.done(cost)
+		defer guard.Done(cost)
 	}
 	if j != nil {
 		old := make([][]byte, len(ds))
@@ -480,10 +451,10 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, gua
 		}
 	}
 	var stop error
-	if key, fe := firstFatalKey(results); fe != nil && opts.Output != nil {
+	if key, fe := undo.FirstFatal(results); fe != nil && opts.Output != nil {
 		stop = fmt.Errorf("write %s: %w", key, fe)
 	} else if fe != nil {
-		stop = stopErr(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
+		stop = undo.NewStopError(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -509,7 +480,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, gua
 		default:
 			t.total.Failed++
 			rs.Failed++
-			t.fail(Failure{Key: d.Key, Status: "failed", Reason: writeCause(r.Err), Error: r.Err.Error()})
+			t.fail(Failure{Key: d.Key, Status: "failed", Reason: undo.WriteCause(r.Err), Error: r.Err.Error()})
 			if opts.FailFast && firstErr == nil {
 				firstErr = input.Errorf("%s: write %s: %v", input.FailFast, d.Key, r.Err)
 			}
@@ -519,19 +490,4 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w Store, j *Journal, gua
 		return stop
 	}
 	return firstErr
-}
-
-// writeCause names why a write failed, for the summary's grouping.
-func writeCause(err error) string {
-	if fe := etcdscan.AsFatal(err); fe != nil {
-		return fe.Cause
-	}
-	var tooLarge *etcdscan.TooLargeError
-	switch {
-	case errors.Is(err, context.Canceled):
-		return "interrupted"
-	case errors.As(err, &tooLarge):
-		return "too-large"
-	}
-	return "etcd-error"
 }

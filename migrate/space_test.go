@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,9 +23,9 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
-	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 )
 
 // spaceSeed is the keyspace the space tests rotate: n secrets of about 2 KB
@@ -103,14 +101,14 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	ctx := context.Background()
 	env := s.env()
 
-	found := FindQuota(ctx, s.c.Cli, "", 0, testFlags)
+	found := undo.FindQuota(ctx, s.c.Cli, "", 0, testFlags)
 	if found.Bytes != quota || !found.Known || !strings.Contains(found.Source, etcdscan.QuotaMetric) {
 		t.Fatalf("not told: found %+v, want %d from %s", found, quota, etcdscan.QuotaMetric)
 	}
-	if told := FindQuota(ctx, s.c.Cli, "", 3<<20, testFlags); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
+	if told := undo.FindQuota(ctx, s.c.Cli, "", 3<<20, testFlags); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
 		t.Fatalf("told a smaller quota: %+v", told)
 	}
-	if told := FindQuota(ctx, s.c.Cli, "", 1<<30, testFlags); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
+	if told := undo.FindQuota(ctx, s.c.Cli, "", 1<<30, testFlags); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
 		t.Fatalf("told a larger quota than etcd's: %+v", told)
 	}
 
@@ -118,7 +116,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizes, err := newSizer(env, Options{}).get(ctx)
+	sizes, err := undo.MeasureRewrite(ctx, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,18 +126,18 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatalf("a dry run's sizes %+v, the preflight's pass %+v", dry.WriteSizes, sizes)
 	}
 	// Given them, the preflight takes them as they are (no pass of its own).
-	if _, _, err := CheckQuota(ctx, env, Options{Sizes: &WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
+	if _, _, err := undo.CheckQuota(ctx, env, undo.PreflightOptions{Sizes: &undo.WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
 		t.Fatalf("the preflight given a dry run's sizes: %v", err)
 	}
-	room := quota - Margin(quota) - st.DBSize + st.Free
+	room := quota - undo.Margin(quota) - st.DBSize + st.Free
 	t.Logf("database %d (%d free), rewrite %d, room %d", st.DBSize, st.Free, rewrite, room)
 	if rewrite < 2*room {
 		t.Fatalf("test setup: the rewrite (%d bytes) is not twice the room left below the quota (%d)", rewrite, room)
 	}
 
 	before := s.c.Revision()
-	_, err = Run(ctx, env, Options{LivenessWindow: testWindow})
-	var pe *PreflightError
+	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow}})
+	var pe *undo.PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), textfmt.Bytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("a rewrite past the quota found in etcd's metrics: err = %v", err)
 	}
@@ -147,7 +145,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatal("the refused run wrote")
 	}
 
-	sum, err := Run(ctx, env, Options{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal"), Spell: testFlags})
+	sum, err := Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal"), Spell: testFlags}})
 	if err != nil {
 		t.Fatalf("--compact-history: %v", err)
 	}
@@ -191,7 +189,7 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 
 	// Rollback needs room too: refused under the alarm, nothing written.
 	before := s.c.Revision()
-	if _, err := Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "NOSPACE") || !strings.Contains(err.Error(), "alarm disarm") {
+	if _, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "NOSPACE") || !strings.Contains(err.Error(), "alarm disarm") {
 		t.Fatalf("rollback under the alarm: %v", err)
 	}
 	if s.c.Revision() != before {
@@ -212,7 +210,7 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 	if _, err := s.c.Cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	res, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
 	if err != nil || res.Failed != 0 || int64(res.Restored) != sum.Summary.Rewritten {
 		t.Fatalf("rollback after the remedy: %+v %v", res, err)
 	}
@@ -232,16 +230,16 @@ func TestGuardStopsBeforeQuota(t *testing.T) {
 	ctx := context.Background()
 	filled := false
 	var fillErr error
-	sum, err := Run(ctx, s.env(), Options{LivenessWindow: testWindow, Writers: 1, Progress: func(n Counts) {
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow}, Writers: 1, Progress: func(n Counts) {
 		if !filled && n.Scanned >= 200 {
 			filled = true
-			fillErr = fillBelow(ctx, s.c.Cli, quota-Margin(quota)/2)
+			fillErr = fillBelow(ctx, s.c.Cli, quota-undo.Margin(quota)/2)
 		}
 	}})
 	if fillErr != nil {
 		t.Fatal(fillErr)
 	}
-	var se *SpaceError
+	var se *undo.SpaceError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("err = %v, want a stop before the quota", err)
 	}
@@ -310,7 +308,7 @@ func (s *spaceSeed) runInterrupted(t *testing.T, batch int, interrupt func() err
 	journal := filepath.Join(s.c.Dir, "journal")
 	var ierr error
 	done := false
-	sum, err := Run(context.Background(), s.env(), Options{LivenessWindow: testWindow, Journal: journal, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
+	sum, err := Run(context.Background(), s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal}, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
 		if done || n.Scanned < 200 {
 			return
 		}
@@ -330,9 +328,9 @@ func (s *spaceSeed) runInterrupted(t *testing.T, batch int, interrupt func() err
 // each of wants and the journal, at most one batch of failed writes, all of
 // that cause, some keys rewritten and some not, and a journal whose done
 // records are exactly the keys rewritten.
-func stoppedMidRun(t *testing.T, sum *Summary, err error, cause string, batch int, journal string, wants ...string) *StopError {
+func stoppedMidRun(t *testing.T, sum *Summary, err error, cause string, batch int, journal string, wants ...string) *undo.StopError {
 	t.Helper()
-	var stop *StopError
+	var stop *undo.StopError
 	if !errors.As(err, &stop) || stop.Fatal.Cause != cause {
 		t.Fatalf("err = %v, want a stop for %s", err, cause)
 	}
@@ -374,7 +372,7 @@ func journalDone(t *testing.T, path string) int {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var r JournalRecord
+		var r undo.JournalRecord
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("journal record %q: %v", sc.Text(), err)
 		}
@@ -388,65 +386,6 @@ func journalDone(t *testing.T, path string) int {
 	return n
 }
 
-// TestFindQuotaSources: over TLS the quota comes from the member's own
-// metrics; when those cannot be read (here: a client made without the
-// tool's connection settings, so the metrics request has no certificate),
-// from --quota-backend-bytes, else etcd's manifest beside kube-apiserver's,
-// else it is unknown and said so, with etcd's default assumed.
-func TestFindQuotaSources(t *testing.T) {
-	dir := t.TempDir()
-	ca := testpki.NewCA(t, dir, "ca")
-	srvCert, srvKey := ca.Issue(t, dir, "server", true)
-	cliCert, cliKey := ca.Issue(t, dir, "client", false)
-	s := testetcd.StartT(t, testetcd.Options{QuotaBackendBytes: 64 << 20, TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
-	ctx := context.Background()
-	cli, err := etcdscan.Connect(ctx, etcdscan.Config{Endpoints: []string{s.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if q := FindQuota(ctx, cli, "", 0, testFlags); q.Bytes != 64<<20 || !q.Known || !strings.Contains(q.Source, "https://") {
-		t.Fatalf("over TLS: %+v", q)
-	}
-
-	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pem, err := os.ReadFile(ca.File)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	other, err := clientv3.New(clientv3.Config{Endpoints: []string{s.URL}, DialTimeout: 3 * time.Second,
-		TLS: &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-
-	if q := FindQuota(ctx, other, "", 3<<20, testFlags); q.Bytes != 3<<20 || !q.Known || !strings.HasPrefix(q.Source, "--quota-backend-bytes (etcd's metrics did not answer") {
-		t.Fatalf("told, metrics unreadable: %+v", q)
-	}
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.MkdirAll(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	apiserver := filepath.Join(dir, "kube-apiserver.yaml") // moved up out of manifests/ to stop it
-	q := FindQuota(ctx, other, apiserver, 0, testFlags)
-	if q.Known || q.Bytes != DefaultQuotaBackendBytes || !strings.HasPrefix(q.Source, "unknown (") || !strings.Contains(q.Source, "no etcd static-pod manifest") || !strings.Contains(q.Source, "no --quota-backend-bytes") {
-		t.Fatalf("nothing to go by: %+v", q)
-	}
-	etcdPod := "apiVersion: v1\nkind: Pod\nmetadata: {name: etcd, namespace: kube-system}\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd, --quota-backend-bytes=3221225472]\n"
-	if err := os.WriteFile(filepath.Join(manifests, "etcd.yaml"), []byte(etcdPod), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if q := FindQuota(ctx, other, apiserver, 0, testFlags); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
-		t.Fatalf("from etcd's manifest: %+v", q)
-	}
-}
-
 // TestNoSpaceMidRollback: another writer fills etcd to its quota while a
 // rollback runs: the rollback stops at the first refusal with one line (the
 // remedy, and that the same rollback is to be run again), writes nothing
@@ -456,7 +395,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 	s := seedSpace(t, 16<<20)
 	ctx := context.Background()
 	journal := filepath.Join(s.c.Dir, "journal")
-	sum, err := Run(ctx, s.env(), Options{LivenessWindow: testWindow, Journal: journal, Writers: 1, BatchOps: 16, CompactHistory: true})
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal, CompactHistory: true}, Writers: 1, BatchOps: 16})
 	if err != nil || sum.Summary.Rewritten != spaceSecrets {
 		t.Fatalf("migrate: %+v %v", sum.Summary, err)
 	}
@@ -478,11 +417,11 @@ func TestNoSpaceMidRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rcli.Close()
-	res, err := Rollback(ctx, rcli, journal, &etcdscan.Writer{Client: rcli})
+	res, err := undo.Rollback(ctx, rcli, journal, &etcdscan.Writer{Client: rcli})
 	if fillErr != nil {
 		t.Fatal(fillErr)
 	}
-	var stop *StopError
+	var stop *undo.StopError
 	if !errors.As(err, &stop) || stop.Fatal.Cause != etcdscan.CauseNoSpace || stop.Verb != "rollback" {
 		t.Fatalf("rollback: %+v %v, want stopped by etcd out of space", res, err)
 	}
@@ -510,7 +449,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 	if _, err := s.c.Cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
 		t.Fatal(err)
 	}
-	again, err := Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	again, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
 	if err != nil || again.Failed != 0 || again.Skipped != 0 || again.Restored+res.Restored != spaceSecrets || again.Unchanged != res.Restored {
 		t.Fatalf("rollback after the remedy: %+v %v (first: %+v)", again, err, res)
 	}
@@ -533,7 +472,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	s := seedSpace(t, quota)
 	ctx := context.Background()
 	journal := filepath.Join(s.c.Dir, "journal")
-	sum, err := Run(ctx, s.env(), Options{LivenessWindow: testWindow, CompactHistory: true, Journal: journal})
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, CompactHistory: true, Journal: journal}})
 	if err != nil || sum.Summary.Rewritten != spaceSecrets {
 		t.Fatalf("migrate --compact-history: %+v %v", sum.Summary, err)
 	}
@@ -542,36 +481,36 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	need, err := rollbackBytes([]string{journal})
+	need, err := undo.RollbackBytes([]string{journal})
 	if err != nil {
 		t.Fatal(err)
 	}
-	room := quota - Margin(quota) - st.DBSize + st.Free
+	room := quota - undo.Margin(quota) - st.DBSize + st.Free
 	t.Logf("after migrate: database %s (%s free), the rollback writes %s, room %s", textfmt.Bytes(st.DBSize), textfmt.Bytes(st.Free), textfmt.Bytes(need), textfmt.Bytes(room))
 	if need <= room {
 		t.Fatalf("test setup: the rollback (%d bytes) fits the room left (%d)", need, room)
 	}
-	if bound := 3 * rundirFileSize(t, journal); need > bound {
+	if bound := 3 * fileSize(t, journal); need > bound {
 		t.Fatalf("the journal's cheap bound %d is below what its records add up to, %d", bound, need)
 	}
 
 	// The preflight refuses, before any write, naming compaction.
-	q := FindQuota(ctx, s.c.Cli, "", 0, testFlags)
+	q := undo.FindQuota(ctx, s.c.Cli, "", 0, testFlags)
 	before := s.c.Revision()
-	_, err = CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false, nil)
-	var pe *PreflightError
+	_, err = undo.CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false, nil)
+	var pe *undo.PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "the rollback would add about") || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("rollback's preflight: %v, want a refusal naming %s", err, input.CompactHistory)
 	}
-	lines, err := CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true, nil)
+	lines, err := undo.CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true, nil)
 	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "is more than the") {
 		t.Fatalf("rollback's preflight with compaction: %v\n%s", err, strings.Join(lines, "\n"))
 	}
 
 	// Without the preflight and without compaction, the guard stops the
 	// rollback before the quota.
-	res, err := RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, RollbackOptions{Quota: &q, BatchOps: 16})
-	var se *SpaceError
+	res, err := undo.RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, undo.RollbackOptions{Quota: &q, BatchOps: 16})
+	var se *undo.SpaceError
 	if !errors.As(err, &se) || se.Verb != "rollback" || se.Journal != journal || !strings.Contains(err.Error(), "run the same rollback again with "+string(input.CompactHistory)) {
 		t.Fatalf("rollback without compaction: %+v %v, want a stop before the quota", res, err)
 	}
@@ -587,7 +526,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	}
 
 	// With compaction the same rollback finishes: every key as before the migration.
-	again, err := RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, RollbackOptions{Quota: &q, CompactHistory: true, BatchOps: 16})
+	again, err := undo.RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, undo.RollbackOptions{Quota: &q, CompactHistory: true, BatchOps: 16})
 	if err != nil || again.Failed != 0 || again.Skipped != 0 || again.Restored+res.Restored != spaceSecrets {
 		t.Fatalf("rollback with compaction: %+v %v (first: %+v)", again, err, res)
 	}
@@ -604,46 +543,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	}
 }
 
-// TestCompactingRollbackCountsWhatItPutsBack: right after a migrate
-// --compact-history, etcd's pages in use still hold the history of the
-// migration's last writes and the pages its last compaction freed (etcd counts
-// them free only after commits with writes in them). A rollback with
-// --compact-history compacts that history away, and what it puts back is
-// what the migration replaced: the preflight counts that much of the pages in
-// use as history, so it does not refuse the undo when it is most needed (the
-// figures are those of a refusal TestRollbackKeepsBelowQuota met before: 3.3
-// MiB in use in a 4.5 MiB quota, 2.3 MiB to put back). When the pages in use
-// leave no room even so, it still refuses, naming the remedy.
-func TestCompactingRollbackCountsWhatItPutsBack(t *testing.T) {
-	q := Quota{Bytes: 4<<20 + 512<<10, Known: true, Source: "a test"}
-	st := etcdscan.StatusInfo{DBSize: 3<<20 + 700<<10, DBSizeInUse: 3<<20 + 300<<10}
-	st.Free = st.DBSize - st.DBSizeInUse
-	putBack := func(n int64) writeSize {
-		return writeSize{what: "rollback", bound: 3 * n, exact: func() (int64, error) { return n, nil }, replaced: func() (int64, error) { return n, nil }}
-	}
-	lines, err := fitQuota(st, q, putBack(2<<20+300<<10), true, nil)
-	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "is more than the") {
-		t.Fatalf("a rollback after a compacting migrate: %v\n%s", err, strings.Join(lines, "\n"))
-	}
-	// Without compaction it is refused for the room, as before.
-	if _, err := fitQuota(st, q, putBack(2<<20+300<<10), false, nil); err == nil || !strings.Contains(err.Error(), "the rollback would add about 2.3 MiB") {
-		t.Fatalf("without compaction: %v", err)
-	}
-	// Little of what is in use is history the rollback knows of: no room.
-	_, err = fitQuota(st, q, putBack(100<<10), true, nil)
-	var pe *PreflightError
-	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "even with history compaction there is no room: 3.3 MiB in use, of which the 100.0 KiB the rollback puts back may be history") ||
-		!strings.Contains(err.Error(), "'etcdctl compact', then 'etcdctl defrag'") {
-		t.Fatalf("a rollback with no room even after compaction: %v", err)
-	}
-	// migrate knows of no history: the pages in use are the live data.
-	_, err = fitQuota(st, q, writeSize{what: "rewrite", bound: 4 << 20, exact: func() (int64, error) { return 4 << 20, nil }}, true, nil)
-	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "there is no room: 3.3 MiB in use in a 4.5 MiB quota") {
-		t.Fatalf("a compacting migrate with no room: %v", err)
-	}
-}
-
-func rundirFileSize(t *testing.T, path string) int64 {
+func fileSize(t *testing.T, path string) int64 {
 	t.Helper()
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -15,8 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"kube-etcd-migrate/customresource"
@@ -27,7 +25,7 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // Options say what migrate would be run with.
@@ -36,7 +34,7 @@ type Options struct {
 	// QuotaBackendBytes, batching); DryRun and the undo paths are set here.
 	Migrate migrate.Options
 	// StateDir is where the run's undo would go ("" with --no-undo).
-	StateDir string
+	StateDir undo.StateDir
 }
 
 // Blocker is one reason migrate would refuse, or would stop part-way.
@@ -124,11 +122,11 @@ type Plan struct {
 	// Undo is whether a rollback of the run would fit below etcd's quota
 	// after the rewrite, or need its compaction (nil when the run keeps no
 	// undo, or the quota check did not run or blocked).
-	Undo       *migrate.UndoFit `json:"undo,omitempty"`
-	Blockers   []Blocker        `json:"blockers"`
-	Estimate   Estimate         `json:"estimate"`
-	StateDir   string           `json:"stateDir,omitempty"`
-	DurationMs int64            `json:"durationMs"`
+	Undo       *undo.UndoFit `json:"undo,omitempty"`
+	Blockers   []Blocker     `json:"blockers"`
+	Estimate   Estimate      `json:"estimate"`
+	StateDir   undo.StateDir `json:"stateDir,omitempty"`
+	DurationMs int64         `json:"durationMs"`
 }
 
 // Proceeds says whether migrate would go ahead.
@@ -222,30 +220,29 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 // preflight runs migrate's own checks, each on its own, so that every blocker
 // is named at once.
 func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
-	lines, undo, err := migrate.CheckQuota(ctx, env, opts.Migrate)
+	lines, fit, err := undo.CheckQuota(ctx, env, opts.Migrate.PreflightOptions)
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
 	} else if opts.StateDir != "" || opts.Migrate.Journal != "" {
 		// The run keeps an undo: would its rollback fit?
-		p.Undo = undo
+		p.Undo = fit
 	}
 	if opts.StateDir != "" {
-		if err := rundir.Check(opts.StateDir); err != nil {
+		if err := opts.StateDir.Check(); err != nil {
 			p.block("state directory", err.Error(), FixStateDir)
 		}
 		// The run directory does not exist yet: its filesystem is the nearest
 		// directory that does.
-		dir := existing(filepath.Join(opts.StateDir, "runs"))
 		mopts := opts.Migrate
-		mopts.Journal, mopts.Snapshot = filepath.Join(dir, rundir.JournalFile), filepath.Join(dir, rundir.SnapshotFile)
-		lines, err := migrate.CheckUndoSpace(ctx, env, mopts)
+		mopts.Journal, mopts.Snapshot = opts.StateDir.NextRunFiles()
+		lines, err := undo.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {
 			p.blockErr("disk space", err, FixDiskSpace)
 		}
 	}
-	if err := migrate.CheckEncryption(ctx, env); err != nil {
+	if err := undo.CheckEncryption(ctx, env); err != nil {
 		p.blockErr("encryption providers", err, FixEncryption)
 	} else {
 		p.Checks = append(p.Checks, "write encryption providers encrypt and decrypt a probe value")
@@ -291,23 +288,9 @@ func (p *Plan) block(check, problem string, fix Fix) {
 }
 
 func (p *Plan) blockErr(check string, err error, fix Fix) {
-	var pe *migrate.PreflightError
+	var pe *undo.PreflightError
 	if errors.As(err, &pe) {
 		err = pe.Err
 	}
 	p.Blockers = append(p.Blockers, Blocker{Check: check, Problem: err.Error(), Fix: fix, Cause: err})
-}
-
-// existing is dir, or its nearest ancestor that exists.
-func existing(dir string) string {
-	for {
-		if _, err := os.Stat(dir); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return dir
-		}
-		dir = parent
-	}
 }

@@ -4,7 +4,7 @@
 // key loss. It removes only objects of the resources and for the reasons the
 // operator names, each with compare-and-swap on its mod revision, after writing
 // its key, raw value, lease and revisions to a journal (mode 0600) from which
-// migrate.Rollback creates it again. It never removes an object that decrypts
+// undo.Rollback creates it again. It never removes an object that decrypts
 // and decodes, nor one a configured key or KMS plugin refused (a wrong key file
 // or a plugin outage is not a lost key), nor, under a key that refused others,
 // one that decrypted to something undecodable (aescbc does not authenticate:
@@ -29,10 +29,9 @@ import (
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 )
 
 // Removable are the reasons a quarantine may be asked to remove objects for:
@@ -234,14 +233,14 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		writeCtx = ctx
 	}
 
-	var journal *migrate.Journal
+	var journal *undo.Journal
 	if !opts.DryRun {
-		checks, err := migrate.PreflightOffline(ctx, env, migrate.Options{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow})
+		checks, err := undo.PreflightOffline(ctx, env, undo.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow})
 		res.Preflight = checks
 		if err != nil {
 			return res, err
 		}
-		journal, err = migrate.OpenJournal(opts.Journal)
+		journal, err = undo.OpenJournal(opts.Journal)
 		if err != nil {
 			return res, err
 		}
@@ -347,25 +346,25 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 // beforeFirstRemoval checks that the snapshot and the journal fit on their
 // filesystems, hands the checks to OnPreflight and saves the snapshot.
 func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, remove []*Entry, res *Result) error {
-	var needs []rundir.Need
+	var needs []undo.DiskNeed
 	if opts.Snapshot != "" {
 		st, err := etcdscan.Status(ctx, env.Client)
 		if err != nil {
 			return err
 		}
-		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+		needs = append(needs, undo.DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
 	}
 	var journal int64
 	for _, e := range remove {
-		journal += migrate.JournalRecordBytes(e.Key, e.Bytes)
+		journal += undo.JournalRecordBytes(e.Key, e.Bytes)
 	}
-	needs = append(needs, rundir.Need{What: "journal", Path: opts.Journal, Bytes: journal})
-	lines, err := rundir.CheckSpace(needs)
+	needs = append(needs, undo.DiskNeed{What: "journal", Path: opts.Journal, Bytes: journal})
+	lines, err := undo.CheckDiskSpace(needs)
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
-		var se *rundir.SpaceError
+		var se *undo.DiskSpaceError
 		if errors.As(err, &se) {
-			return &migrate.PreflightError{Err: se}
+			return &undo.PreflightError{Err: se}
 		}
 		return err
 	}
@@ -422,8 +421,8 @@ func (r *Result) finish() *Result {
 // removeBatch reads each entry again, checks it is the value decided on and
 // still unreadable for the same reason, journals it and deletes it with
 // compare-and-swap on its mod revision.
-func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *migrate.Journal, es []*Entry, res *Result) error {
-	var intents []migrate.DeleteIntent
+func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *undo.Journal, es []*Entry, res *Result) error {
+	var intents []undo.DeleteIntent
 	var dels []etcdscan.Put
 	var pending []*Entry
 	for _, e := range es {
@@ -443,7 +442,7 @@ func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *
 			res.keep(e, fmt.Sprintf("read again, it is %s: left alone", d.Status))
 			continue
 		}
-		intents = append(intents, migrate.DeleteIntent{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision,
+		intents = append(intents, undo.DeleteIntent{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision,
 			Version: kv.Version, Lease: kv.Lease, Reason: string(e.Reason)})
 		dels = append(dels, etcdscan.Put{Key: e.Key, ModRevision: kv.ModRevision, Delete: true})
 		pending = append(pending, e)

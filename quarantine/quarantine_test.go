@@ -23,9 +23,9 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
-	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -270,7 +270,7 @@ func TestQuarantineThenRollback(t *testing.T) {
 	if _, err := k.c.Cli.Revoke(ctx, k.lease); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := migrate.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
+	rb, err := undo.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestQuarantineThenRollback(t *testing.T) {
 		}
 	}
 	// Again: nothing to do.
-	rb, err = migrate.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
+	rb, err = undo.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
 	if err != nil || rb.Restored != 0 || rb.Unchanged != len(removed) {
 		t.Errorf("second rollback %+v %v", rb, err)
 	}
@@ -305,7 +305,7 @@ func TestRollbackKeepsLiveLease(t *testing.T) {
 		t.Fatalf("%v, removed %d", err, res.Removed)
 	}
 	k.c.PutRaw(k.lost[0], []byte("created again by someone"))
-	rb, err := migrate.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
+	rb, err := undo.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
 	if err != nil {
 		t.Fatal(err)
 	}

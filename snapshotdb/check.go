@@ -33,10 +33,6 @@ const (
 	HashSkipped Hash = "skipped"
 )
 
-// HasTrailer is etcdutl's test for the sha256 trailer: etcd snapshots are a
-// whole number of 512-byte sectors plus the 32-byte digest.
-func HasTrailer(size int64) bool { return size%512 == sha256.Size }
-
 // FileError is a one-line error naming the file: "snapshot file PATH: ...".
 func FileError(path string, format string, args ...any) error {
 	for i, a := range args {
@@ -72,7 +68,7 @@ func Check(path string, skipHash bool) (size int64, hash Hash, v Versions, err e
 	size = fi.Size()
 	dataSize := size
 	if HasTrailer(size) {
-		dataSize -= sha256.Size
+		dataSize -= TrailerSize
 	}
 	switch {
 	case skipHash:
@@ -103,7 +99,7 @@ func checkDigest(path string, dataSize int64) error {
 	if _, err := io.CopyN(h, f, dataSize); err != nil {
 		return FileError(path, "read: %v", err)
 	}
-	trailer := make([]byte, sha256.Size)
+	trailer := make([]byte, TrailerSize)
 	if _, err := io.ReadFull(f, trailer); err != nil {
 		return FileError(path, "read the sha256 trailer: %v", err)
 	}

@@ -13,7 +13,10 @@
 // records as an external sort (runs of bounded memory, spilled to unlinked
 // temporary files in $TMPDIR, merged; see index.go), and the records are then
 // read in key order; the file's memory mapping is dropped as it goes, so that
-// memory stays flat whatever the size of the file.
+// memory stays flat whatever the size of the file. The writers of a snapshot
+// file (snapshotout, snapshotfile) finish it here too: etcd's trailer is
+// appended (AppendTrailer) and the file published whole (Publish), so that
+// the trailer is known in one place.
 package snapshotdb
 
 import (

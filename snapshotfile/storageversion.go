@@ -1,9 +1,7 @@
 package snapshotfile
 
 import (
-	"crypto/sha256"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/coreos/go-semver/semver"
@@ -71,7 +69,7 @@ func keepVersions(path string, want snapshotdb.Versions) error {
 	if !downStorage && !downCluster {
 		return nil
 	}
-	if err := os.Truncate(path, fi.Size()-sha256.Size); err != nil {
+	if err := os.Truncate(path, fi.Size()-snapshotdb.TrailerSize); err != nil {
 		return err
 	}
 	lg := zap.NewNop()
@@ -89,7 +87,7 @@ func keepVersions(path string, want snapshotdb.Versions) error {
 	if err != nil {
 		return fmt.Errorf("storage version %s -> %s: %w", have.Storage, storage, err)
 	}
-	return AppendTrailer(path)
+	return snapshotdb.AppendTrailer(path)
 }
 
 // versionsOf reads the versions a database file records.
@@ -105,22 +103,4 @@ func versionsOf(path string) (snapshotdb.Versions, error) {
 		return nil
 	})
 	return v, err
-}
-
-// AppendTrailer appends the sha256 of the database, as etcd does to a
-// snapshot it sends.
-func AppendTrailer(path string) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return err
-	}
-	if _, err := f.Write(h.Sum(nil)); err != nil {
-		return err
-	}
-	return f.Sync()
 }

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/snapshotfile"
+	"kube-etcd-migrate/snapshotdb"
 )
 
 // Result describes the output written.
@@ -76,7 +76,7 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 	if err := b.build(tmpPath); err != nil {
 		return res, err
 	}
-	if err := snapshotfile.AppendTrailer(tmpPath); err != nil {
+	if err := snapshotdb.AppendTrailer(tmpPath); err != nil {
 		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	fi, err := os.Stat(tmpPath)
@@ -84,7 +84,7 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	b.res.Size = fi.Size()
-	if err := snapshotfile.Publish(tmpPath, w.out, force); err != nil {
+	if err := snapshotdb.Publish(tmpPath, w.out, force); err != nil {
 		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	return b.res, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -299,5 +300,19 @@ func TestOutputFailures(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(outDir); len(left) != 0 {
 		t.Errorf("left beside the output: %v", left)
+	}
+}
+
+// TestNoEtcdServer: the output snapshot is built from bbolt and etcd's
+// encodings alone; no etcd server (embed) is linked in for it.
+func TestNoEtcdServer(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "kube-etcd-migrate/snapshotout").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "go.etcd.io/etcd/server/v3/embed" {
+			t.Fatalf("snapshotout links %s", p)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 )
 
 // Options control a run of the pending requests.
@@ -115,7 +116,7 @@ func RunRequested(ctx context.Context, env *pipeline.Env, opts Options) (*Result
 		return res, nil
 	}
 	if !opts.Migrate.DryRun {
-		res.Preflight, err = migrate.Preflight(ctx, env, opts.Migrate)
+		res.Preflight, _, err = undo.Preflight(ctx, env, opts.Migrate.PreflightOptions)
 		if err != nil {
 			return res, err
 		}

@@ -22,6 +22,7 @@ import (
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/updatepath"
 )
 
@@ -223,10 +224,10 @@ func (wr *writer) put(ctx context.Context, gr schema.GroupResource, key string, 
 		wr.snapshotTaken = true
 	}
 	p := etcdscan.Put{Key: key, Value: value, ModRevision: modRevision}
-	var j *migrate.Journal
+	var j *undo.Journal
 	// A creation is not journaled: a rollback would put back an empty value.
 	if wr.journal != "" && modRevision != 0 {
-		j, err = migrate.OpenJournal(wr.journal)
+		j, err = undo.OpenJournal(wr.journal)
 		if err != nil {
 			return etcdscan.PutResult{}, err
 		}

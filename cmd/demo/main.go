@@ -13,7 +13,7 @@ import (
 	"fmt"
 	"io"
 	"kube-etcd-migrate/release"
-	"kube-etcd-migrate/rundir"
+	"kube-etcd-migrate/undo"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -128,8 +128,8 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 		{"Back where it started: the same audit says stale again (exit 3).", append([]string{"verify", "--show-keys", "1"}, api...), 3},
 	}
 
-	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL, rundir.EnvStateDir+"="+filepath.Join(tmp, "state"))
-	fmt.Fprintf(stdout, "$ cd %s\n$ export ETCDCTL_ENDPOINTS=%s %s=%s\n\n", tmp, srv.URL, rundir.EnvStateDir, filepath.Join(tmp, "state"))
+	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL, undo.EnvStateDir+"="+filepath.Join(tmp, "state"))
+	fmt.Fprintf(stdout, "$ cd %s\n$ export ETCDCTL_ENDPOINTS=%s %s=%s\n\n", tmp, srv.URL, undo.EnvStateDir, filepath.Join(tmp, "state"))
 	for i, s := range steps {
 		if ctx.Err() != nil {
 			fmt.Fprintln(stderr, "demo: interrupted")

@@ -1,4 +1,4 @@
-package migrate
+package undo
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -18,7 +19,6 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/rundir"
 )
 
 // RollbackResult counts what a rollback did (a dry run: would do). Each journal
@@ -154,7 +154,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 		}
 	}
 	if rb.guard != nil {
-		rb.guard.finish(context.WithoutCancel(ctx))
+		rb.guard.Finish(context.WithoutCancel(ctx))
 	}
 	var se *SpaceError
 	if errors.As(err, &se) {
@@ -177,20 +177,20 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 	}
 	var bound int64
 	for _, j := range journals {
-		bound += 3 * rundir.FileSize(j)
+		bound += 3 * FileSize(j)
 	}
-	exact := func() (int64, error) { return rollbackBytes(journals) }
+	exact := func() (int64, error) { return RollbackBytes(journals) }
 	// What the rollback puts back is what the runs replaced: their old
 	// values, history until a compaction frees it.
 	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: exact, replaced: exact}, compact, spell)
 }
 
-// rollbackBytes adds up what undoing every record of the journals writes to
+// RollbackBytes adds up what undoing every record of the journals writes to
 // etcd's backend (putCost): each overwrite's and re-creation's old value
 // (its length from the base64, not decoded), each removal's deletion. A
 // record that does not parse ends the count of its journal: a torn last
 // record undoes nothing, and rollback refuses a damaged earlier one.
-func rollbackBytes(journals []string) (int64, error) {
+func RollbackBytes(journals []string) (int64, error) {
 	var n int64
 	for _, path := range journals {
 		f, err := os.Open(path)
@@ -217,6 +217,32 @@ func rollbackBytes(journals []string) (int64, error) {
 		f.Close()
 	}
 	return n, nil
+}
+
+// CheckRollbackSpace says whether a rollback's own undo fits in the state
+// directory d (made, mode 0700, if need be): a snapshot of etcd's database
+// and a journal about the size of the journals it undoes, with a line per
+// filesystem; a refusal is a *PreflightError.
+func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, d StateDir, journals []string) ([]string, error) {
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(string(d), 0o700); err != nil {
+		return nil, input.Errorf("%s: %w; nothing was written", input.StateDir, err)
+	}
+	var journal int64
+	for _, j := range journals {
+		journal += FileSize(j)
+	}
+	lines, err := CheckDiskSpace([]DiskNeed{
+		{What: "snapshot", Path: filepath.Join(string(d), SnapshotFile), Bytes: st.DBSize},
+		{What: "journal", Path: filepath.Join(string(d), JournalFile), Bytes: journal},
+	})
+	if err != nil {
+		return lines, &PreflightError{Err: err}
+	}
+	return lines, nil
 }
 
 // RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes
@@ -249,7 +275,7 @@ type rollback struct {
 	// sim is a dry run's view of the keys it would have changed.
 	sim map[string]simValue
 	// guard keeps etcd's database below its quota (RollbackOptions.Quota).
-	guard *spaceGuard
+	guard *SpaceGuard
 }
 
 // simValue is a key as a dry run would have left it.
@@ -388,8 +414,8 @@ func (c *currentKV) ours(it item) bool {
 	return hex.EncodeToString(s[:]) == it.rec.NewSHA256
 }
 
-// undo is one write a batch sends, with what the rollback's journal records.
-type undo struct {
+// restore is one write a batch sends, with what the rollback's journal records.
+type restore struct {
 	put    etcdscan.Put
 	record JournalRecord
 	note   string
@@ -403,7 +429,7 @@ func (rb *rollback) batch(items []item) error {
 	if err != nil {
 		return err
 	}
-	var undos []undo
+	var undos []restore
 	for i, it := range items {
 		if u, ok, err := rb.decide(it, cur[i]); err != nil {
 			return err
@@ -447,16 +473,16 @@ func (rb *rollback) batch(items []item) error {
 	var cost int64
 	for i, u := range undos {
 		puts[i] = u.put
-		cost += putCost(u.put.Key, u.put.Value)
+		cost += PutCost(u.put.Key, u.put.Value)
 	}
 	if rb.guard != nil {
-		if err := rb.guard.reserve(rb.ctx, cost); err != nil {
+		if err := rb.guard.Reserve(rb.ctx, cost); err != nil {
 			return err
 		}
 	}
 	out := rb.w.Write(rb.ctx, puts)
 	if rb.guard != nil {
-		rb.guard.done(cost)
+		rb.guard.Done(cost)
 	}
 	if rb.opts.Journal != nil {
 		var done []JournalRecord
@@ -497,17 +523,17 @@ func (rb *rollback) batch(items []item) error {
 				r = again[0]
 			}
 			rb.res.Failed++
-			rb.res.listKey("failed", r.Key, writeCause(r.Err), r.Err)
+			rb.res.listKey("failed", r.Key, WriteCause(r.Err), r.Err)
 		}
 	}
-	if key, fe := firstFatalKey(out); fe != nil {
-		return stopErr(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
+	if key, fe := FirstFatal(out); fe != nil {
+		return NewStopError(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
 	}
 	return nil
 }
 
 // decide says what undoing one record writes, if anything.
-func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
+func (rb *rollback) decide(it item, cur *currentKV) (restore, bool, error) {
 	r := it.rec
 	switch r.Op {
 	case "delete-intent":
@@ -519,13 +545,13 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 				rb.res.Skipped++
 				rb.res.listKey("skipped", r.Key, "created again or changed since it was removed")
 			}
-			return undo{}, false, nil
+			return restore{}, false, nil
 		}
 		lease, note := r.Lease, ""
 		if lease != 0 {
 			ttl, err := rb.cli.TimeToLive(rb.ctx, clientv3.LeaseID(lease))
 			if err != nil {
-				return undo{}, false, fmt.Errorf("rollback %s: lease %016x: %w", r.Key, lease, err)
+				return restore{}, false, fmt.Errorf("rollback %s: lease %016x: %w", r.Key, lease, err)
 			}
 			if ttl.TTL <= 0 {
 				note = fmt.Sprintf("%s: restored without its lease %016x, which expired", r.Key, lease)
@@ -533,7 +559,7 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 			}
 		}
 		sum := sha256.Sum256(r.OldValue)
-		return undo{
+		return restore{
 			put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, Lease: lease},
 			record: JournalRecord{Op: "create-intent", Key: r.Key, NewSHA256: hex.EncodeToString(sum[:]), Lease: lease},
 			note:   note,
@@ -542,14 +568,14 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 		// A rollback created the key again: remove it if it still holds that.
 		if cur == nil {
 			rb.res.Unchanged++
-			return undo{}, false, nil
+			return restore{}, false, nil
 		}
 		if !cur.ours(it) {
 			rb.res.Skipped++
 			rb.res.listKey("skipped", r.Key, "changed since the rollback created it again")
-			return undo{}, false, nil
+			return restore{}, false, nil
 		}
-		return undo{
+		return restore{
 			put: etcdscan.Put{Key: r.Key, ModRevision: cur.modRevision, Delete: true},
 			record: JournalRecord{Op: "delete-intent", Key: r.Key, OldValue: cur.value, OldModRevision: cur.modRevision,
 				OldCreateRevision: cur.createRevision, OldVersion: cur.version, Lease: cur.lease, Reason: "rollback"},
@@ -559,19 +585,19 @@ func (rb *rollback) decide(it item, cur *currentKV) (undo, bool, error) {
 	if cur == nil {
 		rb.res.Skipped++
 		rb.res.listKey("skipped", r.Key, "deleted since")
-		return undo{}, false, nil
+		return restore{}, false, nil
 	}
 	if (cur.simSum == nil && cur.modRevision == r.OldModRevision) || cur.equal(r.OldValue) {
 		rb.res.Unchanged++
-		return undo{}, false, nil
+		return restore{}, false, nil
 	}
 	if !cur.ours(it) {
 		rb.res.Skipped++
 		rb.res.listKey("skipped", r.Key, "changed since the tool wrote it")
-		return undo{}, false, nil
+		return restore{}, false, nil
 	}
 	sum := sha256.Sum256(r.OldValue)
-	return undo{
+	return restore{
 		put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, ModRevision: cur.modRevision},
 		record: JournalRecord{Op: "intent", Key: r.Key, OldModRevision: cur.modRevision, OldValue: cur.value, NewSHA256: hex.EncodeToString(sum[:])},
 	}, true, nil

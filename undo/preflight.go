@@ -1,8 +1,7 @@
-package migrate
+package undo
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -16,11 +15,46 @@ import (
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/rundir"
 )
 
 // DefaultQuotaBackendBytes is etcd's default --quota-backend-bytes.
 const DefaultQuotaBackendBytes = 2 << 30
+
+// PreflightOptions are what the checks before a run's first write go by
+// (migrate.Options carries them).
+type PreflightOptions struct {
+	Journal            string // --journal FILE, or the run directory's
+	Snapshot           string // --snapshot FILE, or the run directory's
+	AllowLiveAPIServer bool
+	// QuotaBackendBytes is etcd's --quota-backend-bytes as the operator
+	// gives it (0: not given). etcd's own metrics win when they answer and
+	// are not smaller (FindQuota).
+	QuotaBackendBytes int64
+	// CompactHistory compacts etcd's history up to the run's latest write
+	// whenever the database nears the quota (--compact-history).
+	CompactHistory bool
+	// LivenessWindow is how long the live-apiserver check watches etcd for
+	// writes (--liveness-window); 0 = liveness.DefaultWindow.
+	LivenessWindow time.Duration
+	// PrivateEtcd, when set, names the snapshot file the etcd is a private copy
+	// of: no kube-apiserver can reach it, so the live-apiserver check is moot.
+	PrivateEtcd string
+	// Spell names the operator's inputs in the preflight's lines and the
+	// quota's source (the command: its flags); nil: words.
+	Spell func(input.Name) string
+	// Sizes, when set, is what a dry run found just before (plan's): the
+	// preflight's estimates of the rewrite and the journal take it instead
+	// of a decision pass of their own.
+	Sizes *WriteSizes
+}
+
+// spell is Spell, or words.
+func (o PreflightOptions) spell() func(input.Name) string {
+	if o.Spell != nil {
+		return o.Spell
+	}
+	return input.Words
+}
 
 // PreflightError is a refusal before anything was written.
 type PreflightError struct{ Err error }
@@ -32,14 +66,9 @@ func (e *PreflightError) Error() string {
 func (e *PreflightError) Unwrap() error { return e.Err }
 
 // Preflight runs the checks that must pass before the first write and returns a
-// line per check passed.
-func Preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
-	done, _, err := preflight(ctx, env, opts)
-	return done, err
-}
-
-// preflight is Preflight, also returning what it found of etcd's space.
-func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *spaceStart, error) {
+// line per check passed, and the guard that keeps the run's writes below
+// etcd's quota (from what the checks found of etcd's space).
+func Preflight(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, *SpaceGuard, error) {
 	done, err := PreflightOffline(ctx, env, opts)
 	if err != nil {
 		return done, nil, err
@@ -62,7 +91,7 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 		return done, nil, err
 	}
 	done = append(done, "write encryption providers encrypt and decrypt a probe value")
-	return done, space, nil
+	return done, newSpaceGuard(etcdStatus{env.Client}, space.quota, opts.CompactHistory, space.status), nil
 }
 
 // CheckQuota says whether the rewrite fits below etcd's quota (or, with
@@ -70,17 +99,17 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, 
 // line per finding; a refusal is a *PreflightError. Given a dry run's sizes
 // (opts.Sizes), it also says whether a rollback of the run would fit after
 // the rewrite (nil otherwise).
-func CheckQuota(ctx context.Context, env *pipeline.Env, opts Options) ([]string, *UndoFit, error) {
+func CheckQuota(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, *UndoFit, error) {
 	lines, space, err := checkQuota(ctx, env, opts, newSizer(env, opts))
 	if err != nil || opts.Sizes == nil {
 		return lines, nil, err
 	}
-	undo := undoFit(space, *opts.Sizes)
-	return lines, &undo, nil
+	fit := undoFit(space, *opts.Sizes)
+	return lines, &fit, nil
 }
 
 // checkQuota is CheckQuota, also returning what it found of etcd's space.
-func checkQuota(ctx context.Context, env *pipeline.Env, opts Options, sizes *sizer) ([]string, *spaceStart, error) {
+func checkQuota(ctx context.Context, env *pipeline.Env, opts PreflightOptions, sizes *sizer) ([]string, *spaceStart, error) {
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
 		return nil, nil, err
@@ -228,7 +257,7 @@ func CheckEncryption(ctx context.Context, env *pipeline.Env) error {
 
 // CheckUndoSpace says whether the snapshot and journal of opts fit on their
 // filesystems (a line per filesystem); a refusal is a *PreflightError.
-func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, error) {
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
 		return nil, err
@@ -241,16 +270,16 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts Options) ([]str
 // file; the journal holds every rewritten key's old value in base64 with its
 // key and hashes: at most about twice the live data, and when that does not
 // fit, a decision pass adds up what the stale objects' records take.
-func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan.StatusInfo, sizes *sizer) ([]string, error) {
-	var needs []rundir.Need
+func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, sizes *sizer) ([]string, error) {
+	var needs []DiskNeed
 	if opts.Snapshot != "" {
-		needs = append(needs, rundir.Need{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+		needs = append(needs, DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
 	}
 	if opts.Journal != "" {
-		needs = append(needs, rundir.Need{What: "journal", Path: opts.Journal, Bytes: 2 * st.DBSizeInUse})
+		needs = append(needs, DiskNeed{What: "journal", Path: opts.Journal, Bytes: 2 * st.DBSizeInUse})
 	}
-	lines, err := rundir.CheckSpace(needs)
-	var se *rundir.SpaceError
+	lines, err := CheckDiskSpace(needs)
+	var se *DiskSpaceError
 	if !errors.As(err, &se) || opts.Journal == "" {
 		return lines, wrapSpace(err)
 	}
@@ -259,12 +288,12 @@ func undoSpace(ctx context.Context, env *pipeline.Env, opts Options, st etcdscan
 		return lines, err
 	}
 	needs[len(needs)-1].Bytes = exact.JournalBytes
-	lines, err = rundir.CheckSpace(needs)
+	lines, err = CheckDiskSpace(needs)
 	return lines, wrapSpace(err)
 }
 
 func wrapSpace(err error) error {
-	var se *rundir.SpaceError
+	var se *DiskSpaceError
 	if errors.As(err, &se) {
 		return &PreflightError{Err: se}
 	}
@@ -281,8 +310,9 @@ type WriteSizes struct {
 	RollbackBytes int64 `json:"rollbackBytes"`
 }
 
-func (w *WriteSizes) add(d reencode.Decision) {
-	w.EtcdBytes += putCost(d.Key, d.NewValue)
+// Add counts the rewrite of one stale object.
+func (w *WriteSizes) Add(d reencode.Decision) {
+	w.EtcdBytes += PutCost(d.Key, d.NewValue)
 	w.JournalBytes += JournalRecordBytes(d.Key, d.OldSize)
 	w.RollbackBytes += putCostN(len(d.Key), d.OldSize)
 }
@@ -295,17 +325,31 @@ type sizer struct {
 	known *WriteSizes
 }
 
-func newSizer(env *pipeline.Env, opts Options) *sizer { return &sizer{env: env, known: opts.Sizes} }
+func newSizer(env *pipeline.Env, opts PreflightOptions) *sizer {
+	return &sizer{env: env, known: opts.Sizes}
+}
 
 func (s *sizer) get(ctx context.Context) (WriteSizes, error) {
 	if s.known != nil {
 		return *s.known, nil
 	}
+	w, err := MeasureRewrite(ctx, s.env)
+	if err != nil {
+		return w, err
+	}
+	s.known = &w
+	return w, nil
+}
+
+// MeasureRewrite adds up, by one decision pass over the keys env selects,
+// what rewriting the stale ones takes: the preflight's estimate when no dry
+// run gave it.
+func MeasureRewrite(ctx context.Context, env *pipeline.Env) (WriteSizes, error) {
 	var w WriteSizes
-	_, err := s.env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
+	_, err := env.Run(ctx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		for _, d := range page {
 			if d.Status == reencode.Stale {
-				w.add(d)
+				w.Add(d)
 			}
 		}
 		return nil
@@ -313,13 +357,7 @@ func (s *sizer) get(ctx context.Context) (WriteSizes, error) {
 	if err != nil {
 		return w, fmt.Errorf("preflight: estimate the rewrite: %w", err)
 	}
-	s.known = &w
 	return w, nil
-}
-
-// JournalRecordBytes is about what the journal records of one rewrite take.
-func JournalRecordBytes(key string, oldSize int) int64 {
-	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 256
 }
 
 // spaceStart is what the preflight found of etcd's space.
@@ -336,7 +374,7 @@ func minCompactRoom(quota int64) int64 { return 2 * max(Margin(quota)/4, 256<<10
 // etcd has no alarm, and no kube-apiserver is alive (CheckLiveness; skipped
 // when opts.AllowLiveAPIServer, or when the etcd is a private copy of a
 // snapshot file that no kube-apiserver can reach, opts.PrivateEtcd).
-func PreflightOffline(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+func PreflightOffline(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, error) {
 	var done []string
 	alarms, err := etcdscan.Alarms(ctx, env.Client)
 	if err != nil {

@@ -1,8 +1,9 @@
-package migrate
+package undo
 
 import (
 	"bufio"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -192,4 +193,27 @@ func ReadJournal(path string, fn func(JournalRecord) error) error {
 			return fmt.Errorf("journal %s: %w", path, err)
 		}
 	}
+}
+
+// JournalsPrefix is the etcd prefix the run of the first of the journals
+// whose begin record names one worked on ("/registry" when none does).
+func JournalsPrefix(journals []string) string {
+	for _, p := range journals {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		var r JournalRecord
+		err = json.NewDecoder(bufio.NewReader(f)).Decode(&r)
+		f.Close()
+		if err == nil && r.Op == "begin" && r.Prefix != "" {
+			return r.Prefix
+		}
+	}
+	return "/registry"
+}
+
+// JournalRecordBytes is about what the journal records of one rewrite take.
+func JournalRecordBytes(key string, oldSize int) int64 {
+	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 256
 }

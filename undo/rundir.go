@@ -1,10 +1,10 @@
-// Package rundir keeps the undo of every command that writes to etcd. A state
-// directory (by default /var/lib/kube-etcd-migrate, mode 0700: it holds stored
-// values, secrets among them) holds one run directory per writing run, numbered in
-// the order the runs started on this host: the run's record (run.json: command,
-// start and end, exit code, keys written, where its journal and snapshot are),
-// its journal of old values, the etcd snapshot taken before its first write, its
-// plan (the checks it passed before writing) and its summary; beside the run
+// The state directory and its run directories. A state directory (by default
+// /var/lib/kube-etcd-migrate, mode 0700: it holds stored values, secrets among
+// them) holds one run directory per writing run, numbered in the order the runs
+// started on this host: the run's record (run.json: command, start and end,
+// exit code, keys written, where its journal and snapshot are), its journal of
+// old values, the etcd snapshot taken before its first write, its plan (the
+// checks it passed before writing) and its summary; beside the run
 // directories, a log of every run's start and end (runs.log). A run directory
 // is created before anything is written and never reused, nor is its number
 // once the directory is removed; a snapshot file that exists is never
@@ -13,7 +13,8 @@
 // undoing run N and every later one (newest first) start from here: see List
 // and Since, which refuses when a later run that may have written is gone (its
 // undo with it).
-package rundir
+
+package undo
 
 import (
 	"bufio"
@@ -89,6 +90,34 @@ func (r Record) SnapshotTaken() bool {
 	return err == nil
 }
 
+// StateDir is a state directory as the operator names it (--state-dir, else
+// $KUBE_ETCD_MIGRATE_STATE_DIR, else DefaultStateDir): the command line
+// resolves it once and hands it on. "" is none: a run without an undo.
+type StateDir string
+
+// NextRunFiles are where a new run's journal and snapshot would be, as far
+// as their filesystem goes: in the nearest directory of the state
+// directory's runs that exists. Nothing is made: it is for the checks of
+// disk space made before a run directory exists (plan).
+func (d StateDir) NextRunFiles() (journal, snapshot string) {
+	dir := existing(filepath.Join(string(d), runsDir))
+	return filepath.Join(dir, JournalFile), filepath.Join(dir, SnapshotFile)
+}
+
+// existing is dir, or its nearest ancestor that exists.
+func existing(dir string) string {
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
+
 // State is an open state directory: it holds the lock that keeps a second
 // writing run out until Close.
 type State struct {
@@ -109,7 +138,8 @@ func (e *LockedError) Error() string {
 
 // Open creates the state directory if needed (mode 0700), refuses one that
 // others may read, and takes its lock.
-func Open(dir string) (*State, error) {
+func (d StateDir) Open() (*State, error) {
+	dir := string(d)
 	if dir == "" {
 		return nil, errors.New("no state directory")
 	}
@@ -142,9 +172,10 @@ func Open(dir string) (*State, error) {
 }
 
 // Check says, without changing anything, whether a writing run could keep its
-// undo in the state directory dir now: it is private if it exists, and no
+// undo in the state directory now: it is private if it exists, and no
 // run holds it. A directory that does not exist yet is fine (the run makes it).
-func Check(dir string) error {
+func (d StateDir) Check() error {
+	dir := string(d)
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return fmt.Errorf("state directory %s: %w", dir, err)
@@ -202,7 +233,7 @@ type Run struct {
 // NewRun creates the next run directory for command (mode 0700) and its record.
 // Nothing in an earlier run's directory is touched.
 func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run, error) {
-	recs, err := List(s.Dir)
+	recs, err := StateDir(s.Dir).List()
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +352,8 @@ func writeFile(path string, data []byte) error {
 // that does not exist has no runs. A directory whose record does not read is
 // listed by its name with the error in Command and the journal and snapshot
 // of its directory, so that nothing is hidden from runs or rollback.
-func List(stateDir string) ([]Record, error) {
+func (d StateDir) List() ([]Record, error) {
+	stateDir := string(d)
 	dir := filepath.Join(stateDir, runsDir)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -392,14 +424,15 @@ func (e *GapError) Error() string {
 // full ID ("0003-migrate") or its number ("3"). A run created after it whose
 // directory is gone is a GapError (the undo would be incomplete), unless the
 // state directory's log says it ended having written nothing.
-func Since(stateDir, id string) ([]Record, error) {
-	recs, err := List(stateDir)
+func (d StateDir) Since(id string) ([]Record, error) {
+	stateDir := string(d)
+	recs, err := d.List()
 	if err != nil {
 		return nil, err
 	}
 	for i, r := range recs {
 		if r.ID == id || strconv.Itoa(r.Seq) == strings.TrimLeft(id, "0") {
-			missing, err := Missing(stateDir, recs[i:])
+			missing, err := d.Missing(recs[i:])
 			if err != nil {
 				return nil, err
 			}
@@ -440,7 +473,8 @@ type MissingRun struct {
 // them) whose directories are gone: a number between two listed runs, or up
 // to the newest run the state directory's log records, that no entry of its
 // runs directory carries.
-func Missing(stateDir string, recs []Record) ([]MissingRun, error) {
+func (d StateDir) Missing(recs []Record) ([]MissingRun, error) {
+	stateDir := string(d)
 	if len(recs) == 0 {
 		return nil, nil
 	}

@@ -1,4 +1,4 @@
-package rundir
+package undo
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 // journal.
 func TestRunsNumberedNeverReused(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
-	st, err := Open(dir)
+	st, err := StateDir(dir).Open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestRunsNumberedNeverReused(t *testing.T) {
 		t.Fatalf("third run %s, want 0003-rollback", b.ID)
 	}
 	st.Close()
-	recs, err := List(dir)
+	recs, err := StateDir(dir).List()
 	if err != nil || len(recs) != 3 {
 		t.Fatalf("List: %+v %v", recs, err)
 	}
@@ -51,13 +51,13 @@ func TestRunsNumberedNeverReused(t *testing.T) {
 		t.Errorf("the run with no record: %+v", recs[1])
 	}
 	for _, id := range []string{"2", "0002-migrate", "02"} {
-		since, err := Since(dir, id)
+		since, err := StateDir(dir).Since(id)
 		if err != nil || len(since) != 2 || since[0].ID != "0002-migrate" {
 			t.Errorf("Since(%q): %+v %v", id, since, err)
 		}
 	}
 	var nf *NotFoundError
-	if _, err := Since(dir, "9"); !errors.As(err, &nf) {
+	if _, err := StateDir(dir).Since("9"); !errors.As(err, &nf) {
 		t.Errorf("Since(9): %v, want NotFoundError", err)
 	}
 }
@@ -69,28 +69,28 @@ func TestStateDirPrivateAndLocked(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "chmod 700") {
+	if _, err := StateDir(dir).Open(); err == nil || !strings.Contains(err.Error(), "chmod 700") {
 		t.Fatalf("Open of a 0755 directory: %v", err)
 	}
-	if err := Check(dir); err == nil {
+	if err := StateDir(dir).Check(); err == nil {
 		t.Fatal("Check of a 0755 directory passed")
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	st, err := Open(dir)
+	st, err := StateDir(dir).Open()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var le *LockedError
-	if _, err := Open(dir); !errors.As(err, &le) || !strings.Contains(le.Holder, "pid ") {
+	if _, err := StateDir(dir).Open(); !errors.As(err, &le) || !strings.Contains(le.Holder, "pid ") {
 		t.Fatalf("second Open: %v", err)
 	}
-	if err := Check(dir); !errors.As(err, &le) {
+	if err := StateDir(dir).Check(); !errors.As(err, &le) {
 		t.Fatalf("Check while held: %v", err)
 	}
 	st.Close()
-	if err := Check(dir); err != nil {
+	if err := StateDir(dir).Check(); err != nil {
 		t.Fatalf("Check once released: %v", err)
 	}
 }
@@ -104,7 +104,7 @@ func TestStateDirPrivateAndLocked(t *testing.T) {
 // given again.
 func TestSinceRefusesARemovedRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
-	st, err := Open(dir)
+	st, err := StateDir(dir).Open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,21 +115,21 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	}
 	must(t, os.RemoveAll(runs[1].Dir))
 	var gap *GapError
-	_, err = Since(dir, "1")
+	_, err = StateDir(dir).Since("1")
 	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate" || gap.Next != "0003-migrate" || gap.From.ID != "0001-migrate" {
 		t.Fatalf("Since(1) with run 2 removed: %v (%+v)", err, gap)
 	}
 	if want := "run 0002-migrate is missing from " + filepath.Join(dir, "runs") + " (removed after run 0001-migrate)"; !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not say %q", err, want)
 	}
-	if since, err := Since(dir, "3"); err != nil || len(since) != 1 {
+	if since, err := StateDir(dir).Since("3"); err != nil || len(since) != 1 {
 		t.Errorf("Since(3), nothing missing after it: %+v %v", since, err)
 	}
 
 	// The newest run removed too (still running, or killed: no end logged):
 	// only the log shows it.
 	must(t, os.RemoveAll(runs[2].Dir))
-	_, err = Since(dir, "0001-migrate")
+	_, err = StateDir(dir).Since("0001-migrate")
 	if !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate,0003-migrate" || gap.Next != "" {
 		t.Fatalf("Since(1) with runs 2 and 3 removed: %v (%+v)", err, gap)
 	}
@@ -140,7 +140,7 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	if err != nil || next.ID != "0004-rollback" {
 		t.Fatalf("the run after a removed newest run: %+v %v, want 0004-rollback", next, err)
 	}
-	if since, err := Since(dir, "4"); err != nil || len(since) != 1 {
+	if since, err := StateDir(dir).Since("4"); err != nil || len(since) != 1 {
 		t.Errorf("Since(4): %+v %v", since, err)
 	}
 
@@ -150,10 +150,10 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	must(t, refused.Finish(1, 0, nil))
 	after := newRun(t, st, "migrate")
 	must(t, os.RemoveAll(refused.Dir))
-	if since, err := Since(dir, "4"); err != nil || len(since) != 2 || since[1].ID != after.ID {
+	if since, err := StateDir(dir).Since("4"); err != nil || len(since) != 2 || since[1].ID != after.ID {
 		t.Fatalf("Since(4) past a removed run that wrote nothing: %+v %v", since, err)
 	}
-	missing, err := Missing(dir, []Record{runs[0].Record})
+	missing, err := StateDir(dir).Missing([]Record{runs[0].Record})
 	if err != nil || len(missing) != 3 || missing[2] != (MissingRun{ID: "0005-migrate", Seq: 5, WroteNothing: true}) || missing[0].WroteNothing || missing[1].WroteNothing {
 		t.Fatalf("Missing: %+v %v", missing, err)
 	}
@@ -165,7 +165,7 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	must(t, after.Finish(1, 0, nil))
 	last := newRun(t, st, "migrate")
 	must(t, os.RemoveAll(after.Dir))
-	if _, err := Since(dir, "4"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0006-migrate" || gap.Next != last.ID {
+	if _, err := StateDir(dir).Since("4"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0006-migrate" || gap.Next != last.ID {
 		t.Fatalf("Since(4) past a removed run that had a journal: %v (%+v)", err, gap)
 	}
 
@@ -174,7 +174,7 @@ func TestSinceRefusesARemovedRun(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, logFile)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Since(dir, "1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003,0005,0006" || gap.Next != "0007-migrate" {
+	if _, err := StateDir(dir).Since("1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002,0003,0005,0006" || gap.Next != "0007-migrate" {
 		t.Fatalf("Since(1) without the log: %v (%+v)", err, gap)
 	}
 }

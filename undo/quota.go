@@ -1,4 +1,4 @@
-package migrate
+package undo
 
 import (
 	"context"
@@ -93,14 +93,14 @@ func whyNoAnswer(err error) string {
 // room to start again.
 func Margin(quota int64) int64 { return max(quota/20, 1<<20) }
 
-// putCost is what a put adds to etcd's backend: bbolt keeps each revision's
+// PutCost is what a put adds to etcd's backend: bbolt keeps each revision's
 // key-value (the key, the value and some 64 bytes of revision key, header and
 // fields) on 4 KiB pages that etcd fills to 90% with its sequential revision
 // keys; one that does not fit twice into that takes whole pages of its own
 // (measured: 1,000 puts of 2,000 bytes added 3.5 MiB).
-func putCost(key string, value []byte) int64 { return putCostN(len(key), len(value)) }
+func PutCost(key string, value []byte) int64 { return putCostN(len(key), len(value)) }
 
-// putCostN is putCost for a key and a value of these lengths.
+// putCostN is PutCost for a key and a value of these lengths.
 func putCostN(keyLen, valueLen int) int64 {
 	const page, fill, overhead = 4096, 4096 * 9 / 10, 64
 	n := int64(keyLen + valueLen + overhead)
@@ -152,11 +152,11 @@ type SpaceReport struct {
 	CompactedAt int64 `json:"compactedAt,omitempty"`
 }
 
-// spaceGuard keeps every member's database below quota-margin: writers reserve
+// SpaceGuard keeps every member's database below quota-margin: writers reserve
 // a batch's cost before sending it; the guard asks etcd for the members'
 // sizes (Status) every refresh bytes, and when a batch would not fit it asks
 // again, compacts (--compact-history) and asks again, or stops the run.
-type spaceGuard struct {
+type SpaceGuard struct {
 	cli     clientStatus
 	quota   int64
 	margin  int64
@@ -182,6 +182,9 @@ type spaceGuard struct {
 	report     *SpaceReport
 }
 
+// Report is what the run saw of etcd's space, kept up to date as it writes.
+func (g *SpaceGuard) Report() *SpaceReport { return g.report }
+
 // compactResult is a background compaction's outcome: the revision it
 // compacted at (0: nothing was written since the last one), or its error.
 type compactResult struct {
@@ -197,17 +200,17 @@ type clientStatus interface {
 }
 
 // newSpaceGuard is the guard of a run that starts at st, with its report.
-func newSpaceGuard(cli clientStatus, quota Quota, compact bool, st etcdscan.StatusInfo) *spaceGuard {
+func newSpaceGuard(cli clientStatus, quota Quota, compact bool, st etcdscan.StatusInfo) *SpaceGuard {
 	m := Margin(quota.Bytes)
 	rep := &SpaceReport{Quota: quota, Margin: m, DBSizeBefore: st.DBSize, DBSizeMax: st.DBSize}
-	return &spaceGuard{cli: cli, quota: quota.Bytes, margin: m, compact: compact, refresh: max(m/4, 256<<10),
+	return &SpaceGuard{cli: cli, quota: quota.Bytes, margin: m, compact: compact, refresh: max(m/4, 256<<10),
 		base: st.DBSize, free: st.Free, report: rep}
 }
 
 // fits says whether cost more fits: the run's writes never grow the database
 // into the margin, but may reuse the free pages of a database already in it
 // (a compaction takes pages of its own) down to a quarter of the margin.
-func (g *spaceGuard) fits(cost int64) bool {
+func (g *SpaceGuard) fits(cost int64) bool {
 	growth := max(0, g.spent+cost-g.free)
 	if growth == 0 {
 		return g.base+g.margin/4 <= g.quota
@@ -215,13 +218,13 @@ func (g *spaceGuard) fits(cost int64) bool {
 	return g.base+growth+g.margin <= g.quota
 }
 
-// reserve is called before a batch is sent; an error stops the run. With
+// Reserve is called before a batch is sent; an error stops the run. With
 // compaction, every compactEvery bytes a compaction of the history up to the
 // current revision starts in the background while the writes go on (etcd
 // compacts every revision of its keyspace in batches: at millions of keys
 // a compaction takes as long as the writes between two of them); when a
 // batch would not fit, the run waits for it, or compacts at once.
-func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
+func (g *SpaceGuard) Reserve(ctx context.Context, cost int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.err != nil {
@@ -286,10 +289,10 @@ func (g *spaceGuard) reserve(ctx context.Context, cost int64) error {
 // pages it frees (measured: from a third to as much as it frees, when none
 // were free before),
 // so it must come before the run's writes reach the margin.
-func (g *spaceGuard) compactEvery() int64 { return g.margin / 2 }
+func (g *SpaceGuard) compactEvery() int64 { return g.margin / 2 }
 
-// done is called when a reserved batch has returned.
-func (g *spaceGuard) done(cost int64) {
+// Done is called when a reserved batch has returned.
+func (g *SpaceGuard) Done(cost int64) {
 	g.inflight.Add(-cost)
 	g.completed.Add(cost)
 }
@@ -297,7 +300,7 @@ func (g *spaceGuard) done(cost int64) {
 // update asks every member's size. What was in flight then, and what
 // returned within etcd's commit interval before it (it may not have reached
 // the backend yet), still counts as spent.
-func (g *spaceGuard) update(ctx context.Context) error {
+func (g *SpaceGuard) update(ctx context.Context) error {
 	asked := time.Now()
 	inflight, completed := g.inflight.Load(), g.completed.Load()
 	st, err := g.cli.status(ctx)
@@ -333,7 +336,7 @@ type completedAt struct {
 // startCompact starts compacting etcd's history up to the current revision
 // (the old revisions of every key the run rewrote) in the background, and
 // waits for the pages to be free there (g.mu held; collect takes the result).
-func (g *spaceGuard) startCompact(ctx context.Context) {
+func (g *SpaceGuard) startCompact(ctx context.Context) {
 	ch := make(chan compactResult, 1)
 	g.compacting, g.sinceCompact = ch, 0
 	after := g.report.CompactedAt
@@ -354,7 +357,7 @@ func (g *spaceGuard) startCompact(ctx context.Context) {
 
 // collect takes the result of the compaction running in the background, if
 // it has ended (wait: when it ends), and says whether it compacted (g.mu held).
-func (g *spaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
+func (g *SpaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
 	if g.compacting == nil {
 		return false, nil
 	}
@@ -381,10 +384,10 @@ func (g *spaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
 	return true, g.update(ctx)
 }
 
-// finish is called when the run's writes are over: it waits for a
+// Finish is called when the run's writes are over: it waits for a
 // compaction still running (and counts it), then reports the database's size
 // after the run.
-func (g *spaceGuard) finish(ctx context.Context) {
+func (g *SpaceGuard) Finish(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.compacting != nil {
@@ -451,8 +454,8 @@ func (e *StopError) Render(spell func(input.Name) string) string {
 	return b.String()
 }
 
-// stopErr turns the writer's stop into a StopError.
-func stopErr(ctx context.Context, fe *etcdscan.FatalError, key, journal, verb string, alarmsOf func(context.Context) ([]string, error)) *StopError {
+// NewStopError turns the writer's stop into a StopError.
+func NewStopError(ctx context.Context, fe *etcdscan.FatalError, key, journal, verb string, alarmsOf func(context.Context) ([]string, error)) *StopError {
 	e := &StopError{Fatal: fe, Key: key, Journal: journal, Verb: verb}
 	if fe.Cause == etcdscan.CauseNoSpace && alarmsOf != nil {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), etcdscan.DefaultCommandTimeout)
@@ -462,8 +465,9 @@ func stopErr(ctx context.Context, fe *etcdscan.FatalError, key, journal, verb st
 	return e
 }
 
-// firstFatalKey is the key of the first result that failed for fe.
-func firstFatalKey(results []etcdscan.PutResult) (string, *etcdscan.FatalError) {
+// FirstFatal is the key of the first result that failed for an error no
+// retry fixes, and that error (nil when none).
+func FirstFatal(results []etcdscan.PutResult) (string, *etcdscan.FatalError) {
 	for _, r := range results {
 		if r.Status != etcdscan.Failed {
 			continue
@@ -474,4 +478,19 @@ func firstFatalKey(results []etcdscan.PutResult) (string, *etcdscan.FatalError) 
 		}
 	}
 	return "", nil
+}
+
+// WriteCause names why a write failed, for a report's grouping.
+func WriteCause(err error) string {
+	if fe := etcdscan.AsFatal(err); fe != nil {
+		return fe.Cause
+	}
+	var tooLarge *etcdscan.TooLargeError
+	switch {
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	case errors.As(err, &tooLarge):
+		return "too-large"
+	}
+	return "etcd-error"
 }

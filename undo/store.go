@@ -1,16 +1,15 @@
-package migrate
+package undo
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/internal/textfmt"
 	"os"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/rundir"
 )
 
 // Store is where a run writes, with compare-and-swap on each key's mod
@@ -26,35 +25,37 @@ type Store interface {
 	Get(ctx context.Context, key string) (etcdscan.KV, bool, error)
 }
 
-// etcdStore is etcd as a Store.
-type etcdStore struct{ *etcdscan.Writer }
+// EtcdStore is etcd as a Store.
+type EtcdStore struct{ *etcdscan.Writer }
 
-func (s etcdStore) Get(ctx context.Context, key string) (etcdscan.KV, bool, error) {
+// Get reads key from etcd at its current revision.
+func (s EtcdStore) Get(ctx context.Context, key string) (etcdscan.KV, bool, error) {
 	return etcdscan.ClientSource{Client: s.Client}.Get(ctx, key, 0)
 }
 
-// outputPreflight is the preflight of a run that writes an output snapshot
-// (opts.Output): the input is a file no kube-apiserver reaches, never
-// modified; the output's filesystem has room for about the input's size
-// (the output holds each live key once, the run's new values beside it
-// until it is built); the write encryption providers work.
-func outputPreflight(ctx context.Context, env *pipeline.Env, opts Options) ([]string, error) {
+// OutputPreflight is the preflight of a run that writes the output snapshot
+// out instead of to etcd (migrate's Options.Output): the input is a file no
+// kube-apiserver reaches, never modified; the output's filesystem has room
+// for about the input's size (the output holds each live key once, the
+// run's new values beside it until it is built); the write encryption
+// providers work.
+func OutputPreflight(ctx context.Context, env *pipeline.Env, out string, opts PreflightOptions) ([]string, error) {
 	in := env.Config.SnapshotFile
 	done := []string{"no kube-apiserver can reach " + in + ": a snapshot file, read in place and never modified (it is the undo)"}
 	fi, err := os.Stat(in)
 	if err != nil {
 		return done, fmt.Errorf("snapshot file %s: %w", in, err)
 	}
-	_, err = rundir.CheckSpace([]rundir.Need{{What: "output snapshot", Path: opts.OutputFile, Bytes: fi.Size()}})
-	var se *rundir.SpaceError
+	_, err = CheckDiskSpace([]DiskNeed{{What: "output snapshot", Path: out, Bytes: fi.Size()}})
+	var se *DiskSpaceError
 	if errors.As(err, &se) {
 		return done, &PreflightError{Err: input.Errorf("not enough disk space on the filesystem of %s for %s %s: about %s (the input's size) and %s left free, %s is free; free room there, or write the output elsewhere",
-			se.Dir, input.OutputSnapshot, opts.OutputFile, textfmt.Bytes(fi.Size()), textfmt.Bytes(rundir.SpaceMargin), textfmt.Bytes(se.Free))}
+			se.Dir, input.OutputSnapshot, out, textfmt.Bytes(fi.Size()), textfmt.Bytes(DiskMargin), textfmt.Bytes(se.Free))}
 	}
 	if err != nil {
 		return done, err
 	}
-	done = append(done, fmt.Sprintf("disk space for %s %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.spell()(input.OutputSnapshot), opts.OutputFile, textfmt.Bytes(fi.Size())))
+	done = append(done, fmt.Sprintf("disk space for %s %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.spell()(input.OutputSnapshot), out, textfmt.Bytes(fi.Size())))
 	if err := CheckEncryption(ctx, env); err != nil {
 		return done, err
 	}

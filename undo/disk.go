@@ -1,4 +1,4 @@
-package rundir
+package undo
 
 import (
 	"fmt"
@@ -11,45 +11,45 @@ import (
 	"syscall"
 )
 
-// SpaceMargin is the room a run leaves free on every filesystem it writes to:
+// DiskMargin is the room a run leaves free on every filesystem it writes to:
 // the state directory is often on the filesystem of /var/lib/etcd, and etcd
 // preallocates its WAL files 64 MiB at a time.
-const SpaceMargin = 64 << 20
+const DiskMargin = 64 << 20
 
-// Need is a file a run will write and about how large it grows.
-type Need struct {
+// DiskNeed is a file a run will write and about how large it grows.
+type DiskNeed struct {
 	What  string // "snapshot", "journal", ...
 	Path  string // the file (its directory must exist)
 	Bytes int64
 }
 
-// SpaceError refuses a run whose files would not fit, before its first write.
-type SpaceError struct {
+// DiskSpaceError refuses a run whose files would not fit, before its first write.
+type DiskSpaceError struct {
 	Dir    string // a directory on the filesystem that is short of room
-	Needs  []Need
+	Needs  []DiskNeed
 	Needed int64
 	Free   int64
 }
 
-func (e *SpaceError) Error() string { return e.Render(input.Words) }
+func (e *DiskSpaceError) Error() string { return e.Render(input.Words) }
 
 // Render is the message with the state directory's input spelled by spell.
-func (e *SpaceError) Render(spell func(input.Name) string) string {
+func (e *DiskSpaceError) Render(spell func(input.Name) string) string {
 	parts := make([]string, len(e.Needs))
 	for i, n := range e.Needs {
 		parts[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
 	}
 	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run's undo needs %s (%s) and %s left free, %s is free; free room there, or give a %s on another filesystem",
-		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(SpaceMargin), textfmt.Bytes(e.Free), spell(input.StateDir))
+		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(DiskMargin), textfmt.Bytes(e.Free), spell(input.StateDir))
 }
 
-// CheckSpace checks that the files fit together, with SpaceMargin to spare, on
+// CheckDiskSpace checks that the files fit together, with DiskMargin to spare, on
 // the filesystems they go to; it returns a line per filesystem checked.
-func CheckSpace(needs []Need) ([]string, error) {
+func CheckDiskSpace(needs []DiskNeed) ([]string, error) {
 	type fsNeeds struct {
 		dir   string
 		free  int64
-		needs []Need
+		needs []DiskNeed
 		total int64
 	}
 	byDev := map[uint64]*fsNeeds{}
@@ -77,14 +77,14 @@ func CheckSpace(needs []Need) ([]string, error) {
 	var lines []string
 	for _, d := range devs {
 		f := byDev[d]
-		if f.total+SpaceMargin > f.free {
-			return lines, &SpaceError{Dir: f.dir, Needs: f.needs, Needed: f.total, Free: f.free}
+		if f.total+DiskMargin > f.free {
+			return lines, &DiskSpaceError{Dir: f.dir, Needs: f.needs, Needed: f.total, Free: f.free}
 		}
 		what := make([]string, len(f.needs))
 		for i, n := range f.needs {
 			what[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
 		}
-		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, the undo needs at most %s (%s) and %s left free", f.dir, textfmt.Bytes(f.free), textfmt.Bytes(f.total), strings.Join(what, ", "), textfmt.Bytes(SpaceMargin)))
+		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, the undo needs at most %s (%s) and %s left free", f.dir, textfmt.Bytes(f.free), textfmt.Bytes(f.total), strings.Join(what, ", "), textfmt.Bytes(DiskMargin)))
 	}
 	return lines, nil
 }

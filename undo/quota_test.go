@@ -1,0 +1,128 @@
+package undo
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
+)
+
+// TestFindQuotaSources: over TLS the quota comes from the member's own
+// metrics; when those cannot be read (here: a client made without the
+// tool's connection settings, so the metrics request has no certificate),
+// from --quota-backend-bytes, else etcd's manifest beside kube-apiserver's,
+// else it is unknown and said so, with etcd's default assumed.
+func TestFindQuotaSources(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "ca")
+	srvCert, srvKey := ca.Issue(t, dir, "server", true)
+	cliCert, cliKey := ca.Issue(t, dir, "client", false)
+	s := testetcd.StartT(t, testetcd.Options{QuotaBackendBytes: 64 << 20, TLS: &testetcd.TLSFiles{CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: ca.File}})
+	ctx := context.Background()
+	cli, err := etcdscan.Connect(ctx, etcdscan.Config{Endpoints: []string{s.Endpoint}, CACert: ca.File, Cert: cliCert, Key: cliKey, DialTimeout: 3 * time.Second, CommandTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if q := FindQuota(ctx, cli, "", 0, testFlags); q.Bytes != 64<<20 || !q.Known || !strings.Contains(q.Source, "https://") {
+		t.Fatalf("over TLS: %+v", q)
+	}
+
+	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(ca.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	other, err := clientv3.New(clientv3.Config{Endpoints: []string{s.URL}, DialTimeout: 3 * time.Second,
+		TLS: &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	if q := FindQuota(ctx, other, "", 3<<20, testFlags); q.Bytes != 3<<20 || !q.Known || !strings.HasPrefix(q.Source, "--quota-backend-bytes (etcd's metrics did not answer") {
+		t.Fatalf("told, metrics unreadable: %+v", q)
+	}
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.MkdirAll(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	apiserver := filepath.Join(dir, "kube-apiserver.yaml") // moved up out of manifests/ to stop it
+	q := FindQuota(ctx, other, apiserver, 0, testFlags)
+	if q.Known || q.Bytes != DefaultQuotaBackendBytes || !strings.HasPrefix(q.Source, "unknown (") || !strings.Contains(q.Source, "no etcd static-pod manifest") || !strings.Contains(q.Source, "no --quota-backend-bytes") {
+		t.Fatalf("nothing to go by: %+v", q)
+	}
+	etcdPod := "apiVersion: v1\nkind: Pod\nmetadata: {name: etcd, namespace: kube-system}\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd, --quota-backend-bytes=3221225472]\n"
+	if err := os.WriteFile(filepath.Join(manifests, "etcd.yaml"), []byte(etcdPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if q := FindQuota(ctx, other, apiserver, 0, testFlags); q.Bytes != 3<<30 || !q.Known || !strings.Contains(q.Source, filepath.Join(manifests, "etcd.yaml")) {
+		t.Fatalf("from etcd's manifest: %+v", q)
+	}
+}
+
+// TestCompactingRollbackCountsWhatItPutsBack: right after a migrate
+// --compact-history, etcd's pages in use still hold the history of the
+// migration's last writes and the pages its last compaction freed (etcd counts
+// them free only after commits with writes in them). A rollback with
+// --compact-history compacts that history away, and what it puts back is
+// what the migration replaced: the preflight counts that much of the pages in
+// use as history, so it does not refuse the undo when it is most needed (the
+// figures are those of a refusal TestRollbackKeepsBelowQuota met before: 3.3
+// MiB in use in a 4.5 MiB quota, 2.3 MiB to put back). When the pages in use
+// leave no room even so, it still refuses, naming the remedy.
+func TestCompactingRollbackCountsWhatItPutsBack(t *testing.T) {
+	q := Quota{Bytes: 4<<20 + 512<<10, Known: true, Source: "a test"}
+	st := etcdscan.StatusInfo{DBSize: 3<<20 + 700<<10, DBSizeInUse: 3<<20 + 300<<10}
+	st.Free = st.DBSize - st.DBSizeInUse
+	putBack := func(n int64) writeSize {
+		return writeSize{what: "rollback", bound: 3 * n, exact: func() (int64, error) { return n, nil }, replaced: func() (int64, error) { return n, nil }}
+	}
+	lines, err := fitQuota(st, q, putBack(2<<20+300<<10), true, nil)
+	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "is more than the") {
+		t.Fatalf("a rollback after a compacting migrate: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	// Without compaction it is refused for the room, as before.
+	if _, err := fitQuota(st, q, putBack(2<<20+300<<10), false, nil); err == nil || !strings.Contains(err.Error(), "the rollback would add about 2.3 MiB") {
+		t.Fatalf("without compaction: %v", err)
+	}
+	// Little of what is in use is history the rollback knows of: no room.
+	_, err = fitQuota(st, q, putBack(100<<10), true, nil)
+	var pe *PreflightError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "even with history compaction there is no room: 3.3 MiB in use, of which the 100.0 KiB the rollback puts back may be history") ||
+		!strings.Contains(err.Error(), "'etcdctl compact', then 'etcdctl defrag'") {
+		t.Fatalf("a rollback with no room even after compaction: %v", err)
+	}
+	// migrate knows of no history: the pages in use are the live data.
+	_, err = fitQuota(st, q, writeSize{what: "rewrite", bound: 4 << 20, exact: func() (int64, error) { return 4 << 20, nil }}, true, nil)
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "there is no room: 3.3 MiB in use in a 4.5 MiB quota") {
+		t.Fatalf("a compacting migrate with no room: %v", err)
+	}
+}
+
+// testFlags spells inputs as the command line does (command/errors.go), for
+// the lines a test reads as an operator would.
+func testFlags(n input.Name) string {
+	if f, ok := map[input.Name]string{input.QuotaBackendBytes: "--quota-backend-bytes", input.APIServerManifest: "--apiserver-manifest",
+		input.CompactHistory: "--compact-history", input.OutputSnapshot: "--output-snapshot", input.Resource: "--resource"}[n]; ok {
+		return f
+	}
+	return input.Words(n)
+}
