@@ -26,7 +26,7 @@ RELEASE_LDFLAGS   := -s -w -X kube-etcd-migrate/internal/buildinfo.version=$(REL
 DIST              ?= dist
 RELEASE_PLATFORMS := linux/amd64 linux/arm64
 
-.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
+.PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
 
 build:
 	$(GO) build -o $(BIN) .
@@ -61,6 +61,12 @@ release: release-check
 
 demo:
 	$(GO) run ./cmd/demo
+
+# The man page and completion files the packages install (packaging/) and the flag tables
+# of docs/commands.md and docs/configuration.md, from the CLI's own definitions: run it after
+# adding or changing a flag or command (internal/build/docgen's test fails until then).
+docs:
+	$(GO) run ./internal/build/docgen
 
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
