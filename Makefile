@@ -26,7 +26,7 @@ RELEASE_COMMIT    ?= HEAD
 RELEASE_VERSION   ?=
 RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
 DIST              ?= dist
-RELEASE_TOOL       = $(GO) -C internal/build/dist run . -repo '$(CURDIR)' -commit '$(RELEASE_COMMIT)' -version '$(RELEASE_VERSION)' -platforms '$(RELEASE_PLATFORMS)' -go '$(GO)'
+RELEASE_TOOL       = $(GO) -C internal/build/dist build -o '$(TOOLS)/dist' . && '$(TOOLS)/dist' -repo '$(CURDIR)' -commit '$(RELEASE_COMMIT)' -version '$(RELEASE_VERSION)' -platforms '$(RELEASE_PLATFORMS)' -go '$(GO)'
 
 .PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
 
