@@ -17,50 +17,43 @@ BENCH_SCALE_N ?= 25000
 # The tool's semantic version: internal/buildinfo's Release, the latest released entry of
 # CHANGELOG.md (a test checks they agree). `make build` stamps nothing: its binary says
 # it is a development build of that version, with the commit Go's VCS stamp records.
-SOURCE_VERSION := $(shell sed -n 's/^const Release = "\(v[^"]*\)"$$/\1/p' internal/buildinfo/buildinfo.go)
-# `make release` builds the commit HEAD names, from a clean copy, stamped with
-# RELEASE_VERSION (default: the source's), which must have its entry in CHANGELOG.md.
-RELEASE_COMMIT    := $(shell git rev-parse HEAD 2>/dev/null)
-RELEASE_VERSION   ?= $(SOURCE_VERSION)
-RELEASE_LDFLAGS   := -s -w -X kube-etcd-migrate/internal/buildinfo.version=$(RELEASE_VERSION) -X kube-etcd-migrate/internal/buildinfo.commit=$(RELEASE_COMMIT)
+# `make release` builds RELEASE_COMMIT from a clean copy (git archive): stamped with its
+# version when it is the commit that version's CHANGELOG.md entry names (read at HEAD: the
+# entry is named in the commit after the release's), else a development build of the next
+# version. RELEASE_VERSION=vX.Y.Z demands the release: refused on any other commit.
+# docs/releasing.md. The tool is internal/build/dist, a module of its own.
+RELEASE_COMMIT    ?= HEAD
+RELEASE_VERSION   ?=
+RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
 DIST              ?= dist
-RELEASE_PLATFORMS := linux/amd64 linux/arm64
+RELEASE_TOOL       = $(GO) -C internal/build/dist build -o '$(TOOLS)/dist' . && '$(TOOLS)/dist' -repo '$(CURDIR)' -commit '$(RELEASE_COMMIT)' -version '$(RELEASE_VERSION)' -platforms '$(RELEASE_PLATFORMS)' -go '$(GO)'
 
-.PHONY: build release release-check demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
+.PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
 
 build:
 	$(GO) build -o $(BIN) .
 
-# A release's version: a semantic version, with its entry in CHANGELOG.md ("## [X.Y.Z] -
-# DATE"), and the source's own (what its binaries print). docs/releasing.md.
+# What a build of RELEASE_COMMIT is called, and why; nothing built.
 release-check:
-	@v='$(RELEASE_VERSION)'; \
-	case "$$v" in v[0-9]*.[0-9]*.[0-9]*) ;; *) echo "make release: RELEASE_VERSION=$$v is not a semantic version vMAJOR.MINOR.PATCH" >&2; exit 2;; esac; \
-	awk -v h="## [$${v#v}] - " 'index($$0, h) == 1 { found = 1 } END { exit !found }' CHANGELOG.md || \
-		{ echo "make release: $$v has no entry in CHANGELOG.md (\"## [$${v#v}] - YYYY-MM-DD\"): write what it changes for operators there first (docs/releasing.md)" >&2; exit 1; }; \
-	test "$$v" = "$(SOURCE_VERSION)" || \
-		{ echo "make release: $$v is not this source's version $(SOURCE_VERSION) (Release in internal/buildinfo/buildinfo.go): check out the commit of $$v, or cut the release (docs/releasing.md)" >&2; exit 1; }; \
-	echo "release $$v: in CHANGELOG.md, the source's version"
+	@$(RELEASE_TOOL) -check
 
-# Static binaries (no cgo, no libc needed on the node) for the control-plane
-# platforms and their SHA256SUMS. Built from `git archive HEAD`, not the working
-# tree: a release is exactly the commit it is stamped with, whatever is being
-# edited meanwhile (uncommitted changes are not in it). The version checked first.
-release: release-check
-	@test -n "$(RELEASE_COMMIT)" || { echo "make release: not a git checkout"; exit 1; }
-	rm -rf $(DIST) && mkdir -p $(DIST)
-	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
-	git archive --format=tar HEAD | tar -x -C "$$src" && \
-	for p in $(RELEASE_PLATFORMS); do \
-		os=$${p%/*}; arch=$${p#*/}; \
-		echo "building $(DIST)/kube-etcd-migrate-$$os-$$arch: $(RELEASE_VERSION) (commit $(RELEASE_COMMIT))"; \
-		(cd "$$src" && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false \
-			-ldflags "$(RELEASE_LDFLAGS)" -o "$(abspath $(DIST))/kube-etcd-migrate-$$os-$$arch" .) || exit 1; \
-	done
-	cd $(DIST) && sha256sum kube-etcd-migrate-* > SHA256SUMS && cat SHA256SUMS
+# For linux/amd64 and linux/arm64: the static binary (no cgo), its .deb and .rpm (binary in
+# /usr/bin, man page, bash and zsh completion, /var/lib/kube-etcd-migrate 0700), an OCI
+# image (the binary on an empty base) as an OCI layout in a tar file, a CycloneDX SBOM of
+# each, and SHA256SUMS over all of them, into DIST (replaced). Built from `git archive` of
+# the commit, not the working tree; every file's time is the commit's: two builds of a
+# commit with the same Go release give the same bytes. The version is checked first.
+release:
+	$(RELEASE_TOOL) -out '$(abspath $(DIST))'
 
 demo:
 	$(GO) run ./cmd/demo
+
+# The man page and completion files the packages install (packaging/) and the flag tables
+# of docs/commands.md and docs/configuration.md, from the CLI's own definitions: run it after
+# adding or changing a flag or command (internal/build/docgen's test fails until then).
+docs:
+	$(GO) run ./internal/build/docgen
 
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -70,6 +63,8 @@ lint: $(STATICCHECK)
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	$(GO) -C internal/build/dist vet ./...
+	cd internal/build/dist && $(STATICCHECK) ./...
 
 # The previous releases' binaries the tests play (internal/build/modbuild: the
 # previous Kubernetes release's kube-apiserver, the two etcd server minors before the linked one), each
@@ -87,6 +82,7 @@ bump-kubernetes:
 # and the previous release's kube-apiserver as a process.
 test: lint releases
 	$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./...
+	$(GO) -C internal/build/dist test -timeout $(TEST_TIMEOUT) -count=1 ./...
 	$(MAKE) bench-smoke
 
 # Every phase of `make bench` at a tiny size, one repetition, no figures

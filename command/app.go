@@ -6,8 +6,9 @@
 // snapshot_flags.go, target_flags.go), what every command opens (session.go),
 // flags anywhere on the line (args.go), and all the printing: the printers by
 // output format (printer.go: table, json with the build stamp, yaml) and each
-// report's table (printer_*.go), metrics.go, progress.go. The binary's main
-// calls Run. See docs/commands.md.
+// report's table (printer_*.go), metrics.go, progress.go; the commands and
+// their flags as data for the man page and docs/commands.md' flag tables
+// (reference.go). The binary's main calls Run. See docs/commands.md.
 package command
 
 import (

@@ -23,7 +23,7 @@ import (
 )
 
 // stampedVersion is what the test binary is stamped with, as `make release` does.
-const stampedVersion = "v9.9.9-test"
+const stampedVersion = "v9.9.9"
 
 // buildStamped builds the binary with its version set through -ldflags.
 func buildStamped(t *testing.T) string {
@@ -153,14 +153,14 @@ func TestBinaryFlagsAnywhereAndVersions(t *testing.T) {
 		}
 		code, stdout, stderr = execBin(t, bin, "version", "-o", "json")
 		var v struct {
-			Version, Kubernetes, EtcdClient, Go, KubeAPIServer, DefaultTargetVersion string
-			TargetVersions                                                           []string
+			Version, Kubernetes, Etcd, EtcdClient, Go, KubeAPIServer, DefaultTargetVersion string
+			TargetVersions                                                                 []string
 		}
 		if code != 0 || json.Unmarshal([]byte(stdout), &v) != nil {
 			t.Fatalf("version -o json: exit %d\n%s%s", code, stdout, stderr)
 		}
 		goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
-		if v.Version != stampedVersion || v.Kubernetes != kubernetes ||
+		if v.Version != stampedVersion || v.Kubernetes != kubernetes || v.Etcd != goModVersion(t, "go.etcd.io/etcd/server/v3") ||
 			"v"+v.EtcdClient != goModVersion(t, "go.etcd.io/etcd/client/v3") || v.Go != strings.TrimSpace(string(goVersion)) {
 			t.Errorf("version -o json: %+v", v)
 		}

@@ -27,3 +27,25 @@ func TestBinaryLinksNoRig(t *testing.T) {
 		t.Fatalf("go list -deps kube-etcd-migrate named %d of the module's packages; want the tool's whole tree", linked)
 	}
 }
+
+// TestToolModuleGraphHasNoReleaseTooling: what builds packages, images and
+// SBOMs (internal/build/dist, a module of its own) is not in the tool's module
+// graph, so it can neither be linked into the binary nor move, by minimal
+// version selection, a module the binary links.
+func TestToolModuleGraphHasNoReleaseTooling(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "all").Output()
+	if err != nil {
+		t.Fatalf("go list -m all: %v", err)
+	}
+	modules := strings.Fields(string(out))
+	if len(modules) < 100 {
+		t.Fatalf("go list -m all named %d words; want the tool's whole module graph", len(modules))
+	}
+	for _, m := range modules {
+		for _, tooling := range []string{"github.com/goreleaser/nfpm", "github.com/google/go-containerregistry", "github.com/CycloneDX/cyclonedx-go", "github.com/google/rpmpack"} {
+			if strings.HasPrefix(m, tooling) {
+				t.Errorf("the tool's module graph has %s, a module of the release tooling (internal/build/dist/go.mod is its place)", m)
+			}
+		}
+	}
+}

@@ -56,23 +56,27 @@ func (r versionReport) table(w io.Writer) error {
 		}
 	}
 	version := r.Version
-	if r.Development {
+	switch {
+	case r.Development && strings.Contains(r.Version, "-"):
+		// make release of a commit that is not a release: the next version's pre-release.
+		version += " (a development build of a commit after " + buildinfo.Release + ", not a release binary)"
+	case r.Development:
 		version += " (a development build: the source of " + r.Version + " or a later commit, not a release binary)"
 	}
 	_, err := fmt.Fprintf(w, `kube-etcd-migrate %s
   commit:          %s
   kubernetes:      %s (kube-apiserver %s: scheme, storage factory, encryption transformers)
   target versions: %s (--target-version; read-only commands assume %s when nothing says which)
-  etcd client:     %s
+  etcd:            %s (snapshots saved, read and restored with etcd's own code; client API %s)
   go:              %s %s
-`, version, commit, r.Kubernetes, r.KubeAPIServer, strings.Join(r.TargetVersions, ", "), r.DefaultTargetVersion, r.EtcdClient, r.Go, r.Platform)
+`, version, commit, r.Kubernetes, r.KubeAPIServer, strings.Join(r.TargetVersions, ", "), r.DefaultTargetVersion, r.Etcd, r.EtcdClient, r.Go, r.Platform)
 	return err
 }
 
 func versionCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "version",
-		Usage:        "the tool's version, the Kubernetes release it carries, the target versions it can emulate, etcd client and Go versions",
+		Usage:        "the tool's version, the Kubernetes release it carries, the target versions it can emulate, the etcd and Go releases it links",
 		Flags:        []cli.Flag{outputFlag("text", "text", "json", "yaml")},
 		Action:       cmdVersion,
 		OnUsageError: commandUsageError,

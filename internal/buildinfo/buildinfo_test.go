@@ -22,8 +22,8 @@ func goList(t *testing.T, module string) string {
 // k8s.io/kubernetes (the CLI's tests check that its binary reports it).
 func TestGetReportsTheModulesBuiltWith(t *testing.T) {
 	info := Get()
-	if info.Kubernetes != Unknown {
-		t.Errorf("Kubernetes %q in a binary that does not link %s", info.Kubernetes, KubernetesModule)
+	if info.Kubernetes != Unknown || info.Etcd != Unknown {
+		t.Errorf("Kubernetes %q, etcd %q in a binary that links neither %s nor %s", info.Kubernetes, info.Etcd, KubernetesModule, EtcdModule)
 	}
 	if want := strings.TrimPrefix(goList(t, "go.etcd.io/etcd/api/v3"), "v"); info.EtcdClient != want {
 		t.Errorf("EtcdClient %q, go.mod has %q", info.EtcdClient, want)
@@ -42,6 +42,7 @@ func TestFromBuildInfo(t *testing.T) {
 		Deps: []*debug.Module{
 			{Path: "k8s.io/api", Version: "v0.36.3"},
 			{Path: KubernetesModule, Version: "v1.36.0", Replace: &debug.Module{Path: KubernetesModule, Version: "v1.36.3"}},
+			{Path: EtcdModule, Version: "v3.7.3"},
 		},
 		Settings: []debug.BuildSetting{
 			{Key: "vcs.revision", Value: "0123456789abcdef"},
@@ -52,7 +53,7 @@ func TestFromBuildInfo(t *testing.T) {
 	got := fromBuildInfo(bi, "", "")
 	// make build / go build in a clone: the source's semantic version (not the
 	// toolchain's pseudo-version), a development build, the VCS stamp.
-	if got.Version != Release || !got.Development || got.Kubernetes != "v1.36.3" || got.Commit != "0123456789abcdef" || got.CommitTime != "2026-01-01T12:00:00Z" || !got.Modified {
+	if got.Version != Release || !got.Development || got.Kubernetes != "v1.36.3" || got.Etcd != "v3.7.3" || got.Commit != "0123456789abcdef" || got.CommitTime != "2026-01-01T12:00:00Z" || !got.Modified {
 		t.Errorf("from VCS stamp: %+v", got)
 	}
 	if got := fromBuildInfo(bi, "v1.2.3", ""); got.Version != "v1.2.3" || got.Development || got.Commit != "0123456789abcdef" {
@@ -70,5 +71,11 @@ func TestFromBuildInfo(t *testing.T) {
 	rel := fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "v1.2.3", "0123456789abcdef")
 	if rel.Version != "v1.2.3" || rel.Development || rel.Commit != "0123456789abcdef" || rel.Modified {
 		t.Errorf("release build: %+v", rel)
+	}
+	// make release of a commit that is not a release: the next version's
+	// pre-release, stamped, and a development build all the same.
+	dev = fromBuildInfo(&debug.BuildInfo{Main: debug.Module{Path: "kube-etcd-migrate", Version: "(devel)"}}, "v1.2.4-0.20261201120000-0123456789ab", "0123456789abcdef")
+	if dev.Version != "v1.2.4-0.20261201120000-0123456789ab" || !dev.Development || dev.Commit != "0123456789abcdef" {
+		t.Errorf("make release of another commit: %+v", dev)
 	}
 }
