@@ -11,7 +11,7 @@
 // reencode.go is the planner (Planner: Decide, Classify, Encode),
 // decision.go what it decides (Decision, Status, Reason, Describe),
 // roundtrip.go the check that a built-in's stored value round-trips without
-// losing fields (protobuf through wire.go, JSON as a document),
+// losing fields (protobuf through wire.go, JSON through internal/jsondoc),
 // jsonrelease.go the JSON an older release's types write, fieldloss.go the
 // fields a custom resource's rewrite drops.
 package reencode

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/internal/jsondoc"
 	"kube-etcd-migrate/release"
 )
 
@@ -64,11 +66,12 @@ func RoundTrip(obj *decode.Object) error {
 		if bytes.Equal(re, bytes.TrimSuffix(stored, []byte("\n"))) {
 			return nil
 		}
-		var a, b any
-		if err := unmarshalNumber(stored, &a); err != nil {
+		a, _, err := jsondoc.Read(stored)
+		if err != nil {
 			return fmt.Errorf("stored JSON: %w", err)
 		}
-		if err := unmarshalNumber(re, &b); err != nil {
+		b, _, err := jsondoc.Read(re)
+		if err != nil {
 			return err
 		}
 		// Every stored member kept, or only empty ones dropped (null, [],
@@ -78,7 +81,7 @@ func RoundTrip(obj *decode.Object) error {
 		// member an older release's did not have, 1.37's CSINode
 		// "status":{}), as wireKeeps for protobuf.
 		if !reflect.DeepEqual(a, b) && !jsonKeeps(a, b, 0) {
-			return fmt.Errorf("the %s types of Kubernetes %s do not give back the stored JSON document: fields %s would be lost or changed", gvk, release.Linked(), strings.Join(diffPaths("", a, b, 5), ", "))
+			return fmt.Errorf("the %s types of Kubernetes %s do not give back the stored JSON document: fields %s would be lost or changed", gvk, release.Linked(), lostPaths(a, b))
 		}
 		return nil
 	}
@@ -88,12 +91,6 @@ func RoundTrip(obj *decode.Object) error {
 // protobufMagic prefixes kube-apiserver's protobuf encoding (k8s.io/apimachinery's
 // protobuf serializer), before the runtime.Unknown envelope.
 var protobufMagic = []byte{0x6b, 0x38, 0x73, 0x00}
-
-func unmarshalNumber(data []byte, v *any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return dec.Decode(v)
-}
 
 // jsonKeeps reports whether the decoded JSON value b (re-encoded) keeps
 // everything of a (stored): the same scalars, arrays of the same length
@@ -184,30 +181,24 @@ func jsonZeroValue(v any, depth int) bool {
 	return false
 }
 
-// diffPaths lists up to max JSON paths where a and b differ (paths only, no values).
-func diffPaths(path string, a, b any, max int) []string {
-	if reflect.DeepEqual(a, b) {
-		return nil
+// lostPaths names the first five paths (in order, as jq writes them:
+// ".status", "." the whole document) where the re-encoded document b
+// differs from the stored a.
+func lostPaths(a, b any) string {
+	d := jsondoc.Diff(a, b)
+	paths := slices.Concat(d.Removed, d.Changed, d.Added)
+	if len(paths) == 0 {
+		// jsonKeeps compares numbers as spelled and metadata's zero values
+		// as values; Diff by value and without them.
+		return "(none by value: a number or a zero value of metadata spelled otherwise)"
 	}
-	am, aok := a.(map[string]any)
-	bm, bok := b.(map[string]any)
-	if !aok || !bok {
-		if path == "" {
-			path = "."
+	slices.Sort(paths)
+	paths = paths[:min(len(paths), 5)]
+	for i, p := range paths {
+		if p == "(root)" {
+			p = ""
 		}
-		return []string{path}
+		paths[i] = "." + p
 	}
-	var out []string
-	for k, av := range am {
-		if len(out) >= max {
-			break
-		}
-		out = append(out, diffPaths(path+"."+k, av, bm[k], max-len(out))...)
-	}
-	for k := range bm {
-		if _, ok := am[k]; !ok && len(out) < max {
-			out = append(out, path+"."+k)
-		}
-	}
-	return out
+	return strings.Join(paths, ", ")
 }
