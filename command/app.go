@@ -1,9 +1,12 @@
 // Package command is kube-etcd-migrate's command line, as etcdctl's
 // ctlv3/command: the urfave/cli app and its exit codes (app.go, exit.go), one
 // file per command named after it (inventory.go, inspect.go, verify.go,
-// migrate.go, rollback.go, quarantine.go, version.go, completion.go), the flag
-// groups the commands share (global_flags.go, apiserver_flags.go,
-// snapshot_flags.go, target_flags.go), what every command opens (session.go),
+// migrate.go, rollback.go, quarantine.go, version.go, completion.go), each
+// with its options read from the flags once and validated before any I/O
+// (options.go says the shape), the flag groups the commands share and their
+// options (global_flags.go, apiserver_flags.go, etcd_flags.go,
+// snapshot_flags.go, target_flags.go, undo.go, liveness_flags.go,
+// space_flags.go), what every command opens (session.go),
 // flags anywhere on the line (args.go), and all the printing: the printers by
 // output format (printer.go: table, json with the build stamp, yaml) and each
 // report's table (printer_*.go), metrics.go, progress.go; the commands and

@@ -2,6 +2,8 @@ package command
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -51,12 +53,16 @@ func TestInterspersed(t *testing.T) {
 // and argument was accepted; the endpoint named in the error is the one given
 // after the argument).
 func TestFlagsAfterArgumentsParse(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "j") // there: rollback looks before it connects
+	if err := os.WriteFile(journal, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"inventory", "-o", "json", "--endpoints", "127.0.0.1:1", "--dial-timeout", "200ms"},
 		{"inspect", "/registry/secrets/default/x", "-o", "json", "--endpoints", "127.0.0.1:1", "--dial-timeout=200ms"},
 		{"verify", "--show-keys", "2", "--endpoints", "127.0.0.1:1", "-o", "yaml", "--dial-timeout", "200ms"},
 		{"migrate", "--dry-run", "--endpoints", "127.0.0.1:1", "--dial-timeout", "200ms", "--writers", "2"},
-		{"rollback", "--endpoints", "127.0.0.1:1", "--journal", "j", "--dial-timeout", "200ms"},
+		{"rollback", "--endpoints", "127.0.0.1:1", "--journal", journal, "--dial-timeout", "200ms"},
 		{"--endpoints", "127.0.0.1:1", "--dial-timeout", "200ms", "inventory"},
 	} {
 		code, _, stderr := runCLI(t, args...)

@@ -2,6 +2,7 @@ package command
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -108,6 +109,36 @@ func fromEnvironment(c *cli.Context, name string) string {
 	return ""
 }
 
+// origin is where a flag's value came from: the command line, else the
+// environment variable named (else its default).
+type origin struct {
+	onLine bool
+	env    string
+}
+
+// provenance is the origin of each flag the configuration precedence
+// concerns (etcd's connection flags, --prefix, --encryption-provider-config,
+// --storage-media-type), read from the command line once (newProvenance).
+type provenance map[string]origin
+
+// precedenceFlags are the flags whose origin provenance keeps.
+var precedenceFlags = []string{"endpoints", "cacert", "cert", "key", "user", "password", "dial-timeout", "command-timeout", "prefix", "encryption-provider-config", "storage-media-type"}
+
+func newProvenance(c *cli.Context) provenance {
+	p := provenance{}
+	for _, name := range precedenceFlags {
+		p[name] = origin{onLine: onCommandLine(c, name), env: fromEnvironment(c, name)}
+	}
+	return p
+}
+
+// onCommandLine reports whether the flag was given on the command line.
+func (p provenance) onCommandLine(name string) bool { return p[name].onLine }
+
+// fromEnvironment names the environment variable the flag's value came from,
+// or "" when it did not come from one.
+func (p provenance) fromEnvironment(name string) string { return p[name].env }
+
 // envReport collects what the environment gave, and what of it kube-apiserver's
 // configuration overrode, for one line on stderr.
 type envReport struct {
@@ -117,8 +148,8 @@ type envReport struct {
 // used notes a flag's value taken from its environment variable; value is
 // what the tool uses (never printed for --password, a user name without its
 // password for --user).
-func (r *envReport) used(c *cli.Context, flag, value string) {
-	env := fromEnvironment(c, flag)
+func (r *envReport) used(p provenance, flag, value string) {
+	env := p.fromEnvironment(flag)
 	if env == "" {
 		return
 	}
@@ -133,18 +164,18 @@ func (r *envReport) used(c *cli.Context, flag, value string) {
 
 // ignored notes a flag's environment variable that kube-apiserver's apiFlag
 // overrode, when their values differ (envValue, apiValue).
-func (r *envReport) ignored(c *cli.Context, flag string, api *apiserverconfig.Config, apiFlag, envValue, apiValue string) {
+func (r *envReport) ignored(p provenance, flag string, api *apiserverconfig.Config, apiFlag, envValue, apiValue string) {
 	same := func(a, b string) bool {
 		norm := func(s string) string { return strings.TrimRight(strings.ReplaceAll(s, " ", ""), "/") }
 		return norm(a) == norm(b)
 	}
-	if env := fromEnvironment(c, flag); env != "" && !same(envValue, apiValue) {
+	if env := p.fromEnvironment(flag); env != "" && !same(envValue, apiValue) {
 		r.ignore = append(r.ignore, fmt.Sprintf("$%s (kube-apiserver's --%s from the %s wins)", env, apiFlag, api.From[apiFlag]))
 	}
 }
 
 // print writes the line, when the environment gave or was denied anything.
-func (r *envReport) print(c *cli.Context) {
+func (r *envReport) print(w io.Writer) {
 	var parts []string
 	if len(r.use) > 0 {
 		parts = append(parts, "using from the environment: "+strings.Join(r.use, " "))
@@ -153,6 +184,6 @@ func (r *envReport) print(c *cli.Context) {
 		parts = append(parts, "ignoring "+strings.Join(r.ignore, ", ")+" (flags > kube-apiserver's configuration > environment)")
 	}
 	if len(parts) > 0 {
-		fmt.Fprintln(c.App.ErrWriter, strings.Join(parts, "; "))
+		fmt.Fprintln(w, strings.Join(parts, "; "))
 	}
 }

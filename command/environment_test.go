@@ -2,6 +2,8 @@ package command
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -104,7 +106,11 @@ func TestConfigurationPrecedence(t *testing.T) {
 	wantLine(stderr, "--endpoints="+dead+" ($ETCDCTL_ENDPOINTS)", "--user=root ($ETCDCTL_USER)", "--password=(not shown) ($ETCDCTL_PASSWORD)")
 	t.Setenv("ETCDCTL_PASSWORD", "")
 	t.Setenv("ETCDCTL_USER", "root:hunter2")
-	if code, _, stderr = runCLI(t, "rollback", "--journal", "/nonexistent/journal", "--dial-timeout", "1s"); strings.Contains(stderr, "hunter2") || !strings.Contains(stderr, "--user=root ($ETCDCTL_USER)") {
+	journal := filepath.Join(t.TempDir(), "journal") // there: rollback looks before it connects
+	if err := os.WriteFile(journal, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr = runCLI(t, "rollback", "--journal", journal, "--dial-timeout", "1s"); strings.Contains(stderr, "hunter2") || !strings.Contains(stderr, "--user=root ($ETCDCTL_USER)") {
 		t.Errorf("rollback with ETCDCTL_USER=name:password: exit %d, stderr %q: want the user named, never the password", code, stderr)
 	}
 }

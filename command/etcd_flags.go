@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -33,27 +34,61 @@ func etcdFlags() []cli.Flag {
 	}
 }
 
-// parseEtcdFlags reads etcdFlags into plain data without validating it
+// etcdOptions are etcdFlags as given.
+type etcdOptions struct {
+	endpoints                   []string
+	cacert, cert, key           string
+	user, password              string
+	dialTimeout, commandTimeout time.Duration
+	// userSet and passwordSet: --user and --password given, on the command
+	// line or in the environment (a --snapshot-file read in place ignores them).
+	userSet, passwordSet bool
+}
+
+func newEtcdOptions(c *cli.Context) etcdOptions {
+	return etcdOptions{
+		endpoints:      c.StringSlice("endpoints"),
+		cacert:         c.String("cacert"),
+		cert:           c.String("cert"),
+		key:            c.String("key"),
+		user:           c.String("user"),
+		password:       c.String("password"),
+		dialTimeout:    c.Duration("dial-timeout"),
+		commandTimeout: c.Duration("command-timeout"),
+		userSet:        c.IsSet("user"),
+		passwordSet:    c.IsSet("password"),
+	}
+}
+
+// validate refuses a --user the connection cannot take.
+func (o etcdOptions) validate() error {
+	if _, err := o.config(); err != nil {
+		return usageErr("%v", err)
+	}
+	return nil
+}
+
+// config is the options as etcdscan's plain data, not yet validated
 // (etcdscan.Config.Validate): etcdConfig replaces some values first
 // (kube-apiserver's own etcd flags win over the environment's).
-func parseEtcdFlags(c *cli.Context) (etcdscan.Config, error) {
+func (o etcdOptions) config() (etcdscan.Config, error) {
 	cfg := etcdscan.Config{
-		CACert:         c.String("cacert"),
-		Cert:           c.String("cert"),
-		Key:            c.String("key"),
-		Password:       c.String("password"),
-		DialTimeout:    c.Duration("dial-timeout"),
-		CommandTimeout: c.Duration("command-timeout"),
+		CACert:         o.cacert,
+		Cert:           o.cert,
+		Key:            o.key,
+		Password:       o.password,
+		DialTimeout:    o.dialTimeout,
+		CommandTimeout: o.commandTimeout,
 	}
-	for _, e := range c.StringSlice("endpoints") {
+	for _, e := range o.endpoints {
 		for _, part := range strings.Split(e, ",") {
 			if part = strings.TrimSpace(part); part != "" {
 				cfg.Endpoints = append(cfg.Endpoints, part)
 			}
 		}
 	}
-	if user := c.String("user"); user != "" {
-		name, pass, hasPass := strings.Cut(user, ":")
+	if o.user != "" {
+		name, pass, hasPass := strings.Cut(o.user, ":")
 		if name == "" {
 			return etcdscan.Config{}, errors.New("--user: empty user name")
 		}

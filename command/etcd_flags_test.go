@@ -14,7 +14,7 @@ import (
 )
 
 // parseEtcdArgs runs a cli app with etcdFlags and returns what
-// parseEtcdFlags, then etcdscan.Config.Validate, made of args.
+// etcdOptions.config, then etcdscan.Config.Validate, made of args.
 func parseEtcdArgs(t *testing.T, args ...string) (etcdscan.Config, error) {
 	t.Helper()
 	var cfg etcdscan.Config
@@ -23,7 +23,7 @@ func parseEtcdArgs(t *testing.T, args ...string) (etcdscan.Config, error) {
 		Name:  "x",
 		Flags: etcdFlags(),
 		Action: func(c *cli.Context) error {
-			cfg, cerr = parseEtcdFlags(c)
+			cfg, cerr = newEtcdOptions(c).config()
 			if cerr == nil {
 				cerr = etcdError(cfg.Validate()) // as etcdConfig: the flag named
 			}

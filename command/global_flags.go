@@ -26,6 +26,91 @@ func commonFlags() []cli.Flag {
 	)
 }
 
+// scanOptions are what every command that reads the keyspace takes
+// (commonFlags; targetFlags for those that judge or write), read from the
+// flags once (newScanOptions), refused before anything is opened
+// (validate), then handed to open.
+type scanOptions struct {
+	io   streams
+	prov provenance
+	etcd etcdOptions
+	api  apiServerOptions
+
+	snapshotFile  string
+	skipHashCheck bool
+	// inPlace: a --snapshot-file is read in place (snapshotdb: the read-only
+	// commands, and migrate, which writes its --output-snapshot with
+	// snapshotout) rather than restored into a private etcd (snapshotfile:
+	// quarantine, which writes through etcd).
+	inPlace bool
+	// quotaBackendBytes is --quota-backend-bytes (commands that write): a
+	// private etcd's quota is at least that.
+	quotaBackendBytes int64
+
+	prefix, encryptionConfig string
+	pageSize                 int64
+	resources                []string
+	namespace                string
+	conversionWebhooks       []string
+	webhooks                 map[string]string // conversionWebhooks parsed (validate)
+	cpuprofile, memprofile   string
+	// revision is --revision (0: the current one); revisionFlag says the
+	// command has the flag, revisionSet that it was given.
+	revision                  int64
+	revisionFlag, revisionSet bool
+
+	target targetOptions
+}
+
+// newScanOptions reads commonFlags, and targetFlags for use, from c; inPlace
+// says whether the command reads a --snapshot-file in place.
+func newScanOptions(c *cli.Context, use targetUse, inPlace bool) *scanOptions {
+	return &scanOptions{
+		io:                 streamsOf(c),
+		prov:               newProvenance(c),
+		etcd:               newEtcdOptions(c),
+		api:                newAPIServerOptions(c),
+		snapshotFile:       c.String("snapshot-file"),
+		skipHashCheck:      c.Bool("skip-hash-check"),
+		inPlace:            inPlace,
+		quotaBackendBytes:  c.Int64("quota-backend-bytes"),
+		prefix:             c.String("prefix"),
+		encryptionConfig:   c.String("encryption-provider-config"),
+		pageSize:           c.Int64("page-size"),
+		resources:          c.StringSlice("resource"),
+		namespace:          c.String("namespace"),
+		conversionWebhooks: c.StringSlice("conversion-webhook"),
+		cpuprofile:         c.String("cpuprofile"),
+		memprofile:         c.String("memprofile"),
+		revision:           c.Int64("revision"),
+		revisionFlag:       hasFlag(c, "revision"),
+		revisionSet:        c.IsSet("revision"),
+		target:             newTargetOptions(c, use),
+	}
+}
+
+// validate refuses what the flags alone refuse, before anything is opened.
+func (o *scanOptions) validate() error {
+	if o.namespace != "" && len(o.resources) == 0 {
+		return usageErr("--namespace needs --resource (the keyspace is laid out by resource first)")
+	}
+	if o.pageSize <= 0 {
+		return usageErr("--page-size must be positive")
+	}
+	webhooks, err := parseWebhooks(o.conversionWebhooks)
+	if err != nil {
+		return err
+	}
+	o.webhooks = webhooks
+	if err := o.api.validate(); err != nil {
+		return err
+	}
+	if o.snapshotFile == "" {
+		return o.etcd.validate()
+	}
+	return nil
+}
+
 func outputFlag(def string, allowed ...string) *cli.StringFlag {
 	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: def, Usage: "output format: " + strings.Join(allowed, "|"),
 		Action: func(c *cli.Context, v string) error {
@@ -63,9 +148,11 @@ func webhookHint(service string) string {
 	return fmt.Sprintf("give an address that reaches the webhook from here with --conversion-webhook %s=HOST:PORT (a webhook pod's IP and container port; the CRD's path and caBundle are used, the certificate checked for the service's DNS name)", service)
 }
 
-func startProfiles(c *cli.Context) (func(), error) {
+// startProfiles starts --cpuprofile and --memprofile (the returned function
+// stops them).
+func startProfiles(cpuprofile, memprofile string) (func(), error) {
 	var stops []func()
-	if p := c.String("cpuprofile"); p != "" {
+	if p := cpuprofile; p != "" {
 		f, err := os.Create(p)
 		if err != nil {
 			return nil, usageErr("--cpuprofile: %v", err)
@@ -76,7 +163,7 @@ func startProfiles(c *cli.Context) (func(), error) {
 		}
 		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
 	}
-	if p := c.String("memprofile"); p != "" {
+	if p := memprofile; p != "" {
 		stops = append(stops, func() {
 			f, err := os.Create(p)
 			if err != nil {

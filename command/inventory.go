@@ -1,6 +1,8 @@
 package command
 
 import (
+	"context"
+
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/inventory"
@@ -16,19 +18,34 @@ func inventoryCommand() *cli.Command {
 	}
 }
 
+// inventoryOptions are inventory's flags.
+type inventoryOptions struct {
+	scan   *scanOptions
+	output string
+}
+
 func cmdInventory(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
+	o := &inventoryOptions{scan: newScanOptions(c, targetNone, true), output: c.String("output")}
+	if err := o.scan.validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
-	s, err := open(ctx, c, targetNone)
+	return o.runInventory(ctx)
+}
+
+// runInventory is the inventory command, its options validated.
+func (o *inventoryOptions) runInventory(ctx context.Context) error {
+	s, err := open(ctx, o.scan)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	prog := newProgress(c.App.ErrWriter, "inventory", countKeys(ctx, s.env))
+	prog := newProgress(o.scan.io.errOut, "inventory", countKeys(ctx, s.env))
 	inv, err := inventory.Run(ctx, s.env, inventory.Options{}, prog.Set)
 	prog.Finish()
 	if err != nil {
 		return err
 	}
-	return printReport(c.App.Writer, c.String("output"), inventoryReport{inv})
+	return printReport(o.scan.io.out, o.output, inventoryReport{inv})
 }

@@ -18,29 +18,33 @@ func livenessFlags() []cli.Flag {
 	}
 }
 
-// livenessWindow is --liveness-window, checked.
-func livenessWindow(c *cli.Context) (time.Duration, error) {
-	w := c.Duration("liveness-window")
-	if w <= 0 {
-		return 0, usageErr("--liveness-window must be positive (default %s, longer than kube-apiserver's 10s identity-lease renewal)", liveness.DefaultWindow)
+// livenessOptions are livenessFlags as given.
+type livenessOptions struct {
+	allowLive bool          // --allow-live-apiserver
+	window    time.Duration // --liveness-window
+}
+
+func newLivenessOptions(c *cli.Context) livenessOptions {
+	return livenessOptions{allowLive: c.Bool("allow-live-apiserver"), window: c.Duration("liveness-window")}
+}
+
+// validate checks --liveness-window.
+func (o livenessOptions) validate() error {
+	if o.window <= 0 {
+		return usageErr("--liveness-window must be positive (default %s, longer than kube-apiserver's 10s identity-lease renewal)", liveness.DefaultWindow)
 	}
-	return w, nil
+	return nil
 }
 
 // openToWrite opens the session of a command that writes to etcd, or plans
-// to: --liveness-window checked first (a usage error before any connection),
-// then the session; a writing target's assumed release is warned of.
-func openToWrite(ctx context.Context, c *cli.Context, use targetUse) (*session, time.Duration, error) {
-	window, err := livenessWindow(c)
+// to; a writing target's assumed release is warned of.
+func openToWrite(ctx context.Context, o *scanOptions) (*session, error) {
+	s, err := open(ctx, o)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	s, err := open(ctx, c, use)
-	if err != nil {
-		return nil, 0, err
+	if o.target.use == targetWrite {
+		warnAssumedRelease(o.io.errOut, s.env)
 	}
-	if use == targetWrite {
-		warnAssumedRelease(c, s.env)
-	}
-	return s, window, nil
+	return s, nil
 }

@@ -39,80 +39,151 @@ func migrateCommand() *cli.Command {
 	}
 }
 
-func cmdMigrate(c *cli.Context) (err error) {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	stateDir, err := checkUndoFlags(c)
-	if err != nil {
+// migrateOptions are migrate's flags (plan's too).
+type migrateOptions struct {
+	scan    *scanOptions
+	undo    undoOptions
+	live    livenessOptions
+	space   spaceOptions
+	outSnap outputSnapshotOptions
+
+	output                        string
+	dryRun, failFast              bool
+	writers, batchOps, batchBytes int
+	metricsFile                   string
+	requested, record             bool
+}
+
+func newMigrateOptions(c *cli.Context) *migrateOptions {
+	dryRun := c.Bool("dry-run")
+	return &migrateOptions{
+		scan:        newScanOptions(c, targetWrite, true),
+		undo:        newUndoOptions(c, dryRun, c.String("snapshot-file")),
+		live:        newLivenessOptions(c),
+		space:       newSpaceOptions(c),
+		outSnap:     newOutputSnapshotOptions(c),
+		output:      c.String("output"),
+		dryRun:      dryRun,
+		failFast:    c.Bool("fail-fast"),
+		writers:     c.Int("writers"),
+		batchOps:    c.Int("batch-ops"),
+		batchBytes:  c.Int("batch-bytes"),
+		metricsFile: c.String("metrics-file"),
+		requested:   c.Bool("requested"),
+		record:      c.Bool("record"),
+	}
+}
+
+// validate refuses, before anything is opened, what migrate's flags alone
+// refuse, then the paths they name that cannot be written.
+func (o *migrateOptions) validate() error {
+	if err := o.undo.validate(); err != nil {
 		return err
 	}
-	if c.Int("batch-ops") <= 0 || c.Int("batch-ops") > 128 {
+	if o.batchOps <= 0 || o.batchOps > 128 {
 		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
 	}
-	if c.Int("batch-bytes") <= 0 {
+	if o.batchBytes <= 0 {
 		return usageErr("--batch-bytes must be positive")
 	}
-	if c.Int("writers") <= 0 {
+	if o.writers <= 0 {
 		return usageErr("--writers must be positive")
 	}
-	if c.String("snapshot-file") != "" && c.String("snapshot") != "" {
+	in := o.scan.snapshotFile
+	if in != "" && o.undo.snapshot != "" {
 		return usageErr("--snapshot: with --snapshot-file, that file is the backup (it is never modified)")
 	}
-	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
+	if err := o.outSnap.validate(in, o.dryRun); err != nil {
 		return err
 	}
-	s, window, err := openToWrite(ctx, c, targetWrite)
+	if err := o.live.validate(); err != nil {
+		return err
+	}
+	if err := o.scan.validate(); err != nil {
+		return err
+	}
+	if o.scan.target.encryptionOnly && (o.requested || o.record) {
+		return usageErr("--encryption-only leaves storage versions as they are; --requested and --record are storage version migrations")
+	}
+	if o.record && in != "" && !o.dryRun {
+		return usageErr("--record: a --snapshot-file's --output-snapshot holds the objects migrated, not new StorageVersionMigration records; migrate the restored cluster's etcd to record them")
+	}
+	if o.requested {
+		if o.record {
+			return usageErr("--requested and --record: the requests record their own outcome; give one of them")
+		}
+		if len(o.scan.resources) > 0 || o.scan.namespace != "" {
+			return usageErr("--requested: the requests name their resources; --resource and --namespace do not apply")
+		}
+		if in != "" {
+			return usageErr("--requested works on the cluster's etcd, not on --snapshot-file (an output snapshot must be current in every resource, a request migrates one)")
+		}
+	}
+	if err := o.undo.checkPath(o.dryRun); err != nil {
+		return err
+	}
+	return o.outSnap.checkPath(in, o.dryRun)
+}
+
+func cmdMigrate(c *cli.Context) error {
+	o := newMigrateOptions(c)
+	if err := o.validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext(o.scan.io.errOut)
+	defer stop()
+	return o.runMigrate(ctx)
+}
+
+// runMigrate is the migrate command, its options validated.
+func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
+	ios := o.scan.io
+	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	if c.Bool("encryption-only") && (c.Bool("requested") || c.Bool("record")) {
-		return usageErr("--encryption-only leaves storage versions as they are; --requested and --record are storage version migrations")
-	}
-	if c.Bool("record") && s.file != nil && !c.Bool("dry-run") {
-		return usageErr("--record: a --snapshot-file's --output-snapshot holds the objects migrated, not new StorageVersionMigration records; migrate the restored cluster's etcd to record them")
-	}
-	if c.Bool("requested") {
-		if err := checkRequested(c, s); err != nil {
-			return err
+	if o.requested {
+		if err := storagemigration.Writable(s.env); err != nil {
+			return usageErr("--requested: %v; nothing was written", err)
 		}
-	} else if err := checkRecord(c, s.env); err != nil {
+	} else if err := checkRecord(o.record, s.env); err != nil {
 		return err
 	}
-	u, err := startRun(c, stateDir, "migrate", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	u, err := o.undo.start(ios.errOut, "migrate", s.endpoints(), s.env.Resolver.Prefix())
 	if err != nil {
 		return err
 	}
-	if c.Bool("requested") {
+	if o.requested {
 		var res *storagemigration.Result
-		defer func() { u.finish(c, err, requestsWritten(res), res) }()
-		res, err = cmdMigrateRequested(ctx, c, s, u, window)
+		defer func() { u.finish(ios.errOut, err, requestsWritten(res), res) }()
+		res, err = o.runMigrateRequested(ctx, s, u)
 		return err
 	}
 	var sum *migrate.Summary
-	defer func() { u.finish(c, err, migrateWritten(sum), sum) }()
+	defer func() { u.finish(ios.errOut, err, migrateWritten(sum), sum) }()
 	started := time.Now()
-	prog := newProgress(c.App.ErrWriter, "migrate", countKeys(ctx, s.env))
+	prog := newProgress(ios.errOut, "migrate", countKeys(ctx, s.env))
 	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
 	// transactions and the journal finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	opts := migrateOptions(c, writeCtx, u, window)
+	opts := o.runOptions(writeCtx, u)
 	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
 	if s.file != nil && !opts.DryRun {
-		if err := openOutput(ctx, c, s, &opts); err != nil {
+		if err := openOutput(ctx, o.outSnap.path, s, &opts); err != nil {
 			prog.Finish()
 			return err
 		}
 	}
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
-	records, recordErr := recordMigration(ctx, c, s.env, sum, runErr, started, opts)
+	records, recordErr := recordMigration(ctx, o.record, s.env, sum, runErr, started, opts)
 	if sum != nil {
-		if err := printReport(c.App.Writer, c.String("output"), migrateReport{sum, records}); err != nil {
+		if err := printReport(ios.out, o.output, migrateReport{sum, records}); err != nil {
 			return err
 		}
-		if p := c.String("metrics-file"); p != "" {
+		if p := o.metricsFile; p != "" {
 			if err := metrics.WriteMigrate(p, migrateFigures(sum), sum.Duration); err != nil {
 				return fmt.Errorf("--metrics-file %s: %w", p, err)
 			}
@@ -127,7 +198,7 @@ func cmdMigrate(c *cli.Context) (err error) {
 	if sum.Summary.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)})
 	}
-	if err := writeOutputSnapshot(ctx, c, s); err != nil {
+	if err := writeOutputSnapshot(ctx, o.scan, o.outSnap, o.output, o.dryRun, s); err != nil {
 		return err
 	}
 	if sum.Summary.Unreadable > 0 {
@@ -158,58 +229,41 @@ func requestsWritten(res *storagemigration.Result) int64 {
 	return n
 }
 
-// migrateOptions are the write options of the migrate command's flags; u is
-// the run directory the journal and snapshot go to.
-func migrateOptions(c *cli.Context, writeCtx context.Context, u *undoRun, window time.Duration) migrate.Options {
+// runOptions are migrate.Run's options; u is the run directory the journal
+// and snapshot go to.
+func (o *migrateOptions) runOptions(writeCtx context.Context, u *undoRun) migrate.Options {
 	return migrate.Options{
 		PreflightOptions: undo.PreflightOptions{
-			Journal:            u.journalPath(c),
-			Snapshot:           u.snapshotPath(c),
-			AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
-			LivenessWindow:     window,
-			QuotaBackendBytes:  c.Int64("quota-backend-bytes"),
-			CompactHistory:     c.Bool("compact-history"),
-			PrivateEtcd:        c.String("snapshot-file"),
+			Journal:            u.journalPath(o.undo.journal),
+			Snapshot:           u.snapshotPath(o.undo.snapshot),
+			AllowLiveAPIServer: o.live.allowLive,
+			LivenessWindow:     o.live.window,
+			QuotaBackendBytes:  o.space.quotaBackendBytes,
+			CompactHistory:     o.space.compactHistory,
+			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
 		},
-		DryRun:       c.Bool("dry-run"),
-		FailFast:     c.Bool("fail-fast"),
+		DryRun:       o.dryRun,
+		FailFast:     o.failFast,
 		OnPreflight:  u.recordChecks,
-		BatchOps:     c.Int("batch-ops"),
-		BatchBytes:   c.Int("batch-bytes"),
-		Writers:      c.Int("writers"),
+		BatchOps:     o.batchOps,
+		BatchBytes:   o.batchBytes,
+		Writers:      o.writers,
 		WriteContext: writeCtx,
 	}
 }
 
-// checkRequested refuses what 'migrate --requested' does not take, before anything is written.
-func checkRequested(c *cli.Context, s *session) error {
-	if c.Bool("record") {
-		return usageErr("--requested and --record: the requests record their own outcome; give one of them")
-	}
-	if len(c.StringSlice("resource")) > 0 || c.String("namespace") != "" {
-		return usageErr("--requested: the requests name their resources; --resource and --namespace do not apply")
-	}
-	if c.String("snapshot-file") != "" {
-		return usageErr("--requested works on the cluster's etcd, not on --snapshot-file (an output snapshot must be current in every resource, a request migrates one)")
-	}
-	if err := storagemigration.Writable(s.env); err != nil {
-		return usageErr("--requested: %v; nothing was written", err)
-	}
-	return nil
-}
-
-// cmdMigrateRequested is 'migrate --requested'.
-func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, u *undoRun, window time.Duration) (*storagemigration.Result, error) {
+// runMigrateRequested is 'migrate --requested'.
+func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, u *undoRun) (*storagemigration.Result, error) {
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: migrateOptions(c, writeCtx, u, window)})
+	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: o.runOptions(writeCtx, u)})
 	if res != nil {
-		if err := printReport(c.App.Writer, c.String("output"), requestedReport{res}); err != nil {
+		if err := printReport(o.scan.io.out, o.output, requestedReport{res}); err != nil {
 			return res, err
 		}
 	}
-	if p := c.String("metrics-file"); p != "" && res != nil && !res.DryRun {
+	if p := o.metricsFile; p != "" && res != nil && !res.DryRun {
 		if err := metrics.WriteMigrate(p, requestFigures(res), requestsDuration(res)); err != nil {
 			return res, fmt.Errorf("--metrics-file %s: %w", p, err)
 		}
@@ -234,8 +288,8 @@ func cmdMigrateRequested(ctx context.Context, c *cli.Context, s *session, u *und
 
 // checkRecord refuses --record, before anything is written, when the target
 // kube-apiserver would not serve the records.
-func checkRecord(c *cli.Context, env *pipeline.Env) error {
-	if !c.Bool("record") {
+func checkRecord(record bool, env *pipeline.Env) error {
+	if !record {
 		return nil
 	}
 	if err := storagemigration.Writable(env); err != nil {
@@ -252,8 +306,8 @@ func checkRecord(c *cli.Context, env *pipeline.Env) error {
 }
 
 // recordMigration writes the records of a finished migration (--record).
-func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, opts migrate.Options) ([]storagemigration.Recorded, error) {
-	if !c.Bool("record") || sum == nil {
+func recordMigration(ctx context.Context, record bool, env *pipeline.Env, sum *migrate.Summary, runErr error, started time.Time, opts migrate.Options) ([]storagemigration.Recorded, error) {
+	if !record || sum == nil {
 		return nil, nil
 	}
 	if sum.DryRun {
@@ -280,12 +334,11 @@ func recordMigration(ctx context.Context, c *cli.Context, env *pipeline.Env, sum
 // snapshot file read in place: the run writes there (opts.Output). The
 // CRDs' writes are kept to be read back: the storedVersions trim reads a CRD
 // the run may have rewritten.
-func openOutput(ctx context.Context, c *cli.Context, s *session, opts *migrate.Options) error {
+func openOutput(ctx context.Context, out string, s *session, opts *migrate.Options) error {
 	crds, err := s.env.Resolver.KeyPrefix(decode.CRDGroupResource, "")
 	if err != nil {
 		return err
 	}
-	out := c.String("output-snapshot")
 	w, err := snapshotout.New(ctx, s.file, out, snapshotout.Options{Track: func(key string) bool { return strings.HasPrefix(key, crds) }})
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package command
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -21,24 +22,56 @@ func planCommand() *cli.Command {
 	}
 }
 
-func cmdPlan(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
+// planOptions are plan's flags: migrate's, of which it refuses those
+// given (given) that are not for a migrate of the cluster's etcd.
+type planOptions struct {
+	*migrateOptions
+	given []string
+}
+
+func newPlanOptions(c *cli.Context) *planOptions {
+	o := &planOptions{migrateOptions: newMigrateOptions(c)}
 	for _, f := range []string{"requested", "record", "snapshot-file", "output-snapshot"} {
 		if c.IsSet(f) {
-			return usageErr("--%s: plan is for a migrate of the cluster's etcd (see docs/commands.md#plan)", f)
+			o.given = append(o.given, f)
 		}
 	}
-	s, window, err := openToWrite(ctx, c, targetWrite)
+	return o
+}
+
+// validate refuses, before anything is opened, what plan's flags alone refuse.
+func (o *planOptions) validate() error {
+	if len(o.given) > 0 {
+		return usageErr("--%s: plan is for a migrate of the cluster's etcd (see docs/commands.md#plan)", o.given[0])
+	}
+	if err := o.live.validate(); err != nil {
+		return err
+	}
+	return o.scan.validate()
+}
+
+func cmdPlan(c *cli.Context) error {
+	o := newPlanOptions(c)
+	if err := o.validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext(o.scan.io.errOut)
+	defer stop()
+	return o.runPlan(ctx)
+}
+
+// runPlan is the plan command, its options validated.
+func (o *planOptions) runPlan(ctx context.Context) error {
+	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	stateDir := stateDirOf(c)
-	if c.Bool("no-undo") {
+	stateDir := o.undo.stateDir
+	if o.undo.noUndo {
 		stateDir = ""
 	}
-	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: migrateOptions(c, ctx, nil, window), StateDir: stateDir})
+	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir})
 	if err != nil {
 		return err
 	}
@@ -47,7 +80,7 @@ func cmdPlan(c *cli.Context) error {
 			p.Blockers[i].Problem = cliMessage(b.Cause)
 		}
 	}
-	if err := printReport(c.App.Writer, c.String("output"), planReport{p}); err != nil {
+	if err := printReport(o.scan.io.out, o.output, planReport{p}); err != nil {
 		return err
 	}
 	if !p.Proceeds() {

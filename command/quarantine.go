@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/quarantine"
 )
 
@@ -26,33 +27,88 @@ func quarantineCommand() *cli.Command {
 	}
 }
 
-func cmdQuarantine(c *cli.Context) (err error) {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	stateDir, err := checkUndoFlags(c)
-	if err != nil {
+// quarantineOptions are quarantine's flags.
+type quarantineOptions struct {
+	scan    *scanOptions
+	undo    undoOptions
+	live    livenessOptions
+	outSnap outputSnapshotOptions
+
+	output      string
+	reasonFlags []string
+	reasons     []decode.Reason // reasonFlags parsed (validate)
+	dryRun      bool
+	batchOps    int
+}
+
+func newQuarantineOptions(c *cli.Context) *quarantineOptions {
+	dryRun := c.Bool("dry-run")
+	return &quarantineOptions{
+		// A dry run reads a --snapshot-file in place; a run restores it
+		// into a private etcd, which it writes through.
+		scan:        newScanOptions(c, targetNone, dryRun),
+		undo:        newUndoOptions(c, dryRun, c.String("snapshot-file")),
+		live:        newLivenessOptions(c),
+		outSnap:     newOutputSnapshotOptions(c),
+		output:      c.String("output"),
+		reasonFlags: c.StringSlice("reason"),
+		dryRun:      dryRun,
+		batchOps:    c.Int("batch-ops"),
+	}
+}
+
+// validate refuses, before anything is opened, what quarantine's flags
+// alone refuse, then the paths they name that cannot be written.
+func (o *quarantineOptions) validate() error {
+	if err := o.undo.validate(); err != nil {
 		return err
 	}
-	reasons, err := quarantine.ParseReasons(c.StringSlice("reason"))
+	reasons, err := quarantine.ParseReasons(o.reasonFlags)
 	if err != nil {
 		return usageErr("%v", quarantineError(err))
 	}
+	o.reasons = reasons
 	switch orphaned := quarantine.OnlyOrphaned(reasons); {
-	case orphaned && len(c.StringSlice("resource")) > 0:
+	case orphaned && len(o.scan.resources) > 0:
 		return usageErr("--reason orphaned: orphaned keys belong to no resource; leave out --resource (the whole prefix is scanned, only orphaned keys are removed)")
-	case !orphaned && len(c.StringSlice("resource")) == 0:
+	case !orphaned && len(o.scan.resources) == 0:
 		return usageErr("--resource: name the resource(s) to quarantine objects of, e.g. --resource secrets")
 	}
-	if !c.Bool("dry-run") && c.Bool("no-undo") && c.String("snapshot-file") == "" {
+	if !o.dryRun && o.undo.noUndo && o.scan.snapshotFile == "" {
 		return usageErr("--no-undo: quarantine always keeps the removed values (its journal) for 'rollback'; leave out --no-undo")
 	}
-	if n := c.Int("batch-ops"); n <= 0 || n > 128 {
+	if n := o.batchOps; n <= 0 || n > 128 {
 		return usageErr("--batch-ops must be 1..128 (etcd's default --max-txn-ops is 128)")
 	}
-	if err := checkSnapshotOutput(c, c.Bool("dry-run")); err != nil {
+	if err := o.outSnap.validate(o.scan.snapshotFile, o.dryRun); err != nil {
 		return err
 	}
-	s, window, err := openToWrite(ctx, c, targetNone)
+	if err := o.live.validate(); err != nil {
+		return err
+	}
+	if err := o.scan.validate(); err != nil {
+		return err
+	}
+	if err := o.undo.checkPath(o.dryRun); err != nil {
+		return err
+	}
+	return o.outSnap.checkPath(o.scan.snapshotFile, o.dryRun)
+}
+
+func cmdQuarantine(c *cli.Context) error {
+	o := newQuarantineOptions(c)
+	if err := o.validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext(o.scan.io.errOut)
+	defer stop()
+	return o.runQuarantine(ctx)
+}
+
+// runQuarantine is the quarantine command, its options validated.
+func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
+	ios := o.scan.io
+	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
 	}
@@ -61,7 +117,7 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	// flight finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	u, err := startRun(c, stateDir, "quarantine", s.endpoints(), s.env.Resolver.Prefix(), c.String("journal"), c.String("snapshot"))
+	u, err := o.undo.start(ios.errOut, "quarantine", s.endpoints(), s.env.Resolver.Prefix())
 	if err != nil {
 		return err
 	}
@@ -71,27 +127,27 @@ func cmdQuarantine(c *cli.Context) (err error) {
 		if res != nil {
 			removed = res.Removed
 		}
-		u.finish(c, err, removed, res)
+		u.finish(ios.errOut, err, removed, res)
 	}()
-	journal := u.journalPath(c)
-	if journal == "" && c.String("snapshot-file") != "" && !c.Bool("dry-run") {
+	journal := u.journalPath(o.undo.journal)
+	if journal == "" && o.scan.snapshotFile != "" && !o.dryRun {
 		// The private copy of a backup: the input file is the undo.
 		journal = filepath.Join(s.snap.Dir(), "quarantine.journal")
 	}
 	res, runErr := quarantine.Run(ctx, s.env, quarantine.Options{
-		Reasons:            reasons,
-		DryRun:             c.Bool("dry-run"),
+		Reasons:            o.reasons,
+		DryRun:             o.dryRun,
 		Journal:            journal,
-		Snapshot:           u.snapshotPath(c),
+		Snapshot:           u.snapshotPath(o.undo.snapshot),
 		OnPreflight:        u.recordChecks,
-		AllowLiveAPIServer: c.Bool("allow-live-apiserver"),
-		LivenessWindow:     window,
-		PrivateEtcd:        c.String("snapshot-file"),
-		BatchOps:           c.Int("batch-ops"),
+		AllowLiveAPIServer: o.live.allowLive,
+		LivenessWindow:     o.live.window,
+		PrivateEtcd:        o.scan.snapshotFile,
+		BatchOps:           o.batchOps,
 		WriteContext:       writeCtx,
 	})
 	if res != nil {
-		if err := printReport(c.App.Writer, c.String("output"), quarantineReport{res}); err != nil {
+		if err := printReport(ios.out, o.output, quarantineReport{res}); err != nil {
 			return err
 		}
 	}
@@ -101,18 +157,18 @@ func cmdQuarantine(c *cli.Context) (err error) {
 	if res.Conflicts > 0 || res.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})
 	}
-	if c.Bool("dry-run") {
+	if o.dryRun {
 		return nil
 	}
 	// What is left unreadable where it wrote: the objects it kept, or, in
 	// --output-snapshot, what the verification of OUT finds.
 	left := res.Kept
 	if s.snap != nil {
-		w := c.App.Writer
-		if c.String("output") == "json" {
-			w = c.App.ErrWriter
+		w := ios.out
+		if o.output == "json" {
+			w = ios.errOut
 		}
-		rep, err := saveAndVerify(ctx, c, s, w)
+		rep, err := saveAndVerify(ctx, o.scan, o.outSnap, s, w)
 		if err != nil {
 			return err
 		}

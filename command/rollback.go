@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"slices"
-	"time"
 
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,49 +31,109 @@ func rollbackCommand() *cli.Command {
 	}
 }
 
-func cmdRollback(c *cli.Context) (err error) {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	runID, journalPath := c.String("run"), c.String("journal")
-	if (runID == "") == (journalPath == "") {
+// rollbackOptions are rollback's flags.
+type rollbackOptions struct {
+	io    streams
+	prov  provenance
+	etcd  etcdOptions
+	api   apiServerOptions
+	live  livenessOptions
+	space spaceOptions
+	// undo is the rollback's own undo (--state-dir, --no-undo); the runs it
+	// undoes are in the same state directory.
+	undo   undoOptions
+	output string
+	// runID and journal are --run and --journal: what to undo.
+	runID, journal string
+	dryRun         bool
+}
+
+func newRollbackOptions(c *cli.Context) *rollbackOptions {
+	dryRun := c.Bool("dry-run")
+	return &rollbackOptions{
+		io:      streamsOf(c),
+		prov:    newProvenance(c),
+		etcd:    newEtcdOptions(c),
+		api:     newAPIServerOptions(c),
+		live:    newLivenessOptions(c),
+		space:   newSpaceOptions(c),
+		undo:    undoOptions{stateDir: undo.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), none: dryRun},
+		output:  c.String("output"),
+		runID:   c.String("run"),
+		journal: c.String("journal"),
+		dryRun:  dryRun,
+	}
+}
+
+// validate refuses, before anything is opened, what rollback's flags alone
+// refuse, then a --journal that is not there.
+func (o *rollbackOptions) validate() error {
+	if (o.runID == "") == (o.journal == "") {
 		return usageErr("rollback: give --run ID (see 'kube-etcd-migrate runs') or --journal FILE")
 	}
-	window, err := livenessWindow(c)
+	if err := o.live.validate(); err != nil {
+		return err
+	}
+	if err := o.api.validate(); err != nil {
+		return err
+	}
+	if err := o.etcd.validate(); err != nil {
+		return err
+	}
+	if o.journal != "" {
+		if _, err := os.Stat(o.journal); err != nil {
+			return usageErr("--journal: %v", err)
+		}
+	}
+	return nil
+}
+
+func cmdRollback(c *cli.Context) error {
+	o := newRollbackOptions(c)
+	if err := o.validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext(o.io.errOut)
+	defer stop()
+	return o.runRollback(ctx)
+}
+
+// runRollback is the rollback command, its options validated.
+func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
+	// The runs to undo, read from the state directory before etcd is
+	// connected to: a --run that is not there is refused first.
+	stateDir := o.undo.stateDir
+	journals, undoes, err := journalsToUndo(stateDir, o.runID, o.journal)
 	if err != nil {
 		return err
 	}
-	cli, err := connect(ctx, c)
+	cli, err := connect(ctx, o.io.errOut, o.etcd, o.prov, o.api)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	stateDir := stateDirOf(c)
-	journals, undoes, err := journalsToUndo(stateDir, runID, journalPath)
-	if err != nil {
-		return err
-	}
 	prefix := undo.JournalsPrefix(journals)
-	opts := undo.RollbackOptions{DryRun: c.Bool("dry-run"), CompactHistory: c.Bool("compact-history")}
+	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory}
 	var preflight []string
 	if !opts.DryRun {
-		if preflight, err = rollbackPreflight(ctx, c, cli, stateDir, journals, prefix, window); err != nil {
+		if preflight, err = o.rollbackPreflight(ctx, cli, journals, prefix); err != nil {
 			return err
 		}
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	quota := undo.FindQuota(ctx, cli, c.String("apiserver-manifest"), c.Int64("quota-backend-bytes"), flagOf)
+	quota := undo.FindQuota(ctx, cli, o.api.manifest, o.space.quotaBackendBytes, flagOf)
 	lines, refused := undo.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
 	preflight = append(preflight, lines...)
 	if refused != nil && !opts.DryRun {
 		return refused
 	}
 	opts.Quota = &quota
-	u, err := startRun(c, stateDir, "rollback", cli.Endpoints(), prefix, "", "")
+	u, err := o.undo.start(o.io.errOut, "rollback", cli.Endpoints(), prefix)
 	if err != nil {
 		return err
 	}
 	var res undo.RollbackResult
-	defer func() { u.finish(c, err, res.Written(), res) }()
+	defer func() { u.finish(o.io.errOut, err, res.Written(), res) }()
 	if u != nil {
 		if err := u.dir.SetUndoes(undoes); err != nil {
 			return err
@@ -105,7 +164,7 @@ func cmdRollback(c *cli.Context) (err error) {
 	}
 	res, err = undo.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
 	res.Preflight = preflight
-	if werr := printReport(c.App.Writer, c.String("output"), rollbackReport{res}); werr != nil && err == nil {
+	if werr := printReport(o.io.out, o.output, rollbackReport{res}); werr != nil && err == nil {
 		err = werr
 	}
 	if err != nil {
@@ -124,10 +183,7 @@ func cmdRollback(c *cli.Context) (err error) {
 // the IDs of those runs.
 func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]string, []string, error) {
 	if journal != "" {
-		if _, err := os.Stat(journal); err != nil {
-			return nil, nil, usageErr("--journal: %v", err)
-		}
-		return []string{journal}, nil, nil
+		return []string{journal}, nil, nil // there (validate)
 	}
 	recs, err := stateDir.Since(runID)
 	var nf *undo.NotFoundError
@@ -165,24 +221,24 @@ func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]string, []
 
 // rollbackPreflight is what a rollback checks before its first write, as
 // migrate does: no alarm, no kube-apiserver alive (etcd watched for the
-// window), room for its own undo in stateDir (a snapshot of the database and
-// a journal about the size of the journals it undoes).
-func rollbackPreflight(ctx context.Context, c *cli.Context, cli *clientv3.Client, stateDir undo.StateDir, journals []string, prefix string, window time.Duration) ([]string, error) {
+// window), room for its own undo in the state directory (a snapshot of the
+// database and a journal about the size of the journals it undoes).
+func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string, prefix string) ([]string, error) {
 	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
 	var lines []string
-	if !c.Bool("allow-live-apiserver") {
-		line, err := undo.CheckLiveness(ctx, cli, prefix, window)
+	if !o.live.allowLive {
+		line, err := undo.CheckLiveness(ctx, cli, prefix, o.live.window)
 		if err != nil {
 			return nil, err
 		}
 		lines = append(lines, line)
 	}
-	if c.Bool("no-undo") {
+	if o.undo.noUndo {
 		return lines, nil
 	}
-	space, err := undo.CheckRollbackSpace(ctx, cli, stateDir, journals)
+	space, err := undo.CheckRollbackSpace(ctx, cli, o.undo.stateDir, journals)
 	return append(lines, space...), err
 }
 

@@ -36,8 +36,21 @@ type runView struct {
 	JournalBytes  int64 `json:"journalBytes,omitempty"`
 }
 
+// runsOptions are runs' flags.
+type runsOptions struct {
+	io       streams
+	stateDir undo.StateDir
+	output   string
+}
+
 func cmdRuns(c *cli.Context) error {
-	dir := stateDirOf(c)
+	o := &runsOptions{io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output")}
+	return o.runRuns()
+}
+
+// runRuns is the runs command.
+func (o *runsOptions) runRuns() error {
+	dir := o.stateDir
 	recs, err := dir.List()
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
@@ -57,7 +70,7 @@ func cmdRuns(c *cli.Context) error {
 			views[i].JournalBytes = undo.FileSize(r.Journal)
 		}
 	}
-	return printReport(c.App.Writer, c.String("output"), runsReport{dir, views, missing})
+	return printReport(o.io.out, o.output, runsReport{dir, views, missing})
 }
 
 // runsReport is the state directory's runs.

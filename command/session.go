@@ -8,7 +8,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/encryption"
@@ -52,77 +51,69 @@ func (s *session) close() {
 	}
 }
 
-func connect(ctx context.Context, c *cli.Context) (*clientv3.Client, error) {
-	api, err := apiServerConfig(c)
+// connect connects to etcd as etcdConfig says (rollback: no pipeline).
+func connect(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions) (*clientv3.Client, error) {
+	api, err := apiOpts.load()
 	if err != nil {
 		return nil, err
 	}
 	env := &envReport{}
-	cfg, err := etcdConfig(c, api, env)
+	cfg, err := etcdConfig(o, prov, api, env, w)
 	if err != nil {
 		return nil, err
 	}
-	env.print(c)
+	env.print(w)
 	cli, err := etcdscan.Connect(ctx, cfg)
 	return cli, etcdError(err)
 }
 
-func open(ctx context.Context, c *cli.Context, use targetUse) (*session, error) {
-	return openFile(ctx, c, use, c.String("snapshot-file"), true)
+// open opens what o reads (etcd, or its --snapshot-file) and sets up the
+// pipeline.
+func open(ctx context.Context, o *scanOptions) (*session, error) {
+	return openFile(ctx, o, o.snapshotFile, true)
 }
 
 // openFile is open with the snapshot file to read ("" for etcd) given: verify
 // of several files opens each in turn (profiles started once, by the caller).
-func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile string, profile bool) (*session, error) {
+// o has been validated: what is refused here needs a file or etcd read.
+func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile bool) (*session, error) {
 	s := &session{}
 	if profile {
-		stop, err := startProfiles(c)
+		stop, err := startProfiles(o.cpuprofile, o.memprofile)
 		if err != nil {
 			return nil, err
 		}
 		s.stopProf = stop
 	}
-	if c.String("namespace") != "" && len(c.StringSlice("resource")) == 0 {
-		s.close()
-		return nil, usageErr("--namespace needs --resource (the keyspace is laid out by resource first)")
-	}
-	if c.Int64("page-size") <= 0 {
-		s.close()
-		return nil, usageErr("--page-size must be positive")
-	}
-	webhooks, err := parseWebhooks(c.StringSlice("conversion-webhook"))
+	api, err := o.api.load()
 	if err != nil {
 		s.close()
 		return nil, err
 	}
-	api, err := apiServerConfig(c)
-	if err != nil {
-		s.close()
-		return nil, err
-	}
+	w := o.io.errOut
 	var ecfg etcdscan.Config
 	envRep := &envReport{}
 	if snapshotFile == "" {
-		if ecfg, err = etcdConfig(c, api, envRep); err != nil {
+		if ecfg, err = etcdConfig(o.etcd, o.prov, api, envRep, w); err != nil {
 			s.close()
 			return nil, err
 		}
 	}
-	api.EtcdPrefix = fromAPIServer(c, api, envRep, "prefix", "etcd-prefix", api.EtcdPrefix)
-	api.EncryptionConfig = fromAPIServer(c, api, envRep, "encryption-provider-config", "encryption-provider-config", api.EncryptionConfig)
-	if use != targetNone {
-		api.StorageMediaType = fromAPIServer(c, api, envRep, "storage-media-type", "storage-media-type", api.StorageMediaType)
+	api.EtcdPrefix = fromAPIServer(o.prov, api, envRep, "prefix", o.prefix, "etcd-prefix", api.EtcdPrefix)
+	api.EncryptionConfig = fromAPIServer(o.prov, api, envRep, "encryption-provider-config", o.encryptionConfig, "encryption-provider-config", api.EncryptionConfig)
+	if o.target.use != targetNone {
+		api.StorageMediaType = fromAPIServer(o.prov, api, envRep, "storage-media-type", o.target.storageMediaType, "storage-media-type", api.StorageMediaType)
 	}
 	// Before connecting: a connection that fails says where its values came from.
-	envRep.print(c)
+	envRep.print(w)
 	var cli *clientv3.Client
-	if snapshotFile != "" && readsInPlace(c) {
-		if s.file, err = openSnapshotFile(c, snapshotFile); err != nil {
+	if snapshotFile != "" && o.inPlace {
+		if s.file, err = openSnapshotFile(o, snapshotFile); err != nil {
 			s.close()
 			return nil, err
 		}
 	} else if snapshotFile != "" {
-		if s.snap, err = openSnapshot(ctx, c); err != nil {
+		if s.snap, err = openSnapshot(ctx, o); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -136,23 +127,23 @@ func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile s
 	}
 	cfg := pipeline.Config{
 		Prefix:       api.EtcdPrefix,
-		Resources:    c.StringSlice("resource"),
-		Namespace:    c.String("namespace"),
-		PageSize:     c.Int64("page-size"),
-		WebhookURLs:  webhooks,
+		Resources:    o.resources,
+		Namespace:    o.namespace,
+		PageSize:     o.pageSize,
+		WebhookURLs:  o.webhooks,
 		WebhookHint:  webhookHint,
-		Revision:     c.Int64("revision"),
+		Revision:     o.revision,
 		SnapshotFile: snapshotFile,
-		Target:       targetInput(c, api, use),
+		Target:       targetInput(o.target, api),
 	}
-	if use != targetNone {
-		cfg.Concurrency = c.Int("concurrency")
+	if o.target.use != targetNone {
+		cfg.Concurrency = o.target.concurrency
 	}
-	if s.snap != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
+	if s.snap != nil && cfg.Revision == 0 && o.revisionFlag {
 		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
 		cfg.Revision = s.snap.Info.Revision
 	}
-	if s.file != nil && cfg.Revision == 0 && hasFlag(c, "revision") {
+	if s.file != nil && cfg.Revision == 0 && o.revisionFlag {
 		cfg.Revision = s.file.Info.Revision
 	}
 	var env *pipeline.Env
@@ -167,19 +158,19 @@ func openFile(ctx context.Context, c *cli.Context, use targetUse, snapshotFile s
 	if env != nil {
 		tgt = env.Target
 	}
-	reportAPIServer(c, api, tgt)
+	reportAPIServer(w, o.api, api, tgt)
 	if err != nil {
 		s.close()
 		return nil, targetError(err)
 	}
 	for _, note := range env.Target.Notes() {
-		fmt.Fprintln(c.App.ErrWriter, note)
+		fmt.Fprintln(w, note)
 	}
-	for _, w := range env.Warnings {
-		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
+	for _, warning := range env.Warnings {
+		fmt.Fprintln(w, "warning: "+warning)
 	}
-	if api.Contradiction != nil && use != targetWrite {
-		fmt.Fprintf(c.App.ErrWriter, "warning: %s; judging for %s (a check before an upgrade)\n", cliMessage(api.Contradiction), env.Target.Release())
+	if api.Contradiction != nil && o.target.use != targetWrite {
+		fmt.Fprintf(w, "warning: %s; judging for %s (a check before an upgrade)\n", cliMessage(api.Contradiction), env.Target.Release())
 	}
 	s.env = env
 	return s, nil

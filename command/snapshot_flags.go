@@ -34,10 +34,21 @@ func outputSnapshotFlags() []cli.Flag {
 	}
 }
 
-// checkSnapshotOutput validates --snapshot-file/--output-snapshot for a
-// command that writes, before anything is opened.
-func checkSnapshotOutput(c *cli.Context, dryRun bool) error {
-	in, out := c.String("snapshot-file"), c.String("output-snapshot")
+// outputSnapshotOptions are outputSnapshotFlags as given.
+type outputSnapshotOptions struct {
+	path  string // --output-snapshot
+	force bool
+}
+
+func newOutputSnapshotOptions(c *cli.Context) outputSnapshotOptions {
+	return outputSnapshotOptions{path: c.String("output-snapshot"), force: c.Bool("force")}
+}
+
+// validate refuses --snapshot-file (in) and --output-snapshot together as a
+// command that writes (a dry run or not) does not take them, before
+// anything is opened.
+func (o outputSnapshotOptions) validate(in string, dryRun bool) error {
+	out := o.path
 	switch {
 	case out != "" && in == "":
 		return usageErr("--output-snapshot needs --snapshot-file (a live etcd is written in place)")
@@ -47,25 +58,34 @@ func checkSnapshotOutput(c *cli.Context, dryRun bool) error {
 		return usageErr("--output-snapshot with --dry-run: nothing would be written")
 	case !dryRun && out == "":
 		return usageErr("--snapshot-file %s is never modified: give --output-snapshot FILE for the result, or --dry-run", in)
-	case dryRun:
+	}
+	return nil
+}
+
+// checkPath refuses an --output-snapshot that cannot be written (it exists
+// without --force, it is the input, its directory is not writable): a look
+// at the path only, before anything is opened.
+func (o outputSnapshotOptions) checkPath(in string, dryRun bool) error {
+	if in == "" || dryRun {
 		return nil
 	}
-	if err := snapshotfile.CheckOutput(in, out, c.Bool("force")); err != nil {
+	if err := snapshotfile.CheckOutput(in, o.path, o.force); err != nil {
 		return usageErr("%v", err)
 	}
 	return nil
 }
 
-// snapshotOptions are the private etcd's options for the snapshot file path:
-// etcd auth from --user/--password, and a quota that is no limit to a copy
-// (the file's own size twice, at least 8 GiB, at least --quota-backend-bytes).
-func snapshotOptions(c *cli.Context, path string) snapshotfile.Options {
-	user, password := c.String("user"), c.String("password")
+// privateEtcdOptions are the private etcd's options for the snapshot file
+// path: etcd auth from --user/--password, and a quota that is no limit to a
+// copy (the file's own size twice, at least 8 GiB, at least
+// --quota-backend-bytes).
+func privateEtcdOptions(o *scanOptions, path string) snapshotfile.Options {
+	user, password := o.etcd.user, o.etcd.password
 	if name, pass, ok := strings.Cut(user, ":"); ok && password == "" {
 		user, password = name, pass
 	}
 	quota := int64(8 << 30)
-	if q := c.Int64("quota-backend-bytes"); q > quota {
+	if q := o.quotaBackendBytes; q > quota {
 		quota = q
 	}
 	if fi, err := os.Stat(path); err == nil && 2*fi.Size() > quota {
@@ -74,32 +94,18 @@ func snapshotOptions(c *cli.Context, path string) snapshotfile.Options {
 	return snapshotfile.Options{Username: user, Password: password, QuotaBackendBytes: quota}
 }
 
-// readsInPlace says whether the running command reads a --snapshot-file in
-// place (snapshotdb: the read-only commands, and migrate, which writes its
-// --output-snapshot with snapshotout) rather than restoring it into a
-// private etcd (snapshotfile: quarantine, which writes through etcd).
-func readsInPlace(c *cli.Context) bool {
-	switch c.Command.Name {
-	case "inventory", "inspect", "verify", "migrate":
-		return true
-	case "quarantine":
-		return c.Bool("dry-run")
-	}
-	return false
-}
-
 // openSnapshotFile opens --snapshot-file for reading in place and says on
 // stderr what it is.
-func openSnapshotFile(c *cli.Context, path string) (*snapshotdb.File, error) {
-	f, err := snapshotdb.Open(path, snapshotdb.Options{SkipHashCheck: c.Bool("skip-hash-check")})
+func openSnapshotFile(o *scanOptions, path string) (*snapshotdb.File, error) {
+	f, err := snapshotdb.Open(path, snapshotdb.Options{SkipHashCheck: o.skipHashCheck})
 	if err != nil {
 		return nil, err
 	}
 	in := f.Info
-	fmt.Fprintf(c.App.ErrWriter, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s); read in place, read-only\n",
+	fmt.Fprintf(o.io.errOut, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s); read in place, read-only\n",
 		in.Path, hashWords(in.Hash), in.Revision, max(in.CompactRevision, 1), in.Leases)
-	if w := authIgnored(c, path); w != "" {
-		fmt.Fprintln(c.App.ErrWriter, "warning: "+w)
+	if w := authIgnored(o.etcd, path); w != "" {
+		fmt.Fprintln(o.io.errOut, "warning: "+w)
 	}
 	return f, nil
 }
@@ -111,12 +117,13 @@ func openSnapshotFile(c *cli.Context, path string) (*snapshotdb.File, error) {
 // ETCDCTL_PASSWORD are often exported in the shell that runs the tool, and the
 // same flags work for the commands that write (their restored copy enforces
 // the snapshot's auth).
-func authIgnored(c *cli.Context, path string) string {
+func authIgnored(o etcdOptions, path string) string {
 	var set []string
-	for _, f := range []string{"user", "password"} {
-		if c.IsSet(f) {
-			set = append(set, "--"+f)
-		}
+	if o.userSet {
+		set = append(set, "--user")
+	}
+	if o.passwordSet {
+		set = append(set, "--password")
 	}
 	if len(set) == 0 {
 		return ""
@@ -133,15 +140,15 @@ func hashWords(h snapshotdb.Hash) string {
 }
 
 // openSnapshot opens --snapshot-file and says on stderr what it is.
-func openSnapshot(ctx context.Context, c *cli.Context) (*snapshotfile.Snapshot, error) {
-	path := c.String("snapshot-file")
-	opts := snapshotOptions(c, path)
-	opts.SkipHashCheck = c.Bool("skip-hash-check")
+func openSnapshot(ctx context.Context, o *scanOptions) (*snapshotfile.Snapshot, error) {
+	path := o.snapshotFile
+	opts := privateEtcdOptions(o, path)
+	opts.SkipHashCheck = o.skipHashCheck
 	snap, err := snapshotfile.Open(ctx, path, opts)
 	if err != nil {
 		return nil, err
 	}
-	describeSnapshot(c.App.ErrWriter, snap.Info)
+	describeSnapshot(o.io.errOut, snap.Info)
 	return snap, nil
 }
 
@@ -153,9 +160,9 @@ func describeSnapshot(w io.Writer, in snapshotfile.Info) {
 // saveAndVerify writes the private etcd to --output-snapshot, then opens that
 // file afresh (etcd's restore, as a restore after a disaster would) and verifies
 // it with the same configuration. It prints the verdict and returns it.
-func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer) (*verify.Report, error) {
-	out := c.String("output-snapshot")
-	if err := s.snap.Save(ctx, out, c.Bool("force")); err != nil {
+func saveAndVerify(ctx context.Context, o *scanOptions, oo outputSnapshotOptions, s *session, w io.Writer) (*verify.Report, error) {
+	out := oo.path
+	if err := s.snap.Save(ctx, out, oo.force); err != nil {
 		return nil, err
 	}
 	// The input's private etcd has done its work: stopped (its directory
@@ -166,7 +173,7 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
-	snap, err := snapshotfile.Open(ctx, out, snapshotOptions(c, out))
+	snap, err := snapshotfile.Open(ctx, out, privateEtcdOptions(o, out))
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
 	}
@@ -187,9 +194,9 @@ func saveAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer)
 // the run's writes (snapshotout), then opens that file afresh, read in place
 // as a restore after a disaster would read it, and verifies it with the same
 // configuration. It prints the verdict and returns it.
-func buildAndVerify(ctx context.Context, c *cli.Context, s *session, w io.Writer) (*verify.Report, error) {
-	out := c.String("output-snapshot")
-	res, err := s.out.Finish(ctx, c.Bool("force"))
+func buildAndVerify(ctx context.Context, _ *scanOptions, oo outputSnapshotOptions, s *session, w io.Writer) (*verify.Report, error) {
+	out := oo.path
+	res, err := s.out.Finish(ctx, oo.force)
 	s.out = nil
 	if err != nil {
 		return nil, err
@@ -235,23 +242,23 @@ func verifyOutput(ctx context.Context, env *pipeline.Env, out string, resources 
 // writeOutputSnapshot saves and verifies --output-snapshot after a run on a
 // snapshot file that wrote all it had to; the verdict goes to stdout (stderr
 // with -o json), and the exit is OUT's verification's (outputVerdict).
-func writeOutputSnapshot(ctx context.Context, c *cli.Context, s *session) error {
-	if (s.snap == nil && s.out == nil) || c.Bool("dry-run") {
+func writeOutputSnapshot(ctx context.Context, o *scanOptions, oo outputSnapshotOptions, output string, dryRun bool, s *session) error {
+	if (s.snap == nil && s.out == nil) || dryRun {
 		return nil
 	}
-	w := c.App.Writer
-	if c.String("output") == "json" {
-		w = c.App.ErrWriter
+	w := o.io.out
+	if output == "json" {
+		w = o.io.errOut
 	}
 	build := saveAndVerify
 	if s.out != nil {
 		build = buildAndVerify
 	}
-	rep, err := build(ctx, c, s, w)
+	rep, err := build(ctx, o, oo, s, w)
 	if err != nil {
 		return err
 	}
-	return outputVerdict(c.String("output-snapshot"), rep)
+	return outputVerdict(oo.path, rep)
 }
 
 // outputVerdict is migrate's exit for an OUT written and verified (rep): as

@@ -10,3 +10,13 @@ func spaceFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "compact-history", Usage: "compact etcd's history up to the run's latest write whenever the database nears the quota, as kube-apiserver's compactor does (the journal is the rollback), so a run that writes more than the free space completes"},
 	}
 }
+
+// spaceOptions are spaceFlags as given.
+type spaceOptions struct {
+	quotaBackendBytes int64
+	compactHistory    bool
+}
+
+func newSpaceOptions(c *cli.Context) spaceOptions {
+	return spaceOptions{quotaBackendBytes: c.Int64("quota-backend-bytes"), compactHistory: c.Bool("compact-history")}
+}

@@ -3,6 +3,7 @@ package command
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -41,20 +42,42 @@ const (
 	targetWrite
 )
 
+// targetOptions are targetFlags as given, and what the command does with
+// the target (--target-version is apiServerOptions').
+type targetOptions struct {
+	use                              targetUse
+	storageMediaType                 string
+	concurrency                      int
+	encryptionOnly, fullFieldManager bool
+	// dryRun: a writing command's dry run, which may assume the release.
+	dryRun bool
+}
+
+func newTargetOptions(c *cli.Context, use targetUse) targetOptions {
+	return targetOptions{
+		use:              use,
+		storageMediaType: c.String("storage-media-type"),
+		concurrency:      c.Int("concurrency"),
+		encryptionOnly:   c.Bool("encryption-only"),
+		fullFieldManager: c.Bool("full-field-manager"),
+		dryRun:           c.Bool("dry-run"),
+	}
+}
+
 // targetInput is what the command line says of the target, for
 // target.Resolve.
-func targetInput(c *cli.Context, api *apiserverconfig.Config, use targetUse) target.Input {
+func targetInput(o targetOptions, api *apiserverconfig.Config) target.Input {
 	in := target.Input{APIServer: api, EncryptionConfig: api.EncryptionConfig, Prefix: api.EtcdPrefix}
-	if use == targetNone {
+	if o.use == targetNone {
 		return in
 	}
 	in.StorageMediaType = api.StorageMediaType
 	in.ReadKubeadm = true
-	in.FullFieldManager = c.Bool("full-field-manager")
-	in.EncryptionOnly = c.Bool("encryption-only")
-	if use == targetWrite {
+	in.FullFieldManager = o.fullFieldManager
+	in.EncryptionOnly = o.encryptionOnly
+	if o.use == targetWrite {
 		in.RefuseContradiction = true
-		in.RequireRelease = !c.Bool("dry-run")
+		in.RequireRelease = !o.dryRun
 	}
 	return in
 }
@@ -110,9 +133,9 @@ func targetError(err error) error {
 // warnAssumedRelease says, for a dry run of a writing command, which release
 // it assumed when nothing named the cluster's: the storage versions, served
 // versions and field managers differ by release, and a real run refuses.
-func warnAssumedRelease(c *cli.Context, env *pipeline.Env) {
+func warnAssumedRelease(w io.Writer, env *pipeline.Env) {
 	if !env.Target.Named() {
-		fmt.Fprintf(c.App.ErrWriter, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", release.Linked())
+		fmt.Fprintf(w, "warning: dry run for kube-apiserver %s, assumed: nothing said which release the cluster runs (--target-version, --apiserver-manifest, kubeadm-config in etcd)\n", release.Linked())
 	}
 }
 

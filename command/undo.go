@@ -3,6 +3,7 @@ package command
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/urfave/cli/v2"
@@ -33,43 +34,66 @@ type undoRun struct {
 	dir   *undo.Run
 }
 
-// stateDirOf is the state directory --state-dir names (else
-// $KUBE_ETCD_MIGRATE_STATE_DIR, else the default): read once by each command
-// and handed on.
-func stateDirOf(c *cli.Context) undo.StateDir { return undo.StateDir(c.String("state-dir")) }
-
-// checkUndoFlags refuses contradictory undo flags before anything is opened,
-// and returns the state directory.
-func checkUndoFlags(c *cli.Context) (undo.StateDir, error) {
-	if c.Bool("no-undo") && (c.String("journal") != "" || c.String("snapshot") != "") {
-		return "", usageErr("--no-undo keeps no journal and no snapshot: leave out --journal and --snapshot, or --no-undo")
-	}
-	if p := c.String("snapshot"); p != "" && !c.Bool("dry-run") {
-		if _, err := os.Lstat(p); err == nil {
-			return "", usageErr("--snapshot %s: the file exists and a snapshot is never replaced (it may hold the state before an earlier run); give a new path, or leave out --snapshot: each run keeps its own in its run directory", p)
-		}
-	}
-	dir := stateDirOf(c)
-	if dir == "" && !c.Bool("no-undo") {
-		return "", usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
-	}
-	return dir, nil
+// undoOptions are undoFlags as given (rollback: --state-dir and --no-undo
+// only), and whether the run keeps a run directory at all.
+type undoOptions struct {
+	// stateDir is --state-dir (else $KUBE_ETCD_MIGRATE_STATE_DIR, else the
+	// default): read once and handed on.
+	stateDir          undo.StateDir
+	noUndo            bool
+	journal, snapshot string // --journal and --snapshot: where instead of the run directory
+	// none: the run keeps no run directory (a dry run, a run on a --snapshot-file).
+	none bool
 }
 
-// startRun creates the run directory of a writing run in the state directory
-// dir before anything is written, and says on stderr where the undo is;
-// journal and snapshot, when set, are where the operator asked for those
-// files instead. A state directory that cannot be made, is shared with
-// others or is locked by another run refuses the run (exit 1).
-func startRun(c *cli.Context, dir undo.StateDir, command string, endpoints []string, prefix, journal, snapshot string) (*undoRun, error) {
-	if c.Bool("dry-run") || c.String("snapshot-file") != "" {
+// newUndoOptions reads undoFlags; a run with dryRun or on a --snapshot-file
+// (snapshotFile) keeps no run directory.
+func newUndoOptions(c *cli.Context, dryRun bool, snapshotFile string) undoOptions {
+	return undoOptions{
+		stateDir: undo.StateDir(c.String("state-dir")),
+		noUndo:   c.Bool("no-undo"),
+		journal:  c.String("journal"),
+		snapshot: c.String("snapshot"),
+		none:     dryRun || snapshotFile != "",
+	}
+}
+
+// validate refuses contradictory undo flags before anything is opened.
+func (o undoOptions) validate() error {
+	if o.noUndo && (o.journal != "" || o.snapshot != "") {
+		return usageErr("--no-undo keeps no journal and no snapshot: leave out --journal and --snapshot, or --no-undo")
+	}
+	if o.stateDir == "" && !o.noUndo {
+		return usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
+	}
+	return nil
+}
+
+// checkPath refuses a --snapshot that exists (a look at the path only):
+// a snapshot is never replaced. A dry run takes none.
+func (o undoOptions) checkPath(dryRun bool) error {
+	if p := o.snapshot; p != "" && !dryRun {
+		if _, err := os.Lstat(p); err == nil {
+			return usageErr("--snapshot %s: the file exists and a snapshot is never replaced (it may hold the state before an earlier run); give a new path, or leave out --snapshot: each run keeps its own in its run directory", p)
+		}
+	}
+	return nil
+}
+
+// start creates the run directory of a writing run in the state directory
+// before anything is written, and says on w where the undo is; --journal and
+// --snapshot, when set, are where the operator asked for those files
+// instead. A state directory that cannot be made, is shared with others or
+// is locked by another run refuses the run (exit 1).
+func (o undoOptions) start(w io.Writer, command string, endpoints []string, prefix string) (*undoRun, error) {
+	if o.none {
 		return nil, nil
 	}
-	if c.Bool("no-undo") {
-		fmt.Fprintln(c.App.ErrWriter, "WARNING: --no-undo: this run keeps no journal and no snapshot; nothing can roll it back")
+	if o.noUndo {
+		fmt.Fprintln(w, "WARNING: --no-undo: this run keeps no journal and no snapshot; nothing can roll it back")
 		return nil, nil
 	}
-	st, err := dir.Open()
+	st, err := o.stateDir.Open()
 	if err != nil {
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written (--no-undo runs without an undo)", err)}
 	}
@@ -79,33 +103,35 @@ func startRun(c *cli.Context, dir undo.StateDir, command string, endpoints []str
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
 	u := &undoRun{state: st, dir: rd}
-	if journal != "" {
-		err = rd.SetJournal(journal)
+	if o.journal != "" {
+		err = rd.SetJournal(o.journal)
 	}
-	if snapshot != "" && err == nil {
-		err = rd.SetSnapshot(snapshot)
+	if o.snapshot != "" && err == nil {
+		err = rd.SetSnapshot(o.snapshot)
 	}
 	if err != nil {
-		u.finish(c, err, 0, nil)
+		u.finish(w, err, 0, nil)
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
-	fmt.Fprintf(c.App.ErrWriter, "run %s: its undo is kept in %s (journal %s, snapshot before the first write %s); 'kube-etcd-migrate rollback --run %s' undoes it\n",
+	fmt.Fprintf(w, "run %s: its undo is kept in %s (journal %s, snapshot before the first write %s); 'kube-etcd-migrate rollback --run %s' undoes it\n",
 		rd.ID, rd.Dir, rd.Journal, rd.Snapshot, rd.ID)
 	return u, nil
 }
 
-// journalPath is where the run journals (--journal, else its run directory; "" without an undo).
-func (u *undoRun) journalPath(c *cli.Context) string {
+// journalPath is where the run journals: its run directory's journal, else
+// journal (--journal; "" without an undo).
+func (u *undoRun) journalPath(journal string) string {
 	if u == nil {
-		return c.String("journal")
+		return journal
 	}
 	return u.dir.Journal
 }
 
-// snapshotPath is where the run saves its snapshot ("" without an undo).
-func (u *undoRun) snapshotPath(c *cli.Context) string {
+// snapshotPath is where the run saves its snapshot: its run directory's,
+// else snapshot (--snapshot; "" without an undo).
+func (u *undoRun) snapshotPath(snapshot string) string {
 	if u == nil {
-		return c.String("snapshot")
+		return snapshot
 	}
 	return u.dir.Snapshot
 }
@@ -121,12 +147,12 @@ func (u *undoRun) recordChecks(lines []string) error {
 // finish records the run's end with the exit code err gives, and releases
 // the state directory. A run that wrote nothing and has no journal leaves its
 // directory all the same: its record says so.
-func (u *undoRun) finish(c *cli.Context, err error, written int64, summary any) {
+func (u *undoRun) finish(w io.Writer, err error, written int64, summary any) {
 	if u == nil {
 		return
 	}
 	if ferr := u.dir.Finish(exitCodeOf(err), written, summary); ferr != nil {
-		fmt.Fprintf(c.App.ErrWriter, "warning: run %s: %s\n", u.dir.ID, cliMessage(ferr))
+		fmt.Fprintf(w, "warning: run %s: %s\n", u.dir.ID, cliMessage(ferr))
 	}
 	u.state.Close()
 }

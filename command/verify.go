@@ -1,7 +1,9 @@
 package command
 
 import (
+	"context"
 	"fmt"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -20,22 +22,74 @@ func verifyCommand() *cli.Command {
 	}
 }
 
+// verifyOptions are verify's flags.
+type verifyOptions struct {
+	scan           *scanOptions
+	output         string
+	showKeys       int
+	failOnOrphaned bool
+	metricsFile    string
+	// files are --snapshot-file's paths; several says they are more than
+	// one, or a directory (validate).
+	files   []string
+	several bool
+}
+
+func newVerifyOptions(c *cli.Context) *verifyOptions {
+	o := &verifyOptions{
+		scan:           newScanOptions(c, targetJudge, true),
+		output:         c.String("output"),
+		showKeys:       c.Int("show-keys"),
+		failOnOrphaned: c.Bool("fail-on-orphaned"),
+		metricsFile:    c.String("metrics-file"),
+	}
+	if l, _ := c.Generic("snapshot-file").(*snapshotFileList); l != nil {
+		o.files = l.paths
+	}
+	return o
+}
+
+// validate refuses, before anything is opened, what verify's flags alone
+// refuse (whether --snapshot-file names several files is a look at its
+// path: a directory is several).
+func (o *verifyOptions) validate() error {
+	o.several = len(o.files) > 1
+	if len(o.files) == 1 {
+		fi, err := os.Stat(o.files[0])
+		o.several = err == nil && fi.IsDir()
+	}
+	if o.several {
+		if o.scan.revisionFlag && o.scan.revisionSet {
+			return usageErr("--revision with several --snapshot-file: each file is read at its own revision; give one file")
+		}
+		if o.metricsFile != "" {
+			return usageErr("--metrics-file with several --snapshot-file: the metrics are one report's; give one file")
+		}
+	}
+	return o.scan.validate()
+}
+
 func cmdVerify(c *cli.Context) error {
-	ctx, stop := signalContext(c.App.ErrWriter)
-	defer stop()
-	targets, several, err := snapshotTargets(c)
-	if err != nil {
+	o := newVerifyOptions(c)
+	if err := o.validate(); err != nil {
 		return err
 	}
-	if several {
-		return verifySnapshotFiles(ctx, c, targets)
+	ctx, stop := signalContext(o.scan.io.errOut)
+	defer stop()
+	if o.several {
+		return o.runVerifyFiles(ctx)
 	}
-	s, err := open(ctx, c, targetJudge)
+	return o.runVerify(ctx)
+}
+
+// runVerify is the verify command of etcd or one snapshot file, its options validated.
+func (o *verifyOptions) runVerify(ctx context.Context) error {
+	s, err := open(ctx, o.scan)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	rep, err := verify.Run(ctx, s.env, verify.Options{ShowKeys: c.Int("show-keys"), FailOnOrphaned: c.Bool("fail-on-orphaned")})
+	rep, err := verify.Run(ctx, s.env, verify.Options{ShowKeys: o.showKeys, FailOnOrphaned: o.failOnOrphaned})
 	if err != nil {
 		return err
 	}
@@ -43,10 +97,10 @@ func cmdVerify(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := printReport(c.App.Writer, c.String("output"), verifyReport{rep, plan}); err != nil {
+	if err := printReport(o.scan.io.out, o.output, verifyReport{rep, plan}); err != nil {
 		return err
 	}
-	if p := c.String("metrics-file"); p != "" {
+	if p := o.metricsFile; p != "" {
 		if err := metrics.WriteVerify(p, rep); err != nil {
 			return fmt.Errorf("--metrics-file %s: %w", p, err)
 		}

@@ -56,22 +56,12 @@ type snapshotTarget struct {
 	skipped string // why it is not read: a file of a directory that is no etcd snapshot
 }
 
-// snapshotTargets expands verify's --snapshot-file: several is false for no
-// file or a single path that is not a directory (read as the other commands
-// read it). A directory gives its files in name order (not its
+// snapshotTargets expands verify's --snapshot-file paths, several files or
+// a directory: a directory gives its files in name order (not its
 // subdirectories, not hidden files); those that do not start as an etcd
 // snapshot does are listed as skipped. A directory without a snapshot is an
 // error: a gate over the wrong directory must not pass.
-func snapshotTargets(c *cli.Context) (targets []snapshotTarget, several bool, err error) {
-	l, _ := c.Generic("snapshot-file").(*snapshotFileList)
-	if l == nil || len(l.paths) == 0 {
-		return nil, false, nil
-	}
-	if len(l.paths) == 1 {
-		if fi, err := os.Stat(l.paths[0]); err != nil || !fi.IsDir() {
-			return nil, false, nil
-		}
-	}
+func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 	seen := map[string]bool{}
 	add := func(t snapshotTarget) {
 		if !seen[t.path] {
@@ -79,7 +69,7 @@ func snapshotTargets(c *cli.Context) (targets []snapshotTarget, several bool, er
 			targets = append(targets, t)
 		}
 	}
-	for _, p := range l.paths {
+	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil || !fi.IsDir() {
 			add(snapshotTarget{path: p}) // named: read, and refused if it is no snapshot
@@ -87,7 +77,7 @@ func snapshotTargets(c *cli.Context) (targets []snapshotTarget, several bool, er
 		}
 		entries, err := os.ReadDir(p)
 		if err != nil {
-			return nil, true, fmt.Errorf("--snapshot-file %s: %w", p, err)
+			return nil, fmt.Errorf("--snapshot-file %s: %w", p, err)
 		}
 		found := 0
 		for _, e := range entries {
@@ -116,10 +106,10 @@ func snapshotTargets(c *cli.Context) (targets []snapshotTarget, several bool, er
 			}
 		}
 		if found == 0 {
-			return nil, true, fmt.Errorf("--snapshot-file %s: no etcd snapshot in this directory", p)
+			return nil, fmt.Errorf("--snapshot-file %s: no etcd snapshot in this directory", p)
 		}
 	}
-	return targets, true, nil
+	return targets, nil
 }
 
 // fileVerdict is one file's line of verify over several snapshot files.
@@ -149,17 +139,15 @@ type filesReport struct {
 	Verdict  string        `json:"verdict"`
 }
 
-// verifySnapshotFiles runs verify on each file in turn, one open at a time
-// (each file's session closed before the next opens: memory is one file's),
-// through the same code as verify of one file.
-func verifySnapshotFiles(ctx context.Context, c *cli.Context, targets []snapshotTarget) error {
-	if hasFlag(c, "revision") && c.IsSet("revision") {
-		return usageErr("--revision with several --snapshot-file: each file is read at its own revision; give one file")
+// runVerifyFiles runs verify on each file of several (snapshotTargets) in
+// turn, one open at a time (each file's session closed before the next
+// opens: memory is one file's), through the same code as verify of one file.
+func (o *verifyOptions) runVerifyFiles(ctx context.Context) error {
+	targets, err := snapshotTargets(o.files)
+	if err != nil {
+		return err
 	}
-	if c.String("metrics-file") != "" {
-		return usageErr("--metrics-file with several --snapshot-file: the metrics are one report's; give one file")
-	}
-	stop, err := startProfiles(c)
+	stop, err := startProfiles(o.scan.cpuprofile, o.scan.memprofile)
 	if err != nil {
 		return err
 	}
@@ -170,14 +158,14 @@ func verifySnapshotFiles(ctx context.Context, c *cli.Context, targets []snapshot
 			rep.Files = append(rep.Files, fileVerdict{Path: t.path, Exit: -1, Skipped: t.skipped})
 			continue
 		}
-		v, err := verifyOneFile(ctx, c, t.path)
+		v, err := o.runVerifyOneFile(ctx, t.path)
 		if err != nil {
 			return err
 		}
 		rep.Files = append(rep.Files, v)
 	}
 	rep.ExitCode, rep.Verdict = rep.verdict()
-	if err := printReport(c.App.Writer, c.String("output"), filesPrint{rep, c.Int("show-keys")}); err != nil {
+	if err := printReport(o.scan.io.out, o.output, filesPrint{rep, o.showKeys}); err != nil {
 		return err
 	}
 	if rep.ExitCode == exitOK {
@@ -186,16 +174,16 @@ func verifySnapshotFiles(ctx context.Context, c *cli.Context, targets []snapshot
 	return &codeError{code: rep.ExitCode, err: fmt.Errorf("exit %d", rep.ExitCode), quiet: true}
 }
 
-// verifyOneFile is verify of one file: its verdict, or an exit 1 line naming
+// runVerifyOneFile is verify of one file: its verdict, or an exit 1 line naming
 // it when it cannot be read. The error returned stops the whole run: a usage
 // error (the same for every file) or a signal.
-func verifyOneFile(ctx context.Context, c *cli.Context, path string) (fileVerdict, error) {
+func (o *verifyOptions) runVerifyOneFile(ctx context.Context, path string) (fileVerdict, error) {
 	v := fileVerdict{Path: path, Exit: exitError}
-	s, err := openFile(ctx, c, targetJudge, path, false)
+	s, err := openFile(ctx, o.scan, path, false)
 	if err == nil {
 		defer s.close()
 		var r *verify.Report
-		r, err = verify.Run(ctx, s.env, verify.Options{ShowKeys: c.Int("show-keys"), FailOnOrphaned: c.Bool("fail-on-orphaned")})
+		r, err = verify.Run(ctx, s.env, verify.Options{ShowKeys: o.showKeys, FailOnOrphaned: o.failOnOrphaned})
 		if err == nil {
 			sum := r.Summary
 			v.Exit, v.Revision, v.Target, v.Summary, v.Encryption = r.ExitCode(), r.Revision, r.Target, &sum, r.Encryption
@@ -211,7 +199,7 @@ func verifyOneFile(ctx context.Context, c *cli.Context, path string) (fileVerdic
 		return v, err
 	}
 	v.Error = cliMessage(err)
-	fmt.Fprintf(c.App.ErrWriter, "error: %s\n", cliMessage(err))
+	fmt.Fprintf(o.scan.io.errOut, "error: %s\n", cliMessage(err))
 	return v, nil
 }
 

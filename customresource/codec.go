@@ -23,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/kube-openapi/pkg/validation/spec"
 
+	"kube-etcd-migrate/internal/jsondoc"
 	"kube-etcd-migrate/updatepath"
 )
 
@@ -493,9 +494,8 @@ func (c *Codec) EncodeDropping(ctx context.Context, obj *unstructured.Unstructur
 		if err := c.coerce(converted, false, false); err != nil {
 			return nil, nil, fmt.Errorf("%s after conversion to %s: %w", from, to.GroupVersion(), err)
 		}
-		var changed []string
-		diffValues("", before.Object, converted.Object, false, &dropped, &changed)
-		dropped = fieldPaths(append(dropped, changed...))
+		d := jsondoc.Diff(before.Object, converted.Object)
+		dropped = fieldPaths(append(d.Removed, d.Changed...))
 		u = converted
 	}
 	var buf bytes.Buffer

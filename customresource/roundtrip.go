@@ -2,20 +2,16 @@ package customresource
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"math"
-	"math/big"
 	"sort"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"kube-etcd-migrate/internal/jsondoc"
 )
 
 // LossError is returned by RoundTrip when rewriting the value would lose data. It names
@@ -96,7 +92,9 @@ func (c *Codec) RoundTrip(plaintext []byte) error {
 	if err := c.coerce(coerced, true, true); err != nil {
 		return fmt.Errorf("%s: %w", info.GVK, err)
 	}
-	diffValues("", raw.Object, coerced.Object, false, &loss.Pruned, &loss.Changed)
+	d := jsondoc.Diff(raw.Object, coerced.Object)
+	loss.Pruned = append(loss.Pruned, d.Removed...)
+	loss.Changed = append(loss.Changed, d.Changed...)
 
 	loss.Pruned = dedupSorted(loss.Pruned)
 	loss.Changed = dedupSorted(loss.Changed)
@@ -113,7 +111,7 @@ func (c *Codec) codecLosses(raw *unstructured.Unstructured, info StoredInfo, pla
 	var stored interface{}
 	if info.MediaType == MediaTypeJSON {
 		var dups []string
-		stored, dups, err = losslessJSON(plaintext)
+		stored, dups, err = jsondoc.Read(plaintext)
 		if err != nil {
 			return fmt.Errorf("%s: %w", info.GVK, err)
 		}
@@ -140,7 +138,8 @@ func (c *Codec) codecLosses(raw *unstructured.Unstructured, info StoredInfo, pla
 		}
 		reread = u.Object
 	}
-	diffValues("", stored, reread, false, &loss.Changed, &loss.Changed)
+	d := jsondoc.Diff(stored, reread)
+	loss.Changed = append(append(loss.Changed, d.Removed...), d.Changed...)
 	return nil
 }
 
@@ -156,214 +155,4 @@ func dedupSorted(s []string) []string {
 		return nil
 	}
 	return out
-}
-
-func childPath(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
-// diffValues records the paths where b (after) lost or changed something of a (before):
-// keys of a missing in b go to removed, differing values to changed. Keys only in b are
-// additions and ignored. Under metadata, zero values are not information.
-func diffValues(path string, a, b interface{}, inMeta bool, removed, changed *[]string) {
-	switch av := a.(type) {
-	case map[string]interface{}:
-		bv, ok := b.(map[string]interface{})
-		if !ok {
-			if !(inMeta && isZero(a)) {
-				*changed = append(*changed, orRoot(path))
-			}
-			return
-		}
-		for k, ae := range av {
-			p := childPath(path, k)
-			meta := inMeta || p == "metadata"
-			be, found := bv[k]
-			if !found {
-				if !(meta && isZero(ae)) {
-					*removed = append(*removed, p)
-				}
-				continue
-			}
-			diffValues(p, ae, be, meta, removed, changed)
-		}
-	case []interface{}:
-		bv, ok := b.([]interface{})
-		if !ok || len(bv) != len(av) {
-			if !(inMeta && isZero(a)) {
-				*changed = append(*changed, orRoot(path))
-			}
-			return
-		}
-		for i := range av {
-			diffValues(path+"["+strconv.Itoa(i)+"]", av[i], bv[i], inMeta, removed, changed)
-		}
-	default:
-		if !scalarEqual(a, b) && !(inMeta && isZero(a)) {
-			*changed = append(*changed, orRoot(path))
-		}
-	}
-}
-
-func orRoot(p string) string {
-	if p == "" {
-		return "(root)"
-	}
-	return p
-}
-
-func isZero(v interface{}) bool {
-	switch x := v.(type) {
-	case nil:
-		return true
-	case string:
-		return x == ""
-	case bool:
-		return !x
-	case map[string]interface{}:
-		return len(x) == 0
-	case []interface{}:
-		return len(x) == 0
-	}
-	if r, ok := toRat(v); ok {
-		return r.Sign() == 0
-	}
-	return false
-}
-
-func scalarEqual(a, b interface{}) bool {
-	ra, aNum := toRat(a)
-	rb, bNum := toRat(b)
-	if aNum || bNum {
-		return aNum && bNum && ra.Cmp(rb) == 0
-	}
-	switch x := a.(type) {
-	case nil:
-		return b == nil
-	case string:
-		y, ok := b.(string)
-		return ok && x == y
-	case bool:
-		y, ok := b.(bool)
-		return ok && x == y
-	}
-	return false
-}
-
-// toRat gives the exact value of a JSON/CBOR number.
-func toRat(v interface{}) (*big.Rat, bool) {
-	switch x := v.(type) {
-	case json.Number:
-		r, ok := new(big.Rat).SetString(string(x))
-		return r, ok
-	case int64:
-		return new(big.Rat).SetInt64(x), true
-	case int:
-		return new(big.Rat).SetInt64(int64(x)), true
-	case int32:
-		return new(big.Rat).SetInt64(int64(x)), true
-	case uint64:
-		return new(big.Rat).SetInt(new(big.Int).SetUint64(x)), true
-	case float64:
-		return floatRat(x, 64)
-	case float32:
-		return floatRat(float64(x), 32)
-	}
-	return nil, false
-}
-
-// floatRat is the value of a decoded float as an encoder writes it again:
-// its shortest decimal spelling (what encoding/json and the CBOR encoder's
-// float reading give back), not its exact binary value. A stored 0.1 is
-// written back as 0.1; a stored 0.10000000000000000001, read as the same
-// float, is not (its exact value differs).
-func floatRat(x float64, bits int) (*big.Rat, bool) {
-	if math.IsNaN(x) || math.IsInf(x, 0) {
-		return nil, true // never equal
-	}
-	r, ok := new(big.Rat).SetString(strconv.FormatFloat(x, 'g', -1, bits))
-	if !ok {
-		return nil, true
-	}
-	return r, true
-}
-
-// losslessJSON parses one JSON value keeping number literals (json.Number) and
-// reporting duplicate object keys (encoding/json keeps the last; so does this tree).
-func losslessJSON(data []byte) (interface{}, []string, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var dups []string
-	v, err := parseValue(dec, "", &dups, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, nil, errors.New("trailing data after the JSON object")
-	}
-	return v, dups, nil
-}
-
-const maxDepth = 10000 // encoding/json's own nesting limit
-
-func parseValue(dec *json.Decoder, path string, dups *[]string, depth int) (interface{}, error) {
-	if depth > maxDepth {
-		return nil, errors.New("JSON nested too deeply")
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			m := map[string]interface{}{}
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				k, ok := kt.(string)
-				if !ok {
-					return nil, errors.New("malformed JSON object key")
-				}
-				p := childPath(path, k)
-				v, err := parseValue(dec, p, dups, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				if _, seen := m[k]; seen {
-					*dups = append(*dups, p+" (duplicate key)")
-				}
-				m[k] = v
-			}
-			if _, err := dec.Token(); err != nil {
-				return nil, err
-			}
-			return m, nil
-		case '[':
-			var a []interface{}
-			for i := 0; dec.More(); i++ {
-				v, err := parseValue(dec, path+"["+strconv.Itoa(i)+"]", dups, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				a = append(a, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return nil, err
-			}
-			if a == nil {
-				a = []interface{}{}
-			}
-			return a, nil
-		}
-		return nil, errors.New("malformed JSON")
-	default:
-		return t, nil
-	}
 }

@@ -7,4 +7,10 @@
 // (provider and key name) without decrypting it. It never returns or logs key
 // material or plaintext. Package decode uses it to read
 // values; it never imports decode.
+//
+// load.go loads a configuration (Load, the private copies, ConfigError),
+// encryption.go transforms values (Transformers: Decrypt, Encrypt, which
+// provider a resource reads and writes with), kms.go probes the KMS plugins
+// (Preflight, CheckKMSPlugins, KMSPluginError), envelope.go reads a value's
+// prefix without decrypting it.
 package encryption

@@ -10,11 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
-
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
@@ -142,54 +139,6 @@ type Summary struct {
 	Writer  etcdscan.WriterStats `json:"writer"`
 }
 
-// maxFailuresListed bounds the failure list kept in memory and in the report.
-const maxFailuresListed = 1000
-
-type tally struct {
-	mu        sync.Mutex
-	total     Counts
-	resources map[schema.GroupResource]*ResourceSummary
-	failures  []Failure
-	failedN   int
-	causes    []FailureCause
-	// crdPending counts, per custom resource, objects not (yet) in the storage version.
-	crdPending map[schema.GroupResource]int64
-	// crWrites are the revisions of the run's own writes of custom resources.
-	crWrites Revisions
-	// fieldLoss: the fields of the objects rewritten (a dry run: stale) that
-	// the rewrite drops.
-	fieldLoss reencode.FieldLosses
-	// sizes: what the stale objects' rewrite takes (a dry run).
-	sizes undo.WriteSizes
-}
-
-func (t *tally) res(gr schema.GroupResource) *ResourceSummary {
-	r := t.resources[gr]
-	if r == nil {
-		r = &ResourceSummary{Group: gr.Group, Resource: gr.Resource, Reasons: map[string]int{}}
-		t.resources[gr] = r
-	}
-	return r
-}
-
-func (t *tally) fail(f Failure) {
-	t.failedN++
-	found := false
-	for i := range t.causes {
-		if c := &t.causes[i]; c.Status == f.Status && c.Cause == f.Reason {
-			c.Count++
-			found = true
-			break
-		}
-	}
-	if !found {
-		t.causes = append(t.causes, FailureCause{Status: f.Status, Cause: f.Reason, Count: 1, FirstKey: f.Key, Error: f.Error})
-	}
-	if len(t.failures) < maxFailuresListed {
-		t.failures = append(t.failures, f)
-	}
-}
-
 // Run migrates everything env selects. The returned summary is complete even when
 // err is set (interrupted, fail-fast, preflight refusal).
 func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error) {
@@ -198,7 +147,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if env.Config.Revision != 0 {
 		return sum, input.Errorf("migrate reads and writes the current revision: %s %d is for the read-only commands", input.Revision, env.Config.Revision)
 	}
-	t := &tally{resources: map[schema.GroupResource]*ResourceSummary{}, crdPending: map[schema.GroupResource]int64{}}
+	t := newTally(opts.DryRun, env.Resolver.IsCustom)
 	writeCtx := opts.WriteContext
 	if writeCtx == nil {
 		writeCtx = ctx
@@ -207,161 +156,47 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if opts.Output != nil {
 		w = opts.Output
 	}
-	batchOps := opts.BatchOps
-	if batchOps <= 0 {
-		batchOps = etcdscan.DefaultMaxOps
-	}
-	writers := opts.Writers
-	if writers <= 0 {
-		writers = DefaultWriters
-	}
 
 	var journal *undo.Journal
 	var guard *undo.SpaceGuard
 	if !opts.DryRun {
-		var checks []string
 		var err error
-		if opts.Output != nil {
-			checks, err = undo.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
-		} else {
-			checks, guard, err = undo.Preflight(ctx, env, opts.PreflightOptions)
+		if journal, guard, err = preflight(ctx, env, opts, sum); err != nil {
+			return t.summary(sum, start), err
 		}
-		sum.Preflight = checks
-		if err != nil {
-			return finish(sum, t, start), err
-		}
-		if guard != nil {
-			sum.Space = guard.Report()
-		}
-		if opts.OnPreflight != nil {
-			if err := opts.OnPreflight(checks); err != nil {
-				return finish(sum, t, start), fmt.Errorf("%w (nothing was written)", err)
-			}
-		}
-		if opts.Journal != "" {
-			// With an output snapshot, its mod revisions are the output's.
-			sum.Journal = opts.Journal
-			journal, err = undo.OpenJournal(opts.Journal)
-			if err != nil {
-				return finish(sum, t, start), err
-			}
+		if journal != nil {
 			defer journal.Close()
 		}
 	}
 
-	// Writers: batches of stale decisions, bounded queue.
-	type batch struct{ ds []reencode.Decision }
-	queue := make(chan batch, writers)
-	var writeErr error
-	var werrOnce sync.Once
+	// The scan tallies each page and hands its stale decisions to the
+	// writers; a writer's error stops the scan.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	snapshotTaken := opts.Snapshot == ""
-	var snapMu sync.Mutex
-	for i := 0; i < writers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := range queue {
-				if err := writeBatch(writeCtx, env, w, journal, guard, b.ds, t, opts, &snapMu, &snapshotTaken); err != nil {
-					werrOnce.Do(func() { writeErr = err; cancel() })
-				}
-			}
-		}()
-	}
-
+	ws := startWriters(opts, cancel, func(ds []reencode.Decision, snap *snapshotOnce) error {
+		return writeBatch(writeCtx, env, w, journal, guard, ds, t, opts, snap)
+	})
 	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
-		var stale []reencode.Decision
-		t.mu.Lock()
-		for _, d := range page {
-			t.total.Scanned++
-			t.total.BytesOld += int64(d.OldSize)
-			if d.Status == reencode.NotObject {
-				t.total.Skipped++
-				continue
-			}
-			if d.Status == reencode.Orphaned {
-				t.total.Orphaned++
-				t.total.Skipped++
-				continue
-			}
-			r := t.res(d.Resource)
-			r.Scanned++
-			r.BytesOld += int64(d.OldSize)
-			switch d.Status {
-			case reencode.Current:
-				t.total.Current++
-				r.Current++
-			case reencode.Unreadable:
-				t.total.Unreadable++
-				t.total.Skipped++
-				r.Unreadable++
-				r.Skipped++
-				r.Reasons[string(d.Err.Reason)]++
-				t.fail(Failure{Key: d.Key, Status: string(d.Status), Reason: string(d.Err.Reason), Error: d.Err.Error()})
-			case reencode.Stale:
-				t.total.Stale++
-				r.Stale++
-				for _, reason := range d.Reasons {
-					r.Reasons[string(reason)]++
-				}
-				if opts.DryRun {
-					t.sizes.Add(d)
-					t.total.BytesNew += int64(len(d.NewValue))
-					r.BytesNew += int64(len(d.NewValue))
-					t.fieldLoss.Add(&d)
-				} else {
-					stale = append(stale, d)
-				}
-			}
-			if env.Resolver.IsCustom(d.Resource) && d.Status != reencode.Current {
-				t.crdPending[d.Resource]++
-			}
-		}
-		counts := t.total
-		t.mu.Unlock()
+		stale, counts := t.page(page)
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}
-		for len(stale) > 0 {
-			n := min(batchOps, len(stale))
-			select {
-			case queue <- batch{ds: stale[:n:n]}:
-			case <-runCtx.Done():
-				return runCtx.Err()
-			}
-			stale = stale[n:]
+		if err := ws.send(runCtx, stale); err != nil {
+			return err
 		}
 		if opts.Progress != nil {
 			opts.Progress(counts)
 		}
 		return nil
 	})
-	close(queue)
-	wg.Wait()
+	writeErr := ws.wait()
 	if guard != nil {
 		guard.Finish(writeCtx)
 	}
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
 
-	var err error
-	var spaceErr *undo.SpaceError
-	if errors.As(writeErr, &spaceErr) {
-		spaceErr.Journal = opts.Journal
-	}
-	switch {
-	case writeErr != nil:
-		err = writeErr
-	case errors.Is(scanErr, errFailFast):
-		err = input.Errorf("%s: stopped at the first unreadable object", input.FailFast)
-	case scanErr != nil && ctx.Err() != nil:
-		sum.Interrupted = true
-		err = fmt.Errorf("interrupted: in-flight writes finished; run again to resume (current objects are skipped)")
-	case scanErr != nil:
-		err = scanErr
-	}
+	err := outcome(ctx, sum, opts, writeErr, scanErr)
 	// Under --encryption-only no object moves to the storage version: the
 	// decisions say nothing about CRDs' storedVersions.
 	keepStored := opts.KeepStoredVersions || env.Planner.EncryptionOnly
@@ -377,51 +212,147 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	} else if err == nil && !keepStored {
 		sum.CRDs = PlanStoredVersions(env, t.crdPending)
 	}
-	return finish(sum, t, start), err
+	return t.summary(sum, start), err
+}
+
+// preflight is what a run that writes checks before its first write (a live
+// etcd's, or the output snapshot's), recorded in sum and handed to
+// OnPreflight, and the journal it opens: the journal (nil without one) and
+// the space guard (nil for an output snapshot).
+func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summary) (*undo.Journal, *undo.SpaceGuard, error) {
+	var checks []string
+	var guard *undo.SpaceGuard
+	var err error
+	if opts.Output != nil {
+		checks, err = undo.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
+	} else {
+		checks, guard, err = undo.Preflight(ctx, env, opts.PreflightOptions)
+	}
+	sum.Preflight = checks
+	if err != nil {
+		return nil, nil, err
+	}
+	if guard != nil {
+		sum.Space = guard.Report()
+	}
+	if opts.OnPreflight != nil {
+		if err := opts.OnPreflight(checks); err != nil {
+			return nil, nil, fmt.Errorf("%w (nothing was written)", err)
+		}
+	}
+	if opts.Journal == "" {
+		return nil, guard, nil
+	}
+	// With an output snapshot, its mod revisions are the output's.
+	sum.Journal = opts.Journal
+	journal, err := undo.OpenJournal(opts.Journal)
+	if err != nil {
+		return nil, nil, err
+	}
+	return journal, guard, nil
+}
+
+// outcome is the run's error from the writers' and the scan's: a write's
+// first, then fail-fast, an interruption (sum says so), the scan's.
+func outcome(ctx context.Context, sum *Summary, opts Options, writeErr, scanErr error) error {
+	var spaceErr *undo.SpaceError
+	if errors.As(writeErr, &spaceErr) {
+		spaceErr.Journal = opts.Journal
+	}
+	switch {
+	case writeErr != nil:
+		return writeErr
+	case errors.Is(scanErr, errFailFast):
+		return input.Errorf("%s: stopped at the first unreadable object", input.FailFast)
+	case scanErr != nil && ctx.Err() != nil:
+		sum.Interrupted = true
+		return fmt.Errorf("interrupted: in-flight writes finished; run again to resume (current objects are skipped)")
+	}
+	return scanErr
+}
+
+// writers are a run's concurrent write transactions, fed batches of stale
+// decisions (at most BatchOps each) through a bounded queue; the first
+// error cancels the scan.
+type writers struct {
+	queue    chan []reencode.Decision
+	batchOps int
+	wg       sync.WaitGroup
+	once     sync.Once
+	err      error
+}
+
+// snapshotOnce is the snapshot before a run's first write, taken by
+// whichever writer comes first.
+type snapshotOnce struct {
+	mu    sync.Mutex
+	taken bool
+}
+
+func startWriters(opts Options, cancel func(), write func([]reencode.Decision, *snapshotOnce) error) *writers {
+	n := opts.Writers
+	if n <= 0 {
+		n = DefaultWriters
+	}
+	ws := &writers{queue: make(chan []reencode.Decision, n), batchOps: opts.BatchOps}
+	if ws.batchOps <= 0 {
+		ws.batchOps = etcdscan.DefaultMaxOps
+	}
+	snap := &snapshotOnce{taken: opts.Snapshot == ""}
+	for i := 0; i < n; i++ {
+		ws.wg.Add(1)
+		go func() {
+			defer ws.wg.Done()
+			for ds := range ws.queue {
+				if err := write(ds, snap); err != nil {
+					ws.once.Do(func() { ws.err = err; cancel() })
+				}
+			}
+		}()
+	}
+	return ws
+}
+
+// send queues stale in batches; it returns ctx's error when the run stops.
+func (ws *writers) send(ctx context.Context, stale []reencode.Decision) error {
+	for len(stale) > 0 {
+		n := min(ws.batchOps, len(stale))
+		select {
+		case ws.queue <- stale[:n:n]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		stale = stale[n:]
+	}
+	return nil
+}
+
+// wait closes the queue, waits for the writes in flight and returns the
+// first error.
+func (ws *writers) wait() error {
+	close(ws.queue)
+	ws.wg.Wait()
+	return ws.err
 }
 
 var errFailFast = errors.New("fail fast")
 
-func finish(sum *Summary, t *tally, start time.Time) *Summary {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	sum.Summary = t.total
-	sum.Resources = sum.Resources[:0]
-	for _, r := range t.resources {
-		sum.Resources = append(sum.Resources, *r)
-	}
-	sort.Slice(sum.Resources, func(i, j int) bool {
-		a, b := sum.Resources[i], sum.Resources[j]
-		return schema.GroupResource{Group: a.Group, Resource: a.Resource}.String() < schema.GroupResource{Group: b.Group, Resource: b.Resource}.String()
-	})
-	sum.Failures = t.failures
-	sum.FieldLoss = t.fieldLoss.List()
-	sum.Causes = append(sum.Causes[:0], t.causes...)
-	if sum.DryRun {
-		sizes := t.sizes
-		sum.WriteSizes = &sizes
-	}
-	sum.Duration = time.Since(start)
-	sum.DurationText = sum.Duration.Round(time.Millisecond).String()
-	return sum
-}
-
 // writeBatch journals, writes and tallies one batch of stale decisions. It
 // writes nothing once the writer met an error no retry fixes, nor when the
 // batch would take etcd's database past its quota (guard).
-func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Journal, guard *undo.SpaceGuard, ds []reencode.Decision, t *tally, opts Options, snapMu *sync.Mutex, snapshotTaken *bool) error {
+func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Journal, guard *undo.SpaceGuard, ds []reencode.Decision, t *tally, opts Options, snap *snapshotOnce) error {
 	if w.Stopped() != nil {
 		return nil // the run is stopping; the first error was returned
 	}
-	snapMu.Lock()
-	if !*snapshotTaken {
+	snap.mu.Lock()
+	if !snap.taken {
 		if err := etcdscan.Snapshot(ctx, env.Client, opts.Snapshot); err != nil {
-			snapMu.Unlock()
+			snap.mu.Unlock()
 			return fmt.Errorf("snapshot %s: %w (nothing was written)", opts.Snapshot, err)
 		}
-		*snapshotTaken = true
+		snap.taken = true
 	}
-	snapMu.Unlock()
+	snap.mu.Unlock()
 
 	puts := make([]etcdscan.Put, len(ds))
 	var cost int64
@@ -456,36 +387,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Jo
 	} else if fe != nil {
 		stop = undo.NewStopError(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var firstErr error
-	for i, r := range results {
-		d := ds[i]
-		rs := t.res(d.Resource)
-		switch r.Status {
-		case etcdscan.Written:
-			t.total.Rewritten++
-			rs.Rewritten++
-			t.total.BytesNew += int64(len(d.NewValue))
-			rs.BytesNew += int64(len(d.NewValue))
-			if env.Resolver.IsCustom(d.Resource) {
-				t.crdPending[d.Resource]--
-				t.crWrites.Add(r.NewModRevision)
-			}
-			t.fieldLoss.Add(&d)
-		case etcdscan.Conflict:
-			// Someone else wrote it since it was read: the writer stored it fresh.
-			t.total.Conflicts++
-			rs.Conflicts++
-		default:
-			t.total.Failed++
-			rs.Failed++
-			t.fail(Failure{Key: d.Key, Status: "failed", Reason: undo.WriteCause(r.Err), Error: r.Err.Error()})
-			if opts.FailFast && firstErr == nil {
-				firstErr = input.Errorf("%s: write %s: %v", input.FailFast, d.Key, r.Err)
-			}
-		}
-	}
+	firstErr := t.written(ds, results, opts.FailFast)
 	if stop != nil {
 		return stop
 	}

@@ -7,97 +7,27 @@
 // kube-apiserver's would (its stored version's schema has them, the storage
 // version's prunes them: Decision.Dropped, FieldLosses). It produces the new
 // (encrypted) value but never writes.
+//
+// reencode.go is the planner (Planner: Decide, Classify, Encode),
+// decision.go what it decides (Decision, Status, Reason, Describe),
+// roundtrip.go the check that a built-in's stored value round-trips without
+// losing fields (protobuf through wire.go, JSON through internal/jsondoc),
+// jsonrelease.go the JSON an older release's types write, fieldloss.go the
+// fields a custom resource's rewrite drops.
 package reencode
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"reflect"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
-	sigsyaml "sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
-	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/release"
 )
-
-// Status is the verdict on one key.
-type Status string
-
-const (
-	Current    Status = "current"
-	Stale      Status = "stale"
-	Unreadable Status = "unreadable"
-	NotObject  Status = "not-an-object"
-	// Orphaned: no resource of this cluster owns the key (decode.ReasonOrphaned);
-	// kube-apiserver never reads it, so it is neither rewritten nor unreadable.
-	Orphaned Status = "orphaned"
-	// Readable is Describe's verdict on a decoded object: no decision was asked for.
-	Readable Status = "readable"
-)
-
-// Reason says why a stale object needs a rewrite.
-type Reason string
-
-const (
-	ReasonVersion    Reason = "storage-version"
-	ReasonEncryption Reason = "encryption"
-	ReasonMediaType  Reason = "media-type"
-	// ReasonEncoding: same version, media type and key, but the apiserver would
-	// write different bytes (defaulting added fields, an older field order, ...).
-	ReasonEncoding Reason = "encoding"
-	// ReasonManagedFields: kube-apiserver's field manager would change
-	// managedFields on a no-op update (entries for versions it no longer
-	// serves, more than ten update managers, undecodable entries; for a
-	// custom resource, all of them once one names a version its CRD no
-	// longer lists).
-	ReasonManagedFields Reason = "managed-fields"
-)
-
-// Form describes how an object is (or would be) stored.
-type Form struct {
-	Version    string `json:"version"`
-	MediaType  string `json:"mediaType"`
-	Encryption string `json:"encryption"`
-}
-
-// Decision is the outcome for one key. NewValue holds the encrypted bytes to write
-// when Status is Stale; it is never printed.
-type Decision struct {
-	Key      string
-	Resource schema.GroupResource
-	Status   Status
-	Reasons  []Reason
-	From, To Form
-	// Err is set for Unreadable, NotObject and Orphaned.
-	Err *decode.Error
-	// Dropped, for a stale custom resource, names the fields (paths, never
-	// values) the rewrite drops: fields of the version it is stored in that
-	// the storage version's schema prunes after conversion (a field an old
-	// version had, under conversion None). kube-apiserver's next write of
-	// the object drops the same ones; the journal keeps the original.
-	Dropped []string
-
-	ModRevision int64
-	Lease       int64
-	// Read is the rest of what the key was read with (create revision,
-	// version, lease, sub-revision): what an output snapshot's writer keeps.
-	Read    etcdscan.KVMeta
-	OldSize int
-	// OldValue is the stored value as read (still encrypted if it was), kept for
-	// the journal. Never printed.
-	OldValue []byte
-	NewValue []byte
-}
 
 // Encrypter encrypts new values with the first provider configured for a resource;
 // *encryption.Transformers implements it.
@@ -176,39 +106,6 @@ func (p *Planner) Classify(ctx context.Context, obj *decode.Object, decodeErr er
 		return d
 	}
 	return p.decide(ctx, obj, d, false)
-}
-
-// Describe records how an object is stored, without deciding anything: Status is
-// Readable, or Unreadable/NotObject when decodeErr is set.
-func Describe(obj *decode.Object, decodeErr error) Decision {
-	d := Decision{
-		Key:         obj.KV.Key,
-		Resource:    obj.Info.Resource,
-		ModRevision: obj.KV.ModRevision,
-		Lease:       obj.KV.Lease,
-		Read:        obj.KV.Meta(),
-		OldSize:     len(obj.KV.Value),
-		OldValue:    obj.KV.Value,
-		From: Form{
-			Version:    obj.StoredGVK.GroupVersion().String(),
-			MediaType:  decode.ShortMediaType(obj.MediaType),
-			Encryption: obj.Encryption.String(),
-		},
-	}
-	if decodeErr != nil {
-		d.Err = keyError(d.Key, decode.ReasonCorruptPayload, decodeErr)
-		switch d.Err.Reason {
-		case decode.ReasonNotObject:
-			d.Status = NotObject
-		case decode.ReasonOrphaned:
-			d.Status = Orphaned
-		default:
-			d.Status = Unreadable
-		}
-		return d
-	}
-	d.Status = Readable
-	return d
 }
 
 func (p *Planner) decide(ctx context.Context, obj *decode.Object, d Decision, withValue bool) Decision {
@@ -399,238 +296,4 @@ func (p *Planner) unreadable(d Decision, err *decode.Error) Decision {
 	d.Dropped = nil
 	d.NewValue = nil
 	return d
-}
-
-// ReasonStrings joins reasons for a report.
-func (d Decision) ReasonStrings() string {
-	s := make([]string, len(d.Reasons))
-	for i, r := range d.Reasons {
-		s[i] = string(r)
-	}
-	return strings.Join(s, ",")
-}
-
-func keyError(key string, reason decode.Reason, err error) *decode.Error {
-	var e *decode.Error
-	if errors.As(err, &e) {
-		if e.Key == "" {
-			e.Key = key
-		}
-		return e
-	}
-	return &decode.Error{Key: key, Reason: reason, Err: err}
-}
-
-// RoundTrip is the lose-fields guard for built-ins: decode the stored value in its
-// stored version with no conversion and no defaulting, serialize it again with the
-// same serializer, and compare. Protobuf is compared byte for byte (the generated
-// marshallers are deterministic, and silently drop fields they do not know); JSON is
-// compared as a document, since other writers may order keys differently.
-func RoundTrip(obj *decode.Object) error {
-	rc := obj.Codec
-	if rc == nil {
-		return fmt.Errorf("no codec for %s", obj.Info.Resource)
-	}
-	versioned, gvk, err := rc.Codecs.UniversalDeserializer().Decode(obj.Plaintext, nil, nil)
-	if err != nil {
-		return fmt.Errorf("decode %s without conversion: %w", obj.StoredGVK, err)
-	}
-	versioned.GetObjectKind().SetGroupVersionKind(*gvk)
-	switch obj.MediaType {
-	case decode.MediaTypeProtobuf:
-		var buf bytes.Buffer
-		if err := protobuf.NewSerializer(rc.Scheme, rc.Scheme).Encode(versioned, &buf); err != nil {
-			return fmt.Errorf("re-encode %s: %w", gvk, err)
-		}
-		// Byte for byte, or every stored field kept and only zero values
-		// added (what a newer release's types write for fields an older
-		// one did not have): see wireKeeps.
-		re, stored := buf.Bytes(), obj.Plaintext
-		if bytes.Equal(re, stored) {
-			return nil
-		}
-		if len(re) < len(protobufMagic) || len(stored) < len(protobufMagic) || !bytes.Equal(re[:len(protobufMagic)], stored[:len(protobufMagic)]) ||
-			!wireKeeps(stored[len(protobufMagic):], re[len(protobufMagic):], 0) {
-			return fmt.Errorf("the %s types of Kubernetes %s do not give back every field of the stored protobuf (%d bytes stored, %d re-encoded): it was probably written by a newer release with fields these types would drop", gvk, release.Linked(), len(stored), len(re))
-		}
-		return nil
-	case decode.MediaTypeJSON, decode.MediaTypeYAML:
-		re, err := json.Marshal(versioned)
-		if err != nil {
-			return fmt.Errorf("re-encode %s: %w", gvk, err)
-		}
-		stored := obj.Plaintext
-		if obj.MediaType == decode.MediaTypeYAML {
-			// The apiserver's YAML serializer is its JSON one through sigs.k8s.io/yaml.
-			if stored, err = sigsyaml.YAMLToJSON(stored); err != nil {
-				return fmt.Errorf("stored YAML: %w", err)
-			}
-		}
-		// Fast path: kube-apiserver's JSON serializer writes what
-		// json.Marshal does, plus a newline; identical bytes lose nothing.
-		if bytes.Equal(re, bytes.TrimSuffix(stored, []byte("\n"))) {
-			return nil
-		}
-		var a, b any
-		if err := unmarshalNumber(stored, &a); err != nil {
-			return fmt.Errorf("stored JSON: %w", err)
-		}
-		if err := unmarshalNumber(re, &b); err != nil {
-			return err
-		}
-		// Every stored member kept, or only empty ones dropped (null, [],
-		// {}: what an older release's types write where this release's
-		// leave the member out, 1.34's ResourceSlice "devices":null), and
-		// only zero values added (what this release's types write for a
-		// member an older release's did not have, 1.37's CSINode
-		// "status":{}), as wireKeeps for protobuf.
-		if !reflect.DeepEqual(a, b) && !jsonKeeps(a, b, 0) {
-			return fmt.Errorf("the %s types of Kubernetes %s do not give back the stored JSON document: fields %s would be lost or changed", gvk, release.Linked(), strings.Join(diffPaths("", a, b, 5), ", "))
-		}
-		return nil
-	}
-	return fmt.Errorf("unexpected media type %q for a built-in resource", obj.MediaType)
-}
-
-// protobufMagic prefixes kube-apiserver's protobuf encoding (k8s.io/apimachinery's
-// protobuf serializer), before the runtime.Unknown envelope.
-var protobufMagic = []byte{0x6b, 0x38, 0x73, 0x00}
-
-func unmarshalNumber(data []byte, v *any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return dec.Decode(v)
-}
-
-// jsonKeeps reports whether the decoded JSON value b (re-encoded) keeps
-// everything of a (stored): the same scalars, arrays of the same length
-// whose elements keep, objects whose members keep, where a member only a
-// has is empty (null, [], {}) and a member only b has is a zero value.
-func jsonKeeps(a, b any, depth int) bool {
-	if depth > maxWireDepth {
-		return reflect.DeepEqual(a, b)
-	}
-	switch x := a.(type) {
-	case map[string]any:
-		y, ok := b.(map[string]any)
-		if !ok {
-			return false
-		}
-		for k, av := range x {
-			bv, ok := y[k]
-			if !ok {
-				if !jsonEmptyValue(av) {
-					return false
-				}
-				continue
-			}
-			if !jsonKeeps(av, bv, depth+1) {
-				return false
-			}
-		}
-		for k, bv := range y {
-			if _, ok := x[k]; !ok && !jsonZeroValue(bv, depth+1) {
-				return false
-			}
-		}
-		return true
-	case []any:
-		y, ok := b.([]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if !jsonKeeps(x[i], y[i], depth+1) {
-				return false
-			}
-		}
-		return true
-	}
-	return reflect.DeepEqual(a, b)
-}
-
-// jsonEmptyValue: null, [] or {}.
-func jsonEmptyValue(v any) bool {
-	switch x := v.(type) {
-	case nil:
-		return true
-	case []any:
-		return len(x) == 0
-	case map[string]any:
-		return len(x) == 0
-	}
-	return false
-}
-
-// jsonZeroValue: what encoding/json writes for a zero value (null, false,
-// 0, "", [], {}), or an object of such.
-func jsonZeroValue(v any, depth int) bool {
-	switch x := v.(type) {
-	case nil:
-		return true
-	case bool:
-		return !x
-	case string:
-		return x == ""
-	case json.Number:
-		f, err := x.Float64()
-		return err == nil && f == 0
-	case []any:
-		return len(x) == 0
-	case map[string]any:
-		if depth > maxWireDepth {
-			return false
-		}
-		for _, e := range x {
-			if !jsonZeroValue(e, depth+1) {
-				return false
-			}
-		}
-		return true
-	}
-	return false
-}
-
-// diffPaths lists up to max JSON paths where a and b differ (paths only, no values).
-func diffPaths(path string, a, b any, max int) []string {
-	if reflect.DeepEqual(a, b) {
-		return nil
-	}
-	am, aok := a.(map[string]any)
-	bm, bok := b.(map[string]any)
-	if !aok || !bok {
-		if path == "" {
-			path = "."
-		}
-		return []string{path}
-	}
-	var out []string
-	for k, av := range am {
-		if len(out) >= max {
-			break
-		}
-		out = append(out, diffPaths(path+"."+k, av, bm[k], max-len(out))...)
-	}
-	for k := range bm {
-		if _, ok := am[k]; !ok && len(out) < max {
-			out = append(out, path+"."+k)
-		}
-	}
-	return out
-}
-
-// ErrorReason gives the reason and a value-free detail of an unreadable (or
-// not-an-object) decision; decode errors never carry plaintext.
-func (d *Decision) ErrorReason() (decode.Reason, string) {
-	if d.Err == nil {
-		return decode.Reason("unknown"), fmt.Sprintf("status %s without an error", d.Status)
-	}
-	detail := d.Err.Detail
-	if d.Err.Err != nil {
-		if detail != "" {
-			detail += ": "
-		}
-		detail += d.Err.Err.Error()
-	}
-	return d.Err.Reason, detail
 }

@@ -10,7 +10,6 @@ import (
 
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/release"
 )
 
 // controller is what the target release's kube-controller-manager
@@ -34,8 +33,8 @@ type controller struct {
 // controller's code is its binary's: --emulated-version does not change it.
 func controllerOf(env *pipeline.Env) (controller, error) {
 	rel := env.Target.Release()
-	v, err := release.Parse(rel.String())
-	if err != nil || v.Major() != 1 {
+	v := rel.Version()
+	if v.Major() != 1 {
 		return controller{}, fmt.Errorf("storage version migration: release %q: want 1.MINOR", rel)
 	}
 	return controller{minor: int(v.Minor())}, nil

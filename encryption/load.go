@@ -1,0 +1,270 @@
+package encryption
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	apiserverconfig "k8s.io/apiserver/pkg/apis/apiserver"
+	apiserverinstall "k8s.io/apiserver/pkg/apis/apiserver/install"
+	apiserverconfigv1 "k8s.io/apiserver/pkg/apis/apiserver/v1"
+	"k8s.io/apiserver/pkg/features"
+	"k8s.io/apiserver/pkg/server/options/encryptionconfig"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+)
+
+// apiServerID is what the KMS v2 transformer records as the writer of new DEKs.
+const apiServerID = "kube-etcd-migrate"
+
+var configCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	apiserverinstall.Install(s)
+	return serializer.NewCodecFactory(s)
+}()
+
+// Load loads an EncryptionConfiguration file in kube-apiserver's format
+// (path "" means no encryption: identity for every resource). KMS plugins are dialled
+// here; their connections live until Close. A KMS v1 provider in the file turns on
+// the deprecated KMSv1 feature gate, as the kube-apiserver that wrote those values
+// must have had it.
+func Load(ctx context.Context, path string) (*Transformers, error) {
+	return LoadWith(ctx, path, Options{})
+}
+
+// Options tune LoadWith.
+type Options struct {
+	// MapKMSEndpoint, when set, gives the endpoint to dial for each KMS provider's
+	// endpoint as the file writes it (kube-apiserver's socket path is not always
+	// the tool's: see apiserverconfig). Returning it unchanged keeps it; an error
+	// stops the load. When an endpoint changes, the configuration is loaded from
+	// a private copy with the new endpoints, decoded and re-encoded through the
+	// apiserver's own EncryptionConfiguration v1 types (every other field as
+	// written): a 0600 file in a 0700 temporary directory, removed as soon as the
+	// apiserver's loader has read it.
+	MapKMSEndpoint func(endpoint string) (string, error)
+}
+
+// LoadWith is Load with options.
+func LoadWith(ctx context.Context, path string, opts Options) (*Transformers, error) {
+	e := &Transformers{Path: path, write: map[schema.GroupResource]Info{}}
+	if path == "" {
+		e.config = &apiserverconfig.EncryptionConfiguration{}
+		e.transformers = encryptionconfig.StaticTransformers{}
+		e.cancel = func() {}
+		return e, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &ConfigError{Err: err}
+	}
+	mapped := false
+	if opts.MapKMSEndpoint != nil {
+		if data, mapped, err = mapKMSEndpoints(path, data, opts.MapKMSEndpoint); err != nil {
+			return nil, err
+		}
+	}
+	obj, gvk, err := configCodecs.UniversalDecoder().Decode(data, nil, nil)
+	if err != nil {
+		return nil, configError(path, fmt.Errorf("not an EncryptionConfiguration: %s", redactConfigError(err)))
+	}
+	cfg, ok := obj.(*apiserverconfig.EncryptionConfiguration)
+	if !ok {
+		return nil, configError(path, fmt.Errorf("got %s, want EncryptionConfiguration", gvk))
+	}
+	if usesKMSv1(cfg) && !utilfeature.DefaultFeatureGate.Enabled(features.KMSv1) {
+		if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.KMSv1): true}); err != nil {
+			return nil, configError(path, fmt.Errorf("enabling the KMSv1 feature gate for its KMS v1 provider: %w", err))
+		}
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var loaded *encryptionconfig.EncryptionConfiguration
+	if mapped {
+		loaded, err = loadPrivateCopy(kctx, path, data)
+	} else {
+		loaded, err = encryptionconfig.LoadEncryptionConfig(kctx, path, false, apiServerID)
+	}
+	if err != nil {
+		cancel()
+		return nil, configError(path, errors.New(redactConfigError(err)))
+	}
+	e.config = cfg
+	e.transformers = encryptionconfig.StaticTransformers(loaded.Transformers)
+	e.cancel = cancel
+	return e, nil
+}
+
+// strictConfigCodecs decode as kube-apiserver's encryptionconfig loader does:
+// strictly (an unknown or duplicate field is an error), so that the private
+// copy never drops a field kube-apiserver would have refused.
+var strictConfigCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	apiserverinstall.Install(s)
+	return serializer.NewCodecFactory(s, serializer.EnableStrict)
+}()
+
+// ConfigError is an encryption configuration file that cannot be loaded as
+// kube-apiserver would load it.
+type ConfigError struct {
+	Path string // "" when Err names it (a file that cannot be read)
+	Err  error
+}
+
+func (e *ConfigError) Error() string {
+	if e.Path == "" {
+		return "encryption configuration: " + e.Err.Error()
+	}
+	return "encryption configuration " + e.Path + ": " + e.Err.Error()
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func configError(path string, err error) error { return &ConfigError{Path: path, Err: err} }
+
+// mapKMSEndpoints returns data with each KMS provider's endpoint replaced by
+// what mapEndpoint gives, and whether any changed (data is returned as it is
+// when none did). The file is decoded into the apiserver's
+// EncryptionConfiguration v1 type without defaulting or conversion and encoded
+// back through the same scheme: resources, providers, their order, key names
+// and secrets are kept as written. Errors never quote the file's content.
+func mapKMSEndpoints(path string, data []byte, mapEndpoint func(string) (string, error)) ([]byte, bool, error) {
+	obj, gvk, err := strictConfigCodecs.UniversalDeserializer().Decode(data, nil, nil)
+	if err != nil {
+		return nil, false, configError(path, fmt.Errorf("not an EncryptionConfiguration kube-apiserver would load: %s", redactConfigError(err)))
+	}
+	cfg, ok := obj.(*apiserverconfigv1.EncryptionConfiguration)
+	if !ok {
+		return nil, false, configError(path, fmt.Errorf("got %s, want EncryptionConfiguration", gvk))
+	}
+	changed := false
+	for i := range cfg.Resources {
+		for j := range cfg.Resources[i].Providers {
+			kms := cfg.Resources[i].Providers[j].KMS
+			if kms == nil {
+				continue
+			}
+			ep, err := mapEndpoint(kms.Endpoint)
+			if err != nil {
+				return nil, false, configError(path, fmt.Errorf("kms provider %q: %w", kms.Name, err))
+			}
+			if ep != kms.Endpoint {
+				kms.Endpoint = ep
+				changed = true
+			}
+		}
+	}
+	if !changed {
+		return data, false, nil
+	}
+	info, ok := runtime.SerializerInfoForMediaType(configCodecs.SupportedMediaTypes(), runtime.ContentTypeYAML)
+	if !ok {
+		return nil, false, configError(path, errors.New("no YAML encoder"))
+	}
+	out, err := runtime.Encode(configCodecs.EncoderForVersion(info.Serializer, apiserverconfigv1.SchemeGroupVersion), cfg)
+	if err != nil {
+		return nil, false, configError(path, fmt.Errorf("encoding it with the mapped KMS endpoints: %w", err))
+	}
+	return out, true, nil
+}
+
+// Private copies of encryption configurations being loaded, removed by
+// RemoveTempDirs when the process must exit at once.
+var (
+	tempMu   sync.Mutex
+	tempDirs = map[string]bool{}
+	exiting  bool // RemoveTempDirs ran: no new copy is made
+)
+
+// RemoveTempDirs removes the private copies of encryption configurations
+// still on disk (each is removed as soon as it is loaded; this is for a
+// process about to exit without running its deferred calls, a second SIGINT).
+func RemoveTempDirs() {
+	tempMu.Lock()
+	defer tempMu.Unlock()
+	exiting = true
+	for d := range tempDirs {
+		_ = os.RemoveAll(d)
+		delete(tempDirs, d)
+	}
+}
+
+// privateCopyHook, set by tests, sees each private copy before it is loaded.
+var privateCopyHook func(file string)
+
+// loadPrivateCopy loads data, the configuration of the file path with mapped
+// KMS endpoints, through the apiserver's loader (which only reads a file): it
+// holds the secrets of every provider, so it is written to a file only its
+// owner can read, in a directory only its owner can enter, and removed before
+// returning. Errors name path, never the copy.
+func loadPrivateCopy(ctx context.Context, path string, data []byte) (*encryptionconfig.EncryptionConfiguration, error) {
+	tempMu.Lock()
+	if exiting {
+		tempMu.Unlock()
+		return nil, errors.New("interrupted")
+	}
+	dir, err := os.MkdirTemp("", "kube-etcd-migrate-encryption-") // 0700
+	if err != nil {
+		tempMu.Unlock()
+		return nil, fmt.Errorf("private copy with the mapped KMS endpoints: %w", err)
+	}
+	tempDirs[dir] = true
+	tempMu.Unlock()
+	defer func() {
+		tempMu.Lock()
+		defer tempMu.Unlock()
+		_ = os.RemoveAll(dir)
+		delete(tempDirs, dir)
+	}()
+	copyPath := filepath.Join(dir, "encryption-config.yaml")
+	if err := writePrivate(copyPath, data); err != nil {
+		return nil, fmt.Errorf("private copy with the mapped KMS endpoints: %w", err)
+	}
+	if privateCopyHook != nil {
+		privateCopyHook(copyPath)
+	}
+	loaded, err := encryptionconfig.LoadEncryptionConfig(ctx, copyPath, false, apiServerID)
+	if err != nil {
+		return nil, errors.New(strings.ReplaceAll(err.Error(), copyPath, path+" (with the mapped KMS endpoints)"))
+	}
+	return loaded, nil
+}
+
+// writePrivate creates file (it must not exist) readable by its owner only.
+func writePrivate(file string, data []byte) error {
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// redactConfigError keeps configuration errors short; the apiserver's validation
+// messages name fields, never secret values, but a decode error could quote input.
+func redactConfigError(err error) string {
+	msg := err.Error()
+	if len(msg) > 500 {
+		msg = msg[:500] + "…"
+	}
+	return msg
+}
+
+func usesKMSv1(cfg *apiserverconfig.EncryptionConfiguration) bool {
+	for _, r := range cfg.Resources {
+		for _, p := range r.Providers {
+			if p.KMS != nil && p.KMS.APIVersion != "v2" {
+				return true
+			}
+		}
+	}
+	return false
+}
