@@ -217,7 +217,7 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.JournalSpec, *undo.Record, []string, error) {
 	if journal != "" {
 		owner := stateDir.RunOfJournal(journal) // there (validate)
-		return []undo.JournalSpec{{Path: journal, Run: owner}}, owner, nil, nil
+		return []undo.JournalSpec{{Path: journal, Record: owner}}, owner, nil, nil
 	}
 	recs, err := stateDir.Since(runID)
 	var nf *undo.NotFoundError
@@ -250,7 +250,7 @@ func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.Journ
 		} else if err != nil {
 			return nil, nil, nil, fmt.Errorf("--run %s: run %s: %w", runID, r.ID, err)
 		}
-		specs = append(specs, undo.JournalSpec{Path: r.Journal, Run: &recs[i]})
+		specs = append(specs, undo.JournalSpec{Path: r.Journal, Record: &recs[i]})
 	}
 	return specs, &wayBack, ids, nil
 }

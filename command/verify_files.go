@@ -303,7 +303,7 @@ func (j *journalReader) verify(ctx context.Context, errOut io.Writer, t snapshot
 	if prefix == "" {
 		prefix = j.prefix
 	}
-	r, err := verify.CheckJournal(ctx, undo.JournalSpec{Path: t.path, Run: t.owner}, j.enc, prefix)
+	r, err := verify.CheckJournal(ctx, undo.JournalSpec{Path: t.path, Record: t.owner}, j.enc, prefix)
 	if err != nil {
 		if ctx.Err() != nil {
 			return v, ctx.Err()

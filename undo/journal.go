@@ -195,17 +195,17 @@ func (j *Journal) append(sync bool, recs ...JournalRecord) error {
 	defer j.mu.Unlock()
 	for _, r := range recs {
 		if err := j.write(r); err != nil {
-			return fmt.Errorf("journal: %w", err)
+			return fmt.Errorf("journal %s: %w", j.path, err)
 		}
 	}
 	if !sync {
 		return nil
 	}
 	if err := j.w.Flush(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	return nil
 }
@@ -332,7 +332,9 @@ func JournalsPrefix(journals []string) string {
 	return "/registry"
 }
 
-// JournalRecordBytes is about what the journal records of one rewrite take.
+// JournalRecordBytes is about what the journal records of one rewrite take:
+// the old value's base64, the key twice, and the rest of the intent and done
+// records (fields, sequence numbers, the new value's hash, two checksums).
 func JournalRecordBytes(key string, oldSize int) int64 {
-	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 256
+	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 448
 }

@@ -2,7 +2,9 @@
 // /var/lib/kube-etcd-migrate, mode 0700: it holds stored values, secrets among
 // them) holds one run directory per writing run, numbered in the order the runs
 // started on this host: the run's record (run.json: command, start and end,
-// exit code, keys written, where its journal and snapshot are), its journal of
+// exit code, keys written, where its journal and snapshot are, and, from its
+// end, their checksums and the encryption keys its journal's values need),
+// its journal of
 // old values, the etcd snapshot taken before its first write, its plan (the
 // checks it passed before writing) and its summary; beside the run
 // directories, a log of every run's start and end (runs.log). A run directory

@@ -48,11 +48,11 @@ const (
 // it.
 type JournalSpec struct {
 	Path string
-	// Run is the run that wrote it; nil when none is known (a journal given
-	// by its path that no run of the state directory records). A run that
-	// recorded its end (Finished) must match the checksum it recorded then,
-	// and its journal may not end with a record cut short.
-	Run *Record
+	// Record is the run that wrote it; nil when none is known (a journal
+	// given by its path that no run of the state directory records). A run
+	// that recorded its end (Finished) must match the checksum it recorded
+	// then, and its journal may not end with a record cut short.
+	Record *Record
 }
 
 // CheckOptions are what CheckJournal checks the old values against.
@@ -248,10 +248,10 @@ func CheckJournal(ctx context.Context, spec JournalSpec, opts CheckOptions) (*Jo
 	jc := &JournalCheck{Path: spec.Path, Status: JournalVerified}
 	var seal *FileSum
 	finished := false
-	if spec.Run != nil {
-		jc.Run = spec.Run.ID
-		finished = spec.Run.Finished()
-		seal = spec.Run.JournalSum
+	if spec.Record != nil {
+		jc.Run = spec.Record.ID
+		finished = spec.Record.Finished()
+		seal = spec.Record.JournalSum
 		jc.RunEnded = finished
 	}
 	vc := newValueCheck(opts)
@@ -673,7 +673,7 @@ func CheckUndo(ctx context.Context, journals []JournalSpec, opts UndoOptions) (*
 		if errors.As(err, &de) {
 			way := opts.WayBack
 			if way == nil {
-				way = spec.Run
+				way = spec.Record
 			}
 			de.WayBack = WayBack(way)
 			return nil, de
@@ -788,7 +788,7 @@ func (e *UnreadableValuesError) Render(spell func(input.Name) string) string {
 	if cfg == "" {
 		cfg = "(none: identity for every resource)"
 	}
-	return fmt.Sprintf("rollback would put back %s value(s) that the encryption configuration %s cannot decrypt: %s; kube-apiserver could not read them. Put the key(s) back in the configuration kube-apiserver will run with (after the key new writes use), give it with %s or %s, and roll back again; nothing was written",
+	return fmt.Sprintf("rollback would put back %s value(s) that the encryption configuration %s cannot decrypt: %s; kube-apiserver could not read them. Put each provider and key named back in the configuration kube-apiserver will run with (after the one new writes use), give it with %s or %s, and roll back again; nothing was written",
 		fmt.Sprint(total), cfg, strings.Join(parts, "; "), spell(input.APIServerManifest), spell(input.EncryptionProviderConfig))
 }
 
@@ -893,7 +893,7 @@ func CheckRun(ctx context.Context, rec Record) *RunCheck {
 	_, jerr := os.Stat(rec.Journal)
 	switch {
 	case rec.Journal != "" && jerr == nil:
-		jc, err := CheckJournal(ctx, JournalSpec{Path: rec.Journal, Run: &rec}, CheckOptions{Prefix: rec.Prefix})
+		jc, err := CheckJournal(ctx, JournalSpec{Path: rec.Journal, Record: &rec}, CheckOptions{Prefix: rec.Prefix})
 		if err != nil {
 			damaged(textfmt.OneLine(err.Error()))
 		} else {

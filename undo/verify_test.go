@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 )
 
 // writeJournal writes a journal of n rewrites of secrets (old values under
@@ -76,7 +78,7 @@ func TestJournalVerifies(t *testing.T) {
 	}
 	end, code := time.Now(), 0
 	sealed := &Record{ID: "0001-migrate", End: &end, ExitCode: &code, JournalSum: &FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}}
-	if jc, err := CheckJournal(ctx, JournalSpec{Path: good, Run: sealed}, CheckOptions{}); err != nil || !jc.Sealed {
+	if jc, err := CheckJournal(ctx, JournalSpec{Path: good, Record: sealed}, CheckOptions{}); err != nil || !jc.Sealed {
 		t.Fatalf("sealed good journal: %+v %v", jc, err)
 	}
 
@@ -84,7 +86,7 @@ func TestJournalVerifies(t *testing.T) {
 		t.Helper()
 		path := filepath.Join(dir, name)
 		writeLines(t, path, edit(lines(t, good)))
-		_, err := CheckJournal(ctx, JournalSpec{Path: path, Run: run}, CheckOptions{})
+		_, err := CheckJournal(ctx, JournalSpec{Path: path, Record: run}, CheckOptions{})
 		var de *JournalDamageError
 		if !errors.As(err, &de) {
 			t.Fatalf("%s: %v, want a damage error", name, err)
@@ -127,13 +129,13 @@ func TestJournalVerifies(t *testing.T) {
 	ls[6] = ls[6][:20]
 	writeLines(t, torn, ls[:7])
 	killed := &Record{ID: "0001-migrate"}
-	jc, err = CheckJournal(ctx, JournalSpec{Path: torn, Run: killed}, CheckOptions{})
+	jc, err = CheckJournal(ctx, JournalSpec{Path: torn, Record: killed}, CheckOptions{})
 	if err != nil || !jc.TornTail || jc.Records != 6 || jc.Closed {
 		t.Fatalf("killed run's torn journal: %+v %v", jc, err)
 	}
 	// A torn record followed by more is damage, whatever the run.
 	writeLines(t, torn, append(ls[:7:7], []byte("\n"), lines(t, good)[7]))
-	if _, err := CheckJournal(ctx, JournalSpec{Path: torn, Run: killed}, CheckOptions{}); err == nil {
+	if _, err := CheckJournal(ctx, JournalSpec{Path: torn, Record: killed}, CheckOptions{}); err == nil {
 		t.Fatal("a torn record inside the journal verified")
 	}
 
@@ -190,5 +192,67 @@ func TestJournalWithoutChecksums(t *testing.T) {
 	jc, err = CheckJournal(ctx, JournalSpec{Path: path}, CheckOptions{})
 	if err != nil || jc.Status != JournalUnverifiable || jc.Records != 4 || jc.Unchecked != 3 || !jc.Closed {
 		t.Fatalf("legacy journal appended to: %+v %v", jc, err)
+	}
+}
+
+// TestUnencryptedValuesNeedIdentity: kube-apiserver reads a value stored
+// unencrypted only when the configuration for its resource lists identity
+// (its prefix transformers match no prefix otherwise): a rollback that would
+// put back an unencrypted secret under a configuration without identity is
+// refused, naming identity; a resource the configuration does not name
+// reads with identity. With no configuration given, unencrypted values are
+// put back with a warning, encrypted ones refused.
+func TestUnencryptedValuesNeedIdentity(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "enc.yaml")
+	if err := os.WriteFile(cfg, []byte(`apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+- resources: [secrets]
+  providers:
+  - aescbc:
+      keys:
+      - name: key2
+        secret: AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := encryption.Load(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	path := filepath.Join(dir, "journal")
+	j, err := OpenJournal(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := []byte(`{"kind":"Secret","apiVersion":"v1","metadata":{"name":"s1","namespace":"ns"}}`)
+	cm := []byte(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c1","namespace":"ns"}}`)
+	if err := j.Intents([]etcdscan.Put{{Key: "/registry/secrets/ns/s1"}, {Key: "/registry/configmaps/ns/c1"}}, [][]byte{plain, cm}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	u, err := CheckUndo(ctx, []JournalSpec{{Path: path}}, UndoOptions{CheckOptions: CheckOptions{Encryption: enc}, Configured: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ue *UnreadableValuesError
+	if err := u.Refusal(false); !errors.As(err, &ue) || len(ue.Counts) != 1 || ue.Counts[0].Encryption != "identity" || ue.Counts[0].Values != 1 || ue.Counts[0].FirstKey != "/registry/secrets/ns/s1" {
+		t.Fatalf("identity secret under a configuration without identity: %v", err)
+	} else {
+		t.Log(err)
+	}
+	if !strings.Contains(u.EncryptionLine(), "identity=1 (unreadable), identity=1 (readable)") {
+		t.Errorf("encryption line: %s", u.EncryptionLine())
+	}
+
+	// No configuration: unencrypted values go back with a warning.
+	u, err = CheckUndo(ctx, []JournalSpec{{Path: path}}, UndoOptions{})
+	if err != nil || u.Refusal(false) != nil || !strings.Contains(u.Warning(input.Words), "the 2 value(s) put back are unencrypted (identity)") {
+		t.Fatalf("no configuration, unencrypted values: %v, %v, %q", err, u.Refusal(false), u.Warning(input.Words))
 	}
 }
