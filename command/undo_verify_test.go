@@ -232,3 +232,81 @@ func TestRollbackRefusesValuesNoKeyReads(t *testing.T) {
 		}
 	}
 }
+
+// TestRollbackOfAJournalWithoutChecksums: a run whose journal and record
+// were written by a release before checksums (0.2.0's `migrate --journal`
+// wrote the same records without seq and sum). `runs --verify` says its undo
+// is unverifiable (exit 0: nothing is known to be wrong), `rollback` refuses
+// it before any write naming --allow-unverified-journal, and with that flag
+// puts every key back byte for byte, saying the journal was not verified.
+func TestRollbackOfAJournalWithoutChecksums(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	c.SeedMany(50, oldCfg)
+	before := c.Raw()
+	state := testcluster.StateDir(t)
+	if code, out, stderr := runCLI(t, "migrate", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"); code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
+	}
+	// The journal and run.json as a release before checksums wrote them.
+	run := filepath.Join(state, "runs", "0001-migrate")
+	journal := filepath.Join(run, undo.JournalFile)
+	b, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var legacy []byte
+	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var m map[string]any
+		if err := json.Unmarshal(l, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m["op"] == "close" {
+			continue
+		}
+		delete(m, "seq")
+		delete(m, "sum")
+		out, _ := json.Marshal(m)
+		legacy = append(append(legacy, out...), '\n')
+	}
+	if err := os.WriteFile(journal, legacy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err = os.ReadFile(filepath.Join(run, undo.RecordFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"journalSum", "snapshotSum", "undoNeedsKeys"} {
+		delete(rec, f)
+	}
+	b, _ = json.Marshal(rec)
+	if err := os.WriteFile(filepath.Join(run, undo.RecordFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	code, runs, out := runsJSON(t, "--verify")
+	if code != exitOK || len(runs) != 1 || runs[0].UndoVerified == nil || *runs[0].UndoVerified || runs[0].UndoCheck.Status != undo.UndoUnverifiable {
+		t.Fatalf("runs --verify of a journal without checksums: exit %d\n%s", code, out)
+	}
+	rev := c.Revision()
+	args := []string{"rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--run", "1", "--liveness-window", "500ms"}
+	code, out, stderr := runCLI(t, args...)
+	if code != exitError || !strings.Contains(stderr, "journal "+journal+" has no checksums") || !strings.Contains(stderr, "--allow-unverified-journal") || c.Revision() != rev {
+		t.Fatalf("rollback of a journal without checksums: exit %d, want %d naming --allow-unverified-journal\n%s%s", code, exitError, out, stderr)
+	}
+	code, out, stderr = runCLI(t, append(args, "--allow-unverified-journal")...)
+	if code != exitOK || !strings.Contains(out, "preflight: journal "+journal+" (run 0001-migrate): UNVERIFIED: ") {
+		t.Fatalf("rollback --allow-unverified-journal: exit %d\n%s%s", code, out, stderr)
+	}
+	after := c.Raw()
+	for k, v := range before {
+		if after[k] != v {
+			t.Fatalf("%s: not back byte for byte", k)
+		}
+	}
+}
