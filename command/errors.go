@@ -6,6 +6,7 @@ import "kube-etcd-migrate/internal/input"
 // that gives it (TestEveryInputHasAFlag keeps it whole).
 var inputFlags = map[input.Name]string{
 	input.AllowLiveAPIServer:       "--allow-live-apiserver",
+	input.AllowUnverifiedJournal:   "--allow-unverified-journal",
 	input.APIServerFlagsFile:       "--apiserver-flags-file",
 	input.APIServerManifest:        "--apiserver-manifest",
 	input.ClientCert:               "--cert",

@@ -28,7 +28,6 @@ var (
 	readOnly = []string{"inventory", "inspect", "verify", "plan", "runs", "version", "completion"}
 	writing  = []string{"migrate", "rollback", "quarantine"}
 	everyCmd = slices.Concat(readOnly, writing)
-	scanning = []string{"inventory", "inspect", "verify", "plan", "migrate", "rollback", "quarantine"}
 )
 
 // exitCodes is the one truth of the tool's exit codes: each command's --help
@@ -38,7 +37,7 @@ var (
 // its rows. A new command adds its name to the rows of the codes it returns.
 var exitCodes = []exitCodeRow{
 	{exitOK, []string{"inventory", "inspect", "version", "completion"}, "success"},
-	{exitOK, []string{"verify"}, "every object current (several --snapshot-file: every object of every file)"},
+	{exitOK, []string{"verify"}, "every object current (several --snapshot-file, or a state directory: every object of every file, every value of every run's journal readable)"},
 	{exitOK, []string{"migrate"}, "done: every stale object rewritten (--dry-run: what would be rewritten, nothing unreadable); with --output-snapshot, OUT written, read afresh and verified current"},
 	{exitOK, []string{"plan"}, "migrate would proceed: no blocker, nothing unreadable (what it would rewrite is listed, with an estimate of its time)"},
 	{exitOK, []string{"runs"}, "the runs of the state directory listed (none is no error)"},
@@ -46,17 +45,17 @@ var exitCodes = []exitCodeRow{
 	{exitOK, []string{"quarantine"}, "done: every object the --reason and --resource name removed, none left unreadable (--dry-run: the list, whatever it holds)"},
 	{exitError, []string{"inventory", "inspect", "verify"}, "failed: etcd unreachable, a file unreadable or damaged (named); several --snapshot-file: a file could not be read (named) and none holds unreadable objects"},
 	{exitError, []string{"plan"}, "migrate would refuse: one BLOCKER line per problem, each with its remedy (the quota, disk space for the undo, a KMS plugin, an etcd member, a conversion webhook, an alarm); or etcd unreachable; nothing written"},
-	{exitError, []string{"runs"}, "failed: the state directory could not be read"},
+	{exitError, []string{"runs"}, "failed: the state directory could not be read; with --verify, a run's undo is damaged (its lines name the file, the first bad record and its key, and the way back; an unverifiable journal, written before checksums, is listed and does not fail)"},
 	{exitError, []string{"version", "completion"}, "failed: the output could not be written"},
-	{exitError, writing, "failed, nothing lost: etcd unreachable, a preflight refusal (nothing written: a live kube-apiserver, no room for the undo in --state-dir, the state directory in use by another run or readable by others), failed writes or conflicts, a run stopped before etcd's quota or at its first NOSPACE or permission refusal; one line names the cause and the remedy, the journal is intact and a second run or rollback picks up from it; with --output-snapshot the line says whether OUT was written"},
-	{exitUsage, everyCmd, "usage error: bad flag or argument (also a manifest path or KMS plugin socket under no hostPath mount; migrate when nothing says which Kubernetes release the cluster runs, or --target-version contradicts the manifest's image); nothing written"},
+	{exitError, writing, "failed, nothing lost: etcd unreachable, a preflight refusal (nothing written: a live kube-apiserver, no room for the undo in --state-dir, the state directory in use by another run or readable by others; for rollback a damaged journal, one without checksums unless --allow-unverified-journal, or values the encryption configuration cannot decrypt), failed writes or conflicts, a run stopped before etcd's quota or at its first NOSPACE or permission refusal; one line names the cause and the remedy, the journal is intact and a second run or rollback picks up from it; with --output-snapshot the line says whether OUT was written"},
+	{exitUsage, everyCmd, "usage error: bad flag or argument (also a manifest path or KMS plugin socket under no hostPath mount; migrate when nothing says which Kubernetes release the cluster runs, or --target-version contradicts the manifest's image; rollback when it would put back encrypted values and neither --apiserver-manifest nor --encryption-provider-config is given); nothing written"},
 	{exitStale, []string{"verify"}, "something is stale, everything is readable (several --snapshot-file: in some file, every file read)"},
 	{exitStale, []string{"migrate"}, "with --output-snapshot: OUT was written, but its verification finds objects still stale in it (the line says how many): do not restore it"},
 	{exitUnreadable, []string{"verify"}, "something is unreadable (no key for it, corrupt, unknown kind, fields these types would lose); with --fail-on-orphaned, also a key no built-in resource or CRD owns (orphaned keys are reported and otherwise do not change the exit code); several --snapshot-file: in some file (the verdict names the files and the keys they need), whatever the others"},
 	{exitUnreadable, []string{"migrate"}, "the rest is done; unreadable objects were left untouched (listed); with --output-snapshot, OUT is written with them as they were"},
 	{exitUnreadable, []string{"plan"}, "no blocker, but unreadable objects (listed): migrate would leave them untouched and exit 4"},
 	{exitUnreadable, []string{"quarantine"}, "done, but unreadable objects remain (kept: another reason than --reason names, or refused by a configured key; listed); with --output-snapshot, as the verification of OUT finds"},
-	{exitSignal, scanning, "a second SIGINT or SIGTERM: exited at once (a first one stops cleanly: in-flight writes finish, the journal is flushed, exit 1)"},
+	{exitSignal, []string{"inventory", "inspect", "verify", "plan", "migrate", "rollback", "runs", "quarantine"}, "a second SIGINT or SIGTERM: exited at once (a first one stops cleanly: in-flight writes finish, the journal is flushed, exit 1; runs --verify stops reading, exit 1)"},
 }
 
 // exitCodesFor are the rows of command name ("" for every row).

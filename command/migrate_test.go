@@ -146,7 +146,7 @@ func TestSpaceCLI(t *testing.T) {
 		t.Fatalf("verify under the alarm: exit %d\n%s%s", code, out, stderr)
 	}
 	before := c.Revision()
-	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--journal", journal)
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--journal", journal, "--encryption-provider-config", newCfg)
 	if code != exitError || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "error: rollback writes too, and etcd has active alarms: NOSPACE") || !strings.Contains(stderr, "etcdctl alarm disarm") {
 		t.Fatalf("rollback under the alarm: exit %d\nstdout:\n%sstderr:\n%s", code, out, stderr)
 	}
@@ -197,7 +197,7 @@ func TestRollbackSpaceCLI(t *testing.T) {
 
 	before := c.Revision()
 	for _, dry := range []bool{false, true} {
-		args := []string{"rollback", "--journal", journal, "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint}
+		args := []string{"rollback", "--journal", journal, "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg}
 		if dry {
 			args = append(args, "--dry-run")
 		}
@@ -211,7 +211,7 @@ func TestRollbackSpaceCLI(t *testing.T) {
 		t.Logf("dry run %v: %s%s", dry, out, stderr)
 	}
 
-	code, out, stderr = runCLI(t, "rollback", "--journal", journal, "--compact-history", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint)
+	code, out, stderr = runCLI(t, "rollback", "--journal", journal, "--compact-history", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg)
 	if code != exitOK {
 		t.Fatalf("rollback --compact-history: exit %d\n%s%s", code, out, stderr)
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/undo"
 )
@@ -22,6 +24,8 @@ func rollbackCommand() *cli.Command {
 		Flags: append(append(append(append(etcdFlags(), apiServerFlags()...), livenessFlags()...), spaceFlags()...),
 			&cli.StringFlag{Name: "run", Usage: "undo this run (an ID from 'kube-etcd-migrate runs') and every later one, newest first"},
 			&cli.StringFlag{Name: "journal", Usage: "undo the writes this journal records (a run directory's journal, or one written with 'migrate --journal')"},
+			&cli.StringFlag{Name: "encryption-provider-config", Usage: "the EncryptionConfiguration kube-apiserver will run with (else the one --apiserver-manifest names): every value put back is decrypted with it first, and a value it cannot decrypt refuses the rollback; without either, a rollback that would put back an encrypted value is refused"},
+			&cli.BoolFlag{Name: "allow-unverified-journal", Usage: "put back the values of a journal written before journal records were checksummed (unverifiable: a damaged record cannot be told from a good one)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be restored, skipped or left, write nothing"},
 			stateDirFlag(),
 			&cli.BoolFlag{Name: "no-undo", Usage: "DANGEROUS: keep no journal and no snapshot of what the rollback overwrites"},
@@ -46,6 +50,10 @@ type rollbackOptions struct {
 	// runID and journal are --run and --journal: what to undo.
 	runID, journal string
 	dryRun         bool
+	// encryptionConfig is --encryption-provider-config (else the
+	// manifest's); allowUnverified is --allow-unverified-journal.
+	encryptionConfig string
+	allowUnverified  bool
 }
 
 func newRollbackOptions(c *cli.Context) *rollbackOptions {
@@ -62,6 +70,9 @@ func newRollbackOptions(c *cli.Context) *rollbackOptions {
 		runID:   c.String("run"),
 		journal: c.String("journal"),
 		dryRun:  dryRun,
+
+		encryptionConfig: c.String("encryption-provider-config"),
+		allowUnverified:  c.Bool("allow-unverified-journal"),
 	}
 }
 
@@ -103,9 +114,13 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	// The runs to undo, read from the state directory before etcd is
 	// connected to: a --run that is not there is refused first.
 	stateDir := o.undo.stateDir
-	journals, undoes, err := journalsToUndo(stateDir, o.runID, o.journal)
+	specs, wayBack, undoes, err := journalsToUndo(stateDir, o.runID, o.journal)
 	if err != nil {
 		return err
+	}
+	journals := make([]string, len(specs))
+	for i, s := range specs {
+		journals[i] = s.Path
 	}
 	cli, err := connect(ctx, o.io.errOut, o.etcd, o.prov, o.api)
 	if err != nil {
@@ -113,12 +128,25 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	defer cli.Close()
 	prefix := undo.JournalsPrefix(journals)
-	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory}
-	var preflight []string
+	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified}
+	// Every journal read whole, every value put back decrypted, before
+	// anything is written (a dry run too).
+	check, err := o.checkUndo(ctx, specs, wayBack, prefix)
+	if err != nil {
+		return err
+	}
+	refusal := undoRefusal(check, o.allowUnverified)
+	opts.Check = check
+	preflight := check.Lines()
+	if refusal != nil && !opts.DryRun {
+		return refusal
+	}
 	if !opts.DryRun {
-		if preflight, err = o.rollbackPreflight(ctx, cli, journals, prefix); err != nil {
+		lines, err := o.rollbackPreflight(ctx, cli, journals, prefix)
+		if err != nil {
 			return err
 		}
+		preflight = append(preflight, lines...)
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
 	quota := undo.FindQuota(ctx, cli, o.api.manifest, o.space.quotaBackendBytes, flagOf)
@@ -126,6 +154,9 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	preflight = append(preflight, lines...)
 	if refused != nil && !opts.DryRun {
 		return refused
+	}
+	if refusal != nil {
+		refused = refusal // a dry run: the rollback would be refused
 	}
 	opts.Quota = &quota
 	u, err := o.undo.start(o.io.errOut, "rollback", cli.Endpoints(), prefix)
@@ -179,16 +210,19 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	return nil
 }
 
-// journalsToUndo are the journals a rollback undoes, newest run first, and
-// the IDs of those runs.
-func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]string, []string, error) {
+// journalsToUndo are the journals a rollback undoes, newest run first, each
+// with the run that wrote it when the state directory knows it; the run whose
+// snapshot is the state the rollback returns to (the oldest undone); and the
+// IDs of the runs undone.
+func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.JournalSpec, *undo.Record, []string, error) {
 	if journal != "" {
-		return []string{journal}, nil, nil // there (validate)
+		owner := stateDir.RunOfJournal(journal) // there (validate)
+		return []undo.JournalSpec{{Path: journal, Record: owner}}, owner, nil, nil
 	}
 	recs, err := stateDir.Since(runID)
 	var nf *undo.NotFoundError
 	if errors.As(err, &nf) {
-		return nil, nil, usageErr("--run: %v", err)
+		return nil, nil, nil, usageErr("--run: %v", err)
 	}
 	var gap *undo.GapError
 	if errors.As(err, &gap) {
@@ -197,26 +231,88 @@ func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]string, []
 		if gap.Next != "" {
 			way = fmt.Sprintf("undo only the runs after the gap (--run %s), or %s", gap.Next, way)
 		}
-		return nil, nil, fmt.Errorf("--run %s: %w; %s (if the missing runs wrote nothing, undo the runs that are left one journal at a time, newest first, with --journal)", runID, err, way)
+		return nil, nil, nil, fmt.Errorf("--run %s: %w; %s (if the missing runs wrote nothing, undo the runs that are left one journal at a time, newest first, with --journal)", runID, err, way)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("--run: %w", err)
+		return nil, nil, nil, fmt.Errorf("--run: %w", err)
 	}
+	wayBack := recs[0]
 	slices.Reverse(recs)
-	var journals, ids []string
-	for _, r := range recs {
+	var specs []undo.JournalSpec
+	var ids []string
+	for i, r := range recs {
 		ids = append(ids, r.ID)
 		if _, err := os.Stat(r.Journal); errors.Is(err, fs.ErrNotExist) {
 			if r.KeysWritten > 0 {
-				return nil, nil, fmt.Errorf("--run %s: run %s wrote %d key(s) but its journal %s is gone: it cannot be undone (its snapshot %s is the way back)", runID, r.ID, r.KeysWritten, r.Journal, r.Snapshot)
+				return nil, nil, nil, fmt.Errorf("--run %s: run %s wrote %d key(s) but its journal %s is gone: it cannot be undone (its snapshot %s is the way back)", runID, r.ID, r.KeysWritten, r.Journal, r.Snapshot)
 			}
 			continue // refused or stopped before its first write
 		} else if err != nil {
-			return nil, nil, fmt.Errorf("--run %s: run %s: %w", runID, r.ID, err)
+			return nil, nil, nil, fmt.Errorf("--run %s: run %s: %w", runID, r.ID, err)
 		}
-		journals = append(journals, r.Journal)
+		specs = append(specs, undo.JournalSpec{Path: r.Journal, Record: &recs[i]})
 	}
-	return journals, ids, nil
+	return specs, &wayBack, ids, nil
+}
+
+// checkUndo reads every journal of the rollback whole, decrypting each value
+// it would put back with the encryption configuration kube-apiserver will
+// run with (--encryption-provider-config, else the one --apiserver-manifest
+// or --apiserver-flags-file names; neither: none given). A damaged journal,
+// or a configuration that does not load, is the error.
+func (o *rollbackOptions) checkUndo(ctx context.Context, specs []undo.JournalSpec, wayBack *undo.Record, prefix string) (*undo.UndoCheck, error) {
+	opts := undo.UndoOptions{CheckOptions: undo.CheckOptions{Prefix: prefix}, WayBack: wayBack}
+	enc, configured, _, err := loadEncryption(ctx, o.api, o.prov, o.encryptionConfig)
+	if err != nil {
+		return nil, err
+	}
+	defer enc.Close()
+	if configured {
+		opts.Configured, opts.Encryption = true, enc
+	}
+	check, err := undo.CheckUndo(ctx, specs, opts)
+	if err != nil {
+		return nil, err
+	}
+	if w := check.Warning(flagOf); w != "" {
+		fmt.Fprintln(o.io.errOut, "warning: "+w)
+	}
+	return check, nil
+}
+
+// loadEncryption loads the encryption configuration kube-apiserver runs
+// with, as the commands that read values take it: --encryption-provider-config
+// (flag, when given on the command line), else the one --apiserver-manifest
+// or --apiserver-flags-file names (its KMS sockets mapped through the
+// manifest's hostPath volumes); configured says whether either was given
+// (else: identity for every resource, nothing said).
+func loadEncryption(ctx context.Context, apiOpts apiServerOptions, prov provenance, flag string) (*encryption.Transformers, bool, *apiserverconfig.Config, error) {
+	api, err := apiOpts.load()
+	if err != nil {
+		return nil, false, nil, err
+	}
+	path := api.EncryptionConfig
+	if prov.onCommandLine("encryption-provider-config") {
+		path = flag
+	}
+	configured := prov.onCommandLine("encryption-provider-config") || api.File != ""
+	enc, err := encryption.LoadWith(ctx, path, encryption.Options{MapKMSEndpoint: api.KMSEndpointMapper(path)})
+	if err != nil {
+		return nil, false, nil, targetError(err)
+	}
+	return enc, configured, api, nil
+}
+
+// undoRefusal is why the rollback must not write what the journals hold (nil:
+// it may): exit 2 when no encryption configuration was given and values put
+// back are encrypted (a flag is missing), else exit 1.
+func undoRefusal(check *undo.UndoCheck, allowUnverified bool) error {
+	refusal := check.Refusal(allowUnverified)
+	var noConfig *undo.NoEncryptionConfigError
+	if errors.As(refusal, &noConfig) {
+		return &codeError{code: exitUsage, err: refusal}
+	}
+	return refusal
 }
 
 // rollbackPreflight is what a rollback checks before its first write, as

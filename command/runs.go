@@ -17,9 +17,10 @@ import (
 
 func runsCommand() *cli.Command {
 	return &cli.Command{
-		Name:         "runs",
-		Usage:        "list the writing runs kept in the state directory, oldest first: what each changed and where its undo is",
-		Flags:        []cli.Flag{stateDirFlag(), outputFlag("table", "table", "json")},
+		Name:  "runs",
+		Usage: "list the writing runs kept in the state directory, oldest first: what each changed and where its undo is",
+		Flags: []cli.Flag{stateDirFlag(), outputFlag("table", "table", "json"),
+			&cli.BoolFlag{Name: "verify", Usage: "read every byte of each run's journal and snapshot: whether its undo verifies (each journal record's checksum and chain, the checksums recorded at the run's end, etcd's snapshot trailer); exit 1 when one is damaged"}},
 		Action:       cmdRuns,
 		OnUsageError: commandUsageError,
 	}
@@ -34,6 +35,11 @@ type runView struct {
 	JournalKept   bool  `json:"journalKept"`
 	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
 	JournalBytes  int64 `json:"journalBytes,omitempty"`
+	// UndoVerified, with --verify only (absent without), says whether the
+	// run's undo verifies, read whole (or there is nothing to undo);
+	// UndoCheck says how (undo.RunCheck).
+	UndoVerified *bool          `json:"undoVerified,omitempty"`
+	UndoCheck    *undo.RunCheck `json:"undoCheck,omitempty"`
 }
 
 // runsOptions are runs' flags.
@@ -41,10 +47,12 @@ type runsOptions struct {
 	io       streams
 	stateDir undo.StateDir
 	output   string
+	// verify reads every byte of each run's undo (--verify).
+	verify bool
 }
 
 func cmdRuns(c *cli.Context) error {
-	o := &runsOptions{io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output")}
+	o := &runsOptions{io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output"), verify: c.Bool("verify")}
 	return o.runRuns()
 }
 
@@ -70,7 +78,33 @@ func (o *runsOptions) runRuns() error {
 			views[i].JournalBytes = undo.FileSize(r.Journal)
 		}
 	}
-	return printReport(o.io.out, o.output, runsReport{dir, views, missing})
+	var damaged []string
+	if o.verify {
+		ctx, stop := signalContext(o.io.errOut)
+		defer stop()
+		for i := range views {
+			v := &views[i]
+			v.UndoCheck = undo.CheckRun(ctx, v.Record)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			ok := v.UndoCheck.Verified()
+			v.UndoVerified = &ok
+			if v.UndoCheck.Status == undo.UndoDamaged {
+				damaged = append(damaged, v.ID)
+			}
+			if len(v.UndoNeedsKeys) == 0 && v.UndoCheck.Journal != nil {
+				v.UndoNeedsKeys = v.UndoCheck.Journal.NeedsKeys() // a killed run recorded none
+			}
+		}
+	}
+	if err := printReport(o.io.out, o.output, runsReport{dir, views, missing}); err != nil {
+		return err
+	}
+	if len(damaged) > 0 {
+		return fmt.Errorf("the undo of run(s) %s is damaged (their lines say which file and record, and the way back)", strings.Join(damaged, ", "))
+	}
+	return nil
 }
 
 // runsReport is the state directory's runs.
@@ -97,7 +131,12 @@ func (r runsReport) table(w io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCOMMAND\tSTARTED\tENDED\tEXIT\tKEYS WRITTEN\tSNAPSHOT\tJOURNAL")
+	verified := len(r.runs) > 0 && r.runs[0].UndoVerified != nil
+	head := "ID\tCOMMAND\tSTARTED\tENDED\tEXIT\tKEYS WRITTEN\tSNAPSHOT\tJOURNAL\tUNDO NEEDS"
+	if verified {
+		head += "\tUNDO"
+	}
+	fmt.Fprintln(tw, head)
 	for _, v := range r.runs {
 		ended, exit := "-", "unfinished (running, or killed)"
 		if v.Finished() {
@@ -115,10 +154,32 @@ func (r runsReport) table(w io.Writer) error {
 		if len(v.Undoes) > 0 {
 			cmd += fmt.Sprintf(" (undoes %v)", v.Undoes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.ID, cmd, v.Start.Local().Format(time.DateTime), ended, exit, v.KeysWritten, snap, journal)
+		needs := "-"
+		if len(v.UndoNeedsKeys) > 0 {
+			needs = strings.Join(v.UndoNeedsKeys, ",")
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s", v.ID, cmd, v.Start.Local().Format(time.DateTime), ended, exit, v.KeysWritten, snap, journal, needs)
+		if verified {
+			line += "\t" + v.UndoCheck.Status
+		}
+		fmt.Fprintln(tw, line)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, v := range r.runs {
+		if v.UndoCheck == nil {
+			continue
+		}
+		for _, p := range v.UndoCheck.Problems {
+			fmt.Fprintf(w, "%s: %s: %s\n", v.ID, strings.ToUpper(v.UndoCheck.Status), p)
+		}
+		if v.UndoCheck.Status == undo.UndoDamaged {
+			fmt.Fprintf(w, "%s: the way back: %s\n", v.ID, undo.WayBack(&v.Record))
+		}
+		for _, n := range v.UndoCheck.Notes {
+			fmt.Fprintf(w, "%s: note: %s\n", v.ID, n)
+		}
 	}
 	var lost, empty []string
 	for _, m := range r.missing {

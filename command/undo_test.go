@@ -177,11 +177,11 @@ func TestUndoAcrossReruns(t *testing.T) {
 
 	// A dry run of the rollback writes nothing.
 	rev := c.Revision()
-	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "0001-migrate", "--dry-run")
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", conn[3], "--run", "0001-migrate", "--dry-run")
 	if code != exitOK || !strings.Contains(out, "would restore") || c.Revision() != rev {
 		t.Fatalf("rollback --dry-run: exit %d, revision %d -> %d\n%s%s", code, rev, c.Revision(), out, stderr)
 	}
-	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms")
+	code, out, stderr = runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", conn[3], "--run", "1", "--liveness-window", "500ms")
 	if code != exitOK {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
@@ -359,7 +359,7 @@ func TestRollbackRefusesLiveAPIServer(t *testing.T) {
 	migrated := c.Raw()
 	lease := "/registry/leases/kube-system/apiserver-cp1"
 	stop := c.Renewer(t, "apiserver-cp1", "cp-1", -10*time.Minute)
-	code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "1s")
+	code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--run", "1", "--liveness-window", "1s")
 	stop()
 	if code != exitError || !strings.Contains(stderr, "a kube-apiserver is alive") || !strings.Contains(stderr, "cp-1: "+lease) {
 		t.Fatalf("rollback beside a live kube-apiserver: exit %d\n%s%s", code, out, stderr)
@@ -372,7 +372,7 @@ func TestRollbackRefusesLiveAPIServer(t *testing.T) {
 	if _, err := c.Cli.Delete(context.Background(), lease); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "1", "--liveness-window", "500ms"); code != exitOK {
+	if code, out, stderr := runCLI(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--run", "1", "--liveness-window", "500ms"); code != exitOK {
 		t.Fatalf("rollback with the apiserver stopped: exit %d\n%s%s", code, out, stderr)
 	}
 	after := c.Raw()

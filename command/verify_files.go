@@ -12,8 +12,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/snapshotdb"
+	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -54,6 +56,10 @@ func verifyFlags() []cli.Flag {
 type snapshotTarget struct {
 	path    string
 	skipped string // why it is not read: a file of a directory that is no etcd snapshot
+	// owner is the run of a state directory the file is the snapshot or
+	// (journal) the journal of.
+	owner   *undo.Record
+	journal bool
 }
 
 // snapshotTargets expands verify's --snapshot-file paths, several files or
@@ -73,6 +79,16 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 		fi, err := os.Stat(p)
 		if err != nil || !fi.IsDir() {
 			add(snapshotTarget{path: p}) // named: read, and refused if it is no snapshot
+			continue
+		}
+		if undo.StateDir(p).Holds() {
+			runs, err := stateDirTargets(undo.StateDir(p))
+			if err != nil {
+				return nil, err
+			}
+			for _, t := range runs {
+				add(t)
+			}
 			continue
 		}
 		entries, err := os.ReadDir(p)
@@ -112,9 +128,39 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 	return targets, nil
 }
 
+// stateDirTargets are the snapshot and journal of every run of a state
+// directory, oldest run first. A state directory without any is an error: a
+// gate over the wrong directory must not pass.
+func stateDirTargets(d undo.StateDir) ([]snapshotTarget, error) {
+	recs, err := d.List()
+	if err != nil {
+		return nil, fmt.Errorf("--snapshot-file %s: %w", d, err)
+	}
+	var out []snapshotTarget
+	for i := range recs {
+		r := &recs[i]
+		if r.SnapshotTaken() {
+			out = append(out, snapshotTarget{path: r.Snapshot, owner: r})
+		}
+		if _, err := os.Stat(r.Journal); r.Journal != "" && err == nil {
+			out = append(out, snapshotTarget{path: r.Journal, owner: r, journal: true})
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--snapshot-file %s: a state directory with no run's snapshot or journal in it", d)
+	}
+	return out, nil
+}
+
 // fileVerdict is one file's line of verify over several snapshot files.
 type fileVerdict struct {
 	Path string `json:"path"`
+	// RunID is the run of the state directory the file is the snapshot or
+	// journal of; Kind "journal" for a journal.
+	RunID string `json:"run,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+	// Journal is how a run's journal verified (its records' checksums).
+	Journal *undo.JournalCheck `json:"journal,omitempty"`
 	// Exit is what verify of this file alone would exit; -1 for a skipped file.
 	Exit     int    `json:"exit"`
 	Skipped  string `json:"skipped,omitempty"`
@@ -153,14 +199,32 @@ func (o *verifyOptions) runVerifyFiles(ctx context.Context) error {
 	}
 	defer stop()
 	rep := &filesReport{}
+	var journals *journalReader
+	defer func() { journals.close() }()
 	for _, t := range targets {
 		if t.skipped != "" {
 			rep.Files = append(rep.Files, fileVerdict{Path: t.path, Exit: -1, Skipped: t.skipped})
 			continue
 		}
+		if t.journal {
+			if journals == nil {
+				if journals, err = o.newJournalReader(ctx); err != nil {
+					return err
+				}
+			}
+			v, err := journals.verify(ctx, o.scan.io.errOut, t)
+			if err != nil {
+				return err
+			}
+			rep.Files = append(rep.Files, v)
+			continue
+		}
 		v, err := o.runVerifyOneFile(ctx, t.path)
 		if err != nil {
 			return err
+		}
+		if t.owner != nil {
+			v.RunID = t.owner.ID
 		}
 		rep.Files = append(rep.Files, v)
 	}
@@ -203,17 +267,70 @@ func (o *verifyOptions) runVerifyOneFile(ctx context.Context, path string) (file
 	return v, nil
 }
 
+// journalReader reads the journals of a state directory's runs for verify:
+// every value a rollback would put back decrypted with the encryption
+// configuration given (--encryption-provider-config, else the manifest's;
+// none: identity for every resource, as for the snapshots).
+type journalReader struct {
+	enc    *encryption.Transformers
+	prefix string
+}
+
+func (o *verifyOptions) newJournalReader(ctx context.Context) (*journalReader, error) {
+	enc, _, api, err := loadEncryption(ctx, o.scan.api, o.scan.prov, o.scan.encryptionConfig)
+	if err != nil {
+		return nil, err
+	}
+	prefix := api.EtcdPrefix
+	if o.scan.prov.onCommandLine("prefix") || prefix == "" {
+		prefix = o.scan.prefix
+	}
+	return &journalReader{enc: enc, prefix: prefix}, nil
+}
+
+func (j *journalReader) close() {
+	if j != nil && j.enc != nil {
+		j.enc.Close()
+	}
+}
+
+// verify is the line of one run's journal: exit 4 when a value a rollback
+// would put back needs a key the configuration does not have, 1 when the
+// journal does not verify (named on errOut), else 0.
+func (j *journalReader) verify(ctx context.Context, errOut io.Writer, t snapshotTarget) (fileVerdict, error) {
+	v := fileVerdict{Path: t.path, RunID: t.owner.ID, Kind: "journal", Exit: exitError}
+	prefix := t.owner.Prefix
+	if prefix == "" {
+		prefix = j.prefix
+	}
+	r, err := verify.CheckJournal(ctx, undo.JournalSpec{Path: t.path, Record: t.owner}, j.enc, prefix)
+	if err != nil {
+		if ctx.Err() != nil {
+			return v, ctx.Err()
+		}
+		v.Error = cliMessage(err)
+		fmt.Fprintf(errOut, "error: %s\n", v.Error)
+		return v, nil
+	}
+	sum := r.Summary
+	v.Exit, v.Summary, v.Encryption, v.Journal = r.ExitCode(), &sum, r.Encryption, r.Check
+	v.NeedsKeys = verify.NeedsMissingKey(r.Encryption)
+	return v, nil
+}
+
 // verdict is the overall exit and its sentence: 4 when a file holds objects
 // this configuration cannot read (a key it no longer has, above all), then 1
 // when a file could not be read, then 3 when something is stale, else 0. Every
 // code but 0 and 3 means a backup may need what the configuration lacks.
 func (r *filesReport) verdict() (int, string) {
-	var needKey, unreadable, failed, stale []string
+	var needKey, runNeedKey, unreadable, failed, stale []string
 	read := 0
 	for _, f := range r.Files {
 		switch {
 		case f.Skipped != "":
 			continue
+		case f.Exit == verify.ExitUnreadable && len(f.NeedsKeys) > 0 && f.RunID != "":
+			runNeedKey = append(runNeedKey, fmt.Sprintf("%s of run %s (%s)", f.Path, f.RunID, strings.Join(f.NeedsKeys, ", ")))
 		case f.Exit == verify.ExitUnreadable && len(f.NeedsKeys) > 0:
 			needKey = append(needKey, fmt.Sprintf("%s (%s)", f.Path, strings.Join(f.NeedsKeys, ", ")))
 		case f.Exit == verify.ExitUnreadable:
@@ -230,6 +347,10 @@ func (r *filesReport) verdict() (int, string) {
 	if len(needKey) > 0 {
 		code = exitUnreadable
 		parts = append(parts, fmt.Sprintf("%d file(s) need a key this configuration does not have: %s. Keep that key until they are re-encrypted (migrate --snapshot-file IN --output-snapshot OUT --encryption-only, with a configuration that still has it) or no longer kept.", len(needKey), strings.Join(needKey, "; ")))
+	}
+	if len(runNeedKey) > 0 {
+		code = exitUnreadable
+		parts = append(parts, fmt.Sprintf("%d file(s) of runs' undo need a key this configuration does not have: %s. A rollback of those runs, or a restore of their snapshots, would give values kube-apiserver cannot read: keep that key for as long as those run directories are kept (remove them, oldest first, once the change is accepted).", len(runNeedKey), strings.Join(runNeedKey, "; ")))
 	}
 	if len(unreadable) > 0 {
 		code = exitUnreadable
@@ -279,6 +400,9 @@ func (f filesPrint) table(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\tskipped: %s\n", f.Path, f.Skipped)
 		case f.Summary == nil:
 			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\tnot read (error above)\n", f.Path, f.Exit)
+		case f.Kind == "journal":
+			s := f.Summary
+			fmt.Fprintf(tw, "%s\t%d\t-\t%d\t-\t%d\t%s\n", f.Path, f.Exit, s.Objects, s.Unreadable, encryptionSummary(f.Encryption))
 		default:
 			s := f.Summary
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Path, f.Exit, f.Revision, s.Objects, s.Stale, s.Unreadable, encryptionSummary(f.Encryption))

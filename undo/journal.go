@@ -2,10 +2,12 @@ package undo
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,9 +23,14 @@ import (
 // key's lease and revisions, and "deleted". OldValue holds the stored bytes
 // exactly as they were, still encrypted if they were: a journal of
 // identity-stored secrets holds those secrets, hence mode 0600. Readers ignore
-// fields and ops they do not know.
+// fields and ops they do not know. Seq and Sum chain the records (see
+// "Journal format" in the package doc); a "close" record is appended when a
+// writer closes the journal.
 type JournalRecord struct {
-	Op             string `json:"op"` // "begin", "intent", "done", "delete-intent", "deleted"
+	// Seq numbers the records of the journal from 1 (0 in a journal written
+	// before records were checksummed).
+	Seq            int64  `json:"seq,omitempty"`
+	Op             string `json:"op"` // "begin", "intent", "done", "delete-intent", "deleted", "create-intent", "close"
 	Key            string `json:"key,omitempty"`
 	OldModRevision int64  `json:"oldModRevision,omitempty"`
 	OldValue       []byte `json:"oldValue,omitempty"`
@@ -42,20 +49,30 @@ type JournalRecord struct {
 	Lease             int64  `json:"lease,omitempty"`
 	Reason            string `json:"reason,omitempty"`
 	DeleteRevision    int64  `json:"deleteRevision,omitempty"`
+	// Sum is the record's checksum, always its last member (chainSum).
+	Sum string `json:"sum,omitempty"`
 }
 
 // Journal appends records to a file, syncing each batch of intents before the
-// batch is written.
+// batch is written. Each record gets the next sequence number and its
+// checksum, chained to the previous record's (a journal appended to goes on
+// from its last record); Close appends a "close" record.
 type Journal struct {
-	mu  sync.Mutex
-	f   *os.File
-	w   *bufio.Writer
-	enc *json.Encoder
+	mu   sync.Mutex
+	path string
+	f    *os.File
+	w    *bufio.Writer
+	buf  bytes.Buffer
+	enc  *json.Encoder // into buf
+	seq  int64
+	prev [sha256.Size]byte
 }
 
-// OpenJournal creates (or appends to) a journal file with mode 0600.
+// OpenJournal creates (or appends to) a journal file with mode 0600. A journal
+// that ends with a record cut short (its writer was killed while appending it)
+// is refused: a record after it would leave a damaged one inside the journal.
 func OpenJournal(path string) (*Journal, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, input.Errorf("%s %s: %w", input.Journal, path, err)
 	}
@@ -63,8 +80,52 @@ func OpenJournal(path string) (*Journal, error) {
 		f.Close()
 		return nil, input.Errorf("%s %s: file is readable by others (mode %v); it will hold stored values, use a file with mode 0600", input.Journal, path, fi.Mode().Perm())
 	}
-	w := bufio.NewWriterSize(f, 1<<20)
-	return &Journal{f: f, w: w, enc: json.NewEncoder(w)}, nil
+	seq, prev, err := journalTail(f)
+	if err != nil {
+		f.Close()
+		return nil, input.Errorf("%s %s: %w", input.Journal, path, err)
+	}
+	j := &Journal{path: path, f: f, w: bufio.NewWriterSize(f, 1<<20), seq: seq, prev: prev}
+	j.enc = json.NewEncoder(&j.buf)
+	return j, nil
+}
+
+// journalTail is the sequence number and checksum a record appended to the
+// journal f chains to: those of its last record, or none (0) when it is empty
+// or its last record has no checksum (a journal written before checksums: a
+// new chain starts).
+func journalTail(f *os.File) (int64, [sha256.Size]byte, error) {
+	var none [sha256.Size]byte
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return 0, none, err
+	}
+	last := make([]byte, 1)
+	if _, err := f.ReadAt(last, fi.Size()-1); err != nil {
+		return 0, none, err
+	}
+	if last[0] != '\n' {
+		return 0, none, errors.New("it ends with a record cut short (a run was killed while writing it): undo that run first (rollback), or give a new journal file")
+	}
+	br, err := newBackwardReader(f)
+	if err != nil {
+		return 0, none, err
+	}
+	line, off, err := br.next()
+	if err != nil {
+		return 0, none, err
+	}
+	_, sum, ok := splitSum(line)
+	if !ok {
+		return 0, none, nil
+	}
+	var r struct {
+		Seq int64 `json:"seq"`
+	}
+	if err := json.Unmarshal(line, &r); err != nil || r.Seq <= 0 {
+		return 0, none, fmt.Errorf("its last record (byte %d) does not read: the journal is damaged", off)
+	}
+	return r.Seq, sum, nil
 }
 
 // Begin records the start of a run.
@@ -133,27 +194,85 @@ func (j *Journal) append(sync bool, recs ...JournalRecord) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for _, r := range recs {
-		if err := j.enc.Encode(r); err != nil {
-			return fmt.Errorf("journal: %w", err)
+		if err := j.write(r); err != nil {
+			return fmt.Errorf("journal %s: %w", j.path, err)
 		}
 	}
 	if !sync {
 		return nil
 	}
 	if err := j.w.Flush(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	return nil
 }
 
-// Close flushes and syncs the journal.
+// write appends one record with the next sequence number and its checksum:
+// the record's JSON object without its closing brace (P), then
+// ,"sum":"<hex of sha256(previous record's sum || P)>"} and a newline.
+func (j *Journal) write(r JournalRecord) error {
+	r.Seq, r.Sum = j.seq+1, ""
+	j.buf.Reset()
+	if err := j.enc.Encode(r); err != nil {
+		return err
+	}
+	p := bytes.TrimSuffix(j.buf.Bytes(), []byte("}\n"))
+	sum := chainSum(j.prev, p)
+	line := make([]byte, 0, len(p)+sumSuffixLen+1)
+	line = append(line, p...)
+	line = append(line, sumMember...)
+	line = hex.AppendEncode(line, sum[:])
+	line = append(line, "\"}\n"...)
+	if _, err := j.w.Write(line); err != nil {
+		return err
+	}
+	j.seq, j.prev = r.Seq, sum
+	return nil
+}
+
+// sumMember starts a record's checksum, its last member.
+const sumMember = `,"sum":"`
+
+// sumSuffixLen is the length of a record's checksum member and closing brace.
+const sumSuffixLen = len(sumMember) + 2*sha256.Size + len(`"}`)
+
+// chainSum is a record's checksum: the sha256 of the previous record's
+// checksum (32 zero bytes for the first record) followed by the record's
+// bytes before its checksum member.
+func chainSum(prev [sha256.Size]byte, p []byte) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write(prev[:])
+	h.Write(p)
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
+}
+
+// splitSum splits a record's line (without its newline) into the bytes its
+// checksum covers and the checksum; ok is false when it has no checksum
+// member at its end (a record written before checksums, or a damaged one).
+func splitSum(line []byte) (p []byte, sum [sha256.Size]byte, ok bool) {
+	n := len(line) - sumSuffixLen
+	if n < 1 || !bytes.HasPrefix(line[n:], []byte(sumMember)) || !bytes.HasSuffix(line, []byte(`"}`)) {
+		return nil, sum, false
+	}
+	if _, err := hex.Decode(sum[:], line[n+len(sumMember):len(line)-2]); err != nil {
+		return nil, sum, false
+	}
+	return line[:n], sum, true
+}
+
+// Close appends a "close" record, flushes and syncs the journal.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	err := j.w.Flush()
+	err := j.write(JournalRecord{Op: "close"})
+	if ferr := j.w.Flush(); err == nil {
+		err = ferr
+	}
 	if serr := j.f.Sync(); err == nil {
 		err = serr
 	}
@@ -213,7 +332,9 @@ func JournalsPrefix(journals []string) string {
 	return "/registry"
 }
 
-// JournalRecordBytes is about what the journal records of one rewrite take.
+// JournalRecordBytes is about what the journal records of one rewrite take:
+// the old value's base64, the key twice, and the rest of the intent and done
+// records (fields, sequence numbers, the new value's hash, two checksums).
 func JournalRecordBytes(key string, oldSize int) int64 {
-	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 256
+	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 448
 }

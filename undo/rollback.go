@@ -43,6 +43,9 @@ type RollbackResult struct {
 	Preflight []string `json:"preflight,omitempty"`
 	// Space is what the rollback saw of etcd's space (with RollbackOptions.Quota).
 	Space *SpaceReport `json:"space,omitempty"`
+	// Check is every journal read whole before the first write, and what
+	// the values put back need (CheckUndo).
+	Check *UndoCheck `json:"check,omitempty"`
 }
 
 // maxKeysListed bounds the skipped and failed keys a rollback lists.
@@ -106,6 +109,14 @@ type RollbackOptions struct {
 	// write whenever the database nears the quota (with Quota), as migrate's
 	// does: the rollback's own journal and snapshot are its undo.
 	CompactHistory bool
+	// Check is the journals read whole before anything was written
+	// (CheckUndo, in the order of the journals given). nil: RollbackJournals
+	// reads them so itself first, without an encryption check, and refuses
+	// one that is damaged.
+	Check *UndoCheck
+	// AllowUnverified undoes journals without checksums (written before
+	// records were checksummed) instead of refusing them.
+	AllowUnverified bool
 }
 
 // Rollback puts back the old bytes of every key the journal says the tool
@@ -125,8 +136,35 @@ func Rollback(ctx context.Context, cli *clientv3.Client, path string, w *etcdsca
 // is still alive (without, and noted, if it expired); a key a rollback created
 // again is removed when it still holds what the rollback wrote. Undoing every
 // run from the newest back gives the state before the oldest, byte for byte.
+// Every journal is read whole first (opts.Check, or CheckUndo here): a
+// damaged one is refused before anything is written, and a record cut short
+// at the end of a killed run's journal is passed over.
 func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Writer, journals []string, opts RollbackOptions) (RollbackResult, error) {
 	res := RollbackResult{DryRun: opts.DryRun, Journals: journals}
+	check := opts.Check
+	if check == nil {
+		specs := make([]JournalSpec, len(journals))
+		for i, p := range journals {
+			specs[i] = JournalSpec{Path: p}
+		}
+		var err error
+		if check, err = CheckUndo(ctx, specs, UndoOptions{}); err != nil {
+			return res, err
+		}
+		if un := check.Unverified(); len(un) > 0 && !opts.AllowUnverified {
+			return res, &UnverifiedJournalError{Journals: un}
+		}
+	}
+	res.Check = check
+	valid := map[string]int64{}
+	for _, j := range check.Journals {
+		valid[j.Path] = j.validBytes
+	}
+	for _, p := range journals {
+		if _, ok := valid[p]; !ok {
+			return res, fmt.Errorf("journal %s: not read through before the rollback (internal error); nothing was written", p)
+		}
+	}
 	if !opts.DryRun {
 		if err := RollbackAlarms(ctx, cli, journals); err != nil {
 			return res, err
@@ -149,7 +187,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	var err error
 	for _, path := range journals {
 		rb.path = path
-		if err = rb.journal(path); err != nil {
+		if err = rb.journal(path, valid[path]); err != nil {
 			break
 		}
 	}
@@ -290,16 +328,16 @@ type item struct {
 	doneRev int64
 }
 
-func (rb *rollback) journal(path string) error {
+// journal undoes the records of the journal at path up to byte end (where
+// its records end, as CheckJournal read them: a record cut short after it
+// is passed over).
+func (rb *rollback) journal(path string, end int64) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("journal %s: %w", path, err)
 	}
 	defer f.Close()
-	br, err := newBackwardReader(f)
-	if err != nil {
-		return fmt.Errorf("journal %s: %w", path, err)
-	}
+	br := &backwardReader{f: f, off: end}
 	rb.pendingDone = map[string]int64{}
 	var batch []item
 	inBatch := map[string]bool{}
@@ -308,7 +346,6 @@ func (rb *rollback) journal(path string) error {
 		batch, inBatch = batch[:0], map[string]bool{}
 		return err
 	}
-	last := true
 	for {
 		line, off, err := br.next()
 		if errors.Is(err, io.EOF) {
@@ -319,14 +356,9 @@ func (rb *rollback) journal(path string) error {
 		}
 		var r JournalRecord
 		if err := json.Unmarshal(line, &r); err != nil {
-			if last {
-				// A torn last record (crash while appending): its write was never sent.
-				last = false
-				continue
-			}
-			return fmt.Errorf("journal %s: record at byte %d: %w", path, off, err)
+			// Read through before (CheckJournal): the file changed since.
+			return fmt.Errorf("journal %s: record at byte %d: %w (the file changed since it was read through)", path, off, err)
 		}
-		last = false
 		switch r.Op {
 		case "done", "deleted":
 			if r.NewModRevision != 0 {

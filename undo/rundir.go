@@ -2,7 +2,9 @@
 // /var/lib/kube-etcd-migrate, mode 0700: it holds stored values, secrets among
 // them) holds one run directory per writing run, numbered in the order the runs
 // started on this host: the run's record (run.json: command, start and end,
-// exit code, keys written, where its journal and snapshot are), its journal of
+// exit code, keys written, where its journal and snapshot are, and, from its
+// end, their checksums and the encryption keys its journal's values need),
+// its journal of
 // old values, the etcd snapshot taken before its first write, its plan (the
 // checks it passed before writing) and its summary; beside the run
 // directories, a log of every run's start and end (runs.log). A run directory
@@ -18,6 +20,7 @@ package undo
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"kube-etcd-migrate/snapshotdb"
 )
 
 // DefaultStateDir is where runs keep their undo unless told otherwise.
@@ -76,6 +81,17 @@ type Record struct {
 	Undoes []string `json:"undoes,omitempty"`
 	Host   string   `json:"host,omitempty"`
 	PID    int      `json:"pid,omitempty"`
+	// JournalSum and SnapshotSum are the checksums of the run's journal and
+	// snapshot, recorded at its end (none for a killed run, a file not on
+	// disk then, or a run of a release before checksums): what a rollback
+	// and 'runs --verify' compare the files with.
+	JournalSum  *FileSum `json:"journalSum,omitempty"`
+	SnapshotSum *FileSum `json:"snapshotSum,omitempty"`
+	// UndoNeedsKeys are the encryption providers and keys of the old values
+	// its journal holds, what a rollback puts back ("aescbc:key1",
+	// "identity"), recorded at its end: kube-apiserver's configuration
+	// must read them for as long as the undo is kept.
+	UndoNeedsKeys []string `json:"undoNeedsKeys,omitempty"`
 }
 
 // Finished says whether the run recorded its end.
@@ -283,15 +299,19 @@ func (r *Run) WritePlan(lines []string) error {
 }
 
 // Finish records the run's end, its exit code, the keys it wrote and its
-// summary (any JSON value; nil: none).
+// summary (any JSON value; nil: none), and the checksums of its journal and
+// snapshot, each read whole once (Seal).
 func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
+	err := r.Seal()
 	end := time.Now().UTC().Truncate(time.Second)
 	r.End, r.ExitCode, r.KeysWritten = &end, &exitCode, keysWritten
-	var err error
 	if summary != nil {
-		var b []byte
-		if b, err = json.MarshalIndent(summary, "", "  "); err == nil {
-			err = writeFile(r.Path(SummaryFile), append(b, '\n'))
+		b, merr := json.MarshalIndent(summary, "", "  ")
+		if merr == nil {
+			merr = writeFile(r.Path(SummaryFile), append(b, '\n'))
+		}
+		if err == nil {
+			err = merr
 		}
 	}
 	if serr := r.save(); err == nil {
@@ -303,6 +323,32 @@ func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
 	logged := logEntry{ID: r.ID, Seq: r.Seq, Event: "end", ExitCode: &exitCode, KeysWritten: keysWritten, Journaled: r.Journal != "" && jerr == nil}
 	if lerr := appendLog(r.stateDir, logged); err == nil {
 		err = lerr
+	}
+	return err
+}
+
+// Seal reads the run's journal and snapshot whole, as they are now that
+// the run has stopped writing them, and sets their checksums and the keys
+// the journal's values need (JournalSum, SnapshotSum, UndoNeedsKeys). A
+// journal that does not verify even now is an error, and gets no checksum.
+func (r *Run) Seal() error {
+	var err error
+	if _, serr := os.Stat(r.Journal); r.Journal != "" && serr == nil {
+		jc, jerr := CheckJournal(context.Background(), JournalSpec{Path: r.Journal}, CheckOptions{Prefix: r.Prefix})
+		if jerr != nil {
+			err = fmt.Errorf("run %s: its journal does not verify at its end: %w", r.ID, jerr)
+		} else {
+			r.JournalSum = &FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}
+			r.UndoNeedsKeys = jc.NeedsKeys()
+		}
+	}
+	if r.SnapshotTaken() {
+		d, derr := snapshotdb.Digest(r.Snapshot)
+		if derr != nil && err == nil {
+			err = derr
+		} else if derr == nil {
+			r.SnapshotSum = &FileSum{Bytes: d.Size, SHA256: d.SHA256}
+		}
 	}
 	return err
 }
@@ -387,6 +433,35 @@ func (d StateDir) List() ([]Record, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out, nil
+}
+
+// Holds says whether the directory is a state directory: it has the runs
+// directory or the log of runs a writing run makes.
+func (d StateDir) Holds() bool {
+	if fi, err := os.Stat(filepath.Join(string(d), runsDir)); err == nil && fi.IsDir() {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(string(d), logFile))
+	return err == nil
+}
+
+// RunOfJournal is the run of the state directory whose journal is the file
+// at path (nil when none is, or the runs cannot be read).
+func (d StateDir) RunOfJournal(path string) *Record {
+	recs, err := d.List()
+	if err != nil {
+		return nil
+	}
+	want, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		if fi, err := os.Stat(recs[i].Journal); err == nil && os.SameFile(fi, want) {
+			return &recs[i]
+		}
+	}
+	return nil
 }
 
 // NotFoundError says no run has the ID asked for.

@@ -20,6 +20,7 @@ type Name string
 // The inputs the library's messages refer to.
 const (
 	AllowLiveAPIServer       Name = "live kube-apiserver allowance"
+	AllowUnverifiedJournal   Name = "unverified journal allowance"
 	APIServerFlagsFile       Name = "kube-apiserver flags file"
 	APIServerManifest        Name = "kube-apiserver manifest"
 	ClientCert               Name = "client certificate"
@@ -52,7 +53,7 @@ const (
 
 // All is every Name, for the command layer's test that each has a flag.
 func All() []Name {
-	return []Name{AllowLiveAPIServer, APIServerFlagsFile, APIServerManifest, ClientCert, ClientKey, CompactHistory,
+	return []Name{AllowLiveAPIServer, AllowUnverifiedJournal, APIServerFlagsFile, APIServerManifest, ClientCert, ClientKey, CompactHistory,
 		ConversionWebhook, EncryptionProviderConfig, FailFast, FailOnOrphaned, FeatureGates, Force,
 		Journal, Namespace, NoUndo, OutputSnapshot, QuotaBackendBytes, Record, Requested,
 		Resource, Revision, RuntimeConfig, SkipHashCheck, Snapshot, SnapshotFile, StateDir,
