@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 )
@@ -121,8 +122,10 @@ func (w *pageWalk) run(txID uint64, size int64) error {
 	return nil
 }
 
-// meta reads the meta page of transaction txID: the root bucket's page, the
-// free list's page (noFreelist: none) and the number of pages.
+// meta reads the meta page bbolt chose, of transaction txID with its
+// checksum right (the FNV-1a of the fields before it, as bbolt checks it):
+// the root bucket's page, the free list's page (noFreelist: none) and the
+// number of pages.
 func (w *pageWalk) meta(txID uint64, size int64) (root, freelist uint64, err error) {
 	for i := int64(0); i < 2; i++ {
 		b := make([]byte, pageHeaderSize+64)
@@ -130,7 +133,9 @@ func (w *pageWalk) meta(txID uint64, size int64) (root, freelist uint64, err err
 			continue
 		}
 		m := b[pageHeaderSize:]
-		if native.Uint64(m[48:]) != txID {
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if native.Uint64(m[48:]) != txID || native.Uint64(m[56:]) != h.Sum64() {
 			continue
 		}
 		root, freelist, w.pages = native.Uint64(m[16:]), native.Uint64(m[32:]), native.Uint64(m[40:])
