@@ -56,8 +56,8 @@ func FuzzManifest(f *testing.F) {
 		cfg, err := Load(Input{Manifest: manifest})
 		oneLineNaming(t, "Load", err, manifest)
 		if err == nil {
-			_ = cfg.Describe()
-			if _, err := cfg.ResourceConfig(cfg.EffectiveVersion()); err != nil && strings.Contains(err.Error(), "\n") {
+			_ = cfg.Describe(cfg.Release(), FromManifest)
+			if _, err := cfg.ResourceConfig(cfg.Release().Effective()); err != nil && strings.Contains(err.Error(), "\n") {
 				t.Fatalf("ResourceConfig: %q: want one line", err)
 			}
 			if mapper := cfg.KMSEndpointMapper(cfg.EncryptionConfig); mapper != nil {
