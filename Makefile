@@ -28,7 +28,7 @@ RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
 DIST              ?= dist
 RELEASE_TOOL       = $(GO) -C internal/build/dist build -o '$(TOOLS)/dist' . && '$(TOOLS)/dist' -repo '$(CURDIR)' -commit '$(RELEASE_COMMIT)' -version '$(RELEASE_VERSION)' -platforms '$(RELEASE_PLATFORMS)' -go '$(GO)'
 
-.PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz bench bench-smoke bench-apiserver bench-scale bench-production clean
+.PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz fuzz-targets bench bench-smoke bench-apiserver bench-scale bench-production clean
 
 build:
 	$(GO) build -o $(BIN) .
@@ -83,6 +83,7 @@ bump-kubernetes:
 test: lint releases
 	$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./...
 	$(GO) -C internal/build/dist test -timeout $(TEST_TIMEOUT) -count=1 ./...
+	$(MAKE) fuzz FUZZ_TIME=$(FUZZ_SHORT_TIME)
 	$(MAKE) bench-smoke
 
 # Every phase of `make bench` at a tiny size, one repetition, no figures
@@ -93,10 +94,36 @@ test: lint releases
 bench-smoke:
 	$(GO) run ./bench -n 3000 -rotation-n 1000 -cr-n 1000 -snapshot-n 3000 -rollback-n 3000 -scale-n 1000 -reps 1 -sweep=false -quota 25165824 -json ''
 
-# Short fuzzing of the decoders (the seed corpora already run in `make test`).
-fuzz:
-	$(GO) test ./decode/ -run '^$$' -fuzz FuzzDecode -fuzztime 60s
-	$(GO) test ./customresource/ -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+# Every fuzz target of the module, PACKAGE:FUNCTION: the one list (`make
+# fuzz-targets` fails when a Fuzz function of a _test.go file is not in it).
+# Their seed corpora (testdata/fuzz/) run with every `go test`.
+FUZZ_TARGETS := \
+	./snapshotdb:FuzzSnapshotFile \
+	./encryption:FuzzLoad \
+	./apiserverconfig:FuzzManifest \
+	./apiserverconfig:FuzzFlagsFile \
+	./target:FuzzKubeadmConfig \
+	./decode:FuzzDecode \
+	./decode:FuzzEnvelopeTypeMeta \
+	./customresource:FuzzDecode
+# How long `make fuzz` fuzzes each target, and `make test` (CI's run).
+FUZZ_TIME       ?= 30s
+FUZZ_SHORT_TIME ?= 10s
+
+fuzz-targets:
+	@found=$$(grep -roE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | sed -E 's|^(.*)/[^/]*_test\.go:func |\1:|'); bad=; \
+	for t in $$found; do case " $(FUZZ_TARGETS) " in *" $$t "*) ;; *) echo "FUZZ_TARGETS lacks $$t"; bad=1;; esac; done; \
+	for t in $(FUZZ_TARGETS); do echo "$$found" | grep -qxF "$$t" || { echo "FUZZ_TARGETS names $$t, which is no fuzz target"; bad=1; }; done; \
+	test -z "$$bad"
+
+# Each fuzz target for FUZZ_TIME (new inputs minimized briefly: a short run
+# spends its time fuzzing). A failing input is written to the package's
+# testdata/fuzz/ (commit it with the fix: it becomes a seed).
+fuzz: fuzz-targets
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} $${t#*:} for $(FUZZ_TIME)"; \
+		$(GO) test $${t%%:*} -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 20x || exit 1; \
+	done
 
 # BENCH_FLAGS adds flags, e.g. BENCH_FLAGS="-baseline OLD-BINARY" to measure
 # another build beside this one in every repetition (docs/benchmarks.md).

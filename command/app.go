@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc/experimental"
@@ -29,6 +30,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/internal/crash"
 )
 
 // Run is the binary: it runs the command line args (args[0] the program's
@@ -87,7 +89,14 @@ func silenceKlog() {
 	klog.SetOutput(io.Discard)
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) (code int) {
+	// A panic outside a command's action (parsing the command line): no
+	// command ran.
+	defer func() {
+		if v := recover(); v != nil {
+			code = exitFor(internalError(stderr, "", crash.New("reading the command line", v)), stderr)
+		}
+	}()
 	app := newApp(stdout, stderr)
 	args = interspersed(app, args)
 	if app.Metadata == nil {
@@ -155,11 +164,47 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			completionCommand(),
 		},
 	}
-	// Each command's --help ends with the exit codes it returns (exitCodes).
+	// Each command's --help ends with the exit codes it returns (exitCodes);
+	// a panic of its action, or of a goroutine it started, is exitInternal.
 	for _, cmd := range app.Commands {
 		cmd.CustomHelpTemplate = cli.CommandHelpTemplate + "\n" + exitCodesHelp(cmd.Name) + "\n"
+		cmd.Action = guarded(cmd.Name, cmd.Action)
 	}
 	return app
+}
+
+// guarded is a command's action with the panic boundary of the command: a
+// panic of the action itself, or one that a goroutine it started carried back
+// as its error (a *crash.Panic, through any wrapping), is one line on stderr
+// saying it is a bug and what was written, and exitInternal.
+func guarded(name string, action cli.ActionFunc) cli.ActionFunc {
+	if action == nil {
+		return nil
+	}
+	return func(c *cli.Context) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = crash.New("running "+name, v)
+			}
+			err = internalError(c.App.ErrWriter, name, err)
+		}()
+		return action(c)
+	}
+}
+
+// internalError writes a *crash.Panic in err as the one line of a bug, and
+// returns the error that exits exitInternal; any other err as it is.
+func internalError(stderr io.Writer, name string, err error) error {
+	var p *crash.Panic
+	if !errors.As(err, &p) {
+		return err
+	}
+	written := "nothing was written"
+	if slices.Contains(writing, name) {
+		written = "every write it made was journaled first (runs lists the run, rollback --run undoes it; with --no-undo nothing is kept)"
+	}
+	fmt.Fprintf(stderr, "%s — a bug of kube-etcd-migrate, please report it with this line; %s\n", p.Error(), written)
+	return &codeError{code: exitInternal, err: p, quiet: true}
 }
 
 func commandUsageError(c *cli.Context, err error, _ bool) error {

@@ -128,7 +128,7 @@ func TestExitCodesDocumented(t *testing.T) {
 }
 
 // exitConsts are the exit-code constants a command's code can name, but 0.
-var exitConsts = map[string]int{"exitError": exitError, "exitUsage": exitUsage, "exitStale": exitStale, "exitUnreadable": exitUnreadable, "exitSignal": exitSignal}
+var exitConsts = map[string]int{"exitError": exitError, "exitUsage": exitUsage, "exitStale": exitStale, "exitUnreadable": exitUnreadable, "exitInternal": exitInternal, "exitSignal": exitSignal}
 
 // body is a function's body and the package names its file imports.
 type body struct {
@@ -138,8 +138,8 @@ type body struct {
 
 // reachableCodes parses the package and returns, per command name, the exit
 // constants named in the functions its Action reaches (calls, and functions
-// passed as values; methods by name; not other packages' functions): the
-// codes it can return.
+// passed as values; methods by name; not other packages' functions), and in
+// guarded, which newApp wraps every Action in: the codes it can return.
 func reachableCodes(t *testing.T) map[string]map[int]bool {
 	t.Helper()
 	fset := token.NewFileSet()
@@ -209,7 +209,7 @@ func reachableCodes(t *testing.T) map[string]map[int]bool {
 	for name, action := range actions {
 		codes := map[int]bool{}
 		seen := map[string]bool{}
-		queue := []body{action}
+		queue := append([]body{action}, funcs["guarded"]...)
 		for len(queue) > 0 {
 			fn := queue[0]
 			queue = queue[1:]
@@ -267,7 +267,7 @@ func TestExitCodesReturned(t *testing.T) {
 		}
 	}
 	// The walk finds what it must: migrate reaches all of them.
-	for _, code := range []int{exitError, exitUsage, exitStale, exitUnreadable, exitSignal} {
+	for _, code := range []int{exitError, exitUsage, exitStale, exitUnreadable, exitInternal, exitSignal} {
 		if !reach["migrate"][code] {
 			t.Errorf("the source walk does not find exit %d in migrate: it is broken", code)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/undo"
 )
 
@@ -161,6 +162,10 @@ func (u *undoRun) finish(w io.Writer, err error, written int64, summary any) {
 func exitCodeOf(err error) int {
 	if err == nil {
 		return exitOK
+	}
+	var p *crash.Panic
+	if errors.As(err, &p) {
+		return exitInternal // guarded writes its line
 	}
 	var ce *codeError
 	if errors.As(err, &ce) {

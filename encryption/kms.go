@@ -18,6 +18,7 @@ import (
 	envelopekmsv2 "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2"
 	kmsservice "k8s.io/kms/pkg/service"
 
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/textfmt"
 )
 
@@ -158,10 +159,16 @@ func (e *Transformers) CheckKMSPlugins(ctx context.Context, grs []schema.GroupRe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer crash.Recover("asking KMS plugin "+cfg.Name, &errs[i])
 			errs[i] = probeKMS(ctx, cfg)
 		}()
 	}
 	wg.Wait()
+	for _, err := range errs {
+		if p, ok := err.(*crash.Panic); ok {
+			panic(p) // to the caller's goroutine, the command's (crash.New)
+		}
+	}
 	var out []*KMSPluginError
 	for _, err := range errs {
 		var perr *KMSPluginError

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/server/options/encryptionconfig"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // apiServerID is what the KMS v2 transformer records as the writer of new DEKs.
@@ -248,10 +250,17 @@ func writePrivate(file string, data []byte) error {
 	return f.Close()
 }
 
-// redactConfigError keeps configuration errors short; the apiserver's validation
-// messages name fields, never secret values, but a decode error could quote input.
+// redactConfigError keeps configuration errors short and on one line; the
+// apiserver's validation messages name fields, never secret values, but its
+// decoder's missing kind or apiVersion errors quote the whole file ("Object
+// 'Kind' is missing in '<the file>'", key material included: found by
+// FuzzLoad): that quotation is dropped.
 func redactConfigError(err error) string {
 	msg := err.Error()
+	if i := strings.Index(msg, " is missing in '"); i >= 0 {
+		msg = msg[:i] + " is missing"
+	}
+	msg = textfmt.OneLine(msg)
 	if len(msg) > 500 {
 		msg = msg[:500] + "…"
 	}

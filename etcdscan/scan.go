@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/crash"
 )
 
 // Scan defaults.
@@ -71,12 +73,14 @@ type scanPage struct {
 // gone), and calls fn on each page while the next is read, so at most two
 // pages are held. It counts pages, keys and bytes into stats. The first error
 // of produce or fn, or ctx's end, stops both; Paged returns once produce has
-// returned.
+// returned. A panic of produce is its error, a *crash.Panic, returned
+// whatever else ended the scan.
 func Paged(ctx context.Context, stats *ScanStats, produce func(ctx context.Context, send func([]KV) error) error, fn func(page []KV) error) error {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pages := make(chan scanPage) // unbuffered: the producer holds at most one page ahead
 	var wg sync.WaitGroup
+	var crashed *crash.Panic
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -89,7 +93,16 @@ func Paged(ctx context.Context, stats *ScanStats, produce func(ctx context.Conte
 				return pctx.Err()
 			}
 		}
-		if err := produce(pctx, send); err != nil && pctx.Err() == nil {
+		err := func() (err error) {
+			defer crash.Recover("scanning", &err)
+			crash.At("scan")
+			return produce(pctx, send)
+		}()
+		if p, ok := err.(*crash.Panic); ok {
+			crashed = p
+			return
+		}
+		if err != nil && pctx.Err() == nil {
 			select {
 			case pages <- scanPage{err: err}:
 			case <-pctx.Done():
@@ -119,6 +132,9 @@ func Paged(ctx context.Context, stats *ScanStats, produce func(ctx context.Conte
 	for range pages { // let the producer finish
 	}
 	wg.Wait()
+	if crashed != nil {
+		return crashed
+	}
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err()
 	}

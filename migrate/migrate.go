@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -304,7 +305,13 @@ func startWriters(opts Options, cancel func(), write func([]reencode.Decision, *
 		go func() {
 			defer ws.wg.Done()
 			for ds := range ws.queue {
-				if err := write(ds, snap); err != nil {
+				err := func() (err error) {
+					// A panic is the run's error (the batch's intents
+					// are journaled before it is written).
+					defer crash.Recover("writing a batch", &err)
+					return write(ds, snap)
+				}()
+				if err != nil {
 					ws.once.Do(func() { ws.err = err; cancel() })
 				}
 			}
@@ -381,6 +388,7 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Jo
 			return err
 		}
 	}
+	crash.At("written") // the tests' panic once a batch is written
 	var stop error
 	if key, fe := undo.FirstFatal(results); fe != nil && opts.Output != nil {
 		stop = fmt.Errorf("write %s: %w", key, fe)

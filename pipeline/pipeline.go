@@ -24,6 +24,7 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/target"
 )
@@ -505,12 +506,13 @@ const (
 // deciding run on Config.Concurrency goroutines and overlap fn: while fn handles
 // one page (migrate writes it), the next is fetched and decoded. At most four
 // pages are held at once (one prefetched by the scan, one being decoded, one
-// queued, one in fn).
+// queued, one in fn). A panic of fn or of a decision is returned as a
+// *crash.Panic, before any other error.
 func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page []reencode.Decision) error) (etcdscan.ScanStats, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	decided := make(chan []reencode.Decision, 1)
-	var fnErr error
+	var fnErr, decideErr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -518,7 +520,11 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 			if fnErr != nil {
 				continue // drain
 			}
-			if err := fn(page); err != nil {
+			err := func() (err error) {
+				defer crash.Recover("handling a page of decisions", &err)
+				return fn(page)
+			}()
+			if err != nil {
 				fnErr = err
 				cancel()
 			}
@@ -526,7 +532,12 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 	}()
 	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, KeepRevision: revision > 0, PageSize: e.Config.PageSize}
 	stats, err := e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
-		out := e.decidePage(ctx, page, mode)
+		out, err := e.decidePage(ctx, page, mode)
+		if err != nil {
+			decideErr = err
+			cancel()
+			return err
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -539,6 +550,11 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 	})
 	close(decided)
 	<-done
+	for _, err := range []error{fnErr, decideErr, err} {
+		if _, ok := err.(*crash.Panic); ok {
+			return stats, err
+		}
+	}
 	if fnErr != nil {
 		return stats, fnErr
 	}
@@ -546,17 +562,29 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 }
 
 // decidePage decodes (and decides) one page on Config.Concurrency goroutines and
-// applies the resource filter.
-func (e *Env) decidePage(ctx context.Context, page []etcdscan.KV, mode Mode) []reencode.Decision {
+// applies the resource filter. A panic of a decision is its error, a
+// *crash.Panic naming the key.
+func (e *Env) decidePage(ctx context.Context, page []etcdscan.KV, mode Mode) ([]reencode.Decision, error) {
 	out := make([]reencode.Decision, len(page))
 	var wg sync.WaitGroup
 	next := make(chan int)
 	workers := min(e.Config.Concurrency, len(page))
+	crashed := make([]error, workers)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			key := ""
+			defer func() {
+				if v := recover(); v != nil {
+					crashed[w] = crash.New("deciding "+key, v)
+					for range next { // the feed does not wait for this worker
+					}
+				}
+			}()
 			for i := range next {
+				key = page[i].Key
+				crash.At("decide")
 				out[i] = e.DecideOne(ctx, page[i], mode)
 			}
 		}()
@@ -571,6 +599,11 @@ feed:
 	}
 	close(next)
 	wg.Wait()
+	for _, err := range crashed {
+		if err != nil {
+			return nil, err
+		}
+	}
 	if e.Filter != nil {
 		kept := out[:0]
 		for _, d := range out {
@@ -580,7 +613,7 @@ feed:
 		}
 		out = kept
 	}
-	return out
+	return out, nil
 }
 
 // DecideOne decodes one key and, in Decide or Classify mode, decides what to do

@@ -532,7 +532,7 @@ func (f *File) walk(ctx context.Context, r *reader, rev int64, fn func(key []byt
 		}
 		key, err := recordKey(v)
 		if err != nil {
-			return FileError(f.Info.Path, "damaged key record %x: %v", k, err)
+			return damaged(f.Info.Path, "key record %s: %v", keyHex(k), err)
 		}
 		if err := fn(key, bk, mvcc.IsTombstone(k)); err != nil {
 			return err
@@ -544,7 +544,7 @@ func (f *File) walk(ctx context.Context, r *reader, rev int64, fn func(key []byt
 			}
 			c = r.bucket().Cursor()
 			if k, _ = c.Seek(last); k == nil || string(k) != string(last) {
-				return FileError(f.Info.Path, "changed while it was being read")
+				return changedOrDamaged(f.Info.Path, f.opened, "its record %s is not found again", keyHex(last))
 			}
 		}
 	}

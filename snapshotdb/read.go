@@ -126,17 +126,17 @@ func (f *File) fetch(r *reader, keys []string, revs []mvcc.Revision) ([]etcdscan
 		rb = mvcc.RevToBytes(revs[i], rb)
 		v := r.bucket().Get(rb)
 		if v == nil {
-			return nil, FileError(f.Info.Path, "changed while it was being read: no record at revision %d_%d of %s", revs[i].Main, revs[i].Sub, keys[i])
+			return nil, changedOrDamaged(f.Info.Path, f.opened, "no record at revision %d_%d of %s, which a pass over its records found", revs[i].Main, revs[i].Sub, keys[i])
 		}
 		var kv mvccpb.KeyValue
 		if err := proto.Unmarshal(v, &kv); err != nil {
-			return nil, FileError(f.Info.Path, "damaged key record %x: %v", rb, err)
+			return nil, damaged(f.Info.Path, "key record %x: %v", rb, err)
 		}
 		// A record read out of order maps its own pages and, the kernel's
 		// fault-around, more of the file around them (faultAround).
 		r.account(faultAround+len(v), v)
 		if string(kv.Key) != keys[i] {
-			return nil, FileError(f.Info.Path, "changed while it was being read: the record at revision %d_%d is not %s", revs[i].Main, revs[i].Sub, keys[i])
+			return nil, changedOrDamaged(f.Info.Path, f.opened, "the record at revision %d_%d is not %s, as a pass over its records found", revs[i].Main, revs[i].Sub, keys[i])
 		}
 		out[i] = etcdscan.KV{Key: keys[i], Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease, ModSub: revs[i].Sub}
 	}

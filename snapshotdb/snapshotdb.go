@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -71,8 +72,9 @@ type Info struct {
 type File struct {
 	Info Info
 
-	dataSize int64 // the database's bytes (the file less etcd's trailer)
-	txID     int   // the database's transaction ID when opened: a reopen must see the same
+	opened   os.FileInfo // the file when it was checked: a fault, or a record not found again, is its change or its damage (changedOrDamaged)
+	dataSize int64       // the database's bytes (the file less etcd's trailer)
+	txID     int         // the database's transaction ID when opened: a reopen must see the same
 
 	building sync.Mutex // held while an index is built
 	mu       sync.Mutex
@@ -86,11 +88,12 @@ type File struct {
 // Open checks the file at path and reads its revisions and leases. The file
 // is opened read-only and never changed. Errors are one line naming the file.
 func Open(path string, opts Options) (*File, error) {
-	size, hash, v, err := Check(path, opts.SkipHashCheck)
+	fi, hash, v, err := check(path, opts.SkipHashCheck)
 	if err != nil {
 		return nil, err
 	}
-	f := &File{Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}, dataSize: size, txID: -1}
+	size := fi.Size()
+	f := &File{Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}, opened: fi, dataSize: size, txID: -1}
 	if HasTrailer(size) {
 		f.dataSize -= 32
 	}
@@ -199,7 +202,7 @@ func (f *File) openReader() (*reader, error) {
 	if tx.Size() > f.dataSize || (f.txID >= 0 && tx.ID() != f.txID) {
 		tx.Rollback()
 		db.Close()
-		return nil, FileError(path, "changed while it was being read")
+		return nil, changedOrDamaged(path, f.opened, "its meta page changed between two reads")
 	}
 	if tx.Bucket(schema.Key.Name()) == nil || tx.Bucket(schema.Meta.Name()) == nil {
 		tx.Rollback()
@@ -292,7 +295,7 @@ func (f *File) view(fn func(r *reader) error) (err error) {
 	var r *reader
 	defer func() {
 		if p := recover(); p != nil {
-			err = FileError(f.Info.Path, "damaged database: %v", p)
+			err = changedOrDamaged(f.Info.Path, f.opened, "%s", recovered(p))
 		}
 		if r != nil {
 			r.close()

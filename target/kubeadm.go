@@ -35,6 +35,15 @@ func ClusterRelease(ctx context.Context, src etcdscan.Source, prefix string, enc
 	if !found {
 		return "", nil
 	}
+	return kubeadmRelease(ctx, kv, prefix, enc)
+}
+
+// kubeadmRelease is the release the kubeadm-config ConfigMap kv says: its
+// value decrypted and decoded as kube-apiserver reads it, then
+// kubernetesVersion of the ClusterConfiguration it holds; "" when it holds
+// none. An error names the key.
+func kubeadmRelease(ctx context.Context, kv etcdscan.KV, prefix string, enc *encryption.Transformers) (string, error) {
+	key := kv.Key
 	storage, err := decode.NewStorageConfig("")
 	if err != nil {
 		return "", err

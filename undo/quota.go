@@ -13,6 +13,7 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 )
@@ -343,14 +344,17 @@ func (g *SpaceGuard) startCompact(ctx context.Context) {
 	// The run's interruption does not abandon a compaction etcd has begun.
 	ctx = context.WithoutCancel(ctx)
 	go func() {
+		var r compactResult
+		defer func() { ch <- r }()
+		defer crash.Recover("compacting etcd's history", &r.err)
 		st, err := g.cli.status(ctx)
 		switch {
 		case err != nil:
-			ch <- compactResult{err: err}
+			r = compactResult{err: err}
 		case st.Revision <= after:
-			ch <- compactResult{} // nothing written since the last compaction
+			r = compactResult{} // nothing written since the last compaction
 		default:
-			ch <- compactResult{rev: st.Revision, err: g.cli.compact(ctx, st.Revision)}
+			r = compactResult{rev: st.Revision, err: g.cli.compact(ctx, st.Revision)}
 		}
 	}()
 }

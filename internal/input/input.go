@@ -10,6 +10,7 @@
 package input
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 )
@@ -68,8 +69,18 @@ type Error struct {
 	args   []any
 }
 
-// Errorf is fmt.Errorf whose Name arguments are written by the renderer.
-func Errorf(format string, args ...any) *Error { return &Error{format: format, args: args} }
+// Errorf is fmt.Errorf whose Name arguments are written by the renderer. The
+// arguments are kept until the message is written, which may be after the
+// memory a []byte argument points into is gone (a snapshot file's mapping,
+// unmapped when its reader closes): those are copied.
+func Errorf(format string, args ...any) *Error {
+	for i, a := range args {
+		if b, ok := a.([]byte); ok {
+			args[i] = bytes.Clone(b)
+		}
+	}
+	return &Error{format: format, args: args}
+}
 
 // Words spells a Name as the library writes it.
 func Words(n Name) string { return string(n) }

@@ -23,3 +23,14 @@ func TestErrorWordsAndRender(t *testing.T) {
 		t.Errorf("RenderAll = %q, want %q", got, want)
 	}
 }
+
+// TestErrorfCopiesBytes: an error outlives the buffer a []byte argument was
+// read from (a file's mapping): it writes what the buffer held when it was made.
+func TestErrorfCopiesBytes(t *testing.T) {
+	b := []byte{0xab, 0xcd}
+	e := Errorf("record %x", b)
+	b[0], b[1] = 0, 0
+	if got, want := e.Error(), "record abcd"; got != want {
+		t.Errorf("Error = %q, want %q", got, want)
+	}
+}
