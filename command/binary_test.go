@@ -20,6 +20,7 @@ import (
 
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/release"
+	"kube-etcd-migrate/undo"
 )
 
 // stampedVersion is what the test binary is stamped with, as `make release` does.
@@ -41,7 +42,10 @@ func buildStamped(t *testing.T) string {
 func execBin(t *testing.T, bin string, args ...string) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "ETCDCTL_ENDPOINTS=", "ETCDCTL_CACERT=", "ETCDCTL_CERT=", "ETCDCTL_KEY=", "ETCDCTL_USER=", "ETCDCTL_PASSWORD=")
+	// A writing run keeps its undo in a state directory of the test's own,
+	// never in the machine's /var/lib/kube-etcd-migrate (--state-dir wins).
+	cmd.Env = append(os.Environ(), "ETCDCTL_ENDPOINTS=", "ETCDCTL_CACERT=", "ETCDCTL_CERT=", "ETCDCTL_KEY=", "ETCDCTL_USER=", "ETCDCTL_PASSWORD=",
+		undo.EnvStateDir+"="+t.TempDir())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
