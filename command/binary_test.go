@@ -45,7 +45,7 @@ func execBin(t *testing.T, bin string, args ...string) (int, string, string) {
 	// A writing run keeps its undo in a state directory of the test's own,
 	// never in the machine's /var/lib/kube-etcd-migrate (--state-dir wins).
 	cmd.Env = append(os.Environ(), "ETCDCTL_ENDPOINTS=", "ETCDCTL_CACERT=", "ETCDCTL_CERT=", "ETCDCTL_KEY=", "ETCDCTL_USER=", "ETCDCTL_PASSWORD=",
-		undo.EnvStateDir+"="+t.TempDir())
+		undo.EnvStateDir+"="+filepath.Join(t.TempDir(), "state"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
