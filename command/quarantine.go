@@ -102,6 +102,7 @@ func cmdQuarantine(c *cli.Context) error {
 	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
+	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
 	return o.runQuarantine(ctx)
 }
 

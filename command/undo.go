@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/crash"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/undo"
 )
 
@@ -104,6 +105,9 @@ func (o undoOptions) start(w io.Writer, command string, endpoints []string, pref
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
 	u := &undoRun{state: st, dir: rd}
+	if err := outputOf(w).attach(rd); err != nil {
+		fmt.Fprintf(w, "warning: run %s: its output is not saved: %s\n", rd.ID, cliMessage(err))
+	}
 	if o.journal != "" {
 		err = rd.SetJournal(o.journal)
 	}
@@ -170,6 +174,9 @@ func exitCodeOf(err error) int {
 	var ce *codeError
 	if errors.As(err, &ce) {
 		return ce.code
+	}
+	if errors.As(err, new(*liveness.WriterError)) {
+		return exitWriter
 	}
 	if isUsage(err) {
 		return exitUsage

@@ -14,6 +14,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	coordinationv1 "k8s.io/api/coordination/v1"
+
+	"kube-etcd-migrate/internal/crash"
 )
 
 // Watch is one watch of etcd under a cluster's prefix that serves a writing
@@ -507,6 +509,14 @@ const rewatchFor = 30 * time.Second
 
 func (w *Watch) loop(ctx context.Context) {
 	defer close(w.done)
+	// A panic ends the watch as any failure does: the run stops.
+	var perr error
+	defer func() {
+		if perr != nil {
+			w.fail(perr)
+		}
+	}()
+	defer crash.Recover("watching etcd", &perr)
 	var wctx context.Context
 	var wcancel context.CancelFunc = func() {}
 	defer func() { wcancel() }()
