@@ -341,7 +341,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 			break
 		}
 		if err = watch.Stopped(); err != nil {
-			break // another writer: no new batch
+			for _, e := range remove {
+				res.keep(e, "not reached: another writer appeared")
+			}
+			break // no new batch
 		}
 		n := min(batch, len(remove))
 		err = removeBatch(writeCtx, env, w, journal, remove[:n], res)
@@ -495,6 +498,12 @@ func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *
 		case etcdscan.Conflict:
 			e.Status, e.Note = StatusConflict, "changed since it was read: left alone (run again to see it)"
 			res.Conflicts++
+		case etcdscan.Failed:
+			if errors.As(r.Err, new(*liveness.WriterError)) {
+				res.keep(e, "not removed: another writer appeared")
+				continue
+			}
+			fallthrough
 		default:
 			e.Status, e.Note = StatusFailed, fmt.Sprint(r.Err)
 			res.Failed++
