@@ -1,9 +1,12 @@
 package command
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"kube-etcd-migrate/liveness"
 )
 
 // Exit codes. What each means, per command, is exitCodes.
@@ -121,6 +124,16 @@ type codeError struct {
 func (e *codeError) Error() string { return e.err.Error() }
 
 func (e *codeError) Unwrap() error { return e.err }
+
+// stoppedByWriter gives a writing run that another writer stopped
+// (liveness.WriterError) its exit code.
+func stoppedByWriter(err error) error {
+	var ce *codeError
+	if errors.As(err, new(*liveness.WriterError)) && !errors.As(err, &ce) {
+		return &codeError{code: exitWriter, err: err}
+	}
+	return err
+}
 
 // usageErr is an exit-2 error whose message is fmt.Errorf's, with every
 // error argument written as the command line says it (cliMessage).

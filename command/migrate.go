@@ -198,10 +198,10 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 		}
 	}
 	if runErr != nil {
-		return noOutput(s, runErr)
+		return noOutput(s, stoppedByWriter(runErr))
 	}
 	if recordErr != nil {
-		return recordErr
+		return stoppedByWriter(recordErr)
 	}
 	if sum.Summary.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)})
@@ -277,7 +277,7 @@ func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, u 
 		}
 	}
 	if runErr != nil {
-		return res, runErr
+		return res, stoppedByWriter(runErr)
 	}
 	unreadable := false
 	for _, o := range res.Requests {

@@ -206,7 +206,7 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		err = werr
 	}
 	if err != nil {
-		return err
+		return stoppedByWriter(err)
 	}
 	if refused != nil {
 		return refused // a dry run: the rollback would be refused

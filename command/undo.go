@@ -9,7 +9,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/crash"
-	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/undo"
 )
 
@@ -174,9 +173,6 @@ func exitCodeOf(err error) int {
 	var ce *codeError
 	if errors.As(err, &ce) {
 		return ce.code
-	}
-	if errors.As(err, new(*liveness.WriterError)) {
-		return exitWriter
 	}
 	if isUsage(err) {
 		return exitUsage
