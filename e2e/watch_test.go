@@ -251,7 +251,7 @@ func TestAPIServerAppearsDuringMigrate(t *testing.T) {
 	t.Logf("stopped after %d of %d secrets rewritten", written, watchSecrets)
 	// The kube-apiserver was stopped by the test itself: its master lease may
 	// still have time left, which the rollback's window would wait out.
-	_, stderr, code := runTool(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "0001-migrate", "--allow-live-apiserver")
+	_, stderr, code := runTool(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--run", "0001-migrate", "--allow-live-apiserver")
 	if code != 0 {
 		t.Fatalf("rollback: exit %d\n%s", code, stderr)
 	}
@@ -277,7 +277,7 @@ func TestAPIServerAppearsDuringRollback(t *testing.T) {
 	migrated := secretValues(t, c)
 
 	w := watchWrites(t, c.Cli, c.Revision(), "/registry/secrets/")
-	run := startTool(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "0001-migrate", "--liveness-window", "2s")
+	run := startTool(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--run", "0001-migrate", "--liveness-window", "2s")
 	apiServerAppears(t, c, run, w, newCfg)
 
 	journal := filepath.Join(state, "runs", "0002-rollback", undo.JournalFile)
@@ -286,7 +286,7 @@ func TestAPIServerAppearsDuringRollback(t *testing.T) {
 		t.Errorf("%d of %d secrets restored: want a rollback stopped part-way", restored, watchSecrets)
 	}
 	t.Logf("stopped after %d of %d secrets restored", restored, watchSecrets)
-	_, stderr, code := runTool(t, "rollback", "--endpoints", c.Srv.Endpoint, "--run", "0001-migrate", "--allow-live-apiserver")
+	_, stderr, code := runTool(t, "rollback", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--run", "0001-migrate", "--allow-live-apiserver")
 	if code != 0 {
 		t.Fatalf("rollback again: exit %d\n%s", code, stderr)
 	}
