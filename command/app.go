@@ -97,13 +97,15 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			code = exitFor(internalError(stderr, "", crash.New("reading the command line", v)), stderr)
 		}
 	}()
-	app := newApp(stdout, stderr)
+	out := &output{}
+	defer out.close()
+	app := newApp(out.stream(stdout), out.stream(stderr))
 	args = interspersed(app, args)
 	if app.Metadata == nil {
 		app.Metadata = map[string]interface{}{}
 	}
 	app.Metadata[argsMetadata] = args
-	return exitFor(app.Run(args), stderr)
+	return exitFor(app.Run(args), app.ErrWriter)
 }
 
 // exitFor is the exit code of a command's error, after its "error:" line.

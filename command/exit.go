@@ -1,9 +1,12 @@
 package command
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"kube-etcd-migrate/liveness"
 )
 
 // Exit codes. What each means, per command, is exitCodes.
@@ -13,6 +16,7 @@ const (
 	exitUsage      = 2
 	exitStale      = 3
 	exitUnreadable = 4
+	exitWriter     = 5   // stopped: a writer appeared (liveness.WriterError)
 	exitInternal   = 70  // a panic: a bug (guarded); sysexits.h's EX_SOFTWARE
 	exitSignal     = 130 // a second SIGINT/SIGTERM: exited at once (signalContext)
 )
@@ -56,6 +60,7 @@ var exitCodes = []exitCodeRow{
 	{exitUnreadable, []string{"migrate"}, "the rest is done; unreadable objects were left untouched (listed); with --output-snapshot, OUT is written with them as they were"},
 	{exitUnreadable, []string{"plan"}, "no blocker, but unreadable objects (listed): migrate would leave them untouched and exit 4"},
 	{exitUnreadable, []string{"quarantine"}, "done, but unreadable objects remain (kept: another reason than --reason names, or refused by a configured key; listed); with --output-snapshot, as the verification of OUT finds"},
+	{exitWriter, writing, "stopped: a writer appeared: after the liveness window, etcd showed a write under the prefix that was not the run's own (a kube-apiserver started, or a tool writing etcd directly); one line names each key and who wrote it (a kube-apiserver's node, from its identity lease); nothing more was sent, the writes in flight finished and are journaled; stop the writer, then run the same command again (it picks up from what was written) or roll the run back"},
 	{exitInternal, everyCmd, "internal error: a bug of the tool (a panic, in any of its goroutines), on one line that starts \"internal error:\" and says where; a read-only command wrote nothing, a writing command journaled each write before making it (runs lists the run, rollback --run undoes it; with --no-undo nothing is kept)"},
 	{exitSignal, []string{"inventory", "inspect", "verify", "plan", "migrate", "rollback", "runs", "quarantine"}, "a second SIGINT or SIGTERM: exited at once (a first one stops cleanly: in-flight writes finish, the journal is flushed, exit 1; runs --verify stops reading, exit 1)"},
 }
@@ -119,6 +124,16 @@ type codeError struct {
 func (e *codeError) Error() string { return e.err.Error() }
 
 func (e *codeError) Unwrap() error { return e.err }
+
+// stoppedByWriter gives a writing run that another writer stopped
+// (liveness.WriterError) its exit code.
+func stoppedByWriter(err error) error {
+	var ce *codeError
+	if errors.As(err, new(*liveness.WriterError)) && !errors.As(err, &ce) {
+		return &codeError{code: exitWriter, err: err}
+	}
+	return err
+}
 
 // usageErr is an exit-2 error whose message is fmt.Errorf's, with every
 // error argument written as the command line says it (cliMessage).

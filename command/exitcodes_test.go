@@ -128,7 +128,7 @@ func TestExitCodesDocumented(t *testing.T) {
 }
 
 // exitConsts are the exit-code constants a command's code can name, but 0.
-var exitConsts = map[string]int{"exitError": exitError, "exitUsage": exitUsage, "exitStale": exitStale, "exitUnreadable": exitUnreadable, "exitInternal": exitInternal, "exitSignal": exitSignal}
+var exitConsts = map[string]int{"exitError": exitError, "exitUsage": exitUsage, "exitStale": exitStale, "exitUnreadable": exitUnreadable, "exitWriter": exitWriter, "exitInternal": exitInternal, "exitSignal": exitSignal}
 
 // body is a function's body and the package names its file imports.
 type body struct {

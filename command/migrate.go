@@ -132,6 +132,7 @@ func cmdMigrate(c *cli.Context) error {
 	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
+	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
 	return o.runMigrate(ctx)
 }
 
@@ -175,6 +176,13 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 			prog.Finish()
 			return err
 		}
+	} else if !opts.DryRun {
+		// One liveness watch for the migration and the records after it.
+		if opts.Watch, err = undo.StartWatch(ctx, s.env.Client, s.env.Resolver.Prefix(), opts.PreflightOptions); err != nil {
+			prog.Finish()
+			return err
+		}
+		defer opts.Watch.Close()
 	}
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
@@ -190,10 +198,10 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 		}
 	}
 	if runErr != nil {
-		return noOutput(s, runErr)
+		return noOutput(s, stoppedByWriter(runErr))
 	}
 	if recordErr != nil {
-		return recordErr
+		return stoppedByWriter(recordErr)
 	}
 	if sum.Summary.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)})
@@ -269,7 +277,7 @@ func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, u 
 		}
 	}
 	if runErr != nil {
-		return res, runErr
+		return res, stoppedByWriter(runErr)
 	}
 	unreadable := false
 	for _, o := range res.Requests {

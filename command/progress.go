@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -42,9 +41,11 @@ type progress struct {
 
 func newProgress(w io.Writer, label string, total int64) *progress {
 	p := &progress{w: w, label: label, total: total, start: time.Now(), last: time.Now()}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	// The bar goes to the terminal itself: a run's saved output has the
+	// lines printed where there is none.
+	if f, ok := terminalOf(w); ok && term.IsTerminal(int(f.Fd())) {
 		p.bar = progressbar.NewOptions64(max(total, -1),
-			progressbar.OptionSetWriter(w),
+			progressbar.OptionSetWriter(f),
 			progressbar.OptionSetDescription(label),
 			progressbar.OptionShowCount(),
 			progressbar.OptionShowIts(),

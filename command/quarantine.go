@@ -102,6 +102,7 @@ func cmdQuarantine(c *cli.Context) error {
 	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
+	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
 	return o.runQuarantine(ctx)
 }
 
@@ -152,7 +153,7 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
 		}
 	}
 	if runErr != nil {
-		return noOutput(s, quarantineError(runErr))
+		return noOutput(s, stoppedByWriter(quarantineError(runErr)))
 	}
 	if res.Conflicts > 0 || res.Failed > 0 {
 		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})

@@ -106,6 +106,7 @@ func cmdRollback(c *cli.Context) error {
 	}
 	ctx, stop := signalContext(o.io.errOut)
 	defer stop()
+	defer outliveTerminal(o.io.errOut, o.dryRun)()
 	return o.runRollback(ctx)
 }
 
@@ -129,6 +130,15 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	defer cli.Close()
 	prefix := undo.JournalsPrefix(journals)
 	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified}
+	if !opts.DryRun {
+		// The liveness window runs while the journals are checked and the
+		// preflight goes on; the first write waits for its verdict, and
+		// another writer stops the rollback.
+		if opts.Watch, err = undo.StartWatch(ctx, cli, prefix, undo.PreflightOptions{AllowLiveAPIServer: o.live.allowLive, LivenessWindow: o.live.window}); err != nil {
+			return err
+		}
+		defer opts.Watch.Close()
+	}
 	// Every journal read whole, every value put back decrypted, before
 	// anything is written (a dry run too).
 	check, err := o.checkUndo(ctx, specs, wayBack, prefix)
@@ -142,7 +152,7 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		return refusal
 	}
 	if !opts.DryRun {
-		lines, err := o.rollbackPreflight(ctx, cli, journals, prefix)
+		lines, err := o.rollbackPreflight(ctx, cli, journals)
 		if err != nil {
 			return err
 		}
@@ -169,8 +179,11 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		if err := u.dir.SetUndoes(undoes); err != nil {
 			return err
 		}
-		if err := u.recordChecks(preflight); err != nil {
-			return err
+		opts.OnPreflight = func(line string) error {
+			if line == "" {
+				return u.recordChecks(preflight)
+			}
+			return u.recordChecks(append(slices.Clip(preflight), line))
 		}
 		j, err := undo.OpenJournal(u.dir.Journal)
 		if err != nil {
@@ -185,21 +198,15 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 			return err
 		}
 		opts.Journal = j
-		snap := u.dir.Snapshot
-		opts.BeforeFirstWrite = func(ctx context.Context) error {
-			if err := etcdscan.Snapshot(ctx, cli, snap); err != nil {
-				return fmt.Errorf("%w (nothing was written)", err)
-			}
-			return nil
-		}
+		opts.Snapshot = u.dir.Snapshot
 	}
 	res, err = undo.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
-	res.Preflight = preflight
+	res.Preflight = append(preflight, res.Preflight...)
 	if werr := printReport(o.io.out, o.output, rollbackReport{res}); werr != nil && err == nil {
 		err = werr
 	}
 	if err != nil {
-		return err
+		return stoppedByWriter(err)
 	}
 	if refused != nil {
 		return refused // a dry run: the rollback would be refused
@@ -316,26 +323,18 @@ func undoRefusal(check *undo.UndoCheck, allowUnverified bool) error {
 }
 
 // rollbackPreflight is what a rollback checks before its first write, as
-// migrate does: no alarm, no kube-apiserver alive (etcd watched for the
-// window), room for its own undo in the state directory (a snapshot of the
-// database and a journal about the size of the journals it undoes).
-func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string, prefix string) ([]string, error) {
+// migrate does: no alarm, room for its own undo in the state directory (a
+// snapshot of the database and a journal about the size of the journals it
+// undoes). The liveness window's verdict comes with the first write (its
+// Watch).
+func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string) ([]string, error) {
 	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
-	var lines []string
-	if !o.live.allowLive {
-		line, err := undo.CheckLiveness(ctx, cli, prefix, o.live.window)
-		if err != nil {
-			return nil, err
-		}
-		lines = append(lines, line)
-	}
 	if o.undo.noUndo {
-		return lines, nil
+		return nil, nil
 	}
-	space, err := undo.CheckRollbackSpace(ctx, cli, o.undo.stateDir, journals)
-	return append(lines, space...), err
+	return undo.CheckRollbackSpace(ctx, cli, o.undo.stateDir, journals)
 }
 
 func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {

@@ -29,6 +29,9 @@ func runsCommand() *cli.Command {
 // runView is a run as 'runs' shows it.
 type runView struct {
 	undo.Record
+	// State is running (its lock held), finished, or killed (no end
+	// recorded, nothing holds its lock).
+	State string `json:"state"`
 	// SnapshotTaken and JournalKept say whether those files are on disk;
 	// SnapshotBytes and JournalBytes their sizes (what removing them frees).
 	SnapshotTaken bool  `json:"snapshotTaken"`
@@ -70,7 +73,7 @@ func (o *runsOptions) runRuns() error {
 	views := make([]runView, len(recs))
 	for i, r := range recs {
 		_, jerr := os.Stat(r.Journal)
-		views[i] = runView{Record: r, SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
+		views[i] = runView{Record: r, State: r.State(), SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
 		if views[i].SnapshotTaken {
 			views[i].SnapshotBytes = undo.FileSize(r.Snapshot)
 		}
@@ -132,13 +135,13 @@ func (r runsReport) table(w io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	verified := len(r.runs) > 0 && r.runs[0].UndoVerified != nil
-	head := "ID\tCOMMAND\tSTARTED\tENDED\tEXIT\tKEYS WRITTEN\tSNAPSHOT\tJOURNAL\tUNDO NEEDS"
+	head := "ID\tCOMMAND\tSTATE\tSTARTED\tENDED\tEXIT\tKEYS WRITTEN\tSNAPSHOT\tJOURNAL\tUNDO NEEDS"
 	if verified {
 		head += "\tUNDO"
 	}
 	fmt.Fprintln(tw, head)
 	for _, v := range r.runs {
-		ended, exit := "-", "unfinished (running, or killed)"
+		ended, exit := "-", "-"
 		if v.Finished() {
 			ended, exit = v.End.Local().Format(time.DateTime), fmt.Sprint(*v.ExitCode)
 		}
@@ -158,7 +161,7 @@ func (r runsReport) table(w io.Writer) error {
 		if len(v.UndoNeedsKeys) > 0 {
 			needs = strings.Join(v.UndoNeedsKeys, ",")
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s", v.ID, cmd, v.Start.Local().Format(time.DateTime), ended, exit, v.KeysWritten, snap, journal, needs)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s", v.ID, cmd, v.State, v.Start.Local().Format(time.DateTime), ended, exit, v.KeysWritten, snap, journal, needs)
 		if verified {
 			line += "\t" + v.UndoCheck.Status
 		}
@@ -194,6 +197,11 @@ func (r runsReport) table(w io.Writer) error {
 	}
 	if len(empty) > 0 {
 		fmt.Fprintf(w, "removed: %s (wrote nothing: no undo lost)\n", strings.Join(empty, ", "))
+	}
+	for _, v := range r.runs {
+		if v.State == undo.StateKilled {
+			fmt.Fprintf(w, "killed: %s ended without recording its end (killed, or its host went down): its journal says what it wrote; run the same command again, or roll it back\n", v.ID)
+		}
 	}
 	fmt.Fprintf(w, "undo run ID and every later one: kube-etcd-migrate rollback --run ID --dry-run, then without --dry-run\n")
 	return nil

@@ -104,6 +104,9 @@ func (o undoOptions) start(w io.Writer, command string, endpoints []string, pref
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
 	u := &undoRun{state: st, dir: rd}
+	if err := outputOf(w).attach(rd); err != nil {
+		fmt.Fprintf(w, "warning: run %s: its output is not saved: %s\n", rd.ID, cliMessage(err))
+	}
 	if o.journal != "" {
 		err = rd.SetJournal(o.journal)
 	}

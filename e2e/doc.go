@@ -2,5 +2,6 @@
 // on an embedded etcd, the tool migrates what it wrote, and every assertion is
 // on what kube-apiserver serves afterwards (upgrade with emulated versions,
 // key rotation and disaster recovery incl. KMS v2, CRD conversion, events'
-// leases). The tests are in _test.go files; this file only documents them.
+// leases, a kube-apiserver started while migrate or rollback writes). The tests
+// are in _test.go files; this file only documents them.
 package e2e

@@ -100,6 +100,35 @@ type WriterStats struct {
 	Retries   int64 // requests retried after transient errors
 }
 
+// Observer is told of every request a Writer sends that may write: a run's
+// liveness watch tells the run's own writes from others' by them.
+type Observer interface {
+	// Sending is called before a request carrying puts is sent (each
+	// attempt of it). An error sends nothing: every put of it fails with
+	// that error. Otherwise done is called once, with the request's outcome.
+	Sending(puts []Put) (done func(Outcome), err error)
+}
+
+// Outcome is what became of one request sent.
+type Outcome struct {
+	// Revision is the revision etcd applied the request at: 0 when it was
+	// not applied (its compare failed) or when that is not known.
+	Revision int64
+	// Unknown: the request failed in a way that may have been applied.
+	Unknown bool
+}
+
+// outcomeOf is a transaction's outcome.
+func outcomeOf(resp *clientv3.TxnResponse, err error) Outcome {
+	switch {
+	case err != nil:
+		return Outcome{Unknown: true}
+	case resp.Succeeded:
+		return Outcome{Revision: resp.Header.Revision}
+	}
+	return Outcome{}
+}
+
 // Writer writes values back with compare-and-swap on each key's mod revision,
 // keeping the key's lease. It is safe for concurrent use.
 type Writer struct {
@@ -108,6 +137,9 @@ type Writer struct {
 	MaxBytes       int           // approximate request bytes per transaction (default DefaultMaxBytes)
 	Retries        int           // retries per request on transient errors (0: DefaultRetries; <0: none)
 	CommandTimeout time.Duration // per request (default DefaultCommandTimeout)
+	// Observer, when set, is told of each request before it is sent and of
+	// its outcome, and may refuse it.
+	Observer Observer
 
 	txns, fallbacks, singles, splits, retries atomic.Int64
 	stopped                                   atomic.Pointer[FatalError]
@@ -221,9 +253,21 @@ func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []Pu
 		ops[j] = putOp(puts[i])
 	}
 	var resp *clientv3.TxnResponse
+	var sent []Put
+	if w.Observer != nil {
+		sent = make([]Put, len(idx))
+		for j, i := range idx {
+			sent[j] = puts[i]
+		}
+	}
 	ambiguous, err := w.do(ctx, func(c context.Context) error {
+		done, err := w.sending(sent)
+		if err != nil {
+			return err
+		}
 		var terr error
 		resp, terr = w.Client.Txn(c).If(cmps...).Then(ops...).Commit()
+		done(outcomeOf(resp, terr))
 		return terr
 	})
 	fe := AsFatal(err)
@@ -287,7 +331,12 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 	}
 	var resp *clientv3.TxnResponse
 	amb, err := w.do(ctx, func(c context.Context) error {
+		done, err := w.sending([]Put{p})
+		if err != nil {
+			return err
+		}
 		var terr error
+		defer func() { done(outcomeOf(resp, terr)) }()
 		resp, terr = w.Client.Txn(c).
 			If(clientv3.Compare(clientv3.ModRevision(p.Key), "=", p.ModRevision)).
 			Then(putOp(p)).
@@ -332,6 +381,14 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 			r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key modified since read (mod revision %d, read at %d)", p.verb(), p.Key, *cur, p.ModRevision)
 		}
 	}
+}
+
+// sending tells the Observer of a request about to be sent.
+func (w *Writer) sending(puts []Put) (func(Outcome), error) {
+	if w.Observer == nil {
+		return func(Outcome) {}, nil
+	}
+	return w.Observer.Sending(puts)
 }
 
 func (w *Writer) do(ctx context.Context, op func(context.Context) error) (bool, error) {

@@ -7,12 +7,34 @@
 // kube-apiserver rewrites its identity lease every 10 s, so a window longer
 // than that sees every live one; master leases, whose etcd lease TTL etcd
 // keeps on the server, count while their lease has time left.
+//
+// A run that writes keeps the same watch (Watch) from before its first write
+// to after its last, and tells its own writes from others' by etcd's
+// revisions, never by a clock: each of its requests is announced before it is
+// sent (Begin) and its outcome given once known (Applied with the revision
+// etcd answered, NotApplied, or Unknown when it failed in a way that may have
+// been applied). Etcd may show a write before the request's answer arrives,
+// so an event is judged only once every request announced before it came has
+// its outcome: it is the run's when its revision is one of the run's (a
+// transaction's writes all share its revision, and no other request has it),
+// or, for a request whose outcome is unknown, when it writes one of that
+// request's keys with exactly its value (a delete: deletes one of its keys).
+// A request announced after the event came cannot have made it. Anything
+// else under the prefix stops the run (WriterError), but for etcd deleting a
+// key whose lease ran out (an expiry: the key had an etcd lease just before
+// its delete). A compaction is not a write; the run's own compactions wait
+// until the watch has judged every revision they remove (WaitJudged), and
+// one by another, which removes history the watch has not seen yet, ends the
+// watch with an error (what was written in that history cannot be known).
+// While the run writes, the watch asks etcd for no previous values (etcd
+// would read one for every event, the run's own included); a delete reads
+// whether its key had a lease when it must. Settle, after the last write,
+// waits until every revision up to etcd's current one is judged.
 package liveness
 
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -215,115 +237,27 @@ var leaseDecoder = func() runtime.Decoder {
 // etcd's current revision for window (DefaultWindow when 0 or less), then
 // waits until etcd's watch has reported every revision up to the window's
 // end, then reads which master leases still have time left. It writes
-// nothing. A compaction during the window, or a member that loses its leader,
-// is an error: what was written meanwhile cannot be known.
+// nothing. A compaction during the window is an error: what was written
+// meanwhile cannot be known. (A run that writes keeps the watch: Start.)
 func Observe(ctx context.Context, cli *clientv3.Client, prefix string, window time.Duration) (*Report, error) {
-	if window <= 0 {
-		window = DefaultWindow
-	}
-	prefix = strings.TrimSuffix(prefix, "/")
-	keys := prefix + "/"
-	start, err := cli.Get(ctx, keys)
+	w, err := Start(ctx, cli, prefix, window)
 	if err != nil {
-		return nil, fmt.Errorf("liveness: read etcd's revision: %w", err)
+		return nil, err
 	}
-	rep := &Report{Prefix: prefix, Window: window, FromRevision: start.Header.Revision}
-
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := cli.Watch(wctx, keys, clientv3.WithPrefix(), clientv3.WithRev(rep.FromRevision+1), clientv3.WithPrevKV())
-	byKey := map[string]*Write{}
-	seen := rep.FromRevision // the watch has reported every revision up to seen
-	windowEnd := time.NewTimer(window)
-	defer windowEnd.Stop()
-	// After the window: ask etcd for the watch's progress until it reports
-	// the window's last revision.
-	progress := time.NewTicker(200 * time.Millisecond)
-	progress.Stop()
-	defer progress.Stop()
-	var poll <-chan time.Time
-	var deadline <-chan time.Time
-	for rep.ToRevision == 0 || seen < rep.ToRevision {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-windowEnd.C:
-			end, err := cli.Get(ctx, keys)
-			if err != nil {
-				return nil, fmt.Errorf("liveness: read etcd's revision: %w", err)
-			}
-			rep.ToRevision = end.Header.Revision
-			progress.Reset(200 * time.Millisecond)
-			poll = progress.C
-			deadline = time.After(catchUp)
-			if err := cli.RequestProgress(wctx); err != nil {
-				return nil, fmt.Errorf("liveness: ask etcd's watch for its progress: %w", err)
-			}
-		case <-poll:
-			if err := cli.RequestProgress(wctx); err != nil {
-				return nil, fmt.Errorf("liveness: ask etcd's watch for its progress: %w", err)
-			}
-		case <-deadline:
-			return nil, fmt.Errorf("liveness: etcd's watch of %s reported revision %d, not %d, %s after the window ended", keys, seen, rep.ToRevision, catchUp)
-		case wr, ok := <-wch:
-			if !ok {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				return nil, fmt.Errorf("liveness: etcd closed the watch of %s", keys)
-			}
-			if wr.CompactRevision != 0 {
-				return nil, fmt.Errorf("liveness: etcd's history was compacted to revision %d during the watch of %s (kube-apiserver compacts every 5 minutes, so one may be alive): rerun", wr.CompactRevision, keys)
-			}
-			if err := wr.Err(); err != nil {
-				return nil, fmt.Errorf("liveness: watch %s: %w", keys, err)
-			}
-			for _, ev := range wr.Events {
-				record(rep, byKey, prefix, ev)
-			}
-			seen = max(seen, wr.Header.Revision)
-		}
-	}
-	for _, w := range byKey {
-		rep.Written = append(rep.Written, *w)
-	}
-	sort.Slice(rep.Written, func(i, j int) bool {
-		a, b := rep.Written[i], rep.Written[j]
-		if (a.Kind == Other) != (b.Kind == Other) {
-			return a.Kind != Other
-		}
-		return a.Key < b.Key
-	})
-
-	// Not keys-only: etcd 3.7 answers a keys-only range from its index, without the leases.
-	ml, err := cli.Get(ctx, keys+"masterleases/", clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("liveness: read %smasterleases/: %w", keys, err)
-	}
-	for _, kv := range ml.Kvs {
-		if kv.Lease == 0 {
-			continue
-		}
-		ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
-		if err != nil {
-			return nil, fmt.Errorf("liveness: read the etcd lease of %s: %w", kv.Key, err)
-		}
-		if ttl.TTL > 0 {
-			rep.MasterLeases = append(rep.MasterLeases, HeldMasterLease{Key: string(kv.Key), TTL: ttl.TTL, GrantedTTL: ttl.GrantedTTL})
-		}
-	}
-	return rep, nil
+	defer w.Close()
+	return w.Window(ctx)
 }
 
-// record adds one watch event to the report.
-func record(rep *Report, byKey map[string]*Write, prefix string, ev *clientv3.Event) {
+// record adds one watch event of the window (with its previous value) to
+// what the window saw.
+func record(expired *int, byKey map[string]*Write, prefix string, ev *clientv3.Event) {
 	key := string(ev.Kv.Key)
 	deleted := ev.Type == clientv3.EventTypeDelete
 	if deleted && ev.PrevKv != nil && ev.PrevKv.Lease != 0 {
 		// Deleted with its etcd lease: etcd expiring it (a stopped writer's
 		// key), or a client's delete, which a live kube-apiserver's lease
 		// renewals show anyway.
-		rep.Expired++
+		*expired++
 		return
 	}
 	w := byKey[key]
@@ -337,31 +271,8 @@ func record(rep *Report, byKey map[string]*Write, prefix string, ev *clientv3.Ev
 	w.Writes++
 	w.ModRevision = ev.Kv.ModRevision
 	w.Deleted = deleted
-	if deleted {
-		return
-	}
-	if !strings.HasPrefix(key, prefix+"/leases/kube-system/") {
-		return
-	}
-	// The lease's labels say whose it is and on which node; an encrypted or
-	// undecodable lease is judged by its name.
-	obj, _, err := leaseDecoder.Decode(ev.Kv.Value, nil, nil)
-	if err != nil {
-		return
-	}
-	l, ok := obj.(*coordinationv1.Lease)
-	if !ok {
-		return
-	}
-	if l.Labels["apiserver.kubernetes.io/identity"] == "kube-apiserver" {
-		w.Kind = IdentityLease
-	}
-	if w.Kind == IdentityLease {
-		w.Host = l.Labels["kubernetes.io/hostname"]
-		if l.Spec.RenewTime != nil {
-			t := l.Spec.RenewTime.Time
-			w.RenewTime = &t
-		}
+	if !deleted {
+		describe(prefix, ev.Kv.Value, w)
 	}
 }
 

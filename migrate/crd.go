@@ -70,7 +70,11 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // resources) holds the value the run wrote there, encoded in the storage
 // version: etcd gives each transaction its own revision, and a key's mod
 // revision is that of the transaction that last wrote it.
-func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w undo.Store, j *undo.Journal) ([]CRDResult, error) {
+//
+// beforeWrite is called before each write: the run's first write waits
+// there (the liveness window's verdict, the snapshot), and it gives the
+// journal (nil: none); its error ends the trim and is returned.
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w undo.Store, beforeWrite func(context.Context) (*undo.Journal, error)) ([]CRDResult, error) {
 	var out []CRDResult
 	for _, crd := range env.CRDs {
 		if !inScope(env, crd) {
@@ -99,6 +103,10 @@ func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[sche
 			r.Action, r.Detail = "kept", fmt.Sprintf("%d object(s) found in other versions or unreadable on re-check", others)
 			out = append(out, r)
 			continue
+		}
+		j, err := beforeWrite(ctx)
+		if err != nil {
+			return out, err
 		}
 		if err := trimOne(ctx, env, crd, w, j); err != nil {
 			r.Action, r.Detail = "failed", err.Error()

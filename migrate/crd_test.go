@@ -23,6 +23,7 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/undo"
 )
 
 const crdKey = "/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com"
@@ -164,7 +165,9 @@ func TestEncryptionOnlyKeepsStoredVersions(t *testing.T) {
 // another writer stores one more in v1beta1 (after the revision the run
 // reads at, so the run never sees it). The re-check before the trim decodes
 // what was written since the run's scan and finds it: storedVersions keeps
-// v1beta1. The next run rewrites it and trims.
+// v1beta1. The next run rewrites it and trims. (The run allows a live
+// kube-apiserver: without that, its liveness watch would stop it at the
+// other writer's write, TestWriterAppears.)
 func TestTrimReChecksWhatWasWrittenSince(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
@@ -180,7 +183,7 @@ func TestTrimReChecksWhatWasWrittenSince(t *testing.T) {
 	}
 	var putErr error
 	written := false
-	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{Progress: func(Counts) {
+	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(Counts) {
 		if !written {
 			written = true
 			_, putErr = c.Cli.Put(context.Background(), "/registry/example.com/widgets/ns1/late", string(data)+"\n")

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,10 +17,13 @@ import (
 	"k8s.io/kubernetes/pkg/apis/coordination"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/target"
 	"kube-etcd-migrate/undo"
 )
 
@@ -174,5 +179,241 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 	}
 	if p := strings.Join(sum.Preflight, "\n"); !strings.Contains(p, "2 key(s) expired with their etcd lease meanwhile") {
 		t.Errorf("preflight %q does not count the expired keys", p)
+	}
+}
+
+// TestWriterAppearsMidRun: once the run writes, another writer (a
+// kube-controller-manager lease renewed every 150 ms, as only a
+// kube-apiserver would write it) stops the run: no batch is sent a second
+// after etcd shows the first of its writes, the error names the key, every
+// write of the run is journaled; the rerun, once the writer is gone, picks up
+// from what was written, and rolling both runs back gives every secret back
+// byte for byte.
+func TestWriterAppearsMidRun(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	const n = 1500
+	c.SeedMany(n, oldCfg)
+	secrets := func() map[string]string {
+		out := map[string]string{}
+		for k, v := range c.Raw() {
+			if strings.HasPrefix(k, "/registry/secrets/") {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	before := secrets()
+	cfg := pipeline.Config{Resources: []string{"secrets"}, PageSize: 50, Target: target.Input{EncryptionConfig: newCfg}}
+	kcm := "/registry/leases/kube-system/kube-controller-manager"
+	holder := "cp-1_x"
+	lease := c.Encode(kcm, testcluster.LeasesGR, &coordination.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-controller-manager", Namespace: "kube-system", UID: "u", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec:       coordination.LeaseSpec{HolderIdentity: &holder},
+	}, "", "", "")
+
+	// The test's own watch: when etcd showed the other writer's first write,
+	// and the run's last.
+	ctx := context.Background()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var firstOther, lastOurs time.Time
+	var firstOtherRev int64
+	watched := make(chan struct{})
+	wch := c.Cli.Watch(wctx, "/registry/", clientv3.WithPrefix(), clientv3.WithRev(c.Revision()+1))
+	go func() {
+		defer close(watched)
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				switch k := string(ev.Kv.Key); {
+				case k == kcm && firstOther.IsZero():
+					firstOther, firstOtherRev = time.Now(), ev.Kv.ModRevision
+				case strings.HasPrefix(k, "/registry/secrets/"):
+					lastOurs = time.Now()
+				}
+			}
+		}
+	}()
+
+	journal1 := filepath.Join(c.Dir, "journal-1")
+	var stop func()
+	sum, err := Run(ctx, c.Env(cfg), Options{
+		PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal1, QuotaBackendBytes: undo.DefaultQuotaBackendBytes},
+		Writers:          2, BatchOps: 4,
+		Progress: func(p Counts) {
+			if stop == nil && p.Rewritten >= 100 {
+				stop = c.KeepWriting(t, kcm, [][]byte{lease})
+			}
+		},
+	})
+	if stop == nil {
+		t.Fatalf("the other writer never started (summary %+v, err %v)", sum.Summary, err)
+	}
+	var we *liveness.WriterError
+	if !errors.As(err, &we) {
+		t.Fatalf("err = %v, want a writer's stop (summary %+v)", err, sum.Summary)
+	}
+	msg := err.Error()
+	t.Log(msg)
+	if !strings.Contains(msg, "stopped: a writer appeared") || !strings.Contains(msg, kcm+" written") {
+		t.Errorf("error does not name the other writer's key: %s", msg)
+	}
+	if s := sum.Summary; s.Rewritten == 0 || s.Rewritten >= n || s.Failed != 0 {
+		t.Fatalf("summary %+v: want a run stopped part-way, nothing failed", s)
+	}
+	stop()
+	time.Sleep(200 * time.Millisecond) // the test's watch sees the last writes
+	cancel()
+	<-watched
+	if d := lastOurs.Sub(firstOther); d > time.Second {
+		t.Errorf("the run wrote for %s after etcd showed the other writer's first write (revision %d)", d, firstOtherRev)
+	}
+
+	// Every secret the run changed is journaled, intent and done.
+	intents, done := map[string]bool{}, map[string]bool{}
+	if err := undo.ReadJournal(journal1, func(r undo.JournalRecord) error {
+		switch r.Op {
+		case "intent":
+			intents[r.Key] = true
+		case "done":
+			done[r.Key] = true
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for k, v := range secrets() {
+		if v != before[k] {
+			changed++
+			if !intents[k] || !done[k] {
+				t.Errorf("%s rewritten but not journaled (intent %v, done %v)", k, intents[k], done[k])
+			}
+		}
+	}
+	if int64(changed) != sum.Summary.Rewritten {
+		t.Errorf("%d secrets changed, the summary says %d rewritten", changed, sum.Summary.Rewritten)
+	}
+
+	// The rerun picks up from what was written.
+	journal2 := filepath.Join(c.Dir, "journal-2")
+	again := run(t, c.Env(cfg), Options{PreflightOptions: undo.PreflightOptions{Journal: journal2}})
+	if again.Summary.Rewritten != n-sum.Summary.Rewritten || again.Summary.Current != sum.Summary.Rewritten {
+		t.Fatalf("rerun %+v after %d rewritten", again.Summary, sum.Summary.Rewritten)
+	}
+	res, err := undo.RollbackJournals(ctx, c.Cli, &etcdscan.Writer{Client: c.Cli}, []string{journal2, journal1}, undo.RollbackOptions{})
+	if err != nil || res.Restored != n {
+		t.Fatalf("rollback: %+v, %v", res, err)
+	}
+	for k, v := range secrets() {
+		if before[k] != v {
+			t.Errorf("%s not restored byte for byte", k)
+		}
+	}
+}
+
+// TestWindowWhileSnapshotSaved: the liveness window runs while the snapshot
+// is saved and the first decisions are made, and its verdict still comes
+// before any write: a writer that appears while the snapshot is being saved
+// refuses the run as before (nothing written, the snapshot removed), and a
+// run with no writer sends its first write only after the window's end (its
+// revision above the window's last, its time past the window), having saved
+// the snapshot meanwhile.
+func TestWindowWhileSnapshotSaved(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c.SeedMany(300, oldCfg)
+	// A database of some 40 MB (outside the prefix): its snapshot takes a while.
+	filler := strings.Repeat("x", 1<<20)
+	for i := range 40 {
+		c.PutRaw(fmt.Sprintf("/filler/%02d", i), []byte(filler))
+	}
+	cfg := pipeline.Config{Resources: []string{"secrets"}, Target: target.Input{EncryptionConfig: newCfg}}
+	ctx := context.Background()
+	const window = 2 * time.Second
+
+	// 1. A writer appears while the snapshot is being saved.
+	snap := filepath.Join(c.Dir, "snapshot-1.db")
+	other := "/registry/leases/kube-system/kube-scheduler"
+	saving := make(chan bool, 1)
+	go func() {
+		deadline := time.Now().Add(window)
+		for time.Now().Before(deadline) {
+			if _, err := os.Stat(snap + ".part"); err == nil {
+				c.PutRaw(other, []byte("x"))
+				saving <- true
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		saving <- false
+	}()
+	before := dump(t, c)
+	_, err := Run(ctx, c.Env(cfg), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: window, Snapshot: snap, Journal: filepath.Join(c.Dir, "journal-1"), QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	if !<-saving {
+		t.Fatal("the snapshot was never seen being saved during the window")
+	}
+	var pe *undo.PreflightError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), other+" written") || !strings.Contains(err.Error(), "nothing was written") {
+		t.Fatalf("err = %v, want the window's refusal naming %s", err, other)
+	}
+	sameExcept(t, c, before, other)
+	for _, f := range []string{snap, snap + ".part", filepath.Join(c.Dir, "journal-1")} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s left behind by a refused run", f)
+		}
+	}
+	if _, err := c.Cli.Delete(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+
+	// 2. No writer: the first write comes after the window's end.
+	snap = filepath.Join(c.Dir, "snapshot-2.db")
+	from := c.Revision()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	firstWrite := make(chan time.Time, 1)
+	var firstRev int64
+	var snapshotSeen time.Time
+	go func() {
+		for !func() bool { _, err := os.Stat(snap); return err == nil }() && wctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		snapshotSeen = time.Now()
+	}()
+	go func() {
+		for resp := range c.Cli.Watch(wctx, "/registry/secrets/", clientv3.WithPrefix(), clientv3.WithRev(from+1)) {
+			if len(resp.Events) > 0 {
+				firstRev = resp.Events[0].Kv.ModRevision
+				firstWrite <- time.Now()
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	sum, err := Run(ctx, c.Env(cfg), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: window, Snapshot: snap, Journal: filepath.Join(c.Dir, "journal-2"), QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	if err != nil || sum.Summary.Rewritten != 300 {
+		t.Fatalf("run: %v, %+v", err, sum.Summary)
+	}
+	first := <-firstWrite
+	if first.Sub(start) < window {
+		t.Errorf("first write %s after the start, before the %s window ended", first.Sub(start), window)
+	}
+	var winFrom, winTo int64
+	for _, l := range sum.Preflight {
+		if i := strings.Index(l, "(etcd revisions "); i >= 0 {
+			fmt.Sscanf(l[i:], "(etcd revisions %d to %d)", &winFrom, &winTo)
+		}
+	}
+	if winTo == 0 || firstRev <= winTo {
+		t.Errorf("first write at revision %d, the window watched up to %d (preflight %q)", firstRev, winTo, sum.Preflight)
+	}
+	if snapshotSeen.IsZero() || !snapshotSeen.Before(first) {
+		t.Errorf("snapshot saved at %v, first write at %v", snapshotSeen, first)
+	}
+	if d := snapshotSeen.Sub(start); d >= window {
+		t.Logf("note: the snapshot was saved %s after the start, not within the %s window (a loaded machine)", d, window)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/undo"
@@ -60,9 +61,15 @@ type Options struct {
 	Output     undo.Store
 	OutputFile string
 	// OnPreflight, when set, is given the checks passed, after the preflight
-	// and before the first write (the run directory's plan); an error stops
-	// the run with nothing written.
+	// and the liveness window's verdict, before the first write (the run
+	// directory's plan); an error stops the run with nothing written.
 	OnPreflight func(checks []string) error
+	// Watch, when set, is the liveness watch of the run this migration is
+	// part of (the caller's, which it closes: storage version migrations
+	// one resource after another, records written after): the migration
+	// waits for its verdict and stops when it sees another writer. nil: the
+	// migration starts its own (none with AllowLiveAPIServer).
+	Watch *undo.Watch
 }
 
 // Counts are a summary's figures, overall or for one resource.
@@ -153,29 +160,51 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if writeCtx == nil {
 		writeCtx = ctx
 	}
-	var w undo.Store = undo.EtcdStore{Writer: &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}}
+	ew := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}
+	var w undo.Store = undo.EtcdStore{Writer: ew}
 	if opts.Output != nil {
 		w = opts.Output
 	}
 
+	// The run's first write waits for the liveness window's verdict and the
+	// snapshot (first.Then opens the journal); the window runs while the
+	// checks, the snapshot and the first decisions go on.
+	first := &undo.FirstWrite{Client: env.Client}
 	var journal *undo.Journal
 	var guard *undo.SpaceGuard
+	watch := opts.Watch
 	if !opts.DryRun {
 		var err error
-		if journal, guard, err = preflight(ctx, env, opts, sum); err != nil {
+		if watch == nil && opts.Output == nil {
+			if watch, err = undo.StartWatch(ctx, env.Client, env.Resolver.Prefix(), opts.PreflightOptions); err != nil {
+				return t.summary(sum, start), err
+			}
+			defer watch.Close()
+		}
+		if guard, err = preflight(ctx, env, opts, sum, watch, first, &journal); err != nil {
 			return t.summary(sum, start), err
 		}
-		if journal != nil {
-			defer journal.Close()
-		}
+		ew.Observer = watch.Observer()
+		defer func() {
+			if journal != nil {
+				journal.Close()
+			}
+		}()
 	}
 
 	// The scan tallies each page and hands its stale decisions to the
 	// writers; a writer's error stops the scan.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ws := startWriters(opts, cancel, func(ds []reencode.Decision, snap *snapshotOnce) error {
-		return writeBatch(writeCtx, env, w, journal, guard, ds, t, opts, snap)
+	ws := startWriters(opts, cancel, func(ds []reencode.Decision) error {
+		// An interruption while the first batch waits writes nothing.
+		if err := first.Open(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		return writeBatch(writeCtx, env, w, journal, guard, watch, ds, t, opts)
 	})
 	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		stale, counts := t.page(page)
@@ -209,18 +238,36 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if !sum.Consistent || env.Config.Namespace != "" {
 			decidedAt = 0
 		}
-		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, &t.crWrites, w, journal)
+		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, &t.crWrites, w, func(context.Context) (*undo.Journal, error) {
+			if err := first.Open(ctx); err != nil {
+				return nil, err
+			}
+			if err := watch.Stopped(); err != nil {
+				return nil, err
+			}
+			return journal, nil
+		})
 	} else if err == nil && !keepStored {
 		sum.CRDs = PlanStoredVersions(env, t.crdPending)
+	}
+	if first.Opened() {
+		// Every write of the run, up to the last, is judged: a writer that
+		// appeared is the run's outcome, whatever else it met.
+		var we *liveness.WriterError
+		if serr := watch.Settle(writeCtx); serr != nil && (err == nil || errors.As(serr, &we)) {
+			err = serr
+		}
 	}
 	return t.summary(sum, start), err
 }
 
 // preflight is what a run that writes checks before its first write (a live
-// etcd's, or the output snapshot's), recorded in sum and handed to
-// OnPreflight, and the journal it opens: the journal (nil without one) and
-// the space guard (nil for an output snapshot).
-func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summary) (*undo.Journal, *undo.SpaceGuard, error) {
+// etcd's, or the output snapshot's), recorded in sum: the space guard it
+// returns (nil for an output snapshot) compacts only what watch has judged;
+// first, the first write, saves the snapshot while the liveness window
+// ends, then adds the window's verdict to the checks, hands them to
+// OnPreflight and opens the journal (into journal; nil without one).
+func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summary, watch *undo.Watch, first *undo.FirstWrite, journal **undo.Journal) (*undo.SpaceGuard, error) {
 	var checks []string
 	var guard *undo.SpaceGuard
 	var err error
@@ -228,29 +275,40 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summar
 		checks, err = undo.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
 	} else {
 		checks, guard, err = undo.Preflight(ctx, env, opts.PreflightOptions)
+		first.Snapshot = opts.Snapshot
 	}
 	sum.Preflight = checks
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if guard != nil {
 		sum.Space = guard.Report()
+		guard.Watched(watch)
 	}
-	if opts.OnPreflight != nil {
-		if err := opts.OnPreflight(checks); err != nil {
-			return nil, nil, fmt.Errorf("%w (nothing was written)", err)
+	first.Watch = watch
+	first.Then = func(line string) error {
+		if line != "" {
+			checks = append(checks, line)
 		}
+		sum.Preflight = checks
+		if opts.OnPreflight != nil {
+			if err := opts.OnPreflight(checks); err != nil {
+				return err
+			}
+		}
+		if opts.Journal == "" {
+			return nil
+		}
+		// With an output snapshot, its mod revisions are the output's.
+		sum.Journal = opts.Journal
+		j, err := undo.OpenJournal(opts.Journal)
+		if err != nil {
+			return err
+		}
+		*journal = j
+		return nil
 	}
-	if opts.Journal == "" {
-		return nil, guard, nil
-	}
-	// With an output snapshot, its mod revisions are the output's.
-	sum.Journal = opts.Journal
-	journal, err := undo.OpenJournal(opts.Journal)
-	if err != nil {
-		return nil, nil, err
-	}
-	return journal, guard, nil
+	return guard, nil
 }
 
 // outcome is the run's error from the writers' and the scan's: a write's
@@ -283,14 +341,7 @@ type writers struct {
 	err      error
 }
 
-// snapshotOnce is the snapshot before a run's first write, taken by
-// whichever writer comes first.
-type snapshotOnce struct {
-	mu    sync.Mutex
-	taken bool
-}
-
-func startWriters(opts Options, cancel func(), write func([]reencode.Decision, *snapshotOnce) error) *writers {
+func startWriters(opts Options, cancel func(), write func([]reencode.Decision) error) *writers {
 	n := opts.Writers
 	if n <= 0 {
 		n = DefaultWriters
@@ -299,7 +350,6 @@ func startWriters(opts Options, cancel func(), write func([]reencode.Decision, *
 	if ws.batchOps <= 0 {
 		ws.batchOps = etcdscan.DefaultMaxOps
 	}
-	snap := &snapshotOnce{taken: opts.Snapshot == ""}
 	for i := 0; i < n; i++ {
 		ws.wg.Add(1)
 		go func() {
@@ -309,7 +359,7 @@ func startWriters(opts Options, cancel func(), write func([]reencode.Decision, *
 					// A panic is the run's error (the batch's intents
 					// are journaled before it is written).
 					defer crash.Recover("writing a batch", &err)
-					return write(ds, snap)
+					return write(ds)
 				}()
 				if err != nil {
 					ws.once.Do(func() { ws.err = err; cancel() })
@@ -345,21 +395,16 @@ func (ws *writers) wait() error {
 var errFailFast = errors.New("fail fast")
 
 // writeBatch journals, writes and tallies one batch of stale decisions. It
-// writes nothing once the writer met an error no retry fixes, nor when the
-// batch would take etcd's database past its quota (guard).
-func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Journal, guard *undo.SpaceGuard, ds []reencode.Decision, t *tally, opts Options, snap *snapshotOnce) error {
+// writes nothing once the writer met an error no retry fixes, once the run's
+// liveness watch saw another writer, nor when the batch would take etcd's
+// database past its quota (guard).
+func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Journal, guard *undo.SpaceGuard, watch *undo.Watch, ds []reencode.Decision, t *tally, opts Options) error {
 	if w.Stopped() != nil {
 		return nil // the run is stopping; the first error was returned
 	}
-	snap.mu.Lock()
-	if !snap.taken {
-		if err := etcdscan.Snapshot(ctx, env.Client, opts.Snapshot); err != nil {
-			snap.mu.Unlock()
-			return fmt.Errorf("snapshot %s: %w (nothing was written)", opts.Snapshot, err)
-		}
-		snap.taken = true
+	if err := watch.Stopped(); err != nil {
+		return err // another writer: no new batch
 	}
-	snap.mu.Unlock()
 
 	puts := make([]etcdscan.Put, len(ds))
 	var cost int64

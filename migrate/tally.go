@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/undo"
 )
@@ -131,6 +133,11 @@ func (t *tally) written(ds []reencode.Decision, results []etcdscan.PutResult, fa
 			// Someone else wrote it since it was read: the writer stored it fresh.
 			t.total.Conflicts++
 			rs.Conflicts++
+		case etcdscan.Failed:
+			if errors.As(r.Err, new(*liveness.WriterError)) {
+				continue // not sent: another writer stopped the run (its error says so)
+			}
+			fallthrough
 		default:
 			t.total.Failed++
 			rs.Failed++

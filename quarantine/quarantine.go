@@ -29,6 +29,7 @@ import (
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/textfmt"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/undo"
@@ -233,18 +234,21 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		writeCtx = ctx
 	}
 
-	var journal *undo.Journal
+	var watch *undo.Watch
 	if !opts.DryRun {
-		checks, err := undo.PreflightOffline(ctx, env, undo.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow})
+		// The liveness window runs while the objects are read; the first
+		// removal waits for its verdict, and another writer stops the run.
+		popts := undo.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow}
+		var err error
+		if watch, err = undo.StartWatch(ctx, env.Client, env.Resolver.Prefix(), popts); err != nil {
+			return res, err
+		}
+		defer watch.Close()
+		checks, err := undo.PreflightOffline(ctx, env, popts)
 		res.Preflight = checks
 		if err != nil {
 			return res, err
 		}
-		journal, err = undo.OpenJournal(opts.Journal)
-		if err != nil {
-			return res, err
-		}
-		defer journal.Close()
 	}
 
 	// Pass 1: find the unreadable objects. Values are not kept: a candidate is
@@ -313,72 +317,100 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		return res.finish(), nil
 	}
 
-	// Before the first removal: room for the undo, the plan, the snapshot.
-	if err := beforeFirstRemoval(ctx, env, opts, remove, res); err != nil {
+	// Before the first removal: room for the undo, the liveness window's
+	// verdict and the snapshot (saved while the window ends), the plan.
+	journal, err := beforeFirstRemoval(ctx, env, opts, watch, remove, res)
+	if err != nil {
 		return res.finish(), err
 	}
+	defer journal.Close()
 	// Pass 2: journal and remove, a batch at a time.
-	if err := journal.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
-		return res.finish(), err
-	}
-	w := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps}
+	w := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, Observer: watch.Observer()}
 	batch := opts.BatchOps
 	if batch <= 0 {
 		batch = etcdscan.DefaultMaxOps
 	}
-	for len(remove) > 0 {
+	err = nil
+	for len(remove) > 0 && err == nil {
 		if ctx.Err() != nil {
 			res.Interrupted = true
 			for _, e := range remove {
 				res.keep(e, "not reached: interrupted")
 			}
-			return res.finish(), errors.New("interrupted: the batches in flight finished; run again to go on")
+			err = errors.New("interrupted: the batches in flight finished; run again to go on")
+			break
+		}
+		if err = watch.Stopped(); err != nil {
+			for _, e := range remove {
+				res.keep(e, "not reached: another writer appeared")
+			}
+			break // no new batch
 		}
 		n := min(batch, len(remove))
-		if err := removeBatch(writeCtx, env, w, journal, remove[:n], res); err != nil {
-			return res.finish(), err
-		}
+		err = removeBatch(writeCtx, env, w, journal, remove[:n], res)
 		remove = remove[n:]
 	}
-	return res.finish(), nil
+	// Every removal, up to the last, is judged: a writer that appeared is
+	// the run's outcome.
+	var we *liveness.WriterError
+	if serr := watch.Settle(writeCtx); serr != nil && (err == nil || errors.As(serr, &we)) {
+		err = serr
+	}
+	return res.finish(), err
 }
 
 // beforeFirstRemoval checks that the snapshot and the journal fit on their
-// filesystems, hands the checks to OnPreflight and saves the snapshot.
-func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, remove []*Entry, res *Result) error {
+// filesystems, then saves the snapshot while the liveness window ends, waits
+// for the window's verdict, hands the checks to OnPreflight and opens the
+// journal.
+func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, watch *undo.Watch, remove []*Entry, res *Result) (*undo.Journal, error) {
 	var needs []undo.DiskNeed
 	if opts.Snapshot != "" {
 		st, err := etcdscan.Status(ctx, env.Client)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		needs = append(needs, undo.DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
 	}
-	var journal int64
+	var size int64
 	for _, e := range remove {
-		journal += undo.JournalRecordBytes(e.Key, e.Bytes)
+		size += undo.JournalRecordBytes(e.Key, e.Bytes)
 	}
-	needs = append(needs, undo.DiskNeed{What: "journal", Path: opts.Journal, Bytes: journal})
+	needs = append(needs, undo.DiskNeed{What: "journal", Path: opts.Journal, Bytes: size})
 	lines, err := undo.CheckDiskSpace(needs)
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
 		var se *undo.DiskSpaceError
 		if errors.As(err, &se) {
-			return &undo.PreflightError{Err: se}
+			return nil, &undo.PreflightError{Err: se}
 		}
-		return err
+		return nil, err
 	}
-	if opts.OnPreflight != nil {
-		if err := opts.OnPreflight(res.Preflight); err != nil {
-			return fmt.Errorf("%w (nothing was removed)", err)
+	var journal *undo.Journal
+	first := &undo.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Then: func(line string) error {
+		if line != "" {
+			res.Preflight = append(res.Preflight, line)
 		}
-	}
-	if opts.Snapshot != "" {
-		if err := etcdscan.Snapshot(ctx, env.Client, opts.Snapshot); err != nil {
-			return fmt.Errorf("%w (nothing was removed)", err)
+		if opts.OnPreflight != nil {
+			if err := opts.OnPreflight(res.Preflight); err != nil {
+				return err
+			}
 		}
+		j, err := undo.OpenJournal(opts.Journal)
+		if err != nil {
+			return err
+		}
+		if err := j.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
+			j.Close()
+			return err
+		}
+		journal = j
+		return nil
+	}}
+	if err := first.Open(ctx); err != nil {
+		return nil, err
 	}
-	return nil
+	return journal, nil
 }
 
 func entryOf(d *reencode.Decision) *Entry {
@@ -466,6 +498,12 @@ func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *
 		case etcdscan.Conflict:
 			e.Status, e.Note = StatusConflict, "changed since it was read: left alone (run again to see it)"
 			res.Conflicts++
+		case etcdscan.Failed:
+			if errors.As(r.Err, new(*liveness.WriterError)) {
+				res.keep(e, "not removed: another writer appeared")
+				continue
+			}
+			fallthrough
 		default:
 			e.Status, e.Note = StatusFailed, fmt.Sprint(r.Err)
 			res.Failed++

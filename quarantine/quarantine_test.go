@@ -23,6 +23,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
 	"kube-etcd-migrate/undo"
@@ -348,4 +349,88 @@ func keysIn(t *testing.T, cli *clientv3.Client, except string) map[string]string
 		}
 	}
 	return out
+}
+
+// TestQuarantineStopsAtAnotherWriter: once quarantine removes, another
+// writer under the prefix (a kube-scheduler lease, as only a kube-apiserver
+// would write it) stops it: exit 5's error, no more removals than were in
+// flight, every removal journaled, and the rollback puts every one back.
+func TestQuarantineStopsAtAnotherWriter(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	key1 := c.EncryptionConfig("key1.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	key2 := c.EncryptionConfig("key2.yaml", testcluster.AESCBC("key2", 2), testcluster.Identity)
+	const n = 300
+	c.SeedMany(n, key1) // key1 lost: the configuration has key2 only
+	ctx := context.Background()
+	before := map[string]string{}
+	for k, v := range c.Raw() {
+		if strings.HasPrefix(k, "/registry/secrets/") {
+			before[k] = v
+		}
+	}
+	other := "/registry/leases/kube-system/kube-scheduler"
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wrote := make(chan error, 1)
+	wch := c.Cli.Watch(wctx, "/registry/secrets/", clientv3.WithPrefix(), clientv3.WithRev(c.Revision()+1), clientv3.WithFilterPut())
+	go func() {
+		for resp := range wch {
+			if len(resp.Events) > 0 {
+				_, err := c.Cli.Put(ctx, other, "x")
+				wrote <- err
+				return
+			}
+		}
+	}()
+	journal := filepath.Join(t.TempDir(), "q.journal")
+	env := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: key2}, Resources: []string{"secrets"}})
+	res, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: []decode.Reason{decode.ReasonUndecryptable}, Journal: journal, LivenessWindow: 500 * time.Millisecond, BatchOps: 1})
+	if werr := <-wrote; werr != nil {
+		t.Fatal(werr)
+	}
+	var we *liveness.WriterError
+	if !errors.As(err, &we) || !strings.Contains(err.Error(), other+" written") {
+		t.Fatalf("err = %v, want a writer's stop naming %s", err, other)
+	}
+	if res.Removed == 0 || res.Removed >= n || res.Failed != 0 {
+		t.Fatalf("removed %d of %d, failed %d: want a run stopped part-way", res.Removed, n, res.Failed)
+	}
+	deleted := map[string]bool{}
+	if err := undo.ReadJournal(journal, func(r undo.JournalRecord) error {
+		if r.Op == "deleted" {
+			deleted[r.Key] = true
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gone := 0
+	for k := range before {
+		if !present(t, c, k) {
+			gone++
+			if !deleted[k] {
+				t.Errorf("%s removed but not journaled", k)
+			}
+		}
+	}
+	if int64(gone) != res.Removed {
+		t.Errorf("%d secrets gone, %d removed", gone, res.Removed)
+	}
+	if r, err := undo.Rollback(ctx, c.Cli, journal, &etcdscan.Writer{Client: c.Cli}); err != nil || int64(r.Restored) != res.Removed {
+		t.Fatalf("rollback: %+v, %v", r, err)
+	}
+	for k, v := range c.Raw() {
+		if b, ok := before[k]; ok && b != v {
+			t.Errorf("%s not restored byte for byte", k)
+		}
+	}
+}
+
+func present(t *testing.T, c *testcluster.Cluster, key string) bool {
+	t.Helper()
+	resp, err := c.Cli.Get(context.Background(), key, clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Count == 1
 }

@@ -92,7 +92,8 @@ func Record(ctx context.Context, env *pipeline.Env, sum *migrate.Summary, starte
 		}
 		out = append(out, rec)
 	}
-	return out, nil
+	// Every write, up to the last, is judged (with o.Watch, the run's).
+	return out, wr.settle()
 }
 
 // record creates one finished request, as a client would create it and

@@ -116,6 +116,16 @@ func RunRequested(ctx context.Context, env *pipeline.Env, opts Options) (*Result
 		return res, nil
 	}
 	if !opts.Migrate.DryRun {
+		if opts.Migrate.Watch == nil {
+			// One watch for every request: its window runs while the
+			// checks go on, the first write waits for it.
+			w, err := undo.StartWatch(ctx, env.Client, env.Resolver.Prefix(), opts.Migrate.PreflightOptions)
+			if err != nil {
+				return res, err
+			}
+			defer w.Close()
+			opts.Migrate.Watch = w
+		}
 		res.Preflight, _, err = undo.Preflight(ctx, env, opts.Migrate.PreflightOptions)
 		if err != nil {
 			return res, err
@@ -125,6 +135,7 @@ func RunRequested(ctx context.Context, env *pipeline.Env, opts Options) (*Result
 	if err != nil {
 		return res, err
 	}
+	wr.preflight = &res.Preflight
 	for _, r := range pending {
 		out, err := wr.run(ctx, r, opts)
 		res.Requests = append(res.Requests, out)
@@ -132,7 +143,8 @@ func RunRequested(ctx context.Context, env *pipeline.Env, opts Options) (*Result
 			return res, fmt.Errorf("request %s (%s): %w", r.Name, r.GroupResource(), err)
 		}
 	}
-	return res, nil
+	// Every write, up to the last, is judged.
+	return res, wr.settle()
 }
 
 // run carries out one request as the controller would: mark it Running

@@ -19,7 +19,6 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/undo"
@@ -82,8 +81,12 @@ type writer struct {
 	journal string
 	now     func() time.Time
 
-	snapshot      string
-	snapshotTaken bool
+	// first is the run's first write: the liveness window's verdict and the
+	// snapshot (when asked for) before it.
+	first *undo.FirstWrite
+	watch *undo.Watch
+	// preflight, when set, gets the window's line.
+	preflight *[]string
 }
 
 func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*writer, error) {
@@ -105,10 +108,26 @@ func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*wri
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	return &writer{
-		env: env, path: path, ctrl: ctrl, ctx: ctx, now: now, journal: o.Journal, snapshot: o.Snapshot,
-		w: &etcdscan.Writer{Client: env.Client, MaxOps: o.BatchOps, MaxBytes: o.BatchBytes},
-	}, nil
+	wr := &writer{
+		env: env, path: path, ctrl: ctrl, ctx: ctx, now: now, journal: o.Journal, watch: o.Watch,
+		w: &etcdscan.Writer{Client: env.Client, MaxOps: o.BatchOps, MaxBytes: o.BatchBytes, Observer: o.Watch.Observer()},
+	}
+	wr.first = &undo.FirstWrite{Watch: o.Watch, Client: env.Client, Snapshot: o.Snapshot, Then: func(line string) error {
+		if line != "" && wr.preflight != nil {
+			*wr.preflight = append(*wr.preflight, line)
+		}
+		return nil
+	}}
+	return wr, nil
+}
+
+// settle says, once the writes are over, whether anything but the run
+// wrote under the prefix meanwhile (nil when the run wrote nothing).
+func (wr *writer) settle() error {
+	if !wr.first.Opened() {
+		return nil
+	}
+	return wr.watch.Settle(wr.ctx)
 }
 
 // stored is one key as read now.
@@ -206,8 +225,9 @@ func (wr *writer) create(ctx context.Context, obj *svmapi.StorageVersionMigratio
 
 // put encodes obj as the target kube-apiserver stores gr and writes it at
 // key if the key still has modRevision (0: only if it does not exist),
-// journaling the old value of an existing key first. The etcd snapshot, when
-// asked for, is taken before the first write.
+// journaling the old value of an existing key first. The first write waits
+// for the liveness window's verdict and the etcd snapshot, when asked for;
+// none is sent once another writer was seen.
 func (wr *writer) put(ctx context.Context, gr schema.GroupResource, key string, obj runtime.Object, old []byte, modRevision int64) (etcdscan.PutResult, error) {
 	// As kube-apiserver's storage layer writes it: no resourceVersion.
 	if err := versioner.PrepareObjectForStorage(obj); err != nil {
@@ -217,11 +237,11 @@ func (wr *writer) put(ctx context.Context, gr schema.GroupResource, key string, 
 	if err != nil {
 		return etcdscan.PutResult{}, err
 	}
-	if wr.snapshot != "" && !wr.snapshotTaken {
-		if err := etcdscan.Snapshot(wr.ctx, wr.env.Client, wr.snapshot); err != nil {
-			return etcdscan.PutResult{}, input.Errorf("%s %s: %w (nothing was written)", input.Snapshot, wr.snapshot, err)
-		}
-		wr.snapshotTaken = true
+	if err := wr.first.Open(ctx); err != nil {
+		return etcdscan.PutResult{}, err
+	}
+	if err := wr.watch.Stopped(); err != nil {
+		return etcdscan.PutResult{}, err // another writer: nothing more is sent
 	}
 	p := etcdscan.Put{Key: key, Value: value, ModRevision: modRevision}
 	var j *undo.Journal

@@ -7,12 +7,9 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 )
@@ -37,7 +34,7 @@ type PreflightOptions struct {
 	// writes (--liveness-window); 0 = liveness.DefaultWindow.
 	LivenessWindow time.Duration
 	// PrivateEtcd, when set, names the snapshot file the etcd is a private copy
-	// of: no kube-apiserver can reach it, so the live-apiserver check is moot.
+	// of: no kube-apiserver can reach it, so the live-apiserver watch is moot.
 	PrivateEtcd string
 	// Spell names the operator's inputs in the preflight's lines and the
 	// quota's source (the command: its flags); nil: words.
@@ -67,7 +64,9 @@ func (e *PreflightError) Unwrap() error { return e.Err }
 
 // Preflight runs the checks that must pass before the first write and returns a
 // line per check passed, and the guard that keeps the run's writes below
-// etcd's quota (from what the checks found of etcd's space).
+// etcd's quota (from what the checks found of etcd's space). The liveness
+// window is not among them: the run's Watch has it, and its first write
+// waits for the verdict (FirstWrite).
 func Preflight(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, *SpaceGuard, error) {
 	done, err := PreflightOffline(ctx, env, opts)
 	if err != nil {
@@ -370,10 +369,11 @@ type spaceStart struct {
 // make progress between two compactions.
 func minCompactRoom(quota int64) int64 { return 2 * max(Margin(quota)/4, 256<<10) }
 
-// PreflightOffline runs the checks any write needs (migrate's, quarantine's):
-// etcd has no alarm, and no kube-apiserver is alive (CheckLiveness; skipped
-// when opts.AllowLiveAPIServer, or when the etcd is a private copy of a
-// snapshot file that no kube-apiserver can reach, opts.PrivateEtcd).
+// PreflightOffline runs the checks any write needs (migrate's, quarantine's)
+// that etcd answers at once: etcd has no alarm; for a private copy of a
+// snapshot file (opts.PrivateEtcd), a line saying no kube-apiserver can
+// reach it. Whether one is alive is the run's Watch's (StartWatch): its
+// window runs while the run goes on, and the first write waits for it.
 func PreflightOffline(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, error) {
 	var done []string
 	alarms, err := etcdscan.Alarms(ctx, env.Client)
@@ -384,33 +384,8 @@ func PreflightOffline(ctx context.Context, env *pipeline.Env, opts PreflightOpti
 		return done, &PreflightError{Err: fmt.Errorf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
 	}
 	done = append(done, "etcd has no active alarm")
-
-	switch {
-	case opts.PrivateEtcd != "":
+	if opts.PrivateEtcd != "" {
 		done = append(done, "no kube-apiserver can reach this etcd: a private copy of "+opts.PrivateEtcd)
-	case !opts.AllowLiveAPIServer:
-		line, err := CheckLiveness(ctx, env.Client, env.Resolver.Prefix(), opts.LivenessWindow)
-		if err != nil {
-			return done, err
-		}
-		done = append(done, line)
 	}
 	return done, nil
-}
-
-// CheckLiveness watches etcd under prefix for window (liveness.DefaultWindow
-// when 0) and returns the line saying nothing wrote there, or a
-// *PreflightError naming every key that moved: a kube-apiserver lease, any
-// other key (nothing writes under the prefix while every kube-apiserver is
-// stopped), or a master lease whose etcd lease has time left. It needs only an
-// etcd client, for any command that writes (migrate, quarantine, rollback).
-func CheckLiveness(ctx context.Context, cli *clientv3.Client, prefix string, window time.Duration) (string, error) {
-	rep, err := liveness.Observe(ctx, cli, prefix, window)
-	if err != nil {
-		return "", fmt.Errorf("preflight: %w", err)
-	}
-	if why := rep.Refusal(); why != "" {
-		return "", &PreflightError{Err: input.Errorf("%s, or pass %s", why, input.AllowLiveAPIServer)}
-	}
-	return rep.Summary(), nil
 }

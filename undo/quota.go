@@ -181,6 +181,18 @@ type SpaceGuard struct {
 	compacting chan compactResult
 	err        error
 	report     *SpaceReport
+	// watch, when set, is the run's liveness watch: a compaction waits
+	// until it has judged every revision it removes.
+	watch *Watch
+}
+
+// Watched makes the guard's compactions wait for the run's liveness watch
+// to have judged every revision they remove (a compaction the watch has not
+// caught up with would end it).
+func (g *SpaceGuard) Watched(w *Watch) {
+	if g != nil {
+		g.watch = w
+	}
 }
 
 // Report is what the run saw of etcd's space, kept up to date as it writes.
@@ -354,6 +366,10 @@ func (g *SpaceGuard) startCompact(ctx context.Context) {
 		case st.Revision <= after:
 			r = compactResult{} // nothing written since the last compaction
 		default:
+			if err := g.watch.waitJudged(ctx, st.Revision); err != nil {
+				r = compactResult{err: err}
+				break
+			}
 			r = compactResult{rev: st.Revision, err: g.cli.compact(ctx, st.Revision)}
 		}
 	}()

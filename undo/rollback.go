@@ -19,6 +19,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/liveness"
 )
 
 // RollbackResult counts what a rollback did (a dry run: would do). Each journal
@@ -97,8 +98,19 @@ type RollbackOptions struct {
 	// Journal, when set, records what the rollback itself overwrites, re-creates
 	// or removes, so that it can be undone in turn.
 	Journal *Journal
-	// BeforeFirstWrite runs once, just before the first write (the run's snapshot).
+	// BeforeFirstWrite runs once, just before the first write.
 	BeforeFirstWrite func(context.Context) error
+	// Watch, when set, is the rollback's liveness watch (StartWatch): the
+	// first write waits for its window's verdict, and a write under the
+	// prefix that is not the rollback's stops it (*liveness.WriterError).
+	Watch *Watch
+	// Snapshot, when set, is where the snapshot of etcd is saved before the
+	// first write (while the liveness window ends).
+	Snapshot string
+	// OnPreflight, when set, is given the window's line (""
+	// without a watch) before the first write; an error stops the rollback
+	// with nothing written.
+	OnPreflight func(line string) error
 	// BatchOps is the number of records decided and written together (0: DefaultMaxOps).
 	BatchOps int
 	// Quota, when set, is etcd's quota (FindQuota) the rollback keeps every
@@ -174,6 +186,23 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	if rb.batchOps <= 0 {
 		rb.batchOps = etcdscan.DefaultMaxOps
 	}
+	rb.first = &FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Then: func(line string) error {
+		if line != "" {
+			res.Preflight = append(res.Preflight, line)
+		}
+		if opts.OnPreflight != nil {
+			if err := opts.OnPreflight(line); err != nil {
+				return err
+			}
+		}
+		if opts.BeforeFirstWrite != nil {
+			return opts.BeforeFirstWrite(ctx)
+		}
+		return nil
+	}}
+	if !opts.DryRun && opts.Watch != nil && w.Observer == nil {
+		w.Observer = opts.Watch.Observer()
+	}
 	if opts.DryRun {
 		rb.sim = map[string]simValue{}
 	} else if opts.Quota != nil {
@@ -182,6 +211,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 			return res, err
 		}
 		rb.guard = newSpaceGuard(etcdStatus{cli}, *opts.Quota, opts.CompactHistory, st)
+		rb.guard.Watched(opts.Watch)
 		res.Space = rb.guard.report
 	}
 	var err error
@@ -193,6 +223,13 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	}
 	if rb.guard != nil {
 		rb.guard.Finish(context.WithoutCancel(ctx))
+	}
+	if rb.first.Opened() {
+		// Every write, up to the last, is judged: a writer that appeared
+		// is the rollback's outcome.
+		if serr := opts.Watch.Settle(context.WithoutCancel(ctx)); serr != nil && (err == nil || errors.As(serr, new(*liveness.WriterError))) {
+			err = serr
+		}
 	}
 	var se *SpaceError
 	if errors.As(err, &se) {
@@ -305,7 +342,8 @@ type rollback struct {
 	res      *RollbackResult
 	path     string // the journal being undone
 	batchOps int
-	wrote    bool
+	// first is the first write: the window's verdict, the snapshot.
+	first *FirstWrite
 	// pendingDone holds, for keys whose "done" record was read (backwards)
 	// before its intent, the mod revision the write produced: at most the
 	// writes in flight when the journal was written.
@@ -484,13 +522,13 @@ func (rb *rollback) batch(items []item) error {
 		}
 		return nil
 	}
-	if !rb.wrote {
-		rb.wrote = true
-		if rb.opts.BeforeFirstWrite != nil {
-			if err := rb.opts.BeforeFirstWrite(rb.ctx); err != nil {
-				return err
-			}
-		}
+	// The first write waits for the liveness window's verdict and the
+	// snapshot; none is sent once another writer was seen.
+	if err := rb.first.Open(rb.ctx); err != nil {
+		return err
+	}
+	if err := rb.opts.Watch.Stopped(); err != nil {
+		return err
 	}
 	if j := rb.opts.Journal; j != nil {
 		recs := make([]JournalRecord, len(undos))
@@ -542,6 +580,9 @@ func (rb *rollback) batch(items []item) error {
 			rb.res.Skipped++
 			rb.res.listKey("skipped", r.Key, "changed during rollback")
 		default:
+			if errors.As(r.Err, new(*liveness.WriterError)) {
+				continue // not sent: another writer stopped the rollback (its error says so)
+			}
 			if puts[i].Lease != 0 && errors.Is(r.Err, rpctypes.ErrLeaseNotFound) {
 				// The lease expired between the check and the write.
 				p := puts[i]

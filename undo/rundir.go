@@ -6,8 +6,11 @@
 // end, their checksums and the encryption keys its journal's values need),
 // its journal of
 // old values, the etcd snapshot taken before its first write, its plan (the
-// checks it passed before writing) and its summary; beside the run
-// directories, a log of every run's start and end (runs.log). A run directory
+// checks it passed before writing), its summary and its output as printed
+// (output.log); beside the run directories, a log of every run's start and
+// end (runs.log). A run holds a lock on its directory (flock) while it goes
+// on: a run with no end recorded is running while the lock is held, and was
+// killed once it is not (Record.State). A run directory
 // is created before anything is written and never reused, nor is its number
 // once the directory is removed; a snapshot file that exists is never
 // replaced, so the state before the first of several reruns stays on disk. One
@@ -50,8 +53,11 @@ const (
 	SnapshotFile = "snapshot.db"
 	PlanFile     = "plan.txt"
 	SummaryFile  = "summary.json"
-	runsDir      = "runs"
-	lockFile     = "lock"
+	// OutputFile is what the run printed, stdout and stderr interleaved as
+	// a terminal shows them (the command line writes it).
+	OutputFile = "output.log"
+	runsDir    = "runs"
+	lockFile   = "lock"
 	// logFile records each run's start and end in the state
 	// directory itself, so that a run directory removed by hand (the newest
 	// one too) is seen as missing, what it wrote is still known, and its
@@ -92,10 +98,40 @@ type Record struct {
 	// "identity"), recorded at its end: kube-apiserver's configuration
 	// must read them for as long as the undo is kept.
 	UndoNeedsKeys []string `json:"undoNeedsKeys,omitempty"`
+	// Output is the file the run's output is saved in (OutputFile).
+	Output string `json:"output,omitempty"`
 }
 
 // Finished says whether the run recorded its end.
 func (r Record) Finished() bool { return r.End != nil && r.ExitCode != nil }
+
+// A run's states (State).
+const (
+	StateRunning  = "running"
+	StateFinished = "finished"
+	StateKilled   = "killed"
+)
+
+// State says whether the run is running (no end recorded, and its process
+// holds the lock of its run directory), finished (its end recorded), or
+// killed (no end recorded, and nothing holds its lock: the process is gone;
+// its journal says what it wrote). The lock is tested, never taken for
+// longer than the test.
+func (r Record) State() string {
+	if r.Finished() {
+		return StateFinished
+	}
+	d, err := os.Open(r.Dir)
+	if err != nil {
+		return StateRunning // cannot tell: not called killed
+	}
+	defer d.Close()
+	if err := syscall.Flock(int(d.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return StateRunning // held (EWOULDBLOCK), or cannot tell
+	}
+	_ = syscall.Flock(int(d.Fd()), syscall.LOCK_UN)
+	return StateKilled
+}
 
 // SnapshotTaken says whether the run's snapshot file is on disk.
 func (r Record) SnapshotTaken() bool {
@@ -244,6 +280,8 @@ func (s *State) Close() error {
 type Run struct {
 	Record
 	stateDir string
+	// lock holds the run directory's flock while the run goes on (State).
+	lock *os.File
 }
 
 // NewRun creates the next run directory for command (mode 0700) and its record.
@@ -273,7 +311,21 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 		if err != nil {
 			return nil, fmt.Errorf("run directory %s: %w", dir, err)
 		}
+		// The run holds its directory's lock until its end: a run with no
+		// end recorded is running while it is held, killed once it is not.
+		// (Blocking: a 'runs' may be testing it that instant.)
+		lock, err := os.Open(dir)
+		if err == nil {
+			if err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+				lock.Close()
+			}
+		}
+		if err != nil {
+			os.Remove(dir)
+			return nil, fmt.Errorf("run directory %s: lock: %w", dir, err)
+		}
 		if err := appendLog(s.Dir, logEntry{ID: id, Seq: seq, Event: "start"}); err != nil {
+			lock.Close()
 			os.Remove(dir)
 			return nil, err
 		}
@@ -282,8 +334,9 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 			ID: id, Seq: seq, Command: command, Start: time.Now().UTC().Truncate(time.Second),
 			Dir: dir, Journal: filepath.Join(dir, JournalFile), Snapshot: filepath.Join(dir, SnapshotFile),
 			Endpoints: endpoints, Prefix: prefix, Host: host, PID: os.Getpid(),
-		}, stateDir: s.Dir}
+		}, stateDir: s.Dir, lock: lock}
 		if err := r.save(); err != nil {
+			lock.Close()
 			return nil, err
 		}
 		return r, nil
@@ -324,6 +377,7 @@ func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
 	if lerr := appendLog(r.stateDir, logged); err == nil {
 		err = lerr
 	}
+	r.Release()
 	return err
 }
 
@@ -351,6 +405,31 @@ func (r *Run) Seal() error {
 		}
 	}
 	return err
+}
+
+// Release lets go of the run directory's lock (Finish does): a run that
+// recorded no end is then killed as far as State goes.
+func (r *Run) Release() {
+	if r.lock != nil {
+		r.lock.Close()
+		r.lock = nil
+	}
+}
+
+// OpenOutput creates the file the run's output is saved in (OutputFile,
+// mode 0600) and records it.
+func (r *Run) OpenOutput() (*os.File, error) {
+	path := r.Path(OutputFile)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("run directory: %w", err)
+	}
+	r.Output = path
+	if err := r.save(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // SetSnapshot records where the run's snapshot is (an explicit --snapshot).
