@@ -250,6 +250,7 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, u *undoRun) migrat
 			CompactHistory:     o.space.compactHistory,
 			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
+			StateDir:           u.stateDir(),
 		},
 		DryRun:       o.dryRun,
 		FailFast:     o.failFast,

@@ -144,6 +144,7 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
 		AllowLiveAPIServer: o.live.allowLive,
 		LivenessWindow:     o.live.window,
 		PrivateEtcd:        o.scan.snapshotFile,
+		StateDir:           u.stateDir(),
 		BatchOps:           o.batchOps,
 		WriteContext:       writeCtx,
 	})

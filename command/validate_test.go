@@ -127,6 +127,8 @@ func TestUsageRefusedBeforeIO(t *testing.T) {
 		{[]string{"rollback", "--journal", journal, "--liveness-window", "0s"}, "error: --liveness-window must be positive"},
 		{[]string{"rollback", "--journal", journal, "--user", ":x"}, "error: --user: empty user name"},
 		{[]string{"rollback", "--journal", filepath.Join(dir, "none.journal")}, "error: --journal: stat " + filepath.Join(dir, "none.journal") + ": no such file or directory"},
+		{[]string{"rollback", "--run", "1", "--no-undo", "--undo-dir", dir}, "error: --no-undo keeps no undo: leave out --undo-dir, or --no-undo"},
+		{[]string{"rollback", "--run", "1", "--state-dir="}, "error: --state-dir: empty; give the state directory of the runs (default " + undo.DefaultStateDir + ")"},
 	} {
 		ep, accepted := countingListener(t)
 		state := filepath.Join(t.TempDir(), "state")
