@@ -342,9 +342,9 @@ func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.C
 	if o.undo.noUndo {
 		return nil, nil
 	}
-	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), Elsewhere: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifest), Quota: quota.Bytes}
+	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifest), Quota: quota.Bytes}
 	if o.undo.undoDir != "" {
-		sp.Dir, sp.Elsewhere = o.undo.undoDir, input.UndoDir
+		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
 	}
 	return undo.CheckRollbackSpace(ctx, cli, sp, journals)
 }

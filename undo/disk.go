@@ -66,7 +66,23 @@ func (e *DiskSpaceError) Render(spell func(input.Name) string) string {
 
 // CheckDiskSpace checks that the files fit together, with DiskMargin to spare, on
 // the filesystems they go to; it returns a line per filesystem checked.
+// Filesystems are told apart by device ID (stat).
 func CheckDiskSpace(needs []DiskNeed) ([]string, error) {
+	return checkDiskSpace(needs, freeBytes)
+}
+
+// freeBytes is the room an unprivileged process has on dir's filesystem.
+func freeBytes(dir string) (int64, error) {
+	var sfs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &sfs); err != nil {
+		return 0, err
+	}
+	return int64(sfs.Bavail) * int64(sfs.Bsize), nil
+}
+
+// checkDiskSpace is CheckDiskSpace with the room of each filesystem as
+// free says.
+func checkDiskSpace(needs []DiskNeed, free func(dir string) (int64, error)) ([]string, error) {
 	type fsNeeds struct {
 		dir   string
 		free  int64
@@ -83,11 +99,11 @@ func CheckDiskSpace(needs []DiskNeed) ([]string, error) {
 		}
 		f := byDev[uint64(st.Dev)]
 		if f == nil {
-			var sfs syscall.Statfs_t
-			if err := syscall.Statfs(dir, &sfs); err != nil {
+			room, err := free(dir)
+			if err != nil {
 				return nil, fmt.Errorf("disk space for the %s %s: %w", n.What, n.Path, err)
 			}
-			f = &fsNeeds{dir: dir, free: int64(sfs.Bavail) * int64(sfs.Bsize)}
+			f = &fsNeeds{dir: dir, free: room}
 			byDev[uint64(st.Dev)] = f
 			devs = append(devs, uint64(st.Dev))
 		}

@@ -297,10 +297,12 @@ func RollbackBytes(journals []string) (int64, error) {
 // RollbackSpace is where a rollback keeps its own undo, and what it knows of
 // etcd, for CheckRollbackSpace.
 type RollbackSpace struct {
-	// Dir is the directory its snapshot and journal go to: the state
-	// directory, or the undo directory that Elsewhere names.
-	Dir       string
-	Elsewhere input.Name
+	// Dir is the directory its snapshot and journal go to, and DirInput
+	// the input that names it: the state directory, or the rollback's
+	// undo directory. A refusal for room names the undo directory as the
+	// remedy either way: another state directory would not have the runs.
+	Dir      string
+	DirInput input.Name
 	// Etcd is etcd's data directory on this host (FindEtcdData), Quota
 	// etcd's quota: etcd's growth from the rollback is counted on its
 	// filesystem.
@@ -319,16 +321,16 @@ func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, sp RollbackSp
 	if err != nil {
 		return nil, err
 	}
-	if sp.Elsewhere == "" {
-		sp.Elsewhere = input.StateDir
+	if sp.DirInput == "" {
+		sp.DirInput = input.StateDir
 	}
 	if err := os.MkdirAll(sp.Dir, 0o700); err != nil {
-		return nil, input.Errorf("%s: %w; nothing was written", sp.Elsewhere, err)
+		return nil, input.Errorf("%s: %w; nothing was written", sp.DirInput, err)
 	}
 	if fi, err := os.Stat(sp.Dir); err != nil {
-		return nil, input.Errorf("%s: %w; nothing was written", sp.Elsewhere, err)
+		return nil, input.Errorf("%s: %w; nothing was written", sp.DirInput, err)
 	} else if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, input.Errorf("%s %s has mode %v: it will hold stored values (secrets among them); make it private first (chmod 700 %s); nothing was written", sp.Elsewhere, sp.Dir, perm, sp.Dir)
+		return nil, input.Errorf("%s %s has mode %v: it will hold stored values (secrets among them); make it private first (chmod 700 %s); nothing was written", sp.DirInput, sp.Dir, perm, sp.Dir)
 	}
 	var journal int64
 	for _, j := range journals {
@@ -347,7 +349,7 @@ func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, sp RollbackSp
 		lines, err = CheckDiskSpace(space.Needs())
 	}
 	if errors.As(err, &se) {
-		se.Elsewhere = sp.Elsewhere
+		se.Elsewhere = input.UndoDir
 		return lines, &PreflightError{Err: se}
 	}
 	if sp.Etcd.Dir == "" {
