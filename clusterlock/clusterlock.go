@@ -27,6 +27,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -90,6 +91,41 @@ type Run struct {
 	// Revision is etcd's revision when the run took the lock: the
 	// cluster's order of its runs.
 	Revision int64 `json:"revision"`
+	// Boot is the Linux boot ID of the run's host while it ran: with Host
+	// and PID, what tells a holder that is provably gone (GoneHere).
+	Boot string `json:"boot,omitempty"`
+}
+
+// BootID is this host's boot ID ("" when it cannot be read).
+func BootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// GoneHere says whether the holder is a run of this very host and boot, in
+// stateDir, whose process no longer exists: a run killed before it could
+// release the lock, whose rerun may take it over at once (Reclaim) rather
+// than wait for its lease. A PID used again by another process counts as
+// alive (the lease then frees the lock).
+func (e *HeldError) GoneHere(host, stateDir string) bool {
+	h := e.Holder
+	boot := BootID()
+	if h.Host == "" || h.Host != host || h.StateDir != stateDir || boot == "" || h.Boot != boot || h.PID <= 0 || h.PID == os.Getpid() {
+		return false
+	}
+	return errors.Is(syscall.Kill(h.PID, 0), syscall.ESRCH)
+}
+
+// Reclaim releases a gone holder's lock (GoneHere): its lease revoked, its
+// keys go with it. Its run's record stays, without an end.
+func Reclaim(ctx context.Context, cli *clientv3.Client, e *HeldError) error {
+	if _, err := cli.Revoke(ctx, e.Lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("release the lock of run %s (pid %d, gone): %w", e.Holder.ID, e.Holder.PID, err)
+	}
+	return nil
 }
 
 // Where says where the run keeps its undo: host and state directory.

@@ -137,6 +137,15 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	defer cli.Close()
 	prefix := undo.JournalsPrefix(journals)
+	hold := newClusterHold(o.io.errOut, cli, prefix, "rollback", o.undo, o.dryRun)
+	if err := hold.checkFree(ctx); err != nil {
+		return err
+	}
+	if o.runID != "" && hold != nil {
+		if recs, err := stateDir.Since(o.runID); err == nil && len(recs) > 0 {
+			hold.since = &recs[0]
+		}
+	}
 	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified}
 	if !opts.DryRun {
 		// The liveness window runs while the journals are checked and the
@@ -183,6 +192,13 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	var res undo.RollbackResult
 	defer func() { u.finish(o.io.errOut, err, res.Written(), res) }()
+	// One writing run per cluster: the lock is taken once the read-only
+	// checks passed, before the snapshot and the first write.
+	hold.attach(u)
+	defer func() { hold.finish(err, res.Written()) }()
+	if err := hold.take(ctx); err != nil {
+		return err
+	}
 	if u != nil {
 		if err := u.dir.SetUndoes(undoes); err != nil {
 			return err

@@ -118,7 +118,7 @@ func TestRollbackUndoDir(t *testing.T) {
 	}
 	migrated := c.Raw()
 
-	code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "0001-migrate", "--undo-dir", elsewhere}, conn...)...)
+	code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "0001-migrate", "--undo-dir", elsewhere, "--encryption-provider-config", newCfg}, conn...)...)
 	if code != exitOK {
 		t.Fatalf("rollback --undo-dir: exit %d\n%s%s", code, out, stderr)
 	}
@@ -155,7 +155,7 @@ func TestRollbackUndoDir(t *testing.T) {
 	}
 
 	// The rollback itself is undone from the state directory's record.
-	if code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "0002-rollback"}, conn...)...); code != exitOK {
+	if code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "0002-rollback", "--encryption-provider-config", newCfg}, conn...)...); code != exitOK {
 		t.Fatalf("rollback of the rollback: exit %d\n%s%s", code, out, stderr)
 	}
 	for k, v := range migrated {
@@ -187,7 +187,7 @@ func TestRollbackRefusedForRoomThenUndoDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	migrated, rev := c.Raw(), c.Revision()
-	code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "1"}, conn...)...)
+	code, out, stderr := runCLI(t, append([]string{"rollback", "--run", "1", "--encryption-provider-config", newCfg}, conn...)...)
 	if code != exitError || !strings.Contains(stderr, "not enough disk space on the filesystem of "+state) ||
 		!strings.Contains(stderr, "or give a --undo-dir on another filesystem (the runs undone are still read from --state-dir)") {
 		t.Fatalf("rollback on a full state directory: exit %d\n%s%s", code, out, stderr)
@@ -200,7 +200,7 @@ func TestRollbackRefusedForRoomThenUndoDir(t *testing.T) {
 			t.Fatalf("%s changed", k)
 		}
 	}
-	code, out, stderr = runCLI(t, append([]string{"rollback", "--run", "1", "--undo-dir", filepath.Join(t.TempDir(), "undo")}, conn...)...)
+	code, out, stderr = runCLI(t, append([]string{"rollback", "--run", "1", "--undo-dir", filepath.Join(t.TempDir(), "undo"), "--encryption-provider-config", newCfg}, conn...)...)
 	if code != exitOK {
 		t.Fatalf("rollback --undo-dir: exit %d\n%s%s", code, out, stderr)
 	}
