@@ -112,7 +112,9 @@ func (r showReport) stamped(build buildinfo.Info) any {
 func (r showReport) table(w io.Writer) error {
 	v := r.Run
 	fmt.Fprintf(w, "run %s\n", v.ID)
-	row := func(name, format string, args ...any) { fmt.Fprintf(w, "  %-14s %s\n", name, fmt.Sprintf(format, args...)) }
+	row := func(name, format string, args ...any) {
+		fmt.Fprintf(w, "  %-14s %s\n", name, fmt.Sprintf(format, args...))
+	}
 	cmd := v.Command
 	if len(v.Undoes) > 0 {
 		cmd += fmt.Sprintf(" (undoes %s)", strings.Join(v.Undoes, ", "))
