@@ -81,7 +81,9 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 	slow := func(args []string, state string) []string {
 		return append(append([]string(nil), args...), "--writers", "1", "--batch-ops", "1", "--state-dir", state)
 	}
-	on := func(args []string, state string) []string { return append(append([]string(nil), args...), "--state-dir", state) }
+	on := func(args []string, state string) []string {
+		return append(append([]string(nil), args...), "--state-dir", state)
+	}
 
 	key2 := rotate(2)
 	a, aErr := startWriting(t, c, slow(key2, stateA)...)
