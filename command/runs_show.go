@@ -199,7 +199,9 @@ type restorePlan struct {
 	InitialCluster string `json:"initialCluster"`
 	DataDir        string `json:"dataDir"`
 	DataDirFrom    string `json:"dataDirFrom"`
-	Token          string `json:"initialClusterToken,omitempty"`
+	// Token is the new cluster's --initial-cluster-token (one per
+	// restore, the same on every member).
+	Token string `json:"initialClusterToken"`
 	// Commands are the steps as printed; Notes what they assume.
 	Commands []string `json:"commands"`
 	Notes    []string `json:"notes,omitempty"`
@@ -216,6 +218,10 @@ type restoreMember struct {
 	// Placeholder: the values are to be filled in.
 	Placeholder bool `json:"placeholder,omitempty"`
 }
+
+// restoreBump is the restore's --bump-revision: past every revision a
+// client (a controller's watch, a kubelet) saw before the restore.
+const restoreBump = 1_000_000_000
 
 // Placeholders, in the commands where a value is not known.
 const (
@@ -285,9 +291,9 @@ func restorePlanFor(rec undo.Record, apiserverManifest string, members []restore
 	} else {
 		p.SHA256, p.SHA256From = "<SHA256>", "not known: "+err.Error()
 	}
+	p.Token = "etcd-restore-" + rec.ID
 	here, known := thisMember(apiserverManifest)
 	if known {
-		p.Token = here.InitialClusterToken
 		if here.HostDataDir != "" {
 			p.DataDir, p.DataDirFrom = here.HostDataDir, "--data-dir of "+here.File+" (kubeadm gives every member the same)"
 		}
@@ -326,7 +332,8 @@ func restorePlanFor(rec undo.Record, apiserverManifest string, members []restore
 	}
 	p.Commands = restoreCommands(rec, p)
 	p.Notes = append(p.Notes, "members: "+membersFrom, "data directory: "+p.DataDirFrom,
-		"etcdutl is etcd's own tool, of the release etcd runs (in etcd's image on a kubeadm node); the commands for another member run on that member's host")
+		"etcdutl is etcd's own tool, of the release etcd runs (from etcd's release tarball: kubeadm installs none on the host); the commands for another member run on that member's host, as root",
+		"--bump-revision and --mark-compacted move etcd's revision past every revision a client saw before, so that watches restart cleanly ('etcdutl snapshot restore --help' shows whether yours has them; without them, leave both out)")
 	return p
 }
 
@@ -350,19 +357,15 @@ func restoreCommands(rec undo.Record, p *restorePlan) []string {
 		cmd("scp %s %s:%s", p.Snapshot, m.Host, p.Snapshot)
 		cmd("ssh %s sha256sum %s    # must print %s", m.Host, p.Snapshot, p.SHA256)
 	}
-	step("3. On each member, restore it into a new data directory (etcdutl checks the snapshot's own sha256 trailer too):")
-	token := ""
-	if p.Token != "" {
-		token = " --initial-cluster-token " + p.Token
-	}
+	step("3. On each member, restore it into a new data directory, the same --initial-cluster and token on every member (etcdutl checks the snapshot's own sha256 trailer too):")
 	for _, m := range p.Members {
 		where := m.Host
 		if m.This {
 			where = "this node"
 		}
 		cmd("# on %s", where)
-		cmd("etcdutl snapshot restore %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s --data-dir %s%s",
-			p.Snapshot, m.Name, p.InitialCluster, m.PeerURL, restored, token)
+		cmd("etcdutl snapshot restore %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s --initial-cluster-token %s --bump-revision %d --mark-compacted --data-dir %s",
+			p.Snapshot, m.Name, p.InitialCluster, m.PeerURL, p.Token, restoreBump, restored)
 	}
 	step("4. On each member, keep the old data directory aside and put the restored one in its place, then start etcd (etcd.yaml back):")
 	cmd("mv %s %s.before-%s && mv %s %s", p.DataDir, p.DataDir, id, restored, p.DataDir)

@@ -159,7 +159,7 @@ func TestRunsShowRestores(t *testing.T) {
 			restore = f
 		}
 	}
-	if len(restore) == 0 || !strings.Contains(strings.Join(restore, " "), "--name "+c.Srv.Name()+" --initial-cluster "+c.Srv.Name()+"=http://127.0.0.1:") {
+	if len(restore) == 0 || !strings.Contains(strings.Join(restore, " "), "--name "+c.Srv.Name()+" --initial-cluster "+c.Srv.Name()+"=http://127.0.0.1:") || !strings.Contains(strings.Join(restore, " "), "--bump-revision 1000000000 --mark-compacted") {
 		t.Fatalf("no etcdutl restore of the member: %q", restore)
 	}
 
@@ -169,12 +169,14 @@ func TestRunsShowRestores(t *testing.T) {
 	fs := flag.NewFlagSet("etcdutl snapshot restore", flag.ContinueOnError)
 	name, cluster, peers, dir := fs.String("name", "", ""), fs.String("initial-cluster", "", ""), fs.String("initial-advertise-peer-urls", "", ""), fs.String("data-dir", "", "")
 	token := fs.String("initial-cluster-token", "etcd-cluster", "")
+	bump, compacted := fs.Uint64("bump-revision", 0, ""), fs.Bool("mark-compacted", false, "")
 	if err := fs.Parse(restore[4:]); err != nil || restore[3] != snap || fs.NArg() != 0 {
 		t.Fatalf("the restore command %q: %v", restore, err)
 	}
 	if err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
 		SnapshotPath: restore[3], Name: *name, OutputDataDir: *dir, OutputWALDir: filepath.Join(*dir, "member", "wal"),
 		PeerURLs: strings.Split(*peers, ","), InitialCluster: *cluster, InitialClusterToken: *token,
+		RevisionBump: *bump, MarkCompacted: *compacted,
 	}); err != nil {
 		t.Fatalf("%q: %v", restore, err)
 	}
@@ -209,7 +211,7 @@ func TestRunsShowRestores(t *testing.T) {
 	if m := shown.Restore.Members; len(m) != 1 || !m[0].Placeholder || shown.Restore.DataDir != phDataDir || shown.Restore.SHA256 != hex.EncodeToString(sum[:]) {
 		t.Errorf("the restore without etcd or a manifest: %+v", shown.Restore)
 	}
-	if !strings.Contains(strings.Join(shown.Restore.Commands, "\n"), "etcdutl snapshot restore "+snap+" --name <MEMBER_NAME> --initial-cluster <NAME1=PEER_URL1,NAME2=PEER_URL2,...> --initial-advertise-peer-urls <PEER_URL> --data-dir <DATA_DIR>.restore-0001-migrate") {
+	if !strings.Contains(strings.Join(shown.Restore.Commands, "\n"), "etcdutl snapshot restore "+snap+" --name <MEMBER_NAME> --initial-cluster <NAME1=PEER_URL1,NAME2=PEER_URL2,...> --initial-advertise-peer-urls <PEER_URL> --initial-cluster-token etcd-restore-0001-migrate --bump-revision 1000000000 --mark-compacted --data-dir <DATA_DIR>.restore-0001-migrate") {
 		t.Errorf("the placeholder commands:\n%s", strings.Join(shown.Restore.Commands, "\n"))
 	}
 	if code, _, stderr := runCLI(t, "runs", "--show", "7"); code != exitUsage || !strings.Contains(stderr, `--show: no run "7"`) {
