@@ -176,7 +176,11 @@ func (h *clusterHold) take(ctx context.Context) error {
 }
 
 func (h *clusterHold) warnOff() {
-	fmt.Fprintf(h.w, "warning: no cluster lock: %s; only this host's lock (the state directory's) keeps a second writing run out: make sure no other node runs a writing command until this one ends\n", h.off)
+	keeps := "only this host's lock (the state directory's) keeps a second writing run out"
+	if h.u == nil {
+		keeps = "and with --no-undo no state directory's lock either: nothing keeps a second writing run out"
+	}
+	fmt.Fprintf(h.w, "warning: no cluster lock: %s; %s: make sure no other node runs a writing command until this one ends\n", h.off, keeps)
 }
 
 // nameElsewhere says where the earlier runs of the cluster keep their

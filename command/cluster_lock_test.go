@@ -160,3 +160,40 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 		t.Fatalf("the rerun of the killed run: exit %d\n%s%s", code, out, stderr)
 	}
 }
+
+// TestClusterLockFallsBackUnderAuth: etcd with auth on, the tool connecting
+// as a user that may read and write under /registry/ only (as
+// kube-apiserver's client certificate may): the cluster's lock cannot be
+// held, and the run is not blocked: it says so on a warning line and
+// migrates. (--no-undo: etcd lets only root save a snapshot, whatever the
+// lock.)
+func TestClusterLockFallsBackUnderAuth(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c.SeedMany(20, oldCfg)
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := c.Cli.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := c.Cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := c.Cli.RoleAdd(ctx, "apiserver"); return err },
+		func() error {
+			_, err := c.Cli.RoleGrantPermission(ctx, "apiserver", "/registry/", clientv3.GetPrefixRangeEnd("/registry/"), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := c.Cli.UserAdd(ctx, "apiserver", "apiserverpw"); return err },
+		func() error { _, err := c.Cli.UserGrantRole(ctx, "apiserver", "apiserver"); return err },
+		func() error { _, err := c.Cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, stderr := runCLI(t, "migrate", "--no-undo", "--liveness-window", "500ms", "--endpoints", c.Srv.Endpoint, "--user", "apiserver:apiserverpw",
+		"--encryption-provider-config", newCfg, "--target-version", "1.37", "--resource", "secrets")
+	t.Logf("%s%s", out, stderr)
+	if code != exitOK || !strings.Contains(stderr, "warning: no cluster lock: etcd refused the cluster's lock key /kube-etcd-migrate/lock") ||
+		!strings.Contains(stderr, "with --no-undo no state directory's lock either: nothing keeps a second writing run out") || !strings.Contains(out, "rewritten 20 of 20") {
+		t.Fatalf("migrate as a user limited to /registry/: exit %d\n%s%s", code, out, stderr)
+	}
+}
