@@ -298,8 +298,8 @@ func Acquire(ctx context.Context, cli *clientv3.Client, run Run, ttl time.Durati
 	return l, nil
 }
 
-// Run is the run as recorded, its Revision set.
-func (l *Lock) Run() Run { return l.run }
+// Record is the run as recorded, its Revision set.
+func (l *Lock) Record() Run { return l.run }
 
 // Lost is closed when the lock's lease is no longer kept alive (etcd
 // unreachable for longer than its time to live, or Release).

@@ -138,17 +138,17 @@ func (h *clusterHold) take(ctx context.Context) error {
 		return err
 	}
 	host, _ := os.Hostname()
-	run := clusterlock.Run{ID: "none (--no-undo)", Command: h.command, Host: host, PID: os.Getpid(), Start: time.Now().UTC().Truncate(time.Second), Boot: clusterlock.BootID()}
+	rec := clusterlock.Run{ID: "none (--no-undo)", Command: h.command, Host: host, PID: os.Getpid(), Start: time.Now().UTC().Truncate(time.Second), Boot: clusterlock.BootID()}
 	if u := h.u; u != nil {
-		run.ID, run.StateDir, run.Journal, run.Snapshot, run.Start = u.dir.ID, u.state.Dir, u.dir.Journal, u.dir.Snapshot, u.dir.Start
+		rec.ID, rec.StateDir, rec.Journal, rec.Snapshot, rec.Start = u.dir.ID, u.state.Dir, u.dir.Journal, u.dir.Snapshot, u.dir.Start
 	}
-	l, err := clusterlock.Acquire(ctx, h.cli, run, ttl)
+	l, err := clusterlock.Acquire(ctx, h.cli, rec, ttl)
 	var np *clusterlock.NotPermittedError
 	var held *clusterlock.HeldError
 	if errors.As(err, &held) && held.GoneHere(host, h.stateDir) {
 		// Its predecessor, killed since checkFree: once more.
 		if err = h.reclaim(ctx, held); err == nil {
-			l, err = clusterlock.Acquire(ctx, h.cli, run, ttl)
+			l, err = clusterlock.Acquire(ctx, h.cli, rec, ttl)
 		}
 	}
 	switch {
@@ -162,8 +162,8 @@ func (h *clusterHold) take(ctx context.Context) error {
 		return err
 	}
 	h.lock = l
-	fmt.Fprintf(h.w, "run %s holds the cluster's lock in etcd (%s, lease %s): a writing run on any node is refused until it ends\n", run.ID, clusterlock.LockPrefix, ttl)
-	h.nameElsewhere(ctx, host, run.StateDir)
+	fmt.Fprintf(h.w, "run %s holds the cluster's lock in etcd (%s, lease %s): a writing run on any node is refused until it ends\n", rec.ID, clusterlock.LockPrefix, ttl)
+	h.nameElsewhere(ctx, host, rec.StateDir)
 	go func(lost <-chan struct{}, id string) {
 		<-lost
 		h.mu.Lock()
@@ -171,7 +171,7 @@ func (h *clusterHold) take(ctx context.Context) error {
 		if h.lock != nil {
 			fmt.Fprintf(h.w, "warning: run %s lost the cluster's lock (its lease was not kept alive: etcd unreachable): a writing run on another node is no longer kept out\n", id)
 		}
-	}(l.Lost(), run.ID)
+	}(l.Lost(), rec.ID)
 	return nil
 }
 
@@ -194,7 +194,7 @@ func (h *clusterHold) nameElsewhere(ctx context.Context, host, stateDir string) 
 	var earlier []clusterlock.Run
 	if h.lock != nil {
 		for _, r := range runs {
-			if r.Revision < h.lock.Run().Revision {
+			if r.Revision < h.lock.Record().Revision {
 				earlier = append(earlier, r)
 			}
 		}
@@ -209,11 +209,7 @@ func (h *clusterHold) nameElsewhere(ctx context.Context, host, stateDir string) 
 	if h.since == nil {
 		return
 	}
-	var cr []clusterRun
-	for _, r := range earlier {
-		cr = append(cr, clusterRun{Run: r})
-	}
-	if later := laterElsewhere(cr, *h.since, stateDir); len(later) > 0 {
+	if later := laterElsewhere(earlier, *h.since, stateDir); len(later) > 0 {
 		var s []string
 		for _, r := range later {
 			s = append(s, fmt.Sprintf("%s (%s) %s", r.ID, r.Command, r.Where()))
@@ -237,6 +233,6 @@ func (h *clusterHold) finish(err error, written int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if ferr := l.Finish(ctx, exitCodeOf(err), written); ferr != nil {
-		fmt.Fprintf(h.w, "warning: run %s: %s (the lock frees itself when its lease expires)\n", l.Run().ID, ferr)
+		fmt.Fprintf(h.w, "warning: run %s: %s (the lock frees itself when its lease expires)\n", l.Record().ID, ferr)
 	}
 }

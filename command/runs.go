@@ -57,7 +57,7 @@ type runsOptions struct {
 	stateDir undo.StateDir
 	output   string
 	// verify reads every byte of each run's undo (--verify).
-	verify bool
+	verifyUndo bool
 	// show is --show ID.
 	show string
 	// prune, keep, before, dryRun are --prune and its flags; keepSet says
@@ -73,7 +73,7 @@ type runsOptions struct {
 
 func newRunsOptions(c *cli.Context) *runsOptions {
 	return &runsOptions{
-		io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output"), verify: c.Bool("verify"),
+		io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output"), verifyUndo: c.Bool("verify"),
 		show: c.String("show"), prune: c.Bool("prune"), dryRun: c.Bool("dry-run"), keep: c.Int("keep"), keepSet: c.IsSet("keep"), before: c.String("before"),
 		cluster: newClusterSource(c),
 	}
@@ -94,11 +94,11 @@ func (o *runsOptions) validate() error {
 		if o.keepSet && o.keep < 1 {
 			return usageErr("--keep %d: keep at least the newest run (its undo is the one most likely needed)", o.keep)
 		}
-		if o.show != "" || o.verify {
+		if o.show != "" || o.verifyUndo {
 			return usageErr("--prune removes runs: leave out --show and --verify (run them first)")
 		}
 	}
-	if o.show != "" && o.verify {
+	if o.show != "" && o.verifyUndo {
 		return usageErr("--show prints one run: leave out --verify ('runs --verify' checks every run)")
 	}
 	return o.cluster.validate()
@@ -143,7 +143,7 @@ func (o *runsOptions) runRuns() error {
 	var damaged []string
 	ctx, stop := signalContext(o.io.errOut)
 	defer stop()
-	if o.verify {
+	if o.verifyUndo {
 		for i := range views {
 			v := &views[i]
 			v.UndoCheck = undo.CheckRun(ctx, v.Record)

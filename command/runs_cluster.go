@@ -73,6 +73,8 @@ type clusterRuns struct {
 	Runs []clusterRun `json:"runs"`
 	// Holder is the run holding the cluster's lock now (none: absent).
 	Holder *clusterlock.Run `json:"holder,omitempty"`
+	// raw are the runs as etcd records them.
+	raw []clusterlock.Run
 }
 
 // clusterRun is one of the cluster's runs, with its state: running (it
@@ -103,7 +105,7 @@ func listClusterRuns(ctx context.Context, cli *clientv3.Client) (*clusterRuns, s
 		}
 		return nil, "this host's runs only: " + err.Error()
 	}
-	out := &clusterRuns{}
+	out := &clusterRuns{raw: runs}
 	if held != nil && held.Holder.Host != "" {
 		h := held.Holder
 		out.Holder = &h
@@ -116,7 +118,7 @@ func listClusterRuns(ctx context.Context, cli *clientv3.Client) (*clusterRuns, s
 		case out.Holder != nil && out.Holder.Revision == r.Revision:
 			state = "running"
 		}
-		out.Runs = append(out.Runs, clusterRun{Run: r, State: state})
+		out.Runs = append(out.Runs, clusterRun{r, state})
 	}
 	return out, ""
 }

@@ -41,7 +41,7 @@ func (o *runsOptions) runShow() error {
 	}
 	ctx, stop := signalContext(o.io.errOut)
 	defer stop()
-	rep := showReport{Run: *rec, StateDir: o.stateDir}
+	rep := showReport{Shown: *rec, StateDir: o.stateDir}
 	for _, r := range recs {
 		if r.Seq > rec.Seq {
 			rep.Later = append(rep.Later, r.ID)
@@ -55,7 +55,7 @@ func (o *runsOptions) runShow() error {
 		defer cli.Close()
 		members, membersFrom = etcdMembers(ctx, cli)
 		if cluster, cnote := listClusterRuns(ctx, cli); cluster != nil {
-			rep.Elsewhere = laterElsewhere(cluster.Runs, *rec, absDir(string(o.stateDir)))
+			rep.Elsewhere = laterElsewhere(cluster.raw, *rec, absDir(string(o.stateDir)))
 		} else {
 			rep.ClusterNote = cnote
 		}
@@ -70,9 +70,9 @@ func (o *runsOptions) runShow() error {
 // state directory than rec's (stateDir, on this host) that took the
 // cluster's lock after rec's run did (after it started, when the cluster has
 // no record of it).
-func laterElsewhere(runs []clusterRun, rec undo.Record, stateDir string) []clusterlock.Run {
+func laterElsewhere(runs []clusterlock.Run, rec undo.Record, stateDir string) []clusterlock.Run {
 	host, _ := os.Hostname()
-	mine := func(r clusterRun) bool { return r.Host == host && r.StateDir == stateDir }
+	mine := func(r clusterlock.Run) bool { return r.Host == host && r.StateDir == stateDir }
 	var self int64 = -1
 	for _, r := range runs {
 		if mine(r) && r.ID == rec.ID {
@@ -82,7 +82,7 @@ func laterElsewhere(runs []clusterRun, rec undo.Record, stateDir string) []clust
 	var out []clusterlock.Run
 	for _, r := range runs {
 		if !mine(r) && (self >= 0 && r.Revision > self || self < 0 && r.Start.After(rec.Start)) {
-			out = append(out, r.Run)
+			out = append(out, r)
 		}
 	}
 	return out
@@ -90,7 +90,7 @@ func laterElsewhere(runs []clusterRun, rec undo.Record, stateDir string) []clust
 
 // showReport is one run and how to undo it.
 type showReport struct {
-	Run      undo.Record   `json:"run"`
+	Shown    undo.Record   `json:"run"`
 	StateDir undo.StateDir `json:"stateDir"`
 	// Later are the later runs of the state directory a rollback of this
 	// one undoes with it.
@@ -110,7 +110,7 @@ func (r showReport) stamped(build buildinfo.Info) any {
 }
 
 func (r showReport) table(w io.Writer) error {
-	v := r.Run
+	v := r.Shown
 	fmt.Fprintf(w, "run %s\n", v.ID)
 	row := func(name, format string, args ...any) {
 		fmt.Fprintf(w, "  %-14s %s\n", name, fmt.Sprintf(format, args...))
