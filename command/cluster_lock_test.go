@@ -119,6 +119,11 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 			t.Errorf("the cluster's run %d: %+v, want finished in %s", i, r, dir)
 		}
 	}
+	code, out, stderr = runCLI(t, "runs", "--state-dir", stateB, "--endpoints", c.Srv.Endpoint)
+	t.Logf("runs with etcd:\n%s", out)
+	if code != exitOK || !strings.Contains(out, "the cluster's runs (etcd, every host), in the order they took the cluster's lock:") || strings.Count(out, " finished ") != 2 {
+		t.Errorf("runs with etcd: exit %d\n%s%s", code, out, stderr)
+	}
 	if _, out, _ := runCLI(t, "runs", "--state-dir", stateB); !strings.Contains(out, notAsked) {
 		t.Errorf("runs without etcd's flags does not say it lists this host's runs only:\n%s", out)
 	}

@@ -200,6 +200,7 @@ func (r runsReport) table(w io.Writer) error {
 	if err := r.localTable(w); err != nil {
 		return err
 	}
+	fmt.Fprintln(w)
 	if r.cluster != nil {
 		return r.cluster.table(w)
 	}
