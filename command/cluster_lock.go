@@ -19,9 +19,10 @@ import (
 // clusterHold is a writing run's hold on the cluster's lock in etcd
 // (package clusterlock): one writing run per cluster, whatever node it runs
 // on. Its checkFree reads, before the run's checks, whether another run
-// holds the lock (a refusal then writes nothing at all); take takes it once
-// the read-only checks have passed, just before the snapshot and the first
-// write (the run's OnPreflight), and finish records the run's end and
+// holds the lock (a refusal then writes nothing at all); take takes it at
+// the first write, once the read-only checks and the liveness window's
+// verdict are in and the snapshot is saved (the run's OnPreflight, called by
+// undo.FirstWrite), and finish records the run's end and
 // releases it. nil (a run on a --snapshot-file, a dry run) holds nothing.
 // Where etcd refuses the tool's keys (auth) or kube-apiserver's prefix
 // covers them, the run goes on with the state directory's lock alone, said
@@ -78,8 +79,12 @@ func (h *clusterHold) checkFree(ctx context.Context) error {
 	case err != nil:
 		return err
 	case held != nil:
-		return h.reclaim(ctx, held)
+		if err := h.reclaim(ctx, held); err != nil {
+			return err
+		}
 	}
+	host, _ := os.Hostname()
+	h.nameElsewhere(ctx, host, h.stateDir)
 	return nil
 }
 
@@ -163,7 +168,6 @@ func (h *clusterHold) take(ctx context.Context) error {
 	}
 	h.lock = l
 	fmt.Fprintf(h.w, "run %s holds the cluster's lock in etcd (%s, lease %s): a writing run on any node is refused until it ends\n", rec.ID, clusterlock.LockPrefix, ttl)
-	h.nameElsewhere(ctx, host, rec.StateDir)
 	go func(lost <-chan struct{}, id string) {
 		<-lost
 		h.mu.Lock()
@@ -183,22 +187,16 @@ func (h *clusterHold) warnOff() {
 	fmt.Fprintf(h.w, "warning: no cluster lock: %s; %s: make sure no other node runs a writing command until this one ends\n", h.off, keeps)
 }
 
-// nameElsewhere says where the earlier runs of the cluster keep their
-// undo, when elsewhere than here, and for a rollback, the runs elsewhere
-// after the oldest it undoes.
+// nameElsewhere says, reading only, where the earlier runs of the cluster
+// keep their undo, when elsewhere than here, and for a rollback, the runs
+// elsewhere after the oldest it undoes (checkFree, before the run's checks).
 func (h *clusterHold) nameElsewhere(ctx context.Context, host, stateDir string) {
 	runs, _, err := clusterlock.List(ctx, h.cli)
 	if err != nil {
 		return
 	}
-	var earlier []clusterlock.Run
-	if h.lock != nil {
-		for _, r := range runs {
-			if r.Revision < h.lock.Record().Revision {
-				earlier = append(earlier, r)
-			}
-		}
-	}
+	// Read before this run takes the lock: every run listed is earlier.
+	earlier := runs
 	if places := clusterlock.Elsewhere(earlier, host, stateDir); len(places) > 0 {
 		var s []string
 		for _, r := range places {

@@ -101,8 +101,9 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 	if !strings.Contains(aErr.String(), "run 0001-migrate holds the cluster's lock in etcd") {
 		t.Errorf("the first run does not say it holds the cluster's lock:\n%s", aErr.String())
 	}
-	code, out, stderr = runCLI(t, on(key2, stateB)...)
-	if code != exitOK || !strings.Contains(stderr, fmt.Sprintf("note: the cluster's earlier runs keep their undo elsewhere too: 0001-migrate (migrate) on %s in %s", host, stateA)) {
+	code, out, stderr = runCLI(t, on(rotate(3), stateB)...)
+	if code != exitOK || !strings.Contains(stderr, fmt.Sprintf("note: the cluster's earlier runs keep their undo elsewhere too: 0001-migrate (migrate) on %s in %s", host, stateA)) ||
+		!strings.Contains(stderr, "run 0001-migrate holds the cluster's lock in etcd") || !strings.Contains(out, "rewritten 1500 of 1500") {
 		t.Fatalf("the second node's migrate once the first ended: exit %d\n%s%s", code, out, stderr)
 	}
 
@@ -121,7 +122,7 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 	}
 	code, out, stderr = runCLI(t, "runs", "--state-dir", stateB, "--endpoints", c.Srv.Endpoint)
 	t.Logf("runs with etcd:\n%s", out)
-	if code != exitOK || !strings.Contains(out, "the cluster's runs (etcd, every host), in the order they took the cluster's lock:") || strings.Count(out, " finished ") != 2 {
+	if code != exitOK || !strings.Contains(out, "the cluster's runs (etcd, every host), in the order they took the cluster's lock:") || strings.Count(out, " finished  "+host+"  ") != 2 {
 		t.Errorf("runs with etcd: exit %d\n%s%s", code, out, stderr)
 	}
 	if _, out, _ := runCLI(t, "runs", "--state-dir", stateB); !strings.Contains(out, notAsked) {
@@ -129,19 +130,19 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 	}
 
 	// A holder killed: its lease keeps the lock for its TTL, no longer.
-	key3 := rotate(3)
-	k, _ := startWriting(t, c, slow(key3, stateA)...)
+	key4 := rotate(4)
+	k, _ := startWriting(t, c, slow(key4, stateA)...)
 	if err := k.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = k.Wait()
 	killed := time.Now()
-	code, out, stderr = runCLI(t, on(key3, stateB)...)
+	code, out, stderr = runCLI(t, on(key4, stateB)...)
 	if code != exitError || !strings.Contains(stderr, fmt.Sprintf("run 0002-migrate (migrate, pid %d on %s", k.Process.Pid, host)) || !strings.Contains(stderr, "its lease frees the lock within") {
 		t.Fatalf("the other node's migrate %s after the holder was killed: exit %d\n%s%s", time.Since(killed), code, out, stderr)
 	}
 	for {
-		code, out, stderr = runCLI(t, on(key3, stateB)...)
+		code, out, stderr = runCLI(t, on(key4, stateB)...)
 		if code == exitOK {
 			break
 		}
@@ -153,14 +154,14 @@ func TestOneWritingRunPerCluster(t *testing.T) {
 	t.Logf("the killed holder's lock freed %s after the kill (lease TTL 4s)", time.Since(killed).Round(100*time.Millisecond))
 
 	// A rerun in the killed run's own state directory takes its lock over.
-	key4 := rotate(4)
-	k, _ = startWriting(t, c, slow(key4, stateA)...)
+	key5 := rotate(5)
+	k, _ = startWriting(t, c, slow(key5, stateA)...)
 	if err := k.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = k.Wait()
 	t.Setenv(clusterlock.EnvTTL, "600")
-	code, out, stderr = runCLI(t, on(key4, stateA)...)
+	code, out, stderr = runCLI(t, on(key5, stateA)...)
 	if code != exitOK || !strings.Contains(stderr, fmt.Sprintf("note: run 0003-migrate (pid %d on this host, state directory %s) holds the cluster's lock but its process is gone (killed): its lock is released", k.Process.Pid, stateA)) {
 		t.Fatalf("the rerun of the killed run: exit %d\n%s%s", code, out, stderr)
 	}

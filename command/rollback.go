@@ -138,13 +138,13 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	defer cli.Close()
 	prefix := undo.JournalsPrefix(journals)
 	hold := newClusterHold(o.io.errOut, cli, prefix, "rollback", o.undo, o.dryRun)
-	if err := hold.checkFree(ctx); err != nil {
-		return err
-	}
 	if o.runID != "" && hold != nil {
 		if recs, err := stateDir.Since(o.runID); err == nil && len(recs) > 0 {
 			hold.since = &recs[0]
 		}
+	}
+	if err := hold.checkFree(ctx); err != nil {
+		return err
 	}
 	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified}
 	if !opts.DryRun {
@@ -192,18 +192,19 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	var res undo.RollbackResult
 	defer func() { u.finish(o.io.errOut, err, res.Written(), res) }()
-	// One writing run per cluster: the lock is taken once the read-only
-	// checks passed, before the snapshot and the first write.
+	// One writing run per cluster: the lock is taken at the first write,
+	// once the checks and the liveness window's verdict are in (OnPreflight).
 	hold.attach(u)
 	defer func() { hold.finish(err, res.Written()) }()
-	if err := hold.take(ctx); err != nil {
-		return err
-	}
+	opts.OnPreflight = func(string) error { return hold.take(ctx) }
 	if u != nil {
 		if err := u.dir.SetUndoes(undoes); err != nil {
 			return err
 		}
 		opts.OnPreflight = func(line string) error {
+			if err := hold.take(ctx); err != nil {
+				return err
+			}
 			if line == "" {
 				return u.recordChecks(preflight)
 			}

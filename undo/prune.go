@@ -16,7 +16,8 @@ package undo
 //   - A run still going on is never removed: a writing run holds the state
 //     directory's lock from before its run directory exists to its end, and
 //     the prune takes that lock first (a dry run tests it), so it refuses
-//     while another process holds the state directory at all.
+//     while another process holds the state directory at all; a run whose
+//     process holds its run directory (State: running) is refused too.
 //   - --keep N keeps the newest N runs (and the rest of the oldest kept one's
 //     group); --before ID removes the runs older than ID (ID's group kept
 //     whole). The files of a run kept outside its run directory (migrate
@@ -110,6 +111,12 @@ func (d StateDir) Prune(opts PruneOptions) (PruneResult, error) {
 				cut = g.First
 				break
 			}
+		}
+	}
+	// Its own lock says so too (State): never one still going on.
+	for _, r := range recs[:cut] {
+		if r.State() == StateRunning {
+			return res, fmt.Errorf("run %s has no end recorded and its process still holds its directory: a run going on is never removed; nothing was removed", r.ID)
 		}
 	}
 	for _, r := range recs[cut:] {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -59,6 +60,8 @@ func pruneFixture(t *testing.T) (StateDir, string) {
 			if err := r.Finish(s.exit, s.keys, nil); err != nil {
 				t.Fatal(err)
 			}
+		} else {
+			r.Release() // killed: its process, and its lock, gone
 		}
 		st.Close()
 	}
@@ -157,6 +160,19 @@ func TestPruneGroupsGapsAndLock(t *testing.T) {
 		}
 	}
 	st.Close()
+
+	// A run whose process still holds its directory (running): never removed.
+	d, err := os.Open(filepath.Join(string(dir), "runs", "0002-migrate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dir.Prune(PruneOptions{Keep: 3}); err == nil || !strings.Contains(err.Error(), "run 0002-migrate has no end recorded and its process still holds its directory") {
+		t.Errorf("prune of a running run: %v", err)
+	}
+	d.Close()
 
 	res, err := dir.Prune(PruneOptions{Keep: 3})
 	if err != nil {
