@@ -73,3 +73,68 @@ func TestEtcdManifestQuota(t *testing.T) {
 		t.Fatalf("no etcd manifest: %v", err)
 	}
 }
+
+// kubeadmEtcd is etcd's manifest as kubeadm writes it on a second control
+// plane node (stacked etcd), its data directory moved on the host.
+const kubeadmEtcd = `apiVersion: v1
+kind: Pod
+metadata:
+  name: etcd
+  namespace: kube-system
+spec:
+  containers:
+  - command:
+    - etcd
+    - --advertise-client-urls=https://10.0.0.12:2379
+    - --cert-file=/etc/kubernetes/pki/etcd/server.crt
+    - --client-cert-auth=true
+    - --data-dir=/var/lib/etcd
+    - --initial-advertise-peer-urls=https://10.0.0.12:2380
+    - --initial-cluster=cp-1=https://10.0.0.11:2380,cp-2=https://10.0.0.12:2380
+    - --initial-cluster-state=existing
+    - --name
+    - cp-2
+    image: registry.k8s.io/etcd:3.6.16-0
+    name: etcd
+    volumeMounts:
+    - mountPath: /var/lib/etcd
+      name: etcd-data
+    - mountPath: /etc/kubernetes/pki/etcd
+      name: etcd-certs
+  hostNetwork: true
+  volumes:
+  - hostPath:
+      path: /etc/kubernetes/pki/etcd
+      type: DirectoryOrCreate
+    name: etcd-certs
+  - hostPath:
+      path: /data/etcd
+      type: DirectoryOrCreate
+    name: etcd-data
+`
+
+// TestReadEtcdMember: the flags a snapshot restore of the member needs, and
+// its data directory mapped through the hostPath volume to the host's.
+func TestReadEtcdMember(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "etcd.yaml")
+	if err := os.WriteFile(file, []byte(kubeadmEtcd), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ReadEtcdMember(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := EtcdMember{File: file, Name: "cp-2", InitialCluster: "cp-1=https://10.0.0.11:2380,cp-2=https://10.0.0.12:2380",
+		InitialAdvertisePeerURLs: "https://10.0.0.12:2380", DataDir: "/var/lib/etcd", HostDataDir: "/data/etcd"}
+	if m != want {
+		t.Fatalf("member:\n%+v\nwant\n%+v", m, want)
+	}
+	// No volume at the data directory: not on the host.
+	noVolume := strings.Replace(kubeadmEtcd, "- --data-dir=/var/lib/etcd", "- --data-dir=/srv/etcd", 1)
+	if err := os.WriteFile(file, []byte(noVolume), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := ReadEtcdMember(file); err != nil || m.DataDir != "/srv/etcd" || m.HostDataDir != "" {
+		t.Fatalf("unmounted data dir: %+v %v", m, err)
+	}
+}

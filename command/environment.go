@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/clusterlock"
 	"kube-etcd-migrate/updatepath"
 )
 
@@ -30,6 +31,10 @@ var environmentHelpTx = `ENVIRONMENT:
       environment, then the default. A value taken from the environment, or one
       set there that kube-apiserver's configuration overrode, is named on one
       line of stderr (a password never shown).
+   KUBE_ETCD_MIGRATE_LOCK_TTL
+                      seconds: the time to live of the cluster's lock in etcd
+                      (default ` + fmt.Sprint(int(clusterlock.DefaultTTL.Seconds())) + `): a holder killed without releasing it frees
+                      it this long after its last keep-alive
    GOMEMLIMIT, GOGC   Go's runtime (defaults here: ` + fmt.Sprintf("%d MiB", defaultMemoryLimit>>20) + ` and ` + fmt.Sprint(defaultGCPercent) + `)
    TMPDIR             where a --snapshot-file is restored (commands that write)
    ` + updatepath.CheckShortcutEnv + `

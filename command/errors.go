@@ -34,6 +34,7 @@ var inputFlags = map[input.Name]string{
 	input.StateDir:                 "--state-dir",
 	input.StorageMediaType:         "--storage-media-type",
 	input.TargetVersion:            "--target-version",
+	input.UndoDir:                  "--undo-dir",
 	input.User:                     "--user",
 }
 

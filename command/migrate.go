@@ -151,18 +151,27 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 	} else if err := checkRecord(o.record, s.env); err != nil {
 		return err
 	}
+	// One writing run per cluster: refused now, before any check, while
+	// another holds the cluster's lock; taken just before the first write.
+	hold := newClusterHold(ios.errOut, s.cli, s.env.Resolver.Prefix(), "migrate", o.undo, o.dryRun)
+	if err := hold.checkFree(ctx); err != nil {
+		return err
+	}
 	u, err := o.undo.start(ios.errOut, "migrate", s.endpoints(), s.env.Resolver.Prefix())
 	if err != nil {
 		return err
 	}
+	hold.attach(u)
 	if o.requested {
 		var res *storagemigration.Result
 		defer func() { u.finish(ios.errOut, err, requestsWritten(res), res) }()
-		res, err = o.runMigrateRequested(ctx, s, u)
+		defer func() { hold.finish(err, requestsWritten(res)) }()
+		res, err = o.runMigrateRequested(ctx, s, u, hold)
 		return err
 	}
 	var sum *migrate.Summary
 	defer func() { u.finish(ios.errOut, err, migrateWritten(sum), sum) }()
+	defer func() { hold.finish(err, migrateWritten(sum)) }()
 	started := time.Now()
 	prog := newProgress(ios.errOut, "migrate", countKeys(ctx, s.env))
 	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
@@ -170,6 +179,7 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
 	opts := o.runOptions(writeCtx, u)
+	opts.OnPreflight = hold.then(ctx, opts.OnPreflight)
 	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
 	if s.file != nil && !opts.DryRun {
 		if err := openOutput(ctx, o.outSnap.path, s, &opts); err != nil {
@@ -250,6 +260,7 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, u *undoRun) migrat
 			CompactHistory:     o.space.compactHistory,
 			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
+			StateDir:           u.stateDir(),
 		},
 		DryRun:       o.dryRun,
 		FailFast:     o.failFast,
@@ -262,10 +273,12 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, u *undoRun) migrat
 }
 
 // runMigrateRequested is 'migrate --requested'.
-func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, u *undoRun) (*storagemigration.Result, error) {
+func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, u *undoRun, hold *clusterHold) (*storagemigration.Result, error) {
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: o.runOptions(writeCtx, u)})
+	opts := o.runOptions(writeCtx, u)
+	opts.OnPreflight = hold.then(ctx, opts.OnPreflight)
+	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: opts})
 	if res != nil {
 		if err := printReport(o.scan.io.out, o.output, requestedReport{res}); err != nil {
 			return res, err

@@ -118,16 +118,23 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
 	// flight finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
+	// One writing run per cluster (migrate's clusterHold).
+	hold := newClusterHold(ios.errOut, s.cli, s.env.Resolver.Prefix(), "quarantine", o.undo, o.dryRun)
+	if err := hold.checkFree(ctx); err != nil {
+		return err
+	}
 	u, err := o.undo.start(ios.errOut, "quarantine", s.endpoints(), s.env.Resolver.Prefix())
 	if err != nil {
 		return err
 	}
+	hold.attach(u)
 	var res *quarantine.Result
 	defer func() {
 		var removed int64
 		if res != nil {
 			removed = res.Removed
 		}
+		hold.finish(err, removed)
 		u.finish(ios.errOut, err, removed, res)
 	}()
 	journal := u.journalPath(o.undo.journal)
@@ -140,10 +147,11 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
 		DryRun:             o.dryRun,
 		Journal:            journal,
 		Snapshot:           u.snapshotPath(o.undo.snapshot),
-		OnPreflight:        u.recordChecks,
+		OnPreflight:        hold.then(ctx, u.recordChecks),
 		AllowLiveAPIServer: o.live.allowLive,
 		LivenessWindow:     o.live.window,
 		PrivateEtcd:        o.scan.snapshotFile,
+		StateDir:           u.stateDir(),
 		BatchOps:           o.batchOps,
 		WriteContext:       writeCtx,
 	})

@@ -14,6 +14,7 @@ import (
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/undo"
 )
 
@@ -28,6 +29,7 @@ func rollbackCommand() *cli.Command {
 			&cli.BoolFlag{Name: "allow-unverified-journal", Usage: "put back the values of a journal written before journal records were checksummed (unverifiable: a damaged record cannot be told from a good one)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be restored, skipped or left, write nothing"},
 			stateDirFlag(),
+			&cli.StringFlag{Name: "undo-dir", Usage: "keep the rollback's own undo (its journal and the snapshot before its first write) in DIR/ID (mode 0700) instead of its run directory, e.g. on another filesystem when the state directory's has no room: the runs undone are still read from --state-dir, and the rollback is recorded there (runs lists it, 'rollback --run ID' of it finds its undo)"},
 			&cli.BoolFlag{Name: "no-undo", Usage: "DANGEROUS: keep no journal and no snapshot of what the rollback overwrites"},
 			outputFlag("table", "table", "json")),
 		Action:       cmdRollback,
@@ -65,7 +67,7 @@ func newRollbackOptions(c *cli.Context) *rollbackOptions {
 		api:     newAPIServerOptions(c),
 		live:    newLivenessOptions(c),
 		space:   newSpaceOptions(c),
-		undo:    undoOptions{stateDir: undo.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), none: dryRun},
+		undo:    undoOptions{stateDir: undo.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), undoDir: c.String("undo-dir"), none: dryRun},
 		output:  c.String("output"),
 		runID:   c.String("run"),
 		journal: c.String("journal"),
@@ -81,6 +83,12 @@ func newRollbackOptions(c *cli.Context) *rollbackOptions {
 func (o *rollbackOptions) validate() error {
 	if (o.runID == "") == (o.journal == "") {
 		return usageErr("rollback: give --run ID (see 'kube-etcd-migrate runs') or --journal FILE")
+	}
+	if o.undo.noUndo && o.undo.undoDir != "" {
+		return usageErr("--no-undo keeps no undo: leave out --undo-dir, or --no-undo")
+	}
+	if o.undo.stateDir == "" && (o.runID != "" || !o.undo.noUndo) {
+		return usageErr("--state-dir: empty; give the state directory of the runs (default %s)", undo.DefaultStateDir)
 	}
 	if err := o.live.validate(); err != nil {
 		return err
@@ -129,6 +137,15 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	defer cli.Close()
 	prefix := undo.JournalsPrefix(journals)
+	hold := newClusterHold(o.io.errOut, cli, prefix, "rollback", o.undo, o.dryRun)
+	if o.runID != "" && hold != nil {
+		if recs, err := stateDir.Since(o.runID); err == nil && len(recs) > 0 {
+			hold.since = &recs[0]
+		}
+	}
+	if err := hold.checkFree(ctx); err != nil {
+		return err
+	}
 	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified}
 	if !opts.DryRun {
 		// The liveness window runs while the journals are checked and the
@@ -139,6 +156,7 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		}
 		defer opts.Watch.Close()
 	}
+	quota := undo.FindQuota(ctx, cli, o.api.manifest, o.space.quotaBackendBytes, flagOf)
 	// Every journal read whole, every value put back decrypted, before
 	// anything is written (a dry run too).
 	check, err := o.checkUndo(ctx, specs, wayBack, prefix)
@@ -152,14 +170,13 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		return refusal
 	}
 	if !opts.DryRun {
-		lines, err := o.rollbackPreflight(ctx, cli, journals)
+		lines, err := o.rollbackPreflight(ctx, cli, journals, quota)
 		if err != nil {
 			return err
 		}
 		preflight = append(preflight, lines...)
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	quota := undo.FindQuota(ctx, cli, o.api.manifest, o.space.quotaBackendBytes, flagOf)
 	lines, refused := undo.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
 	preflight = append(preflight, lines...)
 	if refused != nil && !opts.DryRun {
@@ -175,11 +192,19 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	var res undo.RollbackResult
 	defer func() { u.finish(o.io.errOut, err, res.Written(), res) }()
+	// One writing run per cluster: the lock is taken at the first write,
+	// once the checks and the liveness window's verdict are in (OnPreflight).
+	hold.attach(u)
+	defer func() { hold.finish(err, res.Written()) }()
+	opts.OnPreflight = func(string) error { return hold.take(ctx) }
 	if u != nil {
 		if err := u.dir.SetUndoes(undoes); err != nil {
 			return err
 		}
 		opts.OnPreflight = func(line string) error {
+			if err := hold.take(ctx); err != nil {
+				return err
+			}
 			if line == "" {
 				return u.recordChecks(preflight)
 			}
@@ -323,18 +348,22 @@ func undoRefusal(check *undo.UndoCheck, allowUnverified bool) error {
 }
 
 // rollbackPreflight is what a rollback checks before its first write, as
-// migrate does: no alarm, room for its own undo in the state directory (a
-// snapshot of the database and a journal about the size of the journals it
-// undoes). The liveness window's verdict comes with the first write (its
-// Watch).
-func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string) ([]string, error) {
+// migrate does: no alarm, room for its own undo in the state directory or
+// --undo-dir (a snapshot of the database and a journal about the size of the
+// journals it undoes) with etcd's growth from what it writes back. The
+// liveness window's verdict comes with the first write (its Watch).
+func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string, quota undo.Quota) ([]string, error) {
 	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
 	if o.undo.noUndo {
 		return nil, nil
 	}
-	return undo.CheckRollbackSpace(ctx, cli, o.undo.stateDir, journals)
+	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifest), Quota: quota.Bytes}
+	if o.undo.undoDir != "" {
+		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
+	}
+	return undo.CheckRollbackSpace(ctx, cli, sp, journals)
 }
 
 func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {

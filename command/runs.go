@@ -19,8 +19,14 @@ func runsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "runs",
 		Usage: "list the writing runs kept in the state directory, oldest first: what each changed and where its undo is",
-		Flags: []cli.Flag{stateDirFlag(), outputFlag("table", "table", "json"),
-			&cli.BoolFlag{Name: "verify", Usage: "read every byte of each run's journal and snapshot: whether its undo verifies (each journal record's checksum and chain, the checksums recorded at the run's end, etcd's snapshot trailer); exit 1 when one is damaged"}},
+		Flags: append(append([]cli.Flag{stateDirFlag(), outputFlag("table", "table", "json"),
+			&cli.BoolFlag{Name: "verify", Usage: "read every byte of each run's journal and snapshot: whether its undo verifies (each journal record's checksum and chain, the checksums recorded at the run's end, etcd's snapshot trailer); exit 1 when one is damaged"},
+			&cli.StringFlag{Name: "show", Usage: "print run ID's record and how to undo it: the rollback, and the restore of its snapshot on every etcd member (copy, sha256 check, etcdutl snapshot restore with each member's flags)"},
+			&cli.BoolFlag{Name: "prune", Usage: "remove the oldest run directories (--keep N or --before ID): never one between two kept, never one a kept run's rollback needs (a run left part-way goes or stays with the reruns that finished it), never while another process holds the state directory; --dry-run first"},
+			&cli.IntFlag{Name: "keep", Usage: "with --prune: keep the newest N runs (and the earlier runs of the oldest kept one's group)"},
+			&cli.StringFlag{Name: "before", Usage: "with --prune: remove the runs older than run ID (the earlier runs of its group kept)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "with --prune: say what would be removed and what it frees, remove nothing"},
+		}, etcdFlags()...), apiServerFlags()[:2]...),
 		Action:       cmdRuns,
 		OnUsageError: commandUsageError,
 	}
@@ -51,11 +57,64 @@ type runsOptions struct {
 	stateDir undo.StateDir
 	output   string
 	// verify reads every byte of each run's undo (--verify).
-	verify bool
+	verifyUndo bool
+	// show is --show ID.
+	show string
+	// prune, keep, before, dryRun are --prune and its flags; keepSet says
+	// --keep was given.
+	prune, dryRun bool
+	keep          int
+	keepSet       bool
+	before        string
+	// cluster: etcd's connection, asked for the cluster's runs when
+	// given (askEtcd).
+	cluster clusterSource
+}
+
+func newRunsOptions(c *cli.Context) *runsOptions {
+	return &runsOptions{
+		io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output"), verifyUndo: c.Bool("verify"),
+		show: c.String("show"), prune: c.Bool("prune"), dryRun: c.Bool("dry-run"), keep: c.Int("keep"), keepSet: c.IsSet("keep"), before: c.String("before"),
+		cluster: newClusterSource(c),
+	}
+}
+
+// validate refuses, before anything is read, what runs' flags alone refuse.
+func (o *runsOptions) validate() error {
+	if o.stateDir == "" {
+		return usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
+	}
+	if !o.prune && (o.keepSet || o.before != "" || o.dryRun) {
+		return usageErr("--keep, --before and --dry-run go with --prune")
+	}
+	if o.prune {
+		if o.keepSet == (o.before != "") {
+			return usageErr("--prune: give --keep N (the newest N runs kept) or --before ID (the runs older than ID removed)")
+		}
+		if o.keepSet && o.keep < 1 {
+			return usageErr("--keep %d: keep at least the newest run (its undo is the one most likely needed)", o.keep)
+		}
+		if o.show != "" || o.verifyUndo {
+			return usageErr("--prune removes runs: leave out --show and --verify (run them first)")
+		}
+	}
+	if o.show != "" && o.verifyUndo {
+		return usageErr("--show prints one run: leave out --verify ('runs --verify' checks every run)")
+	}
+	return o.cluster.validate()
 }
 
 func cmdRuns(c *cli.Context) error {
-	o := &runsOptions{io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output"), verify: c.Bool("verify")}
+	o := newRunsOptions(c)
+	if err := o.validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.prune:
+		return o.runPrune()
+	case o.show != "":
+		return o.runShow()
+	}
 	return o.runRuns()
 }
 
@@ -82,9 +141,9 @@ func (o *runsOptions) runRuns() error {
 		}
 	}
 	var damaged []string
-	if o.verify {
-		ctx, stop := signalContext(o.io.errOut)
-		defer stop()
+	ctx, stop := signalContext(o.io.errOut)
+	defer stop()
+	if o.verifyUndo {
 		for i := range views {
 			v := &views[i]
 			v.UndoCheck = undo.CheckRun(ctx, v.Record)
@@ -101,7 +160,8 @@ func (o *runsOptions) runRuns() error {
 			}
 		}
 	}
-	if err := printReport(o.io.out, o.output, runsReport{dir, views, missing}); err != nil {
+	cluster, note := o.cluster.readClusterRuns(ctx, o.io.errOut)
+	if err := printReport(o.io.out, o.output, runsReport{dir: dir, runs: views, missing: missing, cluster: cluster, clusterNote: note}); err != nil {
 		return err
 	}
 	if len(damaged) > 0 {
@@ -117,6 +177,10 @@ type runsReport struct {
 	// missing are runs created after the oldest listed whose directories
 	// were removed (undo.Missing).
 	missing []undo.MissingRun
+	// cluster are the cluster's runs from etcd (every host), or nil and
+	// clusterNote why not.
+	cluster     *clusterRuns
+	clusterNote string
 }
 
 func (r runsReport) stamped(build buildinfo.Info) any {
@@ -125,10 +189,27 @@ func (r runsReport) stamped(build buildinfo.Info) any {
 		StateDir undo.StateDir     `json:"stateDir"`
 		Runs     []runView         `json:"runs"`
 		Missing  []undo.MissingRun `json:"missing,omitempty"`
-	}{build, r.dir, r.runs, r.missing}
+		// Cluster are the cluster's runs from every host (etcd), or
+		// ClusterNote says why not.
+		Cluster     *clusterRuns `json:"cluster,omitempty"`
+		ClusterNote string       `json:"clusterNote,omitempty"`
+	}{build, r.dir, r.runs, r.missing, r.cluster, r.clusterNote}
 }
 
 func (r runsReport) table(w io.Writer) error {
+	if err := r.localTable(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if r.cluster != nil {
+		return r.cluster.table(w)
+	}
+	fmt.Fprintln(w, r.clusterNote)
+	return nil
+}
+
+// localTable writes the state directory's runs.
+func (r runsReport) localTable(w io.Writer) error {
 	if len(r.runs) == 0 {
 		fmt.Fprintf(w, "no runs in %s\n", r.dir)
 		return nil

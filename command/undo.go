@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -43,6 +44,9 @@ type undoOptions struct {
 	stateDir          undo.StateDir
 	noUndo            bool
 	journal, snapshot string // --journal and --snapshot: where instead of the run directory
+	// undoDir is rollback's --undo-dir: its journal and snapshot go to
+	// undoDir/ID instead of the run directory.
+	undoDir string
 	// none: the run keeps no run directory (a dry run, a run on a --snapshot-file).
 	none bool
 }
@@ -117,9 +121,37 @@ func (o undoOptions) start(w io.Writer, command string, endpoints []string, pref
 		u.finish(w, err, 0, nil)
 		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
 	}
+	if o.undoDir != "" {
+		if err := o.elsewhere(rd); err != nil {
+			u.finish(w, err, 0, nil)
+			return nil, &codeError{code: exitError, err: fmt.Errorf("--undo-dir: %w; nothing was written", err)}
+		}
+		fmt.Fprintf(w, "run %s: recorded in %s; its undo is kept in %s (--undo-dir: journal %s, snapshot before the first write %s); 'kube-etcd-migrate runs --state-dir %s' lists it and 'kube-etcd-migrate rollback --run %s --state-dir %s' undoes it\n",
+			rd.ID, rd.Dir, filepath.Dir(rd.Journal), rd.Journal, rd.Snapshot, o.stateDir, rd.ID, o.stateDir)
+		return u, nil
+	}
 	fmt.Fprintf(w, "run %s: its undo is kept in %s (journal %s, snapshot before the first write %s); 'kube-etcd-migrate rollback --run %s' undoes it\n",
 		rd.ID, rd.Dir, rd.Journal, rd.Snapshot, rd.ID)
 	return u, nil
+}
+
+// elsewhere puts the run's journal and snapshot in undoDir/ID (mode 0700,
+// made: never one that exists), recorded in its run directory.
+func (o undoOptions) elsewhere(rd *undo.Run) error {
+	if err := os.MkdirAll(o.undoDir, 0o700); err != nil {
+		return err
+	}
+	dir, err := filepath.Abs(filepath.Join(o.undoDir, rd.ID))
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("%w (another state directory's run of that ID? give another directory)", err)
+	}
+	if err := rd.SetJournal(filepath.Join(dir, undo.JournalFile)); err != nil {
+		return err
+	}
+	return rd.SetSnapshot(filepath.Join(dir, undo.SnapshotFile))
 }
 
 // journalPath is where the run journals: its run directory's journal, else
@@ -138,6 +170,15 @@ func (u *undoRun) snapshotPath(snapshot string) string {
 		return snapshot
 	}
 	return u.dir.Snapshot
+}
+
+// stateDir is the state directory the run keeps its undo in, where a
+// rollback of it keeps its own ("" without an undo).
+func (u *undoRun) stateDir() undo.StateDir {
+	if u == nil {
+		return ""
+	}
+	return undo.StateDir(u.state.Dir)
 }
 
 // recordChecks records the checks a run passed before its first write.

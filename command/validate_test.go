@@ -127,6 +127,17 @@ func TestUsageRefusedBeforeIO(t *testing.T) {
 		{[]string{"rollback", "--journal", journal, "--liveness-window", "0s"}, "error: --liveness-window must be positive"},
 		{[]string{"rollback", "--journal", journal, "--user", ":x"}, "error: --user: empty user name"},
 		{[]string{"rollback", "--journal", filepath.Join(dir, "none.journal")}, "error: --journal: stat " + filepath.Join(dir, "none.journal") + ": no such file or directory"},
+		// runs.
+		{[]string{"runs", "--keep", "3"}, "error: --keep, --before and --dry-run go with --prune"},
+		{[]string{"runs", "--dry-run"}, "error: --keep, --before and --dry-run go with --prune"},
+		{[]string{"runs", "--prune"}, "error: --prune: give --keep N (the newest N runs kept) or --before ID (the runs older than ID removed)"},
+		{[]string{"runs", "--prune", "--keep", "2", "--before", "3"}, "error: --prune: give --keep N (the newest N runs kept) or --before ID (the runs older than ID removed)"},
+		{[]string{"runs", "--prune", "--keep", "0"}, "error: --keep 0: keep at least the newest run (its undo is the one most likely needed)"},
+		{[]string{"runs", "--prune", "--keep", "2", "--show", "1"}, "error: --prune removes runs: leave out --show and --verify (run them first)"},
+		{[]string{"runs", "--show", "1", "--verify"}, "error: --show prints one run: leave out --verify ('runs --verify' checks every run)"},
+		{[]string{"runs", "--show", "1", "--user", ":x"}, "error: --user: empty user name"},
+		{[]string{"rollback", "--run", "1", "--no-undo", "--undo-dir", dir}, "error: --no-undo keeps no undo: leave out --undo-dir, or --no-undo"},
+		{[]string{"rollback", "--run", "1", "--state-dir="}, "error: --state-dir: empty; give the state directory of the runs (default " + undo.DefaultStateDir + ")"},
 	} {
 		ep, accepted := countingListener(t)
 		state := filepath.Join(t.TempDir(), "state")

@@ -236,6 +236,7 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		// directory that does.
 		mopts := opts.Migrate
 		mopts.Journal, mopts.Snapshot = opts.StateDir.NextRunFiles()
+		mopts.StateDir = opts.StateDir
 		lines, err := undo.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {

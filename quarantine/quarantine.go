@@ -140,6 +140,9 @@ type Options struct {
 	AllowLiveAPIServer bool
 	// PrivateEtcd names the snapshot file the etcd is a private copy of.
 	PrivateEtcd string
+	// StateDir, when set, is where a rollback of the run keeps its own undo:
+	// its room is counted with the run's (undo.RunSpace).
+	StateDir undo.StateDir
 	// BatchOps is the number of deletes per transaction (default etcdscan.DefaultMaxOps).
 	BatchOps int
 	// LivenessWindow is how long the live-apiserver check watches etcd for
@@ -360,24 +363,27 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 }
 
 // beforeFirstRemoval checks that the snapshot and the journal fit on their
-// filesystems, then saves the snapshot while the liveness window ends, waits
-// for the window's verdict, hands the checks to OnPreflight and opens the
-// journal.
+// filesystems (with etcd's growth and a rollback's own undo: undo.RunSpace),
+// then saves the snapshot while the liveness window ends, waits for the
+// window's verdict, hands the checks to OnPreflight and opens the journal.
 func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, watch *undo.Watch, remove []*Entry, res *Result) (*undo.Journal, error) {
-	var needs []undo.DiskNeed
-	if opts.Snapshot != "" {
-		st, err := etcdscan.Status(ctx, env.Client)
-		if err != nil {
-			return nil, err
-		}
-		needs = append(needs, undo.DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+	st, err := etcdscan.Status(ctx, env.Client)
+	if err != nil {
+		return nil, err
 	}
-	var size int64
+	// Each removal adds a tombstone to etcd's backend; a rollback puts
+	// each value back, journaling a re-creation.
+	space := undo.RunSpace{Snapshot: opts.Snapshot, Journal: opts.Journal, StateDir: opts.StateDir, Status: st, Quota: 1 << 62}
 	for _, e := range remove {
-		size += undo.JournalRecordBytes(e.Key, e.Bytes)
+		space.JournalBytes += undo.JournalRecordBytes(e.Key, e.Bytes)
+		space.Writes += undo.PutCost(e.Key, nil)
+		space.RollbackWrites += undo.PutCostSize(len(e.Key), e.Bytes)
+		space.RollbackJournalBytes += undo.JournalRecordBytes(e.Key, 0)
 	}
-	needs = append(needs, undo.DiskNeed{What: "journal", Path: opts.Journal, Bytes: size})
-	lines, err := undo.CheckDiskSpace(needs)
+	if opts.PrivateEtcd == "" {
+		space.Etcd = undo.FindEtcdData(env.Target.APIServer().Manifest)
+	}
+	lines, err := undo.CheckDiskSpace(space.Needs())
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
 		var se *undo.DiskSpaceError
@@ -385,6 +391,9 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 			return nil, &undo.PreflightError{Err: se}
 		}
 		return nil, err
+	}
+	if opts.PrivateEtcd == "" && space.Etcd.Dir == "" {
+		res.Preflight = append(res.Preflight, "etcd's data directory on this host: "+space.Etcd.Source+"; its growth is not counted")
 	}
 	var journal *undo.Journal
 	first := &undo.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Then: func(line string) error {

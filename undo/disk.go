@@ -21,6 +21,9 @@ type DiskNeed struct {
 	What  string // "snapshot", "journal", ...
 	Path  string // the file (its directory must exist)
 	Bytes int64
+	// Etcd: etcd's own growth in its data directory, not a file of the
+	// undo (RunSpace).
+	Etcd bool
 }
 
 // DiskSpaceError refuses a run whose files would not fit, before its first write.
@@ -29,6 +32,9 @@ type DiskSpaceError struct {
 	Needs  []DiskNeed
 	Needed int64
 	Free   int64
+	// Elsewhere is the input that puts the undo on another filesystem
+	// (the state directory's, unless set: rollback's undo directory).
+	Elsewhere input.Name
 }
 
 func (e *DiskSpaceError) Error() string { return e.Render(input.Words) }
@@ -36,16 +42,47 @@ func (e *DiskSpaceError) Error() string { return e.Render(input.Words) }
 // Render is the message with the state directory's input spelled by spell.
 func (e *DiskSpaceError) Render(spell func(input.Name) string) string {
 	parts := make([]string, len(e.Needs))
+	undo := false
 	for i, n := range e.Needs {
 		parts[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
+		undo = undo || !n.Etcd
 	}
-	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run's undo needs %s (%s) and %s left free, %s is free; free room there, or give a %s on another filesystem",
-		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(DiskMargin), textfmt.Bytes(e.Free), spell(input.StateDir))
+	elsewhere := e.Elsewhere
+	if elsewhere == "" {
+		elsewhere = input.StateDir
+	}
+	remedy := "free room there, or give a " + spell(elsewhere) + " on another filesystem"
+	switch {
+	case !undo:
+		remedy = "free room there: etcd itself needs it (its database and WAL grow with what the run writes, whatever the undo)"
+	case elsewhere == input.StateDir:
+		remedy += " (then give runs and rollback the same " + spell(input.StateDir) + ")"
+	case elsewhere == input.UndoDir:
+		remedy += " (the runs undone are still read from " + spell(input.StateDir) + ")"
+	}
+	return fmt.Sprintf("not enough disk space on the filesystem of %s: the run needs %s there (%s) and %s left free, %s is free; %s",
+		e.Dir, textfmt.Bytes(e.Needed), strings.Join(parts, ", "), textfmt.Bytes(DiskMargin), textfmt.Bytes(e.Free), remedy)
 }
 
 // CheckDiskSpace checks that the files fit together, with DiskMargin to spare, on
 // the filesystems they go to; it returns a line per filesystem checked.
+// Filesystems are told apart by device ID (stat).
 func CheckDiskSpace(needs []DiskNeed) ([]string, error) {
+	return checkDiskSpace(needs, freeBytes)
+}
+
+// freeBytes is the room an unprivileged process has on dir's filesystem.
+func freeBytes(dir string) (int64, error) {
+	var sfs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &sfs); err != nil {
+		return 0, err
+	}
+	return int64(sfs.Bavail) * int64(sfs.Bsize), nil
+}
+
+// checkDiskSpace is CheckDiskSpace with the room of each filesystem as
+// free says.
+func checkDiskSpace(needs []DiskNeed, free func(dir string) (int64, error)) ([]string, error) {
 	type fsNeeds struct {
 		dir   string
 		free  int64
@@ -62,11 +99,11 @@ func CheckDiskSpace(needs []DiskNeed) ([]string, error) {
 		}
 		f := byDev[uint64(st.Dev)]
 		if f == nil {
-			var sfs syscall.Statfs_t
-			if err := syscall.Statfs(dir, &sfs); err != nil {
+			room, err := free(dir)
+			if err != nil {
 				return nil, fmt.Errorf("disk space for the %s %s: %w", n.What, n.Path, err)
 			}
-			f = &fsNeeds{dir: dir, free: int64(sfs.Bavail) * int64(sfs.Bsize)}
+			f = &fsNeeds{dir: dir, free: room}
 			byDev[uint64(st.Dev)] = f
 			devs = append(devs, uint64(st.Dev))
 		}
@@ -81,10 +118,19 @@ func CheckDiskSpace(needs []DiskNeed) ([]string, error) {
 			return lines, &DiskSpaceError{Dir: f.dir, Needs: f.needs, Needed: f.total, Free: f.free}
 		}
 		what := make([]string, len(f.needs))
+		undo, etcd := false, false
 		for i, n := range f.needs {
 			what[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
+			undo, etcd = undo || !n.Etcd, etcd || n.Etcd
 		}
-		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, the undo needs at most %s (%s) and %s left free", f.dir, textfmt.Bytes(f.free), textfmt.Bytes(f.total), strings.Join(what, ", "), textfmt.Bytes(DiskMargin)))
+		who := "the undo needs"
+		switch {
+		case undo && etcd:
+			who = "etcd's data directory is on it too: the undo and etcd need"
+		case etcd:
+			who = "etcd's data directory: etcd needs"
+		}
+		lines = append(lines, fmt.Sprintf("disk space on the filesystem of %s: %s free, %s at most %s (%s) and %s left free", f.dir, textfmt.Bytes(f.free), who, textfmt.Bytes(f.total), strings.Join(what, ", "), textfmt.Bytes(DiskMargin)))
 	}
 	return lines, nil
 }

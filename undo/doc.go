@@ -7,8 +7,11 @@
 // memory, with a preflight of its own), the preflight every writing run
 // passes before its first write (no alarm, no live kube-apiserver, room below
 // etcd's quota, room on disk for the undo, working write encryption
-// providers), the guard that keeps a run's writes below etcd's quota while it
-// writes, and the Store a run writes to.
+// providers; the room counted for the whole filesystem: etcd's own growth on
+// its data directory's filesystem and a rollback's own undo), the removal of
+// old runs (Prune: the oldest only, a run left part-way kept with the reruns
+// that finished it), the guard that keeps a run's writes below etcd's quota
+// while it writes, and the Store a run writes to.
 //
 // # Journal format
 //

@@ -43,6 +43,10 @@ type PreflightOptions struct {
 	// preflight's estimates of the rewrite and the journal take it instead
 	// of a decision pass of their own.
 	Sizes *WriteSizes
+	// StateDir, when set, is where a rollback of the run will keep its own
+	// undo (the run's state directory): the room for it is counted with the
+	// run's own (RunSpace).
+	StateDir StateDir
 }
 
 // spell is Spell, or words.
@@ -80,7 +84,7 @@ func Preflight(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([
 		return done, nil, err
 	}
 	if opts.Journal != "" || opts.Snapshot != "" {
-		lines, err := undoSpace(ctx, env, opts, space.status, sizes)
+		lines, err := undoSpace(ctx, env, opts, space.status, space.quota.Bytes, sizes)
 		done = append(done, lines...)
 		if err != nil {
 			return done, nil, err
@@ -255,39 +259,48 @@ func CheckEncryption(ctx context.Context, env *pipeline.Env) error {
 }
 
 // CheckUndoSpace says whether the snapshot and journal of opts fit on their
-// filesystems (a line per filesystem); a refusal is a *PreflightError.
+// filesystems, with etcd's growth and a rollback's own undo (undoSpace), a
+// line per filesystem; a refusal is a *PreflightError.
 func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, error) {
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
 		return nil, err
 	}
-	return undoSpace(ctx, env, opts, st, newSizer(env, opts))
+	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
+	return undoSpace(ctx, env, opts, st, quota.Bytes, newSizer(env, opts))
 }
 
 // undoSpace checks, before the first write, that the run's snapshot and
-// journal fit on their filesystems. The snapshot is the leader's database
-// file; the journal holds every rewritten key's old value in base64 with its
-// key and hashes: at most about twice the live data, and when that does not
-// fit, a decision pass adds up what the stale objects' records take.
-func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, sizes *sizer) ([]string, error) {
-	var needs []DiskNeed
-	if opts.Snapshot != "" {
-		needs = append(needs, DiskNeed{What: "snapshot", Path: opts.Snapshot, Bytes: st.DBSize})
+// journal fit on their filesystems, with etcd's own growth on the
+// filesystem of its data directory (found through etcd's manifest: FindEtcdData)
+// and, given opts.StateDir, a rollback's own undo and etcd's growth from it
+// (RunSpace). The snapshot is the leader's database file; the journal holds
+// every rewritten key's old value in base64 with its key and hashes: at
+// most about twice the live data; what the run writes to etcd is at most
+// the live data. When that does not fit, a decision pass adds up what the
+// stale objects take.
+func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, quota int64, sizes *sizer) ([]string, error) {
+	etcd := FindEtcdData(env.Target.APIServer().Manifest)
+	space := RunSpace{
+		Snapshot: opts.Snapshot, Journal: opts.Journal, JournalBytes: 2 * st.DBSizeInUse,
+		Writes:   st.DBSizeInUse,
+		StateDir: opts.StateDir, RollbackWrites: st.DBSizeInUse, RollbackJournalBytes: 2 * st.DBSizeInUse,
+		Etcd: etcd, Status: st, Quota: quota,
 	}
-	if opts.Journal != "" {
-		needs = append(needs, DiskNeed{What: "journal", Path: opts.Journal, Bytes: 2 * st.DBSizeInUse})
-	}
-	lines, err := CheckDiskSpace(needs)
+	lines, err := CheckDiskSpace(space.Needs())
 	var se *DiskSpaceError
-	if !errors.As(err, &se) || opts.Journal == "" {
-		return lines, wrapSpace(err)
+	if errors.As(err, &se) {
+		exact, serr := sizes.get(ctx)
+		if serr != nil {
+			return lines, serr
+		}
+		space.JournalBytes, space.Writes = exact.JournalBytes, exact.EtcdBytes
+		space.RollbackWrites, space.RollbackJournalBytes = exact.RollbackBytes, exact.JournalBytes
+		lines, err = CheckDiskSpace(space.Needs())
 	}
-	exact, err := sizes.get(ctx)
-	if err != nil {
-		return lines, err
+	if etcd.Dir == "" {
+		lines = append(lines, "etcd's data directory on this host: "+etcd.Source+"; its growth is not counted")
 	}
-	needs[len(needs)-1].Bytes = exact.JournalBytes
-	lines, err = CheckDiskSpace(needs)
 	return lines, wrapSpace(err)
 }
 

@@ -294,30 +294,68 @@ func RollbackBytes(journals []string) (int64, error) {
 	return n, nil
 }
 
-// CheckRollbackSpace says whether a rollback's own undo fits in the state
-// directory d (made, mode 0700, if need be): a snapshot of etcd's database
-// and a journal about the size of the journals it undoes, with a line per
+// RollbackSpace is where a rollback keeps its own undo, and what it knows of
+// etcd, for CheckRollbackSpace.
+type RollbackSpace struct {
+	// Dir is the directory its snapshot and journal go to, and DirInput
+	// the input that names it: the state directory, or the rollback's
+	// undo directory. A refusal for room names the undo directory as the
+	// remedy either way: another state directory would not have the runs.
+	Dir      string
+	DirInput input.Name
+	// Etcd is etcd's data directory on this host (FindEtcdData), Quota
+	// etcd's quota: etcd's growth from the rollback is counted on its
+	// filesystem.
+	Etcd  EtcdData
+	Quota int64
+}
+
+// CheckRollbackSpace says whether a rollback's own undo fits in sp.Dir
+// (made, mode 0700, if need be): a snapshot of etcd's database and a journal
+// about the size of the journals it undoes, with etcd's own growth from what
+// it writes back on the filesystem of etcd's data directory (at most three
+// times the journals' size, else added up from their records); a line per
 // filesystem; a refusal is a *PreflightError.
-func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, d StateDir, journals []string) ([]string, error) {
+func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, sp RollbackSpace, journals []string) ([]string, error) {
 	st, err := etcdscan.Status(ctx, cli)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(string(d), 0o700); err != nil {
-		return nil, input.Errorf("%s: %w; nothing was written", input.StateDir, err)
+	if sp.DirInput == "" {
+		sp.DirInput = input.StateDir
+	}
+	if err := os.MkdirAll(sp.Dir, 0o700); err != nil {
+		return nil, input.Errorf("%s: %w; nothing was written", sp.DirInput, err)
+	}
+	if fi, err := os.Stat(sp.Dir); err != nil {
+		return nil, input.Errorf("%s: %w; nothing was written", sp.DirInput, err)
+	} else if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, input.Errorf("%s %s has mode %v: it will hold stored values (secrets among them); make it private first (chmod 700 %s); nothing was written", sp.DirInput, sp.Dir, perm, sp.Dir)
 	}
 	var journal int64
 	for _, j := range journals {
 		journal += FileSize(j)
 	}
-	lines, err := CheckDiskSpace([]DiskNeed{
-		{What: "snapshot", Path: filepath.Join(string(d), SnapshotFile), Bytes: st.DBSize},
-		{What: "journal", Path: filepath.Join(string(d), JournalFile), Bytes: journal},
-	})
-	if err != nil {
-		return lines, &PreflightError{Err: err}
+	space := RunSpace{
+		Snapshot: filepath.Join(sp.Dir, SnapshotFile), Journal: filepath.Join(sp.Dir, JournalFile), JournalBytes: journal,
+		Writes: 3 * journal, Etcd: sp.Etcd, Status: st, Quota: sp.Quota,
 	}
-	return lines, nil
+	lines, err := CheckDiskSpace(space.Needs())
+	var se *DiskSpaceError
+	if errors.As(err, &se) && sp.Etcd.Dir != "" {
+		if space.Writes, err = RollbackBytes(journals); err != nil {
+			return nil, err
+		}
+		lines, err = CheckDiskSpace(space.Needs())
+	}
+	if errors.As(err, &se) {
+		se.Elsewhere = input.UndoDir
+		return lines, &PreflightError{Err: se}
+	}
+	if sp.Etcd.Dir == "" {
+		lines = append(lines, "etcd's data directory on this host: "+sp.Etcd.Source+"; its growth is not counted")
+	}
+	return lines, err
 }
 
 // RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes

@@ -49,6 +49,7 @@ const (
 	StateDir                 Name = "state directory"
 	StorageMediaType         Name = "storage media type"
 	TargetVersion            Name = "target release"
+	UndoDir                  Name = "rollback's undo directory"
 	User                     Name = "etcd user"
 )
 
@@ -58,7 +59,7 @@ func All() []Name {
 		ConversionWebhook, EncryptionProviderConfig, FailFast, FailOnOrphaned, FeatureGates, Force,
 		Journal, Namespace, NoUndo, OutputSnapshot, QuotaBackendBytes, Record, Requested,
 		Resource, Revision, RuntimeConfig, SkipHashCheck, Snapshot, SnapshotFile, StateDir,
-		StorageMediaType, TargetVersion, User}
+		StorageMediaType, TargetVersion, UndoDir, User}
 }
 
 // Error is a message that refers to inputs by Name. Its arguments are kept,
