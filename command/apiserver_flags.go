@@ -21,7 +21,7 @@ import (
 // apiServerFlags configure the tool from the cluster's own kube-apiserver.
 func apiServerFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "apiserver-manifest", Usage: "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): take etcd, prefix, encryption, media type, runtime config, feature gates and emulated version from its command line; container paths are mapped through its hostPath volumes; the tool's own flags override it"},
+		&cli.StringFlag{Name: "apiserver-manifest", Usage: "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): take etcd, prefix, encryption, media type, runtime config, feature gates and emulated version from its command line; container paths are mapped through its hostPath volumes; the tool's own flags override it; without it (or --apiserver-flags-file, --endpoints), the node's installer's is found (--distribution)"},
 		&cli.StringFlag{Name: "apiserver-flags-file", Usage: "kube-apiserver's command line in a file (one line, one flag per line, or a systemd unit's ExecStart), read like --apiserver-manifest"},
 		&cli.StringSliceFlag{Name: "runtime-config", Usage: "kube-apiserver --runtime-config (e.g. resource.k8s.io/v1beta2=true): which API versions are served, hence the storage versions and the managedFields a no-op update keeps; applied after the manifest's, key by key"},
 		&cli.StringSliceFlag{Name: "feature-gates", Usage: "kube-apiserver --feature-gates (e.g. DRAAdminAccess=false); applied after the manifest's, key by key"},
@@ -205,6 +205,19 @@ func (o *apiServerOptions) discovered() (*installer.Found, error) {
 		return nil, usageErr("%v", d.err)
 	}
 	return d.found, nil
+}
+
+// manifestFile is kube-apiserver's static-pod manifest the configuration
+// was read from: --apiserver-manifest, or the one found on the node ("" for
+// neither).
+func (o *apiServerOptions) manifestFile() string {
+	if o.manifest != "" {
+		return o.manifest
+	}
+	if d := o.found; d != nil && d.found != nil {
+		return d.found.Manifest
+	}
+	return ""
 }
 
 // reportFound prints, once the configuration is loaded, what was found on
