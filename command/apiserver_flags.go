@@ -53,7 +53,8 @@ type apiServerOptions struct {
 	nodeRootSet  bool
 	// discover: the node's installer is looked for (discovery), because
 	// nothing on the command line names the cluster (--apiserver-manifest,
-	// --apiserver-flags-file, --endpoints) or --distribution asks for it;
+	// --apiserver-flags-file, --endpoints) or --distribution or --node-root
+	// asks for it (with --endpoints, etcd is reached there);
 	// never for a --snapshot-file. envEndpoints is the variable that gave
 	// --endpoints, if one did: it names the cluster when no installer's
 	// files are on the node.
@@ -89,7 +90,7 @@ func newAPIServerOptions(c *cli.Context) apiServerOptions {
 		found:         &discovery{},
 	}
 	named := o.manifest != "" || o.flagsFile != "" || onCommandLine(c, "endpoints")
-	o.discover = !o.snapshotFile && (!named || o.distribution != "")
+	o.discover = !o.snapshotFile && (!named || o.distribution != "" || o.nodeRootSet)
 	return o
 }
 
