@@ -82,6 +82,10 @@ type Config struct {
 	File string
 	// Manifest is File when it is a static-pod manifest (--apiserver-manifest).
 	Manifest string
+	// EtcdDataDir and EtcdDataDirFrom are Input's: etcd's data directory on
+	// this node as the installer's layout names it ("" when not known that
+	// way: then through etcd's manifest beside Manifest).
+	EtcdDataDir, EtcdDataDirFrom string
 
 	// release is what the command line says of the release (Release).
 	release  release.Release
@@ -127,6 +131,10 @@ type Input struct {
 	// hostPath volumes or the CommandLine name are read under it ("" or "/":
 	// this machine's own). Manifest and FlagsFile are read where they are.
 	Root string
+	// EtcdDataDir is this node's etcd data directory when the installer's
+	// layout names it (package installer), EtcdDataDirFrom where it was
+	// read; both are carried to Config as they are.
+	EtcdDataDir, EtcdDataDirFrom string
 }
 
 // CommandLine is kube-apiserver's command line built from an installer's
@@ -148,7 +156,7 @@ func Load(in Input) (*Config, error) {
 	}
 	var args []string
 	var mounts *hostMounts
-	cfg := &Config{}
+	cfg := &Config{EtcdDataDir: in.EtcdDataDir, EtcdDataDirFrom: in.EtcdDataDirFrom}
 	fileSource := FromManifest
 	switch {
 	case in.Manifest != "":

@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/installer"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/target"
+	"kube-etcd-migrate/undo"
 )
 
 // apiServerFlags configure the tool from the cluster's own kube-apiserver.
@@ -167,6 +168,7 @@ func (o *apiServerOptions) load() (*apiserverconfig.Config, error) {
 	}
 	if found != nil {
 		in.Root = found.Root
+		in.EtcdDataDir, in.EtcdDataDirFrom = found.EtcdDataDir, found.EtcdDataDirFrom
 		if found.Manifest != "" {
 			in.Manifest = found.Manifest
 		} else {
@@ -219,6 +221,15 @@ func (o *apiServerOptions) manifestFile() string {
 		return d.found.Manifest
 	}
 	return ""
+}
+
+// foundEtcdData is etcd's data directory as the installer found on the node
+// names it (nothing when none was looked for or it names none).
+func (o *apiServerOptions) foundEtcdData() undo.EtcdData {
+	if d := o.found; d != nil && d.found != nil && d.found.EtcdDataDir != "" {
+		return undo.EtcdData{Dir: d.found.EtcdDataDir, Source: d.found.EtcdDataDirFrom}
+	}
+	return undo.EtcdData{}
 }
 
 // reportFound prints, once the configuration is loaded, what was found on

@@ -350,3 +350,60 @@ func TestDiscoveryMigrateK3sAPIServerDisabled(t *testing.T) {
 		t.Errorf("the secret after migrate starts %q, want k8s:enc:aescbc:v1:key2:", value[:min(len(value), 24)])
 	}
 }
+
+// TestDiscoveryEtcdDataDirSpace: etcd's data directory as the installer's
+// layout names it (k3s has no etcd manifest; RKE2's etcd reads its settings
+// from a configuration file) is where etcd's growth from the run is counted:
+// with its filesystem full, plan has a blocker naming it and migrate is
+// refused before its first write, etcd byte for byte as it was; with room,
+// plan passes and names that filesystem.
+func TestDiscoveryEtcdDataDirSpace(t *testing.T) {
+	for _, inst := range []installer.Name{installer.K3s, installer.RKE2} {
+		t.Run(string(inst), func(t *testing.T) {
+			root := t.TempDir()
+			n := layNode(t, root, inst, 20, nodeOptions{})
+			fsDir := smallFilesystem(t, 256<<20)
+			// etcd's data directory's files (RKE2's etcd configuration) moved
+			// onto the small filesystem, the directory a link to it.
+			if err := os.CopyFS(fsDir, os.DirFS(n.etcdDir)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.RemoveAll(n.etcdDir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(fsDir, n.etcdDir); err != nil {
+				t.Fatal(err)
+			}
+			filler := filepath.Join(fsDir, "filler")
+			if err := os.WriteFile(filler, make([]byte, 255<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			state := []string{"--state-dir", filepath.Join(t.TempDir(), "state"), "--target-version", "1.37"}
+			before, rev := n.c.Raw(), n.c.Revision()
+			code, out, stderr := runCLI(t, append([]string{"plan", "--node-root", root}, state...)...)
+			if code != exitError || !strings.Contains(out, "BLOCKER (disk space): not enough disk space on the filesystem of "+n.etcdDir) ||
+				!strings.Contains(out, "etcd's database growth") || !strings.Contains(out, "etcd itself needs it") {
+				t.Fatalf("plan with etcd's filesystem full: exit %d\n%s%s", code, out, stderr)
+			}
+			code, _, stderr = runCLI(t, append([]string{"migrate", "--node-root", root, "--liveness-window", "500ms"}, state...)...)
+			if code != exitError || !strings.Contains(stderr, "not enough disk space on the filesystem of "+n.etcdDir) {
+				t.Fatalf("migrate with etcd's filesystem full: exit %d\n%s", code, stderr)
+			}
+			if n.c.Revision() != rev {
+				t.Fatal("migrate wrote with etcd's filesystem full")
+			}
+			for k, v := range n.c.Raw() {
+				if before[k] != v {
+					t.Fatalf("%s changed", k)
+				}
+			}
+			if err := os.Remove(filler); err != nil {
+				t.Fatal(err)
+			}
+			code, out, stderr = runCLI(t, append([]string{"plan", "--node-root", root}, state...)...)
+			if code != exitOK || !strings.Contains(out, "disk space on the filesystem of "+n.etcdDir) {
+				t.Fatalf("plan with room on etcd's filesystem: exit %d\n%s%s", code, out, stderr)
+			}
+		})
+	}
+}

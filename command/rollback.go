@@ -359,7 +359,7 @@ func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.C
 	if o.undo.noUndo {
 		return nil, nil
 	}
-	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifestFile()), Quota: quota.Bytes}
+	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
 	if o.undo.undoDir != "" {
 		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
 	}
