@@ -102,6 +102,7 @@ FUZZ_TARGETS := \
 	./encryption:FuzzLoad \
 	./apiserverconfig:FuzzManifest \
 	./apiserverconfig:FuzzFlagsFile \
+	./installer:FuzzK3sConfiguration \
 	./target:FuzzKubeadmConfig \
 	./decode:FuzzDecode \
 	./decode:FuzzEnvelopeTypeMeta \

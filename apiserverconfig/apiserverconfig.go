@@ -82,13 +82,21 @@ type Config struct {
 	File string
 	// Manifest is File when it is a static-pod manifest (--apiserver-manifest).
 	Manifest string
+	// EtcdDataDir and EtcdDataDirFrom are Input's: etcd's data directory on
+	// this node as the installer's layout names it ("" when not known that
+	// way: then through etcd's manifest beside Manifest).
+	EtcdDataDir, EtcdDataDirFrom string
 
 	// release is what the command line says of the release (Release).
 	release  release.Release
 	opts     *options.ServerRunOptions
 	registry basecompatibility.ComponentGlobalsRegistry
-	// mounts are the manifest's hostPath mounts (nil without a manifest).
+	// mounts are the manifest's hostPath mounts, or a command line's node
+	// root (nil for neither).
 	mounts *hostMounts
+	// fileSource is what File is (FromManifest, FromFlags or an installer's
+	// command line's Source).
+	fileSource Source
 	// kmsMapped lists the KMS endpoints mapped to host paths, for Describe.
 	kmsMapped []mappedEndpoint
 	// applied are the gates Apply set on the process's gate.
@@ -114,6 +122,30 @@ type Input struct {
 	// release of the cluster's kube-apiserver (the file's image must agree);
 	// nil = not given.
 	TargetVersion *version.Version
+	// CommandLine, instead of a manifest or flags file, is kube-apiserver's
+	// command line as an installer that runs it without a file of its own
+	// builds it (k3s: its defaults and its configuration's
+	// kube-apiserver-arg; package installer).
+	CommandLine *CommandLine
+	// Root is the node's root directory: the host paths the manifest's
+	// hostPath volumes or the CommandLine name are read under it ("" or "/":
+	// this machine's own). Manifest and FlagsFile are read where they are.
+	Root string
+	// EtcdDataDir is this node's etcd data directory when the installer's
+	// layout names it (package installer), EtcdDataDirFrom where it was
+	// read; both are carried to Config as they are.
+	EtcdDataDir, EtcdDataDirFrom string
+}
+
+// CommandLine is kube-apiserver's command line built from an installer's
+// configuration.
+type CommandLine struct {
+	// Name names where it comes from (the configuration files), for
+	// messages and the one-line report.
+	Name string
+	Args []string
+	// Source is what each flag it sets is reported as coming from.
+	Source Source
 }
 
 // Load parses kube-apiserver's command line from in and returns what the tool
@@ -124,11 +156,12 @@ func Load(in Input) (*Config, error) {
 	}
 	var args []string
 	var mounts *hostMounts
-	cfg := &Config{}
+	cfg := &Config{EtcdDataDir: in.EtcdDataDir, EtcdDataDirFrom: in.EtcdDataDirFrom}
+	fileSource := FromManifest
 	switch {
 	case in.Manifest != "":
 		var err error
-		args, mounts, cfg.Image, err = readManifest(in.Manifest, in.Container)
+		args, mounts, cfg.Image, err = readManifest(in.Manifest, in.Container, in.Root)
 		if err != nil {
 			return nil, err
 		}
@@ -139,12 +172,15 @@ func Load(in Input) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg.File = in.FlagsFile
+		cfg.File, fileSource = in.FlagsFile, FromFlags
+	case in.CommandLine != nil:
+		args = append([]string(nil), in.CommandLine.Args...)
+		cfg.File, fileSource = in.CommandLine.Name, in.CommandLine.Source
+		if in.Root != "" && in.Root != "/" {
+			mounts = rootMounts(in.Root)
+		}
 	}
-	fileSource := FromManifest
-	if in.FlagsFile != "" {
-		fileSource = FromFlags
-	}
+	cfg.fileSource = fileSource
 
 	// The release decides the dependencies among the feature gates that
 	// --feature-gates is checked against (releaseFeatureGate): a first parse
@@ -335,7 +371,7 @@ func (c *Config) Describe(rel release.Release, relFrom Source) string {
 		}
 		if src != "" {
 			note := string(src)
-			if f.flag == "encryption-provider-config" && src == FromManifest {
+			if f.flag == "encryption-provider-config" && src == c.fileSource && c.mounts != nil {
 				for _, m := range c.kmsMapped {
 					note += fmt.Sprintf("; kms endpoint %s -> %s", m.container, m.host)
 				}

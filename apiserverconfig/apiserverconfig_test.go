@@ -226,3 +226,74 @@ func TestLoggingGates(t *testing.T) {
 		t.Errorf("logging gates not set as given: %q", cfg.FeatureGates)
 	}
 }
+
+// TestManifestKops: kops' manifest runs kube-apiserver through go-runner,
+// whose own flags come first: the command line is kube-apiserver's from its
+// program word on. Its etcd-manager's second etcd for Events
+// (--etcd-servers-overrides) is refused, naming the manifest; without it
+// the manifest is read as any other.
+func TestManifestKops(t *testing.T) {
+	const kops = "../testdata/kops/kube-apiserver.manifest"
+	_, err := Load(Input{Manifest: kops})
+	if err == nil || !strings.Contains(err.Error(), kops+": --etcd-servers-overrides /events#https://127.0.0.1:4002: resources kept in another etcd are not supported") {
+		t.Fatalf("kops with etcd-events: %v", err)
+	}
+	data, err := os.ReadFile(kops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "kube-apiserver.manifest")
+	if err := os.WriteFile(p, []byte(strings.Replace(string(data), "    - --etcd-servers-overrides=/events#https://127.0.0.1:4002\n", "", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(Input{Manifest: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(cfg.EtcdServers, ",") != "https://127.0.0.1:4001" || cfg.EtcdCAFile != "/srv/kubernetes/kube-apiserver/etcd-ca.crt" ||
+		cfg.EncryptionConfig != "/srv/kubernetes/kube-apiserver/encryptionconfig.yaml" || cfg.Release().String() != "1.37" {
+		t.Errorf("kops: servers %v, CA %s, encryption %s, release %s", cfg.EtcdServers, cfg.EtcdCAFile, cfg.EncryptionConfig, cfg.Release())
+	}
+}
+
+// TestNodeRoot: with a node root, the host paths a manifest's hostPath
+// volumes map to, and those of an installer's command line (k3s), are read
+// under it, KMS plugin sockets included; the release of RKE2's hardened
+// image is its Kubernetes release.
+func TestNodeRoot(t *testing.T) {
+	cfg, err := Load(Input{Manifest: kubeadmManifest, Root: "/node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.EtcdCAFile != "/node/etc/kubernetes/pki/etcd/ca.crt" || cfg.EncryptionConfig != "/node/etc/kubernetes/encryption/encryption-config.yaml" {
+		t.Errorf("manifest under /node: CA %s, encryption %s", cfg.EtcdCAFile, cfg.EncryptionConfig)
+	}
+	cl := &CommandLine{Name: "k3s's configuration (/node/etc/rancher/k3s/config.yaml)", Source: "k3s", Args: []string{
+		"--etcd-servers=https://127.0.0.1:2379", "--etcd-cafile=/var/lib/rancher/k3s/server/tls/etcd/server-ca.crt",
+		"--encryption-provider-config=/var/lib/rancher/k3s/server/cred/encryption-config.json", "--storage-backend=etcd3"}}
+	cfg, err = Load(Input{CommandLine: cl, Root: "/node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := "/node/var/lib/rancher/k3s/server/cred/encryption-config.json"
+	if cfg.EtcdCAFile != "/node/var/lib/rancher/k3s/server/tls/etcd/server-ca.crt" || cfg.EncryptionConfig != enc || cfg.From["etcd-servers"] != "k3s" {
+		t.Errorf("k3s under /node: CA %s, encryption %s, from %q", cfg.EtcdCAFile, cfg.EncryptionConfig, cfg.From["etcd-servers"])
+	}
+	m := cfg.KMSEndpointMapper(enc)
+	if m == nil {
+		t.Fatal("no KMS endpoint mapping under the node root")
+	}
+	if got, err := m("unix:///var/run/kms/plugin.sock"); err != nil || got != "unix:///node/var/run/kms/plugin.sock" {
+		t.Errorf("KMS endpoint under /node: %q %v", got, err)
+	}
+	if line := cfg.Describe(cfg.Release(), ""); !strings.HasPrefix(line, "kube-apiserver "+cl.Name+": --etcd-servers=https://127.0.0.1:2379 (k3s)") {
+		t.Errorf("Describe() = %q", line)
+	}
+	// Without a root, an installer's command line is read as written.
+	if cfg, err = Load(Input{CommandLine: cl}); err != nil || cfg.EtcdCAFile != "/var/lib/rancher/k3s/server/tls/etcd/server-ca.crt" || cfg.KMSEndpointMapper(cfg.EncryptionConfig) != nil {
+		t.Errorf("k3s at /: %+v %v", cfg, err)
+	}
+	if v := ImageRelease("index.docker.io/rancher/hardened-kubernetes:v1.37.2-rke2r1-build20261120"); v == nil || v.String() != "1.37" {
+		t.Errorf("RKE2's image release: %v", v)
+	}
+}

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
+	"sigs.k8s.io/yaml"
+
 	"kube-etcd-migrate/internal/textfmt"
 )
 
@@ -26,40 +28,25 @@ var ErrNoEtcdManifest = errors.New("no etcd static-pod manifest beside kube-apis
 
 // EtcdManifestQuota reads etcd's --quota-backend-bytes from the etcd
 // static-pod manifest beside kube-apiserver's (kubeadm writes both into
-// /etc/kubernetes/manifests): etcd.yaml in the directory of apiserverManifest,
-// else in its manifests/ subdirectory (where it stays when kube-apiserver's
-// manifest was moved up out of the kubelet's directory to stop it). The flag
-// is taken as etcd takes it: --quota-backend-bytes=N or --quota-backend-bytes N
-// on the command line (after the kubelet's $(VAR) expansion), else the
-// ETCD_QUOTA_BACKEND_BYTES environment variable. A manifest whose etcd reads
-// a --config-file is an error: the quota is in that file.
+// /etc/kubernetes/manifests, RKE2 into its agent/pod-manifests): etcd.yaml in
+// the directory of apiserverManifest, else in its manifests/ or
+// pod-manifests/ subdirectory (where it stays when kube-apiserver's manifest
+// was moved up out of the kubelet's directory to stop it). The flag is taken
+// as etcd takes it (ReadEtcdPod).
 func EtcdManifestQuota(apiserverManifest string) (EtcdQuota, error) {
 	file, err := EtcdManifestBeside(apiserverManifest)
 	if err != nil {
 		return EtcdQuota{}, err
 	}
-	q := EtcdQuota{File: file}
-	m, err := readEtcdManifest(file)
-	if err != nil {
-		return q, err
-	}
-	val, found := m.flag("quota-backend-bytes")
-	if !found {
-		return q, nil
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(val), 0, 64)
-	if err != nil || n < 0 {
-		return q, fmt.Errorf("etcd manifest %s: --quota-backend-bytes %q is not a number of bytes", file, val)
-	}
-	q.Bytes = n
-	return q, nil
+	pod, err := ReadEtcdPod(file, "")
+	return EtcdQuota{File: file, Bytes: pod.QuotaBytes}, err
 }
 
 // EtcdManifestBeside is the etcd static-pod manifest beside kube-apiserver's
 // (EtcdManifestQuota says where it is looked for), or ErrNoEtcdManifest.
 func EtcdManifestBeside(apiserverManifest string) (string, error) {
 	dir := filepath.Dir(apiserverManifest)
-	for _, f := range []string{filepath.Join(dir, "etcd.yaml"), filepath.Join(dir, "manifests", "etcd.yaml")} {
+	for _, f := range []string{filepath.Join(dir, "etcd.yaml"), filepath.Join(dir, "manifests", "etcd.yaml"), filepath.Join(dir, "pod-manifests", "etcd.yaml")} {
 		if _, err := os.Stat(f); err == nil {
 			return f, nil
 		} else if !errors.Is(err, fs.ErrNotExist) {
@@ -67,6 +54,45 @@ func EtcdManifestBeside(apiserverManifest string) (string, error) {
 		}
 	}
 	return "", ErrNoEtcdManifest
+}
+
+// EtcdPod is what the tool reads of etcd's static-pod manifest.
+type EtcdPod struct {
+	File string
+	// QuotaBytes is --quota-backend-bytes, 0 when not set (etcd's default).
+	QuotaBytes int64
+	// DataDir is --data-dir as a host path (through the pod's hostPath
+	// volumes, under the node root), "" when it is not set or under no
+	// hostPath volume.
+	DataDir string
+	// ConfigFile is --config-file as a host path, "" when not given: etcd
+	// then takes every setting from that file (RKE2's etcd does).
+	ConfigFile string
+}
+
+// ReadEtcdPod reads etcd's static-pod manifest file: its settings as etcd
+// takes them (etcdManifest.setting). Host paths are read under root ("" or
+// "/": this machine's).
+func ReadEtcdPod(file, root string) (EtcdPod, error) {
+	q := EtcdPod{File: file}
+	m, err := readEtcdManifest(file, root)
+	if err != nil {
+		return q, err
+	}
+	q.ConfigFile = m.configFile
+	if dd, ok := m.setting("data-dir"); ok && dd != "" {
+		if host, err := m.mounts.hostPath(dd); err == nil {
+			q.DataDir = host
+		}
+	}
+	if val, ok := m.setting("quota-backend-bytes"); ok {
+		n, err := strconv.ParseInt(strings.TrimSpace(val), 0, 64)
+		if err != nil || n < 0 {
+			return q, fmt.Errorf("etcd manifest %s: --quota-backend-bytes %q is not a number of bytes", file, val)
+		}
+		q.QuotaBytes = n
+	}
+	return q, nil
 }
 
 // EtcdMember is the etcd member a static-pod manifest runs, as an etcd
@@ -86,21 +112,19 @@ type EtcdMember struct {
 }
 
 // ReadEtcdMember reads the member an etcd static-pod manifest (file) runs,
-// its flags taken as etcd takes them (the command line after the kubelet's
-// $(VAR) expansion, else the ETCD_* environment variable). A manifest whose
-// etcd reads a --config-file is an error: the flags are in that file.
+// its settings taken as etcd takes them (etcdManifest.setting).
 func ReadEtcdMember(file string) (EtcdMember, error) {
 	em := EtcdMember{File: file}
-	m, err := readEtcdManifest(file)
+	m, err := readEtcdManifest(file, "")
 	if err != nil {
 		return em, err
 	}
-	em.Name, _ = m.flag("name")
-	em.InitialCluster, _ = m.flag("initial-cluster")
-	em.InitialAdvertisePeerURLs, _ = m.flag("initial-advertise-peer-urls")
-	em.InitialClusterToken, _ = m.flag("initial-cluster-token")
-	em.DataDir, _ = m.flag("data-dir")
-	if em.DataDir != "" && m.mounts != nil {
+	em.Name, _ = m.setting("name")
+	em.InitialCluster, _ = m.setting("initial-cluster")
+	em.InitialAdvertisePeerURLs, _ = m.setting("initial-advertise-peer-urls")
+	em.InitialClusterToken, _ = m.setting("initial-cluster-token")
+	em.DataDir, _ = m.setting("data-dir")
+	if em.DataDir != "" {
 		if host, err := m.mounts.hostPath(em.DataDir); err == nil {
 			em.HostDataDir = host
 		}
@@ -109,15 +133,18 @@ func ReadEtcdMember(file string) (EtcdMember, error) {
 }
 
 // etcdManifest is etcd's container in a static-pod manifest: its command
-// line expanded, its environment, its hostPath volumes.
+// line expanded, its environment, its hostPath volumes, and the settings of
+// the --config-file it names, if any.
 type etcdManifest struct {
-	file   string
-	args   []string
-	env    map[string]string
-	mounts *hostMounts
+	file       string
+	args       []string
+	env        map[string]string
+	mounts     *hostMounts
+	configFile string                      // --config-file as a host path
+	config     func(string) (string, bool) // its settings; nil without one
 }
 
-func readEtcdManifest(file string) (*etcdManifest, error) {
+func readEtcdManifest(file, root string) (*etcdManifest, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("etcd manifest %s: %w", file, err)
@@ -150,28 +177,41 @@ func readEtcdManifest(file string) (*etcdManifest, error) {
 	for _, a := range append(append([]string(nil), c.Command...), c.Args...) {
 		m.args = append(m.args, expansion.Expand(a, mapping))
 	}
-	for _, a := range m.args {
-		name, v, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if strings.HasPrefix(a, "-") && name == "config-file" {
-			return nil, fmt.Errorf("etcd manifest %s: etcd reads --config-file %s, which the tool does not read", file, v)
-		}
-	}
-	if m.mounts, err = newHostMounts(pod, c); err != nil {
+	if m.mounts, err = newHostMounts(pod, c, root); err != nil {
 		return nil, fmt.Errorf("etcd manifest %s: %w", file, err)
+	}
+	if cf, ok := m.flagOrEnv("config-file"); ok && cf != "" {
+		host, err := m.mounts.hostPath(cf)
+		if err != nil {
+			return nil, fmt.Errorf("etcd manifest %s: --config-file %s: %w", file, cf, err)
+		}
+		m.configFile = host
+		if m.config, err = etcdConfigFile(host); err != nil {
+			return nil, fmt.Errorf("etcd manifest %s: --config-file %s: %w", file, cf, err)
+		}
 	}
 	return m, nil
 }
 
-// flag is etcd's flag name as its command line sets it (--name=V or
-// --name V, the last one winning), else its ETCD_NAME environment variable.
-func (m *etcdManifest) flag(name string) (string, bool) {
+// setting is etcd's setting name as etcd takes it: from its --config-file
+// when it names one (etcd then ignores its flags and environment), else the
+// command line (--name=V or --name V, the last one winning), else its
+// ETCD_NAME environment variable.
+func (m *etcdManifest) setting(name string) (string, bool) {
+	if m.config != nil {
+		return m.config(name)
+	}
+	return m.flagOrEnv(name)
+}
+
+func (m *etcdManifest) flagOrEnv(name string) (string, bool) {
 	val, found := "", false
 	for i, a := range m.args {
 		n, v, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if !strings.HasPrefix(a, "-") || n != name {
 			continue
 		}
-		if !hasValue && i+1 < len(m.args) {
+		if !hasValue && i+1 < len(m.args) && !strings.HasPrefix(m.args[i+1], "-") {
 			v = m.args[i+1]
 		}
 		val, found = v, true
@@ -180,4 +220,27 @@ func (m *etcdManifest) flag(name string) (string, bool) {
 		val, found = m.env["ETCD_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))]
 	}
 	return val, found
+}
+
+// etcdConfigFile reads etcd's YAML configuration file (its keys are the
+// flags' names) and returns its settings.
+func etcdConfigFile(file string) (func(string) (string, bool), error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("not etcd's YAML configuration: %s", textfmt.OneLine(err.Error()))
+	}
+	return func(name string) (string, bool) {
+		v, ok := m[name]
+		if !ok || v == nil {
+			return "", false
+		}
+		if f, isNum := v.(float64); isNum {
+			return strconv.FormatFloat(f, 'f', -1, 64), true
+		}
+		return fmt.Sprint(v), true
+	}, nil
 }

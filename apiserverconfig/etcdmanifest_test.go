@@ -29,8 +29,9 @@ spec:
 // TestEtcdManifestQuota: etcd's --quota-backend-bytes is read from the etcd
 // manifest beside kube-apiserver's, or in manifests/ when kube-apiserver's
 // was moved up out of it (the runbooks' way of stopping it), in the forms
-// etcd accepts; no flag is etcd's default (0); a --config-file is an error
-// naming the manifest.
+// etcd accepts; no flag is etcd's default (0); a --config-file under no
+// hostPath volume is an error naming the manifest (one that is mounted is
+// read: TestEtcdPodConfigFile).
 func TestEtcdManifestQuota(t *testing.T) {
 	for _, tc := range []struct {
 		flags string
@@ -136,5 +137,60 @@ func TestReadEtcdMember(t *testing.T) {
 	}
 	if m, err := ReadEtcdMember(file); err != nil || m.DataDir != "/srv/etcd" || m.HostDataDir != "" {
 		t.Fatalf("unmounted data dir: %+v %v", m, err)
+	}
+}
+
+// TestEtcdPodConfigFile: RKE2's etcd static pod runs etcd with
+// --config-file (its data directory, mounted at the same path, holds it):
+// the quota and the data directory come from that file, read under the node
+// root, and etcd's own flags are ignored as etcd ignores them. kubeadm's
+// etcd pod says its --data-dir on the command line, a container path mapped
+// through its hostPath volume.
+func TestEtcdPodConfigFile(t *testing.T) {
+	root := t.TempDir()
+	etcdDir := "/var/lib/rancher/rke2/server/db/etcd"
+	if err := os.MkdirAll(filepath.Join(root, etcdDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	conf := "data-dir: " + etcdDir + "\nquota-backend-bytes: 4294967296\nname: node-1\n"
+	if err := os.WriteFile(filepath.Join(root, etcdDir, "config"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pod := `apiVersion: v1
+kind: Pod
+metadata: {name: etcd, namespace: kube-system}
+spec:
+  containers:
+  - name: etcd
+    image: index.docker.io/rancher/hardened-etcd:v3.5.21-k3s1-build20250612
+    command: [etcd]
+    args: [--config-file=/var/lib/rancher/rke2/server/db/etcd/config, --quota-backend-bytes=1]
+    volumeMounts:
+    - {mountPath: /var/lib/rancher/rke2/server/db/etcd, name: dir0}
+  volumes:
+  - {hostPath: {path: /var/lib/rancher/rke2/server/db/etcd, type: DirectoryOrCreate}, name: dir0}
+`
+	file := filepath.Join(t.TempDir(), "etcd.yaml")
+	if err := os.WriteFile(file, []byte(pod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadEtcdPod(file, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.QuotaBytes != 4<<30 || got.DataDir != filepath.Join(root, etcdDir) || got.ConfigFile != filepath.Join(root, etcdDir, "config") {
+		t.Errorf("RKE2's etcd pod: %+v; want the quota 4 GiB and the data directory from %s under %s", got, etcdDir, root)
+	}
+
+	kubeadm := filepath.Join(t.TempDir(), "etcd.yaml")
+	if err := os.WriteFile(kubeadm, []byte(strings.Replace(etcdPod, "%s", "    volumeMounts:\n    - {mountPath: /var/lib/etcd, name: etcd-data}", 1)+"  volumes:\n  - {hostPath: {path: /data/etcd, type: DirectoryOrCreate}, name: etcd-data}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err = ReadEtcdPod(kubeadm, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.DataDir != filepath.Join(root, "/data/etcd") || got.QuotaBytes != 0 {
+		t.Errorf("kubeadm's etcd pod: %+v; want the data directory %s", got, filepath.Join(root, "/data/etcd"))
 	}
 }

@@ -22,9 +22,11 @@ import (
 // manifest's encryption configuration, a KMS endpoint is a socket path inside
 // kube-apiserver's container; the function maps it through the pod's hostPath
 // volumes as it maps the manifest's own paths, so the tool reaches the plugin
-// where kube-apiserver does. Mapped endpoints are named by Describe.
+// where kube-apiserver does. An installer's command line (Input.CommandLine)
+// read under a node root (Input.Root) has its endpoints read under that root
+// too. Mapped endpoints are named by Describe.
 func (c *Config) KMSEndpointMapper(path string) func(endpoint string) (string, error) {
-	if c == nil || c.mounts == nil || path == "" || path != c.EncryptionConfig || c.From["encryption-provider-config"] != FromManifest {
+	if c == nil || c.mounts == nil || path == "" || path != c.EncryptionConfig || c.From["encryption-provider-config"] != c.fileSource {
 		return nil
 	}
 	return c.hostKMSEndpoint
@@ -100,7 +102,10 @@ type mount struct {
 	host      string
 }
 
-func newHostMounts(pod *corev1.Pod, c *corev1.Container) (*hostMounts, error) {
+// newHostMounts maps c's container paths to the host's through pod's
+// hostPath volumes, the host's paths read under root ("" or "/": the
+// machine's own).
+func newHostMounts(pod *corev1.Pod, c *corev1.Container, root string) (*hostMounts, error) {
 	hostPaths := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
 		if v.HostPath != nil {
@@ -116,10 +121,26 @@ func newHostMounts(pod *corev1.Pod, c *corev1.Container) (*hostMounts, error) {
 		if vm.SubPath != "" {
 			host = filepath.Join(host, vm.SubPath)
 		}
+		host = underRoot(root, host)
 		m.mounts = append(m.mounts, mount{container: path.Clean(vm.MountPath), host: host})
 	}
 	sort.SliceStable(m.mounts, func(i, j int) bool { return len(m.mounts[i].container) > len(m.mounts[j].container) })
 	return m, nil
+}
+
+// rootMounts maps the host paths of a command line read from files, not
+// from a pod (an installer's configuration), to where they are read: under
+// root.
+func rootMounts(root string) *hostMounts {
+	return &hostMounts{mounts: []mount{{container: "/", host: underRoot(root, "/")}}}
+}
+
+// underRoot is the host path p as read under root ("" or "/": p itself).
+func underRoot(root, p string) string {
+	if root == "" || root == "/" || !filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(root, p)
 }
 
 func (m *hostMounts) hostPath(p string) (string, error) {

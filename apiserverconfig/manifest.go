@@ -3,6 +3,7 @@ package apiserverconfig
 import (
 	"fmt"
 	"os"
+	"path"
 	"strings"
 
 	"github.com/mattn/go-shellwords"
@@ -20,7 +21,7 @@ import (
 // core scheme, YAML or JSON).
 var manifestCodecs = serializer.NewCodecFactory(legacyscheme.Scheme)
 
-func readManifest(file, container string) ([]string, *hostMounts, string, error) {
+func readManifest(file, container, root string) ([]string, *hostMounts, string, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, nil, "", input.Errorf("%s: %w", input.APIServerManifest, err)
@@ -50,7 +51,7 @@ func readManifest(file, container string) ([]string, *hostMounts, string, error)
 		line = append(line, expansion.Expand(a, mapping))
 	}
 	args := dropProgram(line)
-	mounts, err := newHostMounts(pod, c)
+	mounts, err := newHostMounts(pod, c, root)
 	if err != nil {
 		return nil, nil, "", input.Errorf("%s %s: %w", input.APIServerManifest, file, err)
 	}
@@ -87,8 +88,20 @@ func orDefault(s, d string) string {
 }
 
 // dropProgram drops the program (and anything before the first flag), e.g.
-// "kube-apiserver" or "/usr/local/bin/kube-apiserver".
+// "kube-apiserver" or "/usr/local/bin/kube-apiserver"; a program run
+// through a wrapper with flags of its own (kops runs "/go-runner
+// --log-file=/var/log/kube-apiserver.log --also-stdout
+// /usr/local/bin/kube-apiserver --etcd-servers=..."), from the word naming
+// kube-apiserver on.
 func dropProgram(words []string) []string {
+	if len(words) > 0 && !strings.HasPrefix(words[0], "-") && path.Base(words[0]) != "kube-apiserver" {
+		for i, w := range words[1:] {
+			if path.Base(w) == "kube-apiserver" {
+				words = words[i+2:]
+				break
+			}
+		}
+	}
 	for i, w := range words {
 		if strings.HasPrefix(w, "-") {
 			return words[i:]

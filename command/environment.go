@@ -27,10 +27,12 @@ var environmentHelpTx = `ENVIRONMENT:
                       etcdctl's: the value of the flag of the same name
    KEM_PREFIX         the value of --prefix
       Precedence: the flag on the command line, then kube-apiserver's own
-      configuration (--apiserver-manifest, --apiserver-flags-file), then the
-      environment, then the default. A value taken from the environment, or one
-      set there that kube-apiserver's configuration overrode, is named on one
-      line of stderr (a password never shown).
+      configuration (--apiserver-manifest, --apiserver-flags-file, or the one
+      found on the node: --distribution), then the environment, then the
+      default. A value taken from the environment, or one set there that
+      kube-apiserver's configuration overrode, is named on one line of stderr
+      (a password never shown). $ETCDCTL_ENDPOINTS names the cluster when no
+      installer's control plane is found on the node.
    KUBE_ETCD_MIGRATE_LOCK_TTL
                       seconds: the time to live of the cluster's lock in etcd
                       (default ` + fmt.Sprint(int(clusterlock.DefaultTTL.Seconds())) + `): a holder killed without releasing it frees

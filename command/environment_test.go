@@ -83,13 +83,14 @@ func TestConfigurationPrecedence(t *testing.T) {
 		t.Errorf("the flags won, the environment is not in play:\n%s", stderr)
 	}
 
-	// Nothing else says: the environment, named on stderr.
+	// Nothing else says, and no installer's files on the node: the
+	// environment, named on stderr.
 	t.Setenv("ETCDCTL_ENDPOINTS", live)
-	n, prefixes, stderr = inv()
+	n, prefixes, stderr = inv("--node-root", t.TempDir())
 	if n != 2 || prefixes[0] != "/alt/" {
 		t.Errorf("environment alone: %d object(s) under %v, want 2 under /alt/", n, prefixes)
 	}
-	if want := "using from the environment: --endpoints=" + live + " ($ETCDCTL_ENDPOINTS) --prefix=/alt ($KEM_PREFIX)\n"; stderr != want {
+	if want := "note: no kubeadm, kops, RKE2 or k3s control plane found on this node: the cluster is the one $ETCDCTL_ENDPOINTS names\nusing from the environment: --endpoints=" + live + " ($ETCDCTL_ENDPOINTS) --prefix=/alt ($KEM_PREFIX)\n"; stderr != want {
 		t.Errorf("stderr %q, want %q", stderr, want)
 	}
 
@@ -99,7 +100,7 @@ func TestConfigurationPrecedence(t *testing.T) {
 	t.Setenv("KEM_PREFIX", "")
 	t.Setenv("ETCDCTL_USER", "root")
 	t.Setenv("ETCDCTL_PASSWORD", "s3cret-pw")
-	code, _, stderr := runCLI(t, "inventory", "--dial-timeout", "1s")
+	code, _, stderr := runCLI(t, "inventory", "--dial-timeout", "1s", "--node-root", t.TempDir())
 	if code != exitError || strings.Contains(stderr, "s3cret-pw") {
 		t.Errorf("exit %d, stderr %q: want exit %d and no password", code, stderr, exitError)
 	}
@@ -110,7 +111,7 @@ func TestConfigurationPrecedence(t *testing.T) {
 	if err := os.WriteFile(journal, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, stderr = runCLI(t, "rollback", "--journal", journal, "--dial-timeout", "1s"); strings.Contains(stderr, "hunter2") || !strings.Contains(stderr, "--user=root ($ETCDCTL_USER)") {
+	if code, _, stderr = runCLI(t, "rollback", "--journal", journal, "--dial-timeout", "1s", "--node-root", t.TempDir()); strings.Contains(stderr, "hunter2") || !strings.Contains(stderr, "--user=root ($ETCDCTL_USER)") {
 		t.Errorf("rollback with ETCDCTL_USER=name:password: exit %d, stderr %q: want the user named, never the password", code, stderr)
 	}
 }

@@ -20,8 +20,7 @@ func etcdFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringSliceFlag{
 			Name:    "endpoints",
-			Usage:   "etcd client endpoints (comma separated); scheme-less endpoints get https:// when --cacert or --cert is given, else http://",
-			Value:   cli.NewStringSlice(etcdscan.DefaultEndpoint),
+			Usage:   "etcd client endpoints (comma separated); scheme-less endpoints get https:// when --cacert or --cert is given, else http://; without it (or --apiserver-manifest, --apiserver-flags-file), the etcd of the control plane found on the node (--distribution)",
 			EnvVars: []string{"ETCDCTL_ENDPOINTS"},
 		},
 		&cli.StringFlag{Name: "cacert", Usage: "verify the etcd server certificates with this CA bundle", EnvVars: []string{"ETCDCTL_CACERT"}},

@@ -156,7 +156,7 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		}
 		defer opts.Watch.Close()
 	}
-	quota := undo.FindQuota(ctx, cli, o.api.manifest, o.space.quotaBackendBytes, flagOf)
+	quota := undo.FindQuota(ctx, cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
 	// Every journal read whole, every value put back decrypted, before
 	// anything is written (a dry run too).
 	check, err := o.checkUndo(ctx, specs, wayBack, prefix)
@@ -359,7 +359,7 @@ func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.C
 	if o.undo.noUndo {
 		return nil, nil
 	}
-	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifest), Quota: quota.Bytes}
+	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
 	if o.undo.undoDir != "" {
 		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
 	}

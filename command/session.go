@@ -54,6 +54,7 @@ func (s *session) close() {
 // connect connects to etcd as etcdConfig says (rollback: no pipeline).
 func connect(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions) (*clientv3.Client, error) {
 	api, err := apiOpts.load()
+	apiOpts.reportFound(w) // what was found, even when its configuration is refused
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +87,12 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 		s.stopProf = stop
 	}
 	api, err := o.api.load()
+	w := o.io.errOut
+	o.api.reportFound(w) // what was found, even when its configuration is refused
 	if err != nil {
 		s.close()
 		return nil, err
 	}
-	w := o.io.errOut
 	var ecfg etcdscan.Config
 	envRep := &envReport{}
 	if snapshotFile == "" {

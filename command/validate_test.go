@@ -54,6 +54,10 @@ func TestUsageRefusedBeforeIO(t *testing.T) {
 	if err := os.WriteFile(journal, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	empty := filepath.Join(dir, "node")
+	if err := os.Mkdir(empty, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	in := filepath.Join(dir, "in.db") // never created: opening it would fail otherwise
 	out := filepath.Join(dir, "out.db")
 	secrets := []string{"--reason", "undecryptable", "--resource", "secrets"}
@@ -78,6 +82,14 @@ func TestUsageRefusedBeforeIO(t *testing.T) {
 		// Refusals that read a file the flags name, still before etcd.
 		{[]string{"inventory", "--apiserver-manifest", filepath.Join(dir, "none.yaml")}, "error: --apiserver-manifest: open " + filepath.Join(dir, "none.yaml")},
 		{[]string{"inventory", "--cacert", filepath.Join(dir, "none.pem")}, "error: --cacert: "},
+		// The node's installer (--distribution, --node-root): the flags, then
+		// the node's files, before etcd.
+		{[]string{"inventory", "--distribution", "rancher"}, `error: --distribution "rancher": want one of kubeadm, kops, rke2, k3s`},
+		{[]string{"inventory", "--distribution", "kubeadm", "--apiserver-manifest", existing}, "error: --distribution and --apiserver-manifest: --distribution looks for the node's installer's files"},
+		{[]string{"verify", "--node-root", dir, "--snapshot-file", in}, "error: --node-root with --snapshot-file: a snapshot file is read with the configuration the flags give"},
+		{[]string{"inventory", "--node-root", existing}, "error: --node-root " + existing + ": not a directory"},
+		{[]string{"plan", "--distribution", "k3s", "--node-root", empty}, "error: no k3s control plane found on this node: looked for k3s (" + filepath.Join(empty, "/etc/rancher/k3s/config.yaml")},
+		{[]string{"rollback", "--journal", journal, "--distribution", "kops", "--node-root", empty}, "error: no kops control plane found on this node: looked for kops ("},
 		// inspect.
 		{[]string{"inspect"}, "error: inspect takes exactly one KEY, e.g. /registry/secrets/default/my-secret"},
 		{[]string{"inspect", "/registry/a", "/registry/b"}, "error: inspect takes exactly one KEY, e.g. /registry/secrets/default/my-secret"},

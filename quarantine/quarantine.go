@@ -381,7 +381,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		space.RollbackJournalBytes += undo.JournalRecordBytes(e.Key, 0)
 	}
 	if opts.PrivateEtcd == "" {
-		space.Etcd = undo.FindEtcdData(env.Target.APIServer().Manifest)
+		space.Etcd = undo.FindEtcdData(env.Target.APIServer().Manifest, undo.EtcdDataOf(env.Target.APIServer()))
 	}
 	lines, err := undo.CheckDiskSpace(space.Needs())
 	res.Preflight = append(res.Preflight, lines...)

@@ -29,12 +29,20 @@ type EtcdData struct {
 	Source string `json:"source"`
 }
 
-// FindEtcdData finds etcd's data directory on this host: --data-dir of
-// etcd's static-pod manifest beside kube-apiserver's (apiserverManifest; ""
-// when none), else of kubeadm's (KubeadmEtcdManifest) when it is there,
-// mapped through the manifest's hostPath volumes. A data directory that is
-// not on this host is unknown, said so.
-func FindEtcdData(apiserverManifest string) EtcdData {
+// FindEtcdData finds etcd's data directory on this host: known, when the
+// installer's layout named it (package installer: k3s has no etcd manifest,
+// RKE2's etcd reads a configuration file), else --data-dir of etcd's
+// static-pod manifest beside kube-apiserver's (apiserverManifest; "" when
+// none), else of kubeadm's (KubeadmEtcdManifest) when it is there, mapped
+// through the manifest's hostPath volumes. A data directory that is not on
+// this host is unknown, said so.
+func FindEtcdData(apiserverManifest string, known EtcdData) EtcdData {
+	if known.Dir != "" {
+		if _, err := os.Stat(known.Dir); err != nil {
+			return EtcdData{Source: fmt.Sprintf("unknown: etcd's data directory %s (%s) is not on this host: %v", known.Dir, known.Source, errors.Unwrap(err))}
+		}
+		return known
+	}
 	file := ""
 	if apiserverManifest != "" {
 		f, err := apiserverconfig.EtcdManifestBeside(apiserverManifest)
@@ -140,3 +148,12 @@ func etcdNeeds(dir, whose string, db, wal int64) []DiskNeed {
 
 // PutCostSize is PutCost for a key and a value of these lengths.
 func PutCostSize(keyLen, valueLen int) int64 { return putCostN(keyLen, valueLen) }
+
+// EtcdDataOf is etcd's data directory as kube-apiserver's configuration
+// carries it from the installer's layout (nothing when it does not).
+func EtcdDataOf(api *apiserverconfig.Config) EtcdData {
+	if api == nil || api.EtcdDataDir == "" {
+		return EtcdData{}
+	}
+	return EtcdData{Dir: api.EtcdDataDir, Source: api.EtcdDataDirFrom}
+}

@@ -73,12 +73,21 @@ func TestEtcdGrowthCountedWhereItsDataIs(t *testing.T) {
 	}
 	dataDir := filepath.Join(tmp, "etcd", "data")
 	apiserver := etcdManifest(t, tmp, dataDir)
-	etcd := FindEtcdData(apiserver)
+	etcd := FindEtcdData(apiserver, EtcdData{})
 	if etcd.Dir != dataDir || !strings.Contains(etcd.Source, "etcd.yaml") {
 		t.Fatalf("etcd's data directory: %+v, want %s from its manifest", etcd, dataDir)
 	}
-	if none := FindEtcdData(filepath.Join(t.TempDir(), "kube-apiserver.yaml")); none.Dir != "" || !strings.HasPrefix(none.Source, "unknown: ") {
+	if none := FindEtcdData(filepath.Join(t.TempDir(), "kube-apiserver.yaml"), EtcdData{}); none.Dir != "" || !strings.HasPrefix(none.Source, "unknown: ") {
 		t.Fatalf("no etcd manifest: %+v", none)
+	}
+	// An installer's layout that names the data directory (k3s has no etcd
+	// manifest) wins over any manifest; one not on this host is unknown.
+	k3s := EtcdData{Dir: dataDir, Source: "k3s's data-dir"}
+	if got := FindEtcdData(filepath.Join(t.TempDir(), "kube-apiserver.yaml"), k3s); got != k3s {
+		t.Fatalf("the installer's data directory: %+v, want %+v", got, k3s)
+	}
+	if gone := FindEtcdData(apiserver, EtcdData{Dir: filepath.Join(tmp, "nowhere"), Source: "k3s's data-dir"}); gone.Dir != "" || !strings.Contains(gone.Source, "k3s's data-dir") {
+		t.Fatalf("an installer's data directory not on this host: %+v", gone)
 	}
 	st, err := etcdscan.Status(ctx, cli)
 	if err != nil {

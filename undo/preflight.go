@@ -280,7 +280,7 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOption
 // the live data. When that does not fit, a decision pass adds up what the
 // stale objects take.
 func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, quota int64, sizes *sizer) ([]string, error) {
-	etcd := FindEtcdData(env.Target.APIServer().Manifest)
+	etcd := FindEtcdData(env.Target.APIServer().Manifest, EtcdDataOf(env.Target.APIServer()))
 	space := RunSpace{
 		Snapshot: opts.Snapshot, Journal: opts.Journal, JournalBytes: 2 * st.DBSizeInUse,
 		Writes:   st.DBSizeInUse,

@@ -99,7 +99,11 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout)
 
 	newCfg := filepath.Base(res.NewConfig)
+	// etcd named on the command line: without it (or a kube-apiserver
+	// configuration), the tool would look for the control plane of the
+	// machine the demo runs on.
 	enc := []string{"--encryption-provider-config", newCfg}
+	live := append([]string{"--endpoints", srv.URL}, enc...)
 	// kube-apiserver's own command line, as a systemd unit or a kubeadm
 	// manifest holds it: the tool takes etcd, the prefix and the encryption
 	// configuration from it (--apiserver-manifest reads a static pod).
@@ -114,22 +118,22 @@ func run(bin, goCmd string, scale int, stdout, stderr io.Writer) int {
 	api := []string{"--apiserver-flags-file", flagsFile, "--target-version", release.Linked()}
 	steps := []step{
 		{"Which Kubernetes release this binary stores objects as (its scheme and storage factory).", []string{"version"}, 0},
-		{"What is in etcd, per resource: versions, media types, encryption keys, leases.", append([]string{"inventory"}, enc...), 0},
-		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, enc...), res.SecretKey), 0},
+		{"What is in etcd, per resource: versions, media types, encryption keys, leases.", append([]string{"inventory"}, live...), 0},
+		{"One secret with its storage header, and what migrate would do to it; the data is redacted.", append(append([]string{"inspect"}, live...), res.SecretKey), 0},
 		{"Read-only audit against " + release.Linked() + " and the new key, configured from kube-apiserver's own flags: exit 3 means stale objects, all readable.", append([]string{"verify"}, api...), 3},
 		{"The plan, read-only (on a real cluster, before kube-apiserver is stopped): what a migration would rewrite, every check it makes before its first write but liveness, and how long it would take.", append([]string{"plan"}, api...), 0},
 		{"The migration: compare-and-swap writes, leases kept; its undo kept automatically in a run directory of the state directory (a snapshot before the first write, the old values journaled).", append([]string{"migrate"}, api...), 0},
 		{"The runs kept in the state directory, where each one's undo is and the encryption keys it needs; --verify reads every byte of each.", []string{"runs", "--verify"}, 0},
 		{"The audit again: exit 0, everything current.", append([]string{"verify"}, api...), 0},
-		{"The census after the migration.", append([]string{"inventory"}, enc...), 0},
+		{"The census after the migration.", append([]string{"inventory"}, live...), 0},
 		{"The snapshot taken before the migration's first write, read from the file: still stale (3), but readable with these keys (not 4).", append([]string{"verify", "--snapshot-file", "state/runs/0001-migrate/snapshot.db", "--show-keys", "1"}, enc...), 3},
 		{"If the upgrade had to be undone: first what a rollback of the run would do, writing nothing: its journal read whole and verified, every value it would put back decrypted with kube-apiserver's encryption configuration.", []string{"rollback", "--apiserver-flags-file", flagsFile, "--run", "0001-migrate", "--dry-run"}, 0},
 		{"Then the rollback: the journaled old bytes back (compare-and-swap on the new mod revisions), itself a run with its own undo.", []string{"rollback", "--apiserver-flags-file", flagsFile, "--run", "0001-migrate"}, 0},
 		{"Back where it started: the same audit says stale again (exit 3).", append([]string{"verify", "--show-keys", "1"}, api...), 3},
 	}
 
-	env := append(os.Environ(), "ETCDCTL_ENDPOINTS="+srv.URL, undo.EnvStateDir+"="+filepath.Join(tmp, "state"))
-	fmt.Fprintf(stdout, "$ cd %s\n$ export ETCDCTL_ENDPOINTS=%s %s=%s\n\n", tmp, srv.URL, undo.EnvStateDir, filepath.Join(tmp, "state"))
+	env := append(os.Environ(), "ETCDCTL_ENDPOINTS=", undo.EnvStateDir+"="+filepath.Join(tmp, "state"))
+	fmt.Fprintf(stdout, "$ cd %s\n$ export %s=%s\n\n", tmp, undo.EnvStateDir, filepath.Join(tmp, "state"))
 	for i, s := range steps {
 		if ctx.Err() != nil {
 			fmt.Fprintln(stderr, "demo: interrupted")

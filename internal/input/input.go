@@ -24,11 +24,14 @@ const (
 	AllowUnverifiedJournal   Name = "unverified journal allowance"
 	APIServerFlagsFile       Name = "kube-apiserver flags file"
 	APIServerManifest        Name = "kube-apiserver manifest"
+	CACert                   Name = "etcd CA certificate"
 	ClientCert               Name = "client certificate"
 	ClientKey                Name = "client key"
 	CompactHistory           Name = "history compaction"
 	ConversionWebhook        Name = "conversion webhook address"
+	Distribution             Name = "installer"
 	EncryptionProviderConfig Name = "encryption configuration"
+	Endpoints                Name = "etcd endpoints"
 	FailFast                 Name = "stop at the first failure"
 	FailOnOrphaned           Name = "orphaned keys failing the gate"
 	FeatureGates             Name = "feature gates"
@@ -36,6 +39,7 @@ const (
 	Journal                  Name = "journal"
 	Namespace                Name = "namespace"
 	NoUndo                   Name = "no-undo choice"
+	NodeRoot                 Name = "node root"
 	OutputSnapshot           Name = "output snapshot"
 	QuotaBackendBytes        Name = "etcd quota"
 	Record                   Name = "migration records"
@@ -55,9 +59,9 @@ const (
 
 // All is every Name, for the command layer's test that each has a flag.
 func All() []Name {
-	return []Name{AllowLiveAPIServer, AllowUnverifiedJournal, APIServerFlagsFile, APIServerManifest, ClientCert, ClientKey, CompactHistory,
-		ConversionWebhook, EncryptionProviderConfig, FailFast, FailOnOrphaned, FeatureGates, Force,
-		Journal, Namespace, NoUndo, OutputSnapshot, QuotaBackendBytes, Record, Requested,
+	return []Name{AllowLiveAPIServer, AllowUnverifiedJournal, APIServerFlagsFile, APIServerManifest, CACert, ClientCert, ClientKey, CompactHistory,
+		ConversionWebhook, Distribution, EncryptionProviderConfig, Endpoints, FailFast, FailOnOrphaned, FeatureGates, Force,
+		Journal, Namespace, NoUndo, NodeRoot, OutputSnapshot, QuotaBackendBytes, Record, Requested,
 		Resource, Revision, RuntimeConfig, SkipHashCheck, Snapshot, SnapshotFile, StateDir,
 		StorageMediaType, TargetVersion, UndoDir, User}
 }

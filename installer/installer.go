@@ -1,0 +1,433 @@
+// Package installer finds, without flags, the cluster a control-plane node
+// runs: which installer laid the node out — kubeadm, kops, RKE2 or k3s with
+// its embedded etcd — and where, in that installer's documented places, is
+// kube-apiserver's configuration (its static-pod manifest; for k3s, which
+// runs kube-apiserver inside its own process, the command line k3s builds
+// from its configuration files), etcd's manifest and data directory. It
+// reads files only, under a root directory that is "/" on the node itself
+// and may be a node's disk mounted elsewhere; it finds a kube-apiserver
+// stopped the runbooks' way too (its manifest moved out of the kubelet's
+// directory, or k3s's apiserver disabled). A node with none of them, or
+// more than one, is an error listing every place looked at; so is a k3s
+// whose datastore is not etcd. What it returns is plain data for package
+// apiserverconfig to read as the operator's own --apiserver-manifest.
+package installer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/internal/input"
+)
+
+// Name is an installer the tool knows the layout of.
+type Name string
+
+const (
+	Kubeadm Name = "kubeadm"
+	Kops    Name = "kops"
+	RKE2    Name = "rke2"
+	K3s     Name = "k3s"
+)
+
+// Names are the installers, in the order they are looked for.
+var Names = []Name{Kubeadm, Kops, RKE2, K3s}
+
+// Parse is the installer s names ("" for none).
+func Parse(s string) (Name, error) {
+	if s == "" {
+		return "", nil
+	}
+	for _, n := range Names {
+		if string(n) == s {
+			return n, nil
+		}
+	}
+	return "", fmt.Errorf("%q: want one of %s", s, namesList(Names, ", "))
+}
+
+func namesList(ns []Name, sep string) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = string(n)
+	}
+	return strings.Join(s, sep)
+}
+
+// Found is one installer's control plane on the node. Paths are as read:
+// under the root.
+type Found struct {
+	Installer Name
+	Root      string
+	// Manifest is kube-apiserver's static-pod manifest (kubeadm, kops,
+	// RKE2); Parked says it is where the runbooks move it to stop
+	// kube-apiserver (out of the kubelet's directory, KubeletDir).
+	Manifest   string
+	Parked     bool
+	KubeletDir string
+	// CommandLine is kube-apiserver's command line as k3s builds it (k3s:
+	// no manifest), from the files in Files.
+	CommandLine []string
+	Files       []string
+	// EtcdManifest is etcd's static-pod manifest on this node, "" when none.
+	EtcdManifest string
+	// EtcdDataDir is this node's etcd member's data directory, "" when it is
+	// not known (EtcdDataDirFrom says where it was read).
+	EtcdDataDir     string
+	EtcdDataDirFrom string
+	// Datastore says what kube-apiserver stores into (k3s's embedded etcd,
+	// an external etcd), "" for a static pod's (its --etcd-servers).
+	Datastore string
+	// Notes are what the operator should know of what was found (a
+	// kube-apiserver disabled, a second copy of the manifest, how the
+	// release is known).
+	Notes []string
+}
+
+// What is the one line the commands print: the installer and the files
+// read. It names files, never their contents.
+func (f *Found) What() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "found %s on this node", f.Installer)
+	if f.Root != "" && f.Root != "/" {
+		fmt.Fprintf(&b, " (under %s)", f.Root)
+	}
+	switch {
+	case f.Manifest != "" && f.Parked:
+		fmt.Fprintf(&b, ": kube-apiserver's manifest %s (parked out of %s: kube-apiserver stopped)", f.Manifest, f.KubeletDir)
+	case f.Manifest != "":
+		fmt.Fprintf(&b, ": kube-apiserver's manifest %s", f.Manifest)
+	default:
+		fmt.Fprintf(&b, ": kube-apiserver's command line as k3s builds it from %s", strings.Join(f.Files, ", "))
+		if f.Datastore != "" {
+			fmt.Fprintf(&b, " (%s)", f.Datastore)
+		}
+	}
+	if f.EtcdManifest != "" {
+		fmt.Fprintf(&b, "; etcd's manifest %s", f.EtcdManifest)
+	}
+	if f.EtcdDataDir != "" {
+		fmt.Fprintf(&b, "; etcd's data directory %s (%s)", f.EtcdDataDir, f.EtcdDataDirFrom)
+	} else {
+		b.WriteString("; etcd's data directory not known on this node")
+	}
+	return b.String()
+}
+
+// Place is where an installer's files are looked for.
+type Place struct {
+	Installer Name
+	Paths     []string
+}
+
+// finder looks for one installer's control plane under root: nil when its
+// files are not there.
+type finder func(root string) (*Found, []string, error)
+
+var finders = map[Name]finder{Kubeadm: findKubeadm, Kops: findKops, RKE2: findRKE2, K3s: findK3s}
+
+// Find looks for every installer's control plane under root ("" = "/"),
+// or only's when it is set, and returns the one found.
+func Find(root string, only Name) (*Found, error) {
+	if root == "" {
+		root = "/"
+	}
+	names := Names
+	if only != "" {
+		names = []Name{only}
+	}
+	var found []*Found
+	var looked []Place
+	for _, n := range names {
+		f, paths, err := finders[n](root)
+		looked = append(looked, Place{Installer: n, Paths: paths})
+		if err != nil {
+			return nil, err
+		}
+		if f != nil {
+			f.Root = root
+			found = append(found, f)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, &NotFoundError{Root: root, Looked: looked, Only: only}
+	case 1:
+		return found[0], nil
+	}
+	return nil, &AmbiguousError{Found: found}
+}
+
+// NotFoundError: none of the installers' files is on the node.
+type NotFoundError struct {
+	Root   string
+	Looked []Place
+	Only   Name
+}
+
+func (e *NotFoundError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the inputs that name a cluster spelled by spell.
+func (e *NotFoundError) Render(spell func(input.Name) string) string {
+	var parts []string
+	for _, p := range e.Looked {
+		parts = append(parts, fmt.Sprintf("%s (%s)", p.Installer, strings.Join(p.Paths, ", ")))
+	}
+	what := "no control plane found on this node"
+	if e.Only != "" {
+		what = fmt.Sprintf("no %s control plane found on this node", e.Only)
+	}
+	return fmt.Sprintf("%s: looked for %s; name the cluster with %s, %s or %s (with %s, %s, %s)",
+		what, strings.Join(parts, "; "), spell(input.APIServerManifest), spell(input.APIServerFlagsFile), spell(input.Endpoints), spell(input.CACert), spell(input.ClientCert), spell(input.ClientKey))
+}
+
+// AmbiguousError: more than one installer's files are on the node.
+type AmbiguousError struct{ Found []*Found }
+
+func (e *AmbiguousError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the inputs that pick one spelled by spell.
+func (e *AmbiguousError) Render(spell func(input.Name) string) string {
+	var parts []string
+	var names []Name
+	for _, f := range e.Found {
+		what := f.Manifest
+		if what == "" {
+			what = strings.Join(f.Files, ", ")
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", f.Installer, what))
+		names = append(names, f.Installer)
+	}
+	return fmt.Sprintf("more than one control plane found on this node: %s; pick one with %s %s, or name the cluster with %s, %s or %s",
+		strings.Join(parts, "; "), spell(input.Distribution), namesList(names, "|"), spell(input.APIServerManifest), spell(input.APIServerFlagsFile), spell(input.Endpoints))
+}
+
+// UnsupportedError: an installer's control plane whose kube-apiserver does
+// not store into an etcd the tool can reach from this node (k3s or RKE2 on
+// kine's SQLite, MySQL or Postgres; a k3s server without etcd).
+type UnsupportedError struct {
+	Installer Name
+	Files     []string
+	Reason    string
+}
+
+func (e *UnsupportedError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the inputs that name a cluster spelled by spell.
+func (e *UnsupportedError) Render(spell func(input.Name) string) string {
+	return fmt.Sprintf("found %s on this node (%s), but %s", e.Installer, strings.Join(e.Files, ", "), e.Reason)
+}
+
+// ManifestConflictError: kube-apiserver's manifest is both in the
+// kubelet's directory and where the runbooks park it, and the two differ.
+type ManifestConflictError struct {
+	Installer      Name
+	Live, Parked   string
+	LiveDir, Where string
+}
+
+func (e *ManifestConflictError) Error() string { return e.Render(input.Words) }
+
+// Render is the message with the manifest's input spelled by spell.
+func (e *ManifestConflictError) Render(spell func(input.Name) string) string {
+	return fmt.Sprintf("found %s on this node with two different kube-apiserver manifests: %s (the kubelet runs it) and %s (a copy parked out of %s); remove the stale one, or name the one kube-apiserver runs with with %s",
+		e.Installer, e.Live, e.Parked, e.LiveDir, spell(input.APIServerManifest))
+}
+
+// under is path p of the node, as read under root.
+func under(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	return filepath.Join(root, p)
+}
+
+func exists(p string) (bool, error) {
+	_, err := os.Stat(p)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return false, nil
+	}
+	return false, err
+}
+
+// staticPod finds kube-apiserver's manifest in the kubelet's directory
+// (live) or where the runbooks park it (parked); both there and the same,
+// the live one, with a note; both there and different, an error.
+func staticPod(installer Name, root, live, parked string) (f *Found, err error) {
+	lp, pp := under(root, live), under(root, parked)
+	liveOK, err := exists(lp)
+	if err != nil {
+		return nil, err
+	}
+	parkedOK, err := exists(pp)
+	if err != nil {
+		return nil, err
+	}
+	f = &Found{Installer: installer, KubeletDir: under(root, filepath.Dir(live))}
+	switch {
+	case liveOK && parkedOK:
+		a, err := os.ReadFile(lp)
+		if err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(pp)
+		if err != nil {
+			return nil, err
+		}
+		if !bytes.Equal(a, b) {
+			return nil, &ManifestConflictError{Installer: installer, Live: lp, Parked: pp, LiveDir: f.KubeletDir}
+		}
+		f.Manifest = lp
+		f.Notes = append(f.Notes, fmt.Sprintf("note: %s is also there, the same as the kubelet's %s (a copy left from an earlier window?)", pp, lp))
+	case liveOK:
+		f.Manifest = lp
+	case parkedOK:
+		f.Manifest, f.Parked = pp, true
+	default:
+		return nil, nil
+	}
+	return f, nil
+}
+
+// etcdPod fills f's etcd manifest and data directory from etcd's static
+// pod (file, a path of the node), when there is one.
+func (f *Found) etcdPod(root, file string) error {
+	p := under(root, file)
+	ok, err := exists(p)
+	if err != nil || !ok {
+		return err
+	}
+	pod, err := apiserverconfig.ReadEtcdPod(p, root)
+	f.EtcdManifest = p
+	if err != nil {
+		f.Notes = append(f.Notes, fmt.Sprintf("warning: etcd's data directory is not known: %v", err))
+		return nil
+	}
+	if pod.DataDir != "" {
+		f.EtcdDataDir = pod.DataDir
+		f.EtcdDataDirFrom = "etcd's manifest"
+		if pod.ConfigFile != "" {
+			f.EtcdDataDirFrom = "etcd's configuration " + pod.ConfigFile
+		}
+	}
+	return nil
+}
+
+func findKubeadm(root string) (*Found, []string, error) {
+	const live, parked = "/etc/kubernetes/manifests/kube-apiserver.yaml", "/etc/kubernetes/kube-apiserver.yaml"
+	looked := []string{under(root, live), under(root, parked)}
+	f, err := staticPod(Kubeadm, root, live, parked)
+	if f == nil || err != nil {
+		return nil, looked, err
+	}
+	if err := f.etcdPod(root, "/etc/kubernetes/manifests/etcd.yaml"); err != nil {
+		return nil, looked, err
+	}
+	if f.EtcdManifest == "" {
+		f.Notes = append(f.Notes, "note: no etcd static pod on this node (an external etcd): its data directory is on the etcd hosts")
+	}
+	return f, looked, nil
+}
+
+func findKops(root string) (*Found, []string, error) {
+	const live, parked = "/etc/kubernetes/manifests/kube-apiserver.manifest", "/etc/kubernetes/kube-apiserver.manifest"
+	looked := []string{under(root, live), under(root, parked)}
+	f, err := staticPod(Kops, root, live, parked)
+	if f == nil || err != nil {
+		return nil, looked, err
+	}
+	// etcd-manager (nodeup writes /etc/kubernetes/manifests/etcd-main-*.manifest
+	// and etcd-events-*) runs etcd with its data on a volume of its own that it
+	// mounts itself (/mnt/master-*): no file of the node names it.
+	mains, err := filepath.Glob(under(root, "/etc/kubernetes/manifests/etcd-main*.manifest"))
+	if err != nil {
+		return nil, looked, err
+	}
+	sort.Strings(mains)
+	if len(mains) > 0 {
+		f.EtcdManifest = mains[0]
+	}
+	f.Notes = append(f.Notes, "note: kops' etcd-manager keeps etcd's data on its own volume (/mnt/master-*), which no file of the node names")
+	return f, looked, nil
+}
+
+// rancherDataDir is a k3s or RKE2 server's data-dir, from its settings.
+func rancherDataDir(s *settings, def string) string {
+	if d := s.scalar("data-dir", "d"); d != "" {
+		return d
+	}
+	return def
+}
+
+func findRKE2(root string) (*Found, []string, error) {
+	const config = "/etc/rancher/rke2/config.yaml"
+	var s settings
+	if _, err := s.readConfigFiles(root, config); err != nil {
+		return nil, nil, err
+	}
+	dataDir := rancherDataDir(&s, "/var/lib/rancher/rke2")
+	live := filepath.Join(dataDir, "agent/pod-manifests/kube-apiserver.yaml")
+	parked := filepath.Join(dataDir, "agent/kube-apiserver.yaml")
+	looked := []string{under(root, live), under(root, parked)}
+	f, err := staticPod(RKE2, root, live, parked)
+	if f == nil || err != nil {
+		return nil, looked, err
+	}
+	if ep := s.scalar("datastore-endpoint"); ep != "" && !isEtcdEndpoint(ep) {
+		return nil, looked, &UnsupportedError{Installer: RKE2, Files: append(s.files, f.Manifest),
+			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads and writes etcd only", datastoreKind(ep))}
+	}
+	f.Files = s.files
+	if err := f.etcdPod(root, filepath.Join(dataDir, "agent/pod-manifests/etcd.yaml")); err != nil {
+		return nil, looked, err
+	}
+	if f.EtcdDataDir == "" {
+		if dir := under(root, filepath.Join(dataDir, "server/db/etcd")); dirExists(dir) {
+			f.EtcdDataDir, f.EtcdDataDirFrom = dir, "RKE2's data-dir"
+		}
+	}
+	return f, looked, nil
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+// isEtcdEndpoint reports whether a k3s/RKE2 datastore-endpoint is etcd's
+// (kine hands an http(s) endpoint to kube-apiserver as it is).
+func isEtcdEndpoint(ep string) bool {
+	first := strings.TrimSpace(strings.Split(ep, ",")[0])
+	return strings.HasPrefix(first, "http://") || strings.HasPrefix(first, "https://")
+}
+
+// datastoreKind names a kine datastore-endpoint's database without its
+// credentials (a DSN holds the password).
+func datastoreKind(ep string) string {
+	scheme, _, ok := strings.Cut(ep, "://")
+	if !ok {
+		return "a database"
+	}
+	switch strings.ToLower(scheme) {
+	case "mysql":
+		return "MySQL"
+	case "postgres", "postgresql":
+		return "PostgreSQL"
+	case "sqlite":
+		return "SQLite"
+	case "nats":
+		return "NATS"
+	}
+	return "a " + scheme + " database"
+}
