@@ -382,7 +382,8 @@ func TestDiscoveryEtcdDataDirSpace(t *testing.T) {
 			before, rev := n.c.Raw(), n.c.Revision()
 			code, out, stderr := runCLI(t, append([]string{"plan", "--node-root", root}, state...)...)
 			if code != exitError || !strings.Contains(out, "BLOCKER (disk space): not enough disk space on the filesystem of "+n.etcdDir) ||
-				!strings.Contains(out, "etcd's database growth") || !strings.Contains(out, "etcd itself needs it") {
+				!strings.Contains(out, "etcd's database growth") || !strings.Contains(out, "etcd itself needs it") ||
+				!strings.Contains(out, "remedy: free room on that filesystem: etcd's own database and WAL need it") || strings.Contains(out, "give --state-dir on another one") {
 				t.Fatalf("plan with etcd's filesystem full: exit %d\n%s%s", code, out, stderr)
 			}
 			code, _, stderr = runCLI(t, append([]string{"migrate", "--node-root", root, "--liveness-window", "500ms"}, state...)...)

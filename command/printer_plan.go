@@ -1,6 +1,7 @@
 package command
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -50,6 +51,9 @@ func remedy(b plan.Blocker) string {
 	case plan.FixStateDir:
 		return "chmod 700 it (it holds stored values), or wait for the run that holds it; --state-dir names another"
 	case plan.FixDiskSpace:
+		if se := (*undo.DiskSpaceError)(nil); errors.As(b.Cause, &se) && !se.UndoNeeds() {
+			return "free room on that filesystem: etcd's own database and WAL need it, whatever the undo (another --state-dir does not help)"
+		}
 		return "free room on that filesystem, or give --state-dir on another one (the undo needs the room; --no-undo is not a remedy)"
 	case plan.FixEncryption:
 		return "start the KMS plugin (its socket must answer on this node) or fix the key in the encryption configuration"

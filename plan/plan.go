@@ -69,7 +69,7 @@ const (
 	FixQuota Fix = "quota"
 	// FixStateDir: the state directory's mode, the run that holds it, or another one.
 	FixStateDir Fix = "state-dir"
-	// FixDiskSpace: room for the undo, or a state directory elsewhere.
+	// FixDiskSpace: room for the undo or for etcd's growth, or a state directory elsewhere.
 	FixDiskSpace Fix = "disk-space"
 	// FixEncryption: a KMS plugin that answers, or a key that works.
 	FixEncryption Fix = "encryption"

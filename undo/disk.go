@@ -39,14 +39,24 @@ type DiskSpaceError struct {
 
 func (e *DiskSpaceError) Error() string { return e.Render(input.Words) }
 
+// UndoNeeds says whether the undo's own files are among the needs (else
+// only etcd's growth is: another state directory would not help).
+func (e *DiskSpaceError) UndoNeeds() bool {
+	for _, n := range e.Needs {
+		if !n.Etcd {
+			return true
+		}
+	}
+	return false
+}
+
 // Render is the message with the state directory's input spelled by spell.
 func (e *DiskSpaceError) Render(spell func(input.Name) string) string {
 	parts := make([]string, len(e.Needs))
-	undo := false
 	for i, n := range e.Needs {
 		parts[i] = fmt.Sprintf("%s %s", n.What, textfmt.Bytes(n.Bytes))
-		undo = undo || !n.Etcd
 	}
+	undo := e.UndoNeeds()
 	elsewhere := e.Elsewhere
 	if elsewhere == "" {
 		elsewhere = input.StateDir
