@@ -47,10 +47,10 @@ type socketServer struct {
 	socket   string
 	register func(*grpc.Server)
 
-	mu      sync.Mutex
-	server  *grpc.Server // nil while stopped
-	done    chan struct{}
-	closed  bool
+	mu     sync.Mutex
+	server *grpc.Server // nil while stopped
+	done   chan struct{}
+	closed bool
 }
 
 func listen(register func(*grpc.Server)) (*socketServer, error) {
