@@ -525,8 +525,24 @@ func (e *WebhookDownError) Error() string {
 	if e.Address != "" {
 		at = " at " + e.Address
 	}
-	return fmt.Sprintf("CRD %s: conversion webhook %s%s stopped answering: %s (and a TLS handshake after it: %s)",
-		e.CRD, e.Target, at, textfmt.OneLine(e.Err.Error()), textfmt.OneLine(e.Probe.Error()))
+	// The handshake's failure says it all (the conversion's error wraps
+	// the same failure of the connection, in the client's words): the
+	// addresses tried and why each failed, without the advice on giving
+	// an address (the webhook was reached before).
+	why := textfmt.OneLine(e.Probe.Error())
+	var unreachable *WebhookUnreachableError
+	if errors.As(e.Probe, &unreachable) {
+		var tried []string
+		for _, a := range unreachable.Attempts {
+			tried = append(tried, a.Address+": "+textfmt.OneLine(a.Err))
+		}
+		why = unreachable.Reason
+		if len(tried) > 0 {
+			why = strings.Join(tried, "; ")
+		}
+	}
+	return fmt.Sprintf("CRD %s: conversion webhook %s%s stopped answering: it converted objects earlier in this run, then a conversion failed and a TLS handshake with it fails (%s)",
+		e.CRD, e.Target, at, why)
 }
 
 func (e *WebhookDownError) Unwrap() error { return e.Err }

@@ -2,21 +2,39 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	kmstypes "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2/v2"
+	"k8s.io/utils/ptr"
 
+	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/testrig/kmstest"
+	"kube-etcd-migrate/internal/testrig/seed"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/undo"
 )
 
@@ -245,4 +263,261 @@ func TestKMSPluginKilledMidRollback(t *testing.T) {
 	}
 	w.stop()
 	sameSecrets(t, before, secretValues(t, c))
+}
+
+// killableWebhook is a conversion webhook pod: a real HTTPS server on
+// loopback whose certificate is valid for the Service's name
+// conv.webhooks.svc only, signed by the CA the CRD's caBundle holds. It
+// converts widgets (apiVersion set, the label converted-by=webhook). Kill
+// closes its listener and every connection (a pod killed); Start serves
+// again on the same address.
+type killableWebhook struct {
+	addr     string
+	cert     tls.Certificate
+	caBundle []byte
+	mu       sync.Mutex
+	srv      *http.Server
+}
+
+func startKillableWebhook(t *testing.T) *killableWebhook {
+	t.Helper()
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "webhook-ca")
+	certFile, keyFile := ca.IssueServing(t, dir, "conv", "conv.webhooks.svc")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &killableWebhook{addr: "127.0.0.1:0", cert: cert, caBundle: ca.PEM()}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Kill)
+	return h
+}
+
+func (h *killableWebhook) Start() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ln, err := net.Listen("tcp", h.addr)
+	if err != nil {
+		return err
+	}
+	h.addr = ln.Addr().String()
+	h.srv = &http.Server{Handler: http.HandlerFunc(h.serve), TLSConfig: &tls.Config{Certificates: []tls.Certificate{h.cert}}}
+	go func(srv *http.Server) { _ = srv.ServeTLS(ln, "", "") }(h.srv)
+	return nil
+}
+
+func (h *killableWebhook) Kill() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.srv != nil {
+		_ = h.srv.Close() // the listener and every connection, at once
+		h.srv = nil
+	}
+}
+
+func (h *killableWebhook) port(t *testing.T) int32 {
+	t.Helper()
+	_, p, _ := net.SplitHostPort(h.addr)
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+func (h *killableWebhook) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var review apiextensionsv1.ConversionReview
+	if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
+		http.Error(w, "bad review", http.StatusBadRequest)
+		return
+	}
+	resp := &apiextensionsv1.ConversionResponse{UID: review.Request.UID, Result: metav1.Status{Status: metav1.StatusSuccess}}
+	for _, raw := range review.Request.Objects {
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(raw.Raw); err != nil {
+			http.Error(w, "bad object", http.StatusBadRequest)
+			return
+		}
+		u.SetAPIVersion(review.Request.DesiredAPIVersion)
+		labels := u.GetLabels()
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels["converted-by"] = "webhook"
+		u.SetLabels(labels)
+		resp.ConvertedObjects = append(resp.ConvertedObjects, runtime.RawExtension{Object: u})
+	}
+	review.Response, review.Request = resp, nil
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(&review)
+}
+
+// putWebhookWidgets stores the widgets CRD, its conversion webhook the
+// Service webhooks/conv (port 443, path /convert) with one ready endpoint,
+// the pod at 127.0.0.1:port, as kube-apiserver stores them, and n widgets
+// at v1beta1 (the storage version is v1).
+func putWebhookWidgets(t *testing.T, c *testcluster.Cluster, hook *killableWebhook, n int) {
+	t.Helper()
+	crd := seed.WidgetCRD()
+	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig: &apiextensionsv1.WebhookClientConfig{
+				Service:  &apiextensionsv1.ServiceReference{Namespace: "webhooks", Name: "conv", Path: ptr.To("/convert"), Port: ptr.To[int32](443)},
+				CABundle: hook.caBundle,
+			},
+			ConversionReviewVersions: []string{"v1"},
+		}}
+	c.Put("/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", decode.CRDGroupResource, crd, "", "", "")
+	svc := &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "webhooks", Name: "conv", UID: "uid-svc-conv", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicySingleStack),
+			Selector: map[string]string{"app": "conv"},
+			Ports:    []corev1.ServicePort{{Name: "https", Protocol: corev1.ProtocolTCP, Port: 443, TargetPort: intstr.FromString("https")}},
+		},
+	}
+	c.Put("/registry/services/specs/webhooks/conv", schema.GroupResource{Resource: "services"}, svc, "", "", "")
+	es := &discoveryv1.EndpointSlice{
+		TypeMeta:    metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "webhooks", Name: "conv-x7k2p", UID: "uid-es-conv", CreationTimestamp: metav1.Unix(1700000000, 0), Labels: map[string]string{discoveryv1.LabelServiceName: "conv", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(hook.port(t))}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}
+	c.Put("/registry/endpointslices/webhooks/conv-x7k2p", schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, es, "", "", "")
+	var ops []clientv3.Op
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("w-%05d", i)
+		w, err := json.Marshal(map[string]any{"apiVersion": "example.com/v1beta1", "kind": "Widget",
+			"metadata": map[string]any{"name": name, "namespace": "ns", "uid": "uid-" + name, "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
+			"spec":     map[string]any{"size": i, "tier": "gold"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, clientv3.OpPut("/registry/example.com/widgets/ns/"+name, string(append(w, '\n'))))
+		if len(ops) == 100 || i == n-1 {
+			if _, err := c.Cli.Txn(context.Background()).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+}
+
+// widgetsConvertedWhole fails unless every widget is as it was before or
+// whole at v1, converted by the webhook; it returns how many are converted.
+func widgetsConvertedWhole(t *testing.T, before, after map[string]string) int {
+	t.Helper()
+	converted := 0
+	for k, v := range after {
+		if !strings.HasPrefix(k, "/registry/example.com/widgets/") || v == before[k] {
+			continue
+		}
+		var w struct {
+			APIVersion string `json:"apiVersion"`
+			Metadata   struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec map[string]any `json:"spec"`
+		}
+		if err := json.Unmarshal([]byte(v), &w); err != nil || w.APIVersion != "example.com/v1" || w.Metadata.Labels["converted-by"] != "webhook" || w.Spec["tier"] != "gold" {
+			t.Errorf("%s: neither as it was nor converted whole (%v): %s", k, err, v)
+			continue
+		}
+		converted++
+	}
+	return converted
+}
+
+// TestWebhookKilledMidMigrate: 3,000 custom resources converted by a
+// webhook behind a Service (reached through its EndpointSlice, as with
+// every kube-apiserver stopped), the webhook killed when etcd shows the
+// run's first write of one. The run stops (not each object left reported
+// unreadable), exit 1, its stderr naming the CRD, the Service and the
+// address; every widget is as it was or converted whole, each write
+// journaled. With the webhook back, the same migrate completes, verify
+// exits 0, and a rollback of both runs gives back every byte of etcd.
+func TestWebhookKilledMidMigrate(t *testing.T) {
+	const widgets = 3000
+	c := testcluster.New(t, testetcd.Options{})
+	hook := startKillableWebhook(t)
+	putWebhookWidgets(t, c, hook, widgets)
+	before := c.Raw()
+	state := testcluster.StateDir(t)
+	migrate := []string{"migrate", "--target-version", "1.37", "--liveness-window", "1s", "--page-size", "100"}
+
+	w := watchWrites(t, c.Cli, c.Revision(), "/registry/example.com/widgets/")
+	run := startTool(t, append(migrate, "--endpoints", c.Srv.Endpoint)...)
+	select {
+	case <-w.oursSeen:
+	case <-run.done:
+		t.Fatalf("the run ended before its first write was seen (exit %d):\n%s", run.code, run.stderr.String())
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("no write of the run seen:\n%s", run.stderr.String())
+	}
+	hook.Kill()
+	code := run.wait(t)
+	w.stop()
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 (stopped, nothing lost); stdout:\n%s", code, run.stdout.String())
+	}
+	stderr := run.stderr.String()
+	want := "error: stopped: CRD widgets.example.com: conversion webhook service webhooks/conv:443 at " + hook.addr + " stopped answering"
+	if !strings.Contains(stderr, want) || !strings.Contains(stderr, "journaled") {
+		t.Errorf("stderr does not say %q and where the journal is:\n%s", want, stderr)
+	}
+	after := c.Raw()
+	converted := widgetsConvertedWhole(t, before, after)
+	written := journaled(t, filepath.Join(state, "runs", "0001-migrate", undo.JournalFile), before, after)
+	if converted == 0 || converted == widgets || written < converted {
+		t.Errorf("%d of %d widgets converted, %d keys written: want a run stopped part-way", converted, widgets, written)
+	}
+	t.Logf("stopped after %d of %d widgets converted", converted, widgets)
+
+	if err := hook.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := toolOn(t, c, migrate...); code != 0 {
+		t.Fatalf("migrate with the webhook back: exit %d\n%s", code, stderr)
+	}
+	if n := widgetsConvertedWhole(t, before, c.Raw()); n != widgets {
+		t.Errorf("after the rerun %d of %d widgets converted", n, widgets)
+	}
+	if stdout, stderr, code := toolOn(t, c, "verify"); code != 0 {
+		t.Fatalf("verify after the rerun: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if _, stderr, code := toolOn(t, c, "rollback", "--run", "0001-migrate", "--liveness-window", "1s"); code != 0 {
+		t.Fatalf("rollback of both runs: exit %d\n%s", code, stderr)
+	}
+	sameKeys(t, before, c.Raw())
+}
+
+// sameKeys fails unless etcd holds exactly the keys of before, each with
+// its value of before, byte for byte.
+func sameKeys(t *testing.T, before, after map[string]string) {
+	t.Helper()
+	bad := 0
+	for k, v := range before {
+		if got, ok := after[k]; !ok || got != v {
+			if bad++; bad <= 5 {
+				t.Errorf("%s: not its value of before (present %v)", k, ok)
+			}
+		}
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			if bad++; bad <= 5 {
+				t.Errorf("%s: not there before", k)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d key(s) differ from before", bad)
+	}
 }

@@ -31,6 +31,9 @@ type Transformers struct {
 
 	mu    sync.Mutex
 	write map[schema.GroupResource]Info
+	// encrypted: the write providers (Info.String) that encrypted a value
+	// or the preflight's probe in this run.
+	encrypted sync.Map
 }
 
 // Close stops the KMS plugin connections and probes.
@@ -330,7 +333,8 @@ func (e *Transformers) Encrypt(ctx context.Context, gr schema.GroupResource, key
 			return nil, ctx.Err()
 		}
 		w := e.WriteProvider(gr)
-		ee := &EncryptError{Key: key, Provider: w, Err: err}
+		_, worked := e.encrypted.Load(w.String())
+		ee := &EncryptError{Key: key, Provider: w, Stopped: worked, Err: err}
 		if cfg := e.kmsConfigFor(gr, w); cfg != nil {
 			ee.Plugin = &KMSPluginError{Provider: w.Provider, Name: cfg.Name, Endpoint: cfg.Endpoint, Op: "encrypting", Err: err}
 			if cfg.Timeout != nil {
@@ -338,6 +342,9 @@ func (e *Transformers) Encrypt(ctx context.Context, gr schema.GroupResource, key
 			}
 		}
 		return nil, ee
+	}
+	if w := e.WriteProvider(gr); w.Provider != ProviderIdentity {
+		e.encrypted.Store(w.String(), true)
 	}
 	return out, nil
 }

@@ -42,15 +42,17 @@ func (e *DecryptError) Unwrap() error {
 	return e.Plugin
 }
 
-// EncryptError is a value the write provider could not encrypt. The
-// preflight saw the provider work, so it has stopped working since (a KMS v2
-// plugin gone for longer than the transformer keeps its data key, a KMS v1
-// plugin that does not answer): no fault of the value, and no other value of
-// the provider can be written either. Plugin is set for a KMS provider.
+// EncryptError is a value the write provider could not encrypt: no fault of
+// the value, and no other value of the provider can be written either.
+// Plugin is set for a KMS provider. Stopped says that the provider had
+// encrypted in this run (the preflight's probe, or a value) and stopped
+// since: a KMS v2 plugin gone for longer than kube-apiserver's transformer
+// keeps writing with its data key, a KMS v1 plugin that no longer answers.
 type EncryptError struct {
 	Key      string
 	Provider Info
 	Plugin   *KMSPluginError
+	Stopped  bool
 	Err      error
 }
 

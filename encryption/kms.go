@@ -77,6 +77,9 @@ func (e *Transformers) Preflight(ctx context.Context, grs []schema.GroupResource
 				if err == nil && !bytes.Equal(pt, probe) {
 					err = errors.New("probe value did not read back")
 				}
+				if err == nil {
+					e.encrypted.Store(name, true)
+				}
 			}
 		}
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	kmsv2 "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2"
+
 	"kube-etcd-migrate/internal/testrig/kmstest"
 )
 
@@ -107,4 +109,33 @@ func TestKMSPluginRefusalIsTheValues(t *testing.T) {
 		t.Fatalf("a key ID the plugin no longer has: %v, want a DecryptError without Plugin", err)
 	}
 	t.Logf("%v", err)
+}
+
+// TestKMSWriteProviderStops: kube-apiserver's KMS v2 transformer keeps
+// encrypting with its data key for a while after its plugin stopped
+// answering status calls, then refuses every write. Encrypt's error then
+// names the provider and the plugin and says the provider worked in this
+// run (Stopped); a provider that never encrypted (its plugin down when the
+// configuration was loaded) is not Stopped.
+func TestKMSWriteProviderStops(t *testing.T) {
+	ctx := context.Background()
+	plugin := kmstest.StartV2T(t, "kek-1")
+	cfg := secretsConfig(kmsV2Timeout("vault-expiring", plugin.Endpoint()))
+	run := loadT(t, cfg)
+	encryptT(t, run, secretKey, testPlain)
+	plugin.Stop()
+	later := time.Now().Add(time.Hour)
+	defer kmsv2.SetNowFuncForTests("vault-expiring", func() time.Time { return later })()
+	_, err := run.Encrypt(ctx, secretsGR, secretKey, testPlain)
+	var ee *EncryptError
+	if !errors.As(err, &ee) || !ee.Stopped || ee.Plugin == nil || ee.Plugin.Name != "vault-expiring" || ee.Plugin.Endpoint != plugin.Endpoint() {
+		t.Fatalf("encrypt an hour after the plugin stopped: %v (%+v), want an EncryptError, stopped, naming the plugin", err, ee)
+	}
+	t.Log(err)
+
+	never := loadT(t, cfg) // the plugin is down: no data key at all
+	_, err = never.Encrypt(ctx, secretsGR, secretKey, testPlain)
+	if !errors.As(err, &ee) || ee.Stopped {
+		t.Fatalf("a provider that never encrypted: %v (%+v), want an EncryptError not Stopped", err, ee)
+	}
 }

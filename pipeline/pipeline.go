@@ -570,7 +570,7 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 // object may need gone in the middle of it — a KMS plugin that does not
 // answer (*encryption.KMSPluginError: each value under a data key not yet
 // decrypted would wait out the plugin's timeout), the write encryption
-// provider failing (*encryption.EncryptError), a conversion webhook that
+// provider failing after it worked (*encryption.EncryptError), a conversion webhook that
 // stopped answering (*customresource.WebhookDownError). Such an object is
 // no fault of its own: it is not reported unreadable, and Run returns this
 // at once (the page it was found in is not handed on; the decisions under
@@ -597,7 +597,7 @@ func dependencyDown(d reencode.Decision) error {
 		return kp
 	}
 	var ee *encryption.EncryptError
-	if errors.As(d.Err, &ee) {
+	if errors.As(d.Err, &ee) && ee.Stopped {
 		return ee
 	}
 	var wd *customresource.WebhookDownError
