@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -520,4 +522,183 @@ func sameKeys(t *testing.T, before, after map[string]string) {
 	if bad > 0 {
 		t.Errorf("%d key(s) differ from before", bad)
 	}
+}
+
+// memberSecrets is the number of secrets the member tests rotate: enough
+// that the run still writes once a member is stopped at its first write.
+const memberSecrets = 4000
+
+// TestMemberStoppedMidMigrate: a key rotation of 4,000 secrets on a
+// 3-member etcd, the member of the first endpoint stopped (a crash: no
+// leadership handed on) when etcd shows the run's first write. Given every
+// member's endpoint, the run goes on through the others, or stops cleanly
+// (exit 1); given that member's only, it stops cleanly, exit 1, saying etcd
+// could not be reached. Either way every secret is as it was or rewritten
+// whole under the new key, each write journaled; with the member back, the
+// same migrate completes, verify exits 0, and a rollback of every run gives
+// back every byte.
+func TestMemberStoppedMidMigrate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		only bool // the tool given the stopped member's endpoint only
+	}{{"every endpoint", false}, {"its endpoint only", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ec := testetcd.StartClusterT(t, 3)
+			cli := ec.ClientT(t)
+			c := testcluster.NewOn(t, cli)
+			oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+			newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+			c.SeedMany(memberSecrets, oldCfg)
+			before := c.Raw()
+			beforeSecrets := secretValues(t, c)
+			state := testcluster.StateDir(t)
+			all := strings.Join(ec.Endpoints(), ",")
+			endpoints := all
+			if tc.only {
+				endpoints = ec.Members[0].Endpoint
+			}
+			migrate := []string{"migrate", "--encryption-provider-config", newCfg, "--target-version", "1.37", "--resource", "secrets", "--liveness-window", "1s"}
+
+			w := watchWrites(t, cli, c.Revision(), "/registry/secrets/")
+			run := startTool(t, append(migrate, "--endpoints", endpoints)...)
+			select {
+			case <-w.oursSeen:
+			case <-run.done:
+				t.Fatalf("the run ended before its first write was seen (exit %d):\n%s", run.code, run.stderr.String())
+			case <-time.After(3 * time.Minute):
+				t.Fatalf("no write of the run seen:\n%s", run.stderr.String())
+			}
+			ec.Members[0].Kill()
+			stopped := time.Now()
+			killedAt := c.Revision() // through the members left
+			if tc.only {
+				// Each write waits out etcd's retries (about a minute at
+				// the default --command-timeout), not one per batch left.
+				select {
+				case <-run.done:
+				case <-time.After(150 * time.Second):
+					t.Fatalf("the run goes on %s after its only etcd member was stopped:\n%s", time.Since(stopped).Round(time.Second), run.stderr.String())
+				}
+			}
+			code := run.wait(t)
+			t.Logf("the run ended %s after the member was stopped", time.Since(stopped).Round(time.Millisecond))
+			w.stop()
+			switch {
+			case tc.only && code != 1:
+				t.Fatalf("exit %d, want 1: the only member it was given is gone; stdout:\n%s", code, run.stdout.String())
+			case code != 0 && code != 1:
+				t.Fatalf("exit %d, want 0 (went on through the others) or 1 (stopped cleanly); stdout:\n%s", code, run.stdout.String())
+			}
+			if code == 1 && !strings.Contains(run.stderr.String(), "error: ") {
+				t.Errorf("stopped without saying why:\n%s", run.stderr.String())
+			}
+			if tc.only {
+				// One line naming etcd, the endpoint, the journal kept.
+				line := errorLine(run.stderr.String())
+				for _, want := range []string{"etcd is unavailable", ec.Members[0].Endpoint, "journal " + filepath.Join(state, "runs", "0001-migrate", undo.JournalFile) + " is intact", "--endpoints"} {
+					if !strings.Contains(line, want) {
+						t.Errorf("stderr's error line does not say %q:\n%s", want, line)
+					}
+				}
+			}
+			after := secretValues(t, c)
+			written, unconfirmed := journaledInFlight(t, filepath.Join(state, "runs", "0001-migrate", undo.JournalFile), beforeSecrets, after)
+			for k, v := range after {
+				if v != beforeSecrets[k] && !strings.HasPrefix(v, "k8s:enc:aescbc:v1:key2:") {
+					t.Errorf("%s: rewritten, but not under the new key", k)
+				}
+			}
+			t.Logf("exit %d, %d of %d secrets rewritten (%d of them in flight when the member stopped: journaled, unconfirmed)", code, written, memberSecrets, unconfirmed)
+			if tc.only && (written == 0 || written == memberSecrets) {
+				t.Errorf("%d of %d secrets rewritten: want a run stopped part-way", written, memberSecrets)
+			}
+			if after := keysWrittenSince(t, cli, "/registry/secrets/", killedAt); !tc.only && code == 0 {
+				// Went on through the others: it wrote after the member was gone.
+				t.Logf("%d secret(s) written after the member was stopped (revision %d)", after, killedAt)
+				if after == 0 {
+					t.Errorf("nothing written after the member was stopped: the test did not stop it mid-run")
+				}
+			}
+
+			if err := ec.Members[0].Restart(); err != nil {
+				t.Fatal(err)
+			}
+			if _, stderr, code := runTool(t, append(migrate, "--endpoints", all)...); code != 0 {
+				t.Fatalf("migrate with the member back: exit %d\n%s", code, stderr)
+			}
+			if stdout, stderr, code := runTool(t, "verify", "--endpoints", all, "--encryption-provider-config", newCfg, "--resource", "secrets"); code != 0 {
+				t.Fatalf("verify after the rerun: exit %d\n%s%s", code, stdout, stderr)
+			}
+			if _, stderr, code := runTool(t, "rollback", "--endpoints", all, "--run", "0001-migrate", "--encryption-provider-config", newCfg, "--liveness-window", "1s"); code != 0 {
+				t.Fatalf("rollback of every run: exit %d\n%s", code, stderr)
+			}
+			sameKeys(t, before, c.Raw())
+		})
+	}
+}
+
+// errorLine is the line of stderr that starts "error: " ("" when none).
+func errorLine(stderr string) string {
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.HasPrefix(l, "error: ") {
+			return l
+		}
+	}
+	return ""
+}
+
+// journaledInFlight fails unless every secret whose value differs from
+// before has the intent of that very value (its sha256) in the run's
+// journal. A write sent when etcd stopped answering may have landed
+// without the run seeing it: its intent is journaled, its "done" is not
+// (unconfirmed); a rollback tells it by that sha256.
+func journaledInFlight(t *testing.T, journal string, before, after map[string]string) (written, unconfirmed int) {
+	t.Helper()
+	intents, done := map[string]map[string]bool{}, map[string]bool{}
+	if err := undo.ReadJournal(journal, func(r undo.JournalRecord) error {
+		switch r.Op {
+		case "intent":
+			if intents[r.Key] == nil {
+				intents[r.Key] = map[string]bool{}
+			}
+			intents[r.Key][r.NewSHA256] = true
+		case "done":
+			done[r.Key] = true
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range after {
+		if v == before[k] {
+			continue
+		}
+		written++
+		sum := sha256.Sum256([]byte(v))
+		switch {
+		case !intents[k][hex.EncodeToString(sum[:])]:
+			t.Errorf("%s written but its value is in no intent of the journal", k)
+		case !done[k]:
+			unconfirmed++
+		}
+	}
+	return written, unconfirmed
+}
+
+// keysWrittenSince counts the keys under prefix last written after revision rev.
+func keysWrittenSince(t *testing.T, cli *clientv3.Client, prefix string, rev int64) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		if kv.ModRevision > rev {
+			n++
+		}
+	}
+	return n
 }
