@@ -560,7 +560,9 @@ func TestMemberStoppedMidMigrate(t *testing.T) {
 			migrate := []string{"migrate", "--encryption-provider-config", newCfg, "--target-version", "1.37", "--resource", "secrets", "--liveness-window", "1s"}
 
 			w := watchWrites(t, cli, c.Revision(), "/registry/secrets/")
-			run := startTool(t, append(migrate, "--endpoints", endpoints)...)
+			// One key per transaction, one writer: the run is still
+			// writing when the member is stopped at its first write.
+			run := startTool(t, append(migrate, "--endpoints", endpoints, "--writers", "1", "--batch-ops", "1")...)
 			select {
 			case <-w.oursSeen:
 			case <-run.done:
@@ -568,9 +570,12 @@ func TestMemberStoppedMidMigrate(t *testing.T) {
 			case <-time.After(3 * time.Minute):
 				t.Fatalf("no write of the run seen:\n%s", run.stderr.String())
 			}
+			atKill := c.Revision()
+			killing := time.Now()
 			ec.Members[0].Kill()
 			stopped := time.Now()
 			killedAt := c.Revision() // through the members left
+			t.Logf("the member stopped in %s, etcd at revision %d then, %d when it was told to stop", stopped.Sub(killing).Round(time.Millisecond), killedAt, atKill)
 			if tc.only {
 				// Each write waits out etcd's retries (about a minute at
 				// the default --command-timeout), not one per batch left.

@@ -227,8 +227,10 @@ func TestNoSecretLeaves(t *testing.T) {
 			tool(false, with(cmd, f, "etcd", append(append([]string{"--run", id, "--encryption-provider-config", newCfg}, write...), ep...)...)...)
 		},
 		"runs": func(cmd command.CommandRef, f string) {
-			tool(false, with(cmd, f, "list")...)
-			tool(false, with(cmd, f, "verify", "--verify")...)
+			tool(false, with(cmd, f, "list", ep...)...)
+			tool(false, with(cmd, f, "verify", append([]string{"--verify"}, ep...)...)...)
+			tool(false, with(cmd, f, "show", append([]string{"--show", firstRun(t, state)}, ep...)...)...)
+			tool(false, with(cmd, f, "prune", append([]string{"--prune", "--dry-run", "--keep", "1"}, ep...)...)...)
 		},
 		"quarantine": func(cmd command.CommandRef, f string) {
 			unreadable := []string{"--reason", "undecryptable", "--resource", "secrets", "--reason", "corrupt-payload", "--resource", "configmaps", "--encryption-provider-config", oldCfg}

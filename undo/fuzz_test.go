@@ -192,10 +192,11 @@ func FuzzJournal(f *testing.F) {
 
 // FuzzRunRecords reads arbitrary bytes as a run directory's record
 // (run.json) and as the state directory's log (runs.log), beside a run
-// whose record is intact, with what 'runs', 'runs --verify' and 'rollback
-// --run' read them with: the listing, the runs missing from it, the runs
-// from a given one on, each run's state and the check of its journal and
-// snapshot. Nothing panics or hangs, nothing grows without bound; each
+// whose record is intact, with what 'runs', 'runs --verify', 'runs
+// --prune' and 'rollback --run' read them with: the listing, the runs
+// missing from it, the runs from a given one on, each run's state and the
+// check of its journal and snapshot, the runs' groups and what a prune
+// would remove. Nothing panics or hangs, nothing grows without bound; each
 // error is one line naming the state directory. The seeds are the records
 // and log real runs wrote (a finished migrate, a killed rollback).
 func FuzzRunRecords(f *testing.F) {
@@ -268,6 +269,12 @@ func FuzzRunRecords(f *testing.F) {
 		for _, id := range []string{"1", "0001-migrate", "3"} {
 			_, err := d.Since(id)
 			oneLineNaming(t, "Since("+id+")", err, state)
+		}
+		_ = Groups(recs)
+		for _, opts := range []PruneOptions{{Keep: 1, DryRun: true}, {Before: "3", DryRun: true}} {
+			if _, err := d.Prune(opts); err != nil && strings.Contains(err.Error(), "\n") {
+				t.Fatalf("Prune(%+v): %q: want one line", opts, err)
+			}
 		}
 	})
 }
