@@ -106,7 +106,9 @@ FUZZ_TARGETS := \
 	./target:FuzzKubeadmConfig \
 	./decode:FuzzDecode \
 	./decode:FuzzEnvelopeTypeMeta \
-	./customresource:FuzzDecode
+	./customresource:FuzzDecode \
+	./undo:FuzzJournal \
+	./undo:FuzzRunRecords
 # How long `make fuzz` fuzzes each target, and `make test` (CI's run).
 FUZZ_TIME       ?= 30s
 FUZZ_SHORT_TIME ?= 10s

@@ -328,8 +328,11 @@ func (l *Lock) Release(ctx context.Context) error {
 	if l == nil || l.session == nil {
 		return nil
 	}
-	// Revoking the lease removes the mutex's key and the holder's.
-	err := l.session.Close()
+	// Revoking the lease removes the mutex's key and the holder's; within
+	// ctx (the session's own Close would wait up to the lease's time to
+	// live for an etcd that is gone, when the lease expires by itself).
+	l.session.Orphan()
+	_, err := l.cli.Revoke(ctx, l.session.Lease())
 	l.session = nil
 	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("release the cluster's lock: %w", err)

@@ -11,9 +11,9 @@ import (
 func inspectCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "inspect",
-		Usage:        "decode one key and show it with its storage header (secrets redacted)",
+		Usage:        "decode one key and show it with its storage header (Secret and ConfigMap data redacted)",
 		ArgsUsage:    "KEY",
-		Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret data instead of redacting it"}, revisionFlag()),
+		Flags:        append(commonFlags(), outputFlag("yaml", "yaml", "json"), &cli.BoolFlag{Name: "show-secrets", Usage: "print Secret and ConfigMap data instead of redacting it"}, revisionFlag()),
 		Action:       cmdInspect,
 		OnUsageError: commandUsageError,
 	}

@@ -12,8 +12,10 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/metrics"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/undo"
@@ -220,9 +222,27 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 		return err
 	}
 	if sum.Summary.Unreadable > 0 {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", sum.Summary.Unreadable)}
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched: %s", sum.Summary.Unreadable, unreadableCauses(sum.Causes))}
 	}
 	return nil
+}
+
+// unreadableCauses says on stderr's one line why objects were left
+// untouched: each cause with its count and its first key's error (which
+// names the provider and key, the KMS plugin and its endpoint, the CRD and
+// its webhook; never a value), as the report lists them.
+func unreadableCauses(causes []migrate.FailureCause) string {
+	var parts []string
+	for _, c := range causes {
+		if c.Status != string(reencode.Unreadable) {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%d %s (the first: %s)", c.Count, c.Cause, textfmt.OneLine(c.Error)))
+	}
+	if len(parts) == 0 {
+		return "see the report"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // migrateWritten counts what a migration wrote.

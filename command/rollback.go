@@ -161,6 +161,9 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	// anything is written (a dry run too).
 	check, err := o.checkUndo(ctx, specs, wayBack, prefix)
 	if err != nil {
+		if errors.As(err, new(*undo.PluginStopError)) {
+			return fmt.Errorf("rollback stopped before its first write: %w; nothing was written: once the plugin answers again, run the same rollback again", err)
+		}
 		return err
 	}
 	refusal := undoRefusal(check, o.allowUnverified)

@@ -548,7 +548,13 @@ func (c *Codec) convert(ctx context.Context, in *unstructured.Unstructured, to s
 		in.SetGroupVersionKind(to.WithKind(from.Kind))
 		return in, nil
 	}
-	return c.webhook.convert(ctx, in, to)
+	out, err := c.webhook.convert(ctx, in, to)
+	if err != nil {
+		if down := c.webhookDown(ctx, err); down != nil {
+			return nil, down
+		}
+	}
+	return out, err
 }
 
 // isEmptyUnstructuredObject is conversion.isEmptyUnstructuredObject.

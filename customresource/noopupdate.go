@@ -1,6 +1,7 @@
 package customresource
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -140,7 +141,13 @@ func (c *Codec) noOpUpdate(obj *unstructured.Unstructured, full bool) (bool, err
 		out = fm.UpdateNoErrors(live, req, c.manager)
 	}
 	if conv.err != nil {
+		if down := c.webhookDown(context.Background(), conv.err); down != nil {
+			return false, down
+		}
 		return false, fmt.Errorf("field manager of CRD %s: %w", c.name, conv.err)
+	}
+	if conv.converted && c.webhook != nil {
+		c.webhook.answered.Store(true)
 	}
 	outU, ok := out.(*unstructured.Unstructured)
 	if !ok {
@@ -284,6 +291,9 @@ type checkedConvertor struct {
 	versions map[string]bool
 	group    string
 	err      error
+	// converted: a conversion between two listed versions succeeded (a
+	// webhook's, when the CRD has one: it answered).
+	converted bool
 }
 
 func (c *checkedConvertor) listed(gv schema.GroupVersion) bool {
@@ -291,12 +301,15 @@ func (c *checkedConvertor) listed(gv schema.GroupVersion) bool {
 }
 
 func (c *checkedConvertor) ConvertToVersion(in runtime.Object, target runtime.GroupVersioner) (runtime.Object, error) {
+	from := in.GetObjectKind().GroupVersionKind()
 	out, err := c.ObjectConvertor.ConvertToVersion(in, target)
-	if err != nil && c.err == nil {
-		from := in.GetObjectKind().GroupVersionKind()
-		if to, ok := target.KindForGroupVersionKinds([]schema.GroupVersionKind{from}); ok && c.listed(from.GroupVersion()) && c.listed(to.GroupVersion()) {
-			c.err = fmt.Errorf("converting %s to %s: %w", from.GroupVersion(), to.GroupVersion(), err)
-		}
+	to, ok := target.KindForGroupVersionKinds([]schema.GroupVersionKind{from})
+	between := ok && c.listed(from.GroupVersion()) && c.listed(to.GroupVersion())
+	if err != nil && c.err == nil && between {
+		c.err = fmt.Errorf("converting %s to %s: %w", from.GroupVersion(), to.GroupVersion(), err)
+	}
+	if err == nil && between && from.GroupVersion() != to.GroupVersion() {
+		c.converted = true
 	}
 	return out, err
 }

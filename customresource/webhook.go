@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -28,6 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/rest"
+
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // webhookConverter reproduces conversion.webhookConverter
@@ -48,6 +51,10 @@ type webhookConverter struct {
 	conversions int64
 	failures    int64
 	lastErr     string
+	// answered: the webhook converted an object in this run (this
+	// converter's or the field manager's CR converter's call): a failure to
+	// reach it from then on is its going away (WebhookDownError).
+	answered atomic.Bool
 }
 
 // count records the outcome of one conversion.
@@ -60,6 +67,7 @@ func (w *webhookConverter) count(err error) {
 		return
 	}
 	w.conversions++
+	w.answered.Store(true)
 }
 
 // ServiceEndpoints gives the ready endpoints ("host:port") of a port of a
@@ -485,8 +493,123 @@ func (w *webhookConverter) convert(ctx context.Context, in *unstructured.Unstruc
 		return in, nil
 	}
 	out, err := w.convertOne(ctx, in, toGV)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err() // the run stops: not the webhook's failure
+	}
 	w.count(err)
 	return out, err
+}
+
+// WebhookDownError is a CRD's conversion webhook that converted objects
+// earlier in the run and then could not be reached: a conversion failed and
+// a TLS handshake with the webhook's address (its Service's endpoints, the
+// address given for it, or its URL's host) failed after it. Every object of
+// the CRD that needs converting would fail the same way, each after its own
+// attempt: a run stops at it (pipeline.DependencyError) instead of reporting
+// them unreadable.
+type WebhookDownError struct {
+	CRD string
+	// Target is the webhook as the CRD names it: "service NAMESPACE/NAME:PORT"
+	// or "url URL".
+	Target string
+	// Address is the address it was reached at last (host:port), "" when
+	// not known.
+	Address string
+	// Err is the failed conversion's error; Probe the handshake's.
+	Err   error
+	Probe error
+}
+
+func (e *WebhookDownError) Error() string {
+	at := ""
+	if e.Address != "" {
+		at = " at " + e.Address
+	}
+	// The handshake's failure says it all (the conversion's error wraps
+	// the same failure of the connection, in the client's words): the
+	// addresses tried and why each failed, without the advice on giving
+	// an address (the webhook was reached before).
+	why := textfmt.OneLine(e.Probe.Error())
+	var unreachable *WebhookUnreachableError
+	if errors.As(e.Probe, &unreachable) {
+		var tried []string
+		for _, a := range unreachable.Attempts {
+			tried = append(tried, a.Address+": "+textfmt.OneLine(a.Err))
+		}
+		why = unreachable.Reason
+		if len(tried) > 0 {
+			why = strings.Join(tried, "; ")
+		}
+	}
+	return fmt.Sprintf("CRD %s: conversion webhook %s%s stopped answering: it converted objects earlier in this run, then a conversion failed and a TLS handshake with it fails (%s)",
+		e.CRD, e.Target, at, why)
+}
+
+func (e *WebhookDownError) Unwrap() error { return e.Err }
+
+// webhookDown is a *WebhookDownError when err, a failed conversion by the
+// CRD's webhook, is the webhook gone: it answered earlier in this run and a
+// TLS handshake with it fails now. nil when it never answered (every object
+// is then reported as it fails, as before any run could know it) or answers
+// the handshake (the failure is the object's).
+func (c *Codec) webhookDown(ctx context.Context, err error) error {
+	if c.webhook == nil || !c.webhook.answered.Load() || ctx.Err() != nil {
+		return nil
+	}
+	target, addr, perr := c.reach(ctx)
+	if perr == nil {
+		return nil
+	}
+	return &WebhookDownError{CRD: c.name, Target: target, Address: addr, Err: err, Probe: perr}
+}
+
+// reach is a TLS handshake with the CRD's conversion webhook as
+// kube-apiserver's client makes it, at the address the converters would use
+// now: the address given for its Service, else the endpoint that answered
+// last (then any other ready one, as the resolver tries them), else its
+// URL's host. It gives the webhook as the CRD names it and the address tried.
+func (c *Codec) reach(ctx context.Context) (target, addr string, err error) {
+	cc := c.crd.Spec.Conversion.Webhook.ClientConfig
+	if cc.Service != nil {
+		port := int32(443)
+		if cc.Service.Port != nil {
+			port = *cc.Service.Port
+		}
+		key := cc.Service.Namespace + "/" + cc.Service.Name
+		target = fmt.Sprintf("service %s:%d", key, port)
+		serverName := cc.Service.Name + "." + cc.Service.Namespace + ".svc"
+		if given, ok := c.resolver.urls[key]; ok {
+			addr, _, err = ParseWebhookAddress(given)
+			if err == nil {
+				err = probe(ctx, addr, serverName, c.resolver.caBundle)
+			}
+			return target, addr, err
+		}
+		c.resolver.mu.Lock()
+		addr = c.resolver.last
+		c.resolver.mu.Unlock()
+		if addr != "" && probe(ctx, addr, serverName, c.resolver.caBundle) == nil {
+			return target, addr, nil
+		}
+		u, err := c.resolver.ResolveEndpoint(cc.Service.Namespace, cc.Service.Name, port)
+		if err != nil {
+			return target, addr, err
+		}
+		return target, u.Host, nil
+	}
+	if cc.URL == nil {
+		return "", "", errors.New("no service and no URL in the CRD's conversion webhook clientConfig")
+	}
+	target = "url " + *cc.URL
+	u, err := url.Parse(*cc.URL)
+	if err != nil {
+		return target, "", err
+	}
+	addr = u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "443")
+	}
+	return target, addr, probe(ctx, addr, u.Hostname(), c.resolver.caBundle)
 }
 
 func (w *webhookConverter) convertOne(ctx context.Context, in *unstructured.Unstructured, toGV schema.GroupVersion) (*unstructured.Unstructured, error) {

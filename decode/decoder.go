@@ -136,7 +136,8 @@ func expectedKind(rc *ResourceCodec, gr schema.GroupResource) string {
 
 // decryptError is asKeyError for a Decrypter's error: an
 // *encryption.DecryptError becomes an *Error with its reason (undecryptable or
-// corrupt-envelope) and detail, the same message.
+// corrupt-envelope) and detail, the same message (a KMS plugin that did not
+// answer as its Err).
 func decryptError(key string, err error) error {
 	var de *encryption.DecryptError
 	if errors.As(err, &de) {
@@ -146,6 +147,11 @@ func decryptError(key string, err error) error {
 		}
 		if de.Key != "" {
 			key = de.Key
+		}
+		if de.Plugin != nil {
+			// A KMS plugin that did not answer: Err names it (and a run
+			// stops at it: pipeline.DependencyError).
+			return &Error{Key: key, Reason: reason, Detail: de.Detail, Err: de.Plugin}
 		}
 		return &Error{Key: key, Reason: reason, Detail: de.Detail}
 	}

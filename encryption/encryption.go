@@ -31,6 +31,9 @@ type Transformers struct {
 
 	mu    sync.Mutex
 	write map[schema.GroupResource]Info
+	// encrypted: the write providers (Info.String) that encrypted a value
+	// or the preflight's probe in this run.
+	encrypted sync.Map
 }
 
 // Close stops the KMS plugin connections and probes.
@@ -196,6 +199,9 @@ func (e *Transformers) Decrypt(ctx context.Context, gr schema.GroupResource, key
 		if ctx.Err() != nil {
 			return nil, info, ctx.Err()
 		}
+		if p := e.unanswered(gr, info, "decrypting the value's data key", err); p != nil {
+			return nil, info, &DecryptError{Key: key, Detail: shown(info), Plugin: p}
+		}
 		return nil, info, decryptErrorf(key, false, "%s: %s", shown(info), e.transformError(gr, info, err))
 	}
 	info.Stale = stale
@@ -239,12 +245,47 @@ const kmsv2NoState = "got unexpected nil transformer"
 // kmsPluginFor names the KMS plugin of gr's configuration that info's prefix
 // names, with the endpoint dialled.
 func (e *Transformers) kmsPluginFor(gr schema.GroupResource, info Info) string {
-	for _, p := range e.resourceProviders(gr) {
-		if p.KMS != nil && p.KMS.Name == info.KeyName && providerInfo(p).Provider == info.Provider {
-			return kmsPlugin(info.Provider, p.KMS.Name, p.KMS.Endpoint)
-		}
+	if cfg := e.kmsConfigFor(gr, info); cfg != nil {
+		return kmsPlugin(info.Provider, cfg.Name, cfg.Endpoint)
 	}
 	return "KMS plugin"
+}
+
+// kmsConfigFor is the KMS provider of gr's configuration that info names
+// (nil for none).
+func (e *Transformers) kmsConfigFor(gr schema.GroupResource, info Info) *apiserverconfig.KMSConfiguration {
+	for _, p := range e.resourceProviders(gr) {
+		if p.KMS != nil && p.KMS.Name == info.KeyName && providerInfo(p).Provider == info.Provider {
+			return p.KMS
+		}
+	}
+	return nil
+}
+
+// unanswered is the KMS plugin of info that did not answer the call err
+// failed (no connection, or no answer within the provider's timeout: gRPC's
+// Unavailable or DeadlineExceeded, kube-apiserver's client waiting for the
+// plugin to be ready until then), nil for any other failure: one the
+// plugin answered, or a provider that is not KMS. kube-apiserver's KMS v2
+// transformer calls its plugin for each data key it has not decrypted yet
+// (one per kube-apiserver start and key ID: the seed) and when it encrypts
+// with a data key older than its last healthy status allows.
+func (e *Transformers) unanswered(gr schema.GroupResource, info Info, op string, err error) *KMSPluginError {
+	if info.Provider != ProviderKMSv1 && info.Provider != ProviderKMSv2 {
+		return nil
+	}
+	cfg := e.kmsConfigFor(gr, info)
+	if cfg == nil {
+		return nil
+	}
+	p := &KMSPluginError{Provider: info.Provider, Name: cfg.Name, Endpoint: cfg.Endpoint, Op: op, Err: err}
+	if cfg.Timeout != nil {
+		p.Timeout = cfg.Timeout.Duration
+	}
+	if !p.Unreachable() {
+		return nil
+	}
+	return p
 }
 
 // CanRead reports whether the configuration has, for gr, the provider and key
@@ -282,11 +323,28 @@ func (e *Transformers) describeReadable(gr schema.GroupResource) string {
 	return fmt.Sprintf("the configuration for %s cannot read (it has %s)", gr, strings.Join(names, ", "))
 }
 
-// Encrypt transforms plaintext for storage under key with gr's write provider.
+// Encrypt transforms plaintext for storage under key with gr's write
+// provider. An error is an *EncryptError (the provider, and for a KMS
+// provider its plugin and endpoint), or ctx's.
 func (e *Transformers) Encrypt(ctx context.Context, gr schema.GroupResource, key string, plain []byte) ([]byte, error) {
 	out, err := e.transformer(gr).TransformToStorage(ctx, plain, value.DefaultContext(key))
 	if err != nil {
-		return nil, fmt.Errorf("%s: encrypt with %s: %w", key, e.WriteProvider(gr), err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		w := e.WriteProvider(gr)
+		_, worked := e.encrypted.Load(w.String())
+		ee := &EncryptError{Key: key, Provider: w, Stopped: worked, Err: err}
+		if cfg := e.kmsConfigFor(gr, w); cfg != nil {
+			ee.Plugin = &KMSPluginError{Provider: w.Provider, Name: cfg.Name, Endpoint: cfg.Endpoint, Op: "encrypting", Err: err}
+			if cfg.Timeout != nil {
+				ee.Plugin.Timeout = cfg.Timeout.Duration
+			}
+		}
+		return nil, ee
+	}
+	if w := e.WriteProvider(gr); w.Provider != ProviderIdentity {
+		e.encrypted.Store(w.String(), true)
 	}
 	return out, nil
 }

@@ -12,6 +12,10 @@ type DecryptError struct {
 	// material, a KMS plugin that refused).
 	Corrupt bool
 	Detail  string
+	// Plugin is set when a KMS plugin did not answer the call this value
+	// needed (Unreachable): no fault of the value; every value under a data
+	// key not yet decrypted needs the plugin too (KMSPluginError).
+	Plugin *KMSPluginError
 }
 
 // Reason is "corrupt-envelope" or "undecryptable", the names package decode
@@ -24,7 +28,46 @@ func (e *DecryptError) Reason() string {
 }
 
 func (e *DecryptError) Error() string {
+	if e.Plugin != nil {
+		return fmt.Sprintf("%s: %s: %s: %s", e.Key, e.Reason(), e.Detail, e.Plugin)
+	}
 	return fmt.Sprintf("%s: %s: %s", e.Key, e.Reason(), e.Detail)
+}
+
+// Unwrap is the plugin that did not answer, if any.
+func (e *DecryptError) Unwrap() error {
+	if e.Plugin == nil {
+		return nil
+	}
+	return e.Plugin
+}
+
+// EncryptError is a value the write provider could not encrypt: no fault of
+// the value, and no other value of the provider can be written either.
+// Plugin is set for a KMS provider. Stopped says that the provider had
+// encrypted in this run (the preflight's probe, or a value) and stopped
+// since: a KMS v2 plugin gone for longer than kube-apiserver's transformer
+// keeps writing with its data key, a KMS v1 plugin that no longer answers.
+type EncryptError struct {
+	Key      string
+	Provider Info
+	Plugin   *KMSPluginError
+	Stopped  bool
+	Err      error
+}
+
+func (e *EncryptError) Error() string {
+	if e.Plugin != nil {
+		return fmt.Sprintf("%s: encrypt with %s: %s", e.Key, e.Provider, e.Plugin)
+	}
+	return fmt.Sprintf("%s: encrypt with %s: %v", e.Key, e.Provider, e.Err)
+}
+
+func (e *EncryptError) Unwrap() error {
+	if e.Plugin != nil {
+		return e.Plugin
+	}
+	return e.Err
 }
 
 func decryptErrorf(key string, corrupt bool, format string, args ...any) *DecryptError {

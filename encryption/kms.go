@@ -77,6 +77,9 @@ func (e *Transformers) Preflight(ctx context.Context, grs []schema.GroupResource
 				if err == nil && !bytes.Equal(pt, probe) {
 					err = errors.New("probe value did not read back")
 				}
+				if err == nil {
+					e.encrypted.Store(name, true)
+				}
 			}
 		}
 		if err != nil {
@@ -92,11 +95,30 @@ type KMSPluginError struct {
 	Provider string // ProviderKMSv2 or ProviderKMSv1
 	Name     string // the provider's name in the configuration
 	Endpoint string // the endpoint dialled (after any mapping)
-	Err      error
+	// Op is what the plugin was asked for when it failed in the middle of a
+	// run ("decrypting the value's data key", "encrypting"); "" for a probe.
+	Op string
+	// Timeout is the provider's timeout (0: not known), for the message.
+	Timeout time.Duration
+	Err     error
 }
 
 func (e *KMSPluginError) Error() string {
-	return kmsPlugin(e.Provider, e.Name, e.Endpoint) + ": " + truncate(textfmt.OneLine(e.Err.Error()), 300)
+	msg := truncate(textfmt.OneLine(e.Err.Error()), 300)
+	switch {
+	case e.Op != "" && e.Unreachable():
+		why := "the connection to it failed"
+		if status.Code(e.Err) == codes.DeadlineExceeded || errors.Is(e.Err, context.DeadlineExceeded) {
+			why = "no answer within its timeout"
+			if e.Timeout > 0 {
+				why += " of " + e.Timeout.String()
+			}
+		}
+		return fmt.Sprintf("%s does not answer (%s: %s: %s)", kmsPlugin(e.Provider, e.Name, e.Endpoint), e.Op, why, msg)
+	case e.Op != "":
+		return fmt.Sprintf("%s: %s: %s", kmsPlugin(e.Provider, e.Name, e.Endpoint), e.Op, msg)
+	}
+	return kmsPlugin(e.Provider, e.Name, e.Endpoint) + ": " + msg
 }
 
 func (e *KMSPluginError) Unwrap() error { return e.Err }

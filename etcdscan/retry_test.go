@@ -3,6 +3,7 @@ package etcdscan
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,5 +140,42 @@ func TestWithRetry(t *testing.T) {
 	})
 	if !errors.Is(err, context.DeadlineExceeded) || calls < 2 || calls > 4 {
 		t.Errorf("caller's deadline: err %v after %d calls", err, calls)
+	}
+}
+
+// TestWriterStopsWhenEtcdStaysDown: etcd stopped for good under a write.
+// Once its retries are spent the writer stops (a FatalError of cause
+// CauseUnavailable, whose message names etcd's endpoint): the batch and every
+// later put fail at once, none waits out the retries again. A scan of it
+// fails the same way, naming the endpoint.
+func TestWriterStopsWhenEtcdStaysDown(t *testing.T) {
+	s, c := startClient(t, testetcd.Options{})
+	putKeys(t, c, "/registry/secrets/", 8)
+	var puts []Put
+	for _, kv := range readAll(t, c, "/registry/secrets/") {
+		puts = append(puts, Put{Key: kv.Key, Value: []byte("new"), ModRevision: kv.ModRevision})
+	}
+	s.Stop()
+	w := &Writer{Client: c, MaxOps: 4, Retries: 2, CommandTimeout: 200 * time.Millisecond}
+	res := w.Write(context.Background(), puts)
+	fe := w.Stopped()
+	if fe == nil || fe.Cause != CauseUnavailable {
+		t.Fatalf("writer stopped with %v, want cause %s", fe, CauseUnavailable)
+	}
+	var ue *UnavailableError
+	if !errors.As(fe, &ue) || ue.Attempts != 3 || !strings.Contains(fe.Error(), s.Endpoint+" did not answer (3 attempts, each given 200ms)") {
+		t.Errorf("stop error %q (%+v)", fe, ue)
+	}
+	for _, r := range res {
+		if r.Status != Failed || AsFatal(r.Err) == nil {
+			t.Errorf("%s: %v %v, want failed with the stop", r.Key, r.Status, r.Err)
+		}
+	}
+	if w.Stats().Txns != 0 {
+		t.Errorf("stats %+v", w.Stats())
+	}
+	_, err := Scan(context.Background(), c, ScanOptions{Prefixes: []string{"/registry/secrets/"}, Retries: 1, CommandTimeout: 200 * time.Millisecond}, func([]KV) error { return nil })
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), s.Endpoint) {
+		t.Errorf("scan of a stopped etcd: %v", err)
 	}
 }

@@ -306,6 +306,10 @@ func (p *producer) page(ctx context.Context, key, end string) ([]KV, bool, int64
 			p.restarts = append(p.restarts, Restart{AfterKey: p.lastKey})
 			continue
 		}
+		if isTransient(ctx, err) {
+			// Every retry met etcd unavailable.
+			err = &UnavailableError{Endpoints: p.cli.Endpoints(), Attempts: p.opts.Retries + 1, Timeout: p.opts.CommandTimeout, Err: err}
+		}
 		if err != nil {
 			if p.rev > 0 {
 				return nil, false, 0, fmt.Errorf("scan %q at revision %d: %w", key, p.rev, err)

@@ -27,12 +27,17 @@ const (
 	CauseNoSpace = "etcd-out-of-space"
 	// CausePermission: etcd refused the credentials or the user's permissions.
 	CausePermission = "etcd-permission-denied"
+	// CauseUnavailable: etcd did not answer a write through every retry
+	// (the members the client was given are down or cut off, or the
+	// cluster has no leader): every later write would wait out the same
+	// retries. The error is an *UnavailableError.
+	CauseUnavailable = "etcd-unavailable"
 )
 
 // FatalError is an etcd refusal that no retry fixes: every later write would
 // be refused the same way until an operator acts.
 type FatalError struct {
-	Cause string // CauseNoSpace or CausePermission
+	Cause string // CauseNoSpace, CausePermission or CauseUnavailable
 	Err   error
 }
 

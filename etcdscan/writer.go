@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/internal/textfmt"
 )
 
 // Writer defaults.
@@ -396,8 +399,29 @@ func (w *Writer) do(ctx context.Context, op func(context.Context) error) (bool, 
 	if amb {
 		w.retries.Add(1)
 	}
+	if isTransient(ctx, err) {
+		// Every retry met etcd unavailable, the caller's context live:
+		// each later write would wait out the same retries.
+		err = &FatalError{Cause: CauseUnavailable, Err: &UnavailableError{
+			Endpoints: w.Client.Endpoints(), Attempts: w.retryCount() + 1, Timeout: w.timeout(), Err: err}}
+	}
 	return amb, err
 }
+
+// UnavailableError is a write etcd did not answer through every retry.
+type UnavailableError struct {
+	Endpoints []string      // the endpoints the client was given
+	Attempts  int           // the attempts made
+	Timeout   time.Duration // each attempt's
+	Err       error         // the last attempt's error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("etcd at %s did not answer (%d attempts, each given %s): %s",
+		strings.Join(e.Endpoints, ","), e.Attempts, e.Timeout, textfmt.OneLine(e.Err.Error()))
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
 
 // TooLargeError is a write etcd refused for its size: a request larger than
 // the server's --max-request-bytes.

@@ -23,7 +23,10 @@ import (
 // lastApplied is kubectl apply's annotation: on a Secret it repeats the data.
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
-var secretsGR = schema.GroupResource{Resource: "secrets"}
+var (
+	secretsGR    = schema.GroupResource{Resource: "secrets"}
+	configMapsGR = schema.GroupResource{Resource: "configmaps"}
+)
 
 // Header is how one key is stored.
 type Header struct {
@@ -137,8 +140,8 @@ func Inspect(ctx context.Context, env *pipeline.Env, key string, showSecrets boo
 		}
 		return out, fmt.Errorf("cannot decode %s: %w", key, decodeErr)
 	}
-	if obj.Info.Resource == secretsGR && !showSecrets {
-		redactSecret(out.Object)
+	if (obj.Info.Resource == secretsGR || obj.Info.Resource == configMapsGR) && !showSecrets {
+		redactSecret(out.Object, obj.Info.Resource == configMapsGR)
 	}
 	return out, nil
 }
@@ -244,31 +247,37 @@ func keyError(err error) *KeyError {
 	return &KeyError{Reason: de.Reason, Orphan: de.Orphan, Detail: detail}
 }
 
-// redactSecret replaces every value of a Secret's data and stringData, and kubectl's
-// last-applied annotation (which repeats them), by "<redacted N bytes>".
-func redactSecret(m map[string]any) {
-	if data, ok := m["data"].(map[string]any); ok {
-		for k, v := range data {
-			s, _ := v.(string)
-			n := len(s)
-			if b, err := base64.StdEncoding.DecodeString(s); err == nil {
-				n = len(b)
-			}
-			data[k] = redacted(n)
-		}
-	}
-	if data, ok := m["stringData"].(map[string]any); ok {
-		for k, v := range data {
-			s, _ := v.(string)
-			data[k] = redacted(len(s))
-		}
-	}
+// redactSecret replaces every value of a Secret's data and stringData, or of
+// a ConfigMap's data and binaryData (as often a credential, and as often
+// encrypted at rest), and kubectl's last-applied annotation (which repeats
+// them), by "<redacted N bytes>".
+func redactSecret(m map[string]any, configMap bool) {
+	redactValues(m, "data", !configMap) // a Secret's data is base64, a ConfigMap's text
+	redactValues(m, "binaryData", true)
+	redactValues(m, "stringData", false)
 	if md, ok := m["metadata"].(map[string]any); ok {
 		if ann, ok := md["annotations"].(map[string]any); ok {
 			if v, ok := ann[lastApplied].(string); ok {
 				ann[lastApplied] = redacted(len(v))
 			}
 		}
+	}
+}
+
+// redactValues redacts every value of the map m[field], each counted in
+// bytes (decoded from base64 when b64).
+func redactValues(m map[string]any, field string, b64 bool) {
+	data, ok := m[field].(map[string]any)
+	if !ok {
+		return
+	}
+	for k, v := range data {
+		s, _ := v.(string)
+		n := len(s)
+		if b, err := base64.StdEncoding.DecodeString(s); b64 && err == nil {
+			n = len(b)
+		}
+		data[k] = redacted(n)
 	}
 }
 

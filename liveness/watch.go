@@ -256,7 +256,11 @@ func (w *Watch) WaitJudged(ctx context.Context, rev int64) error {
 // kube-apiserver identity leases written since the window began), or the
 // error that ended the watch.
 func (w *Watch) Settle(ctx context.Context) error {
-	resp, err := w.cli.Get(ctx, w.keys)
+	// etcd gone (the run stopped for it) is an answer within catchUp, not
+	// a wait for as long as it stays away.
+	gctx, cancel := context.WithTimeout(ctx, catchUp)
+	resp, err := w.cli.Get(gctx, w.keys)
+	cancel()
 	if err == nil {
 		err = w.WaitJudged(ctx, resp.Header.Revision)
 	} else {
@@ -273,7 +277,9 @@ func (w *Watch) Settle(ctx context.Context) error {
 	}
 	// Who: the identity leases written since the window began (a
 	// kube-apiserver starting writes its own within seconds).
-	leases, lerr := w.cli.Get(ctx, w.keys+"leases/kube-system/", clientv3.WithPrefix(), clientv3.WithMinModRev(w.from+1))
+	gctx, cancel = context.WithTimeout(ctx, catchUp)
+	leases, lerr := w.cli.Get(gctx, w.keys+"leases/kube-system/", clientv3.WithPrefix(), clientv3.WithMinModRev(w.from+1))
+	cancel()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if lerr == nil {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -321,6 +322,10 @@ func outcome(ctx context.Context, sum *Summary, opts Options, writeErr, scanErr 
 	switch {
 	case writeErr != nil:
 		return writeErr
+	case errors.As(scanErr, new(*pipeline.DependencyError)):
+		var dep *pipeline.DependencyError
+		errors.As(scanErr, &dep)
+		return &StoppedError{Dependency: dep, Journal: opts.Journal, DryRun: opts.DryRun, Output: opts.Output != nil}
 	case errors.Is(scanErr, errFailFast):
 		return input.Errorf("%s: stopped at the first unreadable object", input.FailFast)
 	case scanErr != nil && ctx.Err() != nil:
@@ -393,6 +398,41 @@ func (ws *writers) wait() error {
 }
 
 var errFailFast = errors.New("fail fast")
+
+// StoppedError is a run stopped in the middle by something it depends on
+// gone (pipeline.DependencyError: a KMS plugin that does not answer, the
+// write encryption provider failing, a conversion webhook that stopped
+// answering): no batch was sent after it was found, the batches in flight
+// finished and are journaled, nothing was written for the objects that
+// needed it. Run again once it is back: the objects written are current
+// and skipped.
+type StoppedError struct {
+	Dependency *pipeline.DependencyError
+	Journal    string
+	DryRun     bool
+	Output     bool // writing an output snapshot (nothing written to etcd)
+}
+
+func (e *StoppedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "stopped: %v", e.Dependency)
+	switch {
+	case e.DryRun:
+		b.WriteString("; nothing was written (a dry run); once it answers again, run again")
+		return b.String()
+	case e.Output:
+		b.WriteString("; the output snapshot was not written; once it answers again, run again")
+		return b.String()
+	}
+	b.WriteString("; no batch was sent after it, the batches in flight finished")
+	if e.Journal != "" {
+		fmt.Fprintf(&b, " and are journaled in %s", e.Journal)
+	}
+	b.WriteString(", nothing was written for the objects that needed it; once it answers again, run migrate again: it picks up from what was written (or roll the run back)")
+	return b.String()
+}
+
+func (e *StoppedError) Unwrap() error { return e.Dependency }
 
 // writeBatch journals, writes and tallies one batch of stale decisions. It
 // writes nothing once the writer met an error no retry fixes, once the run's

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
 
+	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
@@ -558,18 +559,69 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 	if fnErr != nil {
 		return stats, fnErr
 	}
+	var dep *DependencyError
+	if errors.As(decideErr, &dep) {
+		return stats, decideErr
+	}
 	return stats, err
+}
+
+// DependencyError stops a run: a decision found something every remaining
+// object may need gone in the middle of it — a KMS plugin that does not
+// answer (*encryption.KMSPluginError: each value under a data key not yet
+// decrypted would wait out the plugin's timeout), the write encryption
+// provider failing after it worked (*encryption.EncryptError), a conversion webhook that
+// stopped answering (*customresource.WebhookDownError). Such an object is
+// no fault of its own: it is not reported unreadable, and Run returns this
+// at once (the page it was found in is not handed on; the decisions under
+// way are cancelled).
+type DependencyError struct {
+	Key string // the object whose decision found it
+	Err error
+}
+
+func (e *DependencyError) Error() string {
+	return fmt.Sprintf("%v (found at %s)", e.Err, e.Key)
+}
+
+func (e *DependencyError) Unwrap() error { return e.Err }
+
+// dependencyDown is the dependency an unreadable decision found gone (nil:
+// the object's own failure, or none).
+func dependencyDown(d reencode.Decision) error {
+	if d.Status != reencode.Unreadable || d.Err == nil {
+		return nil
+	}
+	var kp *encryption.KMSPluginError
+	if errors.As(d.Err, &kp) && kp.Unreachable() {
+		return kp
+	}
+	var ee *encryption.EncryptError
+	if errors.As(d.Err, &ee) && ee.Stopped {
+		return ee
+	}
+	var wd *customresource.WebhookDownError
+	if errors.As(d.Err, &wd) {
+		return wd
+	}
+	return nil
 }
 
 // decidePage decodes (and decides) one page on Config.Concurrency goroutines and
 // applies the resource filter. A panic of a decision is its error, a
-// *crash.Panic naming the key.
+// *crash.Panic naming the key; a decision that found something the run
+// depends on gone (DependencyError) stops the page at once: no more of its
+// keys are decided, those being decided are cancelled.
 func (e *Env) decidePage(ctx context.Context, page []etcdscan.KV, mode Mode) ([]reencode.Decision, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	out := make([]reencode.Decision, len(page))
 	var wg sync.WaitGroup
 	next := make(chan int)
 	workers := min(e.Config.Concurrency, len(page))
 	crashed := make([]error, workers)
+	var stopOnce sync.Once
+	var stop error
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
@@ -586,6 +638,12 @@ func (e *Env) decidePage(ctx context.Context, page []etcdscan.KV, mode Mode) ([]
 				key = page[i].Key
 				crash.At("decide")
 				out[i] = e.DecideOne(ctx, page[i], mode)
+				if err := dependencyDown(out[i]); err != nil {
+					stopOnce.Do(func() {
+						stop = &DependencyError{Key: key, Err: err}
+						cancel()
+					})
+				}
 			}
 		}()
 	}
@@ -603,6 +661,9 @@ feed:
 		if err != nil {
 			return nil, err
 		}
+	}
+	if stop != nil {
+		return nil, stop
 	}
 	if e.Filter != nil {
 		kept := out[:0]

@@ -457,6 +457,8 @@ func (e *StopError) Render(spell func(input.Name) string) string {
 			alarm = strings.Join(e.Alarms, ", ")
 		}
 		fmt.Fprintf(&b, "etcd is out of space (%s): it refused the write of %s and refuses every write of every client until the alarm is disarmed; stopped at once, nothing more was written", alarm, e.Key)
+	case etcdscan.CauseUnavailable:
+		fmt.Fprintf(&b, "etcd is unavailable: the write of %s got no answer: %v; stopped, nothing more was written (whether that last write landed is told by the key itself: a rollback or the next run checks it)", e.Key, e.Fatal.Err)
 	default:
 		fmt.Fprintf(&b, "etcd refused the write of %s: %v; stopped at once, nothing more was written", e.Key, e.Fatal.Err)
 	}
@@ -464,6 +466,8 @@ func (e *StopError) Render(spell func(input.Name) string) string {
 		fmt.Fprintf(&b, ", the journal %s is intact", e.Journal)
 	}
 	switch {
+	case e.Fatal.Cause == etcdscan.CauseUnavailable:
+		fmt.Fprintf(&b, "; once etcd answers ('etcdctl endpoint health --cluster'), run the same %s again (it picks up from what was written); give every member's endpoint with %s so that a run goes on through the others when one member is lost", e.Verb, spell(input.Endpoints))
 	case e.Fatal.Cause == etcdscan.CauseNoSpace && e.Verb == "rollback":
 		b.WriteString("; rollback needs room too: make room ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run the same rollback again")
 	case e.Fatal.Cause == etcdscan.CauseNoSpace:

@@ -501,6 +501,10 @@ func (d StateDir) List() ([]Record, error) {
 		if err == nil {
 			err = json.Unmarshal(b, &rec)
 		}
+		if err == nil && (rec.ID != e.Name() || rec.Seq != seq) {
+			// Damaged: which run it is comes from its directory.
+			err = fmt.Errorf("%s: it says run %q (number %d), in the directory of run %s", RecordFile, rec.ID, rec.Seq, e.Name())
+		}
 		if err != nil {
 			// Its journal and snapshot are where a run keeps them by default:
 			// a rollback still finds them.
@@ -567,7 +571,10 @@ type GapError struct {
 
 func (e *GapError) Error() string {
 	runs := "run " + e.Missing[0] + " is"
-	if len(e.Missing) > 1 {
+	switch n := len(e.Missing); {
+	case n > 10:
+		runs = fmt.Sprintf("runs %s, … %s (%d) are", strings.Join(e.Missing[:5], ", "), e.Missing[n-1], n)
+	case n > 1:
 		runs = "runs " + strings.Join(e.Missing, ", ") + " are"
 	}
 	return fmt.Sprintf("%s missing from %s (removed after run %s): what it wrote cannot be undone, so undoing run %s and every later run would leave that in place",
@@ -623,10 +630,15 @@ type MissingRun struct {
 	WroteNothing bool `json:"wroteNothing,omitempty"`
 }
 
+// maxMissingRuns bounds what Missing lists: each run is numbered one after
+// the newest, so more missing runs than that are a number damaged in the log
+// or a directory named by hand, not runs that ran.
+const maxMissingRuns = 1000
+
 // Missing lists the runs created after the first of recs (as List gives
 // them) whose directories are gone: a number between two listed runs, or up
 // to the newest run the state directory's log records, that no entry of its
-// runs directory carries.
+// runs directory carries; the first maxMissingRuns of them.
 func (d StateDir) Missing(recs []Record) ([]MissingRun, error) {
 	stateDir := string(d)
 	if len(recs) == 0 {
@@ -648,7 +660,7 @@ func (d StateDir) Missing(recs []Record) ([]MissingRun, error) {
 		}
 	}
 	var out []MissingRun
-	for seq := recs[0].Seq + 1; seq <= max(recs[len(recs)-1].Seq, log.newest); seq++ {
+	for seq := recs[0].Seq + 1; seq <= max(recs[len(recs)-1].Seq, log.newest) && len(out) < maxMissingRuns; seq++ {
 		if taken[seq] {
 			continue
 		}

@@ -440,6 +440,9 @@ type valueCheck struct {
 	sampled  map[string]bool
 	byKey    map[[2]string]*ValueCount
 	order    [][2]string
+	// plugins: the KMS plugins asked whether they work, by resource and
+	// provider:name (nil: it works).
+	plugins map[string]*encryption.KMSPluginError
 }
 
 func newValueCheck(opts CheckOptions) *valueCheck {
@@ -524,7 +527,15 @@ func (v *valueCheck) add(ctx context.Context, r *checkRecord, val []byte) error 
 		detail := err.Error()
 		var de *encryption.DecryptError
 		if errors.As(err, &de) {
+			if de.Plugin != nil {
+				// No answer: every value under a data key not yet
+				// decrypted would wait out the plugin's timeout.
+				return &PluginStopError{Key: r.Key, Plugin: de.Plugin}
+			}
 			detail = de.Detail
+		}
+		if p := v.pluginDown(ctx, gr, info); p != nil {
+			return &PluginStopError{Key: r.Key, Plugin: p}
 		}
 		v.count(name, ValueUnreadable, r.Key, detail)
 		return nil
@@ -532,6 +543,47 @@ func (v *valueCheck) add(ctx context.Context, r *checkRecord, val []byte) error 
 	v.count(name, ValueReadable, r.Key, "")
 	return nil
 }
+
+// pluginDown is the KMS plugin of info, a value's envelope, when it does
+// not work (asked once per plugin: Transformers.CheckKMSPlugins): a value
+// it could not decrypt is then no value's fault (its plugin was down when
+// the tool started, or answers unhealthy). nil for any other provider, or a
+// plugin that works (the value itself is refused).
+func (v *valueCheck) pluginDown(ctx context.Context, gr schema.GroupResource, info encryption.Info) *encryption.KMSPluginError {
+	if info.Provider != encryption.ProviderKMSv1 && info.Provider != encryption.ProviderKMSv2 {
+		return nil
+	}
+	id := gr.String() + " " + info.String()
+	if p, asked := v.plugins[id]; asked {
+		return p
+	}
+	if v.plugins == nil {
+		v.plugins = map[string]*encryption.KMSPluginError{}
+	}
+	var down *encryption.KMSPluginError
+	for _, p := range v.enc.CheckKMSPlugins(ctx, []schema.GroupResource{gr}) {
+		if p.Provider == info.Provider && p.Name == info.KeyName {
+			down = p
+		}
+	}
+	v.plugins[id] = down
+	return down
+}
+
+// PluginStopError stops the check of the values a journal would put back
+// (a rollback's, before its first write; verify's of a state directory): a
+// KMS plugin that does not answer, or does not work, could not decrypt Key's.
+// No value's fault: nothing is counted unreadable, nothing was written.
+type PluginStopError struct {
+	Key    string
+	Plugin *encryption.KMSPluginError
+}
+
+func (e *PluginStopError) Error() string {
+	return fmt.Sprintf("%s: %v; the values a rollback puts back are each decrypted with the cluster's configuration before its first write, and that needs the plugin", e.Key, e.Plugin)
+}
+
+func (e *PluginStopError) Unwrap() error { return e.Plugin }
 
 // resource is the group/resource kube-apiserver reads key as (a custom
 // resource's by its key: no CRD is known here); false for a key no

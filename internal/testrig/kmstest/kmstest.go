@@ -40,12 +40,17 @@ type TB interface {
 }
 
 // socketServer owns a gRPC server listening on a unix socket in a private temp dir.
+// It can be stopped (as a plugin process killed: every connection closed,
+// nothing listening) and started again on the same socket.
 type socketServer struct {
-	dir    string
-	socket string
-	server *grpc.Server
+	dir      string
+	socket   string
+	register func(*grpc.Server)
+
+	mu     sync.Mutex
+	server *grpc.Server // nil while stopped
 	done   chan struct{}
-	once   sync.Once
+	closed bool
 }
 
 func listen(register func(*grpc.Server)) (*socketServer, error) {
@@ -55,27 +60,59 @@ func listen(register func(*grpc.Server)) (*socketServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kmstest: temp dir: %w", err)
 	}
-	socket := filepath.Join(dir, "kms.sock")
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
+	s := &socketServer{dir: dir, socket: filepath.Join(dir, "kms.sock"), register: register}
+	if err := s.start(); err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("kmstest: listen on %s: %w", socket, err)
+		return nil, err
 	}
-	s := &socketServer{dir: dir, socket: socket, server: grpc.NewServer(), done: make(chan struct{})}
-	register(s.server)
-	go func() {
-		defer close(s.done)
-		_ = s.server.Serve(ln)
-	}()
 	return s, nil
 }
 
+// start serves on the socket (again).
+func (s *socketServer) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("kmstest: plugin closed")
+	}
+	if s.server != nil {
+		return nil
+	}
+	_ = os.Remove(s.socket) // a stopped plugin's socket file, as a killed process leaves it
+	ln, err := net.Listen("unix", s.socket)
+	if err != nil {
+		return fmt.Errorf("kmstest: listen on %s: %w", s.socket, err)
+	}
+	srv, done := grpc.NewServer(), make(chan struct{})
+	s.register(srv)
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	s.server, s.done = srv, done
+	return nil
+}
+
+// stop stops serving at once (connections closed, calls in flight failed).
+func (s *socketServer) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.server == nil {
+		return
+	}
+	s.server.Stop()
+	<-s.done
+	s.server, s.done = nil, nil
+}
+
 func (s *socketServer) close() {
-	s.once.Do(func() {
-		s.server.Stop()
-		<-s.done
+	s.stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
 		_ = os.RemoveAll(s.dir)
-	})
+	}
 }
 
 // kek is one key-encryption key: AES-256-GCM, the key ID as additional data.
@@ -128,6 +165,9 @@ type PluginV2 struct {
 	healthy bool
 
 	encrypts, decrypts atomic.Int64
+	// stopAt: the Decrypt call of this number is never answered and the
+	// plugin stops (0: none).
+	stopAt atomic.Int64
 }
 
 var _ service.Service = (*v2impl)(nil)
@@ -220,6 +260,22 @@ func (p *PluginV2) DecryptCalls() int64 { return p.decrypts.Load() }
 // Close stops the server and removes its socket. Safe to call more than once.
 func (p *PluginV2) Close() { p.srv.close() }
 
+// Stop stops the plugin as a killed plugin process stops: every connection
+// closed, calls in flight failed, nothing listening on its socket. Its keys
+// are kept: Start serves them again, as a plugin restarted with the same
+// key-encryption keys (a real KMS keeps them).
+func (p *PluginV2) Stop() { p.srv.stop() }
+
+// StopAtDecrypt makes the plugin stop (Stop) when it receives its nth
+// Decrypt call from now, n >= 1, which it never answers: a plugin killed
+// in the middle of a run that decrypts data keys, wherever that run is.
+func (p *PluginV2) StopAtDecrypt(n int64) {
+	p.stopAt.Store(p.decrypts.Load() + n)
+}
+
+// Start serves again on the same socket after Stop (a no-op while serving).
+func (p *PluginV2) Start() error { return p.srv.start() }
+
 func (v *v2impl) Status(ctx context.Context) (*service.StatusResponse, error) {
 	p := v.p
 	p.mu.Lock()
@@ -248,7 +304,12 @@ func (v *v2impl) Encrypt(ctx context.Context, uid string, data []byte) (*service
 
 func (v *v2impl) Decrypt(ctx context.Context, uid string, req *service.DecryptRequest) ([]byte, error) {
 	p := v.p
-	p.decrypts.Add(1)
+	if n := p.decrypts.Add(1); n == p.stopAt.Load() && p.stopAt.CompareAndSwap(n, 0) {
+		// Killed while this call was in flight: it is never answered.
+		go p.Stop()
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	p.mu.Lock()
 	healthy, k := p.healthy, p.keys[req.KeyID]
 	p.mu.Unlock()
