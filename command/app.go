@@ -22,6 +22,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc/experimental"
@@ -105,6 +106,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		app.Metadata = map[string]interface{}{}
 	}
 	app.Metadata[argsMetadata] = args
+	app.Metadata[startedMetadata] = time.Now()
 	return exitFor(app.Run(args), app.ErrWriter)
 }
 

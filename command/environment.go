@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -79,6 +80,15 @@ func onCommandLine(c *cli.Context, name string) bool {
 
 // argsMetadata is the key of the command line (as parsed) in App.Metadata.
 const argsMetadata = "args"
+
+// startedMetadata is the key of the time the command began in App.Metadata.
+const startedMetadata = "started"
+
+// startedAt is when the command began (zero when unknown).
+func startedAt(c *cli.Context) time.Time {
+	t, _ := c.App.Metadata[startedMetadata].(time.Time)
+	return t
+}
 
 func commandFlags(c *cli.Context) []cli.Flag {
 	if c.Command == nil {
