@@ -32,6 +32,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/crash"
+	"kube-etcd-migrate/internal/execpages"
 )
 
 // Run is the binary: it runs the command line args (args[0] the program's
@@ -45,6 +46,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	// kube-apiserver's transformers log each failed decryption through klog; the
 	// reports already name those keys, and logs must not grow with the keyspace.
 	silenceKlog()
+	// The executable's pages, mapped in folios of up to 2 MB, out of the
+	// resident set the memory bounds are checked against (execpages says why).
+	execpages.Start()
 	limitMemory()
 	return run(args, stdout, stderr)
 }

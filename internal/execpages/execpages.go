@@ -1,0 +1,121 @@
+// Package execpages keeps the tool's own executable from weighing on its
+// resident memory. Linux (6.18 here) keeps a file read from disk in its page
+// cache in folios of up to 2 MB and maps a whole folio on a fault: executing
+// one function of the tool's 45 MB of code, or reading one table of its 49 MB
+// of read-only data, maps up to the 2 MB around it. Measured on a 550 MB
+// snapshot file, `verify --snapshot-file` peaked at 149 MB (VmHWM), of which
+// 63 MB anonymous memory (its heap, bounded by the command's memory limit)
+// and 82 MB the executable's own pages, most of them never used again after
+// the packages' initialisation.
+//
+// Start turns off transparent huge pages for the process (prctl
+// PR_SET_THP_DISABLE: a fault then maps no 2 MB huge-page entry of a file)
+// and drops the pages of the executable's read-only mappings from the
+// process (madvise MADV_DONTNEED), then again every second while the process
+// runs, so that what counts in its resident set is what it executes and reads
+// now (measured on the same file: a peak of 95 MB instead of 149, the
+// executable's part 31–34 MB instead of 82; dropped once without the prctl,
+// 116 MB). Only mappings of the executable that cannot be written and hold no
+// page of the process's own (smaps: Anonymous 0 kB) are dropped: their pages
+// are the file's, they stay in the page cache, and what runs or is read again
+// faults back in without reading the disk (minor faults).
+package execpages
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// prSetTHPDisable is prctl's PR_SET_THP_DISABLE (linux/prctl.h).
+const prSetTHPDisable = 41
+
+// Interval is how often Start drops the pages again.
+const Interval = time.Second
+
+// Start drops the executable's pages now and every Interval, from a goroutine
+// of its own, for the life of the process. Where it cannot (not Linux, no
+// /proc) it does nothing: the tool works the same without it.
+func Start() {
+	_, _, _ = syscall.Syscall6(syscall.SYS_PRCTL, prSetTHPDisable, 1, 0, 0, 0, 0)
+	if Release() < 0 {
+		return
+	}
+	go func() {
+		for range time.Tick(Interval) {
+			Release()
+		}
+	}()
+}
+
+// Release drops the pages of the executable's read-only mappings from the
+// process's resident set, and returns the bytes of the mappings it dropped
+// (-1: /proc cannot tell which they are).
+func Release() int64 {
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		return -1
+	}
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return -1
+	}
+	var dropped int64
+	for _, m := range fileMappings(smaps, exe) {
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, m.start, m.end-m.start, syscall.MADV_DONTNEED); errno == 0 {
+			dropped += int64(m.end - m.start)
+		}
+	}
+	return dropped
+}
+
+type mapping struct{ start, end uintptr }
+
+// fileMappings are the mappings of /proc/PID/smaps (its text) of the file
+// path that cannot be written and hold no anonymous page: every resident page
+// of theirs is the file's.
+func fileMappings(smaps []byte, path string) []mapping {
+	var out []mapping
+	var cur *mapping
+	keep := false
+	done := func() {
+		if cur != nil && keep {
+			out = append(out, *cur)
+		}
+		cur, keep = nil, false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(smaps))
+	for sc.Scan() {
+		line := sc.Bytes()
+		f := bytes.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if lo, hi, ok := bytes.Cut(f[0], []byte("-")); ok && len(f) >= 5 {
+			// A mapping's header: start-end perms offset dev inode [path].
+			done()
+			start, err1 := strconv.ParseUint(string(lo), 16, 64)
+			end, err2 := strconv.ParseUint(string(hi), 16, 64)
+			if err1 != nil || err2 != nil || end <= start {
+				continue
+			}
+			name := ""
+			if len(f) >= 6 {
+				name = string(bytes.Join(f[5:], []byte(" ")))
+			}
+			if name == path && bytes.IndexByte(f[1], 'w') < 0 {
+				cur, keep = &mapping{uintptr(start), uintptr(end)}, true
+			}
+			continue
+		}
+		// A field of the current mapping: "Anonymous: N kB".
+		if cur != nil && string(f[0]) == "Anonymous:" && (len(f) < 2 || string(f[1]) != "0") {
+			keep = false
+		}
+	}
+	done()
+	return out
+}
