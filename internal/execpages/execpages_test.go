@@ -30,7 +30,7 @@ Anonymous:          1024 kB
 Anonymous:           132 kB
 `)
 	got := fileMappings(smaps, "/usr/bin/kube-etcd-migrate")
-	want := []mapping{{0x400000, 0x3083000}, {0x3083000, 0x60e9000}}
+	want := []Mapping{{0x400000, 0x3083000}, {0x3083000, 0x60e9000}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("dropped %x, want %x", got, want)
 	}
@@ -42,7 +42,7 @@ func TestRelease(t *testing.T) {
 	if _, err := os.Stat("/proc/self/smaps"); err != nil {
 		t.Skip("no /proc/self/smaps")
 	}
-	if n := Release(); n <= 0 {
+	if n := Release(Mappings()); n <= 0 {
 		t.Fatalf("released %d bytes of the test binary's mappings", n)
 	}
 	// Run code and read data the drop unmapped.
