@@ -50,6 +50,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	// resident set the memory bounds are checked against (execpages says why).
 	execpages.Start()
 	limitMemory()
+	processStart = startOfProcess()
 	return run(args, stdout, stderr)
 }
 
@@ -110,7 +111,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		app.Metadata = map[string]interface{}{}
 	}
 	app.Metadata[argsMetadata] = args
-	app.Metadata[startedMetadata] = time.Now()
+	started := processStart
+	if started.IsZero() {
+		started = time.Now()
+	}
+	app.Metadata[startedMetadata] = started
 	return exitFor(app.Run(args), app.ErrWriter)
 }
 
