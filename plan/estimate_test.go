@@ -115,6 +115,16 @@ func TestEstimateParts(t *testing.T) {
 		t.Errorf("the estimate does not say etcd's apply time: %s", part("decisions and writes").Basis)
 	}
 
+	// The journal's fsyncs one at a time: at least etcd's median fsync, when
+	// its mean is raised by large ones.
+	slow := c
+	slowEtcd := *etcd
+	slowEtcd.WALFsync, slowEtcd.WALFsyncMedian = 0.004, 0.002
+	slow.etcd, slow.decideWall, slow.decideCPU = &slowEtcd, 0, 0
+	if b := estimate(slow).Parts[2]; !approx(b.Low, math.Ceil(float64(c.stale)/batchPuts)*0.002) || !approx(b.High, 2*math.Ceil(float64(c.stale)/batchPuts)*0.004) {
+		t.Errorf("journal fsyncs of 2 ms (median) to 4 ms (mean): decisions and writes %.2f–%.2f", b.Low, b.High)
+	}
+
 	// More to rewrite takes longer, at both ends.
 	more := c
 	more.stale, more.sizes.EtcdBytes = 3*c.stale, 3*c.sizes.EtcdBytes
