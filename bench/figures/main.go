@@ -298,7 +298,7 @@ func timeVsSize(ds []*results, byName map[string]*results) (*plot.Plot, error) {
 	if r := byName["results-snapshot.json"]; r != nil {
 		if m := r.get("migrate (live etcd)"); m != nil {
 			more = append(more, plotter.XY{X: float64(m.Samples[0].Objects), Y: m.seconds()})
-			names = append(names, "live migrate, 1M (snapshot phase)")
+			names = append(names, fmt.Sprintf("live migrate, 1M (snapshot phase, %s)", r.Date[:10]))
 		}
 	}
 	if r := byName["results-production.json"]; r != nil {
