@@ -119,7 +119,7 @@ func TestEstimateParts(t *testing.T) {
 	// its mean is raised by large ones.
 	slow := c
 	slowEtcd := *etcd
-	slowEtcd.WALFsync, slowEtcd.WALFsyncMedian = 0.004, 0.002
+	slowEtcd.WALFsync, slowEtcd.WALFsyncMedian, slowEtcd.ApplyPerWrite = 0.004, 0.002, 10e-6
 	slow.etcd, slow.decideWall, slow.decideCPU = &slowEtcd, 0, 0
 	if b := estimate(slow).Parts[2]; !approx(b.Low, math.Ceil(float64(c.stale)/batchPuts)*0.002) || !approx(b.High, 2*math.Ceil(float64(c.stale)/batchPuts)*0.004) {
 		t.Errorf("journal fsyncs of 2 ms (median) to 4 ms (mean): decisions and writes %.2f–%.2f", b.Low, b.High)
