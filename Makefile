@@ -28,7 +28,7 @@ RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
 DIST              ?= dist
 RELEASE_TOOL       = $(GO) -C internal/build/dist build -o '$(TOOLS)/dist' . && '$(TOOLS)/dist' -repo '$(CURDIR)' -commit '$(RELEASE_COMMIT)' -version '$(RELEASE_VERSION)' -platforms '$(RELEASE_PLATFORMS)' -go '$(GO)'
 
-.PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz fuzz-targets bench bench-smoke bench-apiserver bench-scale bench-production clean
+.PHONY: build release release-check docs demo test lint releases bump-kubernetes fuzz fuzz-targets bench bench-figures bench-smoke bench-apiserver bench-scale bench-production clean
 
 build:
 	$(GO) build -o $(BIN) .
@@ -64,7 +64,9 @@ lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	$(GO) -C internal/build/dist vet ./...
+	$(GO) -C bench/figures vet ./...
 	cd internal/build/dist && $(STATICCHECK) ./...
+	cd bench/figures && $(STATICCHECK) ./...
 
 # The previous releases' binaries the tests play (internal/build/modbuild: the
 # previous Kubernetes release's kube-apiserver, the two etcd server minors before the linked one), each
@@ -83,6 +85,7 @@ bump-kubernetes:
 test: lint releases
 	$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./...
 	$(GO) -C internal/build/dist test -timeout $(TEST_TIMEOUT) -count=1 ./...
+	$(GO) -C bench/figures test -count=1 ./...
 	$(MAKE) fuzz FUZZ_TIME=$(FUZZ_SHORT_TIME)
 	$(MAKE) bench-smoke
 
@@ -130,8 +133,15 @@ fuzz: fuzz-targets
 
 # BENCH_FLAGS adds flags, e.g. BENCH_FLAGS="-baseline OLD-BINARY" to measure
 # another build beside this one in every repetition (docs/benchmarks.md).
+# Then its figures: the results drawn as SVG charts into docs/figures
+# (bench/figures, a module of its own).
 bench:
 	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) -rollback-n $(BENCH_ROLLBACK_N) -scale-n $(BENCH_SCALE_N) $(BENCH_FLAGS)
+	$(MAKE) bench-figures
+
+# The SVG charts of docs/benchmarks.md from the results files in bench/.
+bench-figures:
+	$(GO) -C bench/figures run . -in .. -out ../../docs/figures
 
 # The incumbent beside the tool: the mixed dataset only, the apiserver path on
 # 20,000 of its objects (about 3 minutes), figures in bench/results-apiserver.*.

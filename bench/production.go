@@ -47,16 +47,6 @@ const (
 	prodOutputRate = 0.8
 )
 
-type planOut struct {
-	Estimate struct {
-		Seconds float64 `json:"seconds"`
-		Basis   string  `json:"basis"`
-	} `json:"estimate"`
-	Blockers []struct {
-		Check, Problem string
-	} `json:"blockers"`
-}
-
 func productionPhase(ctx context.Context, o options, dir string) (*results, error) {
 	n, productionQuota := o.productionN, o.productionQuota
 	res := &results{Dataset: "production", N: n, StaleVersion: o.staleVersion, StaleKey: o.staleKey, Reps: 1,
@@ -124,8 +114,10 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if tr.exit != 0 {
 		return nil, fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
 	}
-	record(res, mProdPlan, tr, int64(seeded), in.Size(), 0, 0)
-	logf("  plan's estimate of migrate: %.0fs (%s)", po.Estimate.Seconds, po.Estimate.Basis)
+	pm := record(res, mProdPlan, tr, int64(seeded), in.Size(), 0, 0)
+	pm.Samples[0].EstimateLow, pm.Samples[0].EstimateHigh = po.Estimate.Low, po.Estimate.High
+	logf("  plan's estimate of migrate: %.0f–%.0fs (%s)", po.Estimate.Low, po.Estimate.High, po.Estimate.parts())
+	po.Estimate.logParts()
 
 	// verify.
 	if _, err := settle(); err != nil {
@@ -150,10 +142,12 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
+	cpu0, m0 := etcd.CPU(), etcd.metrics(ctx)
 	tr, err = runTool(ctx, tool, append(append([]string{"migrate", "-o", "json", "--journal", journal}, write...), live...)...)
 	if err != nil {
 		return nil, err
 	}
+	logf("  migrate: etcd CPU %.1fs; etcd: %s", (etcd.CPU() - cpu0).Seconds(), etcdCosts(m0, etcd.metrics(ctx)))
 	var mo migrateOut
 	if err := parseJSON(tr, &mo); err != nil {
 		return nil, err
@@ -167,7 +161,8 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	}
 	m := record(res, mProdMigrate, tr, mo.Summary.Scanned, in.Size(), mo.Summary.Rewritten, jfi.Size())
 	m.Samples[0].DBSizeBeforeKB, m.Samples[0].DBSizeAfterKB, m.Samples[0].DBSizeMaxKB, m.Samples[0].Compactions = mo.Space.DBSizeBefore>>10, mo.Space.DBSizeAfter>>10, mo.Space.DBSizeMax>>10, mo.Space.Compactions
-	res.Notes = append(res.Notes, fmt.Sprintf("plan's estimate of migrate: %.0fs; measured: %.0fs (%.2f ×; %s)", po.Estimate.Seconds, tr.wall.Seconds(), tr.wall.Seconds()/po.Estimate.Seconds, po.Estimate.Basis),
+	res.Ratios = append(res.Ratios, rangeRatio("plan's range holds "+mProdMigrate, tr.wall.Seconds(), po.Estimate.Low, po.Estimate.High, "seconds, process start to exit"))
+	res.Notes = append(res.Notes, fmt.Sprintf("plan's estimate of migrate: %.0f–%.0fs (%s); measured: %.0fs", po.Estimate.Low, po.Estimate.High, po.Estimate.parts(), tr.wall.Seconds()),
 		fmt.Sprintf("migrate: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %d GiB quota, %d compaction(s)", float64(mo.Space.DBSizeBefore)/1e9, float64(mo.Space.DBSizeAfter)/1e9, float64(mo.Space.DBSizeMax)/1e9, productionQuota>>30, mo.Space.Compactions))
 
 	// rollback of the whole journal: it writes every old value back, more than
@@ -175,7 +170,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	tr, err = runTool(ctx, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--journal", journal, "--liveness-window", "1s", "--compact-history")
+	tr, err = runTool(ctx, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--encryption-provider-config", newCfg, "--journal", journal, "--liveness-window", "1s", "--compact-history")
 	if err != nil {
 		return nil, err
 	}

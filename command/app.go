@@ -22,6 +22,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc/experimental"
@@ -31,6 +32,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/crash"
+	"kube-etcd-migrate/internal/execpages"
 )
 
 // Run is the binary: it runs the command line args (args[0] the program's
@@ -44,7 +46,11 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	// kube-apiserver's transformers log each failed decryption through klog; the
 	// reports already name those keys, and logs must not grow with the keyspace.
 	silenceKlog()
+	// The executable's pages, mapped in folios of up to 2 MB, out of the
+	// resident set the memory bounds are checked against (execpages says why).
+	execpages.Start()
 	limitMemory()
+	processStart = startOfProcess()
 	return run(args, stdout, stderr)
 }
 
@@ -105,6 +111,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		app.Metadata = map[string]interface{}{}
 	}
 	app.Metadata[argsMetadata] = args
+	started := processStart
+	if started.IsZero() {
+		started = time.Now()
+	}
+	app.Metadata[startedMetadata] = started
 	return exitFor(app.Run(args), app.ErrWriter)
 }
 

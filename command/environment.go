@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -79,6 +81,53 @@ func onCommandLine(c *cli.Context, name string) bool {
 
 // argsMetadata is the key of the command line (as parsed) in App.Metadata.
 const argsMetadata = "args"
+
+// startedMetadata is the key of the time the command began in App.Metadata.
+const startedMetadata = "started"
+
+// processStart is when the binary's process started (Run sets it; zero in
+// tests, which call run: the command then began when run did).
+var processStart time.Time
+
+// startOfProcess is when this process started, from /proc/self/stat's start
+// time (clock ticks since boot) and /proc/uptime; zero where /proc cannot
+// tell. plan counts it in its estimate: migrate's wall time includes the
+// process's start and the runtime's and packages' initialisation.
+func startOfProcess() time.Time {
+	now := time.Now()
+	stat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return time.Time{}
+	}
+	up, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return time.Time{}
+	}
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		s = s[i+1:] // the fields after the command name
+	}
+	f, u := strings.Fields(s), strings.Fields(string(up))
+	if len(f) < 20 || len(u) == 0 {
+		return time.Time{}
+	}
+	ticks, err1 := strconv.ParseInt(f[19], 10, 64) // starttime, in USER_HZ (100) ticks
+	uptime, err2 := strconv.ParseFloat(u[0], 64)
+	if err1 != nil || err2 != nil {
+		return time.Time{}
+	}
+	age := time.Duration(uptime*float64(time.Second)) - time.Duration(ticks)*time.Second/100
+	if age < 0 || age > time.Minute {
+		return time.Time{}
+	}
+	return now.Add(-age)
+}
+
+// startedAt is when the command began (zero when unknown).
+func startedAt(c *cli.Context) time.Time {
+	t, _ := c.App.Metadata[startedMetadata].(time.Time)
+	return t
+}
 
 func commandFlags(c *cli.Context) []cli.Flag {
 	if c.Command == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -57,11 +58,11 @@ func cmdPlan(c *cli.Context) error {
 	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
-	return o.runPlan(ctx)
+	return o.runPlan(ctx, startedAt(c))
 }
 
 // runPlan is the plan command, its options validated.
-func (o *planOptions) runPlan(ctx context.Context) error {
+func (o *planOptions) runPlan(ctx context.Context, started time.Time) error {
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
@@ -71,7 +72,7 @@ func (o *planOptions) runPlan(ctx context.Context) error {
 	if o.undo.noUndo {
 		stateDir = ""
 	}
-	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir})
+	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir, Started: started})
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -166,5 +167,65 @@ func TestPlanStateDirBlockers(t *testing.T) {
 	}
 	if code, out, stderr := runCLI(t, flags...); code != exitOK {
 		t.Fatalf("plan with the state directory free: exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestPlanEstimatesARange: plan, before the outage, says how long migrate
+// with the same flags would take as a range, part by part, from what it
+// timed here and what etcd reports of its own costs (its metrics), with
+// --compact-history the compactions too; it writes nothing to etcd (the
+// revision is unchanged: no snapshot sample, no metrics read, writes).
+func TestPlanEstimatesARange(t *testing.T) {
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1))
+	c.SeedMany(200, oldCfg)
+	flags := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37"}
+	before, rev := c.Raw(), c.Revision()
+
+	code, out, stderr := runCLI(t, append([]string{"plan"}, flags...)...)
+	t.Logf("plan:\n%s%s", out, stderr)
+	if code != exitOK {
+		t.Fatalf("plan: exit %d", code)
+	}
+	if !regexp.MustCompile(`(?m)^estimate: migrate takes [0-9.]+–[0-9.]+ (s|min) on this machine`).MatchString(out) {
+		t.Errorf("the plan does not give a range for migrate")
+	}
+	for _, part := range []string{"setup", "snapshot", "decisions and writes", "compactions", "end"} {
+		if !regexp.MustCompile(`(?m)^  ` + part + ` +[0-9.]+–[0-9.]+ (s|min): `).MatchString(out) {
+			t.Errorf("the plan does not give the part %q", part)
+		}
+	}
+	if !strings.Contains(out, "its applies take") || !strings.Contains(out, "the 15s liveness window") {
+		t.Errorf("the plan does not say etcd's apply time and the window")
+	}
+
+	code, out, stderr = runCLI(t, append([]string{"plan", "-o", "json", "--compact-history"}, flags...)...)
+	var p plan.Plan
+	if code != exitOK || json.Unmarshal([]byte(out), &p) != nil {
+		t.Fatalf("plan -o json: exit %d\n%s%s", code, out, stderr)
+	}
+	e := p.Estimate
+	if e.Low <= 0 || e.High < e.Low || e.Seconds < e.Low || e.Seconds > e.High || e.LivenessSeconds != 15 || e.DecideSeconds <= 0 || e.Basis == "" || len(e.Parts) != 5 {
+		t.Errorf("the estimate: %+v", e)
+	}
+	// The writes wait for the window: the range starts after it.
+	if e.Low < e.LivenessSeconds {
+		t.Errorf("the range %.1f–%.1fs starts before the %.0fs window ends", e.Low, e.High, e.LivenessSeconds)
+	}
+	if e.Etcd == nil || e.Etcd.Error != "" || e.Etcd.ApplyPerWrite <= 0 || e.Etcd.WALFsync <= 0 || e.Etcd.Keys < 200 || !strings.HasPrefix(e.Etcd.Metrics, c.Srv.URL) {
+		t.Errorf("etcd's costs, from its metrics: %+v", e.Etcd)
+	}
+	if e.Parts[3].Name != "compactions" || !strings.Contains(e.Parts[3].Basis, "compaction(s)") || e.Compactions[1] < e.Compactions[0] {
+		t.Errorf("with --compact-history: compactions %v, %+v", e.Compactions, e.Parts[3])
+	}
+
+	if c.Revision() != rev {
+		t.Fatalf("the plan wrote to etcd (revision %d -> %d)", rev, c.Revision())
+	}
+	for k, v := range c.Raw() {
+		if before[k] != v {
+			t.Fatalf("%s changed", k)
+		}
 	}
 }

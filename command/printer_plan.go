@@ -100,7 +100,7 @@ func (pr planReport) table(w io.Writer) error {
 	if err := writeSummaryTable(w, &migrate.Summary{DryRun: true, Revision: p.Revision, Summary: p.Summary, Resources: p.Resources, Causes: p.Causes, CRDs: p.CRDs, FieldLoss: p.FieldLoss, Consistent: p.Consistent, DurationText: decided.String()}); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "estimate: migrate takes about %s on this machine (%s)\n", fmtSeconds(p.Estimate.Seconds), p.Estimate.Basis)
+	writeEstimate(w, p.Estimate)
 	for _, b := range p.Blockers {
 		fmt.Fprintf(w, "BLOCKER (%s): %s; remedy: %s\n", b.Check, b.Problem, remedy(b))
 	}
@@ -110,11 +110,23 @@ func (pr planReport) table(w io.Writer) error {
 	return nil
 }
 
-func fmtSeconds(s float64) string {
-	if s < 90 {
-		return fmt.Sprintf("%.0f s", s+0.5)
+// writeEstimate is the estimate: its range, then a line per part.
+func writeEstimate(w io.Writer, e plan.Estimate) {
+	fmt.Fprintf(w, "estimate: migrate takes %s on this machine, from its start to its exit (%s); kube-apiserver's stop and start come on top\n", fmtRange(e.Low, e.High), e.Basis)
+	for _, p := range e.Parts {
+		fmt.Fprintf(w, "  %-21s %s: %s\n", p.Name, fmtRange(p.Low, p.High), p.Basis)
 	}
-	return fmt.Sprintf("%.1f min", s/60)
+	if c := e.Etcd; c != nil && c.Error != "" {
+		fmt.Fprintf(w, "  (etcd's metrics: %s)\n", c.Error)
+	}
+}
+
+// fmtRange is a range of seconds, in seconds or minutes.
+func fmtRange(low, high float64) string {
+	if high < 90 {
+		return fmt.Sprintf("%.1f–%.1f s", low, high)
+	}
+	return fmt.Sprintf("%.1f–%.1f min", low/60, high/60)
 }
 
 // undoLine says whether a rollback of the run fits below etcd's quota after

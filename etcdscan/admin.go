@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 	"weak"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -243,4 +245,33 @@ func Health(ctx context.Context, cli *clientv3.Client) ([]MemberHealth, error) {
 		out = append(out, h)
 	}
 	return out, nil
+}
+
+// SnapshotSample streams at most limit bytes of the snapshot Snapshot would
+// save (the same member, the same request) and drops them: how fast etcd
+// sends its backend to this machine, without writing anything anywhere.
+// The stream is cut when limit is reached.
+func SnapshotSample(ctx context.Context, cli *clientv3.Client, limit int64) (int64, time.Duration, error) {
+	ep := snapshotEndpoint(ctx, cli)
+	cfg := configOf(cli)
+	cfg.Endpoints = []string{ep}
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return 0, 0, fmt.Errorf("snapshot of %s: %w", ep, err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	rc, err := c.Snapshot(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("snapshot of %s: %w", ep, err)
+	}
+	defer rc.Close()
+	n, err := io.Copy(io.Discard, io.LimitReader(rc, limit))
+	el := time.Since(start)
+	if err != nil {
+		return n, el, fmt.Errorf("snapshot of %s: %w", ep, err)
+	}
+	return n, el, nil
 }

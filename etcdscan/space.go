@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -189,30 +186,9 @@ func Quotas(ctx context.Context, cli *clientv3.Client) ([]MemberQuota, error) {
 
 // metricsQuota reads the quota gauge from the /metrics of one client URL.
 func metricsQuota(ctx context.Context, cfg clientv3.Config, endpoint string) (int64, string, error) {
-	u, shown, tr, err := metricsURL(cfg, endpoint)
+	families, shown, err := scrape(ctx, cfg, endpoint)
 	if err != nil {
-		return 0, "", err
-	}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, DefaultCommandTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return 0, "", fmt.Errorf("%s: %w", shown, err)
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, shown, fmt.Errorf("%s: %w", shown, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		return 0, shown, fmt.Errorf("%s: %s", shown, resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return 0, shown, fmt.Errorf("%s: %w", shown, err)
+		return 0, shown, err
 	}
 	fam := families[QuotaMetric]
 	if fam == nil || len(fam.GetMetric()) == 0 || fam.GetMetric()[0].GetGauge() == nil {

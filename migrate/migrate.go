@@ -65,6 +65,10 @@ type Options struct {
 	// and the liveness window's verdict, before the first write (the run
 	// directory's plan); an error stops the run with nothing written.
 	OnPreflight func(checks []string) error
+	// Decided, when set, is given each page of a dry run's decisions as it
+	// is tallied (plan times a sample of the stale ones): the page is the
+	// run's, copy what is kept.
+	Decided func(page []reencode.Decision)
 	// Watch, when set, is the liveness watch of the run this migration is
 	// part of (the caller's, which it closes: storage version migrations
 	// one resource after another, records written after): the migration
@@ -209,6 +213,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	})
 	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		stale, counts := t.page(page)
+		if opts.DryRun && opts.Decided != nil {
+			opts.Decided(page)
+		}
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}

@@ -15,13 +15,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -35,6 +35,9 @@ type Options struct {
 	Migrate migrate.Options
 	// StateDir is where the run's undo would go ("" with --no-undo).
 	StateDir undo.StateDir
+	// Started is when the command began (its setup counts in the
+	// estimate: migrate's is the same); zero: when Run began.
+	Started time.Time
 }
 
 // Blocker is one reason migrate would refuse, or would stop part-way.
@@ -74,20 +77,6 @@ const (
 	// FixEncryption: a KMS plugin that answers, or a key that works.
 	FixEncryption Fix = "encryption"
 )
-
-// Estimate is about how long the write would keep the API down.
-type Estimate struct {
-	// DecideSeconds is how long the decision over every object took here.
-	DecideSeconds float64 `json:"decideSeconds"`
-	// LivenessSeconds is migrate's liveness watch; SnapshotSeconds,
-	// WriteSeconds are the snapshot and the writes at the rates below;
-	// Seconds the whole migrate (watch, decision, snapshot, writes).
-	LivenessSeconds float64 `json:"livenessSeconds"`
-	SnapshotSeconds float64 `json:"snapshotSeconds"`
-	WriteSeconds    float64 `json:"writeSeconds"`
-	Seconds         float64 `json:"seconds"`
-	Basis           string  `json:"basis"`
-}
 
 // WebhookCheck is whether a CRD's conversion webhook answered from here:
 // it converted the objects the decision needed converted, or, when none
@@ -132,18 +121,14 @@ type Plan struct {
 // Proceeds says whether migrate would go ahead.
 func (p *Plan) Proceeds() bool { return len(p.Blockers) == 0 }
 
-// The rates the estimate assumes: the lowest migrate and snapshot rates of
-// the project's benchmark on 2 cores (docs/benchmarks.md), so that a faster
-// machine only finishes early.
-const (
-	writeRate    = 8000      // objects rewritten per second
-	snapshotRate = 100 << 20 // snapshot bytes per second
-)
-
 // Run makes the plan. An error is returned only when the plan itself could
 // not be made (etcd unreachable); everything migrate would refuse is a Blocker.
 func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	start := time.Now()
+	setup := 0.0
+	if !opts.Started.IsZero() {
+		setup = start.Sub(opts.Started).Seconds()
+	}
 	p := &Plan{Blockers: []Blocker{}, StateDir: opts.StateDir}
 	defer func() { p.DurationMs = time.Since(start).Milliseconds() }()
 
@@ -177,20 +162,31 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	}
 	preflight := len(members) > 0 && p.Proceeds()
 
-	// The decision over every object, as migrate makes it (a dry run).
+	// What etcd reports of its own costs, for the estimate.
+	metrics, merr := etcdscan.Metrics(ctx, env.Client, etcdscan.KubeadmMetricsURL)
+
+	// The decision over every object, as migrate makes it (a dry run), with
+	// a sample of the stale objects kept for the estimate.
 	mopts := opts.Migrate
 	mopts.DryRun, mopts.Journal, mopts.Snapshot = true, "", ""
+	smp := newSampler(sampleSize)
+	mopts.Decided = smp.page
+	cpu0 := cpuTime()
 	decideStart := time.Now()
 	sum, err := migrate.Run(ctx, env, mopts)
 	if err != nil {
 		return p, err
 	}
-	p.Estimate.DecideSeconds = time.Since(decideStart).Seconds()
+	c := costs{cores: runtime.NumCPU(), setup: setup, decideWall: time.Since(decideStart).Seconds(), decideCPU: (cpuTime() - cpu0).Seconds()}
 	if preflight {
 		// migrate's checks, with the sizes of the rewrite and its journal
-		// this decision added up (no second pass over the keys).
+		// this decision added up (no second pass over the keys): whether
+		// migrate's own would make that pass is counted.
 		opts.Migrate.Sizes = sum.WriteSizes
+		opts.Migrate.SizesAsked = func() { c.sizingPass = true }
+		checkStart := time.Now()
 		p.preflight(ctx, env, opts)
+		c.checks = time.Since(checkStart).Seconds()
 	}
 	p.Revision, p.Consistent, p.Summary, p.Resources, p.Causes, p.CRDs = sum.Revision, sum.Consistent, sum.Summary, sum.Resources, sum.Causes, sum.CRDs
 	p.FieldLoss = sum.FieldLoss
@@ -200,20 +196,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 		}
 	}
 	p.checkWebhooks(ctx, env)
-	var dbSize int64
-	for _, m := range members {
-		dbSize = max(dbSize, m.DBSize)
-	}
-	window := opts.Migrate.LivenessWindow
-	if window <= 0 {
-		window = liveness.DefaultWindow
-	}
-	p.Estimate.LivenessSeconds = window.Seconds()
-	p.Estimate.SnapshotSeconds = float64(dbSize) / snapshotRate
-	p.Estimate.WriteSeconds = float64(sum.Summary.Stale) / writeRate
-	p.Estimate.Seconds = p.Estimate.LivenessSeconds + p.Estimate.DecideSeconds + p.Estimate.SnapshotSeconds + p.Estimate.WriteSeconds
-	p.Estimate.Basis = fmt.Sprintf("its %s liveness watch; the decision over %d objects, which took %.1fs here; a snapshot of %s at 100 MiB/s and %d rewrites at 8,000/s (the benchmark's lowest rates on 2 cores); the outage adds kube-apiserver's stop and restart",
-		window, sum.Summary.Scanned, p.Estimate.DecideSeconds, textfmt.Bytes(dbSize), sum.Summary.Stale)
+	p.Estimate = p.estimate(ctx, env, opts, c, sum, smp, metrics, merr)
 	return p, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
@@ -337,4 +338,39 @@ func JournalsPrefix(journals []string) string {
 // records (fields, sequence numbers, the new value's hash, two checksums).
 func JournalRecordBytes(key string, oldSize int) int64 {
 	return int64(base64.StdEncoding.EncodedLen(oldSize)) + 2*int64(len(key)) + 448
+}
+
+// JournalCost is what journaling the rewrite of puts (old: their stored
+// values) costs the journal's own code, without its file: the time to
+// encode their records as a run writes them (an intent and a done record
+// each, numbered and chained), the time to read them back as a run's end
+// checks its journal (Seal: each line hashed, parsed and its chain
+// checked), and the bytes they take. plan times a sample of the cluster's
+// own objects with it.
+func JournalCost(puts []etcdscan.Put, old [][]byte) (write, read time.Duration, size int64) {
+	var out bytes.Buffer
+	j := &Journal{w: bufio.NewWriter(&out)}
+	j.enc = json.NewEncoder(&j.buf)
+	start := time.Now()
+	for i, p := range puts {
+		sum := sha256.Sum256(p.Value)
+		_ = j.write(JournalRecord{Op: "intent", Key: p.Key, OldModRevision: p.ModRevision, OldValue: old[i], NewSHA256: hex.EncodeToString(sum[:])})
+		_ = j.write(JournalRecord{Op: "done", Key: p.Key, NewModRevision: p.ModRevision + 1})
+	}
+	_ = j.w.Flush()
+	write = time.Since(start)
+	start = time.Now()
+	h := sha256.New()
+	var prev [sha256.Size]byte
+	for line := range bytes.Lines(out.Bytes()) {
+		h.Write(line)
+		var r checkRecord
+		body := bytes.TrimSuffix(line, []byte("\n"))
+		_ = parseRecord(body, &r)
+		if p, sum, ok := splitSum(body); ok && chainSum(prev, p) == sum {
+			prev = sum
+		}
+	}
+	h.Sum(nil)
+	return write, time.Since(start), int64(out.Len())
 }

@@ -47,6 +47,10 @@ type PreflightOptions struct {
 	// undo (the run's state directory): the room for it is counted with the
 	// run's own (RunSpace).
 	StateDir StateDir
+	// SizesAsked, when set, is called each time a check needs the
+	// rewrite's sizes: without Sizes, a decision pass adds them up (plan
+	// counts that pass in its estimate of migrate).
+	SizesAsked func()
 }
 
 // spell is Spell, or words.
@@ -335,13 +339,17 @@ func (w *WriteSizes) Add(d reencode.Decision) {
 type sizer struct {
 	env   *pipeline.Env
 	known *WriteSizes
+	asked func()
 }
 
 func newSizer(env *pipeline.Env, opts PreflightOptions) *sizer {
-	return &sizer{env: env, known: opts.Sizes}
+	return &sizer{env: env, known: opts.Sizes, asked: opts.SizesAsked}
 }
 
 func (s *sizer) get(ctx context.Context) (WriteSizes, error) {
+	if s.asked != nil {
+		s.asked()
+	}
 	if s.known != nil {
 		return *s.known, nil
 	}

@@ -1,0 +1,255 @@
+package plan
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/undo"
+)
+
+// etcdCostsFromRealEtcd writes n compare-and-swap writes of 1 KB into a real
+// etcd, compacts once, and returns what the estimate reads of its metrics.
+func etcdCostsFromRealEtcd(t *testing.T, n int) *EtcdCosts {
+	t.Helper()
+	srv := testetcd.StartT(t, testetcd.Options{QuotaBackendBytes: 64 << 20})
+	c, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	var rev int64
+	for i := range n {
+		k := fmt.Sprintf("/registry/secrets/ns/s-%04d", i%(n/2))
+		g, err := c.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mod int64
+		if len(g.Kvs) > 0 {
+			mod = g.Kvs[0].ModRevision
+		}
+		resp, err := c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", mod)).Then(clientv3.OpPut(k, strings.Repeat("x", 1000))).Commit()
+		if err != nil || !resp.Succeeded {
+			t.Fatalf("txn %s: %v", k, err)
+		}
+		rev = resp.Header.Revision
+	}
+	if err := etcdscan.Compact(ctx, c, rev); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := etcdscan.Metrics(ctx, c)
+	costs := etcdCostsOf(ms, err)
+	if costs == nil || costs.Error != "" || costs.ApplyPerWrite <= 0 || costs.WALFsync <= 0 || costs.Keys < int64(n/2) || costs.Metrics != srv.URL+"/metrics" {
+		t.Fatalf("etcd's costs from its metrics: %+v (%v)", costs, err)
+	}
+	return costs
+}
+
+// baseCosts are a run's costs as plan measures them, with etcd's as read.
+func baseCosts(etcd *EtcdCosts) costs {
+	return costs{cores: 2, setup: 0.4, checks: 0.1, decideWall: 2, decideCPU: 3, scanned: 100000, stale: 30000,
+		sizes:  undo.WriteSizes{EtcdBytes: 30000 * 2500, JournalBytes: 30000 * 3300, RollbackBytes: 30000 * 2400},
+		window: 15, journal: true, snapshot: true, dbSize: 400 << 20, free: 0, quota: 8 << 30,
+		journalWrite: 12e-6, journalRead: 20e-6, snapshotRate: 300 << 20, hashRate: 1 << 30, etcd: etcd}
+}
+
+// TestEstimateParts: the range is its parts put together as the run goes
+// (setup, then the longer of the window and the checks and the snapshot,
+// the decisions and writes, the compactions' waits, the end), from the
+// costs etcd reports in its metrics.
+func TestEstimateParts(t *testing.T) {
+	etcd := etcdCostsFromRealEtcd(t, 400)
+	c := baseCosts(etcd)
+	e := estimate(c)
+	var names []string
+	for _, p := range e.Parts {
+		names = append(names, p.Name)
+		if p.Low < 0 || p.High < p.Low {
+			t.Errorf("part %s: %v–%v", p.Name, p.Low, p.High)
+		}
+	}
+	if got := strings.Join(names, ","); got != "setup,snapshot,decisions and writes,compactions,end" {
+		t.Fatalf("parts %s", got)
+	}
+	part := func(name string) EstimatePart {
+		for _, p := range e.Parts {
+			if p.Name == name {
+				return p
+			}
+		}
+		t.Fatalf("no part %s", name)
+		return EstimatePart{}
+	}
+	sum := func(high bool) float64 {
+		pick := func(p EstimatePart) float64 {
+			if high {
+				return p.High
+			}
+			return p.Low
+		}
+		return pick(part("setup")) + max(c.window, c.checks+pick(part("snapshot"))) + pick(part("decisions and writes")) + pick(part("compactions")) + pick(part("end"))
+	}
+	if !near(e.Low, sum(false)) || !near(e.High, sum(true)) || e.Low > e.Seconds || e.Seconds > e.High {
+		t.Fatalf("range %.2f–%.2f (%.2f), parts say %.2f–%.2f", e.Low, e.High, e.Seconds, sum(false), sum(true))
+	}
+	// The window is longer than the snapshot here: the run waits for it.
+	if e.Low < c.setup+c.window || e.LivenessSeconds != 15 {
+		t.Errorf("low %.2f with a 15 s window", e.Low)
+	}
+	// The writes cannot go faster than etcd applies them, one at a time.
+	if b := part("decisions and writes"); b.Low < float64(c.stale)*etcd.ApplyPerWrite || b.Low < c.decideWall {
+		t.Errorf("decisions and writes %.2f: below %d applies of %.1f µs or the decision's %.1fs", b.Low, c.stale, etcd.ApplyPerWrite*1e6, c.decideWall)
+	}
+	if e.Compactions != [2]int{} || part("compactions").High != 0 {
+		t.Errorf("compactions %v without --compact-history", e.Compactions)
+	}
+	if e.Etcd != etcd || !strings.Contains(part("decisions and writes").Basis, fmt.Sprintf("its applies take %.0f µs a write", etcd.ApplyPerWrite*1e6)) {
+		t.Errorf("the estimate does not say etcd's apply time: %s", part("decisions and writes").Basis)
+	}
+
+	// The journal's fsyncs one at a time: at least etcd's median fsync, when
+	// its mean is raised by large ones.
+	slow := c
+	slowEtcd := *etcd
+	slowEtcd.WALFsync, slowEtcd.WALFsyncMedian, slowEtcd.ApplyPerWrite = 0.004, 0.002, 10e-6
+	slow.etcd, slow.decideWall, slow.decideCPU = &slowEtcd, 0, 0
+	if b := estimate(slow).Parts[2]; !approx(b.Low, math.Ceil(float64(c.stale)/batchPuts)*0.002) || !approx(b.High, 2*math.Ceil(float64(c.stale)/batchPuts)*0.004) {
+		t.Errorf("journal fsyncs of 2 ms (median) to 4 ms (mean): decisions and writes %.2f–%.2f", b.Low, b.High)
+	}
+
+	// More to rewrite takes longer, at both ends.
+	more := c
+	more.stale, more.sizes.EtcdBytes = 3*c.stale, 3*c.sizes.EtcdBytes
+	if m := estimate(more); m.Low <= e.Low || m.High <= e.High {
+		t.Errorf("3 × the rewrites: %.2f–%.2f, against %.2f–%.2f", m.Low, m.High, e.Low, e.High)
+	}
+	// Without a window (--allow-live-apiserver) nothing waits for one.
+	nw := c
+	nw.window = 0
+	if n := estimate(nw); n.Low >= e.Low || n.LivenessSeconds != 0 || !strings.Contains(n.Basis, "no liveness window") {
+		t.Errorf("without the window: %.2f against %.2f (%s)", n.Low, e.Low, n.Basis)
+	}
+	// migrate's own decision pass (the room does not hold the live data)
+	// is counted before its first write.
+	sp := nw
+	sp.sizingPass = true
+	if s := estimate(sp); !near(s.Low-estimate(nw).Low, c.decideWall) {
+		t.Errorf("a sizing pass adds %.2f, want the decision's %.2f", s.Low-estimate(nw).Low, c.decideWall)
+	}
+	// Without an undo: no snapshot, no journal, nothing to hash at the end.
+	nu := nw
+	nu.journal, nu.snapshot = false, false
+	if n := estimate(nu); n.High >= estimate(nw).High || n.Parts[1].High != 0 || n.Parts[4].High != 0 {
+		t.Errorf("without an undo: %.2f–%.2f, snapshot %v, end %v", n.Low, n.High, n.Parts[1], n.Parts[4])
+	}
+	// No metrics: the benchmark machine's costs are assumed, and said.
+	nm := c
+	nm.etcd = nil
+	if n := estimate(nm); n.High <= 0 || n.Etcd != nil {
+		t.Errorf("without etcd's metrics: %+v", n)
+	}
+}
+
+// TestEstimateCompactions: with --compact-history the space guard's
+// compactions are counted as it makes them, and, near the quota, the time
+// the writes wait for them; the compaction's time comes from etcd's own
+// compactions (its metrics), or from its walk of the revisions when it made none.
+func TestEstimateCompactions(t *testing.T) {
+	etcd := etcdCostsFromRealEtcd(t, 400)
+	c := baseCosts(etcd)
+	c.compact = true
+	// Far from the quota: a compaction every half margin written, in the
+	// background, and nothing waits.
+	far := estimate(c)
+	every := float64(undo.Margin(c.quota) / 2)
+	want := int(float64(c.sizes.EtcdBytes) / every)
+	if far.Compactions[0] < want || far.Compactions[1] > want+1 || far.Parts[3].High != 0 {
+		t.Errorf("far from the quota: %v compactions (want about %d), waits %v", far.Compactions, want, far.Parts[3])
+	}
+	if !strings.Contains(far.Parts[3].Basis, "etcd's own compactions' pauses") && !strings.Contains(far.Parts[3].Basis, "etcd's backend commits") {
+		t.Errorf("the compactions' time does not come from etcd's: %s", far.Parts[3].Basis)
+	}
+	// Near it (86 % full, as the production benchmark): the room below the
+	// margin is used up part-way, and the writes wait for compactions.
+	full := c
+	full.quota = 1 << 30
+	full.dbSize = full.quota * 86 / 100
+	full.sizes = undo.WriteSizes{EtcdBytes: 300 << 20, JournalBytes: 400 << 20, RollbackBytes: 290 << 20}
+	// A keyspace of 4,000,000 keys: each compaction walks them all.
+	big := *etcd
+	big.Keys = 4000000
+	full.etcd = &big
+	n := estimate(full)
+	if n.Compactions[0] < 1 || n.Parts[3].Low <= 0 || n.Parts[3].High < n.Parts[3].Low || n.High <= far.High {
+		t.Errorf("near the quota: %v compactions, waits %v; range %.1f–%.1f against %.1f–%.1f far from it", n.Compactions, n.Parts[3], n.Low, n.High, far.Low, far.High)
+	}
+	// The compaction's time: etcd's batches over every key, each batch's
+	// hold from its own compactions' pauses, else its backend's commits.
+	nc := full
+	nc.etcd = &EtcdCosts{ApplyPerWrite: etcd.ApplyPerWrite, BackendCommit: 0.004, Keys: 1000000}
+	lo, hi, basis := nc.compactionTime()
+	batches := math.Ceil((1000000 + float64(undo.Margin(nc.quota)/2)/float64(300<<20)*float64(nc.stale)) / compactionBatch)
+	if !approx(lo, batches*(compactionSleep+0.004)) || hi < 2*lo || !strings.Contains(basis, "etcd's backend commits") {
+		t.Errorf("compaction time from the backend's commits: %v–%v (%s), want %v", lo, hi, basis, batches*(compactionSleep+0.004))
+	}
+	nc.etcd.CompactionPause = 0.002
+	if lo2, _, basis := nc.compactionTime(); !approx(lo2, batches*(compactionSleep+0.002)) || !strings.Contains(basis, "etcd's own compactions' pauses") {
+		t.Errorf("compaction time from etcd's pauses: %v (%s)", lo2, basis)
+	}
+}
+
+// TestSimulateGuard: the guard's compactions played over a rewrite.
+func TestSimulateGuard(t *testing.T) {
+	c := costs{quota: 1 << 30, dbSize: 100 << 20, sizes: undo.WriteSizes{EtcdBytes: 200 << 20, RollbackBytes: 200 << 20}}
+	every := float64(undo.Margin(c.quota) / 2)
+	// Room for all of it: compactions in the background only.
+	r := simulateGuard(c, 10, 1)
+	if r.blocked != 0 || r.count < int(float64(c.sizes.EtcdBytes)/every)-1 {
+		t.Errorf("room for the rewrite: %+v", r)
+	}
+	// Little room (50 MiB): the writes (20 MiB/s) go on while each
+	// compaction runs in the background; one that ends before the next half
+	// margin is written (1.28 s) keeps up and nothing waits; a slower one
+	// is waited for, the slower the longer, never longer than it runs.
+	c.dbSize = c.quota - undo.Margin(c.quota) - 50<<20
+	fast, slow, slower := simulateGuard(c, 10, 1), simulateGuard(c, 10, 4), simulateGuard(c, 10, 8)
+	if fast.blocked != 0 || fast.count < int(float64(c.sizes.EtcdBytes)/every)-1 {
+		t.Errorf("little room, compactions that keep up: %+v", fast)
+	}
+	if slow.blocked <= 0 || slower.blocked <= slow.blocked || slow.blocked > float64(slow.count)*4 || slower.blocked > float64(slower.count)*8 {
+		t.Errorf("little room, slow compactions: %+v, slower %+v", slow, slower)
+	}
+	// Nothing to write: nothing to compact.
+	if r := simulateGuard(costs{quota: 1 << 30}, 10, 1); r != (guardRun{}) {
+		t.Errorf("nothing written: %+v", r)
+	}
+}
+
+// TestEtcdCostsOf: the slowest member's costs (every member applies every
+// write); a member that did not answer is said.
+func TestEtcdCostsOf(t *testing.T) {
+	fast := etcdscan.MemberMetrics{URL: "a", Writes: 100, Keys: 5}
+	slow := etcdscan.MemberMetrics{URL: "b", Writes: 100, Keys: 5}
+	fast.Apply.Count, fast.Apply.Sum = 100, 0.001
+	slow.Apply.Count, slow.Apply.Sum = 100, 0.004
+	c := etcdCostsOf([]etcdscan.MemberMetrics{fast, slow}, fmt.Errorf("member c: refused"))
+	if c == nil || c.Metrics != "b" || !near(c.ApplyPerWrite, 40e-6) || c.Error != "member c: refused" {
+		t.Fatalf("%+v", c)
+	}
+	if c := etcdCostsOf(nil, nil); c != nil {
+		t.Fatalf("no member: %+v", c)
+	}
+}
+
+func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+
+// approx says a and b are equal but for rounding.
+func approx(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(math.Abs(a), math.Abs(b), 1) }
