@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/undo"
 )
 
 // The ceiling: what etcd itself does on the same keys with the same page size,
@@ -102,6 +103,14 @@ func scanCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64) (cei
 // transactions of batchOps puts / batchBytes with `writers` concurrent writers
 // fed through a bounded queue, as migrate does.
 func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale map[string]bool, batchOps, batchBytes, writers int) (ceilingResult, error) {
+	return casCeilingWith(ctx, cli, pageSize, stale, batchOps, batchBytes, writers, nil, nil)
+}
+
+// casCeilingWith is casCeiling with before, when set, called before each
+// transaction (an error fails it), and written after each that succeeded,
+// with its batch and the revision it made.
+func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, stale map[string]bool, batchOps, batchBytes, writers int,
+	before func([]rawKV) error, written func([]rawKV, int64)) (ceilingResult, error) {
 	start := time.Now()
 	queue := make(chan []rawKV, writers)
 	var rewrites, failed atomic.Int64
@@ -120,7 +129,14 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 					cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", kv.modRev)
 					ops[i] = clientv3.OpPut(k, string(kv.value), clientv3.WithIgnoreLease())
 				}
-				resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+				var resp *clientv3.TxnResponse
+				err := error(nil)
+				if before != nil {
+					err = before(b)
+				}
+				if err == nil {
+					resp, err = cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+				}
 				if err != nil {
 					once.Do(func() { werr = err })
 					failed.Add(int64(len(b)))
@@ -131,6 +147,9 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 					continue
 				}
 				rewrites.Add(int64(len(b)))
+				if written != nil {
+					written(b, resp.Header.Revision)
+				}
 			}
 		}()
 	}
@@ -161,6 +180,87 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 		err = werr
 	}
 	return res, err
+}
+
+// compactingCeiling is the compaction-matched ceiling of a rewrite that does
+// not fit below etcd's quota: casCeiling at the tool's flags, compacting
+// etcd's history (physically, as the tool does) at the points the tool's
+// space guard does: every half of its margin (undo.Margin) of the writes'
+// cost (undo.PutCost) a compaction at the latest revision written starts
+// in the background, one at a time; a batch waits for the running one only
+// when a whole margin was written since the last that ended. It has no
+// liveness watch, no journal, no snapshot, no decoding: the bound the
+// tool's migrate --compact-history is compared with. It returns the
+// compactions made, and how long the writes waited for them.
+func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, int, time.Duration, error) {
+	every := undo.Margin(quota) / 2
+	var (
+		mu           sync.Mutex
+		since        int64 // cost written since the last compaction started
+		sinceEnded   int64 // since the last one ended
+		latest       int64
+		running      chan error
+		compactions  int
+		waited       time.Duration
+		compactErr   error
+		startCompact = func(rev int64) {
+			ch := make(chan error, 1)
+			running, since = ch, 0
+			go func() { ch <- etcdscan.Compact(context.WithoutCancel(ctx), cli, rev) }()
+		}
+		end = func(err error) {
+			running = nil
+			compactions++
+			sinceEnded = since
+			if err != nil && compactErr == nil {
+				compactErr = err
+			}
+		}
+	)
+	before := func(b []rawKV) error {
+		var cost int64
+		for _, kv := range b {
+			cost += undo.PutCost(string(kv.key), kv.value)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if running != nil {
+			select {
+			case err := <-running:
+				end(err)
+			default:
+				if sinceEnded >= 2*every {
+					t := time.Now()
+					end(<-running)
+					waited += time.Since(t)
+				}
+			}
+		}
+		if running == nil && since >= every && latest > 0 {
+			startCompact(latest)
+		}
+		since += cost
+		sinceEnded += cost
+		return compactErr
+	}
+	written := func(_ []rawKV, rev int64) {
+		mu.Lock()
+		latest = max(latest, rev)
+		mu.Unlock()
+	}
+	c, err := casCeilingWith(ctx, cli, etcdscan.DefaultPageSize, stale, etcdscan.DefaultMaxOps, etcdscan.DefaultMaxBytes, toolWriters, before, written)
+	mu.Lock()
+	defer mu.Unlock()
+	if running != nil {
+		t := time.Now()
+		end(<-running)
+		waited += time.Since(t)
+		c.elapsed += time.Since(t)
+	}
+	if err == nil {
+		err = compactErr
+	}
+	return c, compactions, waited, err
 }
 
 // sweepPoint is one run of the CAS ceiling at one setting.
