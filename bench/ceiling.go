@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
@@ -49,6 +51,13 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 				opts = append(opts, clientv3.WithRev(rev))
 			}
 			resp, err := cli.Get(ctx, key, opts...)
+			if errors.Is(err, rpctypes.ErrCompacted) && rev != 0 {
+				// A compaction of the writes behind the scan (the
+				// compacting ceiling's, as the tool's scan does): the
+				// keys ahead are read at the current revision.
+				rev = 0
+				continue
+			}
 			if err != nil {
 				pages <- page{err: fmt.Errorf("range %s: %w", key, err)}
 				return
@@ -187,36 +196,37 @@ func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, s
 // etcd's history (physically, as the tool does) at the points the tool's
 // space guard does: every half of its margin (undo.Margin) of the writes'
 // cost (undo.PutCost) a compaction at the latest revision written starts
-// in the background, one at a time; a batch waits for the running one only
-// when a whole margin was written since the last that ended. It has no
-// liveness watch, no journal, no snapshot, no decoding: the bound the
-// tool's migrate --compact-history is compared with. It returns the
-// compactions made, and how long the writes waited for them.
+// in the background, one at a time. A batch waits for the running one only
+// when etcd's database (asked every quarter of the margin, as the guard
+// does) would grow into the margin below the quota. It has no liveness
+// watch, no journal, no snapshot, no decoding: the bound the tool's migrate
+// --compact-history is compared with. It returns the compactions made, and
+// how long the writes waited for them.
 func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, int, time.Duration, error) {
-	every := undo.Margin(quota) / 2
+	margin := undo.Margin(quota)
+	every := margin / 2
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return ceilingResult{}, 0, 0, err
+	}
 	var (
 		mu           sync.Mutex
 		since        int64 // cost written since the last compaction started
-		sinceEnded   int64 // since the last one ended
+		sinceStatus  int64 // since etcd's sizes were asked
+		dbSize, free = st.DBSize, st.Free
 		latest       int64
 		running      chan error
 		compactions  int
 		waited       time.Duration
-		compactErr   error
-		startCompact = func(rev int64) {
-			ch := make(chan error, 1)
-			running, since = ch, 0
-			go func() { ch <- etcdscan.Compact(context.WithoutCancel(ctx), cli, rev) }()
-		}
-		end = func(err error) {
-			running = nil
-			compactions++
-			sinceEnded = since
-			if err != nil && compactErr == nil {
-				compactErr = err
-			}
-		}
+		firstErr     error
 	)
+	end := func(err error) {
+		running = nil
+		compactions++
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
 	before := func(b []rawKV) error {
 		var cost int64
 		for _, kv := range b {
@@ -229,19 +239,35 @@ func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[stri
 			case err := <-running:
 				end(err)
 			default:
-				if sinceEnded >= 2*every {
-					t := time.Now()
-					end(<-running)
-					waited += time.Since(t)
-				}
 			}
 		}
 		if running == nil && since >= every && latest > 0 {
-			startCompact(latest)
+			ch := make(chan error, 1)
+			running, since = ch, 0
+			go func(rev int64) { ch <- etcdscan.Compact(context.WithoutCancel(ctx), cli, rev) }(latest)
+		}
+		if sinceStatus >= margin/4 {
+			st, err := etcdscan.Status(ctx, cli)
+			if err != nil {
+				return err
+			}
+			dbSize, free, sinceStatus = st.DBSize, st.Free, 0
+		}
+		if running != nil && dbSize+max(0, sinceStatus+cost-free)+margin > quota {
+			t := time.Now()
+			end(<-running)
+			waited += time.Since(t)
+			time.Sleep(150 * time.Millisecond) // etcd's next commit shows the pages freed
+			st, err := etcdscan.Status(ctx, cli)
+			if err != nil {
+				return err
+			}
+			dbSize, free, sinceStatus = st.DBSize, st.Free, 0
+			waited += 150 * time.Millisecond
 		}
 		since += cost
-		sinceEnded += cost
-		return compactErr
+		sinceStatus += cost
+		return firstErr
 	}
 	written := func(_ []rawKV, rev int64) {
 		mu.Lock()
@@ -258,7 +284,7 @@ func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[stri
 		c.elapsed += time.Since(t)
 	}
 	if err == nil {
-		err = compactErr
+		err = firstErr
 	}
 	return c, compactions, waited, err
 }
