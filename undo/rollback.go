@@ -143,9 +143,8 @@ type RollbackOptions struct {
 	OnPreflight func(line string) error
 	// BatchOps is the number of records decided and written together (0: DefaultMaxOps).
 	BatchOps int
-	// Writers is the number of batches decided and written at once, as
-	// migrate's (0: its default, batches.DefaultWriters); a dry run decides
-	// one at a time.
+	// Writers is the number of batches decided and written at once (0:
+	// DefaultRollbackWriters); a dry run decides one at a time.
 	Writers int
 	// Quota, when set, is etcd's quota (FindQuota) the rollback keeps every
 	// member's database below, less the margin, as migrate does: it stops
@@ -164,6 +163,14 @@ type RollbackOptions struct {
 	// records were checksummed) instead of refusing them.
 	AllowUnverified bool
 }
+
+// DefaultRollbackWriters is the number of batches a rollback decides and
+// writes at once: twice migrate's writers (batches.DefaultWriters), for
+// each of its batches reads its keys before it writes them (two round
+// trips to etcd where migrate's take one), so that as many writes are in
+// flight as in migrate's run; each is a batch of etcdscan.DefaultMaxOps
+// keys, so etcd's raft entries stay the size of migrate's.
+const DefaultRollbackWriters = 2 * batches.DefaultWriters
 
 // Rollback puts back the old bytes of every key the journal says the tool
 // wrote; see RollbackJournals.
@@ -457,6 +464,9 @@ func (rb *rollback) journal(path string, end int64) error {
 	}
 	defer f.Close()
 	n := rb.opts.Writers
+	if n <= 0 {
+		n = DefaultRollbackWriters
+	}
 	if rb.opts.DryRun {
 		n = 1 // its view of the keys (sim) is decided in order
 	}
