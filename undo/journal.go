@@ -379,13 +379,15 @@ func JournalRecordBytes(key string, oldSize int) int64 {
 // JournalCost is what journaling the rewrite of puts (old: their stored
 // values) costs the journal's own code, without its file: the time to
 // encode their records as a run writes them (an intent and a done record
-// each, numbered and chained), the time to read them back as a run's end
-// checks its journal (Seal: each line hashed, parsed and its chain
-// checked), and the bytes they take. plan times a sample of the cluster's
+// each, numbered and chained, the file's checksum and the old values' keys
+// counted as they are appended), the time to read them back as a journal
+// is checked (each line hashed, parsed and its chain checked: a rollback's
+// check before its first write; a run's end reads its journal only when it
+// changed since it was written), and the bytes they take. plan times a sample of the cluster's
 // own objects with it.
 func JournalCost(puts []etcdscan.Put, old [][]byte) (write, read time.Duration, size int64) {
 	var out bytes.Buffer
-	j := &Journal{w: bufio.NewWriter(&out)}
+	j := &Journal{w: bufio.NewWriter(&out), hash: sha256.New(), values: newValueCheck(CheckOptions{})}
 	j.enc = json.NewEncoder(&j.buf)
 	start := time.Now()
 	for i, p := range puts {
