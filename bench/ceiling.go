@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/undo"
 )
 
 // The ceiling: what etcd itself does on the same keys with the same page size,
@@ -48,6 +51,13 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 				opts = append(opts, clientv3.WithRev(rev))
 			}
 			resp, err := cli.Get(ctx, key, opts...)
+			if errors.Is(err, rpctypes.ErrCompacted) && rev != 0 {
+				// A compaction of the writes behind the scan (the
+				// compacting ceiling's, as the tool's scan does): the
+				// keys ahead are read at the current revision.
+				rev = 0
+				continue
+			}
 			if err != nil {
 				pages <- page{err: fmt.Errorf("range %s: %w", key, err)}
 				return
@@ -102,6 +112,14 @@ func scanCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64) (cei
 // transactions of batchOps puts / batchBytes with `writers` concurrent writers
 // fed through a bounded queue, as migrate does.
 func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale map[string]bool, batchOps, batchBytes, writers int) (ceilingResult, error) {
+	return casCeilingWith(ctx, cli, pageSize, stale, batchOps, batchBytes, writers, nil, nil)
+}
+
+// casCeilingWith is casCeiling with before, when set, called before each
+// transaction (an error fails it), and written after each that succeeded,
+// with its batch and the revision it made.
+func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, stale map[string]bool, batchOps, batchBytes, writers int,
+	before func([]rawKV) error, written func([]rawKV, int64)) (ceilingResult, error) {
 	start := time.Now()
 	queue := make(chan []rawKV, writers)
 	var rewrites, failed atomic.Int64
@@ -120,7 +138,14 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 					cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", kv.modRev)
 					ops[i] = clientv3.OpPut(k, string(kv.value), clientv3.WithIgnoreLease())
 				}
-				resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+				var resp *clientv3.TxnResponse
+				err := error(nil)
+				if before != nil {
+					err = before(b)
+				}
+				if err == nil {
+					resp, err = cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+				}
 				if err != nil {
 					once.Do(func() { werr = err })
 					failed.Add(int64(len(b)))
@@ -131,6 +156,9 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 					continue
 				}
 				rewrites.Add(int64(len(b)))
+				if written != nil {
+					written(b, resp.Header.Revision)
+				}
 			}
 		}()
 	}
@@ -161,6 +189,104 @@ func casCeiling(ctx context.Context, cli *clientv3.Client, pageSize int64, stale
 		err = werr
 	}
 	return res, err
+}
+
+// compactingCeiling is the compaction-matched ceiling of a rewrite that does
+// not fit below etcd's quota: casCeiling at the tool's flags, compacting
+// etcd's history (physically, as the tool does) at the points the tool's
+// space guard does: every half of its margin (undo.Margin) of the writes'
+// cost (undo.PutCost) a compaction at the latest revision written starts
+// in the background, one at a time. A batch waits for the running one only
+// when etcd's database (asked every quarter of the margin, as the guard
+// does) would grow into the margin below the quota. It has no liveness
+// watch, no journal, no snapshot, no decoding: the bound the tool's migrate
+// --compact-history is compared with. It returns the compactions made, and
+// how long the writes waited for them.
+func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, int, time.Duration, error) {
+	margin := undo.Margin(quota)
+	every := margin / 2
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return ceilingResult{}, 0, 0, err
+	}
+	var (
+		mu           sync.Mutex
+		since        int64 // cost written since the last compaction started
+		sinceStatus  int64 // since etcd's sizes were asked
+		dbSize, free = st.DBSize, st.Free
+		latest       int64
+		running      chan error
+		compactions  int
+		waited       time.Duration
+		firstErr     error
+	)
+	end := func(err error) {
+		running = nil
+		compactions++
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	before := func(b []rawKV) error {
+		var cost int64
+		for _, kv := range b {
+			cost += undo.PutCost(string(kv.key), kv.value)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if running != nil {
+			select {
+			case err := <-running:
+				end(err)
+			default:
+			}
+		}
+		if running == nil && since >= every && latest > 0 {
+			ch := make(chan error, 1)
+			running, since = ch, 0
+			go func(rev int64) { ch <- etcdscan.Compact(context.WithoutCancel(ctx), cli, rev) }(latest)
+		}
+		if sinceStatus >= margin/4 {
+			st, err := etcdscan.Status(ctx, cli)
+			if err != nil {
+				return err
+			}
+			dbSize, free, sinceStatus = st.DBSize, st.Free, 0
+		}
+		if running != nil && dbSize+max(0, sinceStatus+cost-free)+margin > quota {
+			t := time.Now()
+			end(<-running)
+			waited += time.Since(t)
+			time.Sleep(150 * time.Millisecond) // etcd's next commit shows the pages freed
+			st, err := etcdscan.Status(ctx, cli)
+			if err != nil {
+				return err
+			}
+			dbSize, free, sinceStatus = st.DBSize, st.Free, 0
+			waited += 150 * time.Millisecond
+		}
+		since += cost
+		sinceStatus += cost
+		return firstErr
+	}
+	written := func(_ []rawKV, rev int64) {
+		mu.Lock()
+		latest = max(latest, rev)
+		mu.Unlock()
+	}
+	c, err := casCeilingWith(ctx, cli, etcdscan.DefaultPageSize, stale, etcdscan.DefaultMaxOps, etcdscan.DefaultMaxBytes, toolWriters, before, written)
+	mu.Lock()
+	defer mu.Unlock()
+	if running != nil {
+		t := time.Now()
+		end(<-running)
+		waited += time.Since(t)
+		c.elapsed += time.Since(t)
+	}
+	if err == nil {
+		err = firstErr
+	}
+	return c, compactions, waited, err
 }
 
 // sweepPoint is one run of the CAS ceiling at one setting.

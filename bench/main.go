@@ -377,9 +377,12 @@ const (
 	// -baseline: another build of the tool, measured beside it.
 	mVerifyBase  = "verify (baseline)"
 	mMigrateBase = "migrate (baseline)"
-	mCAS         = "CAS ceiling"
-	mCASTool     = "CAS @tool flags" // the ceiling at the tool's own batch size and writers
-	mAPI         = "apiserver no-op PUT"
+	// rollback of the tool's migrate run just measured (its journal), on
+	// the same keys: the undo beside the change.
+	mRollbackMigrate = "rollback of migrate"
+	mCAS             = "CAS ceiling"
+	mCASTool         = "CAS @tool flags" // the ceiling at the tool's own batch size and writers
+	mAPI             = "apiserver no-op PUT"
 	// The tool's defaults (migrate.DefaultWriters; etcdscan defaults).
 	toolWriters = migrate.DefaultWriters
 )
@@ -552,6 +555,13 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			// migrate writes only for a release it is told (so does a
 			// -baseline built since that rule).
 			args = append(args, "--target-version", release.Linked())
+			// The tool's own run keeps its journal beside the benchmark's
+			// files, for the rollback measured after it.
+			journal := ""
+			if v.migrate == mMigrate {
+				journal = filepath.Join(dir, fmt.Sprintf("migrate-%d.journal", rep))
+				args = append(args, "--journal", journal)
+			}
 			tr, err := runTool(ctx, v.bin, append(args, common...)...)
 			if err != nil {
 				return err
@@ -569,6 +579,11 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 				DBSizeBeforeKB: mo.Space.DBSizeBefore >> 10, DBSizeAfterKB: mo.Space.DBSizeAfter >> 10, DBSizeMaxKB: mo.Space.DBSizeMax >> 10, Compactions: mo.Space.Compactions})
 			logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak RSS %d MB; etcd database %d -> %d MB (at most %d MB, %d compaction(s))", v.migrate, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakRSSKB/1024,
 				mo.Space.DBSizeBefore>>20, mo.Space.DBSizeAfter>>20, mo.Space.DBSizeMax>>20, mo.Space.Compactions)
+			if journal != "" {
+				if err := rollbackOfMigrate(ctx, o, res, v.bin, journal, common, c.bytes, settle, etcd); err != nil {
+					return err
+				}
+			}
 			if err := reseedStale(); err != nil {
 				return err
 			}
@@ -644,6 +659,13 @@ func addRatios(res *results) {
 	}
 	if len(res.get(mAPI).Samples) > 0 {
 		add("migrate / apiserver", ratioOf(res, mMigrate, mAPI), 25, "objects/s, medians")
+	}
+	if len(res.get(mRollbackMigrate).Samples) > 0 {
+		r := 0.0
+		if m := res.get(mMigrate).RewritesPerS.Median; m > 0 {
+			r = res.get(mRollbackMigrate).RewritesPerS.Median / m
+		}
+		add("rollback / migrate", r, 0.8, "keys restored/s against keys rewritten/s, medians, the same keys right after; both keep their undo (snapshot, journal), no liveness watch")
 	}
 	peak := res.get(mMigrate).PeakRSSMB.Max
 	if v := res.get(mVerify).PeakRSSMB.Max; v > peak {

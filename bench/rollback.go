@@ -146,3 +146,31 @@ func seedRollback(ctx context.Context, cli *clientv3.Client, path string, n int)
 	}
 	return fi.Size(), nil
 }
+
+// rollbackOfMigrate rolls back the migrate run whose journal is at path, as
+// an operator would right after it (its own undo kept, no liveness watch as
+// the migrate row has none), and records its rate: keys restored per second
+// of the whole process, beside migrate's keys rewritten per second.
+func rollbackOfMigrate(ctx context.Context, o options, res *results, bin, journal string, common []string, bytes int64, settle func() error, etcd *etcdProc) error {
+	defer os.Remove(journal)
+	if err := settle(); err != nil {
+		return err
+	}
+	before := etcd.RSSKB()
+	args := append([]string{"rollback", "-o", "json", "--journal", journal, "--allow-live-apiserver", "--quota-backend-bytes", fmt.Sprint(o.quota)}, common...)
+	tr, err := runTool(ctx, bin, args...)
+	if err != nil {
+		return err
+	}
+	var rb undo.RollbackResult
+	if err := parseJSON(tr, &rb); err != nil {
+		return err
+	}
+	if tr.exit != 0 || rb.Skipped != 0 || rb.Failed != 0 || rb.Restored == 0 {
+		return fmt.Errorf("%s: exit %d, %d restored, %d skipped, %d failed; stderr: %s", mRollbackMigrate, tr.exit, rb.Restored, rb.Skipped, rb.Failed, tail(tr.stderr))
+	}
+	res.get(mRollbackMigrate).Samples = append(res.get(mRollbackMigrate).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: int64(rb.Restored), Bytes: bytes,
+		Rewrites: int64(rb.Restored), PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+	logf("  %s: %d restored in %.2fs (CPU %.2fs), peak RSS %d MB", mRollbackMigrate, rb.Restored, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
+	return nil
+}

@@ -161,6 +161,9 @@ type migrateOut struct {
 		DBSizeAfter  int64 `json:"dbSizeAfter"`
 		DBSizeMax    int64 `json:"dbSizeMax"`
 		Compactions  int   `json:"compactions"`
+		// Where a compacting run's time went (undo.SpaceReport).
+		CompactSeconds float64 `json:"compactSeconds"`
+		WaitSeconds    float64 `json:"waitSeconds"`
 	} `json:"space"`
 }
 

@@ -1,7 +1,10 @@
 package etcdscan
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +19,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
 )
 
@@ -101,35 +103,101 @@ func Alarms(ctx context.Context, cli *clientv3.Client) ([]string, error) {
 
 // Snapshot saves a snapshot of the leader's backend (of the first endpoint when
 // no leader is found) to path, restorable with etcdutl snapshot restore; a
-// file already at path is never replaced (an error). It is
-// etcd's own snapshot.SaveWithVersion (what `etcdctl snapshot save` runs): it
-// streams into path+".part" created with mode 0600, checks etcd's sha256
-// trailer (a truncated stream fails), fsyncs and renames into place, removing
-// the part file on failure. A part file left by an interrupted run is removed
-// first, so the data is never written into a file of a wider mode; the
-// directory is synced after the rename. Errors name the endpoint and path.
-//
-// SaveWithVersion opens its own client to that one member: cli's endpoints'
-// TLS and credentials are the ones Connect opened it with; a client made
-// elsewhere is reached with its user and password and without TLS.
+// file already at path is never replaced (an error). See SaveSnapshot.
 func Snapshot(ctx context.Context, cli *clientv3.Client, path string) error {
+	_, err := SaveSnapshot(ctx, cli, path)
+	return err
+}
+
+// SnapshotDigest is what SaveSnapshot wrote: the file's size and its
+// sha256 (hex, as sha256sum prints it), computed as the stream was written.
+type SnapshotDigest struct {
+	Size   int64
+	SHA256 string
+}
+
+// SaveSnapshot saves a snapshot as etcd's own snapshot.SaveWithVersion does
+// (what `etcdctl snapshot save` runs: etcd's Snapshot stream from one
+// member, its sha256 trailer required, fsync, rename into place) and
+// returns the file's digest, taken from the bytes as they were written: no
+// second read of the file. It streams into path+".part" created with mode
+// 0600 (a part file left by an interrupted run is removed first, so the
+// data is never written into a file of a wider mode), removed on failure;
+// the directory is synced after the rename. Errors name the endpoint and
+// path.
+//
+// It opens its own client to that one member: cli's endpoints' TLS and
+// credentials are the ones Connect opened it with; a client made elsewhere
+// is reached with its user and password and without TLS.
+func SaveSnapshot(ctx context.Context, cli *clientv3.Client, path string) (SnapshotDigest, error) {
 	ep := snapshotEndpoint(ctx, cli)
+	fail := func(err error) (SnapshotDigest, error) {
+		return SnapshotDigest{}, fmt.Errorf("snapshot of %s to %s: %w", ep, path, err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return fail(errors.New("the file exists; a snapshot is never replaced (it may be the only copy of the state before an earlier run)"))
+	}
+	part := path + ".part"
+	if err := os.Remove(part); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fail(err)
+	}
 	cfg := configOf(cli)
 	cfg.Endpoints = []string{ep}
-	if _, err := os.Lstat(path); err == nil {
-		return fmt.Errorf("snapshot of %s to %s: the file exists; a snapshot is never replaced (it may be the only copy of the state before an earlier run)", ep, path)
+	cfg.Logger = zap.NewNop()
+	one, err := clientv3.New(cfg)
+	if err != nil {
+		return fail(err)
 	}
-	if err := os.Remove(path + ".part"); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("snapshot of %s to %s: %w", ep, path, err)
+	defer one.Close()
+	d, err := streamSnapshot(ctx, one, part)
+	if err != nil {
+		_ = os.Remove(part)
+		return fail(err)
 	}
-	if _, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), cfg, path); err != nil {
-		return fmt.Errorf("snapshot of %s to %s: %w", ep, path, err)
+	if err := os.Rename(part, path); err != nil {
+		_ = os.Remove(part)
+		return fail(err)
 	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
+	if dir, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = dir.Sync()
+		dir.Close()
 	}
-	return nil
+	return d, nil
+}
+
+// streamSnapshot writes the member's snapshot stream into part (made, mode
+// 0600) and hashes it on the way; the stream must end with etcd's sha256
+// trailer (a size of 512*n+32), else it was cut short.
+func streamSnapshot(ctx context.Context, cli *clientv3.Client, part string) (SnapshotDigest, error) {
+	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return SnapshotDigest{}, err
+	}
+	defer f.Close()
+	resp, err := cli.SnapshotWithVersion(ctx)
+	if err != nil {
+		return SnapshotDigest{}, err
+	}
+	defer resp.Snapshot.Close()
+	h := sha256.New()
+	w := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
+	size, err := io.Copy(w, resp.Snapshot)
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
+		return SnapshotDigest{}, fmt.Errorf("could not write snapshot: %w", err)
+	}
+	if size%512 != sha256.Size {
+		return SnapshotDigest{}, fmt.Errorf("sha256 checksum not found [bytes: %d]: the stream was cut short", size)
+	}
+	if err := f.Sync(); err != nil {
+		return SnapshotDigest{}, fmt.Errorf("could not fsync snapshot: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return SnapshotDigest{}, err
+	}
+	return SnapshotDigest{Size: size, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
 // clientConfigs holds the configuration Connect opened each client with, until

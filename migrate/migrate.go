@@ -11,10 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/liveness"
@@ -31,7 +31,7 @@ import (
 // sweeps of the benchmark, docs/benchmarks.md), while every raft entry, and so the memory etcd keeps for its
 // recent entries, stays the size of a 16-put transaction. Larger transactions
 // were faster still but grow that memory with their size.
-const DefaultWriters = 16
+const DefaultWriters = batches.DefaultWriters
 
 // Options control a migration.
 type Options struct {
@@ -201,7 +201,11 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// writers; a writer's error stops the scan.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ws := startWriters(opts, cancel, func(ds []reencode.Decision) error {
+	batchOps := opts.BatchOps
+	if batchOps <= 0 {
+		batchOps = etcdscan.DefaultMaxOps
+	}
+	ws := batches.Start(opts.Writers, batchOps, cancel, func(ds []reencode.Decision) error {
 		// An interruption while the first batch waits writes nothing.
 		if err := first.Open(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -219,7 +223,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}
-		if err := ws.send(runCtx, stale); err != nil {
+		if err := ws.Send(runCtx, stale); err != nil {
 			return err
 		}
 		if opts.Progress != nil {
@@ -227,7 +231,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		return nil
 	})
-	writeErr := ws.wait()
+	writeErr := ws.Wait()
 	if guard != nil {
 		guard.Finish(writeCtx)
 	}
@@ -340,68 +344,6 @@ func outcome(ctx context.Context, sum *Summary, opts Options, writeErr, scanErr 
 		return fmt.Errorf("interrupted: in-flight writes finished; run again to resume (current objects are skipped)")
 	}
 	return scanErr
-}
-
-// writers are a run's concurrent write transactions, fed batches of stale
-// decisions (at most BatchOps each) through a bounded queue; the first
-// error cancels the scan.
-type writers struct {
-	queue    chan []reencode.Decision
-	batchOps int
-	wg       sync.WaitGroup
-	once     sync.Once
-	err      error
-}
-
-func startWriters(opts Options, cancel func(), write func([]reencode.Decision) error) *writers {
-	n := opts.Writers
-	if n <= 0 {
-		n = DefaultWriters
-	}
-	ws := &writers{queue: make(chan []reencode.Decision, n), batchOps: opts.BatchOps}
-	if ws.batchOps <= 0 {
-		ws.batchOps = etcdscan.DefaultMaxOps
-	}
-	for i := 0; i < n; i++ {
-		ws.wg.Add(1)
-		go func() {
-			defer ws.wg.Done()
-			for ds := range ws.queue {
-				err := func() (err error) {
-					// A panic is the run's error (the batch's intents
-					// are journaled before it is written).
-					defer crash.Recover("writing a batch", &err)
-					return write(ds)
-				}()
-				if err != nil {
-					ws.once.Do(func() { ws.err = err; cancel() })
-				}
-			}
-		}()
-	}
-	return ws
-}
-
-// send queues stale in batches; it returns ctx's error when the run stops.
-func (ws *writers) send(ctx context.Context, stale []reencode.Decision) error {
-	for len(stale) > 0 {
-		n := min(ws.batchOps, len(stale))
-		select {
-		case ws.queue <- stale[:n:n]:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		stale = stale[n:]
-	}
-	return nil
-}
-
-// wait closes the queue, waits for the writes in flight and returns the
-// first error.
-func (ws *writers) wait() error {
-	close(ws.queue)
-	ws.wg.Wait()
-	return ws.err
 }
 
 var errFailFast = errors.New("fail fast")

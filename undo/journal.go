@@ -3,12 +3,14 @@ package undo
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"sync"
@@ -67,6 +69,16 @@ type Journal struct {
 	enc  *json.Encoder // into buf
 	seq  int64
 	prev [sha256.Size]byte
+
+	// What was written, for the run's end (Seal): the file's sha256, bytes
+	// and records, and the old values' providers and keys, counted as the
+	// records are appended. whole: the file was empty when opened (else
+	// its earlier records are not counted here); failed: a write failed.
+	whole, failed bool
+	hash          hash.Hash
+	bytes         int64
+	records       int64
+	values        *valueCheck
 }
 
 // OpenJournal creates (or appends to) a journal file with mode 0600. A journal
@@ -86,9 +98,16 @@ func OpenJournal(path string) (*Journal, error) {
 		f.Close()
 		return nil, input.Errorf("%s %s: %w", input.Journal, path, err)
 	}
-	j := &Journal{path: path, f: f, w: bufio.NewWriterSize(f, 1<<20), seq: seq, prev: prev}
+	forget(path)
+	j := &Journal{path: path, f: f, w: bufio.NewWriterSize(f, 1<<20), seq: seq, prev: prev,
+		whole: seq == 0 && fileEmpty(f), hash: sha256.New(), values: newValueCheck(CheckOptions{})}
 	j.enc = json.NewEncoder(&j.buf)
 	return j, nil
+}
+
+func fileEmpty(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Size() == 0
 }
 
 // journalTail is the sequence number and checksum a record appended to the
@@ -196,6 +215,7 @@ func (j *Journal) append(sync bool, recs ...JournalRecord) error {
 	defer j.mu.Unlock()
 	for _, r := range recs {
 		if err := j.write(r); err != nil {
+			j.failed = true
 			return fmt.Errorf("journal %s: %w", j.path, err)
 		}
 	}
@@ -203,9 +223,11 @@ func (j *Journal) append(sync bool, recs ...JournalRecord) error {
 		return nil
 	}
 	if err := j.w.Flush(); err != nil {
+		j.failed = true
 		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	if err := j.f.Sync(); err != nil {
+		j.failed = true
 		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	return nil
@@ -231,6 +253,14 @@ func (j *Journal) write(r JournalRecord) error {
 		return err
 	}
 	j.seq, j.prev = r.Seq, sum
+	j.hash.Write(line)
+	j.bytes += int64(len(line))
+	j.records++
+	if r.Op == "intent" || r.Op == "delete-intent" {
+		// As CheckJournal counts them, without an encryption configuration
+		// (by envelope: it never fails).
+		_ = j.values.add(context.Background(), &checkRecord{Op: r.Op, Key: r.Key, Reason: r.Reason}, r.OldValue)
+	}
 	return nil
 }
 
@@ -279,6 +309,12 @@ func (j *Journal) Close() error {
 	}
 	if cerr := j.f.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && j.whole && !j.failed {
+		remember(j.path, writtenSum{
+			sum:   FileSum{Bytes: j.bytes, SHA256: hex.EncodeToString(j.hash.Sum(nil)), Records: j.records},
+			needs: needsKeys(j.values.counts()), needsKnown: true,
+		})
 	}
 	return err
 }
@@ -343,13 +379,15 @@ func JournalRecordBytes(key string, oldSize int) int64 {
 // JournalCost is what journaling the rewrite of puts (old: their stored
 // values) costs the journal's own code, without its file: the time to
 // encode their records as a run writes them (an intent and a done record
-// each, numbered and chained), the time to read them back as a run's end
-// checks its journal (Seal: each line hashed, parsed and its chain
-// checked), and the bytes they take. plan times a sample of the cluster's
+// each, numbered and chained, the file's checksum and the old values' keys
+// counted as they are appended), the time to read them back as a journal
+// is checked (each line hashed, parsed and its chain checked: a rollback's
+// check before its first write; a run's end reads its journal only when it
+// changed since it was written), and the bytes they take. plan times a sample of the cluster's
 // own objects with it.
 func JournalCost(puts []etcdscan.Put, old [][]byte) (write, read time.Duration, size int64) {
 	var out bytes.Buffer
-	j := &Journal{w: bufio.NewWriter(&out)}
+	j := &Journal{w: bufio.NewWriter(&out), hash: sha256.New(), values: newValueCheck(CheckOptions{})}
 	j.enc = json.NewEncoder(&j.buf)
 	start := time.Now()
 	for i, p := range puts {

@@ -151,6 +151,15 @@ type SpaceReport struct {
 	Compactions  int   `json:"compactions,omitempty"`
 	// CompactedAt is the last revision the run compacted at (--compact-history).
 	CompactedAt int64 `json:"compactedAt,omitempty"`
+	// CompactSeconds is how long its compactions took, added up (each runs
+	// in the background while the writes go on, from the moment it starts
+	// waiting for the liveness watch to judge what it removes to etcd's
+	// answer); WaitSeconds how long the guard held its writes (the batches
+	// wait for it one at a time: etcd's sizes asked, a batch that did not
+	// fit waiting for etcd's commit or a compaction to end, the run's last
+	// compaction waited for at its end): where a compacting run's time goes.
+	CompactSeconds float64 `json:"compactSeconds,omitempty"`
+	WaitSeconds    float64 `json:"waitSeconds,omitempty"`
 }
 
 // SpaceGuard keeps every member's database below quota-margin: writers reserve
@@ -201,8 +210,9 @@ func (g *SpaceGuard) Report() *SpaceReport { return g.report }
 // compactResult is a background compaction's outcome: the revision it
 // compacted at (0: nothing was written since the last one), or its error.
 type compactResult struct {
-	rev int64
-	err error
+	rev  int64
+	err  error
+	took time.Duration
 }
 
 // clientStatus is what the guard asks etcd (the real client in the run; the
@@ -243,6 +253,8 @@ func (g *SpaceGuard) Reserve(ctx context.Context, cost int64) error {
 	if g.err != nil {
 		return g.err
 	}
+	waitFrom := time.Now()
+	defer func() { g.report.WaitSeconds += time.Since(waitFrom).Seconds() }()
 	// What is in flight is not in the sizes etcd reports: keep it to a
 	// quarter of the margin (it matters only for small quotas).
 	for g.inflight.Load() > 0 && g.inflight.Load()+cost > g.margin/4 && ctx.Err() == nil {
@@ -357,7 +369,8 @@ func (g *SpaceGuard) startCompact(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		var r compactResult
-		defer func() { ch <- r }()
+		start := time.Now()
+		defer func() { r.took = time.Since(start); ch <- r }()
 		defer crash.Recover("compacting etcd's history", &r.err)
 		st, err := g.cli.status(ctx)
 		switch {
@@ -392,6 +405,7 @@ func (g *SpaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
 		}
 	}
 	g.compacting = nil
+	g.report.CompactSeconds += r.took.Seconds()
 	if r.err != nil {
 		g.err = input.Errorf("%s: %w (nothing more was written)", input.CompactHistory, r.err)
 		return false, g.err
@@ -411,7 +425,9 @@ func (g *SpaceGuard) Finish(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.compacting != nil {
+		waitFrom := time.Now()
 		_, _ = g.collect(ctx, true) // the writes are done: a failed last compaction loses nothing
+		g.report.WaitSeconds += time.Since(waitFrom).Seconds()
 	}
 	// etcd commits its backend every 100 ms: the last writes count then.
 	time.Sleep(150 * time.Millisecond)

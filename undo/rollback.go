@@ -13,11 +13,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/liveness"
 )
@@ -83,6 +85,34 @@ func (r *RollbackResult) listKey(status, key, cause string, err ...error) {
 	r.Causes = append(r.Causes, RollbackCause{Status: status, Cause: cause, Count: 1, FirstKey: key, Error: errText})
 }
 
+// add adds what o counted (one batch's) to r, its listed keys within the
+// bound.
+func (r *RollbackResult) add(o *RollbackResult) {
+	r.Restored += o.Restored
+	r.Unchanged += o.Unchanged
+	r.Skipped += o.Skipped
+	r.Failed += o.Failed
+	r.Notes = append(r.Notes, o.Notes...)
+	for _, k := range o.Keys {
+		if len(r.Keys) < maxKeysListed {
+			r.Keys = append(r.Keys, k)
+		} else {
+			r.KeysNotListed++
+		}
+	}
+	r.KeysNotListed += o.KeysNotListed
+next:
+	for _, c := range o.Causes {
+		for i := range r.Causes {
+			if r.Causes[i].Status == c.Status && r.Causes[i].Cause == c.Cause {
+				r.Causes[i].Count += c.Count
+				continue next
+			}
+		}
+		r.Causes = append(r.Causes, c)
+	}
+}
+
 // Written is what the rollback wrote (restored keys; a dry run: none).
 func (r RollbackResult) Written() int64 {
 	if r.DryRun {
@@ -113,6 +143,9 @@ type RollbackOptions struct {
 	OnPreflight func(line string) error
 	// BatchOps is the number of records decided and written together (0: DefaultMaxOps).
 	BatchOps int
+	// Writers is the number of batches decided and written at once (0:
+	// DefaultRollbackWriters); a dry run decides one at a time.
+	Writers int
 	// Quota, when set, is etcd's quota (FindQuota) the rollback keeps every
 	// member's database below, less the margin, as migrate does: it stops
 	// before a write would take the database past it (a *SpaceError).
@@ -130,6 +163,14 @@ type RollbackOptions struct {
 	// records were checksummed) instead of refusing them.
 	AllowUnverified bool
 }
+
+// DefaultRollbackWriters is the number of batches a rollback decides and
+// writes at once: twice migrate's writers (batches.DefaultWriters), for
+// each of its batches reads its keys before it writes them (two round
+// trips to etcd where migrate's take one), so that as many writes are in
+// flight as in migrate's run; each is a batch of etcdscan.DefaultMaxOps
+// keys, so etcd's raft entries stay the size of migrate's.
+const DefaultRollbackWriters = 2 * batches.DefaultWriters
 
 // Rollback puts back the old bytes of every key the journal says the tool
 // wrote; see RollbackJournals.
@@ -390,6 +431,12 @@ type rollback struct {
 	sim map[string]simValue
 	// guard keeps etcd's database below its quota (RollbackOptions.Quota).
 	guard *SpaceGuard
+
+	// mu guards res, which each batch adds what it did to, and busy: the
+	// keys of the batches sent and not yet done (a key met again waits for
+	// them: a key's records are undone newest first).
+	mu   sync.Mutex
+	busy map[string]int
 }
 
 // simValue is a key as a dry run would have left it.
@@ -406,20 +453,51 @@ type item struct {
 
 // journal undoes the records of the journal at path up to byte end (where
 // its records end, as CheckJournal read them: a record cut short after it
-// is passed over).
+// is passed over). Its batches are decided and written by concurrent
+// writers (RollbackOptions.Writers) while the journal is read on: a key
+// whose earlier record is in a batch not yet done waits for the batches
+// sent, so that each key's records are undone in order, newest first.
 func (rb *rollback) journal(path string, end int64) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("journal %s: %w", path, err)
 	}
 	defer f.Close()
-	br := &backwardReader{f: f, off: end}
+	n := rb.opts.Writers
+	if n <= 0 {
+		n = DefaultRollbackWriters
+	}
+	if rb.opts.DryRun {
+		n = 1 // its view of the keys (sim) is decided in order
+	}
+	ctx, cancel := context.WithCancel(rb.ctx)
+	defer cancel()
+	rb.busy = map[string]int{}
+	pool := batches.Start(n, 0, cancel, rb.batch)
+	readErr := rb.read(ctx, path, &backwardReader{f: f, off: end}, pool)
+	if err := pool.Wait(); err != nil {
+		return err
+	}
+	return readErr
+}
+
+// read reads the journal backwards into batches of at most batchOps
+// records, each key once, and sends them to pool.
+func (rb *rollback) read(ctx context.Context, path string, br *backwardReader, pool *batches.Pool[item]) error {
 	rb.pendingDone = map[string]int64{}
 	var batch []item
 	inBatch := map[string]bool{}
-	flush := func() error {
-		err := rb.batch(batch)
-		batch, inBatch = batch[:0], map[string]bool{}
+	send := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		rb.mu.Lock()
+		for _, it := range batch {
+			rb.busy[it.rec.Key]++
+		}
+		rb.mu.Unlock()
+		err := pool.Send(ctx, batch)
+		batch, inBatch = nil, map[string]bool{}
 		return err
 	}
 	for {
@@ -445,19 +523,25 @@ func (rb *rollback) journal(path string, end int64) error {
 		case "intent", "delete-intent", "create-intent":
 			it := item{rec: r, doneRev: rb.pendingDone[r.Key]}
 			delete(rb.pendingDone, r.Key)
-			if inBatch[r.Key] || len(batch) >= rb.batchOps {
-				if err := flush(); err != nil {
+			rb.mu.Lock()
+			again := inBatch[r.Key] || rb.busy[r.Key] > 0
+			rb.mu.Unlock()
+			if again || len(batch) >= rb.batchOps {
+				if err := send(); err != nil {
 					return err
+				}
+				if again {
+					pool.Settle() // its newer record first
 				}
 			}
 			batch = append(batch, it)
 			inBatch[r.Key] = true
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
-	if len(batch) > 0 {
-		return flush()
-	}
-	return nil
+	return send()
 }
 
 // current reads the keys of a batch as they are now.
@@ -529,7 +613,24 @@ type restore struct {
 	note   string
 }
 
+// batch decides and writes one batch, and adds what it did to the
+// rollback's result.
 func (rb *rollback) batch(items []item) error {
+	var res RollbackResult
+	defer func() {
+		rb.mu.Lock()
+		defer rb.mu.Unlock()
+		rb.res.add(&res)
+		for _, it := range items {
+			if rb.busy[it.rec.Key]--; rb.busy[it.rec.Key] <= 0 {
+				delete(rb.busy, it.rec.Key)
+			}
+		}
+	}()
+	return rb.decideAndWrite(items, &res)
+}
+
+func (rb *rollback) decideAndWrite(items []item, res *RollbackResult) error {
 	if len(items) == 0 {
 		return nil
 	}
@@ -539,7 +640,7 @@ func (rb *rollback) batch(items []item) error {
 	}
 	var undos []restore
 	for i, it := range items {
-		if u, ok, err := rb.decide(it, cur[i]); err != nil {
+		if u, ok, err := rb.decide(it, cur[i], res); err != nil {
 			return err
 		} else if ok {
 			undos = append(undos, u)
@@ -550,7 +651,7 @@ func (rb *rollback) batch(items []item) error {
 	}
 	if rb.opts.DryRun {
 		for _, u := range undos {
-			rb.res.Restored++
+			res.Restored++
 			switch {
 			case u.put.Delete:
 				rb.sim[u.put.Key] = simValue{absent: true}
@@ -610,13 +711,13 @@ func (rb *rollback) batch(items []item) error {
 	for i, r := range out {
 		switch r.Status {
 		case etcdscan.Written:
-			rb.res.Restored++
+			res.Restored++
 			if undos[i].note != "" {
-				rb.res.Notes = append(rb.res.Notes, undos[i].note)
+				res.Notes = append(res.Notes, undos[i].note)
 			}
 		case etcdscan.Conflict:
-			rb.res.Skipped++
-			rb.res.listKey("skipped", r.Key, "changed during rollback")
+			res.Skipped++
+			res.listKey("skipped", r.Key, "changed during rollback")
 		default:
 			if errors.As(r.Err, new(*liveness.WriterError)) {
 				continue // not sent: another writer stopped the rollback (its error says so)
@@ -627,14 +728,14 @@ func (rb *rollback) batch(items []item) error {
 				p.Lease = 0
 				again := rb.w.Write(rb.ctx, []etcdscan.Put{p})
 				if again[0].Status == etcdscan.Written {
-					rb.res.Restored++
-					rb.res.Notes = append(rb.res.Notes, fmt.Sprintf("%s: restored without its lease %016x, which expired", p.Key, puts[i].Lease))
+					res.Restored++
+					res.Notes = append(res.Notes, fmt.Sprintf("%s: restored without its lease %016x, which expired", p.Key, puts[i].Lease))
 					continue
 				}
 				r = again[0]
 			}
-			rb.res.Failed++
-			rb.res.listKey("failed", r.Key, WriteCause(r.Err), r.Err)
+			res.Failed++
+			res.listKey("failed", r.Key, WriteCause(r.Err), r.Err)
 		}
 	}
 	if key, fe := FirstFatal(out); fe != nil {
@@ -644,17 +745,17 @@ func (rb *rollback) batch(items []item) error {
 }
 
 // decide says what undoing one record writes, if anything.
-func (rb *rollback) decide(it item, cur *currentKV) (restore, bool, error) {
+func (rb *rollback) decide(it item, cur *currentKV, res *RollbackResult) (restore, bool, error) {
 	r := it.rec
 	switch r.Op {
 	case "delete-intent":
 		// The tool removed the key: create it again if it is still absent.
 		if cur != nil {
 			if cur.equal(r.OldValue) {
-				rb.res.Unchanged++ // never removed, or already restored
+				res.Unchanged++ // never removed, or already restored
 			} else {
-				rb.res.Skipped++
-				rb.res.listKey("skipped", r.Key, "created again or changed since it was removed")
+				res.Skipped++
+				res.listKey("skipped", r.Key, "created again or changed since it was removed")
 			}
 			return restore{}, false, nil
 		}
@@ -678,12 +779,12 @@ func (rb *rollback) decide(it item, cur *currentKV) (restore, bool, error) {
 	case "create-intent":
 		// A rollback created the key again: remove it if it still holds that.
 		if cur == nil {
-			rb.res.Unchanged++
+			res.Unchanged++
 			return restore{}, false, nil
 		}
 		if !cur.ours(it) {
-			rb.res.Skipped++
-			rb.res.listKey("skipped", r.Key, "changed since the rollback created it again")
+			res.Skipped++
+			res.listKey("skipped", r.Key, "changed since the rollback created it again")
 			return restore{}, false, nil
 		}
 		return restore{
@@ -694,17 +795,17 @@ func (rb *rollback) decide(it item, cur *currentKV) (restore, bool, error) {
 	}
 	// An overwrite: put the old bytes back if the key holds what the tool wrote.
 	if cur == nil {
-		rb.res.Skipped++
-		rb.res.listKey("skipped", r.Key, "deleted since")
+		res.Skipped++
+		res.listKey("skipped", r.Key, "deleted since")
 		return restore{}, false, nil
 	}
 	if (cur.simSum == nil && cur.modRevision == r.OldModRevision) || cur.equal(r.OldValue) {
-		rb.res.Unchanged++
+		res.Unchanged++
 		return restore{}, false, nil
 	}
 	if !cur.ours(it) {
-		rb.res.Skipped++
-		rb.res.listKey("skipped", r.Key, "changed since the tool wrote it")
+		res.Skipped++
+		res.listKey("skipped", r.Key, "changed since the tool wrote it")
 		return restore{}, false, nil
 	}
 	sum := sha256.Sum256(r.OldValue)

@@ -381,15 +381,19 @@ func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
 	return err
 }
 
-// Seal reads the run's journal and snapshot whole, as they are now that
-// the run has stopped writing them, and sets their checksums and the keys
-// the journal's values need (JournalSum, SnapshotSum, UndoNeedsKeys). A
-// journal that does not verify even now is an error, and gets no checksum.
+// Seal sets the checksums of the run's journal and snapshot, as they are
+// now that the run has stopped writing them, and the keys the journal's
+// values need (JournalSum, SnapshotSum, UndoNeedsKeys): those this process
+// took as it wrote each file, when the file is still the one it wrote (its
+// size and modification time), else read from the file whole. A journal
+// read that does not verify even now is an error, and gets no checksum.
 func (r *Run) Seal() error {
 	var err error
 	if _, serr := os.Stat(r.Journal); r.Journal != "" && serr == nil {
-		jc, jerr := CheckJournal(context.Background(), JournalSpec{Path: r.Journal}, CheckOptions{Prefix: r.Prefix})
-		if jerr != nil {
+		if ws, ok := recall(r.Journal); ok && ws.needsKnown {
+			sum := ws.sum
+			r.JournalSum, r.UndoNeedsKeys = &sum, ws.needs
+		} else if jc, jerr := CheckJournal(context.Background(), JournalSpec{Path: r.Journal}, CheckOptions{Prefix: r.Prefix}); jerr != nil {
 			err = fmt.Errorf("run %s: its journal does not verify at its end: %w", r.ID, jerr)
 		} else {
 			r.JournalSum = &FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}
@@ -397,8 +401,10 @@ func (r *Run) Seal() error {
 		}
 	}
 	if r.SnapshotTaken() {
-		d, derr := snapshotdb.Digest(r.Snapshot)
-		if derr != nil && err == nil {
+		if ws, ok := recall(r.Snapshot); ok {
+			sum := ws.sum
+			r.SnapshotSum = &sum
+		} else if d, derr := snapshotdb.Digest(r.Snapshot); derr != nil && err == nil {
 			err = derr
 		} else if derr == nil {
 			r.SnapshotSum = &FileSum{Bytes: d.Size, SHA256: d.SHA256}

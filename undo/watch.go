@@ -217,7 +217,10 @@ func startSnapshot(ctx context.Context, cli *clientv3.Client, path string) *pend
 	go func() {
 		defer close(s.done)
 		defer crash.Recover("saving the snapshot", &s.err)
-		s.err = etcdscan.Snapshot(ctx, cli, path)
+		d, err := etcdscan.SaveSnapshot(ctx, cli, path)
+		if s.err = err; err == nil {
+			remember(path, writtenSum{sum: FileSum{Bytes: d.Size, SHA256: d.SHA256}})
+		}
 	}()
 	return s
 }
@@ -239,6 +242,7 @@ func (s *pendingSnapshot) discard() {
 	s.cancel()
 	<-s.done
 	if s.err == nil {
+		forget(s.path)
 		_ = os.Remove(s.path)
 	}
 	// etcd's snapshot writes PATH.part and renames it when it is whole.
