@@ -226,9 +226,6 @@ func Load(in Input) (*Config, error) {
 	if err := validate(opts, name); err != nil {
 		return nil, err
 	}
-	if len(opts.Etcd.EtcdServersOverrides) > 0 {
-		return nil, input.Errorf("%s: --etcd-servers-overrides %s: resources kept in another etcd are not supported; run the tool once per etcd with %s", name, strings.Join(opts.Etcd.EtcdServersOverrides, ","), input.Resource)
-	}
 	if rel == nil {
 		// Nothing names the release: the linked one, emulating what the
 		// command line says.
@@ -266,6 +263,9 @@ func Load(in Input) (*Config, error) {
 	cfg.opts = opts
 	cfg.registry = reg
 	cfg.mounts = mounts
+	if _, err := cfg.Etcds(); err != nil {
+		return nil, err
+	}
 	return cfg, nil
 }
 
@@ -354,6 +354,7 @@ func (c *Config) Describe(rel release.Release, relFrom Source) string {
 	var parts []string
 	for _, f := range []struct{ flag, value string }{
 		{"etcd-servers", strings.Join(c.EtcdServers, ",")},
+		{"etcd-servers-overrides", strings.Join(c.ServersOverrides(), ",")},
 		{"etcd-cafile", c.EtcdCAFile},
 		{"etcd-certfile", c.EtcdCertFile},
 		{"etcd-keyfile", c.EtcdKeyFile},

@@ -220,8 +220,8 @@ func TestDiscoveryPlanEachInstaller(t *testing.T) {
 // read); a node with none is refused, listing every place looked at and the
 // flags that name a cluster, unless $ETCDCTL_ENDPOINTS names one; a k3s
 // whose datastore is not etcd is refused with the reason; kops' second
-// etcd for Events (--etcd-servers-overrides) is refused after kops was
-// found; each refusal is a usage error (exit 2) before etcd is connected to.
+// etcd for Events (--etcd-servers-overrides) is refused by plan after kops
+// was found; each refusal is a usage error (exit 2) before etcd is connected to.
 func TestDiscoveryRefusals(t *testing.T) {
 	root := t.TempDir()
 	kubeadm := layNode(t, root, installer.Kubeadm, 2, nodeOptions{})
@@ -297,7 +297,7 @@ func TestDiscoveryRefusals(t *testing.T) {
 	n := layNode(t, kops, installer.Kops, 1, nodeOptions{})
 	code, _, stderr = planNode(t, kops)
 	if code != exitUsage || !strings.Contains(stderr, "found kops on this node (under "+kops+"): kube-apiserver's manifest "+n.manifest) ||
-		!strings.Contains(stderr, "error: "+n.manifest+": --etcd-servers-overrides /events#https://127.0.0.1:4002: resources kept in another etcd are not supported") {
+		!strings.Contains(stderr, "error: --etcd-servers-overrides: kube-apiserver keeps events in https://127.0.0.1:4002, another etcd; plan does not handle a cluster kept in several etcds") {
 		t.Errorf("kops with etcd-events: exit %d\n%s", code, stderr)
 	}
 }
