@@ -111,6 +111,13 @@ func TestOverridesEventsEtcd(t *testing.T) {
 		t.Fatalf("verify before migrate: exit %d, want 3 with a report per etcd\n%s\n%s", code, out, stderr)
 	}
 
+	// plan: a plan per etcd, nothing in the way (the stopped
+	// kube-apiserver's fresh leases aside).
+	out, stderr, code = runTool(t, "plan", "--apiserver-manifest", manifest, "--allow-live-apiserver")
+	if code != 0 || !strings.Contains(out, "== main etcd (https://"+mainEtcd.Endpoint+")") || !strings.Contains(out, "== etcd of events (https://"+eventsEtcd.Endpoint+")") {
+		t.Fatalf("plan: exit %d, want 0 with a plan per etcd\n%s\n%s", code, out, stderr)
+	}
+
 	// 3. One run, both etcds. The kube-apiserver was stopped moments ago:
 	// its leases are fresh, hence --allow-live-apiserver.
 	out, stderr, code = runTool(t, "migrate", "--apiserver-manifest", manifest, "--allow-live-apiserver")
