@@ -1,0 +1,108 @@
+package command
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+)
+
+// TestOverridesOnlyEventsStale: a kube-apiserver command line keeping Events
+// in a second etcd (--etcd-servers-overrides), on two real etcds, where only
+// the events are stale (stored as JSON) and the main etcd still has events
+// of its own from before the override (kube-apiserver no longer reads them:
+// left alone). migrate rewrites the second etcd's events only, its report
+// per etcd; `rollback --run` puts them back byte for byte although the main
+// etcd's journal is empty (nothing written there). --endpoints replaces the
+// main etcd only, and says so; a command that reads one etcd refuses.
+func TestOverridesOnlyEventsStale(t *testing.T) {
+	main := testcluster.New(t, testetcd.Options{})
+	events := testcluster.New(t, testetcd.Options{})
+	cfg := main.EncryptionConfig("enc.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	main.Put("/registry/secrets/ns/s", testcluster.SecretsGR, testcluster.Secret("ns", "s", "pw"), "", "", cfg)
+	for i := 0; i < 3; i++ {
+		main.Put(fmt.Sprintf("/registry/events/ns/old-%d", i), testcluster.EventsGR, testcluster.Event("ns", fmt.Sprintf("old-%d", i)), "", "application/json", "")
+		events.Put(fmt.Sprintf("/registry/events/ns/e-%d", i), testcluster.EventsGR, testcluster.Event("ns", fmt.Sprintf("e-%d", i)), "", "application/json", "")
+	}
+	flags := filepath.Join(t.TempDir(), "kube-apiserver.flags")
+	line := fmt.Sprintf("--etcd-servers=http://%s --etcd-servers-overrides=/events#http://%s --encryption-provider-config=%s\n", main.Srv.Endpoint, events.Srv.Endpoint, cfg)
+	if err := os.WriteFile(flags, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mainBefore, eventsBefore := main.Raw(), events.Raw()
+
+	code, out, stderr := runCLI(t, "migrate", "--apiserver-flags-file", flags, "--target-version", "1.37", "--allow-live-apiserver", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
+	}
+	var rep struct {
+		Etcds []struct {
+			Etcd      string   `json:"etcd"`
+			Endpoints []string `json:"endpoints"`
+			Summary   struct{ Stale, Rewritten int64 }
+		} `json:"etcds"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("migrate -o json: %v\n%s", err, out)
+	}
+	if len(rep.Etcds) != 2 || rep.Etcds[0].Etcd != "" || rep.Etcds[0].Summary.Rewritten != 0 || rep.Etcds[1].Etcd != "events" ||
+		rep.Etcds[1].Summary.Rewritten != 3 || strings.Join(rep.Etcds[1].Endpoints, ",") != events.Srv.URL {
+		t.Errorf("migrate's report per etcd: %+v, want nothing rewritten in the main etcd and the 3 events in the other (%s)", rep.Etcds, events.Srv.URL)
+	}
+	if got := main.Raw(); !equalRaw(got, mainBefore) {
+		t.Error("the main etcd changed: its events from before the override are not kube-apiserver's, the secret was current")
+	}
+	for k, v := range events.Raw() {
+		if v == eventsBefore[k] {
+			t.Errorf("%s: not rewritten", k)
+		}
+	}
+	run := filepath.Join(testcluster.StateDir(t), "runs", "0001-migrate")
+	var rec struct {
+		Etcds []struct{ Name, Journal, Snapshot string } `json:"etcds"`
+	}
+	data, err := os.ReadFile(filepath.Join(run, "run.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &rec)
+	}
+	if err != nil || len(rec.Etcds) != 1 || rec.Etcds[0].Name != "events" || rec.Etcds[0].Journal != filepath.Join(run, "journal-events") || rec.Etcds[0].Snapshot != filepath.Join(run, "snapshot-events.db") {
+		t.Errorf("run.json's etcds: %+v (%v)", rec.Etcds, err)
+	}
+
+	code, out, stderr = runCLI(t, "rollback", "--apiserver-flags-file", flags, "--run", "0001-migrate", "--allow-live-apiserver", "--encryption-provider-config", cfg)
+	if code != exitOK || !strings.Contains(out, "== etcd of events (") {
+		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
+	}
+	if !equalRaw(events.Raw(), eventsBefore) || !equalRaw(main.Raw(), mainBefore) {
+		t.Error("rollback did not put both etcds back byte for byte")
+	}
+
+	// --endpoints: the main etcd only, said on stderr.
+	code, out, stderr = runCLI(t, "verify", "--apiserver-flags-file", flags, "--endpoints", main.Srv.Endpoint, "--target-version", "1.37")
+	if code != exitStale || !strings.Contains(stderr, "note: --endpoints replaces the main etcd (--etcd-servers) only: events stay in the etcd --etcd-servers-overrides names (http://"+events.Srv.Endpoint+")") ||
+		!strings.Contains(out, "== etcd of events (http://"+events.Srv.Endpoint+")") {
+		t.Errorf("verify with --endpoints: exit %d\n%s%s", code, out, stderr)
+	}
+	// A command that reads one etcd.
+	code, _, stderr = runCLI(t, "inventory", "--apiserver-flags-file", flags)
+	if code != exitUsage || !strings.Contains(stderr, "inventory does not handle a cluster kept in several etcds") {
+		t.Errorf("inventory: exit %d\n%s", code, stderr)
+	}
+}
+
+func equalRaw(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
