@@ -19,7 +19,9 @@
 // static-pod manifest and a flags file, hostpath.go the hostPath volumes
 // that map a container's paths (and KMS sockets) to the host's,
 // targetrelease.go the release the configuration names, featuregates.go an
-// older release's gate dependencies, etcdmanifest.go etcd's own manifest.
+// older release's gate dependencies, etcds.go the etcds of the cluster
+// (--etcd-servers-overrides) and which resources each holds,
+// etcdmanifest.go etcd's own manifest.
 package apiserverconfig
 
 import (

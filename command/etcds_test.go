@@ -74,6 +74,15 @@ func TestOverridesOnlyEventsStale(t *testing.T) {
 		t.Errorf("run.json's etcds: %+v (%v)", rec.Etcds, err)
 	}
 
+	code, out, stderr = runCLI(t, "runs")
+	if code != exitOK || !strings.Contains(out, "none + etcd of events (--show 0001-migrate)") {
+		t.Errorf("runs: exit %d, want the events etcd's undo pointed at\n%s\n%s", code, out, stderr)
+	}
+	code, out, stderr = runCLI(t, "runs", "--show", "0001-migrate")
+	if code != exitOK || !strings.Contains(out, "etcd events") || !strings.Contains(out, filepath.Join(run, "journal-events")+" (") || !strings.Contains(out, filepath.Join(run, "snapshot-events.db")+" (") {
+		t.Errorf("runs show: exit %d, want the events etcd's journal and snapshot named\n%s\n%s", code, out, stderr)
+	}
+
 	code, out, stderr = runCLI(t, "rollback", "--apiserver-flags-file", flags, "--run", "0001-migrate", "--allow-live-apiserver", "--encryption-provider-config", cfg)
 	if code != exitOK || !strings.Contains(out, "== etcd of events (") {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)

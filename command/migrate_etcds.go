@@ -200,22 +200,17 @@ func worstOf(runs []*etcdMigration) error {
 	return worst
 }
 
-// severity orders exit codes from the best to the worst.
+// severity orders exit codes from the best to the worst: of the runs of
+// several etcds, the worst is the command's (any code not listed ranks as
+// exitError).
 func severity(code int) int {
-	switch code {
-	case exitOK:
-		return 0
-	case exitStale:
-		return 1
-	case exitUnreadable:
-		return 2
-	case exitWriter:
-		return 4
-	case exitInternal:
-		return 5
+	if r, ok := exitSeverity[code]; ok {
+		return r
 	}
-	return 3
+	return exitSeverity[exitError]
 }
+
+var exitSeverity = map[int]int{exitOK: 0, exitStale: 1, exitUnreadable: 2, exitError: 3, exitUsage: 3, exitWriter: 4, exitInternal: 5}
 
 // inEtcdError is an error of another etcd than the one whose run met it
 // (ready): it names its etcd. The run that meets it adds that nothing was

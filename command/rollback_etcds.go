@@ -20,7 +20,7 @@ import (
 // etcdRollback is the rollback, in one of the cluster's other etcds
 // (--etcd-servers-overrides), of the runs undone: their journals there,
 // newest first, read whole and checked before the first write on any etcd
-// (prepare), undone once the main etcd's are (run).
+// (prepare), undone once the main etcd's are (undoEtcd).
 type etcdRollback struct {
 	name      string
 	endpoints []string
@@ -143,9 +143,9 @@ func (o *rollbackOptions) prepare(ctx context.Context, r *etcdRollback) error {
 	return nil
 }
 
-// run undoes r's journals, with the rollback's own undo there beside its
+// undoEtcd undoes r's journals, with the rollback's own undo there beside its
 // main one (u nil: none).
-func (o *rollbackOptions) run(ctx context.Context, r *etcdRollback, u *undoRun) error {
+func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undoRun) error {
 	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
 	if u != nil {
 		journal, snapshot := etcdFile(u.dir.Journal, r.name), etcdFile(u.dir.Snapshot, r.name)
@@ -240,7 +240,7 @@ func (o *rollbackOptions) finishEtcds(ctx context.Context, u *undoRun, others []
 	// the main etcd stops there.
 	if err == nil || o.dryRun {
 		for _, r := range others {
-			rerr := o.run(ctx, r, u)
+			rerr := o.undoEtcd(ctx, r, u)
 			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.name, Endpoints: r.endpoints, RollbackResult: r.res})
 			res.Restored += r.res.Restored
 			if rerr != nil {
