@@ -75,6 +75,9 @@ func (o *scanOptions) part(es apiserverconfig.Etcds, command string) (etcdPart, 
 	if !es.Split() {
 		return p, nil
 	}
+	if o.only == nil && o.snapshotFile != "" {
+		return p, usageErr("--snapshot-file %s: a snapshot is one etcd's, and kube-apiserver keeps resources in several (--etcd-servers-overrides: %s); give the configuration without the manifest or flags file (--encryption-provider-config, --prefix, --target-version)", o.snapshotFile, strings.Join(es.MovedNames(), ", "))
+	}
 	if o.only == nil {
 		return p, splitRefusal(es, command)
 	}

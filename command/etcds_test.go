@@ -83,12 +83,26 @@ func TestOverridesOnlyEventsStale(t *testing.T) {
 		t.Errorf("runs show: exit %d, want the events etcd's journal and snapshot named\n%s\n%s", code, out, stderr)
 	}
 
+	// One journal of another etcd: not on the main etcd.
+	code, _, stderr = runCLI(t, "rollback", "--apiserver-flags-file", flags, "--journal", filepath.Join(run, "journal-events"), "--allow-live-apiserver")
+	if code != exitUsage || !strings.Contains(stderr, "is run 0001-migrate's journal in the etcd of events (http://"+events.Srv.Endpoint+"), not the main etcd") {
+		t.Errorf("rollback --journal journal-events: exit %d, want 2\n%s", code, stderr)
+	}
+
 	code, out, stderr = runCLI(t, "rollback", "--apiserver-flags-file", flags, "--run", "0001-migrate", "--allow-live-apiserver", "--encryption-provider-config", cfg)
 	if code != exitOK || !strings.Contains(out, "== etcd of events (") {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
 	if !equalRaw(events.Raw(), eventsBefore) || !equalRaw(main.Raw(), mainBefore) {
 		t.Error("rollback did not put both etcds back byte for byte")
+	}
+
+	// plan: a plan per etcd; the other etcd's data directory is not the
+	// one a manifest names (its growth not counted, said).
+	code, out, stderr = runCLI(t, "plan", "--apiserver-flags-file", flags, "--target-version", "1.37")
+	if code != exitOK || !strings.Contains(out, "== etcd of events (http://"+events.Srv.Endpoint+")") ||
+		!strings.Contains(out, "unknown: the etcd of events (--etcd-servers-overrides) is not the one whose manifest or layout is known") {
+		t.Errorf("plan: exit %d\n%s%s", code, out, stderr)
 	}
 
 	// --endpoints: the main etcd only, said on stderr.

@@ -83,6 +83,7 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 	for i, r := range runs {
 		r.opts = o.runOptions(writeCtx, u)
 		if !r.etcd.Main() {
+			r.opts.EtcdData = otherEtcdData(r.etcd)
 			r.opts.Journal = etcdFile(r.opts.Journal, r.etcd.Name)
 			r.opts.Snapshot = etcdFile(r.opts.Snapshot, r.etcd.Name)
 			if u != nil {
@@ -312,4 +313,11 @@ func (r *etcdsReport) table(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// otherEtcdData is the data directory of e, another etcd than the main
+// one: not known (the etcd manifest beside kube-apiserver's, or the
+// installer's layout, is the main etcd's).
+func otherEtcdData(e apiserverconfig.Etcd) *undo.EtcdData {
+	return &undo.EtcdData{Source: fmt.Sprintf("unknown: the etcd of %s (--etcd-servers-overrides) is not the one whose manifest or layout is known", e.Name)}
 }

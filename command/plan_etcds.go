@@ -38,7 +38,12 @@ func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds
 				return nil, err
 			}
 			defer s.close()
-			return plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir, Started: started})
+			mo := o.runOptions(ctx, nil)
+			if !e.Main() {
+				mo.EtcdData = otherEtcdData(e)
+				mo.Journal, mo.Snapshot = etcdFile(mo.Journal, e.Name), etcdFile(mo.Snapshot, e.Name)
+			}
+			return plan.Run(ctx, s.env, plan.Options{Migrate: mo, StateDir: stateDir, Started: started})
 		}()
 		if err != nil {
 			return prefixErr(e.Label(), err)

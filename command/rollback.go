@@ -123,6 +123,9 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	// The runs to undo, read from the state directory before etcd is
 	// connected to: a --run that is not there is refused first.
 	stateDir := o.undo.stateDir
+	if err := o.otherJournalRefusal(); err != nil {
+		return err
+	}
 	specs, wayBack, undoes, err := journalsToUndo(stateDir, o.runID, o.journal)
 	if err != nil {
 		return err
@@ -272,6 +275,11 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.JournalSpec, *undo.Record, []string, error) {
 	if journal != "" {
 		owner := stateDir.RunOfJournal(journal) // there (validate)
+		if owner == nil {
+			// A run's journal in another etcd of the cluster: undone
+			// where --endpoints says (otherJournalRefusal).
+			owner, _ = stateDir.RunOfEtcdJournal(journal)
+		}
 		return []undo.JournalSpec{{Path: journal, Record: owner}}, owner, nil, nil
 	}
 	recs, err := stateDir.Since(runID)

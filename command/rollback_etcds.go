@@ -258,3 +258,17 @@ func (o *rollbackOptions) finishEtcds(ctx context.Context, u *undoRun, others []
 	}
 	return worst
 }
+
+// otherJournalRefusal refuses --journal of a run's journal in another etcd
+// of the cluster (--etcd-servers-overrides) without --endpoints: the main
+// etcd, which the manifest names, is not where its keys are.
+func (o *rollbackOptions) otherJournalRefusal() error {
+	if o.journal == "" || o.prov.onCommandLine("endpoints") {
+		return nil
+	}
+	rec, name := o.undo.stateDir.RunOfEtcdJournal(o.journal)
+	if rec == nil {
+		return nil
+	}
+	return usageErr("--journal %s is run %s's journal in the etcd of %s (%s), not the main etcd: undo it with --run %s (every etcd of the run), or give that etcd's --endpoints", o.journal, rec.ID, name, strings.Join(rec.Endpoints, ","), rec.ID)
+}

@@ -599,6 +599,29 @@ func (d StateDir) RunOfJournal(path string) *Record {
 	return nil
 }
 
+// RunOfEtcdJournal is the run whose journal in another etcd of the cluster
+// (Record.Etcds) is the file at path, as that etcd sees it (InEtcd), and
+// that etcd's name; nil when none.
+func (d StateDir) RunOfEtcdJournal(path string) (*Record, string) {
+	recs, err := d.List()
+	if err != nil {
+		return nil, ""
+	}
+	want, err := os.Stat(path)
+	if err != nil {
+		return nil, ""
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		for _, e := range recs[i].Etcds {
+			if fi, err := os.Stat(e.Journal); err == nil && os.SameFile(fi, want) {
+				v, _ := recs[i].InEtcd(e.Name)
+				return &v, e.Name
+			}
+		}
+	}
+	return nil, ""
+}
+
 // NotFoundError says no run has the ID asked for.
 type NotFoundError struct{ ID, StateDir string }
 
