@@ -78,6 +78,27 @@ func TestOverridesOnlyEventsStale(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "none + etcd of events (--show 0001-migrate)") {
 		t.Errorf("runs: exit %d, want the events etcd's undo pointed at\n%s\n%s", code, out, stderr)
 	}
+	code, out, stderr = runCLI(t, "runs", "--verify")
+	if code != exitOK || !strings.Contains(out, "verified") {
+		t.Errorf("runs --verify: exit %d\n%s\n%s", code, out, stderr)
+	}
+	// Damaged: the events etcd's journal cut short.
+	ej := filepath.Join(run, "journal-events")
+	good, err := os.ReadFile(ej)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ej, good[:len(good)-10], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = runCLI(t, "runs", "--verify")
+	if code != exitError || !strings.Contains(out, "0001-migrate: DAMAGED: etcd of events: ") {
+		t.Errorf("runs --verify of a cut journal-events: exit %d, want 1 naming it\n%s\n%s", code, out, stderr)
+	}
+	if err := os.WriteFile(ej, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	code, out, stderr = runCLI(t, "runs", "--show", "0001-migrate")
 	if code != exitOK || !strings.Contains(out, "etcd events") || !strings.Contains(out, filepath.Join(run, "journal-events")+" (") || !strings.Contains(out, filepath.Join(run, "snapshot-events.db")+" (") {
 		t.Errorf("runs show: exit %d, want the events etcd's journal and snapshot named\n%s\n%s", code, out, stderr)
