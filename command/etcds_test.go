@@ -36,7 +36,19 @@ func TestOverridesOnlyEventsStale(t *testing.T) {
 	}
 	mainBefore, eventsBefore := main.Raw(), events.Raw()
 
-	code, out, stderr := runCLI(t, "migrate", "--apiserver-flags-file", flags, "--target-version", "1.37", "--allow-live-apiserver", "-o", "json")
+	// A dry run: both etcds decided, nothing written, no run directory.
+	code, out, stderr := runCLI(t, "migrate", "--apiserver-flags-file", flags, "--target-version", "1.37", "--dry-run")
+	if code != exitOK || !strings.Contains(out, "== main etcd (http://"+main.Srv.Endpoint+")") || !strings.Contains(out, "== etcd of events (http://"+events.Srv.Endpoint+")") ||
+		!equalRaw(main.Raw(), mainBefore) || !equalRaw(events.Raw(), eventsBefore) {
+		t.Errorf("migrate --dry-run: exit %d, want both etcds reported and nothing written\n%s%s", code, out, stderr)
+	}
+	// --resource picks among the etcds: only the main etcd's secrets.
+	code, out, stderr = runCLI(t, "verify", "--apiserver-flags-file", flags, "--target-version", "1.37", "--resource", "secrets")
+	if code != exitOK || !strings.Contains(out, "== main etcd") || strings.Contains(out, "== etcd of events") {
+		t.Errorf("verify --resource secrets: exit %d, want the main etcd alone, current\n%s%s", code, out, stderr)
+	}
+
+	code, out, stderr = runCLI(t, "migrate", "--apiserver-flags-file", flags, "--target-version", "1.37", "--allow-live-apiserver", "-o", "json")
 	if code != exitOK {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
 	}
@@ -149,4 +161,35 @@ func equalRaw(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestOverridesQuotaOfTheOtherEtcd: the events etcd's quota cannot take the
+// rewrite of its events, the main etcd has a secret to rewrite: migrate is
+// refused before the first write on either etcd (the main etcd, migrated
+// first, is left as it was), naming the events etcd.
+func TestOverridesQuotaOfTheOtherEtcd(t *testing.T) {
+	main := testcluster.New(t, testetcd.Options{})
+	events := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 8 << 20})
+	oldCfg := main.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := main.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.AESCBC("key1", 1), testcluster.Identity)
+	main.Put("/registry/secrets/ns/s", testcluster.SecretsGR, testcluster.Secret("ns", "s", "pw"), "", "", oldCfg)
+	// 5 MiB of Events stored as JSON (stale by media type) in an 8 MiB quota.
+	for i := 0; i < 100; i++ {
+		e := testcluster.Event("ns", fmt.Sprintf("e-%03d", i))
+		e.Message = strings.Repeat("x", 48<<10)
+		events.Put(fmt.Sprintf("/registry/events/ns/e-%03d", i), testcluster.EventsGR, e, "", "application/json", "")
+	}
+	flags := filepath.Join(t.TempDir(), "kube-apiserver.flags")
+	line := fmt.Sprintf("--etcd-servers=http://%s --etcd-servers-overrides=/events#http://%s --encryption-provider-config=%s\n", main.Srv.Endpoint, events.Srv.Endpoint, newCfg)
+	if err := os.WriteFile(flags, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mainBefore, eventsBefore := main.Raw(), events.Raw()
+	code, out, stderr := runCLI(t, "migrate", "--apiserver-flags-file", flags, "--target-version", "1.37", "--allow-live-apiserver")
+	if code != exitError || !strings.Contains(stderr, "error: etcd of events: preflight: ") || !strings.Contains(stderr, "quota") {
+		t.Errorf("migrate: exit %d, want 1 naming the events etcd's quota\n%s%s", code, out, stderr)
+	}
+	if !equalRaw(main.Raw(), mainBefore) || !equalRaw(events.Raw(), eventsBefore) {
+		t.Error("a refused run wrote to an etcd")
+	}
 }
