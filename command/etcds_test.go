@@ -130,6 +130,24 @@ func TestOverridesOnlyEventsStale(t *testing.T) {
 		t.Error("rollback did not put both etcds back byte for byte")
 	}
 
+	// --resource events: the events etcd alone, its undo under its own
+	// names (no main journal), undone by rollback --run.
+	code, out, stderr = runCLI(t, "migrate", "--apiserver-flags-file", flags, "--target-version", "1.37", "--allow-live-apiserver", "--resource", "events")
+	if code != exitOK || strings.Contains(out, "== main etcd") || !strings.Contains(out, "== etcd of events") {
+		t.Fatalf("migrate --resource events: exit %d\n%s%s", code, out, stderr)
+	}
+	run3 := filepath.Join(testcluster.StateDir(t), "runs", "0003-migrate")
+	if _, err := os.Stat(filepath.Join(run3, "journal-events")); err != nil {
+		t.Errorf("migrate --resource events: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(run3, "journal")); err == nil {
+		t.Error("migrate --resource events kept a journal for the main etcd")
+	}
+	code, out, stderr = runCLI(t, "rollback", "--apiserver-flags-file", flags, "--run", "0003-migrate", "--allow-live-apiserver", "--encryption-provider-config", cfg)
+	if code != exitOK || !equalRaw(events.Raw(), eventsBefore) || !equalRaw(main.Raw(), mainBefore) {
+		t.Fatalf("rollback --run 0003-migrate: exit %d, or not byte for byte\n%s%s", code, out, stderr)
+	}
+
 	// plan: a plan per etcd; the other etcd's data directory is not the
 	// one a manifest names (its growth not counted, said).
 	code, out, stderr = runCLI(t, "plan", "--apiserver-flags-file", flags, "--target-version", "1.37")

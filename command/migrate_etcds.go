@@ -62,12 +62,22 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 	if len(runs) == 0 {
 		return usageErr("--resource: no etcd of the cluster holds the resources named")
 	}
-	main := runs[0]
-	hold := newClusterHold(ios.errOut, main.s.cli, main.s.env.Resolver.Prefix(), "migrate", o.undo, o.dryRun)
+	// The cluster's lock, and the run's record of its main etcd, are the
+	// main etcd's, read or not (--resource may name only resources kept
+	// elsewhere).
+	prefix := runs[0].s.env.Resolver.Prefix()
+	mainCli := runs[0].s.cli
+	if !runs[0].etcd.Main() {
+		if mainCli, err = connect(ctx, io.Discard, o.scan.etcd, o.scan.prov, o.scan.api); err != nil {
+			return fmt.Errorf("%s: %w", es[0].Label(), err)
+		}
+		defer mainCli.Close()
+	}
+	hold := newClusterHold(ios.errOut, mainCli, prefix, "migrate", o.undo, o.dryRun)
 	if err := hold.checkFree(ctx); err != nil {
 		return err
 	}
-	u, err := o.undo.start(ios.errOut, "migrate", main.s.endpoints(), main.s.env.Resolver.Prefix())
+	u, err := o.undo.start(ios.errOut, "migrate", mainCli.Endpoints(), prefix)
 	if err != nil {
 		return err
 	}
