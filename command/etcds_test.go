@@ -211,3 +211,31 @@ func TestOverridesQuotaOfTheOtherEtcd(t *testing.T) {
 		t.Error("a refused run wrote to an etcd")
 	}
 }
+
+// TestOverridesReleaseFromKubeadm: nothing on the command line names the
+// release, kubeadm's ClusterConfiguration in the main etcd does: the events
+// etcd, which holds no kubeadm-config, is migrated for that release too.
+func TestOverridesReleaseFromKubeadm(t *testing.T) {
+	main := testcluster.New(t, testetcd.Options{})
+	events := testcluster.New(t, testetcd.Options{})
+	main.Put("/registry/configmaps/kube-system/kubeadm-config", testcluster.ConfigMapsGR, kubeadmConfig("v1.36.3"), "", "", "")
+	events.Put("/registry/events/ns/e", testcluster.EventsGR, testcluster.Event("ns", "e"), "", "application/json", "")
+	flags := filepath.Join(t.TempDir(), "kube-apiserver.flags")
+	line := fmt.Sprintf("--etcd-servers=http://%s --etcd-servers-overrides=/events#http://%s\n", main.Srv.Endpoint, events.Srv.Endpoint)
+	if err := os.WriteFile(flags, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := runCLI(t, "migrate", "--apiserver-flags-file", flags, "--allow-live-apiserver", "-o", "json")
+	if code != exitOK || strings.Count(stderr, "release 1.36 (kubeadm-config in etcd)") != 2 {
+		t.Fatalf("migrate: exit %d, want both etcds' sessions at 1.36 from kubeadm-config\n%s%s", code, out, stderr)
+	}
+	var rep struct {
+		Etcds []struct {
+			Etcd    string `json:"etcd"`
+			Summary struct{ Rewritten int64 }
+		} `json:"etcds"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Etcds) != 2 || rep.Etcds[1].Summary.Rewritten != 1 {
+		t.Errorf("migrate's report: %+v (%v), want the event rewritten", rep.Etcds, err)
+	}
+}

@@ -59,7 +59,10 @@ type scanOptions struct {
 	// nil: the cluster must keep them in one.
 	only *apiserverconfig.Etcd
 	// etcds are the cluster's etcds (clusterEtcds), with only.
-	etcds                  apiserverconfig.Etcds
+	etcds apiserverconfig.Etcds
+	// kubeadmFrom, for another etcd than the main one, is the main etcd's
+	// session's source: where kubeadm-config is (target.Input.KubeadmSource).
+	kubeadmFrom            etcdscan.Source
 	namespace              string
 	conversionWebhooks     []string
 	webhooks               map[string]string // conversionWebhooks parsed (validate)

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/undo"
@@ -45,6 +46,7 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 			r.s.close()
 		}
 	}()
+	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
 	for _, e := range es {
 		so := o.scan.forEtcd(es, e)
 		if p, err := so.part(es, "migrate"); err != nil {
@@ -53,9 +55,13 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 			continue
 		}
 		fmt.Fprintf(ios.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
+		so.kubeadmFrom = kubeadm
 		s, err := openToWrite(ctx, so)
 		if err != nil {
 			return fmt.Errorf("%s: %w", e.Label(), err)
+		}
+		if e.Main() {
+			kubeadm = s.env.Source
 		}
 		runs = append(runs, &etcdMigration{etcd: e, s: s})
 	}

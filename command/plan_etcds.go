@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/plan"
 )
@@ -24,6 +25,13 @@ func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds
 	rep := &etcdsPlanReport{}
 	var blockers []string
 	unreadable := int64(0)
+	var sessions []*session
+	defer func() {
+		for _, s := range sessions {
+			s.close()
+		}
+	}()
+	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
 	for _, e := range es {
 		so := o.scan.forEtcd(es, e)
 		if p, err := so.part(es, "plan"); err != nil {
@@ -32,12 +40,16 @@ func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds
 			continue
 		}
 		fmt.Fprintf(o.scan.io.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
+		so.kubeadmFrom = kubeadm
 		p, err := func() (*plan.Plan, error) {
 			s, err := openToWrite(ctx, so)
 			if err != nil {
 				return nil, err
 			}
-			defer s.close()
+			sessions = append(sessions, s)
+			if e.Main() {
+				kubeadm = s.env.Source
+			}
 			mo := o.runOptions(ctx, nil)
 			if !e.Main() {
 				mo.EtcdData = otherEtcdData(e)

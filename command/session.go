@@ -165,6 +165,7 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	if o.target.use != targetNone {
 		cfg.Concurrency = o.target.concurrency
 	}
+	cfg.Target.KubeadmSource = o.kubeadmFrom
 	if s.snap != nil && cfg.Revision == 0 && o.revisionFlag {
 		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
 		cfg.Revision = s.snap.Info.Revision

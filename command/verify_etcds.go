@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/verify"
@@ -22,6 +23,13 @@ func (o *verifyOptions) runVerifyEtcds(ctx context.Context, es apiserverconfig.E
 	}
 	rep := &etcdsVerifyReport{}
 	code := exitOK
+	var sessions []*session
+	defer func() {
+		for _, s := range sessions {
+			s.close()
+		}
+	}()
+	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
 	for _, e := range es {
 		so := o.scan.forEtcd(es, e)
 		if p, err := so.part(es, "verify"); err != nil {
@@ -30,12 +38,16 @@ func (o *verifyOptions) runVerifyEtcds(ctx context.Context, es apiserverconfig.E
 			continue
 		}
 		fmt.Fprintf(o.scan.io.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
+		so.kubeadmFrom = kubeadm
 		r, plan, err := func() (*verify.Report, *storagemigration.Plan, error) {
 			s, err := open(ctx, so)
 			if err != nil {
 				return nil, nil, err
 			}
-			defer s.close()
+			sessions = append(sessions, s)
+			if e.Main() {
+				kubeadm = s.env.Source
+			}
 			r, err := verify.Run(ctx, s.env, verify.Options{ShowKeys: o.showKeys, FailOnOrphaned: o.failOnOrphaned})
 			if err != nil {
 				return nil, nil, err
