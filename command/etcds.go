@@ -16,8 +16,9 @@ import (
 // etcd by etcd: a session per etcd (scanOptions.only), each reading the
 // resources kube-apiserver keeps there, with the same TLS files (as
 // kube-apiserver uses --etcd-cafile, --etcd-certfile and --etcd-keyfile for
-// every etcd). migrate, rollback and verify loop over apiserverconfig.Etcds;
-// the other commands refuse such a cluster (splitRefusal).
+// every etcd). migrate, rollback, verify and plan loop over
+// apiserverconfig.Etcds; the other commands refuse such a cluster
+// (splitRefusal).
 
 // clusterEtcds are the etcds of the cluster the options name: the main one
 // (--etcd-servers, or the tool's --endpoints), then those of
@@ -119,7 +120,7 @@ func splitRefusal(es apiserverconfig.Etcds, command string) error {
 	if command == "" {
 		command = "this command"
 	}
-	return usageErr("--etcd-servers-overrides: kube-apiserver keeps %s, another etcd; %s does not handle a cluster kept in several etcds (migrate, rollback and verify do)", strings.Join(parts, ", "), command)
+	return usageErr("--etcd-servers-overrides: kube-apiserver keeps %s, another etcd; %s does not handle a cluster kept in several etcds (verify, plan, migrate and rollback do)", strings.Join(parts, ", "), command)
 }
 
 // etcdConfigFor is cfg for etcd part p: its endpoints, the same TLS files.
