@@ -19,7 +19,9 @@
 // static-pod manifest and a flags file, hostpath.go the hostPath volumes
 // that map a container's paths (and KMS sockets) to the host's,
 // targetrelease.go the release the configuration names, featuregates.go an
-// older release's gate dependencies, etcdmanifest.go etcd's own manifest.
+// older release's gate dependencies, etcds.go the etcds of the cluster
+// (--etcd-servers-overrides) and which resources each holds,
+// etcdmanifest.go etcd's own manifest.
 package apiserverconfig
 
 import (
@@ -226,9 +228,6 @@ func Load(in Input) (*Config, error) {
 	if err := validate(opts, name); err != nil {
 		return nil, err
 	}
-	if len(opts.Etcd.EtcdServersOverrides) > 0 {
-		return nil, input.Errorf("%s: --etcd-servers-overrides %s: resources kept in another etcd are not supported; run the tool once per etcd with %s", name, strings.Join(opts.Etcd.EtcdServersOverrides, ","), input.Resource)
-	}
 	if rel == nil {
 		// Nothing names the release: the linked one, emulating what the
 		// command line says.
@@ -266,6 +265,9 @@ func Load(in Input) (*Config, error) {
 	cfg.opts = opts
 	cfg.registry = reg
 	cfg.mounts = mounts
+	if _, err := cfg.Etcds(); err != nil {
+		return nil, err
+	}
 	return cfg, nil
 }
 
@@ -354,6 +356,7 @@ func (c *Config) Describe(rel release.Release, relFrom Source) string {
 	var parts []string
 	for _, f := range []struct{ flag, value string }{
 		{"etcd-servers", strings.Join(c.EtcdServers, ",")},
+		{"etcd-servers-overrides", strings.Join(c.ServersOverrides(), ",")},
 		{"etcd-cafile", c.EtcdCAFile},
 		{"etcd-certfile", c.EtcdCertFile},
 		{"etcd-keyfile", c.EtcdKeyFile},

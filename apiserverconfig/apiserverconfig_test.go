@@ -133,9 +133,18 @@ func TestRejectsWhatKubeAPIServerRejects(t *testing.T) {
 		"bad media type": {func(t *testing.T) Input {
 			return Input{Manifest: writeManifest(t, addFlag("--storage-media-type=text/plain"))}
 		}, "storage-media-type"},
-		"etcd-servers-overrides": {func(t *testing.T) Input {
-			return Input{Manifest: writeManifest(t, addFlag("--etcd-servers-overrides=/events#https://127.0.0.1:2381"))}
+		"etcd-servers-overrides not kube-apiserver's format": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--etcd-servers-overrides=/events=https://127.0.0.1:2381"))}
 		}, "--etcd-servers-overrides"},
+		"etcd-servers-overrides of a resource not stored": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--etcd-servers-overrides=example.com/widgets#https://127.0.0.1:2381"))}
+		}, "widgets.example.com"},
+		"etcd-servers-overrides kube-apiserver does not apply": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--etcd-servers-overrides=events.k8s.io/events#https://127.0.0.1:2381"))}
+		}, "kube-apiserver does not apply it"},
+		"etcd-servers-overrides of a whole group": {func(t *testing.T) Input {
+			return Input{Manifest: writeManifest(t, addFlag("--etcd-servers-overrides=coordination.k8s.io/*#https://127.0.0.1:2381"))}
+		}, "a whole group"},
 		"not a pod": {func(t *testing.T) Input {
 			p := filepath.Join(t.TempDir(), "x.yaml")
 			os.WriteFile(p, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"), 0o600)
@@ -230,29 +239,55 @@ func TestLoggingGates(t *testing.T) {
 // TestManifestKops: kops' manifest runs kube-apiserver through go-runner,
 // whose own flags come first: the command line is kube-apiserver's from its
 // program word on. Its etcd-manager's second etcd for Events
-// (--etcd-servers-overrides) is refused, naming the manifest; without it
-// the manifest is read as any other.
+// (--etcd-servers-overrides) is the cluster's second etcd, holding the
+// events; the same certificates reach both.
 func TestManifestKops(t *testing.T) {
 	const kops = "../testdata/kops/kube-apiserver.manifest"
-	_, err := Load(Input{Manifest: kops})
-	if err == nil || !strings.Contains(err.Error(), kops+": --etcd-servers-overrides /events#https://127.0.0.1:4002: resources kept in another etcd are not supported") {
-		t.Fatalf("kops with etcd-events: %v", err)
-	}
-	data, err := os.ReadFile(kops)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(t.TempDir(), "kube-apiserver.manifest")
-	if err := os.WriteFile(p, []byte(strings.Replace(string(data), "    - --etcd-servers-overrides=/events#https://127.0.0.1:4002\n", "", 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := Load(Input{Manifest: p})
+	cfg, err := Load(Input{Manifest: kops})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(cfg.EtcdServers, ",") != "https://127.0.0.1:4001" || cfg.EtcdCAFile != "/srv/kubernetes/kube-apiserver/etcd-ca.crt" ||
 		cfg.EncryptionConfig != "/srv/kubernetes/kube-apiserver/encryptionconfig.yaml" || cfg.Release().String() != "1.37" {
 		t.Errorf("kops: servers %v, CA %s, encryption %s, release %s", cfg.EtcdServers, cfg.EtcdCAFile, cfg.EncryptionConfig, cfg.Release())
+	}
+	es, err := cfg.Etcds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 2 || !es[0].Main() || strings.Join(es[0].Servers, ",") != "https://127.0.0.1:4001" ||
+		es[1].Name != "events" || strings.Join(es[1].Servers, ",") != "https://127.0.0.1:4002" || strings.Join(es.MovedNames(), ",") != "events" {
+		t.Errorf("kops: etcds %+v, want the main one on :4001 and events on :4002", es)
+	}
+	if d := cfg.Describe(cfg.Release(), ""); !strings.Contains(d, "--etcd-servers-overrides=/events#https://127.0.0.1:4002 (manifest)") {
+		t.Errorf("the one-line report does not name the override: %s", d)
+	}
+
+	// Two resources on one etcd, one on another, one on the main etcd's
+	// own servers (moving nothing): kube-apiserver's entries and servers
+	// separators.
+	data, err := os.ReadFile(kops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "kube-apiserver.manifest")
+	overrides := "/events#https://127.0.0.1:4002;https://10.0.0.2:4002,coordination.k8s.io/leases#https://127.0.0.1:4003,/configmaps#https://127.0.0.1:4001,/pods#https://127.0.0.1:4002;https://10.0.0.2:4002"
+	if err := os.WriteFile(p, []byte(strings.Replace(string(data), "--etcd-servers-overrides=/events#https://127.0.0.1:4002", "--etcd-servers-overrides="+overrides, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = Load(Input{Manifest: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err = cfg.Etcds(); err != nil {
+		t.Fatal(err)
+	}
+	got := []string{}
+	for _, e := range es {
+		got = append(got, e.Name+"@"+strings.Join(e.Servers, ";"))
+	}
+	if want := "@https://127.0.0.1:4001 events,pods@https://127.0.0.1:4002;https://10.0.0.2:4002 leases.coordination.k8s.io@https://127.0.0.1:4003"; strings.Join(got, " ") != want {
+		t.Errorf("etcds %q, want %q", strings.Join(got, " "), want)
 	}
 }
 

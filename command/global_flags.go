@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/etcdscan"
 )
@@ -35,6 +36,8 @@ type scanOptions struct {
 	prov provenance
 	etcd etcdOptions
 	api  apiServerOptions
+	// command is the command's name, for messages.
+	command string
 
 	snapshotFile  string
 	skipHashCheck bool
@@ -50,10 +53,20 @@ type scanOptions struct {
 	prefix, encryptionConfig string
 	pageSize                 int64
 	resources                []string
-	namespace                string
-	conversionWebhooks       []string
-	webhooks                 map[string]string // conversionWebhooks parsed (validate)
-	cpuprofile, memprofile   string
+	// only is which of the cluster's etcds a session reads, set per etcd
+	// by the commands that handle every etcd of a cluster that keeps
+	// resources in several (--etcd-servers-overrides: migrate, verify);
+	// nil: the cluster must keep them in one.
+	only *apiserverconfig.Etcd
+	// etcds are the cluster's etcds (clusterEtcds), with only.
+	etcds apiserverconfig.Etcds
+	// kubeadmFrom, for another etcd than the main one, is the main etcd's
+	// session's source: where kubeadm-config is (target.Input.KubeadmSource).
+	kubeadmFrom            etcdscan.Source
+	namespace              string
+	conversionWebhooks     []string
+	webhooks               map[string]string // conversionWebhooks parsed (validate)
+	cpuprofile, memprofile string
 	// revision is --revision (0: the current one); revisionFlag says the
 	// command has the flag, revisionSet that it was given.
 	revision                  int64
@@ -67,6 +80,7 @@ type scanOptions struct {
 func newScanOptions(c *cli.Context, use targetUse, inPlace bool) *scanOptions {
 	return &scanOptions{
 		io:                 streamsOf(c),
+		command:            commandNameOf(c),
 		prov:               newProvenance(c),
 		etcd:               newEtcdOptions(c),
 		api:                newAPIServerOptions(c),
@@ -201,4 +215,12 @@ func hasFlag(c *cli.Context, name string) bool {
 		}
 	}
 	return false
+}
+
+// commandNameOf is the name of c's command ("" outside one).
+func commandNameOf(c *cli.Context) string {
+	if c.Command == nil {
+		return ""
+	}
+	return c.Command.Name
 }

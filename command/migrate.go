@@ -141,6 +141,13 @@ func cmdMigrate(c *cli.Context) error {
 // runMigrate is the migrate command, its options validated.
 func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 	ios := o.scan.io
+	es, err := o.scan.clusterEtcds(ios.errOut)
+	if err != nil {
+		return err
+	}
+	if es.Split() {
+		return o.runMigrateEtcds(ctx, es)
+	}
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err

@@ -63,6 +63,13 @@ func cmdPlan(c *cli.Context) error {
 
 // runPlan is the plan command, its options validated.
 func (o *planOptions) runPlan(ctx context.Context, started time.Time) error {
+	es, err := o.scan.clusterEtcds(o.scan.io.errOut)
+	if err != nil {
+		return err
+	}
+	if es.Split() {
+		return o.runPlanEtcds(ctx, es, started)
+	}
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err

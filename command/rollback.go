@@ -123,6 +123,9 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	// The runs to undo, read from the state directory before etcd is
 	// connected to: a --run that is not there is refused first.
 	stateDir := o.undo.stateDir
+	if err := o.otherJournalRefusal(); err != nil {
+		return err
+	}
 	specs, wayBack, undoes, err := journalsToUndo(stateDir, o.runID, o.journal)
 	if err != nil {
 		return err
@@ -130,6 +133,23 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	journals := make([]string, len(specs))
 	for i, s := range specs {
 		journals[i] = s.Path
+	}
+	// The runs' journals in the cluster's other etcds
+	// (--etcd-servers-overrides): each read whole and checked, and each
+	// etcd's liveness verdict in, before the first write on any etcd.
+	others, err := otherEtcdJournals(stateDir, o.runID)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, r := range others {
+			r.close()
+		}
+	}()
+	for _, r := range others {
+		if err := o.prepare(ctx, r); err != nil {
+			return prefixErr(r.label(), err)
+		}
 	}
 	cli, err := connect(ctx, o.io.errOut, o.etcd, o.prov, o.api)
 	if err != nil {
@@ -230,6 +250,9 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 	}
 	res, err = undo.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
 	res.Preflight = append(preflight, res.Preflight...)
+	if len(others) > 0 {
+		return o.finishEtcds(ctx, u, others, cli.Endpoints(), &res, err, refused)
+	}
 	if werr := printReport(o.io.out, o.output, rollbackReport{res}); werr != nil && err == nil {
 		err = werr
 	}
@@ -252,6 +275,11 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.JournalSpec, *undo.Record, []string, error) {
 	if journal != "" {
 		owner := stateDir.RunOfJournal(journal) // there (validate)
+		if owner == nil {
+			// A run's journal in another etcd of the cluster: undone
+			// where --endpoints says (otherJournalRefusal).
+			owner, _ = stateDir.RunOfEtcdJournal(journal)
+		}
 		return []undo.JournalSpec{{Path: journal, Record: owner}}, owner, nil, nil
 	}
 	recs, err := stateDir.Since(runID)
@@ -278,7 +306,9 @@ func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.Journ
 	for i, r := range recs {
 		ids = append(ids, r.ID)
 		if _, err := os.Stat(r.Journal); errors.Is(err, fs.ErrNotExist) {
-			if r.KeysWritten > 0 {
+			if r.KeysWritten > 0 && len(r.Etcds) == 0 {
+				// (A run in several etcds counts the keys of all: its
+				// other etcds' journals may hold them.)
 				return nil, nil, nil, fmt.Errorf("--run %s: run %s wrote %d key(s) but its journal %s is gone: it cannot be undone (its snapshot %s is the way back)", runID, r.ID, r.KeysWritten, r.Journal, r.Snapshot)
 			}
 			continue // refused or stopped before its first write

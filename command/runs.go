@@ -234,6 +234,14 @@ func (r runsReport) localTable(w io.Writer) error {
 		if v.JournalKept {
 			journal = fmt.Sprintf("%s (%s)", v.Journal, textfmt.Bytes(v.JournalBytes))
 		}
+		if len(v.Etcds) > 0 {
+			// Its undo in the cluster's other etcds: --show names the files.
+			names := make([]string, len(v.Etcds))
+			for i, e := range v.Etcds {
+				names[i] = e.Name
+			}
+			journal += fmt.Sprintf(" + etcd of %s (--show %s)", strings.Join(names, ", "), v.ID)
+		}
 		cmd := v.Command
 		if len(v.Undoes) > 0 {
 			cmd += fmt.Sprintf(" (undoes %v)", v.Undoes)

@@ -153,6 +153,24 @@ func (r showReport) table(w io.Writer) error {
 	if len(v.UndoNeedsKeys) > 0 {
 		row("undo needs", "%s (kube-apiserver's encryption configuration must read them)", strings.Join(v.UndoNeedsKeys, ","))
 	}
+	// The run's undo in the cluster's other etcds (--etcd-servers-overrides).
+	for _, e := range v.Etcds {
+		row("etcd "+e.Name, "%s", strings.Join(e.Endpoints, ","))
+		onDisk := func(path string, sum *undo.FileSum) string {
+			fi, err := os.Stat(path)
+			switch {
+			case path == "":
+				return "none"
+			case err != nil:
+				return path + " (not on disk)"
+			case sum != nil:
+				return fmt.Sprintf("%s (%s, sha256 %s recorded at its end)", path, textfmt.Bytes(fi.Size()), sum.SHA256)
+			}
+			return fmt.Sprintf("%s (%s)", path, textfmt.Bytes(fi.Size()))
+		}
+		row("  journal", "%s", onDisk(e.Journal, e.JournalSum))
+		row("  snapshot", "%s", onDisk(e.Snapshot, e.SnapshotSum))
+	}
 
 	fmt.Fprintln(w)
 	with := "it"

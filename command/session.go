@@ -53,6 +53,14 @@ func (s *session) close() {
 
 // connect connects to etcd as etcdConfig says (rollback: no pipeline).
 func connect(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions) (*clientv3.Client, error) {
+	return connectTo(ctx, w, o, prov, apiOpts, nil)
+}
+
+// connectTo is connect to the given endpoints (nil: the main etcd's), with
+// the TLS files the flags or kube-apiserver's configuration name: another
+// etcd of the cluster (--etcd-servers-overrides), as kube-apiserver reaches
+// it.
+func connectTo(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions, endpoints []string) (*clientv3.Client, error) {
 	api, err := apiOpts.load()
 	apiOpts.reportFound(w) // what was found, even when its configuration is refused
 	if err != nil {
@@ -64,6 +72,9 @@ func connect(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, a
 		return nil, err
 	}
 	env.print(w)
+	if endpoints != nil {
+		cfg.Endpoints = endpoints
+	}
 	cli, err := etcdscan.Connect(ctx, cfg)
 	return cli, etcdError(err)
 }
@@ -95,12 +106,24 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	}
 	var ecfg etcdscan.Config
 	envRep := &envReport{}
+	part := etcdPart{resources: o.resources}
 	if snapshotFile == "" {
 		if ecfg, err = etcdConfig(o.etcd, o.prov, api, envRep, w); err != nil {
 			s.close()
 			return nil, err
 		}
 	}
+	es, err := api.Etcds()
+	if err == nil {
+		part, err = o.part(es, o.command)
+	} else {
+		err = usageErr("%v", err)
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	ecfg = etcdConfigFor(ecfg, part)
 	api.EtcdPrefix = fromAPIServer(o.prov, api, envRep, "prefix", o.prefix, "etcd-prefix", api.EtcdPrefix)
 	api.EncryptionConfig = fromAPIServer(o.prov, api, envRep, "encryption-provider-config", o.encryptionConfig, "encryption-provider-config", api.EncryptionConfig)
 	if o.target.use != targetNone {
@@ -129,7 +152,8 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	}
 	cfg := pipeline.Config{
 		Prefix:       api.EtcdPrefix,
-		Resources:    o.resources,
+		Resources:    part.resources,
+		Exclude:      part.exclude,
 		Namespace:    o.namespace,
 		PageSize:     o.pageSize,
 		WebhookURLs:  o.webhooks,
@@ -141,6 +165,7 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	if o.target.use != targetNone {
 		cfg.Concurrency = o.target.concurrency
 	}
+	cfg.Target.KubeadmSource = o.kubeadmFrom
 	if s.snap != nil && cfg.Revision == 0 && o.revisionFlag {
 		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
 		cfg.Revision = s.snap.Info.Revision

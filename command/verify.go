@@ -84,6 +84,13 @@ func cmdVerify(c *cli.Context) error {
 
 // runVerify is the verify command of etcd or one snapshot file, its options validated.
 func (o *verifyOptions) runVerify(ctx context.Context) error {
+	es, err := o.scan.clusterEtcds(o.scan.io.errOut)
+	if err != nil {
+		return err
+	}
+	if es.Split() {
+		return o.runVerifyEtcds(ctx, es)
+	}
 	s, err := open(ctx, o.scan)
 	if err != nil {
 		return err

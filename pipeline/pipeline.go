@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"path"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -34,7 +35,11 @@ import (
 type Config struct {
 	Prefix    string   // etcd prefix, "/registry"
 	Resources []string // --resource filters
-	Namespace string   // --namespace filter
+	// Exclude are resources this etcd does not hold for kube-apiserver
+	// (another etcd holds them: --etcd-servers-overrides): their keys are
+	// not read, whatever is there.
+	Exclude   []string
+	Namespace string // --namespace filter
 	PageSize  int64
 	// Target is which kube-apiserver the run writes as, resolved once by
 	// Setup (target.Resolve) before any CRD is loaded or KMS plugin probed.
@@ -107,6 +112,8 @@ type Env struct {
 	Prefixes []string
 	// Filter, when set, limits the run to these resources.
 	Filter map[schema.GroupResource]bool
+	// Skip are the key prefixes of Config.Exclude: Run leaves their keys out.
+	Skip []string
 	// Warnings are one line each for the operator (stderr), found by Setup:
 	// a KMS plugin the selected resources read with that does not work.
 	Warnings []string
@@ -443,6 +450,18 @@ func (e *Env) Narrow(resources ...schema.GroupResource) (*Env, error) {
 
 func (e *Env) selectPrefixes() error {
 	cfg := e.Config
+	e.Skip = nil
+	for _, r := range cfg.Exclude {
+		gr, err := e.Resolver.ParseResource(r)
+		if err != nil {
+			return err
+		}
+		p, err := e.Resolver.KeyPrefix(gr, "")
+		if err != nil {
+			return err
+		}
+		e.Skip = append(e.Skip, p)
+	}
 	if len(cfg.Resources) == 0 {
 		if cfg.Namespace != "" {
 			return &NamespaceWithoutResourceError{Namespace: cfg.Namespace}
@@ -474,6 +493,20 @@ func (e *Env) selectPrefixes() error {
 	}
 	e.Prefixes = out
 	return nil
+}
+
+// skip leaves out the keys under Skip.
+func (e *Env) skip(page []etcdscan.KV) []etcdscan.KV {
+	if len(e.Skip) == 0 {
+		return page
+	}
+	out := make([]etcdscan.KV, 0, len(page))
+	for _, kv := range page {
+		if !slices.ContainsFunc(e.Skip, func(p string) bool { return strings.HasPrefix(kv.Key, p) }) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // NamespaceWithoutResourceError is a namespace filter (Config.Namespace)
@@ -533,6 +566,10 @@ func (e *Env) Run(ctx context.Context, revision int64, mode Mode, fn func(page [
 	}()
 	opts := etcdscan.ScanOptions{Prefixes: e.Prefixes, Revision: revision, KeepRevision: revision > 0, PageSize: e.Config.PageSize}
 	stats, err := e.Source.Scan(ctx, opts, func(page []etcdscan.KV) error {
+		page = e.skip(page)
+		if len(page) == 0 {
+			return nil
+		}
 		out, err := e.decidePage(ctx, page, mode)
 		if err != nil {
 			decideErr = err

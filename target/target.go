@@ -53,6 +53,10 @@ type Input struct {
 	// ReadKubeadm reads the release from kubeadm's ClusterConfiguration in
 	// etcd when neither APIServer nor Release names it.
 	ReadKubeadm bool
+	// KubeadmSource, when set, is where kubeadm-config is read instead of
+	// the etcd resolved for: the main etcd, for another etcd of the cluster
+	// (kube-apiserver's --etcd-servers-overrides), which holds none.
+	KubeadmSource etcdscan.Source
 	// RequireRelease refuses a target whose release nothing named
 	// (UnknownReleaseError): a run that writes.
 	RequireRelease bool
@@ -126,6 +130,9 @@ func Resolve(ctx context.Context, src etcdscan.Source, in Input) (t *Target, err
 			return nil, err
 		}
 		t.ownsEnc = true
+	}
+	if in.KubeadmSource != nil {
+		src = in.KubeadmSource
 	}
 	if in.ReadKubeadm && !t.Named() && src != nil {
 		if err := t.releaseFromKubeadm(ctx, src); err != nil {

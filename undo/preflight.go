@@ -51,6 +51,11 @@ type PreflightOptions struct {
 	// rewrite's sizes: without Sizes, a decision pass adds them up (plan
 	// counts that pass in its estimate of migrate).
 	SizesAsked func()
+	// EtcdData, when set, is etcd's data directory on this host instead of
+	// the one found through kube-apiserver's manifest (FindEtcdData): for
+	// another etcd of the cluster (--etcd-servers-overrides), which that
+	// manifest's etcd is not.
+	EtcdData *EtcdData
 }
 
 // spell is Spell, or words.
@@ -285,6 +290,9 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOption
 // stale objects take.
 func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, quota int64, sizes *sizer) ([]string, error) {
 	etcd := FindEtcdData(env.Target.APIServer().Manifest, EtcdDataOf(env.Target.APIServer()))
+	if opts.EtcdData != nil {
+		etcd = *opts.EtcdData
+	}
 	space := RunSpace{
 		Snapshot: opts.Snapshot, Journal: opts.Journal, JournalBytes: 2 * st.DBSizeInUse,
 		Writes:   st.DBSizeInUse,

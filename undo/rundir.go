@@ -100,6 +100,41 @@ type Record struct {
 	UndoNeedsKeys []string `json:"undoNeedsKeys,omitempty"`
 	// Output is the file the run's output is saved in (OutputFile).
 	Output string `json:"output,omitempty"`
+	// Etcds are the run's undo in the cluster's other etcds (kube-apiserver's
+	// --etcd-servers-overrides: kops' etcd-events): a journal and snapshot
+	// each, in the same run directory. Journal, Snapshot and Endpoints above
+	// are the main etcd's.
+	Etcds []RunEtcd `json:"etcds,omitempty"`
+}
+
+// RunEtcd is a run's undo in one of the cluster's other etcds.
+type RunEtcd struct {
+	// Name names the etcd by the resources kept there ("events").
+	Name      string   `json:"name"`
+	Endpoints []string `json:"endpoints,omitempty"`
+	Journal   string   `json:"journal"`
+	Snapshot  string   `json:"snapshot,omitempty"`
+	// JournalSum, SnapshotSum and UndoNeedsKeys are as the Record's.
+	JournalSum    *FileSum `json:"journalSum,omitempty"`
+	SnapshotSum   *FileSum `json:"snapshotSum,omitempty"`
+	UndoNeedsKeys []string `json:"undoNeedsKeys,omitempty"`
+}
+
+// InEtcd is the record as one of its other etcds sees it: r with that
+// etcd's journal, snapshot, endpoints and checksums (false: r has no etcd
+// of that name). Everything that reads a run's undo reads it so.
+func (r Record) InEtcd(name string) (Record, bool) {
+	for _, e := range r.Etcds {
+		if e.Name != name {
+			continue
+		}
+		v := r
+		v.Etcds = nil
+		v.Journal, v.Snapshot, v.Endpoints = e.Journal, e.Snapshot, e.Endpoints
+		v.JournalSum, v.SnapshotSum, v.UndoNeedsKeys = e.JournalSum, e.SnapshotSum, e.UndoNeedsKeys
+		return v, true
+	}
+	return Record{}, false
 }
 
 // Finished says whether the run recorded its end.
@@ -388,6 +423,20 @@ func (r *Run) Finish(exitCode int, keysWritten int64, summary any) error {
 // size and modification time), else read from the file whole. A journal
 // read that does not verify even now is an error, and gets no checksum.
 func (r *Run) Seal() error {
+	err := r.seal()
+	for i, e := range r.Etcds {
+		v, _ := r.InEtcd(e.Name)
+		view := &Run{Record: v}
+		if serr := view.seal(); serr != nil && err == nil {
+			err = fmt.Errorf("%s: %w", e.Name, serr)
+		}
+		r.Etcds[i].JournalSum, r.Etcds[i].SnapshotSum, r.Etcds[i].UndoNeedsKeys = view.JournalSum, view.SnapshotSum, view.UndoNeedsKeys
+	}
+	return err
+}
+
+// seal is Seal of the main etcd's files.
+func (r *Run) seal() error {
 	var err error
 	if _, serr := os.Stat(r.Journal); r.Journal != "" && serr == nil {
 		if ws, ok := recall(r.Journal); ok && ws.needsKnown {
@@ -443,6 +492,9 @@ func (r *Run) SetSnapshot(path string) error { r.Snapshot = path; return r.save(
 
 // SetJournal records where the run's journal is (an explicit --journal).
 func (r *Run) SetJournal(path string) error { r.Journal = path; return r.save() }
+
+// AddEtcd records the undo of the run in another etcd of the cluster.
+func (r *Run) AddEtcd(e RunEtcd) error { r.Etcds = append(r.Etcds, e); return r.save() }
 
 // SetUndoes records the runs a rollback undoes.
 func (r *Run) SetUndoes(ids []string) error { r.Undoes = ids; return r.save() }
@@ -551,6 +603,29 @@ func (d StateDir) RunOfJournal(path string) *Record {
 		}
 	}
 	return nil
+}
+
+// RunOfEtcdJournal is the run whose journal in another etcd of the cluster
+// (Record.Etcds) is the file at path, as that etcd sees it (InEtcd), and
+// that etcd's name; nil when none.
+func (d StateDir) RunOfEtcdJournal(path string) (*Record, string) {
+	recs, err := d.List()
+	if err != nil {
+		return nil, ""
+	}
+	want, err := os.Stat(path)
+	if err != nil {
+		return nil, ""
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		for _, e := range recs[i].Etcds {
+			if fi, err := os.Stat(e.Journal); err == nil && os.SameFile(fi, want) {
+				v, _ := recs[i].InEtcd(e.Name)
+				return &v, e.Name
+			}
+		}
+	}
+	return nil, ""
 }
 
 // NotFoundError says no run has the ID asked for.

@@ -937,6 +937,48 @@ func (c *RunCheck) Verified() bool { return c.Status == UndoVerified || c.Status
 // CheckSnapshot), every byte of both, against what the run recorded at its
 // end.
 func CheckRun(ctx context.Context, rec Record) *RunCheck {
+	if len(rec.Etcds) == 0 {
+		return checkRun(ctx, rec)
+	}
+	// A run in several etcds (--etcd-servers-overrides): each etcd's undo as
+	// that etcd sees it; the keys it wrote are those of all, so a journal
+	// gone is damage only when every one is.
+	main := rec
+	main.Etcds, main.KeysWritten = nil, 0
+	rc := checkRun(ctx, main)
+	journals := rc.Journal != nil
+	for _, e := range rec.Etcds {
+		v, _ := rec.InEtcd(e.Name)
+		v.KeysWritten = 0
+		ec := checkRun(ctx, v)
+		journals = journals || ec.Journal != nil
+		for _, p := range ec.Problems {
+			rc.Problems = append(rc.Problems, "etcd of "+e.Name+": "+p)
+		}
+		for _, n := range ec.Notes {
+			rc.Notes = append(rc.Notes, "etcd of "+e.Name+": "+n)
+		}
+		rc.Status = worseStatus(rc.Status, ec.Status)
+	}
+	if rec.KeysWritten > 0 && !journals {
+		rc.Status = UndoDamaged
+		rc.Problems = append(rc.Problems, fmt.Sprintf("it wrote %d key(s) but its journals (%s and those of its other etcds) are gone", rec.KeysWritten, rec.Journal))
+	}
+	return rc
+}
+
+// worseStatus is the worse of two RunCheck statuses (nothing to undo is
+// the best: any undo found says more).
+func worseStatus(a, b string) string {
+	rank := map[string]int{UndoNothing: 0, UndoVerified: 1, UndoUnverifiable: 2, UndoDamaged: 3}
+	if rank[b] > rank[a] {
+		return b
+	}
+	return a
+}
+
+// checkRun is CheckRun of one etcd's journal and snapshot.
+func checkRun(ctx context.Context, rec Record) *RunCheck {
 	rc := &RunCheck{Status: UndoVerified}
 	damaged := func(s string) {
 		rc.Status = UndoDamaged

@@ -1,0 +1,339 @@
+package command
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/migrate"
+	"kube-etcd-migrate/undo"
+)
+
+// etcdMigration is migrate's run in one etcd of a cluster kept in several.
+type etcdMigration struct {
+	etcd  apiserverconfig.Etcd
+	s     *session
+	opts  migrate.Options
+	watch *undo.Watch
+	sum   *migrate.Summary
+	err   error
+}
+
+// runMigrateEtcds is migrate on a cluster whose kube-apiserver keeps
+// resources in several etcds (--etcd-servers-overrides): one run, one run
+// directory, a session, liveness watch, preflight, journal and snapshot per
+// etcd (the main etcd's under the usual names, the others' named by their
+// resources: etcdFile). Every etcd's watch has its verdict and every
+// etcd's preflight has passed before the first write on any (ready); the
+// etcds are then migrated one after the other, the main one first; a
+// refusal or failure in one stops the run (the etcds before it are undone
+// by 'rollback --run' as a whole). The exit code is the worst of them.
+func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig.Etcds) (err error) {
+	ios := o.scan.io
+	if o.requested || o.record {
+		return usageErr("--requested and --record: kube-apiserver keeps resources in several etcds (--etcd-servers-overrides): not supported there yet; migrate without them")
+	}
+	var runs []*etcdMigration
+	defer func() {
+		for _, r := range runs {
+			r.watch.Close()
+			r.s.close()
+		}
+	}()
+	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
+	for _, e := range es {
+		so := o.scan.forEtcd(es, e)
+		if p, err := so.part(es, "migrate"); err != nil {
+			return err
+		} else if p.none {
+			continue
+		}
+		fmt.Fprintf(ios.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
+		so.kubeadmFrom = kubeadm
+		s, err := openToWrite(ctx, so)
+		if err != nil {
+			return fmt.Errorf("%s: %w", e.Label(), err)
+		}
+		if e.Main() {
+			kubeadm = s.env.Source
+		}
+		runs = append(runs, &etcdMigration{etcd: e, s: s})
+	}
+	if len(runs) == 0 {
+		return usageErr("--resource: no etcd of the cluster holds the resources named")
+	}
+	// The cluster's lock, and the run's record of its main etcd, are the
+	// main etcd's, read or not (--resource may name only resources kept
+	// elsewhere).
+	prefix := runs[0].s.env.Resolver.Prefix()
+	mainCli := runs[0].s.cli
+	if !runs[0].etcd.Main() {
+		if mainCli, err = connect(ctx, io.Discard, o.scan.etcd, o.scan.prov, o.scan.api); err != nil {
+			return fmt.Errorf("%s: %w", es[0].Label(), err)
+		}
+		defer mainCli.Close()
+	}
+	hold := newClusterHold(ios.errOut, mainCli, prefix, "migrate", o.undo, o.dryRun)
+	if err := hold.checkFree(ctx); err != nil {
+		return err
+	}
+	u, err := o.undo.start(ios.errOut, "migrate", mainCli.Endpoints(), prefix)
+	if err != nil {
+		return err
+	}
+	hold.attach(u)
+	rep := &etcdsReport{}
+	defer func() { u.finish(ios.errOut, err, rep.written(), rep) }()
+	defer func() { hold.finish(err, rep.written()) }()
+
+	writeCtx, cancelWrites := context.WithCancel(context.Background())
+	defer cancelWrites()
+	plan := &etcdPlans{u: u, lines: map[string][]string{}}
+	gate := &readyGate{}
+	for i, r := range runs {
+		r.opts = o.runOptions(writeCtx, u)
+		if !r.etcd.Main() {
+			r.opts.EtcdData = otherEtcdData(r.etcd)
+			r.opts.Journal = etcdFile(r.opts.Journal, r.etcd.Name)
+			r.opts.Snapshot = etcdFile(r.opts.Snapshot, r.etcd.Name)
+			if u != nil {
+				if err := u.dir.AddEtcd(undo.RunEtcd{Name: r.etcd.Name, Endpoints: r.s.endpoints(), Journal: r.opts.Journal, Snapshot: r.opts.Snapshot}); err != nil {
+					return err
+				}
+			}
+		}
+		if !o.dryRun {
+			if r.watch, err = undo.StartWatch(ctx, r.s.env.Client, r.s.env.Resolver.Prefix(), r.opts.PreflightOptions); err != nil {
+				return fmt.Errorf("%s: %w", r.etcd.Label(), err)
+			}
+			r.opts.Watch = r.watch
+		}
+		i, r := i, r
+		record := func(lines []string) error { return plan.record(r.etcd, lines) }
+		r.opts.OnPreflight = hold.then(ctx, func(lines []string) error {
+			if err := gate.ready(ctx, runs, i); err != nil {
+				return err
+			}
+			return record(lines)
+		})
+	}
+	for _, r := range runs {
+		prog := newProgress(ios.errOut, "migrate "+r.etcd.Label(), countKeys(ctx, r.s.env))
+		r.opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
+		r.sum, r.err = migrate.Run(ctx, r.s.env, r.opts)
+		prog.Finish()
+		rep.add(r.etcd, r.s.endpoints(), r.sum)
+		if r.err != nil {
+			break
+		}
+	}
+	// A writer on an etcd migrated earlier, while the later ones were.
+	for _, r := range runs {
+		if r.err == nil && r.sum != nil && r.sum.Summary.Rewritten > 0 {
+			if serr := r.watch.Settle(writeCtx); serr != nil {
+				r.err = fmt.Errorf("%s: %w", r.etcd.Label(), serr)
+			}
+		}
+	}
+	if err := printReport(ios.out, o.output, rep); err != nil {
+		return err
+	}
+	return worstOf(runs)
+}
+
+// etcdHolds says what etcd e of es holds, for the line naming it.
+func etcdHolds(es apiserverconfig.Etcds, e apiserverconfig.Etcd) string {
+	if e.Main() {
+		return "every resource but " + strings.Join(es.MovedNames(), ", ")
+	}
+	return strings.Join(e.ResourceNames(), ", ") + ", --etcd-servers-overrides"
+}
+
+// ready is called before the first write on etcd i of runs: once per run
+// (the first etcd that writes calls it), it waits for every other etcd's
+// liveness verdict and runs the preflight of every etcd after i (those
+// before it wrote nothing, or would have called it first), so that a live
+// kube-apiserver, an alarm or too little room on any etcd refuses the run
+// before anything is written anywhere.
+func (g *readyGate) ready(ctx context.Context, runs []*etcdMigration, i int) error {
+	g.once.Do(func() { g.err = allReady(ctx, runs, i) })
+	return g.err
+}
+
+// readyGate is ready's, once per run.
+type readyGate struct {
+	once sync.Once
+	err  error
+}
+
+func allReady(ctx context.Context, runs []*etcdMigration, i int) error {
+	return func() error {
+		for j, r := range runs {
+			if j == i {
+				continue
+			}
+			if _, err := r.watch.Verdict(ctx); err != nil {
+				return &inEtcdError{r.etcd.Label(), err}
+			}
+			if j > i {
+				if _, _, err := undo.Preflight(ctx, r.s.env, r.opts.PreflightOptions); err != nil {
+					return &inEtcdError{r.etcd.Label(), err}
+				}
+			}
+		}
+		return nil
+	}()
+}
+
+// worstOf is the error of the etcd runs with the worst exit code (nil when
+// every one succeeded), naming its etcd.
+func worstOf(runs []*etcdMigration) error {
+	var worst error
+	code := exitOK
+	for _, r := range runs {
+		err := r.err
+		if err == nil && r.sum != nil {
+			switch {
+			case r.sum.Summary.Failed > 0:
+				err = &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", r.sum.Summary.Failed)}
+			case r.sum.Summary.Unreadable > 0:
+				err = &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched", r.sum.Summary.Unreadable)}
+			}
+		}
+		if err == nil {
+			continue
+		}
+		err = stoppedByWriter(err)
+		if c := exitCodeOf(err); worst == nil || severity(c) > severity(code) {
+			worst, code = prefixErr(r.etcd.Label(), err), c
+		}
+	}
+	return worst
+}
+
+// severity orders exit codes from the best to the worst: of the runs of
+// several etcds, the worst is the command's (any code not listed ranks as
+// exitError).
+func severity(code int) int {
+	if r, ok := exitSeverity[code]; ok {
+		return r
+	}
+	return exitSeverity[exitError]
+}
+
+var exitSeverity = map[int]int{exitOK: 0, exitStale: 1, exitUnreadable: 2, exitError: 3, exitUsage: 3, exitWriter: 4, exitInternal: 5}
+
+// inEtcdError is an error of another etcd than the one whose run met it
+// (ready): it names its etcd. The run that meets it adds that nothing was
+// written, which its message then does not repeat.
+type inEtcdError struct {
+	etcd string
+	err  error
+}
+
+func (e *inEtcdError) Error() string {
+	return e.etcd + ": " + strings.TrimSuffix(e.err.Error(), " (nothing was written)")
+}
+
+func (e *inEtcdError) Unwrap() error { return e.err }
+
+// prefixErr names where err happened (unless it names its etcd itself),
+// keeping its exit code.
+func prefixErr(where string, err error) error {
+	if errors.As(err, new(*inEtcdError)) {
+		return err
+	}
+	if ce, ok := err.(*codeError); ok {
+		return &codeError{code: ce.code, err: fmt.Errorf("%s: %w", where, ce.err)}
+	}
+	return &codeError{code: exitCodeOf(err), err: fmt.Errorf("%s: %w", where, err)}
+}
+
+// etcdPlans records the checks each etcd passed before its first write in
+// the run directory's plan, etcd by etcd.
+type etcdPlans struct {
+	u     *undoRun
+	mu    sync.Mutex
+	order []string
+	lines map[string][]string
+}
+
+func (p *etcdPlans) record(e apiserverconfig.Etcd, lines []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	label := e.Label()
+	if _, ok := p.lines[label]; !ok {
+		p.order = append(p.order, label)
+	}
+	p.lines[label] = lines
+	var all []string
+	for _, l := range p.order {
+		for _, line := range p.lines[l] {
+			all = append(all, l+": "+line)
+		}
+	}
+	return p.u.recordChecks(all)
+}
+
+// etcdsReport is migrate's summary of each etcd of a cluster kept in
+// several.
+type etcdsReport struct {
+	Etcds []etcdSummary `json:"etcds"`
+}
+
+type etcdSummary struct {
+	// Etcd is "" for the main etcd, else the resources kept there.
+	Etcd      string   `json:"etcd"`
+	Endpoints []string `json:"endpoints"`
+	*migrate.Summary
+}
+
+func (r *etcdsReport) add(e apiserverconfig.Etcd, endpoints []string, sum *migrate.Summary) {
+	if sum != nil {
+		r.Etcds = append(r.Etcds, etcdSummary{Etcd: e.Name, Endpoints: endpoints, Summary: sum})
+	}
+}
+
+func (r *etcdsReport) written() int64 {
+	var n int64
+	for _, e := range r.Etcds {
+		n += e.Summary.Summary.Rewritten
+	}
+	return n
+}
+
+func (r *etcdsReport) stamped(build buildinfo.Info) any {
+	return struct {
+		Build buildinfo.Info `json:"build"`
+		*etcdsReport
+	}{build, r}
+}
+
+func (r *etcdsReport) table(w io.Writer) error {
+	for _, e := range r.Etcds {
+		label := "main etcd"
+		if e.Etcd != "" {
+			label = "etcd of " + e.Etcd
+		}
+		if _, err := fmt.Fprintf(w, "== %s (%s)\n", label, strings.Join(e.Endpoints, ",")); err != nil {
+			return err
+		}
+		if err := writeSummaryTable(w, e.Summary); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// otherEtcdData is the data directory of e, another etcd than the main
+// one: not known (the etcd manifest beside kube-apiserver's, or the
+// installer's layout, is the main etcd's).
+func otherEtcdData(e apiserverconfig.Etcd) *undo.EtcdData {
+	return &undo.EtcdData{Source: fmt.Sprintf("unknown: the etcd of %s (--etcd-servers-overrides) is not the one whose manifest or layout is known", e.Name)}
+}

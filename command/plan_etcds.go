@@ -1,0 +1,125 @@
+package command
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/plan"
+)
+
+// runPlanEtcds is plan on a cluster whose kube-apiserver keeps resources
+// in several etcds (--etcd-servers-overrides): a plan per etcd (what
+// migrate checks and decides there), and one exit code: a blocker in any
+// etcd is migrate's refusal of the whole run.
+func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds, started time.Time) error {
+	stateDir := o.undo.stateDir
+	if o.undo.noUndo {
+		stateDir = ""
+	}
+	rep := &etcdsPlanReport{}
+	var blockers []string
+	unreadable := int64(0)
+	var sessions []*session
+	defer func() {
+		for _, s := range sessions {
+			s.close()
+		}
+	}()
+	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
+	for _, e := range es {
+		so := o.scan.forEtcd(es, e)
+		if p, err := so.part(es, "plan"); err != nil {
+			return err
+		} else if p.none {
+			continue
+		}
+		fmt.Fprintf(o.scan.io.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
+		so.kubeadmFrom = kubeadm
+		p, err := func() (*plan.Plan, error) {
+			s, err := openToWrite(ctx, so)
+			if err != nil {
+				return nil, err
+			}
+			sessions = append(sessions, s)
+			if e.Main() {
+				kubeadm = s.env.Source
+			}
+			mo := o.runOptions(ctx, nil)
+			if !e.Main() {
+				mo.EtcdData = otherEtcdData(e)
+				mo.Journal, mo.Snapshot = etcdFile(mo.Journal, e.Name), etcdFile(mo.Snapshot, e.Name)
+			}
+			return plan.Run(ctx, s.env, plan.Options{Migrate: mo, StateDir: stateDir, Started: started})
+		}()
+		if err != nil {
+			return prefixErr(e.Label(), err)
+		}
+		for i, b := range p.Blockers {
+			if b.Cause != nil {
+				p.Blockers[i].Problem = cliMessage(b.Cause)
+			}
+			blockers = append(blockers, e.Label()+": "+b.Check)
+		}
+		unreadable += p.Summary.Unreadable
+		rep.Etcds = append(rep.Etcds, etcdPlan{etcd: e, plan: p})
+	}
+	if err := printReport(o.scan.io.out, o.output, rep); err != nil {
+		return err
+	}
+	if len(blockers) > 0 {
+		return &codeError{code: exitError, err: fmt.Errorf("migrate would refuse: %d blocker(s) (%s); each is listed above with its remedy", len(blockers), strings.Join(blockers, ", "))}
+	}
+	if unreadable > 0 {
+		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s): migrate would leave them untouched and exit 4", unreadable)}
+	}
+	return nil
+}
+
+// etcdsPlanReport is the plan of each etcd of a cluster kept in several.
+type etcdsPlanReport struct {
+	Etcds []etcdPlan
+}
+
+type etcdPlan struct {
+	etcd apiserverconfig.Etcd
+	plan *plan.Plan
+}
+
+func (r *etcdsPlanReport) table(w io.Writer) error {
+	for _, e := range r.Etcds {
+		if _, err := fmt.Fprintf(w, "== %s (%s)\n", e.etcd.Label(), strings.Join(e.etcd.Servers, ",")); err != nil {
+			return err
+		}
+		if err := (planReport{e.plan}).table(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *etcdsPlanReport) stamped(build buildinfo.Info) any {
+	type one struct {
+		Etcd      string   `json:"etcd"`
+		Endpoints []string `json:"endpoints"`
+		*plan.Plan
+	}
+	out := struct {
+		Build buildinfo.Info `json:"build"`
+		Etcds []one          `json:"etcds"`
+	}{Build: build, Etcds: []one{}}
+	for _, e := range r.Etcds {
+		// planReport's JSON: the blockers with their remedies.
+		p := (planReport{e.plan}).stamped(build).(struct {
+			Build buildinfo.Info `json:"build"`
+			*plan.Plan
+		})
+		out.Etcds = append(out.Etcds, one{e.etcd.Name, e.etcd.Servers, p.Plan})
+	}
+	return out
+}

@@ -1,0 +1,274 @@
+package command
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/undo"
+)
+
+// etcdRollback is the rollback, in one of the cluster's other etcds
+// (--etcd-servers-overrides), of the runs undone: their journals there,
+// newest first, read whole and checked before the first write on any etcd
+// (prepare), undone once the main etcd's are (undoEtcd).
+type etcdRollback struct {
+	name      string
+	endpoints []string
+	specs     []undo.JournalSpec
+	wayBack   *undo.Record
+
+	cli       *clientv3.Client
+	prefix    string
+	watch     *undo.Watch
+	check     *undo.UndoCheck
+	quota     undo.Quota
+	preflight []string
+	refused   error
+	res       undo.RollbackResult
+}
+
+func (r *etcdRollback) label() string { return "etcd of " + r.name }
+
+func (r *etcdRollback) journals() []string {
+	out := make([]string, len(r.specs))
+	for i, s := range r.specs {
+		out[i] = s.Path
+	}
+	return out
+}
+
+func (r *etcdRollback) close() {
+	r.watch.Close()
+	if r.cli != nil {
+		r.cli.Close()
+	}
+}
+
+// otherEtcdJournals are the journals in the cluster's other etcds of run
+// runID and every later one (their run records' etcds), by etcd, in the
+// order the runs first name them; nil for a --journal rollback.
+func otherEtcdJournals(stateDir undo.StateDir, runID string) ([]*etcdRollback, error) {
+	if runID == "" {
+		return nil, nil
+	}
+	recs, err := stateDir.Since(runID)
+	if err != nil || len(recs) == 0 {
+		return nil, nil // refused as journalsToUndo refuses it
+	}
+	oldest := recs[0]
+	slices.Reverse(recs)
+	var out []*etcdRollback
+	for _, rec := range recs {
+		for _, e := range rec.Etcds {
+			view, _ := rec.InEtcd(e.Name)
+			i := slices.IndexFunc(out, func(r *etcdRollback) bool { return r.name == e.Name })
+			if i < 0 {
+				out = append(out, &etcdRollback{name: e.Name, endpoints: e.Endpoints})
+				i = len(out) - 1
+			}
+			if _, err := os.Stat(view.Journal); errors.Is(err, fs.ErrNotExist) {
+				continue // refused or stopped before its first write there
+			} else if err != nil {
+				return nil, fmt.Errorf("--run %s: run %s: %s: %w", runID, rec.ID, e.Name, err)
+			}
+			out[i].specs = append(out[i].specs, undo.JournalSpec{Path: view.Journal, Record: &view})
+		}
+	}
+	for _, r := range out {
+		if v, ok := oldest.InEtcd(r.name); ok {
+			r.wayBack = &v
+		}
+	}
+	return out, nil
+}
+
+// prepare connects to r's etcd (the endpoints its runs recorded, the TLS
+// files of the main etcd), starts its liveness watch, reads every journal
+// whole and checks what the rollback needs there (alarms, quota), then
+// waits for the watch's verdict: all before the first write on any etcd.
+func (o *rollbackOptions) prepare(ctx context.Context, r *etcdRollback) error {
+	fmt.Fprintf(o.io.errOut, "%s: %s (its journals: %s)\n", r.label(), strings.Join(r.endpoints, ","), strings.Join(r.journals(), ", "))
+	cli, err := connectTo(ctx, io.Discard, o.etcd, o.prov, o.api, r.endpoints)
+	if err != nil {
+		return err
+	}
+	r.cli = cli
+	r.prefix = undo.JournalsPrefix(r.journals())
+	if !o.dryRun {
+		if r.watch, err = undo.StartWatch(ctx, cli, r.prefix, undo.PreflightOptions{AllowLiveAPIServer: o.live.allowLive, LivenessWindow: o.live.window}); err != nil {
+			return err
+		}
+	}
+	r.quota = undo.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
+	if r.check, err = o.checkUndo(ctx, r.specs, r.wayBack, r.prefix); err != nil {
+		return err
+	}
+	r.preflight = r.check.Lines()
+	r.refused = undoRefusal(r.check, o.allowUnverified)
+	if r.refused != nil && !o.dryRun {
+		return r.refused
+	}
+	if !o.dryRun {
+		if err := undo.RollbackAlarms(ctx, cli, r.journals()); err != nil {
+			return err
+		}
+	}
+	lines, refused := undo.CheckRollbackQuota(ctx, cli, r.journals(), r.quota, o.space.compactHistory, flagOf)
+	r.preflight = append(r.preflight, lines...)
+	if refused != nil {
+		if !o.dryRun {
+			return refused
+		}
+		if r.refused == nil {
+			r.refused = refused
+		}
+	}
+	line, err := r.watch.Verdict(ctx)
+	if err != nil {
+		return err
+	}
+	if line != "" {
+		r.preflight = append(r.preflight, line)
+	}
+	return nil
+}
+
+// undoEtcd undoes r's journals, with the rollback's own undo there beside its
+// main one (u nil: none).
+func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undoRun) error {
+	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
+	if u != nil {
+		journal, snapshot := etcdFile(u.dir.Journal, r.name), etcdFile(u.dir.Snapshot, r.name)
+		if err := u.dir.AddEtcd(undo.RunEtcd{Name: r.name, Endpoints: r.endpoints, Journal: journal, Snapshot: snapshot}); err != nil {
+			return err
+		}
+		j, err := undo.OpenJournal(journal)
+		if err != nil {
+			return err
+		}
+		defer j.Close()
+		rev, err := currentRevision(ctx, r.cli)
+		if err != nil {
+			return err
+		}
+		if err := j.BeginCommand("rollback", rev, r.prefix); err != nil {
+			return err
+		}
+		opts.Journal, opts.Snapshot = j, snapshot
+	}
+	res, err := undo.RollbackJournals(ctx, r.cli, &etcdscan.Writer{Client: r.cli}, r.journals(), opts)
+	res.Preflight = append(slices.Clip(r.preflight), res.Preflight...)
+	r.res = res
+	if err != nil {
+		return stoppedByWriter(err)
+	}
+	if r.refused != nil {
+		return r.refused // a dry run: the rollback would be refused
+	}
+	if res.Failed > 0 {
+		return &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
+	}
+	return nil
+}
+
+// etcdsRollbackReport is rollback's report of each etcd of a cluster kept
+// in several.
+type etcdsRollbackReport struct {
+	Etcds []etcdRollbackResult `json:"etcds"`
+}
+
+type etcdRollbackResult struct {
+	// Etcd is "" for the main etcd, else the resources kept there.
+	Etcd      string   `json:"etcd"`
+	Endpoints []string `json:"endpoints"`
+	undo.RollbackResult
+}
+
+func (r etcdsRollbackReport) stamped(build buildinfo.Info) any {
+	return struct {
+		Build buildinfo.Info `json:"build"`
+		etcdsRollbackReport
+	}{build, r}
+}
+
+func (r etcdsRollbackReport) table(w io.Writer) error {
+	for _, e := range r.Etcds {
+		label := "main etcd"
+		if e.Etcd != "" {
+			label = "etcd of " + e.Etcd
+		}
+		if _, err := fmt.Fprintf(w, "== %s (%s)\n", label, strings.Join(e.Endpoints, ",")); err != nil {
+			return err
+		}
+		if err := (rollbackReport{e.RollbackResult}).table(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishEtcds is the end of a rollback of a cluster kept in several etcds:
+// once the main etcd's journals are undone (mainRes, mainErr; refused: a
+// dry run's refusal there), each other etcd's, then one report and the
+// worst exit code. res is what the rollback's run records as written: every
+// etcd's restored keys.
+func (o *rollbackOptions) finishEtcds(ctx context.Context, u *undoRun, others []*etcdRollback, mainEndpoints []string, res *undo.RollbackResult, mainErr, refused error) error {
+	rep := etcdsRollbackReport{Etcds: []etcdRollbackResult{{Endpoints: mainEndpoints, RollbackResult: *res}}}
+	err := mainErr
+	if err != nil {
+		err = stoppedByWriter(err)
+	} else if refused != nil {
+		err = refused
+	} else if res.Failed > 0 {
+		err = &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
+	}
+	worst := err
+	if worst != nil {
+		worst = prefixErr("main etcd", worst)
+	}
+	// A dry run says what every etcd would do; a rollback that failed in
+	// the main etcd stops there.
+	if err == nil || o.dryRun {
+		for _, r := range others {
+			rerr := o.undoEtcd(ctx, r, u)
+			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.name, Endpoints: r.endpoints, RollbackResult: r.res})
+			res.Restored += r.res.Restored
+			if rerr != nil {
+				if worst == nil || severity(exitCodeOf(rerr)) > severity(exitCodeOf(worst)) {
+					worst = prefixErr(r.label(), rerr)
+				}
+				if !o.dryRun {
+					break
+				}
+			}
+		}
+	}
+	if werr := printReport(o.io.out, o.output, rep); werr != nil && worst == nil {
+		worst = werr
+	}
+	return worst
+}
+
+// otherJournalRefusal refuses --journal of a run's journal in another etcd
+// of the cluster (--etcd-servers-overrides) without --endpoints: the main
+// etcd, which the manifest names, is not where its keys are.
+func (o *rollbackOptions) otherJournalRefusal() error {
+	if o.journal == "" || o.prov.onCommandLine("endpoints") {
+		return nil
+	}
+	rec, name := o.undo.stateDir.RunOfEtcdJournal(o.journal)
+	if rec == nil {
+		return nil
+	}
+	return usageErr("--journal %s is run %s's journal in the etcd of %s (%s), not the main etcd: undo it with --run %s (every etcd of the run), or give that etcd's --endpoints", o.journal, rec.ID, name, strings.Join(rec.Endpoints, ","), rec.ID)
+}
