@@ -1,6 +1,7 @@
 package command
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -141,4 +142,55 @@ func etcdFile(path, name string) string {
 	name = strings.NewReplacer(",", "+", "/", "_").Replace(name)
 	ext := filepath.Ext(path)
 	return strings.TrimSuffix(path, ext) + "-" + name + ext
+}
+
+// etcdSession is one etcd of a cluster kept in several, and the session
+// openEtcds opened on it.
+type etcdSession struct {
+	etcd apiserverconfig.Etcd
+	s    *session
+}
+
+// openEtcds opens a session, with openOne (open, or openToWrite for a
+// command that watches for other writers), on each etcd of es that holds a
+// resource the command reads, each announced on stderr (its servers and
+// what it holds); the main etcd first, the others reading kubeadm-config
+// through its session. What was opened is returned with an error too: the
+// caller closes it (closeEtcds).
+func (o *scanOptions) openEtcds(ctx context.Context, es apiserverconfig.Etcds, command string, openOne func(context.Context, *scanOptions) (*session, error)) ([]etcdSession, error) {
+	var opened []etcdSession
+	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
+	for _, e := range es {
+		so := o.forEtcd(es, e)
+		if p, err := so.part(es, command); err != nil {
+			return opened, err
+		} else if p.none {
+			continue
+		}
+		fmt.Fprintf(o.io.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
+		so.kubeadmFrom = kubeadm
+		s, err := openOne(ctx, so)
+		if err != nil {
+			return opened, prefixErr(e.Label(), err)
+		}
+		if e.Main() {
+			kubeadm = s.env.Source
+		}
+		opened = append(opened, etcdSession{etcd: e, s: s})
+	}
+	return opened, nil
+}
+
+// closeEtcds closes the sessions openEtcds opened.
+func closeEtcds(opened []etcdSession) {
+	for _, o := range opened {
+		o.s.close()
+	}
+}
+
+// etcdHeading is the line a table report puts above the section of the etcd
+// named name ("": the main one).
+func etcdHeading(w io.Writer, name string, servers []string) error {
+	_, err := fmt.Fprintf(w, "== %s (%s)\n", apiserverconfig.Etcd{Name: name}.Label(), strings.Join(servers, ","))
+	return err
 }

@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"kube-etcd-migrate/apiserverconfig"
-	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/undo"
@@ -39,31 +38,19 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 	if o.requested || o.record {
 		return usageErr("--requested and --record: kube-apiserver keeps resources in several etcds (--etcd-servers-overrides): not supported there yet; migrate without them")
 	}
+	opened, err := o.scan.openEtcds(ctx, es, "migrate", openToWrite)
 	var runs []*etcdMigration
 	defer func() {
 		for _, r := range runs {
 			r.watch.Close()
-			r.s.close()
 		}
+		closeEtcds(opened)
 	}()
-	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
-	for _, e := range es {
-		so := o.scan.forEtcd(es, e)
-		if p, err := so.part(es, "migrate"); err != nil {
-			return err
-		} else if p.none {
-			continue
-		}
-		fmt.Fprintf(ios.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
-		so.kubeadmFrom = kubeadm
-		s, err := openToWrite(ctx, so)
-		if err != nil {
-			return fmt.Errorf("%s: %w", e.Label(), err)
-		}
-		if e.Main() {
-			kubeadm = s.env.Source
-		}
-		runs = append(runs, &etcdMigration{etcd: e, s: s})
+	if err != nil {
+		return err
+	}
+	for _, x := range opened {
+		runs = append(runs, &etcdMigration{etcd: x.etcd, s: x.s})
 	}
 	if len(runs) == 0 {
 		return usageErr("--resource: no etcd of the cluster holds the resources named")
@@ -317,11 +304,7 @@ func (r *etcdsReport) stamped(build buildinfo.Info) any {
 
 func (r *etcdsReport) table(w io.Writer) error {
 	for _, e := range r.Etcds {
-		label := "main etcd"
-		if e.Etcd != "" {
-			label = "etcd of " + e.Etcd
-		}
-		if _, err := fmt.Fprintf(w, "== %s (%s)\n", label, strings.Join(e.Endpoints, ",")); err != nil {
+		if err := etcdHeading(w, e.Etcd, e.Endpoints); err != nil {
 			return err
 		}
 		if err := writeSummaryTable(w, e.Summary); err != nil {

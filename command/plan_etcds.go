@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"kube-etcd-migrate/apiserverconfig"
-	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/plan"
 )
@@ -25,38 +24,19 @@ func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds
 	rep := &etcdsPlanReport{}
 	var blockers []string
 	unreadable := int64(0)
-	var sessions []*session
-	defer func() {
-		for _, s := range sessions {
-			s.close()
+	opened, err := o.scan.openEtcds(ctx, es, "plan", openToWrite)
+	defer closeEtcds(opened)
+	if err != nil {
+		return err
+	}
+	for _, x := range opened {
+		e, s := x.etcd, x.s
+		mo := o.runOptions(ctx, nil)
+		if !e.Main() {
+			mo.EtcdData = otherEtcdData(e)
+			mo.Journal, mo.Snapshot = etcdFile(mo.Journal, e.Name), etcdFile(mo.Snapshot, e.Name)
 		}
-	}()
-	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
-	for _, e := range es {
-		so := o.scan.forEtcd(es, e)
-		if p, err := so.part(es, "plan"); err != nil {
-			return err
-		} else if p.none {
-			continue
-		}
-		fmt.Fprintf(o.scan.io.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
-		so.kubeadmFrom = kubeadm
-		p, err := func() (*plan.Plan, error) {
-			s, err := openToWrite(ctx, so)
-			if err != nil {
-				return nil, err
-			}
-			sessions = append(sessions, s)
-			if e.Main() {
-				kubeadm = s.env.Source
-			}
-			mo := o.runOptions(ctx, nil)
-			if !e.Main() {
-				mo.EtcdData = otherEtcdData(e)
-				mo.Journal, mo.Snapshot = etcdFile(mo.Journal, e.Name), etcdFile(mo.Snapshot, e.Name)
-			}
-			return plan.Run(ctx, s.env, plan.Options{Migrate: mo, StateDir: stateDir, Started: started})
-		}()
+		p, err := plan.Run(ctx, s.env, plan.Options{Migrate: mo, StateDir: stateDir, Started: started})
 		if err != nil {
 			return prefixErr(e.Label(), err)
 		}
@@ -93,7 +73,7 @@ type etcdPlan struct {
 
 func (r *etcdsPlanReport) table(w io.Writer) error {
 	for _, e := range r.Etcds {
-		if _, err := fmt.Fprintf(w, "== %s (%s)\n", e.etcd.Label(), strings.Join(e.etcd.Servers, ",")); err != nil {
+		if err := etcdHeading(w, e.etcd.Name, e.etcd.Servers); err != nil {
 			return err
 		}
 		if err := (planReport{e.plan}).table(w); err != nil {

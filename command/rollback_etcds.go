@@ -203,11 +203,7 @@ func (r etcdsRollbackReport) stamped(build buildinfo.Info) any {
 
 func (r etcdsRollbackReport) table(w io.Writer) error {
 	for _, e := range r.Etcds {
-		label := "main etcd"
-		if e.Etcd != "" {
-			label = "etcd of " + e.Etcd
-		}
-		if _, err := fmt.Fprintf(w, "== %s (%s)\n", label, strings.Join(e.Endpoints, ",")); err != nil {
+		if err := etcdHeading(w, e.Etcd, e.Endpoints); err != nil {
 			return err
 		}
 		if err := (rollbackReport{e.RollbackResult}).table(w); err != nil {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 
 	"kube-etcd-migrate/apiserverconfig"
-	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/verify"
@@ -23,31 +21,14 @@ func (o *verifyOptions) runVerifyEtcds(ctx context.Context, es apiserverconfig.E
 	}
 	rep := &etcdsVerifyReport{}
 	code := exitOK
-	var sessions []*session
-	defer func() {
-		for _, s := range sessions {
-			s.close()
-		}
-	}()
-	var kubeadm etcdscan.Source // the main etcd's: kubeadm-config is there
-	for _, e := range es {
-		so := o.scan.forEtcd(es, e)
-		if p, err := so.part(es, "verify"); err != nil {
-			return err
-		} else if p.none {
-			continue
-		}
-		fmt.Fprintf(o.scan.io.errOut, "%s: %s (%s)\n", e.Label(), strings.Join(e.Servers, ","), etcdHolds(es, e))
-		so.kubeadmFrom = kubeadm
+	opened, err := o.scan.openEtcds(ctx, es, "verify", open)
+	defer closeEtcds(opened)
+	if err != nil {
+		return err
+	}
+	for _, x := range opened {
+		e, s := x.etcd, x.s
 		r, plan, err := func() (*verify.Report, *storagemigration.Plan, error) {
-			s, err := open(ctx, so)
-			if err != nil {
-				return nil, nil, err
-			}
-			sessions = append(sessions, s)
-			if e.Main() {
-				kubeadm = s.env.Source
-			}
 			r, err := verify.Run(ctx, s.env, verify.Options{ShowKeys: o.showKeys, FailOnOrphaned: o.failOnOrphaned})
 			if err != nil {
 				return nil, nil, err
@@ -97,11 +78,7 @@ type etcdVerify struct {
 
 func (r *etcdsVerifyReport) table(w io.Writer) error {
 	for _, e := range r.Etcds {
-		label := "main etcd"
-		if e.Etcd != "" {
-			label = "etcd of " + e.Etcd
-		}
-		if _, err := fmt.Fprintf(w, "== %s (%s)\n", label, strings.Join(e.Endpoints, ",")); err != nil {
+		if err := etcdHeading(w, e.Etcd, e.Endpoints); err != nil {
 			return err
 		}
 		if err := (verifyReport{e.rep, e.requests}).table(w); err != nil {
