@@ -1,7 +1,6 @@
 package etcdscan
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -180,11 +179,12 @@ func streamSnapshot(ctx context.Context, cli *clientv3.Client, part string) (Sna
 	}
 	defer resp.Snapshot.Close()
 	h := sha256.New()
-	w := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
-	size, err := io.Copy(w, resp.Snapshot)
-	if err == nil {
-		err = w.Flush()
-	}
+	// Written as etcd's own snapshot save writes it, a chunk of the stream
+	// at a time: large writes would leave the file in the page cache in
+	// large folios, and a reader of its mapping (package snapshotdb) would
+	// then fault in up to a folio's worth at each page it touches, beyond
+	// the regions it keeps resident.
+	size, err := io.Copy(io.MultiWriter(f, h), resp.Snapshot)
 	if err != nil {
 		return SnapshotDigest{}, fmt.Errorf("could not write snapshot: %w", err)
 	}
