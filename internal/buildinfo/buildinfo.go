@@ -25,7 +25,7 @@ import (
 // entry of CHANGELOG.md (a test checks they agree). A commit after a release
 // keeps the release's number until the next one is cut; its binary says it is a
 // development build (Info.Development). Cutting a release: docs/releasing.md.
-const Release = "v0.2.0"
+const Release = "v1.0.0"
 
 // version and commit are set by `make release` with -ldflags -X (it builds a
 // clean copy of the commit, without VCS information, and stamps Release, having
