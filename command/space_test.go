@@ -2,7 +2,6 @@ package command
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,17 +18,7 @@ import (
 // hostDataDir.
 func etcdBeside(t *testing.T, apiserverManifest, hostDataDir string) {
 	t.Helper()
-	pod := fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: etcd, namespace: kube-system}
-spec:
-  containers:
-  - name: etcd
-    image: registry.k8s.io/etcd:3.6.16-0
-    command: [etcd, --data-dir=/var/lib/etcd, --name=cp-1, --initial-cluster=cp-1=https://10.0.0.11:2380, --initial-advertise-peer-urls=https://10.0.0.11:2380]
-    volumeMounts: [{name: etcd-data, mountPath: /var/lib/etcd}]
-  volumes: [{name: etcd-data, hostPath: {path: %s, type: DirectoryOrCreate}}]
-`, hostDataDir)
+	pod := testcluster.KubeadmEtcdPod(hostDataDir)
 	if err := os.WriteFile(filepath.Join(filepath.Dir(apiserverManifest), "etcd.yaml"), []byte(pod), 0o600); err != nil {
 		t.Fatal(err)
 	}
