@@ -65,7 +65,7 @@ func main() {
 	flag.StringVar(&o.tool, "tool", "", "kube-etcd-migrate binary to measure (default: go build -o from the module root)")
 	flag.BoolVar(&o.apiserver, "apiserver", false, "also measure the incumbent: no-op PUTs through an in-process kube-apiserver")
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
-	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify and migrate once more with --cpuprofile/--memprofile into this directory")
+	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify, migrate and the engine (migrate --no-undo) once more with --cpuprofile/--memprofile into this directory")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
 	flag.BoolVar(&o.compactHistory, "compact-history", true, "also measure migrate --compact-history (row \"migrate (compacting)\"), with etcd's database size before and after")
 	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure an etcd snapshot file (the snapshot phase, after the datasets: -snapshot-n mixed objects on an etcd of their own, saved; verify and migrate --snapshot-file beside a bare read of the file and beside the same commands on that etcd)")
@@ -623,19 +623,29 @@ func profileRuns(ctx context.Context, o options, bin string, common []string, re
 		return err
 	}
 	abs, _ := filepath.Abs(o.profileDir)
-	for _, cmd := range []string{"verify", "migrate"} {
+	// migrate as the rows above run it (its undo, no liveness watch), then
+	// the engine alone (--no-undo), each from the same stale keyspace.
+	for _, run := range []struct{ name, cmd string }{{"verify", "verify"}, {"migrate", "migrate"}, {"engine", "migrate"}} {
 		if err := settle(); err != nil {
 			return err
 		}
-		args := []string{cmd, "-o", "json", "--cpuprofile", filepath.Join(abs, cmd+".cpu.pprof"), "--memprofile", filepath.Join(abs, cmd+".mem.pprof")}
-		if cmd == "migrate" {
+		args := []string{run.cmd, "-o", "json", "--cpuprofile", filepath.Join(abs, run.name+".cpu.pprof"), "--memprofile", filepath.Join(abs, run.name+".mem.pprof")}
+		if run.cmd == "migrate" {
 			args = append(args, "--quota-backend-bytes", fmt.Sprint(o.quota), "--target-version", release.Linked(), "--allow-live-apiserver")
+		}
+		if run.name == "engine" {
+			args = append(args, "--no-undo")
 		}
 		tr, err := runTool(ctx, bin, append(args, common...)...)
 		if err != nil {
 			return err
 		}
-		logf("profiled %s in %.2fs (exit %d): %s/%s.{cpu,mem}.pprof", cmd, tr.wall.Seconds(), tr.exit, abs, cmd)
+		logf("profiled %s in %.2fs (exit %d): %s/%s.{cpu,mem}.pprof", run.name, tr.wall.Seconds(), tr.exit, abs, run.name)
+		if run.name == "migrate" {
+			if err := reseed(); err != nil {
+				return err
+			}
+		}
 	}
 	return reseed()
 }

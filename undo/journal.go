@@ -60,9 +60,25 @@ type JournalRecord struct {
 // batch is written. Each record gets the next sequence number and its
 // checksum, chained to the previous record's (a journal appended to goes on
 // from its last record); Close appends a "close" record.
+//
+// The syncs are a group commit: a batch's records are written to the file
+// under the journal's lock, and its sync, outside it, waits for the sync in
+// progress and then covers every record written by then, so the batches in
+// flight share one fsync instead of taking turns for their own. A failed
+// write or sync fails every append after it: what the file holds after a
+// failed fsync is not known.
 type Journal struct {
 	mu   sync.Mutex
 	path string
+
+	// syncMu is held by the one sync in progress; synced is the last
+	// record it made durable, err the first failure (both under syncMu).
+	// written is the last record written to the file (under mu).
+	syncMu  sync.Mutex
+	synced  int64
+	written int64
+	err     error
+
 	f    *os.File
 	w    *bufio.Writer
 	buf  bytes.Buffer
@@ -212,24 +228,77 @@ func (j *Journal) Done(results []etcdscan.PutResult) error {
 
 func (j *Journal) append(sync bool, recs ...JournalRecord) error {
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	if j.failed {
+		j.mu.Unlock()
+		return j.failure()
+	}
 	for _, r := range recs {
 		if err := j.write(r); err != nil {
-			j.failed = true
-			return fmt.Errorf("journal %s: %w", j.path, err)
+			return j.fail(err)
 		}
 	}
 	if !sync {
+		j.mu.Unlock()
 		return nil
 	}
 	if err := j.w.Flush(); err != nil {
-		j.failed = true
-		return fmt.Errorf("journal %s: %w", j.path, err)
+		return j.fail(err)
 	}
-	if err := j.f.Sync(); err != nil {
-		j.failed = true
-		return fmt.Errorf("journal %s: %w", j.path, err)
+	j.written = j.seq
+	last := j.seq
+	j.mu.Unlock()
+	return j.syncTo(last)
+}
+
+// syncFile makes a journal's file durable (a test counts the calls).
+var syncFile = (*os.File).Sync
+
+// fail records err as the journal's failure, unlocks mu (held by the
+// caller) and returns the failure.
+func (j *Journal) fail(err error) error {
+	j.failed = true
+	j.mu.Unlock()
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	if j.err == nil {
+		j.err = fmt.Errorf("journal %s: %w", j.path, err)
 	}
+	return j.err
+}
+
+// failure is the error that failed the journal.
+func (j *Journal) failure() error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	if j.err == nil {
+		return fmt.Errorf("journal %s: an earlier write failed", j.path)
+	}
+	return j.err
+}
+
+// syncTo returns once the records up to seq are durable: at once when a
+// sync since they were written covered them, else after a sync of its own,
+// which covers every record written to the file before it starts.
+func (j *Journal) syncTo(seq int64) error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	if j.err != nil {
+		return j.err
+	}
+	if j.synced >= seq {
+		return nil
+	}
+	j.mu.Lock()
+	upTo := j.written
+	j.mu.Unlock()
+	if err := syncFile(j.f); err != nil {
+		j.mu.Lock()
+		j.failed = true
+		j.mu.Unlock()
+		j.err = fmt.Errorf("journal %s: %w", j.path, err)
+		return j.err
+	}
+	j.synced = upTo
 	return nil
 }
 
@@ -298,13 +367,18 @@ func splitSum(line []byte) (p []byte, sum [sha256.Size]byte, ok bool) {
 
 // Close appends a "close" record, flushes and syncs the journal.
 func (j *Journal) Close() error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	err := j.write(JournalRecord{Op: "close"})
+	err := j.err
+	if werr := j.write(JournalRecord{Op: "close"}); err == nil {
+		err = werr
+	}
 	if ferr := j.w.Flush(); err == nil {
 		err = ferr
 	}
-	if serr := j.f.Sync(); err == nil {
+	if serr := syncFile(j.f); err == nil {
 		err = serr
 	}
 	if cerr := j.f.Close(); err == nil {
