@@ -202,19 +202,31 @@ func testCompactionMidRun(t *testing.T, version string) {
 	before := snapshotObjects(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}))
 
 	compacted := false
+	env := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}, PageSize: 25})
+	pf := undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}
+	watch, err := undo.StartWatch(context.Background(), c.Cli, env.Resolver.Prefix(), pf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
 	// Once the run writes (the scan goes on while the liveness window runs,
 	// and the window's end is where the writes begin): a compaction by
 	// someone else is no writer, and the run's watch of etcd outlives it.
-	opts := Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, Progress: func(n Counts) {
+	// It compacts what the watch has seen (a compaction past a watch that
+	// lags behind stops the run: what it did not see cannot be known).
+	opts := Options{PreflightOptions: pf, Watch: watch, Progress: func(n Counts) {
 		if !compacted && n.Scanned >= 100 && n.Rewritten > 0 {
 			compacted = true
 			rev := c.Revision()
+			if err := watch.Settle(context.Background()); err != nil {
+				t.Errorf("the run's watch: %v", err)
+			}
 			if _, err := c.Cli.Compact(context.Background(), rev); err != nil {
 				t.Errorf("compact: %v", err)
 			}
 		}
 	}}
-	sum, err := Run(context.Background(), c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}, PageSize: 25}), opts)
+	sum, err := Run(context.Background(), env, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/migrate"
@@ -121,6 +122,10 @@ type costs struct {
 const (
 	// batchPuts is how many rewrites a transaction carries (etcdscan.DefaultMaxOps).
 	batchPuts = 16
+	// writersInFlight is how many batches migrate keeps in flight
+	// (batches.DefaultWriters): the journal's fsync of one covers the
+	// others' waiting beside it.
+	writersInFlight = batches.DefaultWriters
 	// clientCPU is the tool's CPU per rewrite for its etcd client (the
 	// transaction's request and answer, gRPC), beside the decision and the
 	// journal; watchCPU the liveness watch's per rewrite (each write comes
@@ -200,7 +205,9 @@ func estimate(c costs) Estimate {
 	// Reading, deciding and writing, all at once: the decision as timed
 	// here; the writes' CPU (the tool's journal and client, etcd's applies)
 	// on the cores beside it; etcd's applies one at a time; the journal's
-	// fsyncs one at a time.
+	// fsyncs one after another, each shared by the batches in flight (a
+	// group commit: at best one covers every writer's batch, at worst each
+	// batch waits for its own).
 	toolW := clientCPU
 	if c.journal {
 		toolW += c.journalWrite
@@ -217,9 +224,10 @@ func estimate(c costs) Estimate {
 	journalChain, journalLow := 0.0, 0.0
 	if c.journal {
 		journalChain = batches * fsync
-		journalLow = journalChain
+		rounds := math.Ceil(batches / writersInFlight)
+		journalLow = rounds * fsync
 		if c.etcd != nil && c.etcd.WALFsyncMedian > 0 {
-			journalLow = batches * min(fsync, c.etcd.WALFsyncMedian)
+			journalLow = rounds * min(fsync, c.etcd.WALFsyncMedian)
 		}
 	}
 	bodyLow := max(c.decideWall, applyChain, journalLow, cpu/(cores*busyLow))
@@ -234,8 +242,8 @@ func estimate(c costs) Estimate {
 	writesCPU := s * (toolW + etcdW)
 	bodyHigh := max(1.25*c.decideWall+writesCPU/(cores*busyHigh), 1.5*applyChain, 2*journalChain, cpu/(cores*busyHigh))
 	body := EstimatePart{Name: "decisions and writes", Low: bodyLow, High: bodyHigh,
-		Basis: fmt.Sprintf("%d objects decided in %.1fs here (%.1fs of CPU); %d rewrites: %.0f µs of the tool's CPU each (journal %.0f µs, timed on a sample), %.0f µs of etcd's (its applies take %.0f µs a write), %.1fs of applies one at a time, %.0f journal fsyncs of %.2f ms; %.0f cores shared",
-			c.scanned, c.decideWall, c.decideCPU, c.stale, toolW*1e6, c.journalWrite*1e6, etcdW*1e6, apply*1e6, applyChain, batches, fsync*1e3, cores)}
+		Basis: fmt.Sprintf("%d objects decided in %.1fs here (%.1fs of CPU); %d rewrites: %.0f µs of the tool's CPU each (journal %.0f µs, timed on a sample), %.0f µs of etcd's (its applies take %.0f µs a write), %.1fs of applies one at a time, %.0f to %.0f journal fsyncs of %.2f ms (the batches in flight share one); %.0f cores shared",
+			c.scanned, c.decideWall, c.decideCPU, c.stale, toolW*1e6, c.journalWrite*1e6, etcdW*1e6, apply*1e6, applyChain, math.Ceil(batches/writersInFlight), batches, fsync*1e3, cores)}
 
 	// The compactions (--compact-history), as the space guard makes them.
 	comp := EstimatePart{Name: "compactions", Basis: "none: the run does not compact (no --compact-history)"}
