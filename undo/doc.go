@@ -16,7 +16,8 @@
 // # Journal format
 //
 // A journal is JSON lines, one record a line (JournalRecord), appended and
-// synced before each batch of writes is sent. Every record carries "seq", its
+// synced before each batch of writes is sent (the batches in flight share
+// their fsyncs: a group commit, see Journal). Every record carries "seq", its
 // number in the journal from 1, first, and "sum", its checksum, last: the
 // line is the record's JSON object without its closing brace (P), then
 // ,"sum":"<hex>"} and a newline, where <hex> is the sha256 of the previous
