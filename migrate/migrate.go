@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -173,7 +174,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 
 	// The run's first write waits for the liveness window's verdict and the
 	// snapshot (first.Then opens the journal); the window runs while the
-	// checks, the snapshot and the first decisions go on.
+	// checks, the snapshot and the decisions go on (held: holder).
 	first := &undo.FirstWrite{Client: env.Client}
 	var journal *undo.Journal
 	var guard *undo.SpaceGuard
@@ -215,6 +216,12 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		return writeBatch(writeCtx, env, w, journal, guard, watch, ds, t, opts)
 	})
+	// While the first write waits, the decisions are held on disk (as the
+	// room the preflight found allows) and the scan goes on.
+	var hold *holder
+	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
+		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(ctx) })
+	}
 	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		stale, counts := t.page(page)
 		if opts.DryRun && opts.Decided != nil {
@@ -223,7 +230,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}
-		if err := ws.Send(runCtx, stale); err != nil {
+		if err := hold.send(runCtx, stale, ws.Send); err != nil {
 			return err
 		}
 		if opts.Progress != nil {
@@ -231,7 +238,17 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		return nil
 	})
+	// What was held is sent once the scan ended as it should (or at the
+	// first unreadable object, as the batches queued before it are); a run
+	// stopped by a dependency gone or an interruption sends nothing more.
+	if scanErr == nil || errors.Is(scanErr, errFailFast) {
+		if err := hold.release(runCtx, ws.Send); err != nil && scanErr == nil {
+			scanErr = err
+		}
+	}
+	hold.close()
 	writeErr := ws.Wait()
+	hold.wait()
 	if guard != nil {
 		guard.Finish(writeCtx)
 	}
