@@ -36,8 +36,9 @@ func newHolder(dir string, room int64, open func()) *holder {
 }
 
 // send holds ds while the first write waits and the spool has room, else
-// sends what is held, then ds. Only one goroutine calls it (the scan's).
-func (h *holder) send(ctx context.Context, ds []reencode.Decision, send func(context.Context, []reencode.Decision) error) error {
+// sends what is held (through sendHeld), then ds. Only one goroutine calls
+// it (the scan's).
+func (h *holder) send(ctx context.Context, ds []reencode.Decision, send, sendHeld func(context.Context, []reencode.Decision) error) error {
 	if h == nil || h.released {
 		return send(ctx, ds)
 	}
@@ -57,7 +58,7 @@ func (h *holder) send(ctx context.Context, ds []reencode.Decision, send func(con
 			return nil
 		}
 	}
-	if err := h.release(ctx, send); err != nil {
+	if err := h.release(ctx, sendHeld); err != nil {
 		return err
 	}
 	return send(ctx, ds)

@@ -78,6 +78,13 @@ type Options struct {
 	Watch *undo.Watch
 }
 
+// Done is how many objects are done with: decided, and written (or
+// failed) when stale; what a progress bar shows (the scan may decide
+// everything before the first write, holding the stale ones).
+func (c Counts) Done() int64 {
+	return c.Scanned - max(0, c.Stale-c.Rewritten-c.Conflicts-c.Failed)
+}
+
 // Counts are a summary's figures, overall or for one resource.
 type Counts struct {
 	Scanned    int64 `json:"scanned"`
@@ -222,6 +229,15 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
 		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(ctx) })
 	}
+	// A batch of what was held, once sent, is progress too: the writes
+	// after the window report it as the scan's pages do.
+	sendHeld := func(ctx context.Context, ds []reencode.Decision) error {
+		err := ws.Send(ctx, ds)
+		if opts.Progress != nil {
+			opts.Progress(t.counts())
+		}
+		return err
+	}
 	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		stale, counts := t.page(page)
 		if opts.DryRun && opts.Decided != nil {
@@ -230,7 +246,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}
-		if err := hold.send(runCtx, stale, ws.Send); err != nil {
+		if err := hold.send(runCtx, stale, ws.Send, sendHeld); err != nil {
 			return err
 		}
 		if opts.Progress != nil {
@@ -242,7 +258,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// first unreadable object, as the batches queued before it are); a run
 	// stopped by a dependency gone or an interruption sends nothing more.
 	if scanErr == nil || errors.Is(scanErr, errFailFast) {
-		if err := hold.release(runCtx, ws.Send); err != nil && scanErr == nil {
+		if err := hold.release(runCtx, sendHeld); err != nil && scanErr == nil {
 			scanErr = err
 		}
 	}
