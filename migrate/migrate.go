@@ -369,7 +369,8 @@ func outcome(ctx context.Context, sum *Summary, opts Options, writeErr, scanErr 
 	case errors.As(scanErr, new(*pipeline.DependencyError)):
 		var dep *pipeline.DependencyError
 		errors.As(scanErr, &dep)
-		return &StoppedError{Dependency: dep, Journal: opts.Journal, DryRun: opts.DryRun, Output: opts.Output != nil}
+		sent := sum.Writer.Txns + sum.Writer.Fallbacks + sum.Writer.Singles
+		return &StoppedError{Dependency: dep, Journal: opts.Journal, DryRun: opts.DryRun, Output: opts.Output != nil, BeforeFirstWrite: sent == 0}
 	case errors.Is(scanErr, errFailFast):
 		return input.Errorf("%s: stopped at the first unreadable object", input.FailFast)
 	case scanErr != nil && ctx.Err() != nil:
@@ -393,6 +394,9 @@ type StoppedError struct {
 	Journal    string
 	DryRun     bool
 	Output     bool // writing an output snapshot (nothing written to etcd)
+	// BeforeFirstWrite: the run sent no write (it stopped while its first
+	// write waited: what it had decided was dropped).
+	BeforeFirstWrite bool
 }
 
 func (e *StoppedError) Error() string {
@@ -404,6 +408,9 @@ func (e *StoppedError) Error() string {
 		return b.String()
 	case e.Output:
 		b.WriteString("; the output snapshot was not written; once it answers again, run again")
+		return b.String()
+	case e.BeforeFirstWrite:
+		b.WriteString("; it stopped before its first write: nothing was written; once it answers again, run migrate again")
 		return b.String()
 	}
 	b.WriteString("; no batch was sent after it, the batches in flight finished")

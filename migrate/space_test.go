@@ -470,7 +470,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 // etcd's quota (no alarm, the journal intact, no key half-written); with
 // compaction it restores every key byte for byte, below the quota, no alarm.
 func TestRollbackKeepsBelowQuota(t *testing.T) {
-	const quota = 4<<20 + 512<<10
+	const quota = 5 << 20
 	s := seedSpace(t, quota)
 	ctx := context.Background()
 	journal := filepath.Join(s.c.Dir, "journal")
