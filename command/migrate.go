@@ -189,7 +189,7 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 	defer cancelWrites()
 	opts := o.runOptions(writeCtx, u)
 	opts.OnPreflight = hold.then(ctx, opts.OnPreflight)
-	opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
+	opts.Progress = func(n migrate.Counts) { prog.Set(objectsDone(opts.DryRun, n)) }
 	if s.file != nil && !opts.DryRun {
 		if err := openOutput(ctx, o.outSnap.path, s, &opts); err != nil {
 			prog.Finish()
@@ -394,4 +394,13 @@ func openOutput(ctx context.Context, out string, s *session, opts *migrate.Optio
 	s.out = w
 	opts.Output, opts.OutputFile = w, out
 	return nil
+}
+
+// objectsDone is what migrate's progress bar shows: the objects decided, and
+// for a run that writes, the stale ones written (or failed) too.
+func objectsDone(dryRun bool, n migrate.Counts) int64 {
+	if dryRun {
+		return n.Scanned
+	}
+	return n.Done()
 }

@@ -112,7 +112,8 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 	}
 	for _, r := range runs {
 		prog := newProgress(ios.errOut, "migrate "+r.etcd.Label(), countKeys(ctx, r.s.env))
-		r.opts.Progress = func(n migrate.Counts) { prog.Set(n.Scanned) }
+		dry := r.opts.DryRun
+		r.opts.Progress = func(n migrate.Counts) { prog.Set(objectsDone(dry, n)) }
 		r.sum, r.err = migrate.Run(ctx, r.s.env, r.opts)
 		prog.Finish()
 		rep.add(r.etcd, r.s.endpoints(), r.sum)

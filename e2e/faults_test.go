@@ -130,8 +130,10 @@ func toolOn(t *testing.T, c *testcluster.Cluster, args ...string) (string, strin
 }
 
 // TestKMSPluginKilledMidMigrate: a rotation of 6,000 secrets of ten seeds
-// under a KMS v2 plugin (its key ID moved from kek-1 to kek-2), the plugin
-// killed when etcd shows the run's first write. The run stops within
+// under a KMS v2 plugin (its key ID moved from kek-1 to kek-2) that takes
+// 400 ms to unwrap each data key, so that the run still decides (its later
+// seeds) when it writes (what it decided during the window first); the
+// plugin killed when etcd shows the run's first write. The run stops within
 // seconds (not one timeout per object left), exit 1, its stderr naming the
 // plugin as the configuration names it and its socket; every secret is
 // either as it was or a whole KMS v2 envelope under the new key ID, each
@@ -155,6 +157,7 @@ func kmsKilledMidMigrate(t *testing.T, backWith string) {
 	migrate := []string{"migrate", "--encryption-provider-config", cfg, "--target-version", "1.37", "--resource", "secrets", "--liveness-window", "1s", "--page-size", kmsPageSize}
 
 	w := watchWrites(t, c.Cli, c.Revision(), "/registry/secrets/")
+	plugin.SetDecryptDelay(400 * time.Millisecond)
 	run := startTool(t, append(migrate, "--endpoints", c.Srv.Endpoint)...)
 	select {
 	case <-w.oursSeen:
@@ -190,7 +193,8 @@ func kmsKilledMidMigrate(t *testing.T, backWith string) {
 	}
 	t.Logf("stopped %s after the plugin was killed, %d of %d secrets rewritten", took.Round(time.Millisecond), written, kmsSecrets)
 
-	// The plugin back (its keys kept), perhaps with a new key ID.
+	// The plugin back (its keys kept, answering at once), perhaps with a new key ID.
+	plugin.SetDecryptDelay(0)
 	if err := plugin.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -210,6 +214,48 @@ func kmsKilledMidMigrate(t *testing.T, backWith string) {
 		t.Fatalf("rollback of both runs: exit %d\n%s", code, stderr)
 	}
 	sameSecrets(t, before, secretValues(t, c))
+}
+
+// TestKMSPluginKilledDuringWindow: the plugin killed at the third data key
+// the run unwraps, while the liveness window (5 s) still runs and what the
+// run decided is held for its first write. The run stops once the window
+// has ended (it returns with no snapshot half-saved), exit 1, its stderr
+// naming the plugin and saying nothing was written: every secret byte for
+// byte as before. With the plugin back, migrate completes and verify exits 0.
+func TestKMSPluginKilledDuringWindow(t *testing.T) {
+	c, plugin, cfg := kmsCluster(t)
+	before := secretValues(t, c)
+	migrate := []string{"migrate", "--encryption-provider-config", cfg, "--target-version", "1.37", "--resource", "secrets", "--liveness-window", "5s", "--page-size", kmsPageSize}
+
+	plugin.StopAtDecrypt(3)
+	start := time.Now()
+	_, stderr, code := toolOn(t, c, migrate...)
+	took := time.Since(start)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 (stopped before any write)\n%s", code, stderr)
+	}
+	want := fmt.Sprintf(`KMS v2 plugin "vault" at %s does not answer`, plugin.Endpoint())
+	if !strings.Contains(stderr, want) || !strings.Contains(stderr, "stopped before its first write: nothing was written") {
+		t.Errorf("stderr does not name the plugin (%q) and say nothing was written:\n%s", want, stderr)
+	}
+	if took > 20*time.Second {
+		t.Errorf("the run took %s to stop: want the window's 5 s and seconds", took.Round(time.Millisecond))
+	}
+	sameSecrets(t, before, secretValues(t, c))
+	t.Logf("stopped after %s, nothing written", took.Round(time.Millisecond))
+
+	if err := plugin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := toolOn(t, c, append(migrate[:len(migrate)-4], "--liveness-window", "1s")...); code != 0 {
+		t.Fatalf("migrate with the plugin back: exit %d\n%s", code, stderr)
+	}
+	if ids := kmsKeyIDs(t, secretValues(t, c)); ids["kek-2"] != kmsSecrets {
+		t.Errorf("after the rerun, by key ID: %v; want all %d under kek-2", ids, kmsSecrets)
+	}
+	if stdout, stderr, code := toolOn(t, c, "verify", "--encryption-provider-config", cfg, "--resource", "secrets"); code != 0 {
+		t.Fatalf("verify after the rerun: exit %d\n%s%s", code, stdout, stderr)
+	}
 }
 
 // TestKMSPluginKilledMidRollback: rollback talks to the plugin only before

@@ -93,7 +93,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	}
 	// The disruptions come from the run's progress, after a page's batches
 	// are queued: the writers go on writing while the leadership moves (a
-	// quarter of the keys scanned) and while the new leader is killed (half).
+	// quarter of the keys rewritten) and while the new leader is killed (half).
 	type event struct {
 		what     string
 		revision int64 // etcd's revision once it was over
@@ -105,12 +105,12 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 		PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, BatchOps: 2, Writers: 2,
 		Progress: func(p Counts) {
 			switch {
-			case len(evs) == 0 && p.Scanned >= n/4:
+			case len(evs) == 0 && p.Rewritten >= n/4:
 				if err := ec.MoveLeader(ctx, (startLeader+1)%3); err != nil {
 					t.Errorf("move-leader: %v", err)
 				}
 				evs = append(evs, event{"move-leader", c.Revision()})
-			case len(evs) == 1 && p.Scanned >= n/2:
+			case len(evs) == 1 && p.Rewritten >= n/2:
 				lead, err := ec.WaitLeader(ctx)
 				if err != nil {
 					t.Errorf("kill-leader: %v", err)

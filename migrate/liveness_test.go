@@ -319,7 +319,7 @@ func TestWriterAppearsMidRun(t *testing.T) {
 // refuses the run as before (nothing written, the snapshot removed), and a
 // run with no writer sends its first write only after the window's end (its
 // revision above the window's last, its time past the window), having saved
-// the snapshot meanwhile.
+// the snapshot and decided every object meanwhile.
 func TestWindowWhileSnapshotSaved(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
@@ -415,5 +415,43 @@ func TestWindowWhileSnapshotSaved(t *testing.T) {
 	}
 	if d := snapshotSeen.Sub(start); d >= window {
 		t.Logf("note: the snapshot was saved %s after the start, not within the %s window (a loaded machine)", d, window)
+	}
+
+	// 3. The whole keyspace is read and decided while the window runs, not
+	// only what the writers' queue holds: with one writer of one put at a
+	// time (a queue of two decisions), the last secret is decided before
+	// the first write, and nothing of the decisions held is left in the
+	// run directory.
+	c.SeedMany(300, oldCfg)
+	runDir := filepath.Join(c.Dir, "run-3")
+	if err := os.Mkdir(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writtenAtLast := int64(-1)
+	cfg3 := cfg
+	cfg3.PageSize = 25
+	sum, err = Run(ctx, c.Env(cfg3), Options{Writers: 1, BatchOps: 1,
+		PreflightOptions: undo.PreflightOptions{LivenessWindow: window, Snapshot: filepath.Join(runDir, "snapshot.db"), Journal: filepath.Join(runDir, "journal"), QuotaBackendBytes: undo.DefaultQuotaBackendBytes},
+		Progress: func(n Counts) {
+			if n.Stale == 300 && writtenAtLast < 0 {
+				writtenAtLast = n.Rewritten
+			}
+		}})
+	if err != nil || sum.Summary.Rewritten != 300 {
+		t.Fatalf("run with one writer: %v, %+v", err, sum.Summary)
+	}
+	if writtenAtLast != 0 {
+		t.Errorf("the last secret was decided after %d writes: the reading waited for the window", writtenAtLast)
+	}
+	ents, err := os.ReadDir(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "journal snapshot.db" {
+		t.Errorf("the run directory holds %v, want its journal and snapshot", names)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -75,6 +76,13 @@ type Options struct {
 	// waits for its verdict and stops when it sees another writer. nil: the
 	// migration starts its own (none with AllowLiveAPIServer).
 	Watch *undo.Watch
+}
+
+// Done is how many objects are done with: decided, and written (or
+// failed) when stale; what a progress bar shows (the scan may decide
+// everything before the first write, holding the stale ones).
+func (c Counts) Done() int64 {
+	return c.Scanned - max(0, c.Stale-c.Rewritten-c.Conflicts-c.Failed)
 }
 
 // Counts are a summary's figures, overall or for one resource.
@@ -173,7 +181,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 
 	// The run's first write waits for the liveness window's verdict and the
 	// snapshot (first.Then opens the journal); the window runs while the
-	// checks, the snapshot and the first decisions go on.
+	// checks, the snapshot and the decisions go on (held: holder).
 	first := &undo.FirstWrite{Client: env.Client}
 	var journal *undo.Journal
 	var guard *undo.SpaceGuard
@@ -215,6 +223,21 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		return writeBatch(writeCtx, env, w, journal, guard, watch, ds, t, opts)
 	})
+	// While the first write waits, the decisions are held on disk (as the
+	// room the preflight found allows) and the scan goes on.
+	var hold *holder
+	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
+		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(ctx) })
+	}
+	// A batch of what was held, once sent, is progress too: the writes
+	// after the window report it as the scan's pages do.
+	sendHeld := func(ctx context.Context, ds []reencode.Decision) error {
+		err := ws.Send(ctx, ds)
+		if opts.Progress != nil {
+			opts.Progress(t.counts())
+		}
+		return err
+	}
 	stats, scanErr := env.Run(runCtx, 0, pipeline.Decide, func(page []reencode.Decision) error {
 		stale, counts := t.page(page)
 		if opts.DryRun && opts.Decided != nil {
@@ -223,7 +246,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}
-		if err := ws.Send(runCtx, stale); err != nil {
+		if err := hold.send(runCtx, stale, ws.Send, sendHeld); err != nil {
 			return err
 		}
 		if opts.Progress != nil {
@@ -231,7 +254,17 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		return nil
 	})
+	// What was held is sent once the scan ended as it should (or at the
+	// first unreadable object, as the batches queued before it are); a run
+	// stopped by a dependency gone or an interruption sends nothing more.
+	if scanErr == nil || errors.Is(scanErr, errFailFast) {
+		if err := hold.release(runCtx, sendHeld); err != nil && scanErr == nil {
+			scanErr = err
+		}
+	}
+	hold.close()
 	writeErr := ws.Wait()
+	hold.wait()
 	if guard != nil {
 		guard.Finish(writeCtx)
 	}
@@ -336,7 +369,8 @@ func outcome(ctx context.Context, sum *Summary, opts Options, writeErr, scanErr 
 	case errors.As(scanErr, new(*pipeline.DependencyError)):
 		var dep *pipeline.DependencyError
 		errors.As(scanErr, &dep)
-		return &StoppedError{Dependency: dep, Journal: opts.Journal, DryRun: opts.DryRun, Output: opts.Output != nil}
+		sent := sum.Writer.Txns + sum.Writer.Fallbacks + sum.Writer.Singles
+		return &StoppedError{Dependency: dep, Journal: opts.Journal, DryRun: opts.DryRun, Output: opts.Output != nil, BeforeFirstWrite: sent == 0}
 	case errors.Is(scanErr, errFailFast):
 		return input.Errorf("%s: stopped at the first unreadable object", input.FailFast)
 	case scanErr != nil && ctx.Err() != nil:
@@ -360,6 +394,9 @@ type StoppedError struct {
 	Journal    string
 	DryRun     bool
 	Output     bool // writing an output snapshot (nothing written to etcd)
+	// BeforeFirstWrite: the run sent no write (it stopped while its first
+	// write waited: what it had decided was dropped).
+	BeforeFirstWrite bool
 }
 
 func (e *StoppedError) Error() string {
@@ -371,6 +408,9 @@ func (e *StoppedError) Error() string {
 		return b.String()
 	case e.Output:
 		b.WriteString("; the output snapshot was not written; once it answers again, run again")
+		return b.String()
+	case e.BeforeFirstWrite:
+		b.WriteString("; it stopped before its first write: nothing was written; once it answers again, run migrate again")
 		return b.String()
 	}
 	b.WriteString("; no batch was sent after it, the batches in flight finished")

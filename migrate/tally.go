@@ -109,6 +109,13 @@ func (t *tally) page(page []reencode.Decision) (stale []reencode.Decision, count
 	return stale, t.total
 }
 
+// counts is the run's figures so far.
+func (t *tally) counts() Counts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.total
+}
+
 // written counts the results of writing the decisions ds. With failFast,
 // the first failed write is returned as the error that stops the run.
 func (t *tally) written(ds []reencode.Decision, results []etcdscan.PutResult, failFast bool) error {

@@ -104,9 +104,30 @@ func TestEstimateParts(t *testing.T) {
 	if e.Low < c.setup+c.window || e.LivenessSeconds != 15 {
 		t.Errorf("low %.2f with a 15 s window", e.Low)
 	}
-	// The writes cannot go faster than etcd applies them, one at a time.
-	if b := part("decisions and writes"); b.Low < float64(c.stale)*etcd.ApplyPerWrite || b.Low < c.decideWall {
-		t.Errorf("decisions and writes %.2f: below %d applies of %.1f µs or the decision's %.1fs", b.Low, c.stale, etcd.ApplyPerWrite*1e6, c.decideWall)
+	// The writes cannot go faster than etcd applies them, one at a time;
+	// the decision (2 s) is made while the 15 s window runs, held on disk.
+	if b := part("decisions and writes"); b.Low < float64(c.stale)*etcd.ApplyPerWrite {
+		t.Errorf("decisions and writes %.2f: below %d applies of %.1f µs", b.Low, c.stale, etcd.ApplyPerWrite*1e6)
+	}
+	// A decision longer than the wait goes on after it: what is left of it
+	// at best, twice what is left at half its speed at worst.
+	long := c
+	long.decideWall, long.decideCPU = 40, 60
+	if b := estimate(long).Parts[2]; !near(b.Low, 40-(15-c.checks)) || b.High < 1.25*(40-(15-c.checks)/2) {
+		t.Errorf("a 40 s decision beside a 15 s window: decisions and writes %.2f–%.2f", b.Low, b.High)
+	}
+	// The spool holds at most undo.SpoolMax: the decisions of a rewrite of
+	// 2 GB (old and new values) held while the window runs are an eighth.
+	big := c
+	big.sizes.EtcdBytes = 1 << 30
+	if b := estimate(big).Parts[2]; b.Low < 0.87*c.decideWall {
+		t.Errorf("a 1 GiB rewrite decided in %.0fs: decisions and writes %.2f–%.2f, want the seven eighths the spool cannot hold", c.decideWall, b.Low, b.High)
+	}
+	// Without an undo nothing is held: the whole decision is after the wait.
+	noUndo := c
+	noUndo.journal, noUndo.snapshot = false, false
+	if b := estimate(noUndo).Parts[2]; b.Low < c.decideWall {
+		t.Errorf("no undo: decisions and writes %.2f, below the decision's %.1fs", b.Low, c.decideWall)
 	}
 	if e.Compactions != [2]int{} || part("compactions").High != 0 {
 		t.Errorf("compactions %v without --compact-history", e.Compactions)

@@ -145,6 +145,31 @@ func checkDiskSpace(needs []DiskNeed, free func(dir string) (int64, error)) ([]s
 	return lines, nil
 }
 
+// roomBeside is what is left on the filesystem of path's directory beside
+// the needs on that filesystem and DiskMargin, as free says (0 when
+// nothing is, or it cannot be told).
+func roomBeside(path string, needs []DiskNeed, free func(dir string) (int64, error)) int64 {
+	dir := filepath.Dir(path)
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return 0
+	}
+	room, err := free(dir)
+	if err != nil {
+		return 0
+	}
+	for _, n := range needs {
+		var nst syscall.Stat_t
+		if err := syscall.Stat(filepath.Dir(n.Path), &nst); err != nil {
+			return 0
+		}
+		if nst.Dev == st.Dev {
+			room -= n.Bytes
+		}
+	}
+	return max(0, room-DiskMargin)
+}
+
 // FileSize is the size of a file, 0 when it does not exist.
 func FileSize(path string) int64 {
 	fi, err := os.Stat(path)

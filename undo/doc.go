@@ -11,7 +11,8 @@
 // its data directory's filesystem and a rollback's own undo), the removal of
 // old runs (Prune: the oldest only, a run left part-way kept with the reruns
 // that finished it), the guard that keeps a run's writes below etcd's quota
-// while it writes, and the Store a run writes to.
+// while it writes, the Store a run writes to, and the Spool that holds what
+// a run decided while its first write waits.
 //
 // # Journal format
 //

@@ -92,18 +92,22 @@ func Preflight(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([
 	if err != nil {
 		return done, nil, err
 	}
+	var spoolRoom int64
 	if opts.Journal != "" || opts.Snapshot != "" {
-		lines, err := undoSpace(ctx, env, opts, space.status, space.quota.Bytes, sizes)
+		lines, room, err := undoSpace(ctx, env, opts, space.status, space.quota.Bytes, sizes)
 		done = append(done, lines...)
 		if err != nil {
 			return done, nil, err
 		}
+		spoolRoom = room
 	}
 	if err := CheckEncryption(ctx, env); err != nil {
 		return done, nil, err
 	}
 	done = append(done, "write encryption providers encrypt and decrypt a probe value")
-	return done, newSpaceGuard(etcdStatus{env.Client}, space.quota, opts.CompactHistory, space.status), nil
+	guard := newSpaceGuard(etcdStatus{env.Client}, space.quota, opts.CompactHistory, space.status)
+	guard.spoolRoom = spoolRoom
+	return done, guard, nil
 }
 
 // CheckQuota says whether the rewrite fits below etcd's quota (or, with
@@ -276,7 +280,8 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOption
 		return nil, err
 	}
 	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
-	return undoSpace(ctx, env, opts, st, quota.Bytes, newSizer(env, opts))
+	lines, _, err := undoSpace(ctx, env, opts, st, quota.Bytes, newSizer(env, opts))
+	return lines, err
 }
 
 // undoSpace checks, before the first write, that the run's snapshot and
@@ -287,8 +292,9 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOption
 // every rewritten key's old value in base64 with its key and hashes: at
 // most about twice the live data; what the run writes to etcd is at most
 // the live data. When that does not fit, a decision pass adds up what the
-// stale objects take.
-func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, quota int64, sizes *sizer) ([]string, error) {
+// stale objects take. room is what is left beside all that on the
+// journal's filesystem (SpaceGuard.SpoolRoom).
+func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, quota int64, sizes *sizer) (lines []string, room int64, err error) {
 	etcd := FindEtcdData(env.Target.APIServer().Manifest, EtcdDataOf(env.Target.APIServer()))
 	if opts.EtcdData != nil {
 		etcd = *opts.EtcdData
@@ -299,12 +305,12 @@ func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st
 		StateDir: opts.StateDir, RollbackWrites: st.DBSizeInUse, RollbackJournalBytes: 2 * st.DBSizeInUse,
 		Etcd: etcd, Status: st, Quota: quota,
 	}
-	lines, err := CheckDiskSpace(space.Needs())
+	lines, err = CheckDiskSpace(space.Needs())
 	var se *DiskSpaceError
 	if errors.As(err, &se) {
 		exact, serr := sizes.get(ctx)
 		if serr != nil {
-			return lines, serr
+			return lines, 0, serr
 		}
 		space.JournalBytes, space.Writes = exact.JournalBytes, exact.EtcdBytes
 		space.RollbackWrites, space.RollbackJournalBytes = exact.RollbackBytes, exact.JournalBytes
@@ -313,7 +319,10 @@ func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st
 	if etcd.Dir == "" {
 		lines = append(lines, "etcd's data directory on this host: "+etcd.Source+"; its growth is not counted")
 	}
-	return lines, wrapSpace(err)
+	if err == nil && opts.Journal != "" {
+		room = roomBeside(opts.Journal, space.Needs(), freeBytes)
+	}
+	return lines, room, wrapSpace(err)
 }
 
 func wrapSpace(err error) error {

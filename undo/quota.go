@@ -190,6 +190,7 @@ type SpaceGuard struct {
 	compacting chan compactResult
 	err        error
 	report     *SpaceReport
+	spoolRoom  int64 // SpoolRoom
 	// watch, when set, is the run's liveness watch: a compaction waits
 	// until it has judged every revision it removes.
 	watch *Watch
@@ -206,6 +207,16 @@ func (g *SpaceGuard) Watched(w *Watch) {
 
 // Report is what the run saw of etcd's space, kept up to date as it writes.
 func (g *SpaceGuard) Report() *SpaceReport { return g.report }
+
+// SpoolRoom is the disk the preflight found left on the journal's
+// filesystem beside the run's undo, etcd's growth and DiskMargin: what a
+// Spool of the run's decisions may take (0: none).
+func (g *SpaceGuard) SpoolRoom() int64 {
+	if g == nil {
+		return 0
+	}
+	return g.spoolRoom
+}
 
 // compactResult is a background compaction's outcome: the revision it
 // compacted at (0: nothing was written since the last one), or its error.

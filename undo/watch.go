@@ -18,7 +18,7 @@ import (
 
 // Watch is a writing run's liveness watch (package liveness): started
 // before the run's other checks, its window runs while they, the snapshot
-// and the first decisions go on; the first write waits for its verdict
+// and the decisions go on; the first write waits for its verdict
 // (Verdict), and from then on a write under the prefix that is not the run's
 // stops the run (Stopped, Stopping). A nil *Watch watches nothing (a dry
 // run, --allow-live-apiserver): its methods say so.

@@ -168,6 +168,8 @@ type PluginV2 struct {
 	// stopAt: the Decrypt call of this number is never answered and the
 	// plugin stops (0: none).
 	stopAt atomic.Int64
+	// decryptDelay: how long each Decrypt waits before it answers.
+	decryptDelay atomic.Int64
 }
 
 var _ service.Service = (*v2impl)(nil)
@@ -273,6 +275,11 @@ func (p *PluginV2) StopAtDecrypt(n int64) {
 	p.stopAt.Store(p.decrypts.Load() + n)
 }
 
+// SetDecryptDelay makes each Decrypt call wait d before it answers (0: at
+// once), as a remote KMS far away does: a run that unwraps data keys is
+// still doing so seconds after it started.
+func (p *PluginV2) SetDecryptDelay(d time.Duration) { p.decryptDelay.Store(int64(d)) }
+
 // Start serves again on the same socket after Stop (a no-op while serving).
 func (p *PluginV2) Start() error { return p.srv.start() }
 
@@ -309,6 +316,13 @@ func (v *v2impl) Decrypt(ctx context.Context, uid string, req *service.DecryptRe
 		go p.Stop()
 		<-ctx.Done()
 		return nil, ctx.Err()
+	}
+	if d := time.Duration(p.decryptDelay.Load()); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	p.mu.Lock()
 	healthy, k := p.healthy, p.keys[req.KeyID]

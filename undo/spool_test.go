@@ -1,0 +1,100 @@
+package undo
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"testing"
+)
+
+type spooled struct {
+	Key      string
+	Rev      int64
+	Old, New []byte
+	Reasons  []string
+	Meta     struct{ Lease, Version int64 }
+	Err      *struct{ Why string }
+}
+
+// TestSpoolHoldsBatchesAndLeavesNothing: a spool gives back every batch it
+// took, whole and in order, and takes none past its room (that batch is
+// left to its caller, and so is every one after a batch it refused first);
+// its file is gone from the run directory from the start, so nothing of
+// the values it held is left there, whatever ends the process.
+func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	batch := func(b, n int) []spooled {
+		out := make([]spooled, n)
+		for i := range out {
+			out[i] = spooled{Key: fmt.Sprintf("/registry/secrets/ns/%d-%d", b, i), Rev: int64(b*100 + i),
+				Old: bytes.Repeat([]byte{byte(i)}, 2000), New: []byte("k8s:enc:aescbc:v1:key2:" + fmt.Sprint(i)),
+				Reasons: []string{"encryption-key"}}
+			out[i].Meta.Lease = int64(i)
+			if i == 1 {
+				out[i].Err = &struct{ Why string }{"kept as is"}
+			}
+		}
+		return out
+	}
+	s, err := OpenSpool[spooled](dir, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the spool's file is in the run directory: %v", ents)
+	}
+	var want [][]spooled
+	for b := 0; ; b++ {
+		bt := batch(b, 5)
+		if !s.Add(bt, 5*2100) {
+			break
+		}
+		want = append(want, bt)
+	}
+	if len(want) < 3 || len(want) > 7 || s.Batches() != len(want) {
+		t.Fatalf("a spool of 64 KiB took %d batches of about 10 KB (says %d)", len(want), s.Batches())
+	}
+	if s.Add(batch(99, 1), 2100) {
+		t.Fatal("a smaller batch was taken after a refused one: it would come back before it")
+	}
+	var got [][]spooled
+	if err := s.Drain(func(b []spooled) error { got = append(got, b); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("drained %d batches, %d were taken", len(got), len(want))
+	}
+	for i := range want {
+		if !reflect.DeepEqual(got[i], want[i]) {
+			t.Fatalf("batch %d did not come back as it was taken", i)
+		}
+	}
+	if s.Add(batch(100, 1), 10) || s.Batches() != 0 {
+		t.Error("a drained spool took another batch")
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the run directory holds %v", ents)
+	}
+
+	// fn's error stops the drain.
+	s2, err := OpenSpool[spooled](dir, SpoolMax)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	s2.Add(batch(0, 1), 10)
+	s2.Add(batch(1, 1), 10)
+	stop := errors.New("the run stopped")
+	n := 0
+	if err := s2.Drain(func([]spooled) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
+		t.Errorf("drain with fn failing: %v after %d batches", err, n)
+	}
+
+	// A directory that is not there: no spool, said.
+	if _, err := OpenSpool[spooled](dir+"/gone", SpoolMax); err == nil {
+		t.Error("a spool opened in a directory that is not there")
+	}
+}
