@@ -184,6 +184,15 @@ func TestMapKMSEndpointsKeepsOrRefuses(t *testing.T) {
 	} else {
 		enctest.AssertNoSecrets(t, err.Error())
 	}
+	// YAML broken by a missing space after a colon: the key and its secret
+	// are one unknown field's name, not quoted (FuzzLoad found it quoted).
+	broken := writeConfig(t, "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc: {keys: [{name: key1, secret:\""+enctest.Material1+"\"}]}\n")
+	_, err = LoadWith(ctx, broken, Options{})
+	if err == nil || !strings.Contains(err.Error(), `unknown field "resources[0].providers[0].aescbc.keys[0].<`) || !strings.Contains(err.Error(), "characters not shown>") {
+		t.Errorf("a secret in an unknown field's name: %v; want the field's path, its name not shown", err)
+	} else {
+		enctest.AssertNoSecrets(t, err.Error())
+	}
 	if len(*copies) != 0 {
 		t.Errorf("%d private copies written for refused files, want none", len(*copies))
 	}

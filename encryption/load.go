@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 
@@ -74,7 +75,7 @@ func LoadWith(ctx context.Context, path string, opts Options) (*Transformers, er
 	}
 	obj, gvk, err := configCodecs.UniversalDecoder().Decode(data, nil, nil)
 	if err != nil {
-		return nil, configError(path, fmt.Errorf("not an EncryptionConfiguration: %s", redactConfigError(err)))
+		return nil, configError(path, fmt.Errorf("not an EncryptionConfiguration: %s", redactDecodeError(err)))
 	}
 	cfg, ok := obj.(*apiserverconfig.EncryptionConfiguration)
 	if !ok {
@@ -138,7 +139,7 @@ func configError(path string, err error) error { return &ConfigError{Path: path,
 func mapKMSEndpoints(path string, data []byte, mapEndpoint func(string) (string, error)) ([]byte, bool, error) {
 	obj, gvk, err := strictConfigCodecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
-		return nil, false, configError(path, fmt.Errorf("not an EncryptionConfiguration kube-apiserver would load: %s", redactConfigError(err)))
+		return nil, false, configError(path, fmt.Errorf("not an EncryptionConfiguration kube-apiserver would load: %s", redactDecodeError(err)))
 	}
 	cfg, ok := obj.(*apiserverconfigv1.EncryptionConfiguration)
 	if !ok {
@@ -250,22 +251,101 @@ func writePrivate(file string, data []byte) error {
 	return f.Close()
 }
 
-// redactConfigError keeps configuration errors short and on one line; the
-// apiserver's validation messages name fields, never secret values, but its
-// decoder's missing kind or apiVersion errors quote the whole file ("Object
-// 'Kind' is missing in '<the file>'", key material included: found by
-// FuzzLoad): that quotation is dropped.
+// redactConfigError keeps kube-apiserver's errors loading a configuration
+// short and on one line. Its validation messages name fields, never values;
+// the message of its decoding the file is redactDecodeError's.
 func redactConfigError(err error) string {
 	msg := err.Error()
+	const decoding = "error decoding encryption provider configuration file "
+	if i := strings.Index(msg, decoding); i >= 0 {
+		inner := "(the decoder's message is not shown: it quotes the file)"
+		if j := strings.Index(msg[i:], `": `); j >= 0 {
+			inner = decodeMessage(msg[i+j+3:])
+		}
+		msg = msg[:i] + "error decoding the file: " + inner
+	}
+	return oneShortLine(msg)
+}
+
+// redactDecodeError is a decoding error of the file, short, on one line,
+// never quoting the file (decodeMessage).
+func redactDecodeError(err error) string { return oneShortLine(decodeMessage(err.Error())) }
+
+// decodeMessage is msg, a decoder's error, if it quotes nothing of the
+// file: the decoders' messages quote what they read — the whole file when
+// kind or apiVersion is missing ("Object 'Kind' is missing in '<the
+// file>'"), an unknown or repeated field's name as written (broken YAML, a
+// missing space after a colon, makes a key and its secret one name), a key
+// that is a list or a map printed whole (each found by FuzzLoad). So it is
+// shown only in the shapes of shownDecodeErrors (a field's name only when
+// it reads as one), any other as "not shown".
+func decodeMessage(msg string) string {
 	if i := strings.Index(msg, " is missing in '"); i >= 0 {
 		msg = msg[:i] + " is missing"
 	}
+	if m := notAnObject.FindStringSubmatch(msg); m != nil {
+		msg = "couldn't get version/kind: the document is a" + map[bool]string{true: "n"}[strings.ContainsAny(m[1][:1], "aeiou")] + " " + m[1] + ", not an object"
+	}
+	msg = namedField.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := namedField.FindStringSubmatch(m)
+		segs := strings.Split(sub[2], ".")
+		for i, s := range segs {
+			if !fieldSegment.MatchString(s) {
+				segs[i] = fmt.Sprintf("<%d characters not shown>", len(s))
+			}
+		}
+		return sub[1] + `"` + strings.Join(segs, ".") + `"`
+	})
+	for _, line := range strings.Split(msg, "\n") {
+		line = strings.TrimSpace(line)
+		shown := line == ""
+		for _, re := range shownDecodeErrors {
+			shown = shown || re.MatchString(line)
+		}
+		if !shown {
+			return "it does not decode (the decoder's message is not shown: it quotes the file)"
+		}
+	}
+	return msg
+}
+
+func oneShortLine(msg string) string {
 	msg = textfmt.OneLine(msg)
 	if len(msg) > 500 {
 		msg = msg[:500] + "…"
 	}
 	return msg
 }
+
+var (
+	// namedField is a field named in a decoding error as written: strict
+	// decoding's unknown or duplicate field (sigs.k8s.io/json), YAML's key
+	// set twice (go-yaml).
+	namedField = regexp.MustCompile(`((?:unknown|duplicate) field |key )"((?:[^"\\]|\\.)*)"`)
+	// notAnObject is the decoder's error for a document that is no object
+	// (it prints the Go type it decoded into).
+	notAnObject = regexp.MustCompile(`^couldn't get version/kind; json parse error: json: cannot unmarshal ([a-z]+) into Go value of type struct`)
+	// fieldSegment is a segment of a field's path that reads as a field's
+	// name (at most 24 letters and digits: no key material, which is longer
+	// or holds base64's '=', '+' or '/'), with an index perhaps.
+	fieldSegment = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]{0,23}(\[[0-9]+\])*$`)
+	// shownDecodeErrors are the shapes of a decoding error's lines that
+	// quote nothing of the file but what namedField kept and single
+	// punctuation marks: YAML's syntax errors, JSON's type errors (Go's
+	// types and the fields' paths), strict decoding's fields, a missing kind
+	// or apiVersion.
+	shownDecodeErrors = []*regexp.Regexp{
+		regexp.MustCompile(`^(strict decoding error: )?(error converting YAML to JSON: )?yaml: (line \d+: )?[a-z][a-z ]*('[^'\s]{1,3}'( or '[^'\s]{1,3}')?[a-z ]*)?$`),
+		regexp.MustCompile(`^(strict decoding error: )?yaml: unmarshal errors:$`),
+		regexp.MustCompile(`^line \d+: key "[^"]*" already set in map$`),
+		regexp.MustCompile(`^yaml: unknown anchor '[A-Za-z0-9_-]{1,24}' referenced$`),
+		regexp.MustCompile(`^yaml: !!binary value contains invalid base64 data$`),
+		regexp.MustCompile(`^(couldn't get version/kind; json parse error: )?json: cannot unmarshal [a-z]+ into Go (struct field [A-Za-z0-9_.]+|value) of type [^'"]+$`),
+		regexp.MustCompile(`^strict decoding error: ((unknown|duplicate) field "[^"]*"(, )?)+$`),
+		regexp.MustCompile(`^Object '(Kind|apiVersion)' is missing$`),
+		regexp.MustCompile(`^couldn't get version/kind: the document is an? [a-z]+, not an object$`),
+	}
+)
 
 func usesKMSv1(cfg *apiserverconfig.EncryptionConfiguration) bool {
 	for _, r := range cfg.Resources {
