@@ -192,101 +192,34 @@ func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, s
 }
 
 // compactingCeiling is the compaction-matched ceiling of a rewrite that does
-// not fit below etcd's quota: casCeiling at the tool's flags, compacting
-// etcd's history (physically, as the tool does) at the points the tool's
-// space guard does: every half of its margin (undo.Margin) of the writes'
-// cost (undo.PutCost) a compaction at the latest revision written starts
-// in the background, one at a time. A batch waits for the running one only
-// when etcd's database (asked every quarter of the margin, as the guard
-// does) would grow into the margin below the quota. It has no liveness
-// watch, no journal, no snapshot, no decoding: the bound the tool's migrate
-// --compact-history is compared with. It returns the compactions made, and
-// how long the writes waited for them.
+// not fit below etcd's quota: casCeiling at the tool's flags, each batch
+// going through the tool's own space guard (undo.NewSpaceGuard, compacting):
+// the same compactions at the same points, in the background, a batch
+// waiting for the room they free only when it would grow etcd's database
+// into the margin, and the last compaction waited for at the end (Finish),
+// as a run does. It has no liveness watch, no journal, no snapshot, no
+// decoding: the bound the tool's migrate --compact-history is compared
+// with. It returns the compactions made, and how long the writes waited in
+// the guard.
 func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, int, time.Duration, error) {
-	margin := undo.Margin(quota)
-	every := margin / 2
-	st, err := etcdscan.Status(ctx, cli)
+	guard, err := undo.NewSpaceGuard(ctx, cli, quota, true)
 	if err != nil {
 		return ceilingResult{}, 0, 0, err
 	}
-	var (
-		mu           sync.Mutex
-		since        int64 // cost written since the last compaction started
-		sinceStatus  int64 // since etcd's sizes were asked
-		dbSize, free = st.DBSize, st.Free
-		latest       int64
-		running      chan error
-		compactions  int
-		waited       time.Duration
-		firstErr     error
-	)
-	end := func(err error) {
-		running = nil
-		compactions++
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	before := func(b []rawKV) error {
-		var cost int64
+	cost := func(b []rawKV) (c int64) {
 		for _, kv := range b {
-			cost += undo.PutCost(string(kv.key), kv.value)
+			c += undo.PutCost(string(kv.key), kv.value)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if running != nil {
-			select {
-			case err := <-running:
-				end(err)
-			default:
-			}
-		}
-		if running == nil && since >= every && latest > 0 {
-			ch := make(chan error, 1)
-			running, since = ch, 0
-			go func(rev int64) { ch <- etcdscan.Compact(context.WithoutCancel(ctx), cli, rev) }(latest)
-		}
-		if sinceStatus >= margin/4 {
-			st, err := etcdscan.Status(ctx, cli)
-			if err != nil {
-				return err
-			}
-			dbSize, free, sinceStatus = st.DBSize, st.Free, 0
-		}
-		if running != nil && dbSize+max(0, sinceStatus+cost-free)+margin > quota {
-			t := time.Now()
-			end(<-running)
-			waited += time.Since(t)
-			time.Sleep(150 * time.Millisecond) // etcd's next commit shows the pages freed
-			st, err := etcdscan.Status(ctx, cli)
-			if err != nil {
-				return err
-			}
-			dbSize, free, sinceStatus = st.DBSize, st.Free, 0
-			waited += 150 * time.Millisecond
-		}
-		since += cost
-		sinceStatus += cost
-		return firstErr
+		return c
 	}
-	written := func(_ []rawKV, rev int64) {
-		mu.Lock()
-		latest = max(latest, rev)
-		mu.Unlock()
-	}
+	before := func(b []rawKV) error { return guard.Reserve(ctx, cost(b)) }
+	written := func(b []rawKV, _ int64) { guard.Done(cost(b)) }
 	c, err := casCeilingWith(ctx, cli, etcdscan.DefaultPageSize, stale, etcdscan.DefaultMaxOps, etcdscan.DefaultMaxBytes, toolWriters, before, written)
-	mu.Lock()
-	defer mu.Unlock()
-	if running != nil {
-		t := time.Now()
-		end(<-running)
-		waited += time.Since(t)
-		c.elapsed += time.Since(t)
-	}
-	if err == nil {
-		err = firstErr
-	}
-	return c, compactions, waited, err
+	end := time.Now()
+	guard.Finish(ctx)
+	c.elapsed += time.Since(end)
+	rep := guard.Report()
+	return c, rep.Compactions, time.Duration(rep.WaitSeconds * float64(time.Second)), err
 }
 
 // sweepPoint is one run of the CAS ceiling at one setting.

@@ -266,12 +266,12 @@ func estimate(c costs) Estimate {
 	var lastLow, lastHigh float64
 	if c.compact && c.stale > 0 {
 		tcLow, tcHigh, tcBasis := c.compactionTime()
-		lo := simulateGuard(c, bodyLow, tcLow)
-		hi := simulateGuard(c, bodyHigh, tcHigh)
+		lo := simulateGuard(c, bodyLow, tcLow, true)
+		hi := simulateGuard(c, bodyHigh, tcHigh, false)
 		e.Compactions = [2]int{min(lo.count, hi.count), max(lo.count, hi.count)}
 		comp.Low, comp.High = lo.blocked, hi.blocked
 		lastLow, lastHigh = lo.last, hi.last
-		comp.Basis = fmt.Sprintf("%d–%d compaction(s), one every %s written (half the margin below the %s quota), each %.0f–%.0fs (%s); the writes wait for them once the %s of room is used",
+		comp.Basis = fmt.Sprintf("%d–%d compaction(s), one every %s written (half the margin below the %s quota), each %.0f–%.0fs (%s); once the %s of room is used the writes wait for the room they free (as they walk at best, at their end at worst)",
 			e.Compactions[0], e.Compactions[1], textfmt.Bytes(undo.Margin(c.quota)/2), textfmt.Bytes(c.quota), tcLow, tcHigh, tcBasis, textfmt.Bytes(max(c.quota-undo.Margin(c.quota)-c.dbSize+c.free, 0)))
 	}
 
@@ -338,10 +338,13 @@ type guardRun struct {
 // simulateGuard plays the space guard's compactions (undo.SpaceGuard) over
 // the rewrite: the writes go at the rate body allows; every half margin
 // written a compaction starts in the background if none runs, taking tc,
-// and frees, when it ends, the old revisions of what was written before it
-// started; a write that would take the database into the margin waits for
-// the running compaction, or starts one and waits for it.
-func simulateGuard(c costs, body, tc float64) guardRun {
+// and frees the old revisions of what was written before it started; a
+// write that would take the database into the margin waits for the running
+// compaction, or starts one and waits for it. It waits for the room it
+// needs: etcd frees the old values as its compaction walks the revisions,
+// wherever they are in it; progressive (the low end) has them freed evenly
+// over the compaction's time, otherwise (the high end) all at its end.
+func simulateGuard(c costs, body, tc float64, progressive bool) guardRun {
 	total := float64(c.sizes.EtcdBytes)
 	if total <= 0 || body <= 0 {
 		return guardRun{}
@@ -358,11 +361,21 @@ func simulateGuard(c costs, body, tc float64) guardRun {
 	rate := total / body
 	step := max(min(every/8, total/2000), 4096)
 	var r guardRun
-	var t, written, grown, since, lastStart float64
+	var t, written, grown, since, lastStart, credited float64
 	running, startAt, endAt := false, 0.0, 0.0
+	// pending is what the running compaction frees in all.
+	pending := func() float64 { return (startAt - lastStart) * freeing }
+	// credit adds what the running compaction has freed by now (progressive).
+	credit := func() {
+		if running && progressive && tc > 0 {
+			by := pending() * min(1, max(0, (t-(endAt-tc))/tc))
+			free += by - credited
+			credited = by
+		}
+	}
 	finish := func() {
-		free += (startAt - lastStart) * freeing
-		lastStart, running = startAt, false
+		free += pending() - credited
+		lastStart, running, credited = startAt, false, 0
 		r.count++
 	}
 	start := func() {
@@ -377,8 +390,17 @@ func simulateGuard(c costs, body, tc float64) guardRun {
 		if !running && since >= every {
 			start()
 		}
+		credit()
 		if !fits(d) {
-			if running {
+			if running && progressive && pending() > credited {
+				// The time the missing room takes to free, at most the rest.
+				need := grown + d - free - room
+				until := min(endAt, t+need/pending()*tc)
+				r.blocked += until - t
+				t = until
+				credit()
+			}
+			if running && !fits(d) {
 				r.blocked += endAt - t
 				t = endAt
 				finish()

@@ -233,7 +233,7 @@ func TestSimulateGuard(t *testing.T) {
 	c := costs{quota: 1 << 30, dbSize: 100 << 20, sizes: undo.WriteSizes{EtcdBytes: 200 << 20, RollbackBytes: 200 << 20}}
 	every := float64(undo.Margin(c.quota) / 2)
 	// Room for all of it: compactions in the background only.
-	r := simulateGuard(c, 10, 1)
+	r := simulateGuard(c, 10, 1, false)
 	if r.blocked != 0 || r.count < int(float64(c.sizes.EtcdBytes)/every)-1 {
 		t.Errorf("room for the rewrite: %+v", r)
 	}
@@ -242,15 +242,21 @@ func TestSimulateGuard(t *testing.T) {
 	// margin is written (1.28 s) keeps up and nothing waits; a slower one
 	// is waited for, the slower the longer, never longer than it runs.
 	c.dbSize = c.quota - undo.Margin(c.quota) - 50<<20
-	fast, slow, slower := simulateGuard(c, 10, 1), simulateGuard(c, 10, 4), simulateGuard(c, 10, 8)
+	fast, slow, slower := simulateGuard(c, 10, 1, false), simulateGuard(c, 10, 4, false), simulateGuard(c, 10, 8, false)
 	if fast.blocked != 0 || fast.count < int(float64(c.sizes.EtcdBytes)/every)-1 {
 		t.Errorf("little room, compactions that keep up: %+v", fast)
 	}
 	if slow.blocked <= 0 || slower.blocked <= slow.blocked || slow.blocked > float64(slow.count)*4 || slower.blocked > float64(slower.count)*8 {
 		t.Errorf("little room, slow compactions: %+v, slower %+v", slow, slower)
 	}
+	// The room freed as the compaction walks (the low end): a write waits
+	// for the room it needs, less than for the compaction's end, and the
+	// same compactions are made.
+	if p := simulateGuard(c, 10, 8, true); p.blocked <= 0 || p.blocked >= slower.blocked {
+		t.Errorf("little room, slower compactions freeing as they go: %+v, at their end %+v", p, slower)
+	}
 	// Nothing to write: nothing to compact.
-	if r := simulateGuard(costs{quota: 1 << 30}, 10, 1); r != (guardRun{}) {
+	if r := simulateGuard(costs{quota: 1 << 30}, 10, 1, true); r != (guardRun{}) {
 		t.Errorf("nothing written: %+v", r)
 	}
 }

@@ -233,6 +233,19 @@ type clientStatus interface {
 	compact(ctx context.Context, rev int64) error
 }
 
+// NewSpaceGuard is the space guard of writes that are not a run of the tool
+// (the benchmark's compaction-matched ceiling paces etcd's own rewrite with
+// it): below quota bytes, compacting as a run with --compact-history does
+// when compact, from etcd's sizes now. Call Reserve before each batch, Done
+// after it, and Finish at the end.
+func NewSpaceGuard(ctx context.Context, cli *clientv3.Client, quota int64, compact bool) (*SpaceGuard, error) {
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	return newSpaceGuard(etcdStatus{cli}, Quota{Bytes: quota, Known: true}, compact, st), nil
+}
+
 // newSpaceGuard is the guard of a run that starts at st, with its report.
 func newSpaceGuard(cli clientStatus, quota Quota, compact bool, st etcdscan.StatusInfo) *SpaceGuard {
 	m := Margin(quota.Bytes)
@@ -257,7 +270,8 @@ func (g *SpaceGuard) fits(cost int64) bool {
 // current revision starts in the background while the writes go on (etcd
 // compacts every revision of its keyspace in batches: at millions of keys
 // a compaction takes as long as the writes between two of them); when a
-// batch would not fit, the run waits for it, or compacts at once.
+// batch would not fit, the run waits for the room it frees as it goes
+// (awaitRoom), or compacts at once.
 func (g *SpaceGuard) Reserve(ctx context.Context, cost int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -299,7 +313,7 @@ func (g *SpaceGuard) Reserve(ctx context.Context, cost int64) error {
 				}
 				g.startCompact(ctx)
 			}
-			c, err := g.collect(ctx, true)
+			c, err := g.awaitRoom(ctx, cost)
 			if err != nil {
 				return err
 			}
@@ -399,6 +413,37 @@ func (g *SpaceGuard) startCompact(ctx context.Context) {
 	}()
 }
 
+// awaitRoom waits until cost fits or the compaction running ends (then it
+// says whether it compacted, as collect does). etcd compacts in batches of
+// revisions, committing each before the next, so the pages of the old
+// values show free long before a compaction of millions of revisions ends:
+// meanwhile the guard asks etcd's sizes every roomPoll, and the batch goes
+// as soon as it fits in what is free by then (g.mu held).
+func (g *SpaceGuard) awaitRoom(ctx context.Context, cost int64) (bool, error) {
+	if g.compacting == nil {
+		return false, nil
+	}
+	tick := time.NewTicker(roomPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-g.compacting:
+			return g.ended(ctx, r)
+		case <-tick.C:
+			if err := g.update(ctx); err != nil {
+				return false, err
+			}
+			if g.fits(cost) {
+				return false, nil
+			}
+		}
+	}
+}
+
+// roomPoll is how often a batch waiting for a compaction to free room asks
+// etcd's sizes.
+const roomPoll = 250 * time.Millisecond
+
 // collect takes the result of the compaction running in the background, if
 // it has ended (wait: when it ends), and says whether it compacted (g.mu held).
 func (g *SpaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
@@ -415,6 +460,11 @@ func (g *SpaceGuard) collect(ctx context.Context, wait bool) (bool, error) {
 			return false, nil
 		}
 	}
+	return g.ended(ctx, r)
+}
+
+// ended takes a background compaction's result r (g.mu held).
+func (g *SpaceGuard) ended(ctx context.Context, r compactResult) (bool, error) {
 	g.compacting = nil
 	g.report.CompactSeconds += r.took.Seconds()
 	if r.err != nil {

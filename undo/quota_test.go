@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,4 +126,76 @@ func testFlags(n input.Name) string {
 		return f
 	}
 	return input.Words(n)
+}
+
+// slowCompaction is etcd's own compaction that returns only once released:
+// a compaction of millions of revisions, whose batches (each committed, its
+// pages free) go on long after the old values it frees are gone.
+type slowCompaction struct {
+	etcdStatus
+	release chan struct{}
+}
+
+func (s slowCompaction) compact(ctx context.Context, rev int64) error {
+	err := s.etcdStatus.compact(ctx, rev)
+	<-s.release
+	return err
+}
+
+// TestGuardWritesOnceCompactionFreesRoom: a batch that does not fit below
+// the quota waits for the room a compaction frees, not for its end. etcd's
+// history holds an old value of every key; a compaction that frees them and
+// then does not return (slowCompaction) lets the batch go once etcd shows
+// the pages free, and the guard counts the compaction when it ends.
+func TestGuardWritesOnceCompactionFreesRoom(t *testing.T) {
+	srv := testetcd.StartT(t, testetcd.Options{})
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	value := strings.Repeat("v", 4<<10)
+	for gen := 0; gen < 2; gen++ {
+		for i := 0; i < 1000; i++ {
+			if _, err := cli.Put(ctx, fmt.Sprintf("/registry/secrets/ns/s-%04d", i), fmt.Sprint(gen)+value); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(150 * time.Millisecond) // etcd commits its backend every 100 ms
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cost = 2 << 20
+	quota := Quota{Bytes: st.DBSize + 2<<20, Known: true} // its margin is 1 MiB
+	if st.Free >= 1<<20 {
+		t.Fatalf("test setup: %d bytes already free", st.Free)
+	}
+	slow := slowCompaction{etcdStatus{cli}, make(chan struct{})}
+	g := newSpaceGuard(slow, quota, true, st)
+	if g.fits(cost) {
+		t.Fatalf("test setup: %d bytes fit in a database of %d (%d free) below %d", cost, st.DBSize, st.Free, quota.Bytes)
+	}
+	reserved := make(chan error, 1)
+	go func() { reserved <- g.Reserve(ctx, cost) }()
+	select {
+	case err := <-reserved:
+		if err != nil {
+			t.Fatalf("Reserve while the compaction goes on: %v", err)
+		}
+	case <-time.After(time.Minute):
+		close(slow.release)
+		t.Fatalf("the batch still waits a minute after the compaction freed the old values (Reserve: %v)", <-reserved)
+	}
+	if g.Report().Compactions != 0 {
+		t.Fatalf("the compaction counted before it ended: %+v", g.Report())
+	}
+	g.Done(cost)
+	close(slow.release)
+	g.Finish(ctx)
+	if rep := g.Report(); rep.Compactions != 1 || rep.CompactedAt == 0 || rep.DBSizeMax >= quota.Bytes {
+		t.Fatalf("after the compaction: %+v", rep)
+	}
 }
