@@ -284,7 +284,11 @@ func decodeMessage(msg string) string {
 		msg = msg[:i] + " is missing"
 	}
 	if m := notAnObject.FindStringSubmatch(msg); m != nil {
-		msg = "couldn't get version/kind: the document is a" + map[bool]string{true: "n"}[strings.ContainsAny(m[1][:1], "aeiou")] + " " + m[1] + ", not an object"
+		article := "a"
+		if strings.ContainsAny(m[1][:1], "aeiou") {
+			article = "an"
+		}
+		msg = "couldn't get version/kind: the document is " + article + " " + m[1] + ", not an object"
 	}
 	msg = namedField.ReplaceAllStringFunc(msg, func(m string) string {
 		sub := namedField.FindStringSubmatch(m)
