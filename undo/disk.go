@@ -103,19 +103,19 @@ func checkDiskSpace(needs []DiskNeed, free func(dir string) (int64, error)) ([]s
 	var devs []uint64
 	for _, n := range needs {
 		dir := filepath.Dir(n.Path)
-		var st syscall.Stat_t
-		if err := syscall.Stat(dir, &st); err != nil {
+		dev, err := deviceOf(dir)
+		if err != nil {
 			return nil, fmt.Errorf("disk space for the %s %s: %w", n.What, n.Path, err)
 		}
-		f := byDev[uint64(st.Dev)]
+		f := byDev[dev]
 		if f == nil {
 			room, err := free(dir)
 			if err != nil {
 				return nil, fmt.Errorf("disk space for the %s %s: %w", n.What, n.Path, err)
 			}
 			f = &fsNeeds{dir: dir, free: room}
-			byDev[uint64(st.Dev)] = f
-			devs = append(devs, uint64(st.Dev))
+			byDev[dev] = f
+			devs = append(devs, dev)
 		}
 		f.needs = append(f.needs, n)
 		f.total += n.Bytes
@@ -150,8 +150,8 @@ func checkDiskSpace(needs []DiskNeed, free func(dir string) (int64, error)) ([]s
 // nothing is, or it cannot be told).
 func roomBeside(path string, needs []DiskNeed, free func(dir string) (int64, error)) int64 {
 	dir := filepath.Dir(path)
-	var st syscall.Stat_t
-	if err := syscall.Stat(dir, &st); err != nil {
+	dev, err := deviceOf(dir)
+	if err != nil {
 		return 0
 	}
 	room, err := free(dir)
@@ -159,15 +159,24 @@ func roomBeside(path string, needs []DiskNeed, free func(dir string) (int64, err
 		return 0
 	}
 	for _, n := range needs {
-		var nst syscall.Stat_t
-		if err := syscall.Stat(filepath.Dir(n.Path), &nst); err != nil {
+		ndev, err := deviceOf(filepath.Dir(n.Path))
+		if err != nil {
 			return 0
 		}
-		if nst.Dev == st.Dev {
+		if ndev == dev {
 			room -= n.Bytes
 		}
 	}
 	return max(0, room-DiskMargin)
+}
+
+// deviceOf is the ID of the filesystem dir is on: what tells filesystems apart.
+func deviceOf(dir string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return 0, err
+	}
+	return uint64(st.Dev), nil
 }
 
 // FileSize is the size of a file, 0 when it does not exist.

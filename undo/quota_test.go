@@ -148,12 +148,7 @@ func (s slowCompaction) compact(ctx context.Context, rev int64) error {
 // then does not return (slowCompaction) lets the batch go once etcd shows
 // the pages free, and the guard counts the compaction when it ends.
 func TestGuardWritesOnceCompactionFreesRoom(t *testing.T) {
-	srv := testetcd.StartT(t, testetcd.Options{})
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testetcd.StartT(t, testetcd.Options{}).ClientT(t)
 	ctx := context.Background()
 	value := strings.Repeat("v", 4<<10)
 	for gen := 0; gen < 2; gen++ {
