@@ -23,10 +23,12 @@ package undo
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -781,18 +783,52 @@ type logEntry struct {
 	Journaled bool `json:"journaled,omitempty"`
 }
 
-// appendLog appends e to the state directory's log and syncs it.
+// maxLogLine bounds a line of the log: its lines are a few hundred bytes,
+// and a longer one (a block of zeros a crash left, bytes appended by hand)
+// is passed over as a torn line is, without holding it.
+const maxLogLine = 64 << 10
+
+// nextLine reads the next line of r without its newline, or nil for one
+// longer than max (read through, not kept); io.EOF after the last line.
+func nextLine(r *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	long := false
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if !long {
+			if len(line)+len(chunk) > max+1 {
+				long, line = true, nil
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return bytes.TrimSuffix(line, []byte("\n")), err
+	}
+}
+
+// appendLog appends e to the state directory's log and syncs it, on a line
+// of its own after a torn last line.
 func appendLog(stateDir string, e logEntry) error {
 	path := filepath.Join(stateDir, logFile)
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	_, err = f.Write(append(b, '\n'))
+	if torn, terr := endsTorn(f); terr != nil {
+		err = terr
+	} else {
+		if torn {
+			b = append([]byte{'\n'}, b...)
+		}
+		_, err = f.Write(append(b, '\n'))
+	}
 	if serr := f.Sync(); err == nil {
 		err = serr
 	}
@@ -803,6 +839,20 @@ func appendLog(stateDir string, e logEntry) error {
 		return fmt.Errorf("state directory: %s: %w", path, err)
 	}
 	return nil
+}
+
+// endsTorn says whether f is a log whose last line has no newline (a write
+// a crash cut short).
+func endsTorn(f *os.File) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return false, err
+	}
+	last := make([]byte, 1)
+	if _, err := f.ReadAt(last, fi.Size()-1); err != nil {
+		return false, err
+	}
+	return last[0] != '\n', nil
 }
 
 // loggedRun is what the log says of one run.
@@ -819,8 +869,8 @@ type runLog struct {
 }
 
 // readLog reads the state directory's log (none in a state directory an
-// older release made). A line that does not parse (a torn last line) is
-// passed over: the run directories, not the log, are what a rollback undoes.
+// older release made). A line that does not parse (a torn last line, or
+// one longer than maxLogLine) is passed over: the run directories, not the log, are what a rollback undoes.
 func readLog(stateDir string) (runLog, error) {
 	out := runLog{runs: map[int]loggedRun{}}
 	f, err := os.Open(filepath.Join(stateDir, logFile))
@@ -831,22 +881,25 @@ func readLog(stateDir string) (runLog, error) {
 		return out, fmt.Errorf("state directory %s: %w", stateDir, err)
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	br := bufio.NewReader(f)
+	for {
+		line, rerr := nextLine(br, maxLogLine)
 		var e logEntry
-		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Seq <= 0 || seqOf(e.ID) != e.Seq {
-			continue
+		if len(line) > 0 && json.Unmarshal(line, &e) == nil && e.Seq > 0 && seqOf(e.ID) == e.Seq {
+			r := out.runs[e.Seq]
+			r.ID = e.ID
+			if e.Event == "end" {
+				r.ended, r.wroteNothing = true, e.KeysWritten == 0 && !e.Journaled
+			}
+			out.runs[e.Seq] = r
+			out.newest = max(out.newest, e.Seq)
 		}
-		r := out.runs[e.Seq]
-		r.ID = e.ID
-		if e.Event == "end" {
-			r.ended, r.wroteNothing = true, e.KeysWritten == 0 && !e.Journaled
+		if rerr == io.EOF {
+			break
 		}
-		out.runs[e.Seq] = r
-		out.newest = max(out.newest, e.Seq)
-	}
-	if err := sc.Err(); err != nil {
-		return out, fmt.Errorf("state directory %s: %s: %w", stateDir, logFile, err)
+		if rerr != nil {
+			return out, fmt.Errorf("state directory %s: %s: %w", stateDir, logFile, rerr)
+		}
 	}
 	return out, nil
 }

@@ -195,3 +195,44 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestRunsLogPastDamagedLines: a log with a block of zeros a crash left
+// (longer than any line) and a torn last line still numbers and finds the
+// runs around them, and the next run's line is whole.
+func TestRunsLogPastDamagedLines(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	st, err := StateDir(dir).Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	log := filepath.Join(dir, logFile)
+	appendBytes := func(b []byte) {
+		t.Helper()
+		f, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND, 0o600)
+		must(t, err)
+		_, err = f.Write(b)
+		must(t, err)
+		must(t, f.Close())
+	}
+	first := newRun(t, st, "migrate")
+	must(t, first.Finish(0, 1, nil))
+	second := newRun(t, st, "migrate")
+	appendBytes(append(make([]byte, 200<<10), '\n'))
+	third := newRun(t, st, "migrate")
+	appendBytes(make([]byte, 100<<10)) // torn: no newline
+	must(t, os.RemoveAll(second.Dir))
+
+	var gap *GapError
+	if _, err := StateDir(dir).Since("1"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0002-migrate" || gap.Next != third.ID {
+		t.Fatalf("Since(1) with run 2 removed, past a 200 KiB line: %v (%+v)", err, gap)
+	}
+	fourth := newRun(t, st, "rollback")
+	if fourth.ID != "0004-rollback" {
+		t.Fatalf("the run after a torn last line: %s, want 0004-rollback", fourth.ID)
+	}
+	must(t, os.RemoveAll(fourth.Dir))
+	if _, err := StateDir(dir).Since("3"); !errors.As(err, &gap) || strings.Join(gap.Missing, ",") != "0004-rollback" {
+		t.Fatalf("Since(3) with the run logged after a torn line removed: %v (%+v)", err, gap)
+	}
+}
