@@ -196,15 +196,15 @@ func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, s
 // going through the tool's own space guard (undo.NewSpaceGuard, compacting):
 // the same compactions at the same points, in the background, a batch
 // waiting for the room they free only when it would grow etcd's database
-// into the margin, and the last compaction waited for at the end (Finish),
-// as a run does. It has no liveness watch, no journal, no snapshot, no
+// into the margin, and the last compaction waited for at the end (Finish)
+// until etcd has taken it, as a run does. It has no liveness watch, no journal, no snapshot, no
 // decoding: the bound the tool's migrate --compact-history is compared
-// with. It returns the compactions made, and how long the writes waited in
-// the guard.
-func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, int, time.Duration, error) {
+// with. It returns the guard's report: the compactions made, and how long
+// the writes waited in the guard.
+func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, *undo.SpaceReport, error) {
 	guard, err := undo.NewSpaceGuard(ctx, cli, quota, true)
 	if err != nil {
-		return ceilingResult{}, 0, 0, err
+		return ceilingResult{}, nil, err
 	}
 	cost := func(b []rawKV) (c int64) {
 		for _, kv := range b {
@@ -218,8 +218,7 @@ func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[stri
 	end := time.Now()
 	guard.Finish(ctx)
 	c.elapsed += time.Since(end)
-	rep := guard.Report()
-	return c, rep.Compactions, time.Duration(rep.WaitSeconds * float64(time.Second)), err
+	return c, guard.Report(), err
 }
 
 // sweepPoint is one run of the CAS ceiling at one setting.

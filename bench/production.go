@@ -207,22 +207,28 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	cc, compactions, ccWaited, err := compactingCeiling(ctx, etcd.cli, sd.gen.staleKeys(), productionQuota)
+	cc, ccSpace, err := compactingCeiling(ctx, etcd.cli, sd.gen.staleKeys(), productionQuota)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", mProdCeiling, err)
 	}
 	if cc.rewrites != int64(stale) {
 		return nil, fmt.Errorf("%s rewrote %d keys, want %d (%d failed)", mProdCeiling, cc.rewrites, stale, cc.failed)
 	}
-	res.get(mProdCeiling).Samples = append(res.get(mProdCeiling).Samples, sample{Seconds: cc.elapsed.Seconds(), Objects: cc.keys, Bytes: cc.bytes, Rewrites: cc.rewrites, Compactions: compactions})
-	logf("  %s: %d rewritten in %.2fs, %d compaction(s), %.2fs waited for them", mProdCeiling, cc.rewrites, cc.elapsed.Seconds(), compactions, ccWaited.Seconds())
+	res.get(mProdCeiling).Samples = append(res.get(mProdCeiling).Samples, sample{Seconds: cc.elapsed.Seconds(), Objects: cc.keys, Bytes: cc.bytes, Rewrites: cc.rewrites, Compactions: ccSpace.Compactions})
+	logf("  %s: %d rewritten in %.2fs, %d compaction(s), %.2fs waited for them (%.2fs of it for the last, at the end)", mProdCeiling, cc.rewrites, cc.elapsed.Seconds(), ccSpace.Compactions, ccSpace.WaitSeconds, ccSpace.EndWaitSeconds)
 	mm := res.get(mProdMigrate).Samples[0]
 	over := mm.Seconds / cc.elapsed.Seconds()
 	res.Ratios = append(res.Ratios, ratio{Name: "migrate --compact-history / compaction-matched ceiling (time)", Value: over, Target: 1.5, Met: over <= 1.5, AtMost: true,
-		Note: fmt.Sprintf("the tool's whole process (its 1 s window, snapshot, journal, decisions) against etcd's CAS rewrite of the same keys with the same compactions (%d; the tool's %d)", compactions, mm.Compactions)})
+		Note: fmt.Sprintf("the tool's whole process (its 1 s window, snapshot, journal, decisions) against etcd's CAS rewrite of the same keys with the same compactions (%d; the tool's %d)", ccSpace.Compactions, mm.Compactions)})
 	inRun, _ := time.ParseDuration(mo.Duration)
-	res.Notes = append(res.Notes, fmt.Sprintf("where migrate --compact-history's %.1fs went: in-run %.1fs (after setup); a snapshot of this etcd took %.1fs before it (the backup); its %d compaction(s) ran %.1fs in the background; its writes waited %.1fs in the space guard; the compaction-matched ceiling: %.1fs, %d compaction(s), %.1fs waited for them",
-		mm.Seconds, inRun.Seconds(), snapTook.Seconds(), mo.Space.Compactions, mo.Space.CompactSeconds, mo.Space.WaitSeconds, cc.elapsed.Seconds(), compactions, ccWaited.Seconds()))
+	res.Notes = append(res.Notes, fmt.Sprintf("where migrate --compact-history's %.1fs went: in-run %.1fs (after setup); a snapshot of this etcd took %.1fs before it (the backup); its %d compaction(s) ran %.1fs in the background; its writes waited %.1fs in the space guard (%.1fs of it for the last compaction, at the end); the compaction-matched ceiling: %.1fs, %d compaction(s), %.1fs waited for them (%.1fs at the end)",
+		mm.Seconds, inRun.Seconds(), snapTook.Seconds(), mo.Space.Compactions, mo.Space.CompactSeconds, mo.Space.WaitSeconds, mo.Space.EndWaitSeconds, cc.elapsed.Seconds(), ccSpace.Compactions, ccSpace.WaitSeconds, ccSpace.EndWaitSeconds))
+
+	// The ceiling's last compaction goes on in etcd after it, as a run's
+	// does: let it end before the rows that share the cores.
+	if _, err := settle(); err != nil {
+		return nil, err
+	}
 
 	// The backup: verify it, then re-encrypt it into a new one.
 	tr, err = runTool(ctx, tool, "verify", "-o", "json", "--show-keys", "-1", "--snapshot-file", backup, "--encryption-provider-config", newCfg)

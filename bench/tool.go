@@ -164,6 +164,7 @@ type migrateOut struct {
 		// Where a compacting run's time went (undo.SpaceReport).
 		CompactSeconds float64 `json:"compactSeconds"`
 		WaitSeconds    float64 `json:"waitSeconds"`
+		EndWaitSeconds float64 `json:"endWaitSeconds"`
 	} `json:"space"`
 }
 

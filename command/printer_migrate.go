@@ -146,6 +146,9 @@ func spaceLine(sp *undo.SpaceReport) string {
 	line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), textfmt.Bytes(sp.Quota.Bytes))
 	if sp.Compactions > 0 {
 		line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)
+		if sp.LastGoesOn {
+			line += " (etcd still removes its old revisions, in the background as it does kube-apiserver's: nothing to wait for)"
+		}
 	}
 	return line
 }

@@ -141,6 +141,31 @@ func Compact(ctx context.Context, cli *clientv3.Client, rev int64) error {
 	return nil
 }
 
+// CompactTaken says whether etcd has taken a compaction at rev (or later):
+// it refuses to read the revision below it. etcd takes a compaction when
+// its members apply it and only then removes the old revisions from their
+// backends, in batches, which for millions of revisions takes minutes; the
+// compaction goes on there whatever becomes of the client that asked it.
+func CompactTaken(ctx context.Context, cli *clientv3.Client, rev int64) (bool, error) {
+	if rev <= 1 {
+		return true, nil
+	}
+	// One key (whether it exists does not matter): etcd checks the
+	// revision before it looks.
+	_, err := cli.Get(ctx, compactProbeKey, clientv3.WithRev(rev-1), clientv3.WithCountOnly())
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, rpctypes.ErrCompacted):
+		return true, nil
+	default:
+		return false, fmt.Errorf("etcd compaction at revision %d: %w", rev, err)
+	}
+}
+
+// compactProbeKey is the key CompactTaken reads.
+const compactProbeKey = "/registry/"
+
 // QuotaMetric is the name of the gauge every etcd member serves with its
 // --quota-backend-bytes.
 const QuotaMetric = "etcd_server_quota_backend_bytes"

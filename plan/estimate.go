@@ -263,28 +263,29 @@ func estimate(c costs) Estimate {
 
 	// The compactions (--compact-history), as the space guard makes them.
 	comp := EstimatePart{Name: "compactions", Basis: "none: the run does not compact (no --compact-history)"}
-	var lastLow, lastHigh float64
 	if c.compact && c.stale > 0 {
 		tcLow, tcHigh, tcBasis := c.compactionTime()
 		lo := simulateGuard(c, bodyLow, tcLow, true)
 		hi := simulateGuard(c, bodyHigh, tcHigh, false)
 		e.Compactions = [2]int{min(lo.count, hi.count), max(lo.count, hi.count)}
 		comp.Low, comp.High = lo.blocked, hi.blocked
-		lastLow, lastHigh = lo.last, hi.last
 		comp.Basis = fmt.Sprintf("%d–%d compaction(s), one every %s written (half the margin below the %s quota), each %.0f–%.0fs (%s); once the %s of room is used the writes wait for the room they free (as they walk at best, at their end at worst)",
 			e.Compactions[0], e.Compactions[1], textfmt.Bytes(undo.Margin(c.quota)/2), textfmt.Bytes(c.quota), tcLow, tcHigh, tcBasis, textfmt.Bytes(max(c.quota-undo.Margin(c.quota)-c.dbSize+c.free, 0)))
 	}
 
-	// The end: the compaction still running. The run directory's checksums
-	// of the snapshot and the journal are taken as they are written (in the
-	// snapshot's and the writes' parts): the end reads neither again.
+	// The end. The run directory's checksums of the snapshot and the
+	// journal are taken as they are written (in the snapshot's and the
+	// writes' parts): the end reads neither again. A compaction still
+	// running is waited for only until etcd has taken it: its removing the
+	// old revisions goes on in etcd after the run.
 	end := EstimatePart{Name: "end", Basis: "the run's summary"}
 	if c.journal || c.snapshot {
-		end.Low, end.High = lastLow, 0.3+lastHigh
+		end.High = 0.3
 		end.Basis = "the undo's checksums, taken as its files were written (nothing read again)"
-		if lastHigh > 0 {
-			end.Basis += fmt.Sprintf("; the last compaction's rest, %.0f–%.0fs", lastLow, lastHigh)
-		}
+	}
+	if e.Compactions[1] > 0 {
+		end.High += 0.5
+		end.Basis += "; the last compaction goes on in etcd after the run (the run waits for etcd to take it)"
 	}
 
 	e.Parts = []EstimatePart{setup, snap, body, comp, end}
@@ -327,12 +328,11 @@ func (c costs) compactionTime() (low, high float64, basis string) {
 	return t, 2 * (t + batches*1e-3), fmt.Sprintf("%.0f revisions walked, %d a batch, %.0f ms apart, each batch's hold %.1f ms (%s)", walked, compactionBatch, compactionSleep*1e3, pause*1e3, how)
 }
 
-// guardRun is what simulateGuard found: the compactions made, the time the
-// writes waited for them, and what the last one had left when the writes
-// ended (the run's end waits for it).
+// guardRun is what simulateGuard found: the compactions made (the last
+// may go on after the writes end), and the time the writes waited for them.
 type guardRun struct {
-	count         int
-	blocked, last float64
+	count   int
+	blocked float64
 }
 
 // simulateGuard plays the space guard's compactions (undo.SpaceGuard) over
@@ -423,7 +423,6 @@ func simulateGuard(c costs, body, tc float64, progressive bool) guardRun {
 		t += d / rate
 	}
 	if running && endAt > t {
-		r.last = endAt - t
 		r.count++
 	}
 	return r

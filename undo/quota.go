@@ -160,6 +160,14 @@ type SpaceReport struct {
 	// compaction waited for at its end): where a compacting run's time goes.
 	CompactSeconds float64 `json:"compactSeconds,omitempty"`
 	WaitSeconds    float64 `json:"waitSeconds,omitempty"`
+	// EndWaitSeconds is the part of WaitSeconds spent at the end, the
+	// writes done, waiting for etcd to take the last compaction.
+	EndWaitSeconds float64 `json:"endWaitSeconds,omitempty"`
+	// LastGoesOn: etcd had taken the run's last compaction (its revisions
+	// below CompactedAt can no longer be read) but was still removing them
+	// from its database when the run ended; it finishes in etcd, as
+	// kube-apiserver's compactions do, whatever becomes of the run.
+	LastGoesOn bool `json:"lastCompactionGoesOn,omitempty"`
 }
 
 // SpaceGuard keeps every member's database below quota-margin: writers reserve
@@ -194,6 +202,9 @@ type SpaceGuard struct {
 	// watch, when set, is the run's liveness watch: a compaction waits
 	// until it has judged every revision it removes.
 	watch *Watch
+	// asking, while a compaction runs, gets its revision once it is about
+	// to be asked of etcd.
+	asking chan int64
 }
 
 // Watched makes the guard's compactions wait for the run's liveness watch
@@ -231,6 +242,9 @@ type compactResult struct {
 type clientStatus interface {
 	status(ctx context.Context) (etcdscan.StatusInfo, error)
 	compact(ctx context.Context, rev int64) error
+	// taken says whether etcd has taken a compaction at rev: it refuses
+	// to read below it (its removing the old revisions may go on).
+	taken(ctx context.Context, rev int64) (bool, error)
 }
 
 // NewSpaceGuard is the space guard of writes that are not a run of the tool
@@ -387,8 +401,8 @@ type completedAt struct {
 // (the old revisions of every key the run rewrote) in the background, and
 // waits for the pages to be free there (g.mu held; collect takes the result).
 func (g *SpaceGuard) startCompact(ctx context.Context) {
-	ch := make(chan compactResult, 1)
-	g.compacting, g.sinceCompact = ch, 0
+	ch, asking := make(chan compactResult, 1), make(chan int64, 1)
+	g.compacting, g.asking, g.sinceCompact = ch, asking, 0
 	after := g.report.CompactedAt
 	// The run's interruption does not abandon a compaction etcd has begun.
 	ctx = context.WithoutCancel(ctx)
@@ -408,6 +422,7 @@ func (g *SpaceGuard) startCompact(ctx context.Context) {
 				r = compactResult{err: err}
 				break
 			}
+			asking <- st.Revision
 			r = compactResult{rev: st.Revision, err: g.cli.compact(ctx, st.Revision)}
 		}
 	}()
@@ -479,16 +494,19 @@ func (g *SpaceGuard) ended(ctx context.Context, r compactResult) (bool, error) {
 	return true, g.update(ctx)
 }
 
-// Finish is called when the run's writes are over: it waits for a
-// compaction still running (and counts it), then reports the database's size
-// after the run.
+// Finish is called when the run's writes are over: a compaction still
+// running is waited for until etcd has taken it (then it goes on in etcd
+// after the run, as kube-apiserver's do: removing millions of old revisions
+// takes etcd minutes that nothing of the run needs) and counted; then it
+// reports the database's size after the run.
 func (g *SpaceGuard) Finish(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.compacting != nil {
 		waitFrom := time.Now()
-		_, _ = g.collect(ctx, true) // the writes are done: a failed last compaction loses nothing
-		g.report.WaitSeconds += time.Since(waitFrom).Seconds()
+		g.lastTaken(ctx) // the writes are done: a failed last compaction loses nothing
+		g.report.EndWaitSeconds = time.Since(waitFrom).Seconds()
+		g.report.WaitSeconds += g.report.EndWaitSeconds
 	}
 	// etcd commits its backend every 100 ms: the last writes count then.
 	time.Sleep(150 * time.Millisecond)
@@ -500,6 +518,42 @@ func (g *SpaceGuard) Finish(ctx context.Context) {
 	}
 }
 
+// lastTaken waits for the compaction running at the run's end to end, or
+// to be taken by etcd (asked every takenPoll), and counts it (g.mu held).
+// Should etcd not say, it waits for the end.
+func (g *SpaceGuard) lastTaken(ctx context.Context) {
+	tick := time.NewTicker(takenPoll)
+	defer tick.Stop()
+	var rev int64
+	for {
+		select {
+		case r := <-g.compacting:
+			_, _ = g.ended(ctx, r)
+			return
+		case rev = <-g.asking:
+		case <-tick.C:
+			if rev == 0 {
+				continue
+			}
+			taken, err := g.cli.taken(ctx, rev)
+			if err != nil {
+				_, _ = g.collect(ctx, true)
+				return
+			}
+			if taken {
+				g.compacting = nil
+				g.report.Compactions++
+				g.report.CompactedAt, g.report.LastGoesOn = rev, true
+				return
+			}
+		}
+	}
+}
+
+// takenPoll is how often the run's end asks whether etcd has taken its last
+// compaction.
+const takenPoll = 50 * time.Millisecond
+
 // etcdStatus is clientStatus on a real client.
 type etcdStatus struct{ cli *clientv3.Client }
 
@@ -509,6 +563,10 @@ func (e etcdStatus) status(ctx context.Context) (etcdscan.StatusInfo, error) {
 
 func (e etcdStatus) compact(ctx context.Context, rev int64) error {
 	return etcdscan.Compact(ctx, e.cli, rev)
+}
+
+func (e etcdStatus) taken(ctx context.Context, rev int64) (bool, error) {
+	return etcdscan.CompactTaken(ctx, e.cli, rev)
 }
 
 // StopError is a run ended at the first error no retry fixes (etcd out of
