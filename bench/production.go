@@ -312,7 +312,7 @@ func record(res *results, name string, tr toolRun, objects, bytes, rewrites, ext
 	m := res.get(name)
 	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: objects, Bytes: bytes, Rewrites: rewrites,
 		PeakRSSKB: tr.peakRSSKB, DiskKB: (tr.stateBytes + extra) >> 10})
-	logf("  %s: %d objects, %d rewritten in %.2fs (CPU %.2fs), peak RSS %d MB, disk %d MB", name, objects, rewrites, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024, (tr.stateBytes+extra)>>20)
+	logf("  %s: %d objects, %d rewritten in %.2fs (CPU %.2fs, %.2fs of it the kernel's), peak RSS %d MB, disk %d MB", name, objects, rewrites, tr.wall.Seconds(), tr.cpu.Seconds(), tr.sys.Seconds(), tr.peakRSSKB/1024, (tr.stateBytes+extra)>>20)
 	return m
 }
 

@@ -49,6 +49,7 @@ func moduleRoot() (string, error) {
 type toolRun struct {
 	wall      time.Duration
 	cpu       time.Duration // user + system time of the tool's process (wait4's rusage)
+	sys       time.Duration // of which system time
 	peakRSSKB int64
 	exit      int
 	stdout    []byte
@@ -106,6 +107,7 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 	if cmd.ProcessState != nil {
 		r.exit = cmd.ProcessState.ExitCode()
 		r.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		r.sys = cmd.ProcessState.SystemTime()
 	}
 	if err != nil && r.exit <= 0 {
 		return r, fmt.Errorf("%s %s: %w", filepath.Base(bin), args[0], err)

@@ -58,9 +58,11 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // of its custom resources, with a CAS write on the CRD key. This is what makes
 // removing an old version from the CRD safe.
 //
-// decidedAt is the revision at which the run read and decided every object
-// of every custom resource in scope (its scan, consistent, no namespace
-// filter), 0 when it did not. pending counts, per custom resource, the
+// decidedAt is the revision as of which the run read and decided every
+// object of every custom resource in scope (its scan's first revision, no
+// namespace filter; a scan that restarted at a newer revision after a
+// compaction read every key once, and a key last written at or before
+// decidedAt held the same bytes there), 0 when it did not. pending counts, per custom resource, the
 // objects of that scan that are not now in the storage version (not
 // current, not rewritten). A key whose mod revision is at most decidedAt
 // holds the bytes that scan decided, and decoding them again gives the same

@@ -276,11 +276,14 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// decisions say nothing about CRDs' storedVersions.
 	keepStored := opts.KeepStoredVersions || env.Planner.EncryptionOnly
 	if err == nil && !opts.DryRun && !keepStored {
-		// The scan decided every object of the resources in scope at one
-		// revision, unless it restarted after a compaction or read one
-		// namespace: then the re-check decodes every object.
+		// The scan decided every object of the resources in scope as of
+		// its first revision: one that went on at a newer revision after a
+		// compaction (--compact-history's own) read there the keys it had
+		// not read yet, and a key last written at or before the first
+		// revision holds the same bytes at any later one. A scan of one
+		// namespace did not: then the re-check decodes every object.
 		decidedAt := sum.Revision
-		if !sum.Consistent || env.Config.Namespace != "" {
+		if env.Config.Namespace != "" {
 			decidedAt = 0
 		}
 		sum.CRDs, err = TrimStoredVersions(writeCtx, env, t.crdPending, decidedAt, &t.crWrites, w, func(context.Context) (*undo.Journal, error) {
