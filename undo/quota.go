@@ -535,7 +535,9 @@ func (g *SpaceGuard) lastTaken(ctx context.Context) {
 			if rev == 0 {
 				continue
 			}
-			taken, err := g.cli.taken(ctx, rev)
+			pctx, cancel := context.WithTimeout(ctx, etcdscan.DefaultCommandTimeout)
+			taken, err := g.cli.taken(pctx, rev)
+			cancel()
 			if err != nil {
 				_, _ = g.collect(ctx, true)
 				return
