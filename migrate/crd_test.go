@@ -174,15 +174,7 @@ func TestTrimReChecksWhatWasWrittenSince(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
 	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
 	putWidgets(t, c, 12)
-	late := map[string]any{
-		"apiVersion": "example.com/v1beta1", "kind": "Widget",
-		"metadata": map[string]any{"name": "late", "namespace": "ns1", "uid": "uid-late", "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
-		"spec":     map[string]any{"oldName": "late", "size": int64(1)},
-	}
-	data, err := json.Marshal(late)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := lateWidget(t, "late")
 	var putErr error
 	written := false
 	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(Counts) {
@@ -295,15 +287,7 @@ func TestTrimReChecksWhatWasWrittenSinceARestart(t *testing.T) {
 	const n = 400 // enough that the scan is still reading when the compaction comes
 	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
 	putWidgets(t, c, n)
-	late := map[string]any{
-		"apiVersion": "example.com/v1beta1", "kind": "Widget",
-		"metadata": map[string]any{"name": "a-late", "namespace": "ns1", "uid": "uid-late", "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
-		"spec":     map[string]any{"oldName": "late", "size": int64(1)},
-	}
-	data, err := json.Marshal(late)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := lateWidget(t, "a-late")
 	var otherErr error
 	written := false
 	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(counts Counts) {
@@ -333,6 +317,21 @@ func TestTrimReChecksWhatWasWrittenSinceARestart(t *testing.T) {
 	if got := storedCRD(t, c, c.Env(pipeline.Config{})).Status.StoredVersions; !slices.Equal(got, []string{"v1beta1", "v1"}) {
 		t.Fatalf("storedVersions %v, want both kept", got)
 	}
+}
+
+// lateWidget is a v1beta1 widget in ns1 that another writer stores while a
+// run reads, as etcd holds it.
+func lateWidget(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := json.Marshal(map[string]any{
+		"apiVersion": "example.com/v1beta1", "kind": "Widget",
+		"metadata": map[string]any{"name": name, "namespace": "ns1", "uid": "uid-late", "creationTimestamp": "2023-11-14T22:13:20Z", "generation": 1},
+		"spec":     map[string]any{"oldName": "late", "size": int64(1)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // TestRevisionsForgetsPastItsBound: the set of the run's own revisions stays
