@@ -128,7 +128,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	tr, err = runTool(ctx, tool, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, live...)...)
+	tr, err = runToolDiag(ctx, true, tool, append([]string{"verify", "-o", "json", "--show-keys", "-1"}, live...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,14 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 		return nil, err
 	}
 	cpu0, m0 := etcd.CPU(), etcd.metrics(ctx)
-	tr, err = runTool(ctx, tool, append(append([]string{"migrate", "-o", "json", "--journal", journal}, write...), live...)...)
+	margs := []string{"migrate", "-o", "json", "--journal", journal}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return nil, err
+		}
+		margs = append(margs, "--cpuprofile", filepath.Join(o.profileDir, "production-migrate.cpu.pprof"))
+	}
+	tr, err = runToolDiag(ctx, true, tool, append(append(margs, write...), live...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +182,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	tr, err = runTool(ctx, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--encryption-provider-config", newCfg, "--journal", journal, "--liveness-window", "1s", "--compact-history")
+	tr, err = runToolDiag(ctx, true, tool, "rollback", "-o", "json", "--endpoints", etcd.URL, "--encryption-provider-config", newCfg, "--journal", journal, "--liveness-window", "1s", "--compact-history")
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +320,10 @@ func record(res *results, name string, tr toolRun, objects, bytes, rewrites, ext
 	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: objects, Bytes: bytes, Rewrites: rewrites,
 		PeakRSSKB: tr.peakRSSKB, DiskKB: (tr.stateBytes + extra) >> 10})
 	logf("  %s: %d objects, %d rewritten in %.2fs (CPU %.2fs, %.2fs of it the kernel's), peak RSS %d MB, disk %d MB", name, objects, rewrites, tr.wall.Seconds(), tr.cpu.Seconds(), tr.sys.Seconds(), tr.peakRSSKB/1024, (tr.stateBytes+extra)>>20)
+	if tr.diag != nil {
+		logf("    memory: %s", tr.diag)
+		res.Notes = append(res.Notes, fmt.Sprintf("%s's memory: %s", name, tr.diag))
+	}
 	return m
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"kube-etcd-migrate/undo"
@@ -47,7 +48,12 @@ func moduleRoot() (string, error) {
 }
 
 type toolRun struct {
-	wall      time.Duration
+	wall time.Duration
+	// What the machine's memory did meanwhile (production rows, diag): the
+	// tool's own page faults and involuntary switches (wait4's rusage), the
+	// collections its runtime ran (GODEBUG=gctrace, counted and taken out of
+	// stderr), and the system's reclaim (/proc/vmstat's deltas).
+	diag      *toolDiag
 	cpu       time.Duration // user + system time of the tool's process (wait4's rusage)
 	sys       time.Duration // of which system time
 	peakRSSKB int64
@@ -66,6 +72,11 @@ type toolRun struct {
 // and exec records the parent's resident set as the child's high-water mark, so
 // it reported this benchmark's own RSS (which grows with N) instead of the tool's.
 func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
+	return runToolDiag(ctx, false, bin, args...)
+}
+
+// runToolDiag is runTool, and with diag also what the memory did (toolDiag).
+func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (toolRun, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	// The writing commands keep their undo (a snapshot before the first write,
 	// the journal) as an operator's run does, in a state directory of the
@@ -76,6 +87,11 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 	}
 	defer os.RemoveAll(stateDir)
 	cmd.Env = append(os.Environ(), undo.EnvStateDir+"="+stateDir)
+	var vm0 map[string]int64
+	if diag {
+		cmd.Env = append(cmd.Env, "GODEBUG=gctrace=1")
+		vm0 = vmstat()
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
@@ -108,11 +124,80 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 		r.exit = cmd.ProcessState.ExitCode()
 		r.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		r.sys = cmd.ProcessState.SystemTime()
+		if diag {
+			r.diag = &toolDiag{vm: vmDelta(vm0, vmstat())}
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				r.diag.majflt, r.diag.minflt, r.diag.nivcsw = ru.Majflt, ru.Minflt, ru.Nivcsw
+			}
+			r.stderr, r.diag.gcs = takeGCTrace(r.stderr)
+		}
 	}
 	if err != nil && r.exit <= 0 {
 		return r, fmt.Errorf("%s %s: %w", filepath.Base(bin), args[0], err)
 	}
 	return r, nil
+}
+
+// toolDiag is what the memory did during a run (toolRun.diag).
+type toolDiag struct {
+	majflt, minflt, nivcsw int64
+	gcs                    int
+	vm                     map[string]int64
+}
+
+func (d *toolDiag) String() string {
+	if d == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d GCs; its faults %d major, %d minor; %d involuntary switches; the system's pgmajfault +%d, pgscan_direct +%d, pgscan_kswapd +%d, allocstall +%d",
+		d.gcs, d.majflt, d.minflt, d.nivcsw, d.vm["pgmajfault"], d.vm["pgscan_direct"], d.vm["pgscan_kswapd"], d.vm["allocstall"])
+}
+
+// vmstat reads the reclaim counters of /proc/vmstat (allocstall summed over
+// its zones).
+func vmstat() map[string]int64 {
+	b, err := os.ReadFile("/proc/vmstat")
+	if err != nil {
+		return nil
+	}
+	m := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch {
+		case f[0] == "pgmajfault", f[0] == "pgscan_direct", f[0] == "pgscan_kswapd":
+			m[f[0]] = v
+		case strings.HasPrefix(f[0], "allocstall_"):
+			m["allocstall"] += v
+		}
+	}
+	return m
+}
+
+func vmDelta(a, b map[string]int64) map[string]int64 {
+	d := map[string]int64{}
+	for k, v := range b {
+		d[k] = v - a[k]
+	}
+	return d
+}
+
+// takeGCTrace counts the runtime's gctrace lines ("gc 12 @3.4s ...") in
+// stderr and returns stderr without them.
+func takeGCTrace(stderr []byte) ([]byte, int) {
+	var kept bytes.Buffer
+	n := 0
+	for _, line := range bytes.SplitAfter(stderr, []byte("\n")) {
+		if bytes.HasPrefix(line, []byte("gc ")) && bytes.Contains(line, []byte(" @")) {
+			n++
+			continue
+		}
+		kept.Write(line)
+	}
+	return kept.Bytes(), n
 }
 
 // vmHWM reads a live process's peak resident set in KiB (0 once it has exited).
