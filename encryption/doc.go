@@ -9,6 +9,7 @@
 // values; it never imports decode.
 //
 // load.go loads a configuration (Load, the private copies, ConfigError),
+// memfile_linux.go holds a private copy in memory only (memfd_create),
 // encryption.go transforms values (Transformers: Decrypt, Encrypt, which
 // provider a resource reads and writes with), kms.go probes the KMS plugins
 // (Preflight, CheckKMSPlugins, KMSPluginError), envelope.go reads a value's

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -20,19 +21,27 @@ import (
 // test plugin; nothing listens there on the machine running the tests.
 const containerEndpoint = "unix:///var/run/kmsplugin/kms.sock"
 
-// privateCopy is what a test sees of a private copy LoadEncryptionWith writes:
-// its permissions, its directory's, and whether it holds the container
-// endpoint or the mapped one.
-type privateCopy struct {
+// seenCopy is what a test sees of a private copy LoadWith makes: where it
+// is, its permissions, its directory's, whether $TMPDIR held anything while
+// it was loaded, and whether it holds the container endpoint or the mapped
+// one.
+type seenCopy struct {
+	path             string
 	file, dir        os.FileMode
+	onDisk           []string
 	mapped, original bool
 }
 
-func watchPrivateCopies(t *testing.T, mapped string) *[]privateCopy {
+func watchPrivateCopies(t *testing.T, mapped string) *[]seenCopy {
 	t.Helper()
-	var seen []privateCopy
+	var seen []seenCopy
 	privateCopyHook = func(file string) {
-		var c privateCopy
+		c := seenCopy{path: file}
+		if des, err := os.ReadDir(os.TempDir()); err == nil {
+			for _, de := range des {
+				c.onDisk = append(c.onDisk, de.Name())
+			}
+		}
 		if fi, err := os.Stat(file); err == nil {
 			c.file = fi.Mode().Perm()
 		}
@@ -92,8 +101,10 @@ func TestMapKMSEndpoints(t *testing.T) {
 	if len(*copies) != 1 {
 		t.Fatalf("%d private copies loaded, want 1", len(*copies))
 	}
-	if c := (*copies)[0]; c.file != 0o600 || c.dir != 0o700 || !c.mapped || c.original {
-		t.Errorf("private copy: file %v, directory %v, mapped endpoint %v, container endpoint %v; want 0600, 0700, true, false", c.file, c.dir, c.mapped, c.original)
+	// In this process's memory only: nothing in $TMPDIR even while loading,
+	// so a kill -9 then leaves no key on disk.
+	if c := (*copies)[0]; !strings.HasPrefix(c.path, "/proc/self/fd/") || c.file != 0o600 || len(c.onDisk) != 0 || !c.mapped || c.original {
+		t.Errorf("private copy: %s, file %v, $TMPDIR holding %v while loading, mapped endpoint %v, container endpoint %v; want an anonymous memory file (/proc/self/fd/N) 0600, nothing on disk, true, false", c.path, c.file, c.onDisk, c.mapped, c.original)
 	}
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Errorf("left in $TMPDIR after loading: %v", left)
@@ -140,6 +151,41 @@ func TestMapKMSEndpoints(t *testing.T) {
 	err = unmapped.Preflight(ctx, []schema.GroupResource{secretsGR})
 	if err == nil || !strings.Contains(err.Error(), containerEndpoint) {
 		t.Errorf("Preflight without the mapping: %v; want an error naming %s", err, containerEndpoint)
+	}
+}
+
+// TestMapKMSEndpointsWithoutMemfd: where memfd_create is refused (an older
+// kernel, a seccomp profile), the private copy is a file 0600 in a 0700
+// directory of $TMPDIR, removed once loaded, and the load works the same.
+func TestMapKMSEndpointsWithoutMemfd(t *testing.T) {
+	ctx := context.Background()
+	plugin := kmstest.StartV2T(t, "kek-1")
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	orig := memfdCreate
+	memfdCreate = func(string, int) (int, error) { return -1, syscall.ENOSYS }
+	t.Cleanup(func() { memfdCreate = orig })
+	copies := watchPrivateCopies(t, plugin.Endpoint())
+
+	written := secretsConfig(kmsV2("kms2a", containerEndpoint), keyed("aescbc", "key1", enctest.Material1))
+	writer := loadT(t, strings.ReplaceAll(written, containerEndpoint, plugin.Endpoint()))
+	ct := encryptT(t, writer, secretKey, testPlain)
+	mapped, err := LoadWith(ctx, writeConfig(t, written), Options{MapKMSEndpoint: func(string) (string, error) { return plugin.Endpoint(), nil }})
+	if err != nil {
+		t.Fatalf("LoadWith: %v", err)
+	}
+	defer mapped.Close()
+	if len(*copies) != 1 {
+		t.Fatalf("%d private copies loaded, want 1", len(*copies))
+	}
+	if c := (*copies)[0]; filepath.Dir(filepath.Dir(c.path)) != tmp || c.file != 0o600 || c.dir != 0o700 || !c.mapped || c.original {
+		t.Errorf("private copy: %s, file %v, directory %v, mapped endpoint %v, container endpoint %v; want a file in $TMPDIR, 0600, 0700, true, false", c.path, c.file, c.dir, c.mapped, c.original)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("left in $TMPDIR after loading: %v", left)
+	}
+	if pt, _, err := mapped.Decrypt(ctx, secretsGR, secretKey, ct); err != nil || !bytes.Equal(pt, testPlain) {
+		t.Errorf("Decrypt through the mapped endpoint: %v", err)
 	}
 }
 

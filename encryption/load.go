@@ -176,8 +176,9 @@ func mapKMSEndpoints(path string, data []byte, mapEndpoint func(string) (string,
 	return out, true, nil
 }
 
-// Private copies of encryption configurations being loaded, removed by
-// RemoveTempDirs when the process must exit at once.
+// Private copies of encryption configurations being loaded that are files
+// (where memFile cannot be used), removed by RemoveTempDirs when the process
+// must exit at once.
 var (
 	tempMu   sync.Mutex
 	tempDirs = map[string]bool{}
@@ -202,32 +203,18 @@ var privateCopyHook func(file string)
 
 // loadPrivateCopy loads data, the configuration of the file path with mapped
 // KMS endpoints, through the apiserver's loader (which only reads a file): it
-// holds the secrets of every provider, so it is written to a file only its
-// owner can read, in a directory only its owner can enter, and removed before
-// returning. Errors name path, never the copy.
+// holds the secrets of every provider, so it is put in an anonymous file in
+// this process's memory (memFile), never on a filesystem. Where the system has
+// none, it is written to a file only its owner can read, in a directory only
+// its owner can enter, and removed before returning (a SIGKILL between the two
+// would leave it: RemoveTempDirs covers only exits the process sees). Errors
+// name path, never the copy.
 func loadPrivateCopy(ctx context.Context, path string, data []byte) (*encryptionconfig.EncryptionConfiguration, error) {
-	tempMu.Lock()
-	if exiting {
-		tempMu.Unlock()
-		return nil, errors.New("interrupted")
-	}
-	dir, err := os.MkdirTemp("", "kube-etcd-migrate-encryption-") // 0700
+	copyPath, done, err := privateCopy(data)
 	if err != nil {
-		tempMu.Unlock()
 		return nil, fmt.Errorf("private copy with the mapped KMS endpoints: %w", err)
 	}
-	tempDirs[dir] = true
-	tempMu.Unlock()
-	defer func() {
-		tempMu.Lock()
-		defer tempMu.Unlock()
-		_ = os.RemoveAll(dir)
-		delete(tempDirs, dir)
-	}()
-	copyPath := filepath.Join(dir, "encryption-config.yaml")
-	if err := writePrivate(copyPath, data); err != nil {
-		return nil, fmt.Errorf("private copy with the mapped KMS endpoints: %w", err)
-	}
+	defer done()
 	if privateCopyHook != nil {
 		privateCopyHook(copyPath)
 	}
@@ -236,6 +223,40 @@ func loadPrivateCopy(ctx context.Context, path string, data []byte) (*encryption
 		return nil, errors.New(strings.ReplaceAll(err.Error(), copyPath, path+" (with the mapped KMS endpoints)"))
 	}
 	return loaded, nil
+}
+
+// privateCopy puts data where only this process reads it, in memory if it
+// can (memFile), and returns its path and what removes it.
+func privateCopy(data []byte) (string, func(), error) {
+	tempMu.Lock()
+	if exiting {
+		tempMu.Unlock()
+		return "", nil, errors.New("interrupted")
+	}
+	tempMu.Unlock()
+	if p, done, err := memFile(data); err == nil {
+		return p, done, nil
+	}
+	tempMu.Lock()
+	defer tempMu.Unlock()
+	dir, err := os.MkdirTemp("", "kube-etcd-migrate-encryption-") // 0700
+	if err != nil {
+		return "", nil, err
+	}
+	tempDirs[dir] = true
+	done := func() {
+		tempMu.Lock()
+		defer tempMu.Unlock()
+		_ = os.RemoveAll(dir)
+		delete(tempDirs, dir)
+	}
+	copyPath := filepath.Join(dir, "encryption-config.yaml")
+	if err := writePrivate(copyPath, data); err != nil {
+		_ = os.RemoveAll(dir)
+		delete(tempDirs, dir)
+		return "", nil, err
+	}
+	return copyPath, done, nil
 }
 
 // writePrivate creates file (it must not exist) readable by its owner only.
