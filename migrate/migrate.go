@@ -183,6 +183,11 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// snapshot (first.Then opens the journal); the window runs while the
 	// checks, the snapshot and the decisions go on (held: holder).
 	first := &undo.FirstWrite{Client: env.Client}
+	// A dependency found gone while the first write still waits (a KMS
+	// plugin, a conversion webhook, during the window or the snapshot) stops
+	// the run at once: the wait is given up (gate), not sat out.
+	gate, stopGate := context.WithCancel(ctx)
+	defer stopGate()
 	var journal *undo.Journal
 	var guard *undo.SpaceGuard
 	watch := opts.Watch
@@ -214,9 +219,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		batchOps = etcdscan.DefaultMaxOps
 	}
 	ws := batches.Start(opts.Writers, batchOps, cancel, func(ds []reencode.Decision) error {
-		// An interruption while the first batch waits writes nothing.
-		if err := first.Open(ctx); err != nil {
-			if ctx.Err() != nil {
+		// An interruption, or a dependency found gone, while the first
+		// batch waits writes nothing.
+		if err := first.Open(gate); err != nil {
+			if gate.Err() != nil {
 				return nil
 			}
 			return err
@@ -227,7 +233,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// room the preflight found allows) and the scan goes on.
 	var hold *holder
 	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
-		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(ctx) })
+		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(gate) })
 	}
 	// A batch of what was held, once sent, is progress too: the writes
 	// after the window report it as the scan's pages do.
@@ -254,6 +260,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		}
 		return nil
 	})
+	if errors.As(scanErr, new(*pipeline.DependencyError)) {
+		stopGate()
+	}
 	// What was held is sent once the scan ended as it should (or at the
 	// first unreadable object, as the batches queued before it are); a run
 	// stopped by a dependency gone or an interruption sends nothing more.
