@@ -239,6 +239,9 @@ func privateCopy(data []byte) (string, func(), error) {
 	}
 	tempMu.Lock()
 	defer tempMu.Unlock()
+	if exiting { // RemoveTempDirs ran meanwhile
+		return "", nil, errors.New("interrupted")
+	}
 	dir, err := os.MkdirTemp("", "kube-etcd-migrate-encryption-") // 0700
 	if err != nil {
 		return "", nil, err
