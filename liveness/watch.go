@@ -336,7 +336,7 @@ func (w *Watch) judge() {
 			break
 		}
 		if _, ok := w.own[e.rev]; ok || w.possiblyOwn(e) {
-			w.pending = w.pending[1:]
+			w.popPending()
 			continue
 		}
 		if e.del && !e.leaseKnown {
@@ -347,7 +347,7 @@ func (w *Watch) judge() {
 			w.wake()
 			break
 		}
-		w.pending = w.pending[1:]
+		w.popPending()
 		if e.del && e.leased {
 			w.runExp++
 			continue
@@ -364,6 +364,14 @@ func (w *Watch) judge() {
 		}
 		w.pruned = len(w.own)
 	}
+}
+
+// popPending drops the oldest pending event, its slot cleared: the slice's
+// array would otherwise keep every event judged since it was last grown,
+// as many as the longest backlog (a run's writes waiting out a compaction).
+func (w *Watch) popPending() {
+	w.pending[0] = nil
+	w.pending = w.pending[1:]
 }
 
 // possiblyOwn matches an event with a write of the run whose outcome is
