@@ -172,6 +172,10 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 		return nil, err
 	}
 	m := record(res, mProdMigrate, tr, mo.Summary.Scanned, in.Size(), mo.Summary.Rewritten, jfi.Size())
+	ws := mo.Summary.Writer
+	writes := fmt.Sprintf("migrate's writes: %d transactions, %d fallen back to single writes (%d), %d split, %d retried; its scan restarted %d time(s)", ws.Txns, ws.Fallbacks, ws.Singles, ws.Splits, ws.Retries, len(mo.Summary.Restarts))
+	logf("    %s", writes)
+	res.Notes = append(res.Notes, writes)
 	m.Samples[0].DBSizeBeforeKB, m.Samples[0].DBSizeAfterKB, m.Samples[0].DBSizeMaxKB, m.Samples[0].Compactions = mo.Space.DBSizeBefore>>10, mo.Space.DBSizeAfter>>10, mo.Space.DBSizeMax>>10, mo.Space.Compactions
 	res.Ratios = append(res.Ratios, rangeRatio("plan's range holds "+mProdMigrate, tr.wall.Seconds(), po.Estimate.Low, po.Estimate.High, "seconds, process start to exit"))
 	res.Notes = append(res.Notes, fmt.Sprintf("plan's estimate of migrate: %.0f–%.0fs (%s); measured: %.0fs", po.Estimate.Low, po.Estimate.High, po.Estimate.parts(), tr.wall.Seconds()),

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -129,7 +130,7 @@ func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (to
 			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 				r.diag.majflt, r.diag.minflt, r.diag.nivcsw = ru.Majflt, ru.Minflt, ru.Nivcsw
 			}
-			r.stderr, r.diag.gcs = takeGCTrace(r.stderr)
+			r.stderr, r.diag.gcs, r.diag.liveMB = takeGCTrace(r.stderr)
 		}
 	}
 	if err != nil && r.exit <= 0 {
@@ -142,15 +143,22 @@ func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (to
 type toolDiag struct {
 	majflt, minflt, nivcsw int64
 	gcs                    int
-	vm                     map[string]int64
+	// liveMB is the heap each collection left marked (gctrace's third
+	// "A->B->C MB" figure), sorted.
+	liveMB []float64
+	vm     map[string]int64
 }
 
 func (d *toolDiag) String() string {
 	if d == nil {
 		return ""
 	}
-	return fmt.Sprintf("%d GCs; its faults %d major, %d minor; %d involuntary switches; the system's pgmajfault +%d, pgscan_direct +%d, pgscan_kswapd +%d, allocstall +%d",
-		d.gcs, d.majflt, d.minflt, d.nivcsw, d.vm["pgmajfault"], d.vm["pgscan_direct"], d.vm["pgscan_kswapd"], d.vm["allocstall"])
+	live := ""
+	if n := len(d.liveMB); n > 0 {
+		live = fmt.Sprintf(" (the heap they left: median %.0f MB, 90th percentile %.0f, at most %.0f)", d.liveMB[n/2], d.liveMB[n*9/10], d.liveMB[n-1])
+	}
+	return fmt.Sprintf("%d GCs%s; its faults %d major, %d minor; %d involuntary switches; the system's pgmajfault +%d, pgscan_direct +%d, pgscan_kswapd +%d, allocstall +%d",
+		d.gcs, live, d.majflt, d.minflt, d.nivcsw, d.vm["pgmajfault"], d.vm["pgscan_direct"], d.vm["pgscan_kswapd"], d.vm["allocstall"])
 }
 
 // vmstat reads the reclaim counters of /proc/vmstat (allocstall summed over
@@ -185,19 +193,29 @@ func vmDelta(a, b map[string]int64) map[string]int64 {
 	return d
 }
 
-// takeGCTrace counts the runtime's gctrace lines ("gc 12 @3.4s ...") in
-// stderr and returns stderr without them.
-func takeGCTrace(stderr []byte) ([]byte, int) {
+// takeGCTrace counts the runtime's gctrace lines ("gc 12 @3.4s 2%: ...,
+// 40->52->31 MB, 64 MB goal, ...") in stderr, with the heap each left
+// marked (sorted), and returns stderr without them.
+func takeGCTrace(stderr []byte) ([]byte, int, []float64) {
 	var kept bytes.Buffer
 	n := 0
+	var live []float64
 	for _, line := range bytes.SplitAfter(stderr, []byte("\n")) {
-		if bytes.HasPrefix(line, []byte("gc ")) && bytes.Contains(line, []byte(" @")) {
-			n++
+		if !bytes.HasPrefix(line, []byte("gc ")) || !bytes.Contains(line, []byte(" @")) {
+			kept.Write(line)
 			continue
 		}
-		kept.Write(line)
+		n++
+		for _, f := range strings.Split(string(line), ", ") {
+			if mb, ok := strings.CutSuffix(f, " MB"); ok && strings.Count(mb, "->") == 2 {
+				if v, err := strconv.ParseFloat(mb[strings.LastIndex(mb, ">")+1:], 64); err == nil {
+					live = append(live, v)
+				}
+			}
+		}
 	}
-	return kept.Bytes(), n
+	sort.Float64s(live)
+	return kept.Bytes(), n, live
 }
 
 // vmHWM reads a live process's peak resident set in KiB (0 once it has exited).
@@ -242,6 +260,12 @@ type migrateOut struct {
 		Scanned, Current, Stale, Rewritten, Conflicts, Skipped, Unreadable, Failed int64
 		BytesRead                                                                  int64 `json:"bytesRead"`
 		BytesWritten                                                               int64 `json:"bytesWritten"`
+		// How the writes went (etcdscan.WriterStats) and the scan's restarts
+		// (a compaction of the revision it read at).
+		Writer struct {
+			Txns, Fallbacks, Singles, Splits, Retries int64
+		} `json:"writer"`
+		Restarts []struct{} `json:"restarts"`
 	} `json:"summary"`
 	Space struct {
 		DBSizeBefore int64 `json:"dbSizeBefore"`
