@@ -260,14 +260,14 @@ type migrateOut struct {
 		Scanned, Current, Stale, Rewritten, Conflicts, Skipped, Unreadable, Failed int64
 		BytesRead                                                                  int64 `json:"bytesRead"`
 		BytesWritten                                                               int64 `json:"bytesWritten"`
-		// How the writes went (etcdscan.WriterStats) and the scan's restarts
-		// (a compaction of the revision it read at).
-		Writer struct {
-			Txns, Fallbacks, Singles, Splits, Retries int64
-		} `json:"writer"`
-		Restarts []struct{} `json:"restarts"`
 	} `json:"summary"`
-	Space struct {
+	// How the writes went (etcdscan.WriterStats) and the scan's restarts
+	// (a compaction of the revision it read at).
+	Writer struct {
+		Txns, Fallbacks, Singles, Splits, Retries int64
+	} `json:"writer"`
+	Restarts []struct{} `json:"restarts"`
+	Space    struct {
 		DBSizeBefore int64 `json:"dbSizeBefore"`
 		DBSizeAfter  int64 `json:"dbSizeAfter"`
 		DBSizeMax    int64 `json:"dbSizeMax"`
