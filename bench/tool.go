@@ -49,12 +49,7 @@ func moduleRoot() (string, error) {
 }
 
 type toolRun struct {
-	wall time.Duration
-	// What the machine's memory did meanwhile (production rows, diag): the
-	// tool's own page faults and involuntary switches (wait4's rusage), the
-	// collections its runtime ran (GODEBUG=gctrace, counted and taken out of
-	// stderr), and the system's reclaim (/proc/vmstat's deltas).
-	diag      *toolDiag
+	wall      time.Duration
 	cpu       time.Duration // user + system time of the tool's process (wait4's rusage)
 	sys       time.Duration // of which system time
 	peakRSSKB int64
@@ -65,6 +60,11 @@ type toolRun struct {
 	// snapshot taken before the first write, the journal), measured before
 	// the directory is emptied.
 	stateBytes int64
+	// What the machine's memory did meanwhile (production rows, diag): the
+	// tool's own page faults and involuntary switches (wait4's rusage), the
+	// collections its runtime ran (GODEBUG=gctrace, counted and taken out of
+	// stderr), and the system's reclaim (/proc/vmstat's deltas).
+	diag *toolDiag
 }
 
 // runTool runs the tool as a child process and samples its peak RSS (VmHWM in
