@@ -173,7 +173,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	}
 	m := record(res, mProdMigrate, tr, mo.Summary.Scanned, in.Size(), mo.Summary.Rewritten, jfi.Size())
 	ws := mo.Writer
-	writes := fmt.Sprintf("migrate's writes: %d transactions, %d fallen back to single writes (%d), %d split, %d retried; its scan restarted %d time(s)", ws.Txns, ws.Fallbacks, ws.Singles, ws.Splits, ws.Retries, len(mo.Restarts))
+	writes := fmt.Sprintf("migrate's writes: %d transactions, %d fallen back to single writes (%d), %d split, %d retried; its scan restarted %d time(s) and kept %d batches on disk while its writes waited", ws.Txns, ws.Fallbacks, ws.Singles, ws.Splits, ws.Retries, len(mo.Restarts), mo.Backlog)
 	logf("    %s", writes)
 	res.Notes = append(res.Notes, writes)
 	m.Samples[0].DBSizeBeforeKB, m.Samples[0].DBSizeAfterKB, m.Samples[0].DBSizeMaxKB, m.Samples[0].Compactions = mo.Space.DBSizeBefore>>10, mo.Space.DBSizeAfter>>10, mo.Space.DBSizeMax>>10, mo.Space.Compactions

@@ -267,7 +267,9 @@ type migrateOut struct {
 		Txns, Fallbacks, Singles, Splits, Retries int64
 	} `json:"writer"`
 	Restarts []struct{} `json:"restarts"`
-	Space    struct {
+	// Batches decided ahead while the writes waited (migrate.Summary.Backlog).
+	Backlog int `json:"backlog"`
+	Space   struct {
 		DBSizeBefore int64 `json:"dbSizeBefore"`
 		DBSizeAfter  int64 `json:"dbSizeAfter"`
 		DBSizeMax    int64 `json:"dbSizeMax"`

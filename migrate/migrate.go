@@ -158,6 +158,10 @@ type Summary struct {
 	// encrypted if it was), what 'rollback' puts back.
 	Journal string               `json:"journal,omitempty"`
 	Writer  etcdscan.WriterStats `json:"writer"`
+	// Backlog is the number of batches of decisions kept on disk while the
+	// writers had no room for them (a compaction's wait), the reading and
+	// deciding going on meanwhile.
+	Backlog int `json:"backlog,omitempty"`
 }
 
 // Run migrates everything env selects. The returned summary is complete even when
@@ -231,9 +235,14 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	})
 	// While the first write waits, the decisions are held on disk (as the
 	// room the preflight found allows) and the scan goes on.
+	// After it, what the writers have no room for yet (a compaction's wait
+	// for room below the quota) is kept on disk too (backlog), as the room
+	// the preflight found allows, and the scan goes on.
 	var hold *holder
+	bl := newBacklog("", 0, ws, cancel)
 	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
 		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(gate) })
+		bl = newBacklog(filepath.Dir(opts.Journal), guard.SpoolRoom(), ws, cancel)
 	}
 	// A batch of what was held, once sent, is progress too: the writes
 	// after the window report it as the scan's pages do.
@@ -252,7 +261,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		if opts.FailFast && counts.Unreadable > 0 {
 			return errFailFast
 		}
-		if err := hold.send(runCtx, stale, ws.Send, sendHeld); err != nil {
+		if err := hold.send(runCtx, stale, bl.send, sendHeld); err != nil {
 			return err
 		}
 		if opts.Progress != nil {
@@ -266,12 +275,19 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// What was held is sent once the scan ended as it should (or at the
 	// first unreadable object, as the batches queued before it are); a run
 	// stopped by a dependency gone or an interruption sends nothing more.
-	if scanErr == nil || errors.Is(scanErr, errFailFast) {
+	drain := scanErr == nil || errors.Is(scanErr, errFailFast)
+	if drain {
 		if err := hold.release(runCtx, sendHeld); err != nil && scanErr == nil {
 			scanErr = err
 		}
 	}
 	hold.close()
+	// What the backlog keeps goes the same way; a batch of it that does not
+	// read back stops the run (its error is the run's).
+	if err := bl.finish(drain); err != nil {
+		scanErr = err
+	}
+	sum.Backlog = bl.kept()
 	writeErr := ws.Wait()
 	hold.wait()
 	if guard != nil {

@@ -3,11 +3,13 @@ package undo
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"encoding/gob"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 )
 
 // SpoolMax is the most a run holds on disk of what it decided while its
@@ -114,4 +116,153 @@ func (s *Spool[T]) Close() error {
 		return nil
 	}
 	return s.f.Close()
+}
+
+// BacklogMax is the most a run keeps on disk of what it decided while its
+// writers had no room for it (Backlog): some 290,000 decisions of secrets
+// of 1.8 KB, a million objects read and decided ahead of the writes.
+const BacklogMax = 1 << 30
+
+// Backlog is a queue on disk of the batches a run decided while its
+// writers had no room for them (a compaction's wait for room below etcd's
+// quota, a slow commit), so that the reading and deciding go on meanwhile
+// on the cores the writes leave idle, as a Spool does before the first
+// write; unlike a Spool it is read from while it is added to. Batches come
+// back in the order they came. Like a Spool, its file is removed from the
+// run directory as soon as it is created and nothing of it outlives the
+// process; its space is given back whenever it is emptied. Push refuses a
+// batch past its room, or after a write to it failed (the caller then
+// sends the batch itself); a batch that does not read back is an error.
+// Push and Pop may be called from different goroutines.
+type Backlog[T any] struct {
+	mu      sync.Mutex
+	f       *os.File
+	name    string
+	room    int64
+	head    int64 // the next batch to read
+	tail    int64 // where the next batch is written
+	batches int
+	failed  bool
+	pushed  int // batches taken in all
+	buf     bytes.Buffer
+	hdr     [8]byte
+	rbuf    []byte
+}
+
+// OpenBacklog creates a backlog of at most room bytes (and BacklogMax) in dir.
+func OpenBacklog[T any](dir string, room int64) (*Backlog[T], error) {
+	f, err := os.CreateTemp(dir, ".backlog-*")
+	if err != nil {
+		return nil, fmt.Errorf("backlog in %s: %w", dir, err)
+	}
+	name := filepath.Base(f.Name())
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("backlog %s: %w", name, err)
+	}
+	return &Backlog[T]{f: f, name: name, room: min(room, BacklogMax)}, nil
+}
+
+// Push keeps batch and says so; false when the backlog has no room for it
+// now or a write to it failed (it then takes nothing more). Each batch is
+// encoded on its own (a length, then its gob), so that it reads back
+// whatever was written after it.
+func (b *Backlog[T]) Push(batch []T) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failed {
+		return false
+	}
+	b.buf.Reset()
+	b.buf.Write(b.hdr[:])
+	if err := gob.NewEncoder(&b.buf).Encode(batch); err != nil {
+		b.failed = true
+		return false
+	}
+	n := int64(b.buf.Len())
+	if b.tail+n > b.room {
+		return false
+	}
+	binary.BigEndian.PutUint64(b.buf.Bytes()[:8], uint64(n-8))
+	w, err := b.f.WriteAt(b.buf.Bytes(), b.tail)
+	if err != nil || int64(w) != n {
+		// A short write (a full disk): what is kept ends where it did.
+		b.failed = true
+		return false
+	}
+	b.tail += n
+	b.batches++
+	b.pushed++
+	if b.buf.Cap() > 4<<20 {
+		b.buf = bytes.Buffer{} // a large batch's buffer is not kept
+	}
+	return true
+}
+
+// Len is the number of batches kept and not yet read.
+func (b *Backlog[T]) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.batches
+}
+
+// Pushed is the number of batches the backlog took in all.
+func (b *Backlog[T]) Pushed() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pushed
+}
+
+// Pop reads back the oldest batch kept (ok false: none is), and gives the
+// backlog's space back once it is empty. A batch that does not read back
+// (the disk failed under it) is an error naming the backlog.
+func (b *Backlog[T]) Pop() (batch []T, ok bool, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.batches == 0 {
+		return nil, false, nil
+	}
+	fail := func(err error) ([]T, bool, error) {
+		return nil, false, fmt.Errorf("backlog %s of the decisions held while the writes waited: batch at byte %d does not read back: %w", b.name, b.head, err)
+	}
+	var hdr [8]byte
+	if _, err := b.f.ReadAt(hdr[:], b.head); err != nil {
+		return fail(err)
+	}
+	n := int64(binary.BigEndian.Uint64(hdr[:]))
+	if n <= 0 || b.head+8+n > b.tail {
+		return fail(fmt.Errorf("a length of %d bytes, %d written after it", n, b.tail-b.head-8))
+	}
+	if int64(cap(b.rbuf)) < n {
+		b.rbuf = make([]byte, n)
+	}
+	raw := b.rbuf[:n]
+	if _, err := b.f.ReadAt(raw, b.head+8); err != nil {
+		return fail(err)
+	}
+	// The decoded values are copies: the buffer is read into again.
+	if err := gob.NewDecoder(bytes.NewReader(raw)).Decode(&batch); err != nil {
+		return fail(err)
+	}
+	if cap(b.rbuf) > 4<<20 {
+		b.rbuf = nil
+	}
+	b.head += 8 + n
+	b.batches--
+	if b.batches == 0 {
+		b.head, b.tail = 0, 0
+		if err := b.f.Truncate(0); err != nil {
+			b.failed = true // what it held was read; it takes nothing more
+		}
+	}
+	return batch, true, nil
+}
+
+// Close frees the backlog's disk.
+func (b *Backlog[T]) Close() error {
+	if b == nil {
+		return nil
+	}
+	return b.f.Close()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -96,5 +97,93 @@ func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
 	// A directory that is not there: no spool, said.
 	if _, err := OpenSpool[spooled](dir+"/gone", SpoolMax); err == nil {
 		t.Error("a spool opened in a directory that is not there")
+	}
+}
+
+// TestBacklogIsAQueueOnDisk: a backlog gives back every batch it took, whole
+// and in the order it took them, while it is added to from another
+// goroutine; it takes none past its room, and takes batches again once it was
+// emptied (its disk given back); its file is gone from the run directory
+// from the start; a batch damaged on disk is an error naming the backlog,
+// never a batch made up.
+func TestBacklogIsAQueueOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	batch := func(b int) []spooled {
+		out := make([]spooled, 3)
+		for i := range out {
+			out[i] = spooled{Key: fmt.Sprintf("/registry/secrets/ns/%d-%d", b, i), Rev: int64(b*10 + i),
+				Old: bytes.Repeat([]byte{byte(b)}, 1500), New: []byte(fmt.Sprint("k8s:enc:aescbc:v1:key2:", b, i))}
+		}
+		return out
+	}
+	q, err := OpenBacklog[spooled](dir, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the backlog's file is in the run directory: %v", ents)
+	}
+
+	// Full: it refuses, and the batch stays with its caller.
+	n := 0
+	for q.Push(batch(n)) {
+		n++
+	}
+	if n < 5 || n > 15 || q.Len() != n {
+		t.Fatalf("a backlog of 64 KiB took %d batches of about 4.6 KB (says %d)", n, q.Len())
+	}
+	for i := 0; i < n; i++ {
+		got, ok, err := q.Pop()
+		if err != nil || !ok || !reflect.DeepEqual(got, batch(i)) {
+			t.Fatalf("batch %d came back as %v, ok %v: %v", i, got, ok, err)
+		}
+	}
+	if _, ok, err := q.Pop(); ok || err != nil {
+		t.Fatalf("an empty backlog gave a batch (%v)", err)
+	}
+	if fi, err := q.f.Stat(); err != nil || fi.Size() != 0 {
+		t.Fatalf("an emptied backlog still takes %d bytes (%v)", fi.Size(), err)
+	}
+
+	// Added to while it is read: every batch once, in order.
+	const total = 400
+	go func() {
+		for i := 0; i < total; {
+			if q.Push(batch(i)) {
+				i++
+			}
+		}
+	}()
+	for i := 0; i < total; {
+		got, ok, err := q.Pop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			continue
+		}
+		if !reflect.DeepEqual(got, batch(i)) {
+			t.Fatalf("batch %d came back as batch %d", i, got[0].Rev/10)
+		}
+		i++
+	}
+	if q.Pushed() != n+total {
+		t.Fatalf("took %d batches in all, want %d", q.Pushed(), n+total)
+	}
+
+	// A batch damaged on disk.
+	if !q.Push(batch(7)) {
+		t.Fatal("an emptied backlog refused a batch")
+	}
+	if _, err := q.f.WriteAt(bytes.Repeat([]byte{0xff}, 64), 8); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := q.Pop(); err == nil || ok || got != nil || !strings.Contains(err.Error(), "backlog .backlog-") {
+		t.Fatalf("a damaged batch: %v, ok %v, %v", got, ok, err)
+	}
+
+	if _, err := OpenBacklog[spooled](dir+"/gone", BacklogMax); err == nil {
+		t.Error("a backlog opened in a directory that is not there")
 	}
 }

@@ -61,7 +61,8 @@ func Start[T any](n, size int, cancel func(), write func([]T) error) *Pool[T] {
 }
 
 // Send queues items in batches; it returns ctx's error when the run stops
-// before they are all queued. Only one goroutine sends.
+// before they are all queued. Send and TrySend may be called from several
+// goroutines; Settle and Wait only once none is sending.
 func (p *Pool[T]) Send(ctx context.Context, items []T) error {
 	for len(items) > 0 {
 		n := len(items)
@@ -74,6 +75,26 @@ func (p *Pool[T]) Send(ctx context.Context, items []T) error {
 		case <-ctx.Done():
 			p.sent.Done()
 			return ctx.Err()
+		}
+		items = items[n:]
+	}
+	return nil
+}
+
+// TrySend queues as many of items' batches as the queue takes at once,
+// without waiting, and returns the rest (nil when it took them all).
+func (p *Pool[T]) TrySend(items []T) []T {
+	for len(items) > 0 {
+		n := len(items)
+		if p.size > 0 {
+			n = min(p.size, n)
+		}
+		p.sent.Add(1)
+		select {
+		case p.queue <- items[:n:n]:
+		default:
+			p.sent.Done()
+			return items
 		}
 		items = items[n:]
 	}

@@ -73,3 +73,46 @@ func TestPoolBatchesSettlesAndStops(t *testing.T) {
 		t.Error("Wait: no error")
 	}
 }
+
+// TestTrySendTakesWhatFitsNow: TrySend queues the batches the queue has room
+// for without waiting and gives back the rest, untouched; what it queued is
+// written once, as Send's is.
+func TestTrySendTakesWhatFitsNow(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var seen []int
+	p := Start(1, 2, func() {}, func(b []int) error {
+		<-release
+		mu.Lock()
+		seen = append(seen, b...)
+		mu.Unlock()
+		return nil
+	})
+	items := make([]int, 20)
+	for i := range items {
+		items[i] = i
+	}
+	// One writer holds a batch, the queue (one place) another: the first
+	// TrySend may find the writer not yet started, so at most 2 batches of 2.
+	rest := p.TrySend(items)
+	if len(rest) < 16 || len(rest) > 18 || rest[0] != 20-len(rest) {
+		t.Fatalf("TrySend with one writer blocked left %v", rest)
+	}
+	again := p.TrySend(rest)
+	for len(again) == len(rest) && len(rest) > 16 {
+		again = p.TrySend(rest) // the writer took its batch: one more place
+	}
+	if len(again) != 16 {
+		t.Fatalf("a full queue took %d items", len(rest)-len(again))
+	}
+	close(release)
+	if err := p.Send(context.Background(), again); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 20 {
+		t.Fatalf("%d items written, want 20: %v", len(seen), seen)
+	}
+}
