@@ -13,9 +13,11 @@ import (
 // deciding of the keyspace go on meanwhile instead of stopping once the
 // writers' queue is full: in an undo.Spool in the run directory, as much
 // as the room the preflight left there. Its first batch starts the first
-// write's wait (open); once that is over, or the spool is full or fails,
-// what it holds is sent first, in the order it was decided, then every
-// batch after it. A nil *holder holds nothing.
+// write's wait (open); once the spool is full or fails, the batches after
+// it go the way of those after the wait (send: the run's backlog, then the
+// writers' queue); once the wait is over, what it holds is sent, in the
+// order it was decided, then every batch after it. A nil *holder holds
+// nothing.
 type holder struct {
 	dir  string
 	room int64
@@ -35,9 +37,10 @@ func newHolder(dir string, room int64, open func()) *holder {
 	return &holder{dir: dir, room: room, open: open, ready: make(chan struct{})}
 }
 
-// send holds ds while the first write waits and the spool has room, else
-// sends what is held (through sendHeld), then ds. Only one goroutine calls
-// it (the scan's).
+// send holds ds while the first write waits and the spool has room, or
+// hands it to send while the wait goes on; once the wait is over it sends
+// what is held (through sendHeld), then ds. Only one goroutine calls it
+// (the scan's).
 func (h *holder) send(ctx context.Context, ds []reencode.Decision, send, sendHeld func(context.Context, []reencode.Decision) error) error {
 	if h == nil || h.released {
 		return send(ctx, ds)
@@ -57,6 +60,10 @@ func (h *holder) send(ctx context.Context, ds []reencode.Decision, send, sendHel
 		if h.add(ds) {
 			return nil
 		}
+		// The spool is full: what comes next goes the way of every batch
+		// after the wait (send: the run's backlog, while it has room), and
+		// what is held waits for the wait's end.
+		return send(ctx, ds)
 	}
 	if err := h.release(ctx, sendHeld); err != nil {
 		return err

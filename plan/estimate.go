@@ -220,15 +220,15 @@ func estimate(c costs) Estimate {
 		etcdW += etcdWatchPerApply * apply
 	}
 	// What migrate decides while its first write waits is held on disk
-	// (undo.Spool, when it keeps an undo) and comes off the part after
-	// the wait: at best the decision as fast as timed here, at worst at
-	// half that beside the snapshot, either as far as the spool's room
-	// (its old and new values) allows.
+	// (undo.Spool, then undo.Backlog, when it keeps an undo) and comes off
+	// the part after the wait: at best the decision as fast as timed here,
+	// at worst at half that beside the snapshot, either as far as their
+	// room (the old and new values) allows.
 	heldLow, heldHigh := 0.0, 0.0
 	if c.journal && c.decideWall > 0 {
 		room := 1.0
-		if spooled := 2 * float64(c.sizes.EtcdBytes); spooled > undo.SpoolMax {
-			room = undo.SpoolMax / spooled
+		if spooled, most := 2*float64(c.sizes.EtcdBytes), float64(undo.SpoolMax+undo.BacklogMax); spooled > most {
+			room = most / spooled
 		}
 		heldLow = min(1, room, (first(snap.Low)-checks)/c.decideWall)
 		heldHigh = min(1, room, (first(snap.High)-checks)/(2*c.decideWall))
