@@ -19,6 +19,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"kube-etcd-migrate/internal/dropbehind"
 )
 
 // StatusInfo summarises every member of the cluster.
@@ -184,7 +186,9 @@ func streamSnapshot(ctx context.Context, cli *clientv3.Client, part string) (Sna
 	// large folios, and a reader of its mapping (package snapshotdb) would
 	// then fault in up to a folio's worth at each page it touches, beyond
 	// the regions it keeps resident.
-	size, err := io.Copy(io.MultiWriter(f, h), resp.Snapshot)
+	// It leaves the page cache as it goes (dropbehind): a snapshot of a
+	// database of gigabytes would otherwise evict etcd's own pages from it.
+	size, err := io.Copy(io.MultiWriter(dropbehind.New(f), h), resp.Snapshot)
 	if err != nil {
 		return SnapshotDigest{}, fmt.Errorf("could not write snapshot: %w", err)
 	}

@@ -11,8 +11,9 @@
 // its data directory's filesystem and a rollback's own undo), the removal of
 // old runs (Prune: the oldest only, a run left part-way kept with the reruns
 // that finished it), the guard that keeps a run's writes below etcd's quota
-// while it writes, the Store a run writes to, and the Spool that holds what
-// a run decided while its first write waits.
+// while it writes, the Store a run writes to, the Spool that holds what a
+// run decided while its first write waits, and the Backlog that queues what
+// it decided while its writers had no room for it.
 //
 // # Journal format
 //

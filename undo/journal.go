@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/dropbehind"
 	"kube-etcd-migrate/internal/input"
 )
 
@@ -76,6 +77,7 @@ type Journal struct {
 	// written is the last record written to the file (under mu).
 	syncMu  sync.Mutex
 	synced  int64
+	dropped int64 // the file's bytes last dropped from the page cache (under syncMu)
 	written int64
 	err     error
 
@@ -299,8 +301,19 @@ func (j *Journal) syncTo(seq int64) error {
 		return j.err
 	}
 	j.synced = upTo
+	// What is on disk leaves the page cache (a rollback reads it from
+	// disk): a journal of millions of old values would evict etcd's
+	// database from it (dropbehind says why).
+	if off, err := j.f.Seek(0, io.SeekCurrent); err == nil && off-j.dropped >= journalDropEvery {
+		dropbehind.Drop(j.f, 0, off)
+		j.dropped = off
+	}
 	return nil
 }
+
+// journalDropEvery is how much a journal grows between two drops of its
+// synced pages from the page cache.
+const journalDropEvery = 8 << 20
 
 // write appends one record with the next sequence number and its checksum:
 // the record's JSON object without its closing brace (P), then
