@@ -83,6 +83,7 @@ func main() {
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
 	flag.IntVar(&o.crN, "cr-n", crNDefault, "custom resources of the cr dataset")
 	flag.BoolVar(&o.sweep, "sweep", true, "find the CAS ceiling's best settings first (16-128 puts per transaction x 4-32 in flight, one run each); false: the tool's own settings")
+	flag.Var(&toolEnv, "tool-env", "KEY=VALUE added to the measured tool's environment only, not etcd's (repeatable): a GOGC or GOMEMLIMIT tried on the tool")
 	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
 	flag.StringVar(&childDir, "etcd-dir", "", "internal: data directory of the etcd child")
 	flag.Parse()

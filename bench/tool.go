@@ -77,6 +77,22 @@ func runTool(ctx context.Context, bin string, args ...string) (toolRun, error) {
 }
 
 // runToolDiag is runTool, and with diag also what the memory did (toolDiag).
+// toolEnv is what -tool-env adds to the measured tool's environment (not to
+// etcd's: a GOGC or GOMEMLIMIT tried on the tool alone).
+var toolEnv envList
+
+type envList []string
+
+func (l *envList) String() string { return strings.Join(*l, " ") }
+
+func (l *envList) Set(v string) error {
+	if !strings.Contains(v, "=") {
+		return fmt.Errorf("%q is not KEY=VALUE", v)
+	}
+	*l = append(*l, v)
+	return nil
+}
+
 func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (toolRun, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	// The writing commands keep their undo (a snapshot before the first write,
@@ -88,6 +104,7 @@ func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (to
 	}
 	defer os.RemoveAll(stateDir)
 	cmd.Env = append(os.Environ(), undo.EnvStateDir+"="+stateDir)
+	cmd.Env = append(cmd.Env, toolEnv...)
 	var vm0 map[string]int64
 	if diag {
 		cmd.Env = append(cmd.Env, "GODEBUG=gctrace=1")

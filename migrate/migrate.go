@@ -234,15 +234,16 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		return writeBatch(writeCtx, env, w, journal, guard, watch, ds, t, opts)
 	})
 	// While the first write waits, the decisions are held on disk (as the
-	// room the preflight found allows) and the scan goes on.
-	// After it, what the writers have no room for yet (a compaction's wait
-	// for room below the quota) is kept on disk too (backlog), as the room
-	// the preflight found allows, and the scan goes on.
+	// room the preflight found allows) and the scan goes on. What the
+	// writers have no room for yet, past what is held or after the wait (a
+	// compaction's wait for room below the quota), is queued on disk too
+	// (backlog), in the rest of that room, and the scan goes on.
 	var hold *holder
 	bl := newBacklog("", 0, ws, cancel)
 	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
-		hold = newHolder(filepath.Dir(opts.Journal), guard.SpoolRoom(), func() { _ = first.Open(gate) })
-		bl = newBacklog(filepath.Dir(opts.Journal), guard.SpoolRoom(), ws, cancel)
+		room := guard.SpoolRoom()
+		hold = newHolder(filepath.Dir(opts.Journal), room, func() { _ = first.Open(gate) })
+		bl = newBacklog(filepath.Dir(opts.Journal), room-min(room, undo.SpoolMax), ws, cancel)
 	}
 	// A batch of what was held, once sent, is progress too: the writes
 	// after the window report it as the scan's pages do.
