@@ -116,12 +116,13 @@ func TestEstimateParts(t *testing.T) {
 	if b := estimate(long).Parts[2]; !near(b.Low, 40-(15-c.checks)) || b.High < 1.25*(40-(15-c.checks)/2) {
 		t.Errorf("a 40 s decision beside a 15 s window: decisions and writes %.2f–%.2f", b.Low, b.High)
 	}
-	// The spool holds at most undo.SpoolMax: the decisions of a rewrite of
-	// 2 GB (old and new values) held while the window runs are an eighth.
+	// The spool and the backlog hold at most undo.SpoolMax+undo.BacklogMax
+	// (1.25 GiB): of the decisions of a rewrite of 8 GiB (old and new
+	// values), 5/32 are held while the window runs.
 	big := c
-	big.sizes.EtcdBytes = 1 << 30
-	if b := estimate(big).Parts[2]; b.Low < 0.87*c.decideWall {
-		t.Errorf("a 1 GiB rewrite decided in %.0fs: decisions and writes %.2f–%.2f, want the seven eighths the spool cannot hold", c.decideWall, b.Low, b.High)
+	big.sizes.EtcdBytes = 4 << 30
+	if b := estimate(big).Parts[2]; b.Low < 0.84*c.decideWall || !strings.Contains(b.Basis, "16–16% of them while the first write waits") {
+		t.Errorf("a 4 GiB rewrite decided in %.0fs: decisions and writes %.2f–%.2f (%s), want the 5/32 the spool and the backlog hold", c.decideWall, b.Low, b.High, b.Basis)
 	}
 	// Without an undo nothing is held: the whole decision is after the wait.
 	noUndo := c
