@@ -13,7 +13,10 @@
 // fsync.
 package dropbehind
 
-import "os"
+import (
+	"io"
+	"os"
+)
 
 // Window is how much a Writer writes between two writebacks.
 const Window = 32 << 20
@@ -29,7 +32,7 @@ type Writer struct {
 
 // New writes to f, which it neither syncs nor closes.
 func New(f *os.File) *Writer {
-	start, err := f.Seek(0, 1)
+	start, err := f.Seek(0, io.SeekCurrent)
 	if err != nil {
 		start = 0
 	}
