@@ -39,14 +39,9 @@ type Spool[T any] struct {
 
 // OpenSpool creates a spool of at most room bytes in dir.
 func OpenSpool[T any](dir string, room int64) (*Spool[T], error) {
-	f, err := os.CreateTemp(dir, ".spool-*")
+	f, _, err := openUnlinked(dir, "spool")
 	if err != nil {
-		return nil, fmt.Errorf("spool in %s: %w", dir, err)
-	}
-	if err := os.Remove(f.Name()); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return nil, fmt.Errorf("spool %s: %w", filepath.Base(f.Name()), err)
+		return nil, err
 	}
 	s := &Spool[T]{f: f, room: min(room, SpoolMax)}
 	s.enc = gob.NewEncoder(&s.buf)
@@ -151,17 +146,28 @@ type Backlog[T any] struct {
 
 // OpenBacklog creates a backlog of at most room bytes (and BacklogMax) in dir.
 func OpenBacklog[T any](dir string, room int64) (*Backlog[T], error) {
-	f, err := os.CreateTemp(dir, ".backlog-*")
+	f, name, err := openUnlinked(dir, "backlog")
 	if err != nil {
-		return nil, fmt.Errorf("backlog in %s: %w", dir, err)
+		return nil, err
+	}
+	return &Backlog[T]{f: f, name: name, room: min(room, BacklogMax)}, nil
+}
+
+// openUnlinked creates a file .what-* in dir and removes its name at once:
+// the open file is the only way to it, and its disk is freed when the
+// process closes it or exits. It returns the file and the name it had.
+func openUnlinked(dir, what string) (*os.File, string, error) {
+	f, err := os.CreateTemp(dir, "."+what+"-*")
+	if err != nil {
+		return nil, "", fmt.Errorf("%s in %s: %w", what, dir, err)
 	}
 	name := filepath.Base(f.Name())
 	if err := os.Remove(f.Name()); err != nil {
 		f.Close()
 		os.Remove(f.Name())
-		return nil, fmt.Errorf("backlog %s: %w", name, err)
+		return nil, "", fmt.Errorf("%s %s: %w", what, name, err)
 	}
-	return &Backlog[T]{f: f, name: name, room: min(room, BacklogMax)}, nil
+	return f, name, nil
 }
 
 // Push keeps batch and says so; false when the backlog has no room for it

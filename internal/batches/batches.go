@@ -64,41 +64,52 @@ func Start[T any](n, size int, cancel func(), write func([]T) error) *Pool[T] {
 // before they are all queued. Send and TrySend may be called from several
 // goroutines; Settle and Wait only once none is sending.
 func (p *Pool[T]) Send(ctx context.Context, items []T) error {
-	for len(items) > 0 {
-		n := len(items)
-		if p.size > 0 {
-			n = min(p.size, n)
-		}
-		p.sent.Add(1)
-		select {
-		case p.queue <- items[:n:n]:
-		case <-ctx.Done():
-			p.sent.Done()
-			return ctx.Err()
-		}
-		items = items[n:]
+	if len(p.put(items, ctx.Done(), true)) > 0 {
+		return ctx.Err()
 	}
 	return nil
 }
 
 // TrySend queues as many of items' batches as the queue takes at once,
 // without waiting, and returns the rest (nil when it took them all).
-func (p *Pool[T]) TrySend(items []T) []T {
+func (p *Pool[T]) TrySend(items []T) []T { return p.put(items, nil, false) }
+
+// put queues items in batches of at most p.size, each waiting for room in
+// the queue (wait) until done is closed, or not at all, and returns the
+// items not queued.
+func (p *Pool[T]) put(items []T, done <-chan struct{}, wait bool) []T {
 	for len(items) > 0 {
 		n := len(items)
 		if p.size > 0 {
 			n = min(p.size, n)
 		}
 		p.sent.Add(1)
-		select {
-		case p.queue <- items[:n:n]:
-		default:
+		if !p.offer(items[:n:n], done, wait) {
 			p.sent.Done()
 			return items
 		}
 		items = items[n:]
 	}
 	return nil
+}
+
+// offer puts one batch in the queue, waiting for room (wait) until done is
+// closed, or not at all; false when it was not queued.
+func (p *Pool[T]) offer(b []T, done <-chan struct{}, wait bool) bool {
+	if !wait {
+		select {
+		case p.queue <- b:
+			return true
+		default:
+			return false
+		}
+	}
+	select {
+	case p.queue <- b:
+		return true
+	case <-done:
+		return false
+	}
 }
 
 // Settle waits until every batch sent so far is written (or failed).
