@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -19,23 +21,83 @@ import (
 
 // runEtcdChild is the -etcd-child mode: an embedded etcd in its own process, so
 // that its resident memory can be measured apart from the tool and the benchmark.
-// It prints "READY <url>" and serves until its stdin is closed.
+// It prints "READY <url>" and serves until its stdin is closed. A line
+// "cpuprofile PATH" on its stdin starts a CPU profile of the etcd server into
+// PATH, "stopprofile" ends it; each is answered by a line "OK" or "ERR ...".
 func runEtcdChild(dir string, quota int64) error {
 	srv, err := testetcd.Start(testetcd.Options{Dir: dir, QuotaBackendBytes: quota})
 	if err != nil {
 		return err
 	}
 	fmt.Printf("READY %s\n", srv.URL)
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	var prof *os.File
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(in.Text(), " ")
+		switch {
+		case cmd == "cpuprofile" && prof == nil:
+			f, err := os.Create(arg)
+			if err == nil {
+				if err = pprof.StartCPUProfile(f); err != nil {
+					f.Close()
+				} else {
+					prof = f
+				}
+			}
+			answer(err)
+		case cmd == "stopprofile" && prof != nil:
+			pprof.StopCPUProfile()
+			answer(prof.Close())
+			prof = nil
+		default:
+			answer(fmt.Errorf("%q: not a command now", in.Text()))
+		}
+	}
+	if prof != nil {
+		pprof.StopCPUProfile()
+		prof.Close()
+	}
 	srv.Close()
 	return nil
 }
 
+func answer(err error) {
+	if err != nil {
+		fmt.Printf("ERR %v\n", err)
+		return
+	}
+	fmt.Println("OK")
+}
+
 type etcdProc struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	URL   string
-	cli   *clientv3.Client
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Reader
+	URL    string
+	cli    *clientv3.Client
+}
+
+// Profile starts a CPU profile of the etcd server into path (the child's
+// own, apart from the tool's); the returned function ends it.
+func (e *etcdProc) Profile(path string) (stop func() error, err error) {
+	if err := e.command("cpuprofile " + path); err != nil {
+		return nil, fmt.Errorf("etcd's CPU profile %s: %w", path, err)
+	}
+	return func() error { return e.command("stopprofile") }, nil
+}
+
+func (e *etcdProc) command(line string) error {
+	if _, err := fmt.Fprintln(e.stdin, line); err != nil {
+		return err
+	}
+	ans, err := e.stdout.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if ans = strings.TrimSpace(ans); ans != "OK" {
+		return errors.New(strings.TrimPrefix(ans, "ERR "))
+	}
+	return nil
 }
 
 func startEtcd(dir string, quota int64) (*etcdProc, error) {
@@ -56,13 +118,14 @@ func startEtcd(dir string, quota int64) (*etcdProc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "READY ") {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("etcd child did not start (%q): %v", line, err)
 	}
-	e := &etcdProc{cmd: cmd, stdin: stdin, URL: strings.TrimSpace(strings.TrimPrefix(line, "READY "))}
+	e := &etcdProc{cmd: cmd, stdin: stdin, stdout: out, URL: strings.TrimSpace(strings.TrimPrefix(line, "READY "))}
 	e.cli, err = clientv3.New(clientv3.Config{Endpoints: []string{e.URL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		MaxCallRecvMsgSize: 64 << 20})
 	if err != nil {

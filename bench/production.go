@@ -149,13 +149,20 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	}
 	cpu0, m0 := etcd.CPU(), etcd.metrics(ctx)
 	margs := []string{"migrate", "-o", "json", "--journal", journal}
+	stopEtcdProfile := func() error { return nil }
 	if o.profileDir != "" {
 		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
 			return nil, err
 		}
 		margs = append(margs, "--cpuprofile", filepath.Join(o.profileDir, "production-migrate.cpu.pprof"))
+		if stopEtcdProfile, err = etcd.Profile(filepath.Join(o.profileDir, "production-migrate.etcd.cpu.pprof")); err != nil {
+			return nil, err
+		}
 	}
 	tr, err = runToolDiag(ctx, true, tool, append(append(margs, write...), live...)...)
+	if perr := stopEtcdProfile(); perr != nil && err == nil {
+		err = perr
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +225,18 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
+	stopEtcdProfile = func() error { return nil }
+	if o.profileDir != "" {
+		if stopEtcdProfile, err = etcd.Profile(filepath.Join(o.profileDir, "production-ceiling.etcd.cpu.pprof")); err != nil {
+			return nil, err
+		}
+	}
+	cpu0, m0 = etcd.CPU(), etcd.metrics(ctx)
 	cc, ccSpace, err := compactingCeiling(ctx, etcd.cli, sd.gen.staleKeys(), productionQuota)
+	if perr := stopEtcdProfile(); perr != nil && err == nil {
+		err = perr
+	}
+	logf("  %s: etcd CPU %.1fs; etcd: %s", mProdCeiling, (etcd.CPU() - cpu0).Seconds(), etcdCosts(m0, etcd.metrics(ctx)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", mProdCeiling, err)
 	}

@@ -108,7 +108,7 @@ func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (to
 	var vm0 map[string]int64
 	if diag {
 		cmd.Env = append(cmd.Env, "GODEBUG=gctrace=1")
-		vm0 = vmstat()
+		vm0 = machineCounters()
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -143,7 +143,7 @@ func runToolDiag(ctx context.Context, diag bool, bin string, args ...string) (to
 		r.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		r.sys = cmd.ProcessState.SystemTime()
 		if diag {
-			r.diag = &toolDiag{vm: vmDelta(vm0, vmstat())}
+			r.diag = &toolDiag{vm: vmDelta(vm0, machineCounters())}
 			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 				r.diag.majflt, r.diag.minflt, r.diag.nivcsw = ru.Majflt, ru.Minflt, ru.Nivcsw
 			}
@@ -174,8 +174,40 @@ func (d *toolDiag) String() string {
 	if n := len(d.liveMB); n > 0 {
 		live = fmt.Sprintf(" (the heap they left: median %.0f MB, 90th percentile %.0f, at most %.0f)", d.liveMB[n/2], d.liveMB[n*9/10], d.liveMB[n-1])
 	}
-	return fmt.Sprintf("%d GCs%s; its faults %d major, %d minor; %d involuntary switches; the system's pgmajfault +%d, pgscan_direct +%d, pgscan_kswapd +%d, allocstall +%d",
-		d.gcs, live, d.majflt, d.minflt, d.nivcsw, d.vm["pgmajfault"], d.vm["pgscan_direct"], d.vm["pgscan_kswapd"], d.vm["allocstall"])
+	ticks := func(k string) float64 { return float64(d.vm[k]) / clockTicks }
+	return fmt.Sprintf("%d GCs%s; its faults %d major, %d minor; %d involuntary switches; the system's pgmajfault +%d, pgscan_direct +%d, pgscan_kswapd +%d, allocstall +%d; the machine's cores idle %.0fs, waiting on I/O %.0fs, stolen by the host %.1fs",
+		d.gcs, live, d.majflt, d.minflt, d.nivcsw, d.vm["pgmajfault"], d.vm["pgscan_direct"], d.vm["pgscan_kswapd"], d.vm["allocstall"], ticks("idle"), ticks("iowait"), ticks("steal"))
+}
+
+// machineCounters is vmstat and cpuStat in one map.
+func machineCounters() map[string]int64 {
+	m := map[string]int64{}
+	for k, v := range vmstat() {
+		m[k] = v
+	}
+	for k, v := range cpuStat() {
+		m[k] = v
+	}
+	return m
+}
+
+// cpuStat reads the machine's idle, iowait and steal times (USER_HZ ticks,
+// all cores) from /proc/stat's first line.
+func cpuStat() map[string]int64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return nil
+	}
+	m := map[string]int64{}
+	for k, i := range map[string]int{"idle": 4, "iowait": 5, "steal": 8} {
+		m[k], _ = strconv.ParseInt(f[i], 10, 64)
+	}
+	return m
 }
 
 // vmstat reads the reclaim counters of /proc/vmstat (allocstall summed over
