@@ -45,8 +45,11 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 		// so both pay etcd the same counting cost.
 		walk := etcdscan.NewRangeWalk(prefix, pageSize)
 		for {
-			key, wEnd := walk.Range()
-			opts := []clientv3.OpOption{clientv3.WithRange(wEnd), clientv3.WithLimit(pageSize)}
+			key, wEnd, limit, keysOnly := walk.Range()
+			opts := []clientv3.OpOption{clientv3.WithRange(wEnd), clientv3.WithLimit(limit)}
+			if keysOnly {
+				opts = append(opts, clientv3.WithKeysOnly())
+			}
 			if rev != 0 {
 				opts = append(opts, clientv3.WithRev(rev))
 			}
@@ -64,6 +67,10 @@ func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize 
 			}
 			if rev == 0 {
 				rev = resp.Header.Revision
+			}
+			if keysOnly {
+				walk.Ahead(resp.Kvs, resp.More)
+				continue
 			}
 			kvs := make([]rawKV, len(resp.Kvs))
 			for i, kv := range resp.Kvs {
