@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -310,7 +309,7 @@ func (w *RangeWalk) Ahead(keys []*mvccpb.KeyValue, more bool) {
 	}
 	if more {
 		last := string(keys[len(keys)-1].Key)
-		if dir := keyDir(w.prefix, string(keys[0].Key), last, w.end()); dir != "" {
+		for _, dir := range keyDirs(w.prefix, string(keys[0].Key), last, w.end()) {
 			w.windows = append(w.windows, window{end: dir})
 		}
 		w.windows = append(w.windows, window{end: last + "\x00", paged: true})
@@ -321,23 +320,28 @@ func (w *RangeWalk) Ahead(keys []*mvccpb.KeyValue, more bool) {
 	}
 }
 
-// keyDir returns the end of the deepest key directory below prefix that
-// holds both first and last and is narrower than end, or "" when there is
-// none (the keys lie in different directories of the window).
-func keyDir(prefix, first, last, end string) string {
+// keyDirs returns the ends of the key directories below prefix that hold
+// both first and last and are narrower than end, the widest first (the
+// resource, then the namespace), or none when the keys lie in different
+// directories of the window. After the namespace the walk goes back to the
+// resource, whose rest is what the next look ahead counts, not the prefix's.
+func keyDirs(prefix, first, last, end string) []string {
 	n := len(prefix)
 	for n < len(first) && n < len(last) && first[n] == last[n] {
 		n++
 	}
-	d := strings.LastIndexByte(first[:n], '/')
-	if d < len(prefix) {
-		return ""
+	var ends []string
+	for i := len(prefix); i < n; i++ {
+		if first[i] != '/' {
+			continue
+		}
+		e := PrefixEnd(first[:i+1])
+		if e != "\x00" && (end == "\x00" || e < end) {
+			ends = append(ends, e)
+			end = e
+		}
 	}
-	e := PrefixEnd(first[:d+1])
-	if e == "\x00" || (end != "\x00" && e >= end) {
-		return ""
-	}
-	return e
+	return ends
 }
 
 // page reads one page from key, pinning the revision on the first call and

@@ -362,22 +362,34 @@ func testScanCountsFewKeys(t *testing.T, version string) {
 	_, c := startClient(t, testetcd.Options{Version: version})
 	ctx := context.Background()
 	var want []string
-	for _, dir := range []struct {
-		prefix string
-		n      int
-	}{{"/registry/events/big/e-", 3000}, {"/registry/events/small/e-", 30}, {"/registry/namespaces/n-", 700}} {
-		for i := 0; i < dir.n; i += 100 {
+	put := func(keys ...string) {
+		t.Helper()
+		for len(keys) > 0 {
 			var ops []clientv3.Op
-			for j := i; j < i+100 && j < dir.n; j++ {
-				k := fmt.Sprintf("%s%05d", dir.prefix, j)
+			for _, k := range keys[:min(100, len(keys))] {
 				ops = append(ops, clientv3.OpPut(k, "v-"+k))
-				want = append(want, k)
 			}
 			if _, err := c.Txn(ctx).Then(ops...).Commit(); err != nil {
 				t.Fatal(err)
 			}
+			want = append(want, keys[:len(ops)]...)
+			keys = keys[len(ops):]
 		}
 	}
+	var keys []string
+	for i := 0; i < 3000; i++ { // one large namespace
+		keys = append(keys, fmt.Sprintf("/registry/events/big/e-%05d", i))
+	}
+	for i := 0; i < 30; i++ {
+		keys = append(keys, fmt.Sprintf("/registry/events/small/e-%05d", i))
+	}
+	for i := 0; i < 700; i++ { // cluster-scoped
+		keys = append(keys, fmt.Sprintf("/registry/namespaces/n-%05d", i))
+	}
+	for i := 0; i < 1500; i++ { // many small namespaces
+		keys = append(keys, fmt.Sprintf("/registry/secrets/ns-%03d/s-%05d", i%300, i))
+	}
+	put(keys...)
 	slices.Sort(want)
 	counting := &countingKV{KV: c.KV}
 	c.KV = counting
@@ -395,7 +407,7 @@ func testScanCountsFewKeys(t *testing.T, version string) {
 		t.Fatalf("scan returned %d keys, want %d", len(got), len(want))
 	}
 	n := int64(len(want))
-	// Without the look ahead: 3,000²/20 + 700²/20 + ... = 475,000.
+	// Without the look ahead: 3,000²/20 + 700²/20 + 300 × 1,500/2 + ... = 700,000.
 	if counting.counted > 6*n {
 		t.Errorf("etcd counted %d keys over %d requests to return %d (at most %d wanted)", counting.counted, counting.requests, n, 6*n)
 	}
@@ -417,24 +429,25 @@ func (k *countingKV) Get(ctx context.Context, key string, opts ...clientv3.OpOpt
 	return resp, err
 }
 
-func TestKeyDir(t *testing.T) {
+func TestKeyDirs(t *testing.T) {
 	for _, tc := range []struct {
 		prefix, first, last, end string
-		want                     string
+		want                     []string
 	}{
-		{"/registry/", "/registry/pods/default/a", "/registry/pods/default/z", "/registry0", "/registry/pods/default0"},
-		{"/registry/", "/registry/pods/default/a", "/registry/pods/kube-system/a", "/registry0", "/registry/pods0"},
-		{"/registry/", "/registry/pods/default/a", "/registry/pods/kube-system/a", "/registry/pods0", ""}, // already that narrow
-		{"/registry/", "/registry/pods/a", "/registry/secrets/a", "/registry0", ""},                       // two resources
-		{"/registry/", "/registry/namespaces/a", "/registry/namespaces/z", "/registry/namespaces0", ""},   // cluster-scoped
-		{"/registry/", "/registry/pods/", "/registry/pods/default/a", "/registry0", "/registry/pods0"},    // a key named as its directory
-		{"", "/registry/pods/a", "/registry/secrets/a", "\x00", "/registry0"},                             // the whole keyspace
-		{"", "/a", "/b", "\x00", "0"}, // every key starting with "/"
-		{"/registry", "/registry/pods/a", "/registry/secrets/b", "/registrz", "/registry0"},
-		{"/r/", "/r/\xff\xff/a", "/r/\xff\xff/b", "/r0", "/r/\xff\xff0"},
+		{"/registry/", "/registry/pods/default/a", "/registry/pods/default/z", "/registry0", []string{"/registry/pods0", "/registry/pods/default0"}},
+		{"/registry/", "/registry/pods/default/a", "/registry/pods/default/z", "/registry/pods0", []string{"/registry/pods/default0"}},
+		{"/registry/", "/registry/pods/default/a", "/registry/pods/kube-system/a", "/registry0", []string{"/registry/pods0"}},
+		{"/registry/", "/registry/pods/default/a", "/registry/pods/kube-system/a", "/registry/pods0", nil},       // already that narrow
+		{"/registry/", "/registry/pods/a", "/registry/secrets/a", "/registry0", nil},                             // two resources
+		{"/registry/", "/registry/namespaces/a", "/registry/namespaces/z", "/registry/namespaces0", nil},         // cluster-scoped
+		{"/registry/", "/registry/pods/", "/registry/pods/default/a", "/registry0", []string{"/registry/pods0"}}, // a key named as its directory
+		{"", "/registry/pods/a", "/registry/secrets/a", "\x00", []string{"0", "/registry0"}},                     // the whole keyspace
+		{"/registry", "/registry/pods/a", "/registry/secrets/b", "/registrz", []string{"/registry0"}},
+		{"/r/", "/r/\xff\xff/a", "/r/\xff\xff/b", "/r0", []string{"/r/\xff\xff0"}},
+		{"/r/", "/r/\xff/a", "/r/\xff/b", "/r/\xff0", nil},
 	} {
-		if got := keyDir(tc.prefix, tc.first, tc.last, tc.end); got != tc.want {
-			t.Errorf("keyDir(%q, %q, %q, %q) = %q, want %q", tc.prefix, tc.first, tc.last, tc.end, got, tc.want)
+		if got := keyDirs(tc.prefix, tc.first, tc.last, tc.end); !slices.Equal(got, tc.want) {
+			t.Errorf("keyDirs(%q, %q, %q, %q) = %q, want %q", tc.prefix, tc.first, tc.last, tc.end, got, tc.want)
 		}
 	}
 }
