@@ -224,9 +224,9 @@ func (p *producer) run(ctx context.Context, send func([]KV) error) error {
 // keys costs O(n²/page) of etcd's CPU (at 4,000,000 objects, half of etcd's
 // CPU during a migrate went to counting), and so does going back to a wide
 // range after each small key directory. Where many pages remain, the walk
-// looks ahead: one keys-only request returns the keys of the next
-// lookAheadPages pages, and every page-size-th of them ends a window of one
-// page, so each page counts only its own keys. When all the keys a look ahead
+// looks ahead: one keys-only request returns the next lookAheadKeys keys,
+// and every page-size-th of them ends a window of one page, so each page
+// counts only its own keys. When all the keys a look ahead
 // returned lie in one key directory (the resource, then the namespace:
 // "/registry/events/", "/registry/events/default/"), the walk narrows to that
 // directory, so the next look ahead counts only what is left of it. Use Range
@@ -247,10 +247,12 @@ type window struct {
 	paged bool
 }
 
-// Walk tuning: how many pages one look ahead finds the bounds of, and how
+// Walk tuning: how many keys one look ahead asks for (about 2.5 MB of keys
+// in one answer, whatever the page size: a small --page-size for large
+// values does not make the look aheads, and their counts, more), and how
 // many pages must remain in a window before the walk looks ahead.
 const (
-	lookAheadPages   = 64
+	lookAheadKeys    = 32768
 	narrowAfterPages = 4
 )
 
@@ -270,7 +272,7 @@ func (w *RangeWalk) end() string { return w.windows[len(w.windows)-1].end }
 // and pass them to Ahead; otherwise a page, whose answer goes to Next.
 func (w *RangeWalk) Range() (key, end string, limit int64, keysOnly bool) {
 	if w.ahead {
-		return w.key, w.end(), lookAheadPages * w.pageSize, true
+		return w.key, w.end(), max(lookAheadKeys, 2*narrowAfterPages*w.pageSize), true
 	}
 	return w.key, w.end(), w.pageSize, false
 }
