@@ -65,7 +65,7 @@ func main() {
 	flag.StringVar(&o.tool, "tool", "", "kube-etcd-migrate binary to measure (default: go build -o from the module root)")
 	flag.BoolVar(&o.apiserver, "apiserver", false, "also measure the incumbent: no-op PUTs through an in-process kube-apiserver")
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
-	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify, migrate and the engine (migrate --no-undo) once more with --cpuprofile/--memprofile into this directory; with -dataset production, the measured migrate --compact-history itself writes its --cpuprofile there")
+	flag.StringVar(&o.profileDir, "profile", "", "after the measurements, run verify, migrate and the engine (migrate --no-undo) once more with --cpuprofile/--memprofile into this directory; with -dataset production, the measured migrate --compact-history itself writes its --cpuprofile there, and the etcd child's CPU is profiled during it and during the ceiling (production-*.etcd.cpu.pprof)")
 	flag.Int64Var(&o.quota, "quota", 8<<30, "etcd --quota-backend-bytes")
 	flag.BoolVar(&o.compactHistory, "compact-history", true, "also measure migrate --compact-history (row \"migrate (compacting)\"), with etcd's database size before and after")
 	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure an etcd snapshot file (the snapshot phase, after the datasets: -snapshot-n mixed objects on an etcd of their own, saved; verify and migrate --snapshot-file beside a bare read of the file and beside the same commands on that etcd)")

@@ -226,12 +226,13 @@ func (p *producer) run(ctx context.Context, send func([]KV) error) error {
 // range after each small key directory. Where many pages remain, the walk
 // looks ahead: one keys-only request returns the next lookAheadKeys keys,
 // and every page-size-th of them ends a window of one page, so each page
-// counts only its own keys. When all the keys a look ahead
-// returned lie in one key directory (the resource, then the namespace:
-// "/registry/events/", "/registry/events/default/"), the walk narrows to that
-// directory, so the next look ahead counts only what is left of it. Use Range
-// for the next request, and Next (a page) or Ahead (a look ahead) to record
-// its answer.
+// counts only its own keys. When all the keys a look ahead returned lie in
+// one key directory, the walk narrows to each directory they share, the
+// resource, then the namespace ("/registry/events/", then
+// "/registry/events/default/"), so the next look ahead counts only what is
+// left of the namespace, and after it only what is left of the resource.
+// Use Range for the next request, and Next (a page) or Ahead (a look ahead)
+// to record its answer.
 type RangeWalk struct {
 	prefix   string
 	pageSize int64
@@ -247,8 +248,8 @@ type window struct {
 	paged bool
 }
 
-// Walk tuning: how many keys one look ahead asks for (about 2.5 MB of keys
-// in one answer, whatever the page size: a small --page-size for large
+// Walk tuning: how many keys one look ahead asks for (about 2 MB of keys in
+// one answer, whatever the page size: a small --page-size for large
 // values does not make the look aheads, and their counts, more), and how
 // many pages must remain in a window before the walk looks ahead.
 const (
