@@ -149,15 +149,15 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	}
 	cpu0, m0 := etcd.CPU(), etcd.metrics(ctx)
 	margs := []string{"migrate", "-o", "json", "--journal", journal}
-	stopEtcdProfile := func() error { return nil }
 	if o.profileDir != "" {
 		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
 			return nil, err
 		}
 		margs = append(margs, "--cpuprofile", filepath.Join(o.profileDir, "production-migrate.cpu.pprof"))
-		if stopEtcdProfile, err = etcd.Profile(filepath.Join(o.profileDir, "production-migrate.etcd.cpu.pprof")); err != nil {
-			return nil, err
-		}
+	}
+	stopEtcdProfile, err := profileEtcd(o, etcd, "production-migrate")
+	if err != nil {
+		return nil, err
 	}
 	tr, err = runToolDiag(ctx, true, tool, append(append(margs, write...), live...)...)
 	if perr := stopEtcdProfile(); perr != nil && err == nil {
@@ -225,11 +225,8 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	stopEtcdProfile = func() error { return nil }
-	if o.profileDir != "" {
-		if stopEtcdProfile, err = etcd.Profile(filepath.Join(o.profileDir, "production-ceiling.etcd.cpu.pprof")); err != nil {
-			return nil, err
-		}
+	if stopEtcdProfile, err = profileEtcd(o, etcd, "production-ceiling"); err != nil {
+		return nil, err
 	}
 	cpu0, m0 = etcd.CPU(), etcd.metrics(ctx)
 	cc, ccSpace, err := compactingCeiling(ctx, etcd.cli, sd.gen.staleKeys(), productionQuota)
@@ -366,4 +363,14 @@ func restoreSnapshot(file, dir string) (int64, error) {
 		return 0, fmt.Errorf("etcd snapshot restore of %s: %w", file, err)
 	}
 	return dirBytes(dir), nil
+}
+
+// profileEtcd starts, with -profile, a CPU profile of the etcd child into
+// DIR/name.etcd.cpu.pprof; the function returned ends it (and does nothing
+// without -profile).
+func profileEtcd(o options, etcd *etcdProc, name string) (stop func() error, err error) {
+	if o.profileDir == "" {
+		return func() error { return nil }, nil
+	}
+	return etcd.Profile(filepath.Join(o.profileDir, name+".etcd.cpu.pprof"))
 }
