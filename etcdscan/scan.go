@@ -302,8 +302,8 @@ func (w *RangeWalk) Next(lastKey string, n int, more bool, count int64) bool {
 // Ahead records etcd's answer to a look ahead: the keys from the walk's key
 // on, in order, and the response's More. The walk then reads them a page at
 // a time, each request ending at the first key of the next page, and after
-// the last goes on in the window it was in (or in the key directory all of
-// them lie in). Keys written since (the walk read at a newer revision after
+// the last goes on in the window it was in (or in the innermost key
+// directory all of them share). Keys written since (the walk read at a newer revision after
 // a compaction) only make a page longer: it is paged through as any other.
 func (w *RangeWalk) Ahead(keys []*mvccpb.KeyValue, more bool) {
 	w.ahead = false

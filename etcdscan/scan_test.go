@@ -311,16 +311,7 @@ func testScanWindowsSeeEveryKeyOnce(t *testing.T, version string) {
 	}
 
 	// Whole keyspace (no end) with windows.
-	var all []string
-	if _, err := Scan(ctx, c, ScanOptions{Prefixes: []string{""}, PageSize: 2}, func(page []KV) error {
-		for _, kv := range page {
-			all = append(all, kv.Key)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(all, keys) {
+	if all := scanKeys(t, c, "", 2); !slices.Equal(all, keys) {
 		t.Fatalf("whole keyspace: %d keys, want %d", len(all), len(keys))
 	}
 
@@ -394,17 +385,7 @@ func testScanCountsFewKeys(t *testing.T, version string) {
 	slices.Sort(want)
 	counting := &countingKV{KV: c.KV}
 	c.KV = counting
-	const pageSize = 10
-	var got []string
-	if _, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/"}, PageSize: pageSize}, func(page []KV) error {
-		for _, kv := range page {
-			got = append(got, kv.Key)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(got, want) {
+	if got := scanKeys(t, c, "/registry/", 10); !slices.Equal(got, want) {
 		t.Fatalf("scan returned %d keys, want %d", len(got), len(want))
 	}
 	n := int64(len(want))
@@ -413,6 +394,21 @@ func testScanCountsFewKeys(t *testing.T, version string) {
 		t.Errorf("etcd counted %d keys over %d requests to return %d (at most %d wanted)", counting.counted, counting.requests, n, 6*n)
 	}
 	t.Logf("etcd counted %d keys over %d requests to return %d", counting.counted, counting.requests, n)
+}
+
+// scanKeys is every key Scan returns under prefix, in order.
+func scanKeys(t *testing.T, c *clientv3.Client, prefix string, pageSize int64) []string {
+	t.Helper()
+	var keys []string
+	if _, err := Scan(context.Background(), c, ScanOptions{Prefixes: []string{prefix}, PageSize: pageSize}, func(page []KV) error {
+		for _, kv := range page {
+			keys = append(keys, kv.Key)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return keys
 }
 
 // countingKV adds up the Count of every range answer: the keys etcd visited.
