@@ -82,8 +82,20 @@ bump-kubernetes:
 
 # Every test, including the end-to-end tests that start kube-apiserver in-process
 # and the previous release's kube-apiserver as a process.
+# The main module's output goes to TEST_LOG too: when a test fails, the lines that name it
+# are printed again at the end, where a CI log's tail shows them (the e2e tests' in-process
+# kube-apiserver logs thousands of lines after them).
+TEST_LOG ?= $(or $(TMPDIR),/tmp)/kube-etcd-migrate-test.log
 test: lint releases
-	$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./...
+	@echo "$(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./... (output also in $(TEST_LOG))"
+	@{ $(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./... 2>&1; echo $$? > $(TEST_LOG).rc; } | tee $(TEST_LOG); \
+	rc=$$(cat $(TEST_LOG).rc); rm -f $(TEST_LOG).rc; \
+	if [ "$$rc" != 0 ]; then \
+	  echo "== make test: go test exited $$rc; its lines that name a failure (all of it in $(TEST_LOG)):"; \
+	  grep -aE -- '_test\.go:[0-9]+: ' $(TEST_LOG) | cut -c1-400 | tail -60; \
+	  grep -aE -- '^[[:space:]]*--- FAIL|^FAIL|^panic: ' $(TEST_LOG) | cut -c1-400 | tail -40; \
+	  exit 1; \
+	fi
 	$(GO) -C internal/build/dist test -timeout $(TEST_TIMEOUT) -count=1 ./...
 	$(GO) -C bench/figures test -count=1 ./...
 	$(MAKE) fuzz FUZZ_TIME=$(FUZZ_SHORT_TIME)
