@@ -154,10 +154,12 @@ type SpaceReport struct {
 	// CompactSeconds is how long its compactions took, added up (each runs
 	// in the background while the writes go on, from the moment it starts
 	// waiting for the liveness watch to judge what it removes to etcd's
-	// answer); WaitSeconds how long the guard held its writes (the batches
-	// wait for it one at a time: etcd's sizes asked, a batch that did not
-	// fit waiting for etcd's commit or a compaction to end, the run's last
-	// compaction waited for at its end): where a compacting run's time goes.
+	// answer, or, for the run's last one when it goes on after the run
+	// (LastGoesOn), to etcd having taken it); WaitSeconds how long the
+	// guard held its writes (the batches wait for it one at a time: etcd's
+	// sizes asked, a batch that did not fit waiting for etcd's commit or a
+	// compaction to end, the run's last compaction waited for at its end):
+	// where a compacting run's time goes.
 	CompactSeconds float64 `json:"compactSeconds,omitempty"`
 	WaitSeconds    float64 `json:"waitSeconds,omitempty"`
 	// EndWaitSeconds is the part of WaitSeconds spent at the end, the
@@ -196,9 +198,11 @@ type SpaceGuard struct {
 	// compacting, while a compaction runs in the background, is where its
 	// result comes.
 	compacting chan compactResult
-	err        error
-	report     *SpaceReport
-	spoolRoom  int64 // SpoolRoom
+	// compactFrom is when the compaction running in the background began.
+	compactFrom time.Time
+	err         error
+	report      *SpaceReport
+	spoolRoom   int64 // SpoolRoom
 	// watch, when set, is the run's liveness watch: a compaction waits
 	// until it has judged every revision it removes.
 	watch *Watch
@@ -403,6 +407,7 @@ type completedAt struct {
 func (g *SpaceGuard) startCompact(ctx context.Context) {
 	ch, asking := make(chan compactResult, 1), make(chan int64, 1)
 	g.compacting, g.asking, g.sinceCompact = ch, asking, 0
+	g.compactFrom = time.Now()
 	after := g.report.CompactedAt
 	// The run's interruption does not abandon a compaction etcd has begun.
 	ctx = context.WithoutCancel(ctx)
@@ -544,6 +549,7 @@ func (g *SpaceGuard) lastTaken(ctx context.Context) {
 			}
 			if taken {
 				g.compacting = nil
+				g.report.CompactSeconds += time.Since(g.compactFrom).Seconds()
 				g.report.Compactions++
 				g.report.CompactedAt, g.report.LastGoesOn = rev, true
 				return

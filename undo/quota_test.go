@@ -203,7 +203,7 @@ func TestGuardWritesOnceCompactionFreesRoom(t *testing.T) {
 	}
 	defer close(slow.release)
 	rep := g.Report()
-	if rep.Compactions != 1 || rep.CompactedAt == 0 || !rep.LastGoesOn || rep.DBSizeMax >= quota.Bytes {
+	if rep.Compactions != 1 || rep.CompactedAt == 0 || !rep.LastGoesOn || rep.DBSizeMax >= quota.Bytes || rep.CompactSeconds <= 0 {
 		t.Fatalf("after the compaction: %+v", rep)
 	}
 	if _, err := cli.Get(ctx, "/registry/secrets/ns/s-0000", clientv3.WithRev(rep.CompactedAt-1)); !errors.Is(err, rpctypes.ErrCompacted) {
