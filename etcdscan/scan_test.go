@@ -418,7 +418,8 @@ func testScanCountsFewKeys(t *testing.T, version string) {
 	slices.Sort(want)
 	counting := &countingKV{KV: c.KV}
 	c.KV = counting
-	if got := scanKeys(t, c, "/registry/", 10); !slices.Equal(got, want) {
+	got, stats := scanKeysStats(t, c, ScanOptions{Prefixes: []string{"/registry/"}, PageSize: 10})
+	if !slices.Equal(got, want) {
 		t.Fatalf("scan returned %d keys, want %d", len(got), len(want))
 	}
 	n := int64(len(want))
@@ -428,13 +429,86 @@ func testScanCountsFewKeys(t *testing.T, version string) {
 	}
 	// etcd 3.7 streams the range, counting nothing: one request to pin the
 	// revision, one stream. Before 3.7: one stream refused, then the walk.
-	if streams(version) && (counting.streams != 1 || counting.requests > 1) {
-		t.Errorf("etcd %s serves RangeStream: the scan made %d range requests and %d streams, want 1 and 1", version, counting.requests, counting.streams)
+	if streams(version) && (stats.Streams != 1 || counting.requests > 1) {
+		t.Errorf("etcd %s serves RangeStream: the scan made %d range requests and %d streams, want 1 and 1", version, counting.requests, stats.Streams)
 	}
-	if !streams(version) && counting.streams != 1 {
-		t.Errorf("etcd %s has no RangeStream: the scan asked for %d streams, want 1", version, counting.streams)
+	if !streams(version) && stats.Streams != 1 {
+		t.Errorf("etcd %s has no RangeStream: the scan asked for %d streams, want 1", version, stats.Streams)
 	}
-	t.Logf("etcd counted %d keys over %d range requests and %d streams to return %d", counting.counted, counting.requests, counting.streams, n)
+	t.Logf("etcd counted %d keys over %d range requests and %d streams to return %d", counting.counted, counting.requests, stats.Streams, n)
+}
+
+// TestScanRefusesLargeChunks: etcd 3.7 sizes a stream's chunks by a key
+// limit learnt from the chunks before, so after many small keys (node
+// leases) a chunk of large values (the nodes) holds thousands of them. The
+// scan refuses a chunk above MaxChunkBytes before reading it, pages the
+// next keys, streams again, and still reads every key once, in order, at
+// one revision.
+func TestScanRefusesLargeChunks(t *testing.T) {
+	_, c := startClient(t, testetcd.Options{})
+	ctx := context.Background()
+	var want []string
+	put := func(prefix string, n, size int) {
+		t.Helper()
+		var ops []clientv3.Op
+		for i := 0; i < n; i++ {
+			k := fmt.Sprintf("%s%05d", prefix, i)
+			ops = append(ops, clientv3.OpPut(k, strings.Repeat("v", size)))
+			want = append(want, k)
+			if len(ops) == 50 || i == n-1 {
+				if _, err := c.Txn(ctx).Then(ops...).Commit(); err != nil {
+					t.Fatal(err)
+				}
+				ops = ops[:0]
+			}
+		}
+	}
+	put("/registry/leases/kube-node-lease/n-", 5000, 400)
+	put("/registry/minions/n-", 1000, 20<<10) // 20 MB
+	put("/registry/pods/ns/p-", 40000, 100)   // past the keys paged after a large chunk
+	const limit = 4 << 20
+	var largest int
+	var keys []string
+	stats, err := Scan(ctx, c, ScanOptions{Prefixes: []string{"/registry/"}, MaxChunkBytes: limit}, func(page []KV) error {
+		size := 0
+		for _, kv := range page {
+			keys = append(keys, kv.Key)
+			size += len(kv.Key) + len(kv.Value)
+		}
+		largest = max(largest, size)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("scan returned %d keys, want %d in order", len(keys), len(want))
+	}
+	if !stats.Consistent {
+		t.Errorf("the scan restarted: %+v", stats.Restarts)
+	}
+	// The nodes' chunk (about 900 of them, 18 MB) is refused; the scan
+	// pages on and, past the nodes, streams the pods.
+	if stats.LargeChunks == 0 || stats.Streams < 2 {
+		t.Errorf("%d streams, %d of them ended at a chunk above %d bytes: want the nodes' chunk refused and a stream after it", stats.Streams, stats.LargeChunks, limit)
+	}
+	t.Logf("%d streams, %d large chunks refused, %d pages, the largest %d bytes", stats.Streams, stats.LargeChunks, stats.Pages, largest)
+}
+
+// scanKeysStats is every key Scan returns with opts, in order, and its stats.
+func scanKeysStats(t *testing.T, c *clientv3.Client, opts ScanOptions) ([]string, ScanStats) {
+	t.Helper()
+	var keys []string
+	stats, err := Scan(context.Background(), c, opts, func(page []KV) error {
+		for _, kv := range page {
+			keys = append(keys, kv.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys, stats
 }
 
 // scanKeys is every key Scan returns under prefix, in order.
@@ -453,15 +527,11 @@ func scanKeys(t *testing.T, c *clientv3.Client, prefix string, pageSize int64) [
 }
 
 // countingKV adds up the Count of every range answer: the keys etcd visited
-// (a stream's chunks count none), and the streams asked for.
+// (a stream's chunks count none, and do not come through it: ScanStats
+// counts the streams).
 type countingKV struct {
 	clientv3.KV
-	counted, requests, streams int64
-}
-
-func (k *countingKV) GetStream(ctx context.Context, key string, opts ...clientv3.OpOption) (clientv3.GetStreamChan, error) {
-	k.streams++
-	return k.KV.GetStream(ctx, key, opts...)
+	counted, requests int64
 }
 
 func (k *countingKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -16,6 +19,21 @@ import (
 // errNoStream: etcd does not serve RangeStream (before 3.7, or a proxy
 // that does not forward it).
 var errNoStream = errors.New("etcd does not serve RangeStream")
+
+// errChunkTooLarge: a chunk of the stream was above MaxChunkBytes; gRPC
+// refused it before reading it.
+var errChunkTooLarge = errors.New("a RangeStream chunk above the scan's limit")
+
+// chunkCap is etcd's KV client whose RangeStream refuses a chunk (one gRPC
+// message) above max bytes; the client's other calls are left as they are.
+type chunkCap struct {
+	pb.KVClient
+	max int
+}
+
+func (c chunkCap) RangeStream(ctx context.Context, in *pb.RangeRequest, opts ...grpc.CallOption) (pb.KV_RangeStreamClient, error) {
+	return c.KVClient.RangeStream(ctx, in, append(opts, grpc.MaxCallRecvMsgSize(c.max))...)
+}
 
 // stream reads [key, end) at the pinned revision through etcd's RangeStream
 // (3.7 and later): one request whose answer comes in chunks of about etcd's
@@ -29,6 +47,16 @@ var errNoStream = errors.New("etcd does not serve RangeStream")
 // retries start over once a chunk arrives). A chunk that takes longer than
 // CommandTimeout to come is a transient error. When etcd has no RangeStream
 // stream returns errNoStream and the key to read on from.
+//
+// etcd reads a chunk with a key limit that starts at 10 and doubles while
+// chunks are under half its --max-request-bytes, and halves only after a
+// chunk over twice that: after many small keys (node leases) the limit is
+// in the thousands, and if large values follow (the nodes) the next chunk
+// holds thousands of them (measured: 890 20 KiB nodes, 18 MB, after 5,000
+// leases; 5,000 nodes would make 50-100 MB), read by etcd and held here at
+// once. A chunk above MaxChunkBytes is refused by gRPC before it is read
+// (chunkCap): stream returns errChunkTooLarge and the key to read on from,
+// and the caller pages for a while before a new stream.
 func (p *producer) stream(ctx context.Context, key, end string, send func([]KV) error) (string, error) {
 	attempt := 0
 	backoff := retryBackoff
@@ -52,7 +80,7 @@ func (p *producer) stream(ctx context.Context, key, end string, send func([]KV) 
 			attempt, backoff = 0, retryBackoff
 		}
 		switch {
-		case errors.Is(err, errNoStream):
+		case errors.Is(err, errNoStream), errors.Is(err, errChunkTooLarge):
 			return key, err
 		case p.compacted(err):
 			continue
@@ -82,7 +110,8 @@ func (p *producer) stream(ctx context.Context, key, end string, send func([]KV) 
 func (p *producer) streamOnce(ctx context.Context, key, end string, send func([]KV) error) (next string, got bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	chunks, err := p.cli.GetStream(sctx, key, clientv3.WithRange(end), clientv3.WithRev(p.rev))
+	p.streams++
+	chunks, err := p.streamKV.GetStream(sctx, key, clientv3.WithRange(end), clientv3.WithRev(p.rev))
 	if err != nil {
 		return key, false, streamError(err)
 	}
@@ -134,10 +163,16 @@ func (p *producer) streamOnce(ctx context.Context, key, end string, send func([]
 }
 
 // streamError is an error of RangeStream as the rest of the scan knows
-// them: errNoStream for a server that does not serve it.
+// them: errNoStream for a server that does not serve it, errChunkTooLarge
+// for a chunk gRPC refused by its size (etcd's "too many requests" has the
+// same code, ResourceExhausted, and is transient).
 func streamError(err error) error {
-	if status.Code(err) == codes.Unimplemented {
+	s, _ := status.FromError(err)
+	switch {
+	case s.Code() == codes.Unimplemented:
 		return fmt.Errorf("%w: %v", errNoStream, err)
+	case s.Code() == codes.ResourceExhausted && strings.Contains(s.Message(), "larger than max"):
+		return fmt.Errorf("%w: %v", errChunkTooLarge, err)
 	}
 	return err
 }
