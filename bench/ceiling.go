@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
@@ -28,81 +26,25 @@ type ceilingResult struct {
 	elapsed                       time.Duration
 }
 
-// rawScan reads every key under prefix at one revision in pages of pageSize, one page
-// ahead of the consumer (the tool's scanner prefetches one page too).
+// rawScan reads every key under prefix at one revision in pages of pageSize,
+// one page ahead of the consumer, with the tool's own scanner (etcdscan.Scan:
+// etcd 3.7's RangeStream, else the look-ahead walk), so both pay etcd the
+// same for reading; fn sees each page's keys, values and mod revisions.
 func rawScan(ctx context.Context, cli *clientv3.Client, prefix string, pageSize int64, fn func([]rawKV) error) (keys, bytes int64, err error) {
-	type page struct {
-		kvs []rawKV
-		err error
-	}
-	pages := make(chan page, 1)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		defer close(pages)
-		var rev int64
-		// The same range requests as the tool's scanner (etcdscan.RangeWalk),
-		// so both pay etcd the same counting cost.
-		walk := etcdscan.NewRangeWalk(prefix, pageSize)
-		for {
-			key, wEnd, limit, keysOnly := walk.Range()
-			opts := []clientv3.OpOption{clientv3.WithRange(wEnd), clientv3.WithLimit(limit)}
-			if keysOnly {
-				opts = append(opts, clientv3.WithKeysOnly())
-			}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			resp, err := cli.Get(ctx, key, opts...)
-			if errors.Is(err, rpctypes.ErrCompacted) && rev != 0 {
-				// A compaction of the writes behind the scan (the
-				// compacting ceiling's, as the tool's scan does): the
-				// keys ahead are read at the current revision.
-				rev = 0
-				continue
-			}
-			if err != nil {
-				pages <- page{err: fmt.Errorf("range %s: %w", key, err)}
-				return
-			}
-			if rev == 0 {
-				rev = resp.Header.Revision
-			}
-			if keysOnly {
-				walk.Ahead(resp.Kvs, resp.More)
-				continue
-			}
-			kvs := make([]rawKV, len(resp.Kvs))
-			for i, kv := range resp.Kvs {
-				kvs[i] = rawKV{key: kv.Key, value: kv.Value, modRev: kv.ModRevision}
-			}
-			select {
-			case pages <- page{kvs: kvs}:
-			case <-ctx.Done():
-				return
-			}
-			var last string
-			if len(resp.Kvs) > 0 {
-				last = string(resp.Kvs[len(resp.Kvs)-1].Key)
-			}
-			if !walk.Next(last, len(resp.Kvs), resp.More, resp.Count) {
-				return
-			}
-		}
-	}()
-	for p := range pages {
-		if p.err != nil {
-			return keys, bytes, p.err
-		}
-		for _, kv := range p.kvs {
+	_, err = etcdscan.Scan(ctx, cli, etcdscan.ScanOptions{Prefixes: []string{prefix}, PageSize: pageSize}, func(page []etcdscan.KV) error {
+		kvs := make([]rawKV, len(page))
+		for i, kv := range page {
+			kvs[i] = rawKV{key: []byte(kv.Key), value: kv.Value, modRev: kv.ModRevision}
 			keys++
-			bytes += int64(len(kv.value))
+			bytes += int64(len(kv.Value))
 		}
-		if fn != nil {
-			if err := fn(p.kvs); err != nil {
-				return keys, bytes, err
-			}
+		if fn == nil {
+			return nil
 		}
+		return fn(kvs)
+	})
+	if err != nil {
+		return keys, bytes, fmt.Errorf("range %s: %w", prefix, err)
 	}
 	return keys, bytes, nil
 }

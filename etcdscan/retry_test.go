@@ -32,7 +32,7 @@ func TestScanSurvivesEtcdRestart(t *testing.T) { testetcd.Each(t, testScanSurviv
 
 func testScanSurvivesEtcdRestart(t *testing.T, version string) {
 	s, c := startClient(t, testetcd.Options{Version: version})
-	keys := putKeys(t, c, "/registry/pods/", 40)
+	keys := putLarge(t, c, "/registry/pods/", 80)
 	var got []string
 	var restarted <-chan error
 	stats, err := Scan(context.Background(), c, ScanOptions{Prefixes: []string{"/registry/pods/"}, PageSize: 5, CommandTimeout: 300 * time.Millisecond}, func(page []KV) error {

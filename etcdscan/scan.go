@@ -19,6 +19,13 @@ import (
 const (
 	DefaultPageSize           = 500
 	DefaultScanCommandTimeout = 30 * time.Second
+	// DefaultMaxChunkBytes is the largest chunk of etcd 3.7's RangeStream
+	// the scan takes: etcd aims its chunks at its --max-request-bytes (1.5
+	// MiB by default) and halves a chunk's key limit only after a chunk of
+	// twice that, so chunks stay under about 3 MiB where keys are alike in
+	// size; small keys followed by large ones make one chunk of thousands
+	// of large values (see stream), which this refuses before reading it.
+	DefaultMaxChunkBytes = 8 << 20
 )
 
 // ScanOptions select what Scan reads.
@@ -37,6 +44,10 @@ type ScanOptions struct {
 	CommandTimeout time.Duration
 	// Retries bounds the retries of one page on transient errors (default DefaultRetries; <0 none).
 	Retries int
+	// MaxChunkBytes is the largest chunk of a RangeStream the scan takes
+	// (default DefaultMaxChunkBytes); after a larger one it pages the next
+	// keys (see stream).
+	MaxChunkBytes int
 }
 
 // Restart records that the pinned revision was compacted during the scan and
@@ -56,6 +67,9 @@ type ScanStats struct {
 	Keys       int64
 	Bytes      int64 // keys + values
 	Pages      int
+	// Streams is the number of RangeStream requests made (etcd 3.7), and
+	// LargeChunks how many of them ended at a chunk above MaxChunkBytes.
+	Streams, LargeChunks int
 }
 
 // PrefixEnd returns the range end that covers every key starting with prefix
@@ -168,57 +182,116 @@ func Scan(ctx context.Context, cli *clientv3.Client, opts ScanOptions, fn func(p
 		opts.Retries = 0
 	}
 
+	if opts.MaxChunkBytes <= 0 {
+		opts.MaxChunkBytes = DefaultMaxChunkBytes
+	}
+
 	p := &producer{cli: cli, opts: opts, rev: opts.Revision}
+	p.streamKV = clientv3.NewKVFromKVClient(chunkCap{clientv3.RetryKVClient(cli), opts.MaxChunkBytes}, cli)
 	var stats ScanStats
 	err := Paged(ctx, &stats, p.run, fn)
 	stats.Revision = p.firstRev
 	stats.Restarts = p.restarts
 	stats.Consistent = len(p.restarts) == 0
+	stats.Streams, stats.LargeChunks = p.streams, p.largeChunks
 	return stats, err
 }
 
 type producer struct {
 	cli      *clientv3.Client
+	streamKV clientv3.KV // cli's, its streams' chunks capped (chunkCap)
 	opts     ScanOptions
 	rev      int64 // current pinned revision (0: not yet pinned)
 	firstRev int64
 	lastKey  string
 	restarts []Restart
+	noStream bool // etcd answered RangeStream with Unimplemented: walk instead
+	// streams and largeChunks are ScanStats'.
+	streams, largeChunks int
 }
 
 func (p *producer) run(ctx context.Context, send func([]KV) error) error {
 	for _, prefix := range p.opts.Prefixes {
-		walk := NewRangeWalk(prefix, p.opts.PageSize)
-		for {
-			key, end, limit, keysOnly := walk.Range()
-			if keysOnly {
-				keys, more, err := p.keys(ctx, key, end, limit)
-				if err != nil {
-					return err
-				}
-				walk.Ahead(keys, more)
-				continue
-			}
-			kvs, more, count, err := p.page(ctx, key, end)
-			if err != nil {
-				return err
-			}
-			if len(kvs) > 0 {
-				p.lastKey = kvs[len(kvs)-1].Key
-				if err := send(kvs); err != nil {
-					return err
-				}
-			}
-			if !walk.Next(p.lastKey, len(kvs), more, count) {
-				break
-			}
+		if err := p.prefix(ctx, prefix, send); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
+// prefix reads every key under prefix: as one stream where etcd serves
+// RangeStream, paging (RangeWalk) where it does not, and, after a chunk
+// above MaxChunkBytes, paging the next lookAheadKeys keys before a new
+// stream (which starts again with small chunks).
+func (p *producer) prefix(ctx context.Context, prefix string, send func([]KV) error) error {
+	key := NewRangeWalk(prefix, p.opts.PageSize).key
+	for {
+		var budget int64 // the keys to page before streaming again (0: the rest)
+		if !p.noStream {
+			from, err := p.stream(ctx, key, PrefixEnd(prefix), send)
+			switch {
+			case err == nil:
+				return nil
+			case errors.Is(err, errNoStream):
+				// etcd before 3.7: the walk reads the rest, from where the
+				// stream stopped (nothing was read from it in practice).
+				p.noStream = true
+			case errors.Is(err, errChunkTooLarge):
+				p.largeChunks++
+				budget = lookAheadKeys
+			default:
+				return err
+			}
+			key = from
+		}
+		next, more, err := p.walk(ctx, prefix, key, budget, send)
+		if err != nil || !more {
+			return err
+		}
+		key = next
+	}
+}
+
+// walk pages through prefix from key on, to its end or, with a budget, to
+// the end of the first page that makes budget keys; it returns the key to go
+// on from and whether the prefix has more.
+func (p *producer) walk(ctx context.Context, prefix, from string, budget int64, send func([]KV) error) (string, bool, error) {
+	walk := NewRangeWalk(prefix, p.opts.PageSize)
+	walk.key = from
+	var read int64
+	for {
+		key, end, limit, keysOnly := walk.Range()
+		if keysOnly {
+			keys, more, err := p.keys(ctx, key, end, limit)
+			if err != nil {
+				return "", false, err
+			}
+			walk.Ahead(keys, more)
+			continue
+		}
+		kvs, more, count, err := p.page(ctx, key, end)
+		if err != nil {
+			return "", false, err
+		}
+		if len(kvs) > 0 {
+			p.lastKey = kvs[len(kvs)-1].Key
+			if err := send(kvs); err != nil {
+				return "", false, err
+			}
+		}
+		read += int64(len(kvs))
+		if !walk.Next(p.lastKey, len(kvs), more, count) {
+			return "", false, nil
+		}
+		if budget > 0 && read >= budget {
+			return walk.key, true, nil
+		}
+	}
+}
+
 // RangeWalk turns one prefix into the sequence of limited range requests that
-// read it in key order, each counting few keys beyond what it returns. etcd
+// read it in key order, each counting few keys beyond what it returns: the
+// scan's way where etcd has no RangeStream (before 3.7; see stream). etcd
 // (3.5 to 3.7) answers a range request with a limit by visiting every key of
 // the whole range [key, end) to count them, so paging through a range of n
 // keys costs O(n²/page) of etcd's CPU (at 4,000,000 objects, half of etcd's
@@ -354,18 +427,7 @@ func (p *producer) page(ctx context.Context, key, end string) ([]KV, bool, int64
 	if err != nil {
 		return nil, false, 0, err
 	}
-	kvs := make([]KV, len(resp.Kvs))
-	for i, kv := range resp.Kvs {
-		kvs[i] = KV{
-			Key:            string(kv.Key),
-			Value:          kv.Value,
-			ModRevision:    kv.ModRevision,
-			CreateRevision: kv.CreateRevision,
-			Version:        kv.Version,
-			Lease:          kv.Lease,
-		}
-	}
-	return kvs, resp.More, resp.Count, nil
+	return toKVs(resp.Kvs), resp.More, resp.Count, nil
 }
 
 // keys is a walk's look ahead (RangeWalk.Ahead): the keys only of
@@ -376,6 +438,22 @@ func (p *producer) keys(ctx context.Context, key, end string, limit int64) ([]*m
 		return nil, false, err
 	}
 	return resp.Kvs, resp.More, nil
+}
+
+// compacted reports whether err is the compaction of the pinned revision
+// that the scan goes on from (not KeepRevision); if so it records a Restart
+// after the last key read and unpins the revision: the next request reads at
+// the current one and pins that.
+func (p *producer) compacted(err error) bool {
+	if !errors.Is(err, rpctypes.ErrCompacted) || p.rev == 0 || p.opts.KeepRevision {
+		return false
+	}
+	if p.firstRev == 0 {
+		p.firstRev = p.rev
+	}
+	p.rev = 0
+	p.restarts = append(p.restarts, Restart{AfterKey: p.lastKey})
+	return true
 }
 
 // get is one range request of the scan at its pinned revision, pinning it
@@ -393,12 +471,7 @@ func (p *producer) get(ctx context.Context, key string, opts ...clientv3.OpOptio
 			resp, gerr = p.cli.Get(c, key, ops...)
 			return gerr
 		})
-		if errors.Is(err, rpctypes.ErrCompacted) && p.rev > 0 && !p.opts.KeepRevision {
-			if p.firstRev == 0 {
-				p.firstRev = p.rev
-			}
-			p.rev = 0 // read at the current revision and pin that
-			p.restarts = append(p.restarts, Restart{AfterKey: p.lastKey})
+		if p.compacted(err) {
 			continue
 		}
 		if isTransient(ctx, err) {

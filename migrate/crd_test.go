@@ -284,9 +284,10 @@ func TestMigrateCRDWebhookConversion(t *testing.T) {
 // still finds the widget written meanwhile and keeps v1beta1.
 func TestTrimReChecksWhatWasWrittenSinceARestart(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{})
-	const n = 400 // enough that the scan is still reading when the compaction comes
+	const n = 400 // with the ballast, enough that the scan is still reading when the compaction comes
 	c.Put(crdKey, decode.CRDGroupResource, widgetCRD(&apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}), "", "", "")
 	putWidgets(t, c, n)
+	c.Ballast("zz-ballast", 1000) // after the widgets: what etcd 3.7's stream cannot have read ahead by the 20th
 	data := lateWidget(t, "a-late")
 	var otherErr error
 	written := false

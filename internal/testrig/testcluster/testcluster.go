@@ -281,6 +281,43 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 	flush()
 }
 
+// Ballast writes n Secrets of about 48 KiB each in namespace ns (identity
+// encoding, the linked release's codec), 16 a transaction, and returns their
+// keys. etcd 3.7 answers a scan's RangeStream ahead of what the scan has
+// consumed: each chunk is read at the scan's revision with a key limit that
+// doubles while chunks stay small, and sent as far ahead as gRPC's
+// flow-control windows let it (they grow to 16 MB on loopback). A test that
+// acts on etcd mid-scan (a compaction, a write) needs, after the key where it
+// acts, more than the next chunk and those windows hold, or etcd has read the
+// whole keyspace at the scan's revision before the test acts: 1,000 keys
+// (48 MB) after a few hundred small ones are well past both.
+func (c *Cluster) Ballast(ns string, n int) []string {
+	c.T.Helper()
+	codec := c.Codec("", "", SecretsGR)
+	blob := bytes.Repeat([]byte{'b'}, 48<<10)
+	keys := make([]string, 0, n)
+	var ops []clientv3.Op
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("ballast-%04d", i)
+		s := Secret(ns, name, "")
+		s.Data = map[string][]byte{"blob": blob}
+		value, err := runtime.Encode(codec, s)
+		if err != nil {
+			c.T.Fatal(err)
+		}
+		key := "/registry/secrets/" + ns + "/" + name
+		ops = append(ops, clientv3.OpPut(key, string(value)))
+		keys = append(keys, key)
+		if len(ops) == 16 || i == n-1 {
+			if _, err := c.Cli.Txn(context.Background()).Then(ops...).Commit(); err != nil {
+				c.T.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+	return keys
+}
+
 // Codec is the storage codec of gr as the real kube-apiserver of a release
 // ("" = the linked one) with a storage media type ("" = protobuf) writes it.
 func (c *Cluster) Codec(emulated, media string, gr schema.GroupResource) runtime.Codec {
