@@ -42,7 +42,7 @@ func putKeys(t *testing.T, c *clientv3.Client, prefix string, n int) []string {
 
 // largeValue is the size of putLarge's values: enough of them (80 make
 // 51 MB) that etcd 3.7's RangeStream cannot send a scan's whole answer into
-// the connection's buffers (gRPC's flow-control windows grow to 16 MB) before
+// the connection's buffers (gRPC's flow-control windows may grow to 16 MB) before
 // the test's first page acts on etcd (a compaction, a restart), so what a
 // stream does then is what the test sees.
 const largeValue = 640 << 10

@@ -286,7 +286,7 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 // keys. etcd 3.7 answers a scan's RangeStream ahead of what the scan has
 // consumed: each chunk is read at the scan's revision with a key limit that
 // doubles while chunks stay small, and sent as far ahead as gRPC's
-// flow-control windows let it (they grow to 16 MB on loopback). A test that
+// flow-control windows let it (up to 16 MB each). A test that
 // acts on etcd mid-scan (a compaction, a write) needs, after the key where it
 // acts, more than the next chunk and those windows hold, or etcd has read the
 // whole keyspace at the scan's revision before the test acts: 1,000 keys
