@@ -42,6 +42,10 @@ type Object struct {
 	Internal runtime.Object
 	// Codec is the storage codec of the object's resource (built-ins only).
 	Codec *ResourceCodec
+	// Versioned is, when the Decoder's KeepVersioned asked for it (built-ins
+	// only), the object as the storage codec's serializer decoded it before
+	// defaulting and conversion; nil otherwise.
+	Versioned *Versioned
 }
 
 // Decoder decodes etcd values exactly as kube-apiserver's storage layer reads them.
@@ -49,6 +53,11 @@ type Decoder struct {
 	Resolver   *Resolver
 	Storage    *StorageConfig
 	Encryption Decrypter
+	// KeepVersioned, when set, says for which built-in objects Decode also
+	// keeps the versioned object (Object.Versioned): those whose stored
+	// version or media type is rewritten, which the lose-fields guard reads.
+	// Each one costs a deep copy.
+	KeepVersioned func(gr schema.GroupResource, stored schema.GroupVersionKind, mediaType string) bool
 
 	custom map[schema.GroupResource]CustomResourceDecoder
 }
@@ -119,11 +128,12 @@ func (d *Decoder) Decode(ctx context.Context, kv etcdscan.KV) (*Object, error) {
 	if want := expectedKind(rc, info.Resource); gvk.Kind != want {
 		return obj, Errorf(kv.Key, ReasonCorruptPayload, nil, "stored kind %s under a %s key (expected %s)", gvk.Kind, info.Resource, want)
 	}
-	out, _, err := rc.Codec.Decode(plaintext, nil, nil)
+	keep := d.KeepVersioned != nil && d.KeepVersioned(info.Resource, gvk, mt)
+	out, versioned, err := rc.keep.decode(rc.Codec, plaintext, keep)
 	if err != nil {
 		return obj, Errorf(kv.Key, ReasonCorruptPayload, nil, "decode %s: %s", gvk, scrub(err))
 	}
-	obj.Internal = out
+	obj.Internal, obj.Versioned = out, versioned
 	return obj, nil
 }
 

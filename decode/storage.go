@@ -68,6 +68,8 @@ type ResourceCodec struct {
 	Scheme *runtime.Scheme
 	// Codecs is the codec factory of Scheme.
 	Codecs serializer.CodecFactory
+
+	keep *keeper // nil: Codec does not decode through one
 }
 
 // StorageConfig builds the same storage codecs a kube-apiserver release builds
@@ -82,6 +84,8 @@ type StorageConfig struct {
 
 	mu     sync.Mutex
 	codecs map[schema.GroupResource]*ResourceCodec
+
+	keep *keeper // what its built-in codecs decode through
 }
 
 // NewStorageConfig returns the storage configuration of the linked
@@ -129,12 +133,16 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("build kube-apiserver storage factory: %w", err)
 	}
+	builtins := builtinResources()
+	keep := newKeeper()
+	keep.install(factory, groupsOf(builtins))
 	return &StorageConfig{
 		factory:   factory,
 		mediaType: mediaType,
 		release:   o.Release,
-		builtins:  builtinResources(),
+		builtins:  builtins,
 		codecs:    map[schema.GroupResource]*ResourceCodec{},
+		keep:      keep,
 	}, nil
 }
 
@@ -316,6 +324,7 @@ func (s *StorageConfig) newCodec(gr schema.GroupResource) (*ResourceCodec, error
 		MediaType:      s.mediaType,
 		Scheme:         legacyscheme.Scheme,
 		Codecs:         legacyscheme.Codecs,
+		keep:           s.keep,
 	}, nil
 }
 
@@ -338,6 +347,20 @@ func storageVersionOf(v runtime.GroupVersioner, gr schema.GroupResource, kind st
 // builtinResources derives every persisted built-in resource from the scheme: each
 // kind registered in an internal version that has a matching "List" kind (the
 // apiserver's REST storage lists what it stores), named as kube-apiserver names it.
+// groupsOf returns the groups of resources, each once.
+func groupsOf(resources map[schema.GroupResource]string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for gr := range resources {
+		if !seen[gr.Group] {
+			seen[gr.Group] = true
+			out = append(out, gr.Group)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 func builtinResources() map[schema.GroupResource]string {
 	out := map[schema.GroupResource]string{}
 	for gvk := range legacyscheme.Scheme.AllKnownTypes() {

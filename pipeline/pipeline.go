@@ -191,6 +191,7 @@ func setupFor(ctx context.Context, src etcdscan.Source, cfg Config, tgt *target.
 	}
 	env.Planner.Update = tgt.Update()
 	env.Planner.EncryptionOnly = tgt.EncryptionOnly()
+	env.Decoder.KeepVersioned = env.Planner.Converts
 	if err := env.loadCRDs(ctx, endpoints); err != nil {
 		return nil, err
 	}

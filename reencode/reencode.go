@@ -87,6 +87,21 @@ func (p *Planner) AddCustomResource(gr schema.GroupResource, enc CustomResourceE
 	p.custom[gr] = enc
 }
 
+// Converts reports whether a built-in object of gr stored as stored in
+// mediaType is written in another version or media type: the lose-fields
+// guard reads its versioned object (RoundTrip), which decode.Decoder keeps
+// when its KeepVersioned says so. False for what the target cannot encode.
+func (p *Planner) Converts(gr schema.GroupResource, stored schema.GroupVersionKind, mediaType string) bool {
+	if p.EncryptionOnly {
+		return false
+	}
+	target, err := p.Target.Codec(gr)
+	if err != nil {
+		return false
+	}
+	return stored.GroupVersion() != target.StorageVersion || mediaType != target.MediaType
+}
+
 // Decide classifies a decoded object (decodeErr is Decode's error, if any) and, when
 // it is stale, computes the value to write.
 func (p *Planner) Decide(ctx context.Context, obj *decode.Object, decodeErr error) Decision {

@@ -146,19 +146,7 @@ func TestJSONStoredBuiltinIsRewrittenAsProtobuf(t *testing.T) {
 
 func TestUnknownProtobufFieldIsRefused(t *testing.T) {
 	sc := storageConfig(t, "", "")
-	value := write(t, sc, secretsGR, secret())
-	// Re-wrap the envelope with an extra field (number 99) inside the Secret's raw
-	// bytes, as a newer release adding a field would.
-	var u runtime.Unknown
-	if err := u.Unmarshal(value[4:]); err != nil {
-		t.Fatal(err)
-	}
-	u.Raw = append(u.Raw, 0x9a, 0x06, 0x03, 'n', 'e', 'w') // field 99, wire type 2, "new"
-	raw, err := u.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	value = append([]byte("k8s\x00"), raw...)
+	value := withProtobufField(t, write(t, sc, secretsGR, secret()))
 	obj, err := decodeKV(t, "/registry/secrets/ns1/s1", value)
 	if err != nil {
 		t.Fatalf("the apiserver would read it (dropping the field): %v", err)

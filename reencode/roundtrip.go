@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -20,15 +22,25 @@ import (
 // stored version with no conversion and no defaulting, serialize it again with the
 // same serializer, and compare. Protobuf is compared byte for byte (the generated
 // marshallers are deterministic, and silently drop fields they do not know); JSON is
-// compared as a document, since other writers may order keys differently.
+// compared as a document, since other writers may order keys differently. The
+// decoded object is the one the decode kept (decode.Object.Versioned), when it
+// did.
 func RoundTrip(obj *decode.Object) error {
 	rc := obj.Codec
 	if rc == nil {
 		return fmt.Errorf("no codec for %s", obj.Info.Resource)
 	}
-	versioned, gvk, err := rc.Codecs.UniversalDeserializer().Decode(obj.Plaintext, nil, nil)
-	if err != nil {
-		return fmt.Errorf("decode %s without conversion: %w", obj.StoredGVK, err)
+	var versioned runtime.Object
+	var gvk *schema.GroupVersionKind
+	if v := obj.Versioned; v != nil {
+		// What the storage codec's serializer decoded, kept by the decode:
+		// what decoding once more would give.
+		versioned, gvk = v.Object, &v.GVK
+	} else {
+		var err error
+		if versioned, gvk, err = rc.Codecs.UniversalDeserializer().Decode(obj.Plaintext, nil, nil); err != nil {
+			return fmt.Errorf("decode %s without conversion: %w", obj.StoredGVK, err)
+		}
 	}
 	versioned.GetObjectKind().SetGroupVersionKind(*gvk)
 	switch obj.MediaType {
