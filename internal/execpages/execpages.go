@@ -12,11 +12,10 @@
 // executable's read-only pages at start, ten times in the first second and
 // every second after, so that what counts in its resident set is what it
 // executes and reads now (measured on the same file: a peak of 95–104 MB
-// instead of 149). Only mappings of the
-// executable that cannot be written and hold no page of the process's own
-// (smaps: Anonymous 0 kB) are dropped: their pages are the file's, they stay
-// in the page cache, and what runs or is read again faults back in without
-// reading the disk (minor faults).
+// instead of 149). Only mappings of the executable that cannot be written and
+// hold no page of the process's own (smaps: Anonymous 0 kB) are dropped: their
+// pages are the file's, they stay in the page cache, and what runs or is read
+// again faults back in without reading the disk (minor faults).
 package execpages
 
 import (
