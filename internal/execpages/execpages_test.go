@@ -3,7 +3,9 @@ package execpages
 import (
 	"os"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestFileMappings: of a process's mappings, only the executable's that
@@ -48,5 +50,39 @@ func TestRelease(t *testing.T) {
 	// Run code and read data the drop unmapped.
 	if got := slices.Index([]string{"a", "b"}, "b"); got != 1 {
 		t.Fatal(got)
+	}
+}
+
+// TestStartDropsEarly: the pages a command touches in its first second (the
+// most it touches: its packages' initialisation, the first object of every
+// kind decoded) are dropped a tenth of a second after, not at the end of the
+// second, where the commands' peak resident set was; then every second.
+func TestStartDropsEarly(t *testing.T) {
+	if len(Mappings()) == 0 {
+		t.Skip("no /proc/self/smaps")
+	}
+	var mu sync.Mutex
+	var drops []time.Duration
+	began := time.Now()
+	release = func(ms []Mapping) int64 {
+		mu.Lock()
+		drops = append(drops, time.Since(began))
+		mu.Unlock()
+		return Release(ms)
+	}
+	Start()
+	time.Sleep(Interval*2 + Interval/2)
+	mu.Lock()
+	defer mu.Unlock()
+	// At start, Early times in the first Interval, then every Interval
+	// (the timers given half an Interval of slack, for a loaded machine).
+	var first int
+	for _, d := range drops {
+		if d < Interval+Interval/2 {
+			first++
+		}
+	}
+	if len(drops) < 2 || drops[1] > Interval/2 || first < 1+Early || len(drops) == first {
+		t.Fatalf("drops at %v after Start: want one at once, %d in the first %v (the first of them within %v), then one every %v", drops, Early, Interval, Interval/2, Interval)
 	}
 }
