@@ -514,15 +514,7 @@ func scanKeysStats(t *testing.T, c *clientv3.Client, opts ScanOptions) ([]string
 // scanKeys is every key Scan returns under prefix, in order.
 func scanKeys(t *testing.T, c *clientv3.Client, prefix string, pageSize int64) []string {
 	t.Helper()
-	var keys []string
-	if _, err := Scan(context.Background(), c, ScanOptions{Prefixes: []string{prefix}, PageSize: pageSize}, func(page []KV) error {
-		for _, kv := range page {
-			keys = append(keys, kv.Key)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	keys, _ := scanKeysStats(t, c, ScanOptions{Prefixes: []string{prefix}, PageSize: pageSize})
 	return keys
 }
 

@@ -248,16 +248,7 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 	enc := c.LoadEncryption(oldCfg)
 	cur := c.Codec("", "", SecretsGR)
 	old := c.Codec("1.34", "", DeviceClassGR)
-	var ops []clientv3.Op
-	flush := func() {
-		if len(ops) == 0 {
-			return
-		}
-		if _, err := c.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			c.T.Fatal(err)
-		}
-		ops = ops[:0]
-	}
+	txn := c.putsInTxns(64)
 	for i := 0; i < n; i++ {
 		key := fmt.Sprintf("/registry/secrets/ns%d/s-%04d", i%7, i)
 		plain, err := runtime.Encode(cur, Secret(fmt.Sprintf("ns%d", i%7), fmt.Sprintf("s-%04d", i), fmt.Sprintf("pw-%d", i)))
@@ -268,17 +259,43 @@ func (c *Cluster) SeedMany(n int, oldCfg string) {
 		if err != nil {
 			c.T.Fatal(err)
 		}
-		ops = append(ops, clientv3.OpPut(key, string(value)))
+		txn.put(key, value)
 		dc, err := runtime.Encode(old, DeviceClass(fmt.Sprintf("dc-%04d", i)))
 		if err != nil {
 			c.T.Fatal(err)
 		}
-		ops = append(ops, clientv3.OpPut(fmt.Sprintf("/registry/deviceclasses/dc-%04d", i), string(dc)))
-		if len(ops) >= 64 {
-			flush()
-		}
+		txn.put(fmt.Sprintf("/registry/deviceclasses/dc-%04d", i), dc)
 	}
-	flush()
+	txn.flush()
+}
+
+// putsInTxns writes puts to etcd in transactions of up to n.
+func (c *Cluster) putsInTxns(n int) *txnPuts { return &txnPuts{c: c, n: n} }
+
+type txnPuts struct {
+	c   *Cluster
+	n   int
+	ops []clientv3.Op
+}
+
+// put adds a put, and sends the transaction once it holds n.
+func (p *txnPuts) put(key string, value []byte) {
+	p.ops = append(p.ops, clientv3.OpPut(key, string(value)))
+	if len(p.ops) >= p.n {
+		p.flush()
+	}
+}
+
+// flush sends what is not sent yet.
+func (p *txnPuts) flush() {
+	p.c.T.Helper()
+	if len(p.ops) == 0 {
+		return
+	}
+	if _, err := p.c.Cli.Txn(context.Background()).Then(p.ops...).Commit(); err != nil {
+		p.c.T.Fatal(err)
+	}
+	p.ops = p.ops[:0]
 }
 
 // Ballast writes n Secrets of about 48 KiB each in namespace ns (identity
@@ -296,7 +313,7 @@ func (c *Cluster) Ballast(ns string, n int) []string {
 	codec := c.Codec("", "", SecretsGR)
 	blob := bytes.Repeat([]byte{'b'}, 48<<10)
 	keys := make([]string, 0, n)
-	var ops []clientv3.Op
+	txn := c.putsInTxns(16)
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("ballast-%04d", i)
 		s := Secret(ns, name, "")
@@ -306,15 +323,10 @@ func (c *Cluster) Ballast(ns string, n int) []string {
 			c.T.Fatal(err)
 		}
 		key := "/registry/secrets/" + ns + "/" + name
-		ops = append(ops, clientv3.OpPut(key, string(value)))
+		txn.put(key, value)
 		keys = append(keys, key)
-		if len(ops) == 16 || i == n-1 {
-			if _, err := c.Cli.Txn(context.Background()).Then(ops...).Commit(); err != nil {
-				c.T.Fatal(err)
-			}
-			ops = ops[:0]
-		}
 	}
+	txn.flush()
 	return keys
 }
 
