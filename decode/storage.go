@@ -344,9 +344,6 @@ func storageVersionOf(v runtime.GroupVersioner, gr schema.GroupResource, kind st
 	return target.GroupVersion(), nil
 }
 
-// builtinResources derives every persisted built-in resource from the scheme: each
-// kind registered in an internal version that has a matching "List" kind (the
-// apiserver's REST storage lists what it stores), named as kube-apiserver names it.
 // groupsOf returns the groups of resources, each once.
 func groupsOf(resources map[schema.GroupResource]string) []string {
 	seen := map[string]bool{}
@@ -361,6 +358,9 @@ func groupsOf(resources map[schema.GroupResource]string) []string {
 	return out
 }
 
+// builtinResources derives every persisted built-in resource from the scheme: each
+// kind registered in an internal version that has a matching "List" kind (the
+// apiserver's REST storage lists what it stores), named as kube-apiserver names it.
 func builtinResources() map[schema.GroupResource]string {
 	out := map[schema.GroupResource]string{}
 	for gvk := range legacyscheme.Scheme.AllKnownTypes() {
