@@ -77,6 +77,23 @@ func init() {
 // RSS 124 -> 139 MB and 137 -> 142 MB).
 const defaultGCPercent = 200
 
+// migrateMemoryLimit is migrate's soft memory limit unless GOMEMLIMIT is set.
+// Its live heap is the largest of the commands' (the writes in flight, the
+// liveness watch and the undo beside the decisions and the scan's chunk: a
+// median of 29 MB at 1,000,000 objects, 36 MB at 4,000,000), so under
+// defaultMemoryLimit its collector ran the most (12,860 times in a run of
+// 4,000,000 objects, a fifth of its CPU). Measured side by side on
+// 1,000,000 mixed objects, in both orders: 0.78 and 0.82 × the CPU, 1.23 and
+// 1.20 × the speed, peak RSS 126–127 MB against 109–111.
+const migrateMemoryLimit = 80 << 20
+
+// raiseMemoryLimit sets the soft memory limit to limit, unless GOMEMLIMIT is set.
+func raiseMemoryLimit(limit int64) {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(limit)
+	}
+}
+
 func limitMemory() {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(defaultMemoryLimit)

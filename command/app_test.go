@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -216,5 +217,27 @@ func TestInventoryAndInspectCLI(t *testing.T) {
 	code, _, stderr = runCLI(t, "inspect", "--endpoints", srv.Endpoint, "/registry/secrets/default/none")
 	if code != exitError || stderr != "error: key not found: /registry/secrets/default/none\n" {
 		t.Errorf("inspect of a missing key: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// TestMigrateMemoryLimit: migrate raises the soft memory limit to its own
+// default, unless GOMEMLIMIT is set (then the runtime's, from it, stays).
+func TestMigrateMemoryLimit(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	if v, set := os.LookupEnv("GOMEMLIMIT"); set {
+		t.Cleanup(func() { os.Setenv("GOMEMLIMIT", v) })
+	}
+	os.Unsetenv("GOMEMLIMIT")
+	debug.SetMemoryLimit(defaultMemoryLimit)
+	raiseMemoryLimit(migrateMemoryLimit)
+	if got := debug.SetMemoryLimit(-1); got != migrateMemoryLimit {
+		t.Errorf("without GOMEMLIMIT: limit %d MiB, want %d", got>>20, migrateMemoryLimit>>20)
+	}
+	t.Setenv("GOMEMLIMIT", "100MiB")
+	debug.SetMemoryLimit(100 << 20)
+	raiseMemoryLimit(migrateMemoryLimit)
+	if got := debug.SetMemoryLimit(-1); got != 100<<20 {
+		t.Errorf("with GOMEMLIMIT=100MiB: limit %d MiB, want 100", got>>20)
 	}
 }

@@ -132,6 +132,7 @@ func cmdMigrate(c *cli.Context) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	raiseMemoryLimit(migrateMemoryLimit)
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
 	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
