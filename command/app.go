@@ -95,9 +95,7 @@ func raiseMemoryLimit(limit int64) {
 }
 
 func limitMemory() {
-	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
-		debug.SetMemoryLimit(defaultMemoryLimit)
-	}
+	raiseMemoryLimit(defaultMemoryLimit)
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
 	}

@@ -47,8 +47,8 @@ const Early = 10
 // without it the same run peaked at 116 MB) and drops the pages of the
 // executable's read-only mappings from the process (madvise MADV_DONTNEED),
 // then Early times in the first Interval and every Interval after it, from
-// a goroutine of its own, for the life of the process. The mappings are found once, in /proc/self/smaps (they do not
-// change while the process runs); where they cannot be (not Linux, no
+// a goroutine of its own, for the life of the process. The mappings are
+// found once, in /proc/self/smaps (they do not change while the process runs); where they cannot be (not Linux, no
 // /proc), Start does nothing more: the tool works the same without it.
 func Start() {
 	_, _, _ = syscall.Syscall6(syscall.SYS_PRCTL, prSetTHPDisable, 1, 0, 0, 0, 0)
