@@ -101,6 +101,9 @@ func cmdQuarantine(c *cli.Context) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	if o.scan.snapshotFile != "" {
+		raiseMemoryLimit(privateEtcdMemoryLimit)
+	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
 	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
