@@ -162,7 +162,7 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 	} else if err := checkRecord(o.record, s.env); err != nil {
 		return err
 	}
-	cfg := o.undo.config(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live)
+	cfg := o.undo.runConfig(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live)
 	if o.requested {
 		return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
 			res, err := o.runMigrateRequested(ctx, s, r)
@@ -265,25 +265,35 @@ func requestsWritten(res *storagemigration.Result) int64 {
 }
 
 // runOptions are migrate.Run's options in the writing run r: its journal,
-// snapshot, watch, lock and plan.
+// snapshot, watch, lock and plan (r nil: plan's, which writes nothing).
 func (o *migrateOptions) runOptions(writeCtx context.Context, r *writerun.Run) migrate.Options {
+	if r == nil {
+		return o.migrateOptions(writeCtx, o.undo.journal, o.undo.snapshot, "")
+	}
+	opts := o.migrateOptions(writeCtx, r.Journal(), r.Snapshot(), r.StateDir())
+	opts.Lock = r.Lock
+	opts.OnPreflight = func(lines []string) error { return r.Record("", lines) }
+	opts.Watch = r.MainWatch()
+	return opts
+}
+
+// migrateOptions are migrate.Run's options from the flags, with the journal
+// and snapshot the run keeps and the state directory of its undo.
+func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snapshot string, stateDir undo.StateDir) migrate.Options {
 	return migrate.Options{
 		PreflightOptions: undo.PreflightOptions{
-			Journal:            r.Journal(),
-			Snapshot:           r.Snapshot(),
+			Journal:            journal,
+			Snapshot:           snapshot,
 			AllowLiveAPIServer: o.live.allowLive,
 			LivenessWindow:     o.live.window,
 			QuotaBackendBytes:  o.space.quotaBackendBytes,
 			CompactHistory:     o.space.compactHistory,
 			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
-			StateDir:           r.StateDir(),
+			StateDir:           stateDir,
 		},
 		DryRun:       o.dryRun,
 		FailFast:     o.failFast,
-		Lock:         r.Lock,
-		OnPreflight:  func(lines []string) error { return r.Record("", lines) },
-		Watch:        r.MainWatch(),
 		BatchOps:     o.batchOps,
 		BatchBytes:   o.batchBytes,
 		Writers:      o.writers,

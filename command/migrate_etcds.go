@@ -62,34 +62,34 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 		}
 		defer mainCli.Close()
 	}
-	cfg := o.undo.config(ios.errOut, "migrate", mainCli, prefix, o.dryRun, false, o.live)
-	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, run *writerun.Run) (writerun.Result, error) {
-		rep, err := o.migrateEtcds(ctx, run, runs)
+	cfg := o.undo.runConfig(ios.errOut, "migrate", mainCli, prefix, o.dryRun, false, o.live)
+	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
+		rep, err := o.migrateEtcds(ctx, wr, runs)
 		return writerun.Result{Written: rep.written(), Summary: rep}, err
 	}})
 }
 
 // migrateEtcds migrates each etcd of runs in the writing run.
-func (o *migrateOptions) migrateEtcds(ctx context.Context, run *writerun.Run, runs []*etcdMigration) (*etcdsReport, error) {
+func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, runs []*etcdMigration) (*etcdsReport, error) {
 	ios := o.scan.io
 	rep := &etcdsReport{}
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
 	gate := &readyGate{}
 	for i, r := range runs {
-		r.opts = o.runOptions(writeCtx, run)
+		r.opts = o.runOptions(writeCtx, wr)
 		if !r.etcd.Main() {
 			r.opts.EtcdData = otherEtcdData(r.etcd)
 			r.opts.Journal = etcdFile(r.opts.Journal, r.etcd.Name)
 			r.opts.Snapshot = etcdFile(r.opts.Snapshot, r.etcd.Name)
-			if u := run.Dir(); u != nil {
+			if u := wr.Dir(); u != nil {
 				if err := u.AddEtcd(undo.RunEtcd{Name: r.etcd.Name, Endpoints: r.s.endpoints(), Journal: r.opts.Journal, Snapshot: r.opts.Snapshot}); err != nil {
 					return rep, err
 				}
 			}
 		}
 		var err error
-		if r.watch, err = r.ownWatch(ctx, run); err != nil {
+		if r.watch, err = r.ownWatch(ctx, wr); err != nil {
 			return rep, fmt.Errorf("%s: %w", r.etcd.Label(), err)
 		}
 		r.opts.Watch = r.watch
@@ -98,7 +98,7 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, run *writerun.Run, ru
 			if err := gate.ready(ctx, runs, i); err != nil {
 				return err
 			}
-			return run.Record(r.etcd.Label(), lines)
+			return wr.Record(r.etcd.Label(), lines)
 		}
 	}
 	for _, r := range runs {
@@ -128,11 +128,11 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, run *writerun.Run, ru
 
 // ownWatch is the liveness watch of r's etcd in the run: the run's own for
 // the main etcd, else one started for r's.
-func (r *etcdMigration) ownWatch(ctx context.Context, run *writerun.Run) (*undo.Watch, error) {
+func (r *etcdMigration) ownWatch(ctx context.Context, wr *writerun.Run) (*undo.Watch, error) {
 	if r.etcd.Main() {
-		return run.MainWatch(), nil
+		return wr.MainWatch(), nil
 	}
-	return run.Watch(ctx, r.s.env.Client, r.s.env.Resolver.Prefix())
+	return wr.Watch(ctx, r.s.env.Client, r.s.env.Resolver.Prefix())
 }
 
 // etcdHolds says what etcd e of es holds, for the line naming it.

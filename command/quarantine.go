@@ -118,7 +118,7 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) error {
 		return err
 	}
 	defer s.close()
-	cfg := o.undo.config(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live)
+	cfg := o.undo.runConfig(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live)
 	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
 		res, err := o.quarantineStage(ctx, s, r)
 		var removed int64

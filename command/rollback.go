@@ -153,13 +153,13 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 	}
 	defer cli.Close()
 	rb := &rollbackStage{o: o, cli: cli, prefix: undo.JournalsPrefix(journals), specs: specs, wayBack: wayBack, undoes: undoes, journals: journals, others: others}
-	cfg := o.undo.config(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live)
+	cfg := o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live)
 	if o.runID != "" {
 		if recs, err := stateDir.Since(o.runID); err == nil && len(recs) > 0 {
 			cfg.Since = &recs[0]
 		}
 	}
-	return doWrite(ctx, cfg, writerun.Stage{Check: rb.check, Write: rb.write})
+	return doWrite(ctx, cfg, writerun.Stage{Check: rb.checkRollback, Write: rb.writeRollback})
 }
 
 // rollbackStage is rollback's work in a writing run: its checks, read-only
@@ -179,19 +179,19 @@ type rollbackStage struct {
 	refused   error
 }
 
-// check reads every journal whole and checks what the rollback needs in
+// checkRollback reads every journal whole and checks what the rollback needs in
 // every etcd, before anything is written anywhere.
-func (rb *rollbackStage) check(ctx context.Context, run *writerun.Run) error {
+func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) error {
 	o := rb.o
 	for _, r := range rb.others {
-		if err := o.prepare(ctx, run, r); err != nil {
+		if err := o.prepare(ctx, wr, r); err != nil {
 			return prefixErr(r.label(), err)
 		}
 	}
 	// The liveness window (the run's watch) runs while the journals are
 	// checked and the preflight goes on; the first write waits for its
 	// verdict, and another writer stops the rollback.
-	rb.opts = undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: run.MainWatch()}
+	rb.opts = undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: wr.MainWatch()}
 	quota := undo.FindQuota(ctx, rb.cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
 	// Every journal read whole, every value put back decrypted, before
 	// anything is written (a dry run too).
@@ -229,21 +229,21 @@ func (rb *rollbackStage) check(ctx context.Context, run *writerun.Run) error {
 	return nil
 }
 
-// write undoes the journals, the main etcd's then the others', with the
+// writeRollback undoes the journals, the main etcd's then the others', with the
 // rollback's own undo in its run directory.
-func (rb *rollbackStage) write(ctx context.Context, run *writerun.Run) (writerun.Result, error) {
+func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
 	o, opts := rb.o, rb.opts
 	var res undo.RollbackResult
-	opts.Lock = run.Lock
-	if u := run.Dir(); u != nil {
+	opts.Lock = wr.Lock
+	if u := wr.Dir(); u != nil {
 		if err := u.SetUndoes(rb.undoes); err != nil {
 			return writerun.Result{}, err
 		}
 		opts.OnPreflight = func(line string) error {
 			if line == "" {
-				return run.Record("", rb.preflight)
+				return wr.Record("", rb.preflight)
 			}
-			return run.Record("", append(slices.Clip(rb.preflight), line))
+			return wr.Record("", append(slices.Clip(rb.preflight), line))
 		}
 		j, err := undo.OpenJournal(u.Journal)
 		if err != nil {
@@ -263,7 +263,7 @@ func (rb *rollbackStage) write(ctx context.Context, run *writerun.Run) (writerun
 	res, err := undo.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
 	res.Preflight = append(rb.preflight, res.Preflight...)
 	if len(rb.others) > 0 {
-		err = o.finishEtcds(ctx, run, rb.others, rb.cli.Endpoints(), &res, err, rb.refused)
+		err = o.finishEtcds(ctx, wr, rb.others, rb.cli.Endpoints(), &res, err, rb.refused)
 		return writerun.Result{Written: res.Written(), Summary: res}, err
 	}
 	done := writerun.Result{Written: res.Written(), Summary: res}

@@ -96,7 +96,7 @@ func otherEtcdJournals(stateDir undo.StateDir, runID string) ([]*etcdRollback, e
 // files of the main etcd), starts its liveness watch, reads every journal
 // whole and checks what the rollback needs there (alarms, quota), then
 // waits for the watch's verdict: all before the first write on any etcd.
-func (o *rollbackOptions) prepare(ctx context.Context, run *writerun.Run, r *etcdRollback) error {
+func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcdRollback) error {
 	fmt.Fprintf(o.io.errOut, "%s: %s (its journals: %s)\n", r.label(), strings.Join(r.endpoints, ","), strings.Join(r.journals(), ", "))
 	cli, err := connectTo(ctx, io.Discard, o.etcd, o.prov, o.api, r.endpoints)
 	if err != nil {
@@ -104,7 +104,7 @@ func (o *rollbackOptions) prepare(ctx context.Context, run *writerun.Run, r *etc
 	}
 	r.cli = cli
 	r.prefix = undo.JournalsPrefix(r.journals())
-	if r.watch, err = run.Watch(ctx, cli, r.prefix); err != nil {
+	if r.watch, err = wr.Watch(ctx, cli, r.prefix); err != nil {
 		return err
 	}
 	r.quota = undo.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
@@ -216,7 +216,7 @@ func (r etcdsRollbackReport) table(w io.Writer) error {
 // dry run's refusal there), each other etcd's, then one report and the
 // worst exit code. res is what the rollback's run records as written: every
 // etcd's restored keys.
-func (o *rollbackOptions) finishEtcds(ctx context.Context, run *writerun.Run, others []*etcdRollback, mainEndpoints []string, res *undo.RollbackResult, mainErr, refused error) error {
+func (o *rollbackOptions) finishEtcds(ctx context.Context, wr *writerun.Run, others []*etcdRollback, mainEndpoints []string, res *undo.RollbackResult, mainErr, refused error) error {
 	rep := etcdsRollbackReport{Etcds: []etcdRollbackResult{{Endpoints: mainEndpoints, RollbackResult: *res}}}
 	err := mainErr
 	if err != nil {
@@ -234,7 +234,7 @@ func (o *rollbackOptions) finishEtcds(ctx context.Context, run *writerun.Run, ot
 	// the main etcd stops there.
 	if err == nil || o.dryRun {
 		for _, r := range others {
-			rerr := o.undoEtcd(ctx, r, run.Dir())
+			rerr := o.undoEtcd(ctx, r, wr.Dir())
 			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.name, Endpoints: r.endpoints, RollbackResult: r.res})
 			res.Restored += r.res.Restored
 			if rerr != nil {

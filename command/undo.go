@@ -77,10 +77,10 @@ func (o undoOptions) checkPath(dryRun bool) error {
 	return nil
 }
 
-// config is the writing run of command o's flags describe (package
+// runConfig is the writing run of command o's flags describe (package
 // writerun), on cli under prefix; dryRun writes nothing, private writes a
 // backup file's private copy or output, never the cluster's etcd.
-func (o undoOptions) config(w io.Writer, command string, cli *clientv3.Client, prefix string, dryRun, private bool, live livenessOptions) writerun.Config {
+func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client, prefix string, dryRun, private bool, live livenessOptions) writerun.Config {
 	var endpoints []string
 	if cli != nil {
 		endpoints = cli.Endpoints()
