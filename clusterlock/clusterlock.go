@@ -381,3 +381,27 @@ func Elsewhere(runs []Run, host, stateDir string) []Run {
 	sort.Slice(out, func(i, j int) bool { return out[i].Revision < out[j].Revision })
 	return out
 }
+
+// Later are the runs of runs kept on another host or in another state
+// directory than the run id of host and stateDir that took the cluster's
+// lock after it did (after it started, start, when the cluster has no
+// record of it): what a rollback of that run does not undo.
+func Later(runs []Run, id string, start time.Time, host, stateDir string) []Run {
+	mine := func(r Run) bool { return r.Host == host && r.StateDir == stateDir }
+	var self int64 = -1
+	for _, r := range runs {
+		if mine(r) && r.ID == id {
+			self = r.Revision
+		}
+	}
+	var out []Run
+	for _, r := range runs {
+		if !mine(r) && (self >= 0 && r.Revision > self || self < 0 && r.Start.After(start)) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// UndoPlace is where the run keeps its undo, as its lines say it.
+func (r Run) UndoPlace() string { return orNone(r.StateDir) }

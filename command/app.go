@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -32,7 +33,6 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/crash"
-	"kube-etcd-migrate/internal/execpages"
 )
 
 // Run is the binary: it runs the command line args (args[0] the program's
@@ -46,9 +46,6 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	// kube-apiserver's transformers log each failed decryption through klog; the
 	// reports already name those keys, and logs must not grow with the keyspace.
 	silenceKlog()
-	// The executable's pages, mapped in folios of up to 2 MB, out of the
-	// resident set the memory bounds are checked against (execpages says why).
-	execpages.Start()
 	limitMemory()
 	processStart = startOfProcess()
 	return run(args, stdout, stderr)
@@ -93,6 +90,14 @@ func raiseMemoryLimit(limit int64) {
 		debug.SetMemoryLimit(limit)
 	}
 }
+
+// privateEtcdMemoryLimit is the soft memory limit of a command that runs a
+// private etcd in its process (quarantine --snapshot-file, package
+// snapshotfile): none, unless GOMEMLIMIT is set. That etcd's heap (its index
+// of every key and revision, bbolt's write buffers: some 170 MB at 100,000
+// keys) is far above defaultMemoryLimit, at which the collector ran without
+// pause (docs/benchmarks.md).
+const privateEtcdMemoryLimit = math.MaxInt64
 
 func limitMemory() {
 	raiseMemoryLimit(defaultMemoryLimit)

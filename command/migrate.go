@@ -19,6 +19,7 @@ import (
 	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 func migrateCommand() *cli.Command {
@@ -60,7 +61,7 @@ func newMigrateOptions(c *cli.Context) *migrateOptions {
 	dryRun := c.Bool("dry-run")
 	return &migrateOptions{
 		scan:        newScanOptions(c, targetWrite, true),
-		undo:        newUndoOptions(c, dryRun, c.String("snapshot-file")),
+		undo:        newUndoOptions(c),
 		live:        newLivenessOptions(c),
 		space:       newSpaceOptions(c),
 		outSnap:     newOutputSnapshotOptions(c),
@@ -140,7 +141,7 @@ func cmdMigrate(c *cli.Context) error {
 }
 
 // runMigrate is the migrate command, its options validated.
-func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
+func (o *migrateOptions) runMigrate(ctx context.Context) error {
 	ios := o.scan.io
 	es, err := o.scan.clusterEtcds(ios.errOut)
 	if err != nil {
@@ -161,78 +162,66 @@ func (o *migrateOptions) runMigrate(ctx context.Context) (err error) {
 	} else if err := checkRecord(o.record, s.env); err != nil {
 		return err
 	}
-	// One writing run per cluster: refused now, before any check, while
-	// another holds the cluster's lock; taken just before the first write.
-	hold := newClusterHold(ios.errOut, s.cli, s.env.Resolver.Prefix(), "migrate", o.undo, o.dryRun)
-	if err := hold.checkFree(ctx); err != nil {
-		return err
-	}
-	u, err := o.undo.start(ios.errOut, "migrate", s.endpoints(), s.env.Resolver.Prefix())
-	if err != nil {
-		return err
-	}
-	hold.attach(u)
+	cfg := o.undo.runConfig(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live)
 	if o.requested {
-		var res *storagemigration.Result
-		defer func() { u.finish(ios.errOut, err, requestsWritten(res), res) }()
-		defer func() { hold.finish(err, requestsWritten(res)) }()
-		res, err = o.runMigrateRequested(ctx, s, u, hold)
-		return err
+		return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
+			res, err := o.runMigrateRequested(ctx, s, r)
+			return writerun.Result{Written: requestsWritten(res), Summary: res}, err
+		}})
 	}
-	var sum *migrate.Summary
-	defer func() { u.finish(ios.errOut, err, migrateWritten(sum), sum) }()
-	defer func() { hold.finish(err, migrateWritten(sum)) }()
+	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
+		sum, err := o.migrateStage(ctx, s, r)
+		return writerun.Result{Written: migrateWritten(sum), Summary: sum}, err
+	}})
+}
+
+// migrateStage is migrate's work in the writing run r: the migration, its
+// records (--record), the report and the output snapshot.
+func (o *migrateOptions) migrateStage(ctx context.Context, s *session, r *writerun.Run) (*migrate.Summary, error) {
+	ios := o.scan.io
 	started := time.Now()
 	prog := newProgress(ios.errOut, "migrate", countKeys(ctx, s.env))
 	// Writes get their own context: a SIGINT stops scheduling but lets in-flight
 	// transactions and the journal finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	opts := o.runOptions(writeCtx, u)
-	opts.OnPreflight = hold.then(ctx, opts.OnPreflight)
+	opts := o.runOptions(writeCtx, r)
 	opts.Progress = func(n migrate.Counts) { prog.Set(objectsDone(opts.DryRun, n)) }
 	if s.file != nil && !opts.DryRun {
 		if err := openOutput(ctx, o.outSnap.path, s, &opts); err != nil {
 			prog.Finish()
-			return err
+			return nil, err
 		}
-	} else if !opts.DryRun {
-		// One liveness watch for the migration and the records after it.
-		if opts.Watch, err = undo.StartWatch(ctx, s.env.Client, s.env.Resolver.Prefix(), opts.PreflightOptions); err != nil {
-			prog.Finish()
-			return err
-		}
-		defer opts.Watch.Close()
 	}
 	sum, runErr := migrate.Run(ctx, s.env, opts)
 	prog.Finish()
 	records, recordErr := recordMigration(ctx, o.record, s.env, sum, runErr, started, opts)
 	if sum != nil {
 		if err := printReport(ios.out, o.output, migrateReport{sum, records}); err != nil {
-			return err
+			return sum, err
 		}
 		if p := o.metricsFile; p != "" {
 			if err := metrics.WriteMigrate(p, migrateFigures(sum), sum.Duration); err != nil {
-				return fmt.Errorf("--metrics-file %s: %w", p, err)
+				return sum, fmt.Errorf("--metrics-file %s: %w", p, err)
 			}
 		}
 	}
 	if runErr != nil {
-		return noOutput(s, stoppedByWriter(runErr))
+		return sum, noOutput(s, stoppedByWriter(runErr))
 	}
 	if recordErr != nil {
-		return stoppedByWriter(recordErr)
+		return sum, stoppedByWriter(recordErr)
 	}
 	if sum.Summary.Failed > 0 {
-		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)})
+		return sum, noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d write(s) failed; see the failures above; run again to retry", sum.Summary.Failed)})
 	}
 	if err := writeOutputSnapshot(ctx, o.scan, o.outSnap, o.output, o.dryRun, s); err != nil {
-		return err
+		return sum, err
 	}
 	if sum.Summary.Unreadable > 0 {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched: %s", sum.Summary.Unreadable, unreadableCauses(sum.Causes))}
+		return sum, &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) left untouched: %s", sum.Summary.Unreadable, unreadableCauses(sum.Causes))}
 	}
-	return nil
+	return sum, nil
 }
 
 // unreadableCauses says on stderr's one line why objects were left
@@ -275,24 +264,36 @@ func requestsWritten(res *storagemigration.Result) int64 {
 	return n
 }
 
-// runOptions are migrate.Run's options; u is the run directory the journal
-// and snapshot go to.
-func (o *migrateOptions) runOptions(writeCtx context.Context, u *undoRun) migrate.Options {
+// runOptions are migrate.Run's options in the writing run r: its journal,
+// snapshot, watch, lock and plan (r nil: plan's, which writes nothing).
+func (o *migrateOptions) runOptions(writeCtx context.Context, r *writerun.Run) migrate.Options {
+	if r == nil {
+		return o.migrateOptions(writeCtx, o.undo.journal, o.undo.snapshot, "")
+	}
+	opts := o.migrateOptions(writeCtx, r.Journal(), r.Snapshot(), r.StateDir())
+	opts.Lock = r.Lock
+	opts.OnPreflight = func(lines []string) error { return r.Record("", lines) }
+	opts.Watch = r.MainWatch()
+	return opts
+}
+
+// migrateOptions are migrate.Run's options from the flags, with the journal
+// and snapshot the run keeps and the state directory of its undo.
+func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snapshot string, stateDir undo.StateDir) migrate.Options {
 	return migrate.Options{
 		PreflightOptions: undo.PreflightOptions{
-			Journal:            u.journalPath(o.undo.journal),
-			Snapshot:           u.snapshotPath(o.undo.snapshot),
+			Journal:            journal,
+			Snapshot:           snapshot,
 			AllowLiveAPIServer: o.live.allowLive,
 			LivenessWindow:     o.live.window,
 			QuotaBackendBytes:  o.space.quotaBackendBytes,
 			CompactHistory:     o.space.compactHistory,
 			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
-			StateDir:           u.stateDir(),
+			StateDir:           stateDir,
 		},
 		DryRun:       o.dryRun,
 		FailFast:     o.failFast,
-		OnPreflight:  u.recordChecks,
 		BatchOps:     o.batchOps,
 		BatchBytes:   o.batchBytes,
 		Writers:      o.writers,
@@ -301,11 +302,10 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, u *undoRun) migrat
 }
 
 // runMigrateRequested is 'migrate --requested'.
-func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, u *undoRun, hold *clusterHold) (*storagemigration.Result, error) {
+func (o *migrateOptions) runMigrateRequested(ctx context.Context, s *session, r *writerun.Run) (*storagemigration.Result, error) {
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	opts := o.runOptions(writeCtx, u)
-	opts.OnPreflight = hold.then(ctx, opts.OnPreflight)
+	opts := o.runOptions(writeCtx, r)
 	res, runErr := storagemigration.RunRequested(ctx, s.env, storagemigration.Options{Migrate: opts})
 	if res != nil {
 		if err := printReport(o.scan.io.out, o.output, requestedReport{res}); err != nil {

@@ -12,6 +12,7 @@ import (
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 // etcdMigration is migrate's run in one etcd of a cluster kept in several.
@@ -33,22 +34,17 @@ type etcdMigration struct {
 // etcds are then migrated one after the other, the main one first; a
 // refusal or failure in one stops the run (the etcds before it are undone
 // by 'rollback --run' as a whole). The exit code is the worst of them.
-func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig.Etcds) (err error) {
+func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig.Etcds) error {
 	ios := o.scan.io
 	if o.requested || o.record {
 		return usageErr("--requested and --record: kube-apiserver keeps resources in several etcds (--etcd-servers-overrides): not supported there yet; migrate without them")
 	}
 	opened, err := o.scan.openEtcds(ctx, es, "migrate", openToWrite)
-	var runs []*etcdMigration
-	defer func() {
-		for _, r := range runs {
-			r.watch.Close()
-		}
-		closeEtcds(opened)
-	}()
+	defer closeEtcds(opened)
 	if err != nil {
 		return err
 	}
+	var runs []*etcdMigration
 	for _, x := range opened {
 		runs = append(runs, &etcdMigration{etcd: x.etcd, s: x.s})
 	}
@@ -66,49 +62,44 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 		}
 		defer mainCli.Close()
 	}
-	hold := newClusterHold(ios.errOut, mainCli, prefix, "migrate", o.undo, o.dryRun)
-	if err := hold.checkFree(ctx); err != nil {
-		return err
-	}
-	u, err := o.undo.start(ios.errOut, "migrate", mainCli.Endpoints(), prefix)
-	if err != nil {
-		return err
-	}
-	hold.attach(u)
-	rep := &etcdsReport{}
-	defer func() { u.finish(ios.errOut, err, rep.written(), rep) }()
-	defer func() { hold.finish(err, rep.written()) }()
+	cfg := o.undo.runConfig(ios.errOut, "migrate", mainCli, prefix, o.dryRun, false, o.live)
+	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
+		rep, err := o.migrateEtcds(ctx, wr, runs)
+		return writerun.Result{Written: rep.written(), Summary: rep}, err
+	}})
+}
 
+// migrateEtcds migrates each etcd of runs in the writing run.
+func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, runs []*etcdMigration) (*etcdsReport, error) {
+	ios := o.scan.io
+	rep := &etcdsReport{}
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	plan := &etcdPlans{u: u, lines: map[string][]string{}}
 	gate := &readyGate{}
 	for i, r := range runs {
-		r.opts = o.runOptions(writeCtx, u)
+		r.opts = o.runOptions(writeCtx, wr)
 		if !r.etcd.Main() {
 			r.opts.EtcdData = otherEtcdData(r.etcd)
 			r.opts.Journal = etcdFile(r.opts.Journal, r.etcd.Name)
 			r.opts.Snapshot = etcdFile(r.opts.Snapshot, r.etcd.Name)
-			if u != nil {
-				if err := u.dir.AddEtcd(undo.RunEtcd{Name: r.etcd.Name, Endpoints: r.s.endpoints(), Journal: r.opts.Journal, Snapshot: r.opts.Snapshot}); err != nil {
-					return err
+			if u := wr.Dir(); u != nil {
+				if err := u.AddEtcd(undo.RunEtcd{Name: r.etcd.Name, Endpoints: r.s.endpoints(), Journal: r.opts.Journal, Snapshot: r.opts.Snapshot}); err != nil {
+					return rep, err
 				}
 			}
 		}
-		if !o.dryRun {
-			if r.watch, err = undo.StartWatch(ctx, r.s.env.Client, r.s.env.Resolver.Prefix(), r.opts.PreflightOptions); err != nil {
-				return fmt.Errorf("%s: %w", r.etcd.Label(), err)
-			}
-			r.opts.Watch = r.watch
+		var err error
+		if r.watch, err = r.ownWatch(ctx, wr); err != nil {
+			return rep, fmt.Errorf("%s: %w", r.etcd.Label(), err)
 		}
+		r.opts.Watch = r.watch
 		i, r := i, r
-		record := func(lines []string) error { return plan.record(r.etcd, lines) }
-		r.opts.OnPreflight = hold.then(ctx, func(lines []string) error {
+		r.opts.OnPreflight = func(lines []string) error {
 			if err := gate.ready(ctx, runs, i); err != nil {
 				return err
 			}
-			return record(lines)
-		})
+			return wr.Record(r.etcd.Label(), lines)
+		}
 	}
 	for _, r := range runs {
 		prog := newProgress(ios.errOut, "migrate "+r.etcd.Label(), countKeys(ctx, r.s.env))
@@ -130,9 +121,18 @@ func (o *migrateOptions) runMigrateEtcds(ctx context.Context, es apiserverconfig
 		}
 	}
 	if err := printReport(ios.out, o.output, rep); err != nil {
-		return err
+		return rep, err
 	}
-	return worstOf(runs)
+	return rep, worstOf(runs)
+}
+
+// ownWatch is the liveness watch of r's etcd in the run: the run's own for
+// the main etcd, else one started for r's.
+func (r *etcdMigration) ownWatch(ctx context.Context, wr *writerun.Run) (*undo.Watch, error) {
+	if r.etcd.Main() {
+		return wr.MainWatch(), nil
+	}
+	return wr.Watch(ctx, r.s.env.Client, r.s.env.Resolver.Prefix())
 }
 
 // etcdHolds says what etcd e of es holds, for the line naming it.
@@ -241,32 +241,6 @@ func prefixErr(where string, err error) error {
 		return &codeError{code: ce.code, err: fmt.Errorf("%s: %w", where, ce.err)}
 	}
 	return &codeError{code: exitCodeOf(err), err: fmt.Errorf("%s: %w", where, err)}
-}
-
-// etcdPlans records the checks each etcd passed before its first write in
-// the run directory's plan, etcd by etcd.
-type etcdPlans struct {
-	u     *undoRun
-	mu    sync.Mutex
-	order []string
-	lines map[string][]string
-}
-
-func (p *etcdPlans) record(e apiserverconfig.Etcd, lines []string) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	label := e.Label()
-	if _, ok := p.lines[label]; !ok {
-		p.order = append(p.order, label)
-	}
-	p.lines[label] = lines
-	var all []string
-	for _, l := range p.order {
-		for _, line := range p.lines[l] {
-			all = append(all, l+": "+line)
-		}
-	}
-	return p.u.recordChecks(all)
 }
 
 // etcdsReport is migrate's summary of each etcd of a cluster kept in

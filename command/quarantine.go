@@ -10,6 +10,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/quarantine"
+	"kube-etcd-migrate/writerun"
 )
 
 func quarantineCommand() *cli.Command {
@@ -47,7 +48,7 @@ func newQuarantineOptions(c *cli.Context) *quarantineOptions {
 		// A dry run reads a --snapshot-file in place; a run restores it
 		// into a private etcd, which it writes through.
 		scan:        newScanOptions(c, targetNone, dryRun),
-		undo:        newUndoOptions(c, dryRun, c.String("snapshot-file")),
+		undo:        newUndoOptions(c),
 		live:        newLivenessOptions(c),
 		outSnap:     newOutputSnapshotOptions(c),
 		output:      c.String("output"),
@@ -100,6 +101,9 @@ func cmdQuarantine(c *cli.Context) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	if o.scan.snapshotFile != "" {
+		raiseMemoryLimit(privateEtcdMemoryLimit)
+	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
 	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
@@ -107,37 +111,33 @@ func cmdQuarantine(c *cli.Context) error {
 }
 
 // runQuarantine is the quarantine command, its options validated.
-func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
+func (o *quarantineOptions) runQuarantine(ctx context.Context) error {
 	ios := o.scan.io
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	// Deletes and the journal get their own context: a SIGINT lets the batch in
-	// flight finish.
-	writeCtx, cancelWrites := context.WithCancel(context.Background())
-	defer cancelWrites()
-	// One writing run per cluster (migrate's clusterHold).
-	hold := newClusterHold(ios.errOut, s.cli, s.env.Resolver.Prefix(), "quarantine", o.undo, o.dryRun)
-	if err := hold.checkFree(ctx); err != nil {
-		return err
-	}
-	u, err := o.undo.start(ios.errOut, "quarantine", s.endpoints(), s.env.Resolver.Prefix())
-	if err != nil {
-		return err
-	}
-	hold.attach(u)
-	var res *quarantine.Result
-	defer func() {
+	cfg := o.undo.runConfig(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live)
+	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
+		res, err := o.quarantineStage(ctx, s, r)
 		var removed int64
 		if res != nil {
 			removed = res.Removed
 		}
-		hold.finish(err, removed)
-		u.finish(ios.errOut, err, removed, res)
-	}()
-	journal := u.journalPath(o.undo.journal)
+		return writerun.Result{Written: removed, Summary: res}, err
+	}})
+}
+
+// quarantineStage is quarantine's work in the writing run r: the removals,
+// the report and the output snapshot.
+func (o *quarantineOptions) quarantineStage(ctx context.Context, s *session, r *writerun.Run) (*quarantine.Result, error) {
+	ios := o.scan.io
+	// Deletes and the journal get their own context: a SIGINT lets the batch in
+	// flight finish.
+	writeCtx, cancelWrites := context.WithCancel(context.Background())
+	defer cancelWrites()
+	journal := r.Journal()
 	if journal == "" && o.scan.snapshotFile != "" && !o.dryRun {
 		// The private copy of a backup: the input file is the undo.
 		journal = filepath.Join(s.snap.Dir(), "quarantine.journal")
@@ -146,28 +146,30 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
 		Reasons:            o.reasons,
 		DryRun:             o.dryRun,
 		Journal:            journal,
-		Snapshot:           u.snapshotPath(o.undo.snapshot),
-		OnPreflight:        hold.then(ctx, u.recordChecks),
+		Snapshot:           r.Snapshot(),
+		Lock:               r.Lock,
+		OnPreflight:        func(lines []string) error { return r.Record("", lines) },
+		Watch:              r.MainWatch(),
 		AllowLiveAPIServer: o.live.allowLive,
 		LivenessWindow:     o.live.window,
 		PrivateEtcd:        o.scan.snapshotFile,
-		StateDir:           u.stateDir(),
+		StateDir:           r.StateDir(),
 		BatchOps:           o.batchOps,
 		WriteContext:       writeCtx,
 	})
 	if res != nil {
 		if err := printReport(ios.out, o.output, quarantineReport{res}); err != nil {
-			return err
+			return res, err
 		}
 	}
 	if runErr != nil {
-		return noOutput(s, stoppedByWriter(quarantineError(runErr)))
+		return res, noOutput(s, stoppedByWriter(quarantineError(runErr)))
 	}
 	if res.Conflicts > 0 || res.Failed > 0 {
-		return noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})
+		return res, noOutput(s, &codeError{code: exitError, err: fmt.Errorf("%d object(s) changed since read, %d delete(s) failed: run again", res.Conflicts, res.Failed)})
 	}
 	if o.dryRun {
-		return nil
+		return res, nil
 	}
 	// What is left unreadable where it wrote: the objects it kept, or, in
 	// --output-snapshot, what the verification of OUT finds.
@@ -179,14 +181,14 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) (err error) {
 		}
 		rep, err := saveAndVerify(ctx, o.scan, o.outSnap, s, w)
 		if err != nil {
-			return err
+			return res, err
 		}
 		left = rep.Summary.Unreadable
 	}
 	if left > 0 {
-		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) remain", left), quiet: true}
+		return res, &codeError{code: exitUnreadable, err: fmt.Errorf("%d unreadable object(s) remain", left), quiet: true}
 	}
-	return nil
+	return res, nil
 }
 
 // quarantineFlags are the flags that set quarantine's options.

@@ -16,6 +16,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 func rollbackCommand() *cli.Command {
@@ -67,7 +68,7 @@ func newRollbackOptions(c *cli.Context) *rollbackOptions {
 		api:     newAPIServerOptions(c),
 		live:    newLivenessOptions(c),
 		space:   newSpaceOptions(c),
-		undo:    undoOptions{stateDir: undo.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), undoDir: c.String("undo-dir"), none: dryRun},
+		undo:    undoOptions{stateDir: undo.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), undoDir: c.String("undo-dir")},
 		output:  c.String("output"),
 		runID:   c.String("run"),
 		journal: c.String("journal"),
@@ -119,7 +120,7 @@ func cmdRollback(c *cli.Context) error {
 }
 
 // runRollback is the rollback command, its options validated.
-func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
+func (o *rollbackOptions) runRollback(ctx context.Context) error {
 	// The runs to undo, read from the state directory before etcd is
 	// connected to: a --run that is not there is refused first.
 	stateDir := o.undo.stateDir
@@ -146,40 +147,55 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 			r.close()
 		}
 	}()
-	for _, r := range others {
-		if err := o.prepare(ctx, r); err != nil {
-			return prefixErr(r.label(), err)
-		}
-	}
 	cli, err := connect(ctx, o.io.errOut, o.etcd, o.prov, o.api)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	prefix := undo.JournalsPrefix(journals)
-	hold := newClusterHold(o.io.errOut, cli, prefix, "rollback", o.undo, o.dryRun)
-	if o.runID != "" && hold != nil {
+	rb := &rollbackStage{o: o, cli: cli, prefix: undo.JournalsPrefix(journals), specs: specs, wayBack: wayBack, undoes: undoes, journals: journals, others: others}
+	cfg := o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live)
+	if o.runID != "" {
 		if recs, err := stateDir.Since(o.runID); err == nil && len(recs) > 0 {
-			hold.since = &recs[0]
+			cfg.Since = &recs[0]
 		}
 	}
-	if err := hold.checkFree(ctx); err != nil {
-		return err
-	}
-	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified}
-	if !opts.DryRun {
-		// The liveness window runs while the journals are checked and the
-		// preflight goes on; the first write waits for its verdict, and
-		// another writer stops the rollback.
-		if opts.Watch, err = undo.StartWatch(ctx, cli, prefix, undo.PreflightOptions{AllowLiveAPIServer: o.live.allowLive, LivenessWindow: o.live.window}); err != nil {
-			return err
+	return doWrite(ctx, cfg, writerun.Stage{Check: rb.checkRollback, Write: rb.writeRollback})
+}
+
+// rollbackStage is rollback's work in a writing run: its checks, read-only
+// and before the run directory exists (check), then the rollback (write).
+type rollbackStage struct {
+	o        *rollbackOptions
+	cli      *clientv3.Client
+	prefix   string
+	specs    []undo.JournalSpec
+	wayBack  *undo.Record
+	undoes   []string
+	journals []string
+	others   []*etcdRollback
+
+	opts      undo.RollbackOptions
+	preflight []string
+	refused   error
+}
+
+// checkRollback reads every journal whole and checks what the rollback needs in
+// every etcd, before anything is written anywhere.
+func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) error {
+	o := rb.o
+	for _, r := range rb.others {
+		if err := o.prepare(ctx, wr, r); err != nil {
+			return prefixErr(r.label(), err)
 		}
-		defer opts.Watch.Close()
 	}
-	quota := undo.FindQuota(ctx, cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
+	// The liveness window (the run's watch) runs while the journals are
+	// checked and the preflight goes on; the first write waits for its
+	// verdict, and another writer stops the rollback.
+	rb.opts = undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: wr.MainWatch()}
+	quota := undo.FindQuota(ctx, rb.cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
 	// Every journal read whole, every value put back decrypted, before
 	// anything is written (a dry run too).
-	check, err := o.checkUndo(ctx, specs, wayBack, prefix)
+	check, err := o.checkUndo(ctx, rb.specs, rb.wayBack, rb.prefix)
 	if err != nil {
 		if errors.As(err, new(*undo.PluginStopError)) {
 			return fmt.Errorf("rollback stopped before its first write: %w; nothing was written: once the plugin answers again, run the same rollback again", err)
@@ -187,85 +203,83 @@ func (o *rollbackOptions) runRollback(ctx context.Context) (err error) {
 		return err
 	}
 	refusal := undoRefusal(check, o.allowUnverified)
-	opts.Check = check
-	preflight := check.Lines()
-	if refusal != nil && !opts.DryRun {
+	rb.opts.Check = check
+	rb.preflight = check.Lines()
+	if refusal != nil && !o.dryRun {
 		return refusal
 	}
-	if !opts.DryRun {
-		lines, err := o.rollbackPreflight(ctx, cli, journals, quota)
+	if !o.dryRun {
+		lines, err := o.rollbackPreflight(ctx, rb.cli, rb.journals, quota)
 		if err != nil {
 			return err
 		}
-		preflight = append(preflight, lines...)
+		rb.preflight = append(rb.preflight, lines...)
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	lines, refused := undo.CheckRollbackQuota(ctx, cli, journals, quota, opts.CompactHistory, flagOf)
-	preflight = append(preflight, lines...)
-	if refused != nil && !opts.DryRun {
+	lines, refused := undo.CheckRollbackQuota(ctx, rb.cli, rb.journals, quota, rb.opts.CompactHistory, flagOf)
+	rb.preflight = append(rb.preflight, lines...)
+	if refused != nil && !o.dryRun {
 		return refused
 	}
 	if refusal != nil {
 		refused = refusal // a dry run: the rollback would be refused
 	}
-	opts.Quota = &quota
-	u, err := o.undo.start(o.io.errOut, "rollback", cli.Endpoints(), prefix)
-	if err != nil {
-		return err
-	}
+	rb.refused = refused
+	rb.opts.Quota = &quota
+	return nil
+}
+
+// writeRollback undoes the journals, the main etcd's then the others', with the
+// rollback's own undo in its run directory.
+func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
+	o, opts := rb.o, rb.opts
 	var res undo.RollbackResult
-	defer func() { u.finish(o.io.errOut, err, res.Written(), res) }()
-	// One writing run per cluster: the lock is taken at the first write,
-	// once the checks and the liveness window's verdict are in (OnPreflight).
-	hold.attach(u)
-	defer func() { hold.finish(err, res.Written()) }()
-	opts.OnPreflight = func(string) error { return hold.take(ctx) }
-	if u != nil {
-		if err := u.dir.SetUndoes(undoes); err != nil {
-			return err
+	opts.Lock = wr.Lock
+	if u := wr.Dir(); u != nil {
+		if err := u.SetUndoes(rb.undoes); err != nil {
+			return writerun.Result{}, err
 		}
 		opts.OnPreflight = func(line string) error {
-			if err := hold.take(ctx); err != nil {
-				return err
-			}
 			if line == "" {
-				return u.recordChecks(preflight)
+				return wr.Record("", rb.preflight)
 			}
-			return u.recordChecks(append(slices.Clip(preflight), line))
+			return wr.Record("", append(slices.Clip(rb.preflight), line))
 		}
-		j, err := undo.OpenJournal(u.dir.Journal)
+		j, err := undo.OpenJournal(u.Journal)
 		if err != nil {
-			return err
+			return writerun.Result{}, err
 		}
 		defer j.Close()
-		rev, err := currentRevision(ctx, cli)
+		rev, err := currentRevision(ctx, rb.cli)
 		if err != nil {
-			return err
+			return writerun.Result{}, err
 		}
-		if err := j.BeginCommand("rollback", rev, prefix); err != nil {
-			return err
+		if err := j.BeginCommand("rollback", rev, rb.prefix); err != nil {
+			return writerun.Result{}, err
 		}
 		opts.Journal = j
-		opts.Snapshot = u.dir.Snapshot
+		opts.Snapshot = u.Snapshot
 	}
-	res, err = undo.RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli}, journals, opts)
-	res.Preflight = append(preflight, res.Preflight...)
-	if len(others) > 0 {
-		return o.finishEtcds(ctx, u, others, cli.Endpoints(), &res, err, refused)
+	res, err := undo.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
+	res.Preflight = append(rb.preflight, res.Preflight...)
+	if len(rb.others) > 0 {
+		err = o.finishEtcds(ctx, wr, rb.others, rb.cli.Endpoints(), &res, err, rb.refused)
+		return writerun.Result{Written: res.Written(), Summary: res}, err
 	}
+	done := writerun.Result{Written: res.Written(), Summary: res}
 	if werr := printReport(o.io.out, o.output, rollbackReport{res}); werr != nil && err == nil {
 		err = werr
 	}
 	if err != nil {
-		return stoppedByWriter(err)
+		return done, stoppedByWriter(err)
 	}
-	if refused != nil {
-		return refused // a dry run: the rollback would be refused
+	if rb.refused != nil {
+		return done, rb.refused // a dry run: the rollback would be refused
 	}
 	if res.Failed > 0 {
-		return &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
+		return done, &codeError{code: exitError, err: fmt.Errorf("%d key(s) could not be restored", res.Failed)}
 	}
-	return nil
+	return done, nil
 }
 
 // journalsToUndo are the journals a rollback undoes, newest run first, each

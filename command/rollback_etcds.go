@@ -15,6 +15,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 // etcdRollback is the rollback, in one of the cluster's other etcds
@@ -48,7 +49,6 @@ func (r *etcdRollback) journals() []string {
 }
 
 func (r *etcdRollback) close() {
-	r.watch.Close()
 	if r.cli != nil {
 		r.cli.Close()
 	}
@@ -96,7 +96,7 @@ func otherEtcdJournals(stateDir undo.StateDir, runID string) ([]*etcdRollback, e
 // files of the main etcd), starts its liveness watch, reads every journal
 // whole and checks what the rollback needs there (alarms, quota), then
 // waits for the watch's verdict: all before the first write on any etcd.
-func (o *rollbackOptions) prepare(ctx context.Context, r *etcdRollback) error {
+func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcdRollback) error {
 	fmt.Fprintf(o.io.errOut, "%s: %s (its journals: %s)\n", r.label(), strings.Join(r.endpoints, ","), strings.Join(r.journals(), ", "))
 	cli, err := connectTo(ctx, io.Discard, o.etcd, o.prov, o.api, r.endpoints)
 	if err != nil {
@@ -104,10 +104,8 @@ func (o *rollbackOptions) prepare(ctx context.Context, r *etcdRollback) error {
 	}
 	r.cli = cli
 	r.prefix = undo.JournalsPrefix(r.journals())
-	if !o.dryRun {
-		if r.watch, err = undo.StartWatch(ctx, cli, r.prefix, undo.PreflightOptions{AllowLiveAPIServer: o.live.allowLive, LivenessWindow: o.live.window}); err != nil {
-			return err
-		}
+	if r.watch, err = wr.Watch(ctx, cli, r.prefix); err != nil {
+		return err
 	}
 	r.quota = undo.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
 	if r.check, err = o.checkUndo(ctx, r.specs, r.wayBack, r.prefix); err != nil {
@@ -145,11 +143,11 @@ func (o *rollbackOptions) prepare(ctx context.Context, r *etcdRollback) error {
 
 // undoEtcd undoes r's journals, with the rollback's own undo there beside its
 // main one (u nil: none).
-func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undoRun) error {
+func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undo.Run) error {
 	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
 	if u != nil {
-		journal, snapshot := etcdFile(u.dir.Journal, r.name), etcdFile(u.dir.Snapshot, r.name)
-		if err := u.dir.AddEtcd(undo.RunEtcd{Name: r.name, Endpoints: r.endpoints, Journal: journal, Snapshot: snapshot}); err != nil {
+		journal, snapshot := etcdFile(u.Journal, r.name), etcdFile(u.Snapshot, r.name)
+		if err := u.AddEtcd(undo.RunEtcd{Name: r.name, Endpoints: r.endpoints, Journal: journal, Snapshot: snapshot}); err != nil {
 			return err
 		}
 		j, err := undo.OpenJournal(journal)
@@ -218,7 +216,7 @@ func (r etcdsRollbackReport) table(w io.Writer) error {
 // dry run's refusal there), each other etcd's, then one report and the
 // worst exit code. res is what the rollback's run records as written: every
 // etcd's restored keys.
-func (o *rollbackOptions) finishEtcds(ctx context.Context, u *undoRun, others []*etcdRollback, mainEndpoints []string, res *undo.RollbackResult, mainErr, refused error) error {
+func (o *rollbackOptions) finishEtcds(ctx context.Context, wr *writerun.Run, others []*etcdRollback, mainEndpoints []string, res *undo.RollbackResult, mainErr, refused error) error {
 	rep := etcdsRollbackReport{Etcds: []etcdRollbackResult{{Endpoints: mainEndpoints, RollbackResult: *res}}}
 	err := mainErr
 	if err != nil {
@@ -236,7 +234,7 @@ func (o *rollbackOptions) finishEtcds(ctx context.Context, u *undoRun, others []
 	// the main etcd stops there.
 	if err == nil || o.dryRun {
 		for _, r := range others {
-			rerr := o.undoEtcd(ctx, r, u)
+			rerr := o.undoEtcd(ctx, r, wr.Dir())
 			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.name, Endpoints: r.endpoints, RollbackResult: r.res})
 			res.Restored += r.res.Restored
 			if rerr != nil {

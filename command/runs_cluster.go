@@ -147,7 +147,7 @@ func (c *clusterRuns) table(w io.Writer) error {
 		return err
 	}
 	if h := c.Holder; h != nil {
-		fmt.Fprintf(w, "holding the cluster's lock now: run %s, pid %d on %s (state directory %s)\n", h.ID, h.PID, h.Host, orNoUndo(h.StateDir))
+		fmt.Fprintf(w, "holding the cluster's lock now: run %s, pid %d on %s (state directory %s)\n", h.ID, h.PID, h.Host, h.UndoPlace())
 	}
 	var unfinished []string
 	for _, r := range c.Runs {
@@ -159,11 +159,4 @@ func (c *clusterRuns) table(w io.Writer) error {
 		fmt.Fprintf(w, "no end recorded: %s (killed, or etcd was restored from a snapshot taken while it ran): its host's 'runs' says more\n", strings.Join(unfinished, ", "))
 	}
 	return nil
-}
-
-func orNoUndo(dir string) string {
-	if dir == "" {
-		return "none (--no-undo)"
-	}
-	return dir
 }

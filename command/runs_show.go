@@ -68,24 +68,10 @@ func (o *runsOptions) runShow() error {
 
 // laterElsewhere are the cluster's runs kept on another host or in another
 // state directory than rec's (stateDir, on this host) that took the
-// cluster's lock after rec's run did (after it started, when the cluster has
-// no record of it).
+// cluster's lock after rec's run did (clusterlock.Later).
 func laterElsewhere(runs []clusterlock.Run, rec undo.Record, stateDir string) []clusterlock.Run {
 	host, _ := os.Hostname()
-	mine := func(r clusterlock.Run) bool { return r.Host == host && r.StateDir == stateDir }
-	var self int64 = -1
-	for _, r := range runs {
-		if mine(r) && r.ID == rec.ID {
-			self = r.Revision
-		}
-	}
-	var out []clusterlock.Run
-	for _, r := range runs {
-		if !mine(r) && (self >= 0 && r.Revision > self || self < 0 && r.Start.After(rec.Start)) {
-			out = append(out, r)
-		}
-	}
-	return out
+	return clusterlock.Later(runs, rec.ID, rec.Start, host, stateDir)
 }
 
 // showReport is one run and how to undo it.
@@ -180,7 +166,7 @@ func (r showReport) table(w io.Writer) error {
 	fmt.Fprintf(w, "Undo %s, the tool's writes only (keys changed since by anyone else are left):\n", with)
 	fmt.Fprintf(w, "  kube-etcd-migrate rollback --run %s --state-dir %s --dry-run, then without --dry-run\n", v.ID, r.StateDir)
 	for _, e := range r.Elsewhere {
-		fmt.Fprintf(w, "  first, on %s: run %s (%s) of state directory %s came after it: undo it there ('kube-etcd-migrate rollback --run %s --state-dir %s')\n", e.Host, e.ID, e.Command, orNoUndo(e.StateDir), e.ID, orNoUndo(e.StateDir))
+		fmt.Fprintf(w, "  first, on %s: run %s (%s) of state directory %s came after it: undo it there ('kube-etcd-migrate rollback --run %s --state-dir %s')\n", e.Host, e.ID, e.Command, e.UndoPlace(), e.ID, e.UndoPlace())
 	}
 	if r.ClusterNote != "" {
 		fmt.Fprintf(w, "  (runs on other hosts after it: not known: %s)\n", strings.TrimPrefix(r.ClusterNote, "this host's runs only: "))

@@ -1,16 +1,19 @@
 package command
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 // stateDirFlag is --state-dir, on every command that writes and on runs and plan.
@@ -29,13 +32,6 @@ func undoFlags() []cli.Flag {
 	}
 }
 
-// undoRun is the run directory of a writing run, nil-safe: a dry run, a run
-// with --no-undo and a run on a --snapshot-file have none.
-type undoRun struct {
-	state *undo.State
-	dir   *undo.Run
-}
-
 // undoOptions are undoFlags as given (rollback: --state-dir and --no-undo
 // only), and whether the run keeps a run directory at all.
 type undoOptions struct {
@@ -47,19 +43,15 @@ type undoOptions struct {
 	// undoDir is rollback's --undo-dir: its journal and snapshot go to
 	// undoDir/ID instead of the run directory.
 	undoDir string
-	// none: the run keeps no run directory (a dry run, a run on a --snapshot-file).
-	none bool
 }
 
-// newUndoOptions reads undoFlags; a run with dryRun or on a --snapshot-file
-// (snapshotFile) keeps no run directory.
-func newUndoOptions(c *cli.Context, dryRun bool, snapshotFile string) undoOptions {
+// newUndoOptions reads undoFlags.
+func newUndoOptions(c *cli.Context) undoOptions {
 	return undoOptions{
 		stateDir: undo.StateDir(c.String("state-dir")),
 		noUndo:   c.Bool("no-undo"),
 		journal:  c.String("journal"),
 		snapshot: c.String("snapshot"),
-		none:     dryRun || snapshotFile != "",
 	}
 }
 
@@ -85,121 +77,42 @@ func (o undoOptions) checkPath(dryRun bool) error {
 	return nil
 }
 
-// start creates the run directory of a writing run in the state directory
-// before anything is written, and says on w where the undo is; --journal and
-// --snapshot, when set, are where the operator asked for those files
-// instead. A state directory that cannot be made, is shared with others or
-// is locked by another run refuses the run (exit 1).
-func (o undoOptions) start(w io.Writer, command string, endpoints []string, prefix string) (*undoRun, error) {
-	if o.none {
-		return nil, nil
+// runConfig is the writing run of command o's flags describe (package
+// writerun), on cli under prefix; dryRun writes nothing, private writes a
+// backup file's private copy or output, never the cluster's etcd.
+func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client, prefix string, dryRun, private bool, live livenessOptions) writerun.Config {
+	var endpoints []string
+	if cli != nil {
+		endpoints = cli.Endpoints()
 	}
-	if o.noUndo {
-		fmt.Fprintln(w, "WARNING: --no-undo: this run keeps no journal and no snapshot; nothing can roll it back")
-		return nil, nil
+	return writerun.Config{
+		Command: command, Log: w, Client: cli, Prefix: prefix, Endpoints: endpoints,
+		DryRun: dryRun, Private: private,
+		Undo: writerun.Undo{
+			StateDir: o.stateDir, None: o.noUndo, Journal: o.journal, Snapshot: o.snapshot, Elsewhere: o.undoDir,
+		},
+		Liveness: writerun.Liveness{Allow: live.allowLive, Window: live.window},
+		Attach:   outputOf(w).attach,
+		ExitCode: exitCodeOf,
+		Spell:    flagOf,
 	}
-	st, err := o.stateDir.Open()
-	if err != nil {
-		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written (--no-undo runs without an undo)", err)}
-	}
-	rd, err := st.NewRun(command, endpoints, prefix)
-	if err != nil {
-		st.Close()
-		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
-	}
-	u := &undoRun{state: st, dir: rd}
-	if err := outputOf(w).attach(rd); err != nil {
-		fmt.Fprintf(w, "warning: run %s: its output is not saved: %s\n", rd.ID, cliMessage(err))
-	}
-	if o.journal != "" {
-		err = rd.SetJournal(o.journal)
-	}
-	if o.snapshot != "" && err == nil {
-		err = rd.SetSnapshot(o.snapshot)
-	}
-	if err != nil {
-		u.finish(w, err, 0, nil)
-		return nil, &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w; nothing was written", err)}
-	}
-	if o.undoDir != "" {
-		if err := o.elsewhere(rd); err != nil {
-			u.finish(w, err, 0, nil)
-			return nil, &codeError{code: exitError, err: fmt.Errorf("--undo-dir: %w; nothing was written", err)}
+}
+
+// doWrite runs stage as a writing run of cfg (writerun.Do), its refusals
+// named by the flags that set them.
+func doWrite(ctx context.Context, cfg writerun.Config, stage writerun.Stage) error {
+	err := writerun.Do(ctx, cfg, stage)
+	var sd *writerun.StateDirError
+	if errors.As(err, &sd) {
+		switch {
+		case sd.Elsewhere:
+			return &codeError{code: exitError, err: fmt.Errorf("--undo-dir: %w", sd)}
+		case sd.Opening:
+			return &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w (--no-undo runs without an undo)", sd)}
 		}
-		fmt.Fprintf(w, "run %s: recorded in %s; its undo is kept in %s (--undo-dir: journal %s, snapshot before the first write %s); 'kube-etcd-migrate runs --state-dir %s' lists it and 'kube-etcd-migrate rollback --run %s --state-dir %s' undoes it\n",
-			rd.ID, rd.Dir, filepath.Dir(rd.Journal), rd.Journal, rd.Snapshot, o.stateDir, rd.ID, o.stateDir)
-		return u, nil
+		return &codeError{code: exitError, err: fmt.Errorf("--state-dir: %w", sd)}
 	}
-	fmt.Fprintf(w, "run %s: its undo is kept in %s (journal %s, snapshot before the first write %s); 'kube-etcd-migrate rollback --run %s' undoes it\n",
-		rd.ID, rd.Dir, rd.Journal, rd.Snapshot, rd.ID)
-	return u, nil
-}
-
-// elsewhere puts the run's journal and snapshot in undoDir/ID (mode 0700,
-// made: never one that exists), recorded in its run directory.
-func (o undoOptions) elsewhere(rd *undo.Run) error {
-	if err := os.MkdirAll(o.undoDir, 0o700); err != nil {
-		return err
-	}
-	dir, err := filepath.Abs(filepath.Join(o.undoDir, rd.ID))
-	if err != nil {
-		return err
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return fmt.Errorf("%w (another state directory's run of that ID? give another directory)", err)
-	}
-	if err := rd.SetJournal(filepath.Join(dir, undo.JournalFile)); err != nil {
-		return err
-	}
-	return rd.SetSnapshot(filepath.Join(dir, undo.SnapshotFile))
-}
-
-// journalPath is where the run journals: its run directory's journal, else
-// journal (--journal; "" without an undo).
-func (u *undoRun) journalPath(journal string) string {
-	if u == nil {
-		return journal
-	}
-	return u.dir.Journal
-}
-
-// snapshotPath is where the run saves its snapshot: its run directory's,
-// else snapshot (--snapshot; "" without an undo).
-func (u *undoRun) snapshotPath(snapshot string) string {
-	if u == nil {
-		return snapshot
-	}
-	return u.dir.Snapshot
-}
-
-// stateDir is the state directory the run keeps its undo in, where a
-// rollback of it keeps its own ("" without an undo).
-func (u *undoRun) stateDir() undo.StateDir {
-	if u == nil {
-		return ""
-	}
-	return undo.StateDir(u.state.Dir)
-}
-
-// recordChecks records the checks a run passed before its first write.
-func (u *undoRun) recordChecks(lines []string) error {
-	if u == nil {
-		return nil
-	}
-	return u.dir.WritePlan(lines)
-}
-
-// finish records the run's end with the exit code err gives, and releases
-// the state directory. A run that wrote nothing and has no journal leaves its
-// directory all the same: its record says so.
-func (u *undoRun) finish(w io.Writer, err error, written int64, summary any) {
-	if u == nil {
-		return
-	}
-	if ferr := u.dir.Finish(exitCodeOf(err), written, summary); ferr != nil {
-		fmt.Fprintf(w, "warning: run %s: %s\n", u.dir.ID, cliMessage(ferr))
-	}
-	u.state.Close()
+	return err
 }
 
 // exitCodeOf is the exit code the command line gives for err.

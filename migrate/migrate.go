@@ -66,6 +66,9 @@ type Options struct {
 	// and the liveness window's verdict, before the first write (the run
 	// directory's plan); an error stops the run with nothing written.
 	OnPreflight func(checks []string) error
+	// Lock, when set, is the writing run's lock, taken at the first write
+	// before the snapshot starts (undo.FirstWrite.Lock).
+	Lock func(context.Context) error
 	// Decided, when set, is given each page of a dry run's decisions as it
 	// is tallied (plan times a sample of the stale ones): the page is the
 	// run's, copy what is kept.
@@ -186,7 +189,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// The run's first write waits for the liveness window's verdict and the
 	// snapshot (first.Then opens the journal); the window runs while the
 	// checks, the snapshot and the decisions go on (held: holder).
-	first := &undo.FirstWrite{Client: env.Client}
+	first := &undo.FirstWrite{Client: env.Client, Lock: opts.Lock}
 	// A dependency found gone while the first write still waits (a KMS
 	// plugin, a conversion webhook, during the window or the snapshot) stops
 	// the run at once: the wait is given up (gate), not sat out.

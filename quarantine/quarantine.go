@@ -136,7 +136,14 @@ type Options struct {
 	Snapshot string
 	// OnPreflight, when set, is given the checks passed before the first
 	// removal (the run directory's plan); an error stops the run.
-	OnPreflight        func(checks []string) error
+	OnPreflight func(checks []string) error
+	// Lock, when set, is the writing run's lock, taken at the first removal
+	// before the snapshot starts (undo.FirstWrite.Lock).
+	Lock func(context.Context) error
+	// Watch, when set, is the writing run's liveness watch (the caller's,
+	// which it closes); nil: the run starts its own (none with
+	// AllowLiveAPIServer or PrivateEtcd).
+	Watch              *undo.Watch
 	AllowLiveAPIServer bool
 	// PrivateEtcd names the snapshot file the etcd is a private copy of.
 	PrivateEtcd string
@@ -237,8 +244,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		writeCtx = ctx
 	}
 
-	var watch *undo.Watch
-	if !opts.DryRun {
+	watch := opts.Watch
+	if !opts.DryRun && watch == nil {
 		// The liveness window runs while the objects are read; the first
 		// removal waits for its verdict, and another writer stops the run.
 		popts := undo.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow}
@@ -396,7 +403,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		res.Preflight = append(res.Preflight, "etcd's data directory on this host: "+space.Etcd.Source+"; its growth is not counted")
 	}
 	var journal *undo.Journal
-	first := &undo.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Then: func(line string) error {
+	first := &undo.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
 		if line != "" {
 			res.Preflight = append(res.Preflight, line)
 		}

@@ -16,11 +16,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -95,7 +93,6 @@ type Snapshot struct {
 
 	dir      string
 	etcd     *embed.Etcd
-	memory   func() // puts back the memory limit (privateEtcdMemory)
 	leases   []clientv3.LeaseID
 	stopKA   context.CancelFunc
 	kaDone   sync.WaitGroup
@@ -137,44 +134,11 @@ func RemoveTempDirs() {
 	}
 }
 
-// The private etcd runs in this process, and its heap (its index of every key
-// and revision, bbolt's write buffers: some 170 MB at 100,000 keys) is far
-// above the soft memory limit the command sets for itself (command's
-// defaultMemoryLimit, 64 MiB, for a heap of a few pages of objects): at that
-// limit the collector ran without pause, 70 % of migrate --snapshot-file's CPU
-// (4x the CPU of the same run without the limit, measured at 100,000 keys).
-// While a private etcd is open the limit is lifted, unless GOMEMLIMIT set it;
-// GOGC still paces the collector.
-var (
-	memMu    sync.Mutex
-	memUsers int
-	memLimit int64 // the limit before the first open one
-)
-
-func privateEtcdMemory() func() {
-	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
-		return func() {}
-	}
-	memMu.Lock()
-	defer memMu.Unlock()
-	if memUsers == 0 {
-		memLimit = debug.SetMemoryLimit(math.MaxInt64)
-	}
-	memUsers++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			memMu.Lock()
-			defer memMu.Unlock()
-			if memUsers--; memUsers == 0 {
-				debug.SetMemoryLimit(memLimit)
-			}
-		})
-	}
-}
-
 // Open checks the snapshot file at path, restores it into a new private
-// directory and serves it. The file is opened read-only and never changed.
+// directory and serves it. The private etcd runs in this process: its heap
+// (its index of every key and revision, bbolt's write buffers) is far above
+// a soft memory limit sized for a scan's pages, so the program sets none
+// while one is open (the command line does, before anything is opened). The file is opened read-only and never changed.
 // Errors are one line naming the file. The caller must Close the snapshot.
 func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err error) {
 	size, hash, v, err := snapshotdb.Check(path, opts.SkipHashCheck)
@@ -196,7 +160,6 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 	openDirs[dir] = true
 	openMu.Unlock()
 	s = &Snapshot{dir: dir, Info: Info{Info: snapshotdb.Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}}}
-	s.memory = privateEtcdMemory()
 	defer func() {
 		if r := recover(); r != nil {
 			err = snapshotdb.FileError(path, "etcd could not restore it: %v", r)
@@ -510,9 +473,6 @@ func (s *Snapshot) Close() error {
 		s.kaDone.Wait()
 		if s.etcd != nil {
 			s.etcd.Close()
-		}
-		if s.memory != nil {
-			s.memory()
 		}
 		s.closeErr = os.RemoveAll(s.dir)
 		openMu.Lock()

@@ -112,7 +112,7 @@ func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*wri
 		env: env, path: path, ctrl: ctrl, ctx: ctx, now: now, journal: o.Journal, watch: o.Watch,
 		w: &etcdscan.Writer{Client: env.Client, MaxOps: o.BatchOps, MaxBytes: o.BatchBytes, Observer: o.Watch.Observer()},
 	}
-	wr.first = &undo.FirstWrite{Watch: o.Watch, Client: env.Client, Snapshot: o.Snapshot, Then: func(line string) error {
+	wr.first = &undo.FirstWrite{Watch: o.Watch, Client: env.Client, Snapshot: o.Snapshot, Lock: o.Lock, Then: func(line string) error {
 		if line != "" && wr.preflight != nil {
 			*wr.preflight = append(*wr.preflight, line)
 		}

@@ -141,6 +141,9 @@ type RollbackOptions struct {
 	// without a watch) before the first write; an error stops the rollback
 	// with nothing written.
 	OnPreflight func(line string) error
+	// Lock, when set, is the writing run's lock, taken at the first write
+	// before the snapshot starts (FirstWrite.Lock).
+	Lock func(context.Context) error
 	// BatchOps is the number of records decided and written together (0: DefaultMaxOps).
 	BatchOps int
 	// Writers is the number of batches decided and written at once (0:
@@ -227,7 +230,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	if rb.batchOps <= 0 {
 		rb.batchOps = etcdscan.DefaultMaxOps
 	}
-	rb.first = &FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Then: func(line string) error {
+	rb.first = &FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
 		if line != "" {
 			res.Preflight = append(res.Preflight, line)
 		}

@@ -139,7 +139,7 @@ func (o observer) Sending(puts []etcdscan.Put) (func(etcdscan.Outcome), error) {
 }
 
 // FirstWrite is what a writing run does once, just before its first write:
-// it starts saving the snapshot (when Snapshot is set) while the liveness
+// it takes the run's lock (Lock), starts saving the snapshot (when Snapshot is set) while the liveness
 // window still runs, waits for the window's verdict and the snapshot, then
 // runs Then with the verdict's line. A refusal removes the snapshot just
 // saved: nothing was written, and it is no run's undo. Open is safe for
@@ -149,6 +149,10 @@ type FirstWrite struct {
 	Watch    *Watch
 	Client   *clientv3.Client
 	Snapshot string
+	// Lock, when set, runs first, before the snapshot starts: the writing
+	// run's cluster lock, so that no other run snapshots and writes beside
+	// this one. Its error is the run's refusal as it is.
+	Lock func(context.Context) error
 	// Then, when set, runs once both are in, with the window's line ("" when
 	// none): the run's plan, its journal opened.
 	Then func(line string) error
@@ -166,6 +170,12 @@ func (f *FirstWrite) Open(ctx context.Context) error {
 		return f.err
 	}
 	f.done = true
+	if f.Lock != nil {
+		if err := f.Lock(ctx); err != nil {
+			f.err = err
+			return err
+		}
+	}
 	snap := startSnapshot(ctx, f.Client, f.Snapshot)
 	line, err := f.Watch.Verdict(ctx)
 	if err == nil {

@@ -1,4 +1,4 @@
-package command
+package writerun
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,27 +17,24 @@ import (
 	"kube-etcd-migrate/undo"
 )
 
-// clusterHold is a writing run's hold on the cluster's lock in etcd
-// (package clusterlock): one writing run per cluster, whatever node it runs
-// on. Its checkFree reads, before the run's checks, whether another run
-// holds the lock (a refusal then writes nothing at all); take takes it at
-// the first write, once the read-only checks and the liveness window's
-// verdict are in and the snapshot is saved (the run's OnPreflight, called by
-// undo.FirstWrite), and finish records the run's end and
-// releases it. nil (a run on a --snapshot-file, a dry run) holds nothing.
-// Where etcd refuses the tool's keys (auth) or kube-apiserver's prefix
-// covers them, the run goes on with the state directory's lock alone, said
-// so on a warning line.
-type clusterHold struct {
+// hold is a writing run's hold on the cluster's lock in etcd (package
+// clusterlock): one writing run per cluster, whatever node it runs on.
+// checkFree reads, before the run's checks, whether another run holds the
+// lock (a refusal then writes nothing at all); take takes it just before the
+// snapshot of the run's first write; finish records the run's end and
+// releases it. nil (a run on a backup file, a dry run) holds nothing. Where
+// etcd refuses the tool's keys (auth) or kube-apiserver's prefix covers them,
+// the run goes on with the state directory's lock alone, said so on a
+// warning line.
+type hold struct {
 	w       io.Writer
 	cli     *clientv3.Client
-	prefix  string
 	command string
-	// stateDir is where the run keeps its undo ("" with --no-undo): a
-	// holder of this host and state directory whose process is gone is
-	// this run's killed predecessor, whose lock it takes over at once.
+	// stateDir is where the run keeps its undo ("" with no undo): a holder
+	// of this host and state directory whose process is gone is this run's
+	// killed predecessor, whose lock it takes over at once.
 	stateDir string
-	u        *undoRun
+	dir      *dir
 	// since is the oldest run a rollback undoes (nil: not a rollback of
 	// runs): later runs elsewhere are named.
 	since *undo.Record
@@ -47,16 +45,19 @@ type clusterHold struct {
 	off   string // why the cluster's lock is not used
 }
 
-// newClusterHold is the hold of a run that writes to cli under prefix and
-// keeps its undo in the state directory of o; nil for a run that writes no
-// live etcd (none: dry run, --snapshot-file).
-func newClusterHold(w io.Writer, cli *clientv3.Client, prefix, command string, o undoOptions, none bool) *clusterHold {
+// newHold is the hold of a run that writes to cli under prefix and keeps
+// its undo in stateDir ("" with none); nil for a run that writes no live
+// etcd (none, or cli nil).
+func newHold(w io.Writer, cli *clientv3.Client, prefix, command, stateDir string, none bool) *hold {
 	if none || cli == nil {
 		return nil
 	}
-	h := &clusterHold{w: w, cli: cli, prefix: prefix, command: command}
-	if !o.noUndo {
-		h.stateDir = absDir(string(o.stateDir))
+	h := &hold{w: w, cli: cli, command: command}
+	if stateDir != "" {
+		h.stateDir = stateDir
+		if abs, err := filepath.Abs(stateDir); err == nil {
+			h.stateDir = abs
+		}
 	}
 	if clusterlock.Covers(prefix) {
 		h.off = fmt.Sprintf("kube-apiserver's prefix %s covers the tool's keys %s: the cluster's lock would be a write under it", prefix, clusterlock.Prefix)
@@ -66,7 +67,7 @@ func newClusterHold(w io.Writer, cli *clientv3.Client, prefix, command string, o
 
 // checkFree refuses the run, before it checks or writes anything, while
 // another run holds the cluster's lock. It only reads.
-func (h *clusterHold) checkFree(ctx context.Context) error {
+func (h *hold) checkFree(ctx context.Context) error {
 	if h == nil || h.off != "" {
 		return nil
 	}
@@ -91,40 +92,22 @@ func (h *clusterHold) checkFree(ctx context.Context) error {
 // reclaim takes over the lock of this run's killed predecessor (a run of
 // this host, boot and state directory whose process is gone: its lease would
 // free it only later), or refuses the run, naming the holder.
-func (h *clusterHold) reclaim(ctx context.Context, held *clusterlock.HeldError) error {
+func (h *hold) reclaim(ctx context.Context, held *clusterlock.HeldError) error {
 	host, _ := os.Hostname()
 	if !held.GoneHere(host, h.stateDir) {
-		return &codeError{code: exitError, err: fmt.Errorf("%w; nothing was written", held)}
+		return &NothingWrittenError{Err: held}
 	}
 	if err := clusterlock.Reclaim(ctx, h.cli, held); err != nil {
 		return err
 	}
-	fmt.Fprintf(h.w, "note: run %s (pid %d on this host, state directory %s) holds the cluster's lock but its process is gone (killed): its lock is released\n", held.Holder.ID, held.Holder.PID, orNoUndo(held.Holder.StateDir))
+	fmt.Fprintf(h.w, "note: run %s (pid %d on this host, state directory %s) holds the cluster's lock but its process is gone (killed): its lock is released\n", held.Holder.ID, held.Holder.PID, held.Holder.UndoPlace())
 	return nil
 }
 
-// attach gives the hold the run's directory (nil with --no-undo).
-func (h *clusterHold) attach(u *undoRun) {
-	if h != nil {
-		h.u = u
-	}
-}
-
-// then is checks recorded (next) after the cluster's lock is taken: the
-// run's OnPreflight.
-func (h *clusterHold) then(ctx context.Context, next func([]string) error) func([]string) error {
-	return func(checks []string) error {
-		if err := h.take(ctx); err != nil {
-			return err
-		}
-		return next(checks)
-	}
-}
-
 // take takes the cluster's lock, once: a run that holds it refuses this one
-// (exit 1, naming it; nothing written). etcd refusing the tool's keys is a
-// warning: the run goes on with the state directory's lock alone.
-func (h *clusterHold) take(ctx context.Context) error {
+// (naming it; nothing written). etcd refusing the tool's keys is a warning:
+// the run goes on with the state directory's lock alone.
+func (h *hold) take(ctx context.Context) error {
 	if h == nil {
 		return nil
 	}
@@ -144,8 +127,8 @@ func (h *clusterHold) take(ctx context.Context) error {
 	}
 	host, _ := os.Hostname()
 	rec := clusterlock.Run{ID: "none (--no-undo)", Command: h.command, Host: host, PID: os.Getpid(), Start: time.Now().UTC().Truncate(time.Second), Boot: clusterlock.BootID()}
-	if u := h.u; u != nil {
-		rec.ID, rec.StateDir, rec.Journal, rec.Snapshot, rec.Start = u.dir.ID, u.state.Dir, u.dir.Journal, u.dir.Snapshot, u.dir.Start
+	if d := h.dir; d != nil {
+		rec.ID, rec.StateDir, rec.Journal, rec.Snapshot, rec.Start = d.run.ID, d.state.Dir, d.run.Journal, d.run.Snapshot, d.run.Start
 	}
 	l, err := clusterlock.Acquire(ctx, h.cli, rec, ttl)
 	var np *clusterlock.NotPermittedError
@@ -162,7 +145,7 @@ func (h *clusterHold) take(ctx context.Context) error {
 		h.warnOff()
 		return nil
 	case errors.As(err, &held):
-		return &codeError{code: exitError, err: fmt.Errorf("%w; nothing was written", held)}
+		return &NothingWrittenError{Err: held}
 	case err != nil:
 		return err
 	}
@@ -179,9 +162,9 @@ func (h *clusterHold) take(ctx context.Context) error {
 	return nil
 }
 
-func (h *clusterHold) warnOff() {
+func (h *hold) warnOff() {
 	keeps := "only this host's lock (the state directory's) keeps a second writing run out"
-	if h.u == nil {
+	if h.dir == nil {
 		keeps = "and with --no-undo no state directory's lock either: nothing keeps a second writing run out"
 	}
 	fmt.Fprintf(h.w, "warning: no cluster lock: %s; %s: make sure no other node runs a writing command until this one ends\n", h.off, keeps)
@@ -190,34 +173,33 @@ func (h *clusterHold) warnOff() {
 // nameElsewhere says, reading only, where the earlier runs of the cluster
 // keep their undo, when elsewhere than here, and for a rollback, the runs
 // elsewhere after the oldest it undoes (checkFree, before the run's checks).
-func (h *clusterHold) nameElsewhere(ctx context.Context, host, stateDir string) {
+func (h *hold) nameElsewhere(ctx context.Context, host, stateDir string) {
 	runs, _, err := clusterlock.List(ctx, h.cli)
 	if err != nil {
 		return
 	}
 	// Read before this run takes the lock: every run listed is earlier.
-	earlier := runs
-	if places := clusterlock.Elsewhere(earlier, host, stateDir); len(places) > 0 {
-		var s []string
-		for _, r := range places {
-			s = append(s, fmt.Sprintf("%s (%s) %s", r.ID, r.Command, r.Where()))
-		}
-		fmt.Fprintf(h.w, "note: the cluster's earlier runs keep their undo elsewhere too: %s ('kube-etcd-migrate runs' there)\n", strings.Join(s, "; "))
+	if places := clusterlock.Elsewhere(runs, host, stateDir); len(places) > 0 {
+		fmt.Fprintf(h.w, "note: the cluster's earlier runs keep their undo elsewhere too: %s ('kube-etcd-migrate runs' there)\n", describe(places))
 	}
 	if h.since == nil {
 		return
 	}
-	if later := laterElsewhere(earlier, *h.since, stateDir); len(later) > 0 {
-		var s []string
-		for _, r := range later {
-			s = append(s, fmt.Sprintf("%s (%s) %s", r.ID, r.Command, r.Where()))
-		}
-		fmt.Fprintf(h.w, "warning: runs on other hosts wrote after run %s: %s; their keys this rollback would put back are skipped as changed since, unless they are undone first where they are kept\n", h.since.ID, strings.Join(s, "; "))
+	if later := clusterlock.Later(runs, h.since.ID, h.since.Start, host, stateDir); len(later) > 0 {
+		fmt.Fprintf(h.w, "warning: runs on other hosts wrote after run %s: %s; their keys this rollback would put back are skipped as changed since, unless they are undone first where they are kept\n", h.since.ID, describe(later))
 	}
 }
 
+func describe(runs []clusterlock.Run) string {
+	s := make([]string, len(runs))
+	for i, r := range runs {
+		s[i] = fmt.Sprintf("%s (%s) %s", r.ID, r.Command, r.Where())
+	}
+	return strings.Join(s, "; ")
+}
+
 // finish records the run's end in etcd and releases the cluster's lock.
-func (h *clusterHold) finish(err error, written int64) {
+func (h *hold) finish(code int, written int64) {
 	if h == nil {
 		return
 	}
@@ -230,7 +212,7 @@ func (h *clusterHold) finish(err error, written int64) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if ferr := l.Finish(ctx, exitCodeOf(err), written); ferr != nil {
+	if ferr := l.Finish(ctx, code, written); ferr != nil {
 		fmt.Fprintf(h.w, "warning: run %s: %s (the lock frees itself when its lease expires)\n", l.Record().ID, ferr)
 	}
 }

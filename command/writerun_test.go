@@ -1,0 +1,49 @@
+package command
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestWritesThroughWriterun: no command file takes the cluster's lock, opens
+// a run directory, starts a liveness watch or builds a first write itself:
+// every writing command hands its stage to writerun, which does them in
+// their one order.
+func TestWritesThroughWriterun(t *testing.T) {
+	owned := map[string]map[string]bool{
+		"clusterlock": {"Acquire": true, "Holder": true, "Reclaim": true},
+		"undo":        {"StartWatch": true, "FirstWrite": true},
+	}
+	methods := map[string]bool{"NewRun": true}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if pkg, ok := sel.X.(*ast.Ident); ok && owned[pkg.Name][sel.Sel.Name] {
+				t.Errorf("%s: %s.%s: a writing run's step taken outside writerun", fset.Position(sel.Pos()), pkg.Name, sel.Sel.Name)
+			}
+			if methods[sel.Sel.Name] {
+				t.Errorf("%s: .%s: a run directory opened outside writerun", fset.Position(sel.Pos()), sel.Sel.Name)
+			}
+			return true
+		})
+	}
+}
