@@ -1,0 +1,40 @@
+package main
+
+import (
+	"os"
+	"testing"
+)
+
+// TestParseStatus: VmHWM and RssAnon are taken from a /proc/PID/status text,
+// the other Rss and Vm lines left alone; a field missing is 0.
+func TestParseStatus(t *testing.T) {
+	const status = "Name:\tkube-etcd-migra\n" +
+		"State:\tS (sleeping)\n" +
+		"VmPeak:\t 1312440 kB\n" +
+		"VmSize:\t 1312440 kB\n" +
+		"VmHWM:\t  148212 kB\n" +
+		"VmRSS:\t  141904 kB\n" +
+		"RssAnon:\t   61300 kB\n" +
+		"RssFile:\t   80604 kB\n" +
+		"RssShmem:\t       0 kB\n" +
+		"Threads:\t9\n"
+	if hwm, anon := parseStatus([]byte(status)); hwm != 148212 || anon != 61300 {
+		t.Errorf("parseStatus = VmHWM %d, RssAnon %d KiB; want 148212, 61300", hwm, anon)
+	}
+	// A zombie's status has no memory lines.
+	if hwm, anon := parseStatus([]byte("Name:\tx\nState:\tZ (zombie)\n")); hwm != 0 || anon != 0 {
+		t.Errorf("parseStatus of a zombie = %d, %d; want 0, 0", hwm, anon)
+	}
+}
+
+// TestProcMemory: the test's own process has private memory (its heap and
+// stacks), no more than its peak resident set; a process that is gone has none.
+func TestProcMemory(t *testing.T) {
+	hwm, anon := procMemory(os.Getpid())
+	if anon <= 0 || hwm < anon {
+		t.Errorf("procMemory(self) = VmHWM %d, RssAnon %d KiB; want 0 < RssAnon <= VmHWM", hwm, anon)
+	}
+	if hwm, anon := procMemory(-1); hwm != 0 || anon != 0 {
+		t.Errorf("procMemory(-1) = %d, %d; want 0, 0", hwm, anon)
+	}
+}
