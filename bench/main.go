@@ -218,7 +218,8 @@ type sample struct {
 	Objects         int64   `json:"objects"`
 	Bytes           int64   `json:"bytes"`
 	Rewrites        int64   `json:"rewrites"`
-	PeakRSSKB       int64   `json:"peakRSSKiB,omitempty"`
+	PeakPrivateKB   int64   `json:"peakPrivateKiB,omitempty"` // private memory at its peak (RssAnon, sampled): the memory figure
+	PeakRSSKB       int64   `json:"peakRSSKiB,omitempty"`     // peak resident set (VmHWM), mapped file pages included
 	EtcdRSSBeforeKB int64   `json:"etcdRSSBeforeKiB"`
 	EtcdRSSAfterKB  int64   `json:"etcdRSSAfterKiB"`
 	// etcd's database (every member's largest, as the migrate summary has it).
@@ -264,7 +265,10 @@ type measurement struct {
 	MBPerS       stat     `json:"megabytesPerSecond"`
 	RewritesPerS stat     `json:"rewritesPerSecond"`
 	InRunObjPerS stat     `json:"inRunObjectsPerSecond,omitempty"`
-	PeakRSSMB    stat     `json:"peakRSSMB,omitempty"`
+	// PeakPrivateMB is the memory figure the bounds judge (RssAnon, the
+	// tool's private memory); PeakRSSMB (VmHWM) is kept beside it.
+	PeakPrivateMB stat `json:"peakPrivateMB,omitempty"`
+	PeakRSSMB     stat `json:"peakRSSMB,omitempty"`
 	// CPUMicros is the tool's CPU time per object scanned (µs, whole process):
 	// unlike objects/s it hardly depends on what else runs on the machine.
 	CPUMicros stat `json:"cpuMicrosPerObject,omitempty"`
@@ -282,7 +286,7 @@ type measurement struct {
 }
 
 func (m *measurement) finish() {
-	var ops, mbs, rws, inrun, rss, cpu, eb, ea, db, da, dm []float64
+	var ops, mbs, rws, inrun, private, rss, cpu, eb, ea, db, da, dm []float64
 	for _, s := range m.Samples {
 		if s.DBSizeBeforeKB > 0 {
 			db = append(db, float64(s.DBSizeBeforeKB)/1024)
@@ -298,6 +302,9 @@ func (m *measurement) finish() {
 		if s.InRunSeconds > 0 {
 			inrun = append(inrun, float64(s.Objects)/s.InRunSeconds)
 		}
+		if s.PeakPrivateKB > 0 {
+			private = append(private, float64(s.PeakPrivateKB)/1024)
+		}
 		if s.PeakRSSKB > 0 {
 			rss = append(rss, float64(s.PeakRSSKB)/1024)
 		}
@@ -305,6 +312,7 @@ func (m *measurement) finish() {
 		ea = append(ea, float64(s.EtcdRSSAfterKB)/1024)
 	}
 	m.ObjectsPerS, m.MBPerS, m.RewritesPerS, m.InRunObjPerS, m.PeakRSSMB = statOf(ops), statOf(mbs), statOf(rws), statOf(inrun), statOf(rss)
+	m.PeakPrivateMB = statOf(private)
 	m.EtcdRSSMB.Before, m.EtcdRSSMB.After = statOf(eb), statOf(ea)
 	m.DBSizeMB.Before, m.DBSizeMB.After, m.DBSizeMB.Max = statOf(db), statOf(da), statOf(dm)
 	m.CPUMicros = statOf(cpu)
@@ -518,8 +526,8 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 					v.verify, tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, len(stale), vo.byResource(), gen.staleByKind(), tail(tr.stderr))
 			}
 			res.get(v.verify).Samples = append(res.get(v.verify).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: vo.Summary.Objects + vo.Summary.NotObjects, Bytes: c.bytes,
-				PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
-			logf("  %s: %d objects, %d stale in %.2fs (CPU %.2fs), peak RSS %d MB", v.verify, vo.Summary.Objects, vo.Summary.Stale, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
+				PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+			logf("  %s: %d objects, %d stale in %.2fs (CPU %.2fs), peak private %d MB, RSS %d MB", v.verify, vo.Summary.Objects, vo.Summary.Stale, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakPrivateKB/1024, tr.peakRSSKB/1024)
 		}
 
 		// CAS ceilings (rewrite the same bytes: the keyspace stays stale): at
@@ -576,9 +584,9 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			}
 			inRun, _ := time.ParseDuration(mo.Duration)
 			res.get(v.migrate).Samples = append(res.get(v.migrate).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: mo.Summary.Scanned, Bytes: c.bytes,
-				Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB(),
+				Rewrites: mo.Summary.Rewritten, PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB(),
 				DBSizeBeforeKB: mo.Space.DBSizeBefore >> 10, DBSizeAfterKB: mo.Space.DBSizeAfter >> 10, DBSizeMaxKB: mo.Space.DBSizeMax >> 10, Compactions: mo.Space.Compactions})
-			logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak RSS %d MB; etcd database %d -> %d MB (at most %d MB, %d compaction(s))", v.migrate, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakRSSKB/1024,
+			logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs), peak private %d MB, RSS %d MB; etcd database %d -> %d MB (at most %d MB, %d compaction(s))", v.migrate, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), tr.peakPrivateKB/1024, tr.peakRSSKB/1024,
 				mo.Space.DBSizeBefore>>20, mo.Space.DBSizeAfter>>20, mo.Space.DBSizeMax>>20, mo.Space.Compactions)
 			if journal != "" {
 				if err := rollbackOfMigrate(ctx, o, res, v.bin, journal, common, c.bytes, settle, etcd); err != nil {
@@ -746,9 +754,12 @@ func printTable(w *os.File, res *results) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %-24s\n", "measurement", "objects/s", "MB/s", "rewrites/s", "peak RSS MB", "tool CPU µs/object", "etcd RSS MB before→after")
+	fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %-20s %-24s\n", "measurement", "objects/s", "MB/s", "rewrites/s", "peak private MB", "peak RSS MB (VmHWM)", "tool CPU µs/object", "etcd RSS MB before→after")
 	for _, m := range res.Measurements {
-		rss := "-"
+		private, rss := "-", "-"
+		if m.PeakPrivateMB.Median > 0 {
+			private = rng(m.PeakPrivateMB, "%.0f")
+		}
 		if m.PeakRSSMB.Median > 0 {
 			rss = rng(m.PeakRSSMB, "%.0f")
 		}
@@ -768,7 +779,7 @@ func printTable(w *os.File, res *results) {
 		if m.CPUMicros.Median > 0 {
 			cpu = rng(m.CPUMicros, "%.0f")
 		}
-		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %s\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, rss, cpu, etcdRSS)
+		fmt.Fprintf(w, "%-20s %-26s %-20s %-24s %-20s %-20s %-20s %s\n", m.Name, rng(m.ObjectsPerS, "%.0f"), mb, rw, private, rss, cpu, etcdRSS)
 		if m.DBSizeMB.Before.Median > 0 {
 			fmt.Fprintf(w, "%-20s etcd database %.0f→%.0f MB, at most %.0f MB during the run (medians)\n", "  space", m.DBSizeMB.Before.Median, m.DBSizeMB.After.Median, m.DBSizeMB.Max.Median)
 		}

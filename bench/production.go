@@ -337,8 +337,8 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 func record(res *results, name string, tr toolRun, objects, bytes, rewrites, extra int64) *measurement {
 	m := res.get(name)
 	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: objects, Bytes: bytes, Rewrites: rewrites,
-		PeakRSSKB: tr.peakRSSKB, DiskKB: (tr.stateBytes + extra) >> 10})
-	logf("  %s: %d objects, %d rewritten in %.2fs (CPU %.2fs, %.2fs of it the kernel's), peak RSS %d MB, disk %d MB", name, objects, rewrites, tr.wall.Seconds(), tr.cpu.Seconds(), tr.sys.Seconds(), tr.peakRSSKB/1024, (tr.stateBytes+extra)>>20)
+		PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB, DiskKB: (tr.stateBytes + extra) >> 10})
+	logf("  %s: %d objects, %d rewritten in %.2fs (CPU %.2fs, %.2fs of it the kernel's), peak private %d MB, RSS %d MB, disk %d MB", name, objects, rewrites, tr.wall.Seconds(), tr.cpu.Seconds(), tr.sys.Seconds(), tr.peakPrivateKB/1024, tr.peakRSSKB/1024, (tr.stateBytes+extra)>>20)
 	if tr.diag != nil {
 		logf("    memory: %s", tr.diag)
 		res.Notes = append(res.Notes, fmt.Sprintf("%s's memory: %s", name, tr.diag))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -36,5 +37,36 @@ func TestProcMemory(t *testing.T) {
 	}
 	if hwm, anon := procMemory(-1); hwm != 0 || anon != 0 {
 		t.Errorf("procMemory(-1) = %d, %d; want 0, 0", hwm, anon)
+	}
+}
+
+// TestPrivateMemoryInTable: a row's private memory is its memory column, its
+// peak RSS beside it.
+func TestPrivateMemoryInTable(t *testing.T) {
+	res := &results{Dataset: "mixed"}
+	m := res.get(mVerify)
+	m.Samples = []sample{
+		{Seconds: 1, Objects: 10, PeakPrivateKB: 60 << 10, PeakRSSKB: 120 << 10},
+		{Seconds: 1, Objects: 10, PeakPrivateKB: 64 << 10, PeakRSSKB: 124 << 10},
+		{Seconds: 1, Objects: 10, PeakPrivateKB: 62 << 10, PeakRSSKB: 122 << 10},
+	}
+	m.finish()
+	if m.PeakPrivateMB != (stat{Median: 62, Min: 60, Max: 64}) || m.PeakRSSMB.Max != 124 {
+		t.Fatalf("finish: private %+v, RSS %+v", m.PeakPrivateMB, m.PeakRSSMB)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "table")
+	if err != nil {
+		t.Fatal(err)
+	}
+	printTable(f, res)
+	f.Close()
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"peak private MB", "peak RSS MB (VmHWM)", "62 [60–64]", "122 [120–124]"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the table has no %q:\n%s", want, b)
+		}
 	}
 }
