@@ -70,3 +70,16 @@ func TestPrivateMemoryInTable(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivateRatio: a memory target judges the row's largest private figure,
+// a ceiling, with its peak RSS in the note.
+func TestPrivateRatio(t *testing.T) {
+	m := &measurement{Name: "verify", PeakPrivateMB: stat{Median: 90, Min: 80, Max: 101}, PeakRSSMB: stat{Max: 140}}
+	r := privateRatio(m, 100)
+	if r.Name != "peak private MB, verify" || r.Value != 101 || r.Target != 100 || r.Met || !r.AtMost || !strings.Contains(r.Note, "140 MB") {
+		t.Errorf("privateRatio = %+v", r)
+	}
+	if m.PeakPrivateMB.Max = 99; !privateRatio(m, 100).Met {
+		t.Error("99 MB against 100: not met")
+	}
+}
