@@ -115,7 +115,7 @@ func outageRows(ctx context.Context, res *results, etcd *etcdProc, bin, dir stri
 	if tr.exit != 0 {
 		return fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
 	}
-	res.get(mPlan).Samples = append(res.get(mPlan).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: res.Keys, PeakRSSKB: tr.peakRSSKB,
+	res.get(mPlan).Samples = append(res.get(mPlan).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: res.Keys, PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB,
 		EstimateLow: po.Estimate.Low, EstimateHigh: po.Estimate.High})
 	logf("  %s: %.2fs (CPU %.2fs, etcd CPU %.2fs); its estimate of migrate %.1f–%.1fs (%s)", mPlan, tr.wall.Seconds(), tr.cpu.Seconds(), (etcd.CPU() - cpu0).Seconds(), po.Estimate.Low, po.Estimate.High, po.Estimate.parts())
 	po.Estimate.logParts()
@@ -142,8 +142,8 @@ func outageRows(ctx context.Context, res *results, etcd *etcdProc, bin, dir stri
 		inRun, _ := time.ParseDuration(mo.Duration)
 		etcdCPU := etcd.CPU() - cpu0
 		res.get(row.name).Samples = append(res.get(row.name).Samples, sample{Seconds: tr.wall.Seconds(), InRunSeconds: inRun.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: mo.Summary.Scanned,
-			Rewrites: mo.Summary.Rewritten, PeakRSSKB: tr.peakRSSKB, EtcdCPUSeconds: etcdCPU.Seconds(), DiskKB: tr.stateBytes >> 10})
-		logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs, etcd CPU %.2fs), peak RSS %d MB; etcd: %s", row.name, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), etcdCPU.Seconds(), tr.peakRSSKB/1024, etcdCosts(m0, etcd.metrics(ctx)))
+			Rewrites: mo.Summary.Rewritten, PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB, EtcdCPUSeconds: etcdCPU.Seconds(), DiskKB: tr.stateBytes >> 10})
+		logf("  %s: %d scanned, %d rewritten in %.2fs (in-run %s, CPU %.2fs, etcd CPU %.2fs), peak private %d MB, RSS %d MB; etcd: %s", row.name, mo.Summary.Scanned, mo.Summary.Rewritten, tr.wall.Seconds(), mo.Duration, tr.cpu.Seconds(), etcdCPU.Seconds(), tr.peakPrivateKB/1024, tr.peakRSSKB/1024, etcdCosts(m0, etcd.metrics(ctx)))
 		if err := reseed(); err != nil {
 			return err
 		}

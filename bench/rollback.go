@@ -19,14 +19,14 @@ import (
 // The rollback phase: a journal of -rollback-n rewrites of 2 KB values (a
 // migration of a million secrets) is rolled back by the tool, as an operator
 // rolls back before kube-apiserver starts again; the row has its rate and its
-// peak RSS, against the bound the tool keeps (rollback reads the journal
+// peak private memory, against the bound the tool keeps (rollback reads the journal
 // backwards a batch at a time, whatever its size).
 const (
 	mRollback         = "rollback (tool)"
 	rollbackValueSize = 2 << 10
-	// rollbackRSSBoundMB is the peak RSS a rollback must stay under, at any
-	// journal size.
-	rollbackRSSBoundMB = 150
+	// rollbackBoundMB is the peak private memory (RssAnon) a rollback must
+	// stay under, at any journal size.
+	rollbackBoundMB = 150
 )
 
 func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
@@ -69,12 +69,12 @@ func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
 		return nil, fmt.Errorf("rollback: exit %d, %+v; stderr: %s", tr.exit, rb, tail(tr.stderr))
 	}
 	m := res.get(mRollback)
-	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: int64(o.rollbackN), Bytes: size, Rewrites: int64(rb.Restored), PeakRSSKB: tr.peakRSSKB})
+	m.Samples = append(m.Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: int64(o.rollbackN), Bytes: size, Rewrites: int64(rb.Restored), PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB})
 	m.finish()
-	logf("  rollback: %d restored in %.2fs (CPU %.2fs), peak RSS %d MB", rb.Restored, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
-	peak := float64(tr.peakRSSKB) / 1024
-	res.Ratios = append(res.Ratios, ratio{Name: "rollback peak RSS (MB) / bound", Value: peak / rollbackRSSBoundMB, Target: 1, Met: peak <= rollbackRSSBoundMB,
-		Note: fmt.Sprintf("%.0f MB on a journal of %d entries (%d MB); the bound is %d MB; lower is better, met when <= 1; the run includes its 1 s liveness watch and the snapshot of its undo", peak, o.rollbackN, size>>20, rollbackRSSBoundMB)})
+	logf("  rollback: %d restored in %.2fs (CPU %.2fs), peak private %d MB, RSS %d MB", rb.Restored, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakPrivateKB/1024, tr.peakRSSKB/1024)
+	peak := float64(tr.peakPrivateKB) / 1024
+	res.Ratios = append(res.Ratios, ratio{Name: "rollback peak private (MB) / bound", Value: peak / rollbackBoundMB, Target: 1, Met: peak <= rollbackBoundMB, AtMost: true,
+		Note: fmt.Sprintf("%.0f MB private (RssAnon; peak RSS, VmHWM, %d MB) on a journal of %d entries (%d MB); the bound is %d MB; lower is better, met when <= 1; the run includes its 1 s liveness watch and the snapshot of its undo", peak, tr.peakRSSKB>>10, o.rollbackN, size>>20, rollbackBoundMB)})
 	res.LoadAvg = append(res.LoadAvg, loadAvg())
 	printTable(os.Stdout, res)
 	if o.jsonPath != "" {
@@ -170,7 +170,7 @@ func rollbackOfMigrate(ctx context.Context, o options, res *results, bin, journa
 		return fmt.Errorf("%s: exit %d, %d restored, %d skipped, %d failed; stderr: %s", mRollbackMigrate, tr.exit, rb.Restored, rb.Skipped, rb.Failed, tail(tr.stderr))
 	}
 	res.get(mRollbackMigrate).Samples = append(res.get(mRollbackMigrate).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: int64(rb.Restored), Bytes: bytes,
-		Rewrites: int64(rb.Restored), PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
-	logf("  %s: %d restored in %.2fs (CPU %.2fs), peak RSS %d MB", mRollbackMigrate, rb.Restored, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakRSSKB/1024)
+		Rewrites: int64(rb.Restored), PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB, EtcdRSSBeforeKB: before, EtcdRSSAfterKB: etcd.RSSKB()})
+	logf("  %s: %d restored in %.2fs (CPU %.2fs), peak private %d MB, RSS %d MB", mRollbackMigrate, rb.Restored, tr.wall.Seconds(), tr.cpu.Seconds(), tr.peakPrivateKB/1024, tr.peakRSSKB/1024)
 	return nil
 }

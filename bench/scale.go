@@ -21,7 +21,7 @@ const (
 	// scaleTimeTarget is the most the 4N file may take against the N one
 	// (wall time, medians): linear, with room for the disk cache.
 	scaleTimeTarget = 4.5
-	scaleRSSTarget  = 150 // MB, at either size
+	scaleMemTarget  = 150 // MB of private memory (peak RssAnon), at either size
 )
 
 // scaleOptions are the scale phase's flags (-scale, -scale-n, -scale-reps).
@@ -36,7 +36,7 @@ type scaleOptions struct {
 // saved again (file 4N); then, in each repetition, verify --snapshot-file on
 // file N and on file 4N, one after the other, each after a settle. The ratio
 // of their wall times (medians) is checked against scaleTimeTarget, the peak
-// RSS of each against scaleRSSTarget. With -baseline the baseline binary's
+// private memory of each against scaleMemTarget. With -baseline the baseline binary's
 // reads follow the tool's in each repetition, and its ratio is printed too.
 func scalePhase(ctx context.Context, o options, dir string) (*results, error) {
 	n := o.scale.n
@@ -179,7 +179,7 @@ func scalePhase(ctx context.Context, o options, dir string) (*results, error) {
 			res.Notes = append(res.Notes, fmt.Sprintf("%s: %.2fs for N, %.2fs for 4N (%.2f ×); CPU %.0f and %.0f µs an object", name, ta, tb, v, a.CPUMicros.Median, b.CPUMicros.Median))
 		}
 		for _, m := range []*measurement{a, b} {
-			res.Ratios = append(res.Ratios, ratio{Name: "peak RSS MB, " + m.Name, Value: m.PeakRSSMB.Max, Target: scaleRSSTarget, Met: m.PeakRSSMB.Max <= scaleRSSTarget})
+			res.Ratios = append(res.Ratios, privateRatio(m, scaleMemTarget))
 		}
 	}
 	res.LoadAvg = append(res.LoadAvg, loadAvg())

@@ -34,8 +34,8 @@ func TestRun(t *testing.T) {
 	write("results.json", dataset("mixed", 100000, 25))
 	write("results-rotation.json", dataset("rotation", 50000, 24))
 	write("results-scale.json", s{"dataset": "snapshot-scale", "n": 25000, "date": "2026-11-27T06:00:00Z", "measurements": []s{
-		{"name": "verify --snapshot N", "samples": []s{{"seconds": 1.5, "bytes": 46e6, "peakRSSKiB": 100 << 10}}},
-		{"name": "verify --snapshot 4N", "samples": []s{{"seconds": 5.5, "bytes": 184e6, "peakRSSKiB": 104 << 10}}},
+		{"name": "verify --snapshot N", "samples": []s{{"seconds": 1.5, "bytes": 46e6, "peakRSSKiB": 140 << 10, "peakPrivateKiB": 60 << 10}}},
+		{"name": "verify --snapshot 4N", "samples": []s{{"seconds": 5.5, "bytes": 184e6, "peakRSSKiB": 144 << 10, "peakPrivateKiB": 62 << 10}}},
 	}})
 	if err := run(in, out); err != nil {
 		t.Fatal(err)
@@ -44,7 +44,7 @@ func TestRun(t *testing.T) {
 		"outage.svg":           {"mixed, 100k", "rotation, 50k", "plan", "floor"},
 		"time-vs-size.svg":     {"migrate (defaults)", "CAS ceiling", "engine"},
 		"backup-files.svg":     {"scale 4N", "seconds"},
-		"backup-files-rss.svg": {"150 MB bound", "peak RSS"},
+		"backup-files-rss.svg": {"150 MB bound", "100 MB", "peak private memory, MB (RssAnon)"},
 	} {
 		b, err := os.ReadFile(filepath.Join(out, file))
 		if err != nil {
@@ -58,6 +58,22 @@ func TestRun(t *testing.T) {
 				t.Errorf("%s does not show %q", file, w)
 			}
 		}
+	}
+	// Results written before the private figure was sampled (VmHWM only): no
+	// memory chart, the others drawn.
+	write("results-scale.json", s{"dataset": "snapshot-scale", "n": 25000, "date": "2026-11-27T06:00:00Z", "measurements": []s{
+		{"name": "verify --snapshot N", "samples": []s{{"seconds": 1.5, "bytes": 46e6, "peakRSSKiB": 140 << 10}}},
+		{"name": "verify --snapshot 4N", "samples": []s{{"seconds": 5.5, "bytes": 184e6, "peakRSSKiB": 144 << 10}}},
+	}})
+	old := filepath.Join(t.TempDir(), "figures")
+	if err := run(in, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(old, "backup-files-rss.svg")); !os.IsNotExist(err) {
+		t.Errorf("a memory chart without a private figure: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(old, "backup-files.svg")); err != nil {
+		t.Error(err)
 	}
 	// No dataset with outage rows: an error naming the files.
 	if err := run(t.TempDir(), out); err == nil || !strings.Contains(err.Error(), "results.json") {
