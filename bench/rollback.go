@@ -25,8 +25,8 @@ const (
 	mRollback         = "rollback (tool)"
 	rollbackValueSize = 2 << 10
 	// rollbackBoundMB is the peak private memory (RssAnon) a rollback must
-	// stay under, at any journal size.
-	rollbackBoundMB = 150
+	// stay under, at any journal size (issue 55: 100 MB at 1,000,000).
+	rollbackBoundMB = 100
 )
 
 func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
