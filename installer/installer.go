@@ -349,9 +349,11 @@ func findKops(root string) (*Found, []string, error) {
 	if f == nil || err != nil {
 		return nil, looked, err
 	}
-	// etcd-manager (nodeup writes /etc/kubernetes/manifests/etcd-main-*.manifest
-	// and etcd-events-*) runs etcd with its data on a volume of its own that it
-	// mounts itself (/mnt/master-*): no file of the node names it.
+	// nodeup writes one manifest per etcd-manager cluster,
+	// /etc/kubernetes/manifests/etcd-NAME-IG.manifest (kops nodeup/pkg/model/manifests.go;
+	// main, events, and the optional leases and cilium). etcd-manager runs etcd
+	// with its data on a volume of its own that it mounts itself: no file of
+	// the node names it.
 	mains, err := filepath.Glob(under(root, "/etc/kubernetes/manifests/etcd-main*.manifest"))
 	if err != nil {
 		return nil, looked, err
@@ -360,8 +362,42 @@ func findKops(root string) (*Found, []string, error) {
 	if len(mains) > 0 {
 		f.EtcdManifest = mains[0]
 	}
-	f.Notes = append(f.Notes, "note: kops' etcd-manager keeps etcd's data on its own volume (/mnt/master-*), which no file of the node names")
+	vols, err := kopsEtcdVolumes(root)
+	if err != nil {
+		return nil, looked, err
+	}
+	if len(vols) > 0 {
+		f.Notes = append(f.Notes, fmt.Sprintf("note: kops' etcd-manager keeps etcd's data on volumes of its own, which no file of the node names; mounted on this node: %s (check their room with df)", strings.Join(vols, ", ")))
+	} else {
+		f.Notes = append(f.Notes, "note: kops' etcd-manager keeps etcd's data on volumes of its own, which no file of the node names ("+strings.Join(kopsVolumePlaces, ", ")+"); none found on this node")
+	}
 	return f, looked, nil
+}
+
+// kopsVolumePlaces are where etcd-manager mounts its volumes
+// (kopeio/etcd-manager pkg/volumes/mounter.go: /mnt/master-ID, or
+// /mnt/disks/master-ID where /mnt/disks exists, as on ContainerOS;
+// pkg/volumes/external/volumes.go, kops' bare metal: the pre-mounted
+// /mnt/disks/CLUSTER--ETCD--N/mnt).
+var kopsVolumePlaces = []string{"/mnt/master-*", "/mnt/disks/master-*", "/mnt/disks/*--*--*/mnt"}
+
+// kopsEtcdVolumes are etcd-manager's volume directories on the node under
+// root, sorted.
+func kopsEtcdVolumes(root string) ([]string, error) {
+	var out []string
+	for _, g := range kopsVolumePlaces {
+		m, err := filepath.Glob(under(root, g))
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range m {
+			if dirExists(p) {
+				out = append(out, p)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // rancherDataDir is a k3s or RKE2 server's data-dir, from its settings.

@@ -293,3 +293,78 @@ func TestK3sIPv6Loopback(t *testing.T) {
 		})
 	}
 }
+
+// TestKopsThreeEtcds: a kops control-plane node with etcd-manager's main,
+// events and leases clusters (kubernetes/kops v1.37.0-alpha.1-280
+// pkg/model/components/apiserver.go: --etcd-servers-overrides
+// /events#https://127.0.0.1:4002 and coordination.k8s.io/leases#https://127.0.0.1:4004,
+// pkg/wellknownports; nodeup/pkg/model/manifests.go: one
+// /etc/kubernetes/manifests/etcd-NAME-IG.manifest each) is found with
+// etcd-main's manifest, the three etcds read from kube-apiserver's flags,
+// and etcd-manager's volumes named where they are mounted: /mnt/master-ID
+// (AWS), /mnt/disks/master-ZONE-NAME on ContainerOS (kopeio/etcd-manager
+// pkg/volumes/mounter.go, pkg/volumes/gce/volumes.go), and the pre-mounted
+// /mnt/disks/CLUSTER--ETCD--N/mnt of bare metal (pkg/volumes/external,
+// kops tests/e2e/scenarios/bare-metal/run-test).
+func TestKopsThreeEtcds(t *testing.T) {
+	manifest := strings.Replace(testdata(t, "kops/kube-apiserver.manifest"), "--etcd-servers-overrides=/events#https://127.0.0.1:4002",
+		"--etcd-servers-overrides=/events#https://127.0.0.1:4002,coordination.k8s.io/leases#https://127.0.0.1:4004", 1)
+	for _, tc := range []struct {
+		name string
+		vols []string
+	}{
+		{"AWS", []string{"/mnt/master-vol-0a1b2c3d4e5f60718", "/mnt/master-vol-0a1b2c3d4e5f60719", "/mnt/master-vol-0a1b2c3d4e5f60720"}},
+		{"ContainerOS", []string{"/mnt/disks/master-us-central1-a-a-etcd-events-example-k8s-local", "/mnt/disks/master-us-central1-a-a-etcd-leases-example-k8s-local", "/mnt/disks/master-us-central1-a-a-etcd-main-example-k8s-local"}},
+		{"bare metal", []string{"/mnt/disks/metal.k8s.local--events--0/mnt", "/mnt/disks/metal.k8s.local--leases--0/mnt", "/mnt/disks/metal.k8s.local--main--0/mnt"}},
+		{"none mounted", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			write(t, root, "/etc/kubernetes/manifests/kube-apiserver.manifest", manifest)
+			for _, n := range []string{"events", "leases", "main"} {
+				write(t, root, "/etc/kubernetes/manifests/etcd-"+n+"-control-plane-us-central1-a.manifest", "apiVersion: v1\nkind: Pod\n")
+			}
+			for _, v := range tc.vols {
+				mkdir(t, root, v)
+			}
+			f, err := Find(root, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Installer != Kops || f.EtcdManifest != filepath.Join(root, "/etc/kubernetes/manifests/etcd-main-control-plane-us-central1-a.manifest") || f.EtcdDataDir != "" {
+				t.Fatalf("%+v", f)
+			}
+			var note string
+			for _, n := range f.Notes {
+				if strings.Contains(n, "etcd-manager keeps etcd's data on volumes") {
+					note = n
+				}
+			}
+			var want []string
+			for _, v := range tc.vols {
+				want = append(want, filepath.Join(root, v))
+			}
+			if len(want) > 0 && !strings.Contains(note, "mounted on this node: "+strings.Join(want, ", ")+" (") {
+				t.Errorf("note %q, want %q", note, want)
+			}
+			if len(want) == 0 && !strings.Contains(note, "(/mnt/master-*, /mnt/disks/master-*, /mnt/disks/*--*--*/mnt); none found on this node") {
+				t.Errorf("note %q", note)
+			}
+			cfg, err := apiserverconfig.Load(apiserverconfig.Input{Manifest: f.Manifest, Root: root})
+			if err != nil {
+				t.Fatal(err)
+			}
+			es, err := cfg.Etcds()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range es {
+				got = append(got, e.Name+"@"+strings.Join(e.Servers, ";"))
+			}
+			if w := "@https://127.0.0.1:4001 events@https://127.0.0.1:4002 leases.coordination.k8s.io@https://127.0.0.1:4004"; strings.Join(got, " ") != w {
+				t.Errorf("etcds %q, want %q", got, w)
+			}
+		})
+	}
+}
