@@ -24,6 +24,8 @@ import (
 	"strings"
 	"syscall"
 
+	"sigs.k8s.io/yaml"
+
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/internal/input"
 )
@@ -347,9 +349,11 @@ func findKops(root string) (*Found, []string, error) {
 	if f == nil || err != nil {
 		return nil, looked, err
 	}
-	// etcd-manager (nodeup writes /etc/kubernetes/manifests/etcd-main-*.manifest
-	// and etcd-events-*) runs etcd with its data on a volume of its own that it
-	// mounts itself (/mnt/master-*): no file of the node names it.
+	// nodeup writes one manifest per etcd-manager cluster,
+	// /etc/kubernetes/manifests/etcd-NAME-IG.manifest (kops nodeup/pkg/model/manifests.go;
+	// main, events, and the optional leases and cilium). etcd-manager runs etcd
+	// with its data on a volume of its own that it mounts itself: no file of
+	// the node names it.
 	mains, err := filepath.Glob(under(root, "/etc/kubernetes/manifests/etcd-main*.manifest"))
 	if err != nil {
 		return nil, looked, err
@@ -358,8 +362,42 @@ func findKops(root string) (*Found, []string, error) {
 	if len(mains) > 0 {
 		f.EtcdManifest = mains[0]
 	}
-	f.Notes = append(f.Notes, "note: kops' etcd-manager keeps etcd's data on its own volume (/mnt/master-*), which no file of the node names")
+	vols, err := kopsEtcdVolumes(root)
+	if err != nil {
+		return nil, looked, err
+	}
+	if len(vols) > 0 {
+		f.Notes = append(f.Notes, fmt.Sprintf("note: kops' etcd-manager keeps etcd's data on volumes of its own, which no file of the node names; mounted on this node: %s (check their room with df)", strings.Join(vols, ", ")))
+	} else {
+		f.Notes = append(f.Notes, "note: kops' etcd-manager keeps etcd's data on volumes of its own, which no file of the node names ("+strings.Join(kopsVolumePlaces, ", ")+"); none found on this node")
+	}
 	return f, looked, nil
+}
+
+// kopsVolumePlaces are where etcd-manager mounts its volumes
+// (kopeio/etcd-manager pkg/volumes/mounter.go: /mnt/master-ID, or
+// /mnt/disks/master-ID where /mnt/disks exists, as on ContainerOS;
+// pkg/volumes/external/volumes.go, kops' bare metal: the pre-mounted
+// /mnt/disks/CLUSTER--ETCD--N/mnt).
+var kopsVolumePlaces = []string{"/mnt/master-*", "/mnt/disks/master-*", "/mnt/disks/*--*--*/mnt"}
+
+// kopsEtcdVolumes are etcd-manager's volume directories on the node under
+// root, sorted.
+func kopsEtcdVolumes(root string) ([]string, error) {
+	var out []string
+	for _, g := range kopsVolumePlaces {
+		m, err := filepath.Glob(under(root, g))
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range m {
+			if dirExists(p) {
+				out = append(out, p)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // rancherDataDir is a k3s or RKE2 server's data-dir, from its settings.
@@ -370,25 +408,47 @@ func rancherDataDir(s *settings, def string) string {
 	return def
 }
 
+// rke2Server: RKE2's configuration file and the unit its tarball and RPM
+// install (rancher/rke2 bundle/lib/systemd/system/rke2-server.service).
+var rke2Server = rancherServer{installer: RKE2, config: "/etc/rancher/rke2/config.yaml", unit: "rke2-server.service", envPrefix: "RKE2"}
+
 func findRKE2(root string) (*Found, []string, error) {
-	const config = "/etc/rancher/rke2/config.yaml"
-	var s settings
-	if _, err := s.readConfigFiles(root, config); err != nil {
+	rs, err := rke2Server.read(root)
+	if err != nil {
 		return nil, nil, err
 	}
-	dataDir := rancherDataDir(&s, "/var/lib/rancher/rke2")
+	s := &rs.settings
+	dataDir := rancherDataDir(s, "/var/lib/rancher/rke2")
 	live := filepath.Join(dataDir, "agent/pod-manifests/kube-apiserver.yaml")
 	parked := filepath.Join(dataDir, "agent/kube-apiserver.yaml")
-	looked := []string{under(root, live), under(root, parked)}
+	looked := append([]string{under(root, live), under(root, parked)}, rs.looked...)
 	f, err := staticPod(RKE2, root, live, parked)
 	if f == nil || err != nil {
 		return nil, looked, err
 	}
-	if ep := s.scalar("datastore-endpoint"); ep != "" && !isEtcdEndpoint(ep) {
-		return nil, looked, &UnsupportedError{Installer: RKE2, Files: append(s.files, f.Manifest),
-			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads and writes etcd only", datastoreKind(ep))}
+	// RKE2 runs kine instead of etcd (rancher/rke2 pkg/rke2/rke2_linux.go,
+	// initStaticPodExecutor) for a datastore-endpoint that is not etcd's
+	// (http, https, unix, unixs), and for disable-etcd without server; its
+	// kube-apiserver then reaches kine at unixs://DATA/server/kine.sock
+	// (pkg/executor/staticpod/staticpod.go).
+	refuse := func(reason string) error {
+		return &UnsupportedError{Installer: RKE2, Files: append(append([]string(nil), rs.files...), f.Manifest), Reason: reason}
 	}
-	f.Files = s.files
+	sqlite := under(root, filepath.Join(dataDir, "server/db/state.db"))
+	switch ep := s.scalar("datastore-endpoint"); {
+	case ep != "" && !isEtcdEndpoint(ep):
+		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads and writes etcd only", datastoreKind(ep)))
+	case ep == "" && s.flag("disable-etcd") && !s.has("server"):
+		return nil, looked, refuse(fmt.Sprintf("it keeps the cluster in SQLite through kine (%s; disable-etcd without server: RKE2 runs kine, not etcd), not in etcd: the tool reads and writes etcd only", sqlite))
+	}
+	kine, err := manifestEtcdServersKine(f.Manifest)
+	if err != nil {
+		return nil, looked, err
+	}
+	if kine != "" {
+		return nil, looked, refuse(fmt.Sprintf("its kube-apiserver stores through kine (--etcd-servers=%s in %s: RKE2's kine socket; SQLite in %s unless a datastore-endpoint names another database), not in etcd: the tool reads and writes etcd only", kine, f.Manifest, sqlite))
+	}
+	f.Files = rs.files
 	if err := f.etcdPod(root, filepath.Join(dataDir, "agent/pod-manifests/etcd.yaml")); err != nil {
 		return nil, looked, err
 	}
@@ -400,16 +460,64 @@ func findRKE2(root string) (*Found, []string, error) {
 	return f, looked, nil
 }
 
+// manifestEtcdServersKine is the kube-apiserver manifest's --etcd-servers
+// when it is RKE2's kine socket (a unix or unixs URL of a file named
+// kine.sock), "" otherwise (or when the manifest cannot be read as a pod:
+// apiserverconfig says why when it reads it).
+func manifestEtcdServersKine(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	var pod struct {
+		Spec struct {
+			Containers []struct {
+				Command []string `json:"command"`
+				Args    []string `json:"args"`
+			} `json:"containers"`
+		} `json:"spec"`
+	}
+	if yaml.Unmarshal(data, &pod) != nil {
+		return "", nil
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, a := range append(append([]string(nil), c.Command...), c.Args...) {
+			v, ok := strings.CutPrefix(a, "--etcd-servers=")
+			if !ok {
+				continue
+			}
+			for _, ep := range strings.Split(v, ",") {
+				scheme, rest, _ := strings.Cut(strings.TrimSpace(ep), "://")
+				if (scheme == "unix" || scheme == "unixs") && filepath.Base(rest) == "kine.sock" {
+					return strings.TrimSpace(ep), nil
+				}
+			}
+		}
+	}
+	return "", nil
+}
+
 func dirExists(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.IsDir()
 }
 
-// isEtcdEndpoint reports whether a k3s/RKE2 datastore-endpoint is etcd's
-// (kine hands an http(s) endpoint to kube-apiserver as it is).
+// isEtcdEndpoint reports whether a k3s/RKE2 datastore-endpoint is etcd's:
+// its scheme (before the first "://", as kine's util.SchemeAndAddress
+// splits it) is one kine's remote driver takes, which builds no database
+// and hands the endpoint to kube-apiserver as it is (k3s-io/kine v0.16.4
+// pkg/drivers/remote/remote.go: http, https, unix, unixs); RKE2 decides the
+// same way (pkg/rke2/rke2_linux.go).
 func isEtcdEndpoint(ep string) bool {
-	first := strings.TrimSpace(strings.Split(ep, ",")[0])
-	return strings.HasPrefix(first, "http://") || strings.HasPrefix(first, "https://")
+	scheme, _, ok := strings.Cut(ep, "://")
+	if !ok {
+		return false
+	}
+	switch scheme {
+	case "http", "https", "unix", "unixs":
+		return true
+	}
+	return false
 }
 
 // datastoreKind names a kine datastore-endpoint's database without its

@@ -214,7 +214,7 @@ func TestK3sConfigurationMerged(t *testing.T) {
 		t.Errorf("command line:\n%q\nwant\n%q", f.CommandLine, want)
 	}
 	wantFiles := []string{filepath.Join(root, "/etc/rancher/k3s/config.yaml"), filepath.Join(root, "/etc/rancher/k3s/config.yaml.d/10-a.yaml"),
-		filepath.Join(root, "/etc/rancher/k3s/config.yaml.d/20-b.yml"), filepath.Join(root, "/etc/systemd/system/k3s.service")}
+		filepath.Join(root, "/etc/rancher/k3s/config.yaml.d/20-b.yml"), filepath.Join(root, "/etc/systemd/system/k3s.service"), filepath.Join(root, "/etc/systemd/system/k3s.service.env")}
 	if !reflect.DeepEqual(f.Files, wantFiles) || f.EtcdDataDir != filepath.Join(root, "/srv/k3s/server/db/etcd") {
 		t.Errorf("files %q, etcd data %s", f.Files, f.EtcdDataDir)
 	}

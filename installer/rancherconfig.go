@@ -1,8 +1,6 @@
 package installer
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/mattn/go-shellwords"
 	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/internal/textfmt"
@@ -169,107 +166,4 @@ func (s *settings) readCommandLine(words []string, valueFlags map[string]bool, l
 	for name, vals := range cli {
 		s.set(name, vals, lists[name])
 	}
-}
-
-// systemdUnit is what a systemd unit file says of the command it runs.
-type systemdUnit struct {
-	file     string
-	execArgs []string // ExecStart's words
-	envFiles []string // EnvironmentFile= (a leading "-", optional, dropped)
-	env      map[string]string
-}
-
-// readSystemdUnit reads file (under root); ok is false when there is none.
-func readSystemdUnit(root, file string) (u systemdUnit, ok bool, err error) {
-	data, err := os.ReadFile(under(root, file))
-	if errors.Is(err, fs.ErrNotExist) {
-		return u, false, nil
-	}
-	if err != nil {
-		return u, false, err
-	}
-	u = systemdUnit{file: under(root, file), env: map[string]string{}}
-	var line strings.Builder
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		l := strings.TrimRight(sc.Text(), " \t\r")
-		if line.Len() == 0 && (strings.HasPrefix(strings.TrimSpace(l), "#") || strings.HasPrefix(strings.TrimSpace(l), ";")) {
-			continue
-		}
-		if strings.HasSuffix(l, "\\") {
-			line.WriteString(strings.TrimSuffix(l, "\\") + " ")
-			continue
-		}
-		line.WriteString(l)
-		full := strings.TrimSpace(line.String())
-		line.Reset()
-		key, val, found := strings.Cut(full, "=")
-		if !found {
-			continue
-		}
-		switch strings.TrimSpace(key) {
-		case "ExecStart":
-			words, err := shellwords.Parse(strings.TrimLeft(strings.TrimSpace(val), "-@+!:"))
-			if err != nil {
-				return u, true, fmt.Errorf("%s: ExecStart: %w", u.file, err)
-			}
-			u.execArgs = words
-		case "EnvironmentFile":
-			u.envFiles = append(u.envFiles, strings.TrimPrefix(strings.TrimSpace(val), "-"))
-		case "Environment":
-			words, err := shellwords.Parse(val)
-			if err != nil {
-				return u, true, fmt.Errorf("%s: Environment: %w", u.file, err)
-			}
-			for _, w := range words {
-				if k, v, ok := strings.Cut(w, "="); ok {
-					u.env[k] = v
-				}
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return u, true, fmt.Errorf("%s: %w", u.file, err)
-	}
-	for _, f := range u.envFiles {
-		data, err := os.ReadFile(under(root, f))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return u, true, err
-		}
-		for _, l := range strings.Split(string(data), "\n") {
-			l = strings.TrimSpace(l)
-			if l == "" || strings.HasPrefix(l, "#") {
-				continue
-			}
-			k, v, ok := strings.Cut(strings.TrimPrefix(l, "export "), "=")
-			if !ok {
-				continue
-			}
-			if uq, err := strconv.Unquote(v); err == nil {
-				v = uq
-			} else {
-				v = strings.Trim(v, "'")
-			}
-			u.env[strings.TrimSpace(k)] = v
-		}
-	}
-	return u, true, nil
-}
-
-// subcommandArgs are the words after the subcommand sub ("server") of the
-// unit's ExecStart; ok is false when the unit does not run it.
-func (u systemdUnit) subcommandArgs(sub string) ([]string, bool) {
-	for i, w := range u.execArgs {
-		if w == sub {
-			return u.execArgs[i+1:], true
-		}
-		if strings.HasPrefix(w, "-") {
-			break
-		}
-	}
-	return nil, false
 }

@@ -116,6 +116,9 @@ func (s *Server) startProcess() error {
 		"--initial-cluster", s.initialCluster,
 		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "info",
 	}
+	if s.httpURL != nil {
+		args = append(args, "--listen-client-http-urls", s.httpURL.String())
+	}
 	if opts.QuotaBackendBytes > 0 {
 		args = append(args, "--quota-backend-bytes", strconv.FormatInt(opts.QuotaBackendBytes, 10))
 	}

@@ -36,6 +36,13 @@ type Options struct {
 	// TLS, when set, serves clients over TLS and requires client certificates
 	// signed by TLS.TrustedCAFile.
 	TLS *TLSFiles
+	// ClientHTTP gives the embedded member a client HTTP listener of its own
+	// (etcd's --listen-client-http-urls, as k3s and RKE2 configure theirs):
+	// /health and the other HTTP endpoints are served there (Server.HTTPURL),
+	// the client URL serves gRPC only.
+	ClientHTTP bool
+	// IPv6 listens on [::1] instead of 127.0.0.1 (an embedded member).
+	IPv6 bool
 	// Version is the etcd server release: "" (or Linked) for the one this
 	// module links, embedded in the process; another, e.g.
 	// modbuild.PreviousEtcd ("v3.6.16"), is that release's etcd binary, built
@@ -58,6 +65,9 @@ type Server struct {
 	Etcd     *embed.Etcd
 	Endpoint string // host:port of the client listener
 	URL      string // scheme://host:port
+	// HTTPURL is the client HTTP listener's scheme://host:port
+	// (Options.ClientHTTP), "" when HTTP is served on URL.
+	HTTPURL string
 	// Version is the server's release, as etcd reports it ("3.7.3").
 	Version   string
 	dir       string
@@ -65,6 +75,7 @@ type Server struct {
 	opts      Options
 	clientURL url.URL
 	peerURL   url.URL
+	httpURL   *url.URL
 	// name and initialCluster: the member's name and --initial-cluster.
 	name           string
 	initialCluster string
@@ -107,8 +118,20 @@ func startOnce(opts Options) (*Server, error) {
 	if opts.TLS != nil {
 		scheme = "https"
 	}
-	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, clientPort))
-	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
+	host := "127.0.0.1"
+	if opts.IPv6 {
+		host = "[::1]"
+	}
+	cu, _ := url.Parse(fmt.Sprintf("%s://%s:%d", scheme, host, clientPort))
+	pu, _ := url.Parse(fmt.Sprintf("http://%s:%d", host, peerPort))
+	var hu *url.URL
+	if opts.ClientHTTP {
+		httpPort, err := loopback.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		hu, _ = url.Parse(fmt.Sprintf("%s://%s:%d", scheme, host, httpPort))
+	}
 	s := &Server{
 		Endpoint:  cu.Host,
 		URL:       cu.String(),
@@ -117,7 +140,11 @@ func startOnce(opts Options) (*Server, error) {
 		opts:      opts,
 		clientURL: *cu,
 		peerURL:   *pu,
+		httpURL:   hu,
 		name:      "testetcd",
+	}
+	if hu != nil {
+		s.HTTPURL = hu.String()
 	}
 	s.initialCluster = s.name + "=" + pu.String()
 	if err := s.start(); err != nil {
@@ -158,6 +185,9 @@ func (s *Server) startEmbedded() (*embed.Etcd, error) {
 	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
 	cfg.ListenPeerUrls = []url.URL{s.peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
+	if s.httpURL != nil {
+		cfg.ListenClientHttpUrls = []url.URL{*s.httpURL}
+	}
 	cfg.InitialCluster = s.initialCluster
 	cfg.LogLevel = "error"
 	cfg.Logger = "zap"

@@ -54,14 +54,14 @@ func NewCA(t testing.TB, dir, name string) *CA {
 	return &CA{cert: cert, key: key, File: file}
 }
 
-// Issue writes a leaf certificate and key signed by the CA (for 127.0.0.1 and
-// localhost when server is set) and returns the file names.
+// Issue writes a leaf certificate and key signed by the CA (for 127.0.0.1,
+// ::1 and localhost when server is set) and returns the file names.
 func (ca *CA) Issue(t testing.TB, dir, name string, server bool) (certFile, keyFile string) {
 	t.Helper()
 	if !server {
 		return ca.issue(t, dir, name, false, nil, nil)
 	}
-	return ca.issue(t, dir, name, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	return ca.issue(t, dir, name, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")})
 }
 
 // IssueServing writes a serving certificate and key signed by the CA, valid
