@@ -129,6 +129,10 @@ type JournalCheck struct {
 	validBytes int64
 }
 
+// ValidBytes is where the journal's records end (a torn tail excluded): what
+// a rollback reads of it.
+func (c JournalCheck) ValidBytes() int64 { return c.validBytes }
+
 // NeedsKeys are the providers and keys of the values a rollback puts back
 // (values a quarantine removed, and keys no kube-apiserver reads, apart),
 // e.g. ["aescbc:key1", "identity"].

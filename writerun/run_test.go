@@ -17,6 +17,7 @@ import (
 
 	"kube-etcd-migrate/clusterlock"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/snapshotdb"
@@ -62,7 +63,7 @@ func (tl *timeline) before(t *testing.T, a, b string) {
 }
 
 // stage is a writing stage as migrate's is built: the first write through
-// undo.FirstWrite with the run's lock and record, a journal whose intents
+// guard.FirstWrite with the run's lock and record, a journal whose intents
 // are synced before each write, a writer watched by the run's watch. At
 // each request it sends, it reads the journal file from disk: the
 // request's intents must already be there. afterWrite, when set, runs after
@@ -86,7 +87,7 @@ func (s *stage) write(ctx context.Context, r *writerun.Run) (writerun.Result, er
 	}
 	s.tl.add("stage")
 	var j *undo.Journal
-	first := &undo.FirstWrite{Watch: watch, Client: s.cli, Snapshot: r.Snapshot(),
+	first := &guard.FirstWrite{Watch: watch, Client: s.cli, Snapshot: r.Snapshot(),
 		Lock: func(ctx context.Context) error {
 			err := r.Lock(ctx)
 			s.tl.add("lock")

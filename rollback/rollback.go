@@ -1,18 +1,17 @@
-package undo
+package rollback
 
 import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"kube-etcd-migrate/guard"
+	"kube-etcd-migrate/undo"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -20,7 +19,6 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/batches"
-	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/liveness"
 )
 
@@ -45,10 +43,10 @@ type RollbackResult struct {
 	// Preflight are the checks passed before the first write.
 	Preflight []string `json:"preflight,omitempty"`
 	// Space is what the rollback saw of etcd's space (with RollbackOptions.Quota).
-	Space *SpaceReport `json:"space,omitempty"`
+	Space *guard.SpaceReport `json:"space,omitempty"`
 	// Check is every journal read whole before the first write, and what
 	// the values put back need (CheckUndo).
-	Check *UndoCheck `json:"check,omitempty"`
+	Check *undo.UndoCheck `json:"check,omitempty"`
 }
 
 // maxKeysListed bounds the skipped and failed keys a rollback lists.
@@ -68,7 +66,7 @@ type RollbackCause struct {
 func (r *RollbackResult) listKey(status, key, cause string, err ...error) {
 	why, errText := cause, ""
 	if len(err) > 0 && err[0] != nil {
-		why = whyNoAnswer(err[0])
+		why = guard.WhyNoAnswer(err[0])
 		errText = why
 	}
 	if len(r.Keys) < maxKeysListed {
@@ -127,13 +125,13 @@ type RollbackOptions struct {
 	DryRun bool
 	// Journal, when set, records what the rollback itself overwrites, re-creates
 	// or removes, so that it can be undone in turn.
-	Journal *Journal
+	Journal *undo.Journal
 	// BeforeFirstWrite runs once, just before the first write.
 	BeforeFirstWrite func(context.Context) error
 	// Watch, when set, is the rollback's liveness watch (StartWatch): the
 	// first write waits for its window's verdict, and a write under the
 	// prefix that is not the rollback's stops it (*liveness.WriterError).
-	Watch *Watch
+	Watch *guard.Watch
 	// Snapshot, when set, is where the snapshot of etcd is saved before the
 	// first write (while the liveness window ends).
 	Snapshot string
@@ -152,7 +150,7 @@ type RollbackOptions struct {
 	// Quota, when set, is etcd's quota (FindQuota) the rollback keeps every
 	// member's database below, less the margin, as migrate does: it stops
 	// before a write would take the database past it (a *SpaceError).
-	Quota *Quota
+	Quota *guard.Quota
 	// CompactHistory compacts etcd's history up to the rollback's latest
 	// write whenever the database nears the quota (with Quota), as migrate's
 	// does: the rollback's own journal and snapshot are its undo.
@@ -161,7 +159,7 @@ type RollbackOptions struct {
 	// (CheckUndo, in the order of the journals given). nil: RollbackJournals
 	// reads them so itself first, without an encryption check, and refuses
 	// one that is damaged.
-	Check *UndoCheck
+	Check *undo.UndoCheck
 	// AllowUnverified undoes journals without checksums (written before
 	// records were checksummed) instead of refusing them.
 	AllowUnverified bool
@@ -199,22 +197,22 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	res := RollbackResult{DryRun: opts.DryRun, Journals: journals}
 	check := opts.Check
 	if check == nil {
-		specs := make([]JournalSpec, len(journals))
+		specs := make([]undo.JournalSpec, len(journals))
 		for i, p := range journals {
-			specs[i] = JournalSpec{Path: p}
+			specs[i] = undo.JournalSpec{Path: p}
 		}
 		var err error
-		if check, err = CheckUndo(ctx, specs, UndoOptions{}); err != nil {
+		if check, err = undo.CheckUndo(ctx, specs, undo.UndoOptions{}); err != nil {
 			return res, err
 		}
 		if un := check.Unverified(); len(un) > 0 && !opts.AllowUnverified {
-			return res, &UnverifiedJournalError{Journals: un}
+			return res, &undo.UnverifiedJournalError{Journals: un}
 		}
 	}
 	res.Check = check
 	valid := map[string]int64{}
 	for _, j := range check.Journals {
-		valid[j.Path] = j.validBytes
+		valid[j.Path] = j.ValidBytes()
 	}
 	for _, p := range journals {
 		if _, ok := valid[p]; !ok {
@@ -222,7 +220,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 		}
 	}
 	if !opts.DryRun {
-		if err := RollbackAlarms(ctx, cli, journals); err != nil {
+		if err := guard.RollbackAlarms(ctx, cli, journals); err != nil {
 			return res, err
 		}
 	}
@@ -230,7 +228,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	if rb.batchOps <= 0 {
 		rb.batchOps = etcdscan.DefaultMaxOps
 	}
-	rb.first = &FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
+	rb.first = &guard.FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
 		if line != "" {
 			res.Preflight = append(res.Preflight, line)
 		}
@@ -254,9 +252,9 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 		if err != nil {
 			return res, err
 		}
-		rb.guard = newSpaceGuard(etcdStatus{cli}, *opts.Quota, opts.CompactHistory, st)
+		rb.guard = guard.NewEtcdSpaceGuard(cli, *opts.Quota, opts.CompactHistory, st)
 		rb.guard.Watched(opts.Watch)
-		res.Space = rb.guard.report
+		res.Space = rb.guard.Report()
 	}
 	var err error
 	for _, path := range journals {
@@ -275,144 +273,11 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 			err = serr
 		}
 	}
-	var se *SpaceError
+	var se *guard.SpaceError
 	if errors.As(err, &se) {
 		se.Journal, se.Verb = rb.path, "rollback"
 	}
 	return res, err
-}
-
-// CheckRollbackQuota says whether undoing the journals fits below etcd's
-// quota less the margin, or, with compact, can be made to fit by compacting
-// as it goes, with a line per finding (spell names the operator's inputs;
-// nil: words); a refusal is a *PreflightError. What
-// the rollback writes is the old value of every record it undoes (at most:
-// keys changed since or never written are left), bounded first by three
-// times the journals' size, then added up from their records.
-func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []string, quota Quota, compact bool, spell func(input.Name) string) ([]string, error) {
-	st, err := etcdscan.Status(ctx, cli)
-	if err != nil {
-		return nil, err
-	}
-	var bound int64
-	for _, j := range journals {
-		bound += 3 * FileSize(j)
-	}
-	exact := func() (int64, error) { return RollbackBytes(journals) }
-	// What the rollback puts back is what the runs replaced: their old
-	// values, history until a compaction frees it.
-	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: exact, replaced: exact}, compact, spell)
-}
-
-// RollbackBytes adds up what undoing every record of the journals writes to
-// etcd's backend (putCost): each overwrite's and re-creation's old value
-// (its length from the base64, not decoded), each removal's deletion. A
-// record that does not parse ends the count of its journal: a torn last
-// record undoes nothing, and rollback refuses a damaged earlier one.
-func RollbackBytes(journals []string) (int64, error) {
-	var n int64
-	for _, path := range journals {
-		f, err := os.Open(path)
-		if err != nil {
-			return 0, fmt.Errorf("journal %s: %w", path, err)
-		}
-		dec := json.NewDecoder(f)
-		for {
-			var r struct {
-				Op       string          `json:"op"`
-				Key      string          `json:"key"`
-				OldValue json.RawMessage `json:"oldValue"`
-			}
-			if dec.Decode(&r) != nil {
-				break
-			}
-			switch r.Op {
-			case "intent", "delete-intent":
-				n += putCostN(len(r.Key), base64.StdEncoding.DecodedLen(max(len(r.OldValue)-2, 0)))
-			case "create-intent":
-				n += putCostN(len(r.Key), 0)
-			}
-		}
-		f.Close()
-	}
-	return n, nil
-}
-
-// RollbackSpace is where a rollback keeps its own undo, and what it knows of
-// etcd, for CheckRollbackSpace.
-type RollbackSpace struct {
-	// Dir is the directory its snapshot and journal go to, and DirInput
-	// the input that names it: the state directory, or the rollback's
-	// undo directory. A refusal for room names the undo directory as the
-	// remedy either way: another state directory would not have the runs.
-	Dir      string
-	DirInput input.Name
-	// Etcd is etcd's data directory on this host (FindEtcdData), Quota
-	// etcd's quota: etcd's growth from the rollback is counted on its
-	// filesystem.
-	Etcd  EtcdData
-	Quota int64
-}
-
-// CheckRollbackSpace says whether a rollback's own undo fits in sp.Dir
-// (made, mode 0700, if need be): a snapshot of etcd's database and a journal
-// about the size of the journals it undoes, with etcd's own growth from what
-// it writes back on the filesystem of etcd's data directory (at most three
-// times the journals' size, else added up from their records); a line per
-// filesystem; a refusal is a *PreflightError.
-func CheckRollbackSpace(ctx context.Context, cli *clientv3.Client, sp RollbackSpace, journals []string) ([]string, error) {
-	st, err := etcdscan.Status(ctx, cli)
-	if err != nil {
-		return nil, err
-	}
-	if sp.DirInput == "" {
-		sp.DirInput = input.StateDir
-	}
-	if err := os.MkdirAll(sp.Dir, 0o700); err != nil {
-		return nil, input.Errorf("%s: %w; nothing was written", sp.DirInput, err)
-	}
-	if fi, err := os.Stat(sp.Dir); err != nil {
-		return nil, input.Errorf("%s: %w; nothing was written", sp.DirInput, err)
-	} else if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, input.Errorf("%s %s has mode %v: it will hold stored values (secrets among them); make it private first (chmod 700 %s); nothing was written", sp.DirInput, sp.Dir, perm, sp.Dir)
-	}
-	var journal int64
-	for _, j := range journals {
-		journal += FileSize(j)
-	}
-	space := RunSpace{
-		Snapshot: filepath.Join(sp.Dir, SnapshotFile), Journal: filepath.Join(sp.Dir, JournalFile), JournalBytes: journal,
-		Writes: 3 * journal, Etcd: sp.Etcd, Status: st, Quota: sp.Quota,
-	}
-	lines, err := CheckDiskSpace(space.Needs())
-	var se *DiskSpaceError
-	if errors.As(err, &se) && sp.Etcd.Dir != "" {
-		if space.Writes, err = RollbackBytes(journals); err != nil {
-			return nil, err
-		}
-		lines, err = CheckDiskSpace(space.Needs())
-	}
-	if errors.As(err, &se) {
-		se.Elsewhere = input.UndoDir
-		return lines, &PreflightError{Err: se}
-	}
-	if sp.Etcd.Dir == "" {
-		lines = append(lines, "etcd's data directory on this host: "+sp.Etcd.Source+"; its growth is not counted")
-	}
-	return lines, err
-}
-
-// RollbackAlarms refuses a rollback while etcd has an alarm: rollback writes
-// too, and under an alarm etcd refuses every write.
-func RollbackAlarms(ctx context.Context, cli *clientv3.Client, journals []string) error {
-	alarms, err := etcdscan.Alarms(ctx, cli)
-	if err != nil {
-		return err
-	}
-	if len(alarms) > 0 {
-		return fmt.Errorf("rollback writes too, and etcd has active alarms: %s; make room first ('etcdctl compact REV' at the current revision, 'etcdctl defrag' on every member, then 'etcdctl alarm disarm'; or raise etcd's --quota-backend-bytes), then run the same rollback again (nothing was written; the journal %s is unchanged)", strings.Join(alarms, "; "), strings.Join(journals, ", "))
-	}
-	return nil
 }
 
 // rollback is one rollback's state.
@@ -425,7 +290,7 @@ type rollback struct {
 	path     string // the journal being undone
 	batchOps int
 	// first is the first write: the window's verdict, the snapshot.
-	first *FirstWrite
+	first *guard.FirstWrite
 	// pendingDone holds, for keys whose "done" record was read (backwards)
 	// before its intent, the mod revision the write produced: at most the
 	// writes in flight when the journal was written.
@@ -433,7 +298,7 @@ type rollback struct {
 	// sim is a dry run's view of the keys it would have changed.
 	sim map[string]simValue
 	// guard keeps etcd's database below its quota (RollbackOptions.Quota).
-	guard *SpaceGuard
+	guard *guard.SpaceGuard
 
 	// mu guards res, which each batch adds what it did to, and busy: the
 	// keys of the batches sent and not yet done (a key met again waits for
@@ -450,7 +315,7 @@ type simValue struct {
 
 // item is one journal record to undo.
 type item struct {
-	rec     JournalRecord
+	rec     undo.JournalRecord
 	doneRev int64
 }
 
@@ -477,7 +342,7 @@ func (rb *rollback) journal(path string, end int64) error {
 	defer cancel()
 	rb.busy = map[string]int{}
 	pool := batches.Start(n, 0, cancel, rb.batch)
-	readErr := rb.read(ctx, path, &backwardReader{f: f, off: end}, pool)
+	readErr := rb.read(ctx, path, undo.NewBackwardReader(f, end), pool)
 	if err := pool.Wait(); err != nil {
 		return err
 	}
@@ -486,7 +351,7 @@ func (rb *rollback) journal(path string, end int64) error {
 
 // read reads the journal backwards into batches of at most batchOps
 // records, each key once, and sends them to pool.
-func (rb *rollback) read(ctx context.Context, path string, br *backwardReader, pool *batches.Pool[item]) error {
+func (rb *rollback) read(ctx context.Context, path string, br *undo.BackwardReader, pool *batches.Pool[item]) error {
 	rb.pendingDone = map[string]int64{}
 	var batch []item
 	inBatch := map[string]bool{}
@@ -504,14 +369,14 @@ func (rb *rollback) read(ctx context.Context, path string, br *backwardReader, p
 		return err
 	}
 	for {
-		line, off, err := br.next()
+		line, off, err := br.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return fmt.Errorf("journal %s: %w", path, err)
 		}
-		var r JournalRecord
+		var r undo.JournalRecord
 		if err := json.Unmarshal(line, &r); err != nil {
 			// Read through before (CheckJournal): the file changed since.
 			return fmt.Errorf("journal %s: record at byte %d: %w (the file changed since it was read through)", path, off, err)
@@ -612,7 +477,7 @@ func (c *currentKV) ours(it item) bool {
 // restore is one write a batch sends, with what the rollback's journal records.
 type restore struct {
 	put    etcdscan.Put
-	record JournalRecord
+	record undo.JournalRecord
 	note   string
 }
 
@@ -673,11 +538,11 @@ func (rb *rollback) decideAndWrite(items []item, res *RollbackResult) error {
 		return err
 	}
 	if j := rb.opts.Journal; j != nil {
-		recs := make([]JournalRecord, len(undos))
+		recs := make([]undo.JournalRecord, len(undos))
 		for i, u := range undos {
 			recs[i] = u.record
 		}
-		if err := j.append(true, recs...); err != nil {
+		if err := j.Append(true, recs...); err != nil {
 			return fmt.Errorf("rollback: %w (nothing of this batch was written)", err)
 		}
 	}
@@ -685,7 +550,7 @@ func (rb *rollback) decideAndWrite(items []item, res *RollbackResult) error {
 	var cost int64
 	for i, u := range undos {
 		puts[i] = u.put
-		cost += PutCost(u.put.Key, u.put.Value)
+		cost += guard.PutCost(u.put.Key, u.put.Value)
 	}
 	if rb.guard != nil {
 		if err := rb.guard.Reserve(rb.ctx, cost); err != nil {
@@ -697,17 +562,17 @@ func (rb *rollback) decideAndWrite(items []item, res *RollbackResult) error {
 		rb.guard.Done(cost)
 	}
 	if rb.opts.Journal != nil {
-		var done []JournalRecord
+		var done []undo.JournalRecord
 		for i, r := range out {
 			if r.Status == etcdscan.Written {
 				op := "done"
 				if puts[i].Delete {
 					op = "deleted"
 				}
-				done = append(done, JournalRecord{Op: op, Key: r.Key, NewModRevision: r.NewModRevision})
+				done = append(done, undo.JournalRecord{Op: op, Key: r.Key, NewModRevision: r.NewModRevision})
 			}
 		}
-		if err := rb.opts.Journal.append(false, done...); err != nil {
+		if err := rb.opts.Journal.Append(false, done...); err != nil {
 			return fmt.Errorf("rollback: %w", err)
 		}
 	}
@@ -738,11 +603,11 @@ func (rb *rollback) decideAndWrite(items []item, res *RollbackResult) error {
 				r = again[0]
 			}
 			res.Failed++
-			res.listKey("failed", r.Key, WriteCause(r.Err), r.Err)
+			res.listKey("failed", r.Key, guard.WriteCause(r.Err), r.Err)
 		}
 	}
-	if key, fe := FirstFatal(out); fe != nil {
-		return NewStopError(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
+	if key, fe := guard.FirstFatal(out); fe != nil {
+		return guard.NewStopError(rb.ctx, fe, key, rb.path, "rollback", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, rb.cli) })
 	}
 	return nil
 }
@@ -776,7 +641,7 @@ func (rb *rollback) decide(it item, cur *currentKV, res *RollbackResult) (restor
 		sum := sha256.Sum256(r.OldValue)
 		return restore{
 			put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, Lease: lease},
-			record: JournalRecord{Op: "create-intent", Key: r.Key, NewSHA256: hex.EncodeToString(sum[:]), Lease: lease},
+			record: undo.JournalRecord{Op: "create-intent", Key: r.Key, NewSHA256: hex.EncodeToString(sum[:]), Lease: lease},
 			note:   note,
 		}, true, nil
 	case "create-intent":
@@ -792,7 +657,7 @@ func (rb *rollback) decide(it item, cur *currentKV, res *RollbackResult) (restor
 		}
 		return restore{
 			put: etcdscan.Put{Key: r.Key, ModRevision: cur.modRevision, Delete: true},
-			record: JournalRecord{Op: "delete-intent", Key: r.Key, OldValue: cur.value, OldModRevision: cur.modRevision,
+			record: undo.JournalRecord{Op: "delete-intent", Key: r.Key, OldValue: cur.value, OldModRevision: cur.modRevision,
 				OldCreateRevision: cur.createRevision, OldVersion: cur.version, Lease: cur.lease, Reason: "rollback"},
 		}, true, nil
 	}
@@ -814,56 +679,6 @@ func (rb *rollback) decide(it item, cur *currentKV, res *RollbackResult) (restor
 	sum := sha256.Sum256(r.OldValue)
 	return restore{
 		put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, ModRevision: cur.modRevision},
-		record: JournalRecord{Op: "intent", Key: r.Key, OldModRevision: cur.modRevision, OldValue: cur.value, NewSHA256: hex.EncodeToString(sum[:])},
+		record: undo.JournalRecord{Op: "intent", Key: r.Key, OldModRevision: cur.modRevision, OldValue: cur.value, NewSHA256: hex.EncodeToString(sum[:])},
 	}, true, nil
-}
-
-// backwardReader returns a file's lines from the last to the first, reading
-// it a chunk at a time from the end: it holds one chunk and the line being
-// assembled, never the file.
-type backwardReader struct {
-	f   *os.File
-	off int64  // bytes before buf not read yet
-	buf []byte // read, not yet returned
-}
-
-const backwardChunk = 1 << 20
-
-func newBackwardReader(f *os.File) (*backwardReader, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	return &backwardReader{f: f, off: fi.Size()}, nil
-}
-
-// next returns the previous non-empty line (valid until the next call) and its
-// byte offset in the file; io.EOF before the first line.
-func (b *backwardReader) next() ([]byte, int64, error) {
-	for {
-		// Drop the newline that ends the line to return.
-		for len(b.buf) > 0 && b.buf[len(b.buf)-1] == '\n' {
-			b.buf = b.buf[:len(b.buf)-1]
-		}
-		if i := bytes.LastIndexByte(b.buf, '\n'); i >= 0 {
-			line := b.buf[i+1:]
-			b.buf = b.buf[:i+1]
-			return line, b.off + int64(i) + 1, nil
-		}
-		if b.off == 0 {
-			if len(b.buf) == 0 {
-				return nil, 0, io.EOF
-			}
-			line := b.buf
-			b.buf = nil
-			return line, 0, nil
-		}
-		n := min(int64(backwardChunk), b.off)
-		chunk := make([]byte, n, n+int64(len(b.buf)))
-		if _, err := b.f.ReadAt(chunk, b.off-n); err != nil {
-			return nil, 0, err
-		}
-		b.off -= n
-		b.buf = append(chunk, b.buf...)
-	}
 }

@@ -1,4 +1,4 @@
-package undo
+package guard
 
 import (
 	"context"
@@ -59,9 +59,9 @@ func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest stri
 		}
 		return Quota{Bytes: q.Bytes, Known: true, Source: src}
 	}
-	why := []string{"metrics: " + whyNoAnswer(merr)}
+	why := []string{"metrics: " + WhyNoAnswer(merr)}
 	if flag > 0 {
-		return Quota{Bytes: flag, Known: true, Source: given + " (etcd's metrics did not answer: " + whyNoAnswer(merr) + ")"}
+		return Quota{Bytes: flag, Known: true, Source: given + " (etcd's metrics did not answer: " + WhyNoAnswer(merr) + ")"}
 	}
 	if apiserverManifest != "" {
 		eq, err := apiserverconfig.EtcdManifestQuota(apiserverManifest)
@@ -80,8 +80,8 @@ func FindQuota(ctx context.Context, cli *clientv3.Client, apiserverManifest stri
 	return Quota{Bytes: DefaultQuotaBackendBytes, Source: "unknown (" + strings.Join(why, "; ") + "): assuming etcd's default"}
 }
 
-// whyNoAnswer is an etcd error on one line, or that no member answered (nil).
-func whyNoAnswer(err error) string {
+// WhyNoAnswer is an etcd error on one line, or that no member answered (nil).
+func WhyNoAnswer(err error) string {
 	if err == nil {
 		return "no member answered"
 	}
@@ -262,6 +262,12 @@ func NewSpaceGuard(ctx context.Context, cli *clientv3.Client, quota int64, compa
 		return nil, err
 	}
 	return newSpaceGuard(etcdStatus{cli}, Quota{Bytes: quota, Known: true}, compact, st), nil
+}
+
+// NewEtcdSpaceGuard is the guard of a run that writes to cli, starting at
+// st, with its report.
+func NewEtcdSpaceGuard(cli *clientv3.Client, quota Quota, compact bool, st etcdscan.StatusInfo) *SpaceGuard {
+	return newSpaceGuard(etcdStatus{cli}, quota, compact, st)
 }
 
 // newSpaceGuard is the guard of a run that starts at st, with its report.
