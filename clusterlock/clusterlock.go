@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/undo"
 	"os"
 	"sort"
 	"strconv"
@@ -71,23 +72,14 @@ func TTL() (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// Run is a writing run as the cluster records it.
+// Run is a writing run as the cluster records it: the run's header as its
+// run directory has it (undo.Header: its ID, command, host and process,
+// start, end, exit code, keys written, journal and snapshot), and where on its
+// host it keeps its undo.
 type Run struct {
-	ID      string `json:"id"`
-	Command string `json:"command"`
-	Host    string `json:"host"`
-	PID     int    `json:"pid"`
-	// StateDir is where the run keeps its undo on Host ("" with --no-undo);
-	// Journal and Snapshot are its undo's files there.
-	StateDir string    `json:"stateDir,omitempty"`
-	Journal  string    `json:"journal,omitempty"`
-	Snapshot string    `json:"snapshot,omitempty"`
-	Start    time.Time `json:"start"`
-	// End and ExitCode are absent while the run holds the lock, and for
-	// ever when it was killed.
-	End         *time.Time `json:"end,omitempty"`
-	ExitCode    *int       `json:"exitCode,omitempty"`
-	KeysWritten int64      `json:"keysWritten,omitempty"`
+	undo.Header
+	// StateDir is where the run keeps its undo on Host ("" with --no-undo).
+	StateDir string `json:"stateDir,omitempty"`
 	// Revision is etcd's revision when the run took the lock: the
 	// cluster's order of its runs.
 	Revision int64 `json:"revision"`
@@ -135,9 +127,6 @@ func (r Run) Where() string {
 	}
 	return "on " + r.Host + " in " + r.StateDir
 }
-
-// Finished says whether the run recorded its end.
-func (r Run) Finished() bool { return r.End != nil && r.ExitCode != nil }
 
 // Covers says whether kube-apiserver's prefix covers the tool's keys (a
 // prefix of "/", or of "/kube-etcd-migrate"): then the lock would be a

@@ -62,10 +62,11 @@ const (
 	logFile = "runs.log"
 )
 
-// Record is what run.json says of a run.
-type Record struct {
+// Header is what names a writing run and says how it ended, wherever the
+// run is recorded: its run directory's run.json (Record) and the cluster's
+// record of it in etcd (clusterlock.Run) carry it alike.
+type Header struct {
 	ID      string    `json:"id"`
-	Seq     int       `json:"seq"`
 	Command string    `json:"command"`
 	Start   time.Time `json:"start"`
 	// End and ExitCode are absent while the run is going on, and for ever when
@@ -74,16 +75,27 @@ type Record struct {
 	ExitCode *int       `json:"exitCode,omitempty"`
 	// KeysWritten counts the keys the run wrote or removed, as its summary
 	// says (a killed run's journal may hold more).
-	KeysWritten int64    `json:"keysWritten"`
-	Dir         string   `json:"dir"`
-	Journal     string   `json:"journal"`
-	Snapshot    string   `json:"snapshot,omitempty"`
-	Endpoints   []string `json:"endpoints,omitempty"`
-	Prefix      string   `json:"prefix,omitempty"`
+	KeysWritten int64 `json:"keysWritten"`
+	// Journal and Snapshot are its undo's files (the main etcd's).
+	Journal  string `json:"journal"`
+	Snapshot string `json:"snapshot,omitempty"`
+	// Host and PID are the host and process that ran it.
+	Host string `json:"host,omitempty"`
+	PID  int    `json:"pid,omitempty"`
+}
+
+// Finished says whether the run recorded its end.
+func (h Header) Finished() bool { return h.End != nil && h.ExitCode != nil }
+
+// Record is what run.json says of a run.
+type Record struct {
+	Header
+	Seq       int      `json:"seq"`
+	Dir       string   `json:"dir"`
+	Endpoints []string `json:"endpoints,omitempty"`
+	Prefix    string   `json:"prefix,omitempty"`
 	// Undoes names the runs a rollback run undid, newest first.
 	Undoes []string `json:"undoes,omitempty"`
-	Host   string   `json:"host,omitempty"`
-	PID    int      `json:"pid,omitempty"`
 	// JournalSum and SnapshotSum are the checksums of the run's journal and
 	// snapshot, recorded at its end (none for a killed run, a file not on
 	// disk then, or a run of a release before checksums): what a rollback
@@ -135,7 +147,6 @@ func (r Record) InEtcd(name string) (Record, bool) {
 }
 
 // Finished says whether the run recorded its end.
-func (r Record) Finished() bool { return r.End != nil && r.ExitCode != nil }
 
 // A run's states (State).
 const (
@@ -363,9 +374,9 @@ func (s *State) NewRun(command string, endpoints []string, prefix string) (*Run,
 		}
 		host, _ := os.Hostname()
 		r := &Run{Record: Record{
-			ID: id, Seq: seq, Command: command, Start: time.Now().UTC().Truncate(time.Second),
-			Dir: dir, Journal: filepath.Join(dir, JournalFile), Snapshot: filepath.Join(dir, SnapshotFile),
-			Endpoints: endpoints, Prefix: prefix, Host: host, PID: os.Getpid(),
+			Header: Header{ID: id, Command: command, Start: time.Now().UTC().Truncate(time.Second),
+				Journal: filepath.Join(dir, JournalFile), Snapshot: filepath.Join(dir, SnapshotFile), Host: host, PID: os.Getpid()},
+			Seq: seq, Dir: dir, Endpoints: endpoints, Prefix: prefix,
 		}, stateDir: s.Dir, lock: lock}
 		if err := r.save(); err != nil {
 			lock.Close()

@@ -51,8 +51,8 @@ func (d StateDir) List() ([]Record, error) {
 			// Its journal and snapshot are where a run keeps them by default:
 			// a rollback still finds them.
 			rd := filepath.Join(dir, e.Name())
-			rec = Record{ID: e.Name(), Seq: seq, Dir: rd, Command: "unreadable record: " + err.Error(),
-				Journal: filepath.Join(rd, JournalFile), Snapshot: filepath.Join(rd, SnapshotFile)}
+			rec = Record{Header: Header{ID: e.Name(), Command: "unreadable record: " + err.Error(),
+				Journal: filepath.Join(rd, JournalFile), Snapshot: filepath.Join(rd, SnapshotFile)}, Seq: seq, Dir: rd}
 		}
 		out = append(out, rec)
 	}

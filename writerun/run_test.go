@@ -379,7 +379,7 @@ func TestWriterInWindow(t *testing.T) {
 // written anywhere.
 func TestHeldRefusedFirst(t *testing.T) {
 	c := newCluster(t)
-	other := clusterlock.Run{ID: "0001-migrate", Command: "migrate", Host: "another-node", PID: 1, Start: time.Now().UTC()}
+	other := clusterlock.Run{Header: undo.Header{ID: "0001-migrate", Command: "migrate", Host: "another-node", PID: 1, Start: time.Now().UTC()}}
 	l, err := clusterlock.Acquire(context.Background(), c.cli, other, time.Minute)
 	if err != nil {
 		t.Fatal(err)
