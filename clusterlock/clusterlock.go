@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/undo"
 	"os"
 	"sort"
@@ -31,7 +32,6 @@ import (
 	"syscall"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -114,7 +114,7 @@ func (e *HeldError) GoneHere(host, stateDir string) bool {
 // Reclaim releases a gone holder's lock (GoneHere): its lease revoked, its
 // keys go with it. Its run's record stays, without an end.
 func Reclaim(ctx context.Context, cli *clientv3.Client, e *HeldError) error {
-	if _, err := cli.Revoke(ctx, e.Lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	if _, err := cli.Revoke(ctx, e.Lease); err != nil && !etcdscan.IsLeaseNotFound(err) {
 		return fmt.Errorf("release the lock of run %s (pid %d, gone): %w", e.Holder.ID, e.Holder.PID, err)
 	}
 	return nil
@@ -184,8 +184,7 @@ func permission(key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, rpctypes.ErrGRPCPermissionDenied) ||
-		errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrGRPCUserEmpty) {
+	if etcdscan.IsPermissionDenied(err) {
 		return &NotPermittedError{Key: key, Err: err}
 	}
 	return err
@@ -323,7 +322,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	l.session.Orphan()
 	_, err := l.cli.Revoke(ctx, l.session.Lease())
 	l.session = nil
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	if err != nil && !etcdscan.IsLeaseNotFound(err) {
 		return fmt.Errorf("release the cluster's lock: %w", err)
 	}
 	return nil

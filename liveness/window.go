@@ -2,12 +2,11 @@ package liveness
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"kube-etcd-migrate/etcdscan"
 	"sort"
 	"strings"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	coordinationv1 "k8s.io/api/coordination/v1"
 )
@@ -23,7 +22,7 @@ func (w *Watch) checkLeases(ctx context.Context) {
 		resp, err := w.cli.Get(ctx, e.key, clientv3.WithRev(e.rev-1))
 		w.mu.Lock()
 		switch {
-		case errors.Is(err, rpctypes.ErrCompacted):
+		case etcdscan.IsCompacted(err):
 			w.mu.Unlock()
 			w.fail(fmt.Errorf("liveness: etcd's history was compacted past revision %d (not by this run) before the watch could tell whether the delete of %s was etcd expiring its lease: rerun", e.rev-1, e.key))
 			return

@@ -10,7 +10,6 @@ import (
 	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/undo"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
@@ -167,7 +166,7 @@ func (rb *rollback) decideAndWrite(items []item, res *RollbackResult) error {
 			if errors.As(r.Err, new(*liveness.WriterError)) {
 				continue // not sent: another writer stopped the rollback (its error says so)
 			}
-			if puts[i].Lease != 0 && errors.Is(r.Err, rpctypes.ErrLeaseNotFound) {
+			if puts[i].Lease != 0 && etcdscan.IsLeaseNotFound(r.Err) {
 				// The lease expired between the check and the write.
 				p := puts[i]
 				p.Lease = 0
