@@ -88,15 +88,7 @@ func TestRollbackOfReleasedRuns(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("rollback of the released runs: exit %d\n%s%s", code, out, stderr)
 	}
-	after := c.Raw()
-	if len(after) != len(before) {
-		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
-	}
-	for k, v := range before {
-		if after[k] != v {
-			t.Fatalf("%s: not back byte for byte", k)
-		}
-	}
+	c.RequireBack(before)
 }
 
 func firstKey(m map[string]string) string {

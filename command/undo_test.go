@@ -192,15 +192,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
-	after := c.Raw()
-	if len(after) != len(before) {
-		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
-	}
-	for k, v := range before {
-		if after[k] != v {
-			t.Fatalf("%s: not back byte for byte", k)
-		}
-	}
+	c.RequireBack(before)
 	if fileSHA(t, snap1) != sum1 {
 		t.Fatal("the first run's snapshot changed")
 	}
