@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/guard"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/undo"
 )
@@ -114,9 +115,10 @@ type Run struct {
 //     and the window's verdict, in the run directory before the journal
 //     opens); the journal makes each record durable before its write, and
 //     the watch stops the run at another writer.
-//  6. The finish, after the stage's last write: the watches judge and
-//     close, the run's end and exit code are recorded in etcd (the lock
-//     released) and in the run directory (its state directory released).
+//  6. The finish, after the stage's last write (or its panic, returned as a
+//     *crash.Panic): the watches close, the run's end and exit code are
+//     recorded in etcd (the lock released) and in the run directory (its
+//     state directory released).
 func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	r, err := start(ctx, cfg)
 	if err != nil {
@@ -124,6 +126,9 @@ func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	}
 	var res Result
 	defer func() { r.finish(res, err) }()
+	// A panic of the stage is the run's outcome too: recorded at the finish
+	// (the lock released, the run's end written), then the command's to say.
+	defer crash.Recover("running "+cfg.Command, &err)
 	if st.Check != nil {
 		if err := st.Check(ctx, r); err != nil {
 			return err

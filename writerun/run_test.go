@@ -18,6 +18,7 @@ import (
 	"kube-etcd-migrate/clusterlock"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/guard"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/snapshotdb"
@@ -433,5 +434,38 @@ func TestCheckRefusalLeavesNoRunDirectory(t *testing.T) {
 	}
 	if after, _ := c.srv.Revision(context.Background()); after != before {
 		t.Errorf("etcd's revision moved from %d to %d", before, after)
+	}
+}
+
+// TestPanicIsRecorded: a stage that panics after its first write ends the
+// run as any failure does: Do returns the panic as a *crash.Panic, the run's
+// end is recorded with the exit code a crash gives, and the lock is released.
+func TestPanicIsRecorded(t *testing.T) {
+	c := newCluster(t)
+	s := &stage{t: t, cli: c.cli, tl: &timeline{}}
+	s.afterWrite = func(i int) {
+		if i == 0 {
+			var m map[string]int
+			m["boom"]++ // a bug of the stage
+		}
+	}
+	cfg := c.config()
+	cfg.ExitCode = func(err error) int {
+		if errors.As(err, new(*crash.Panic)) {
+			return 70
+		}
+		return 1
+	}
+	err := writerun.Do(context.Background(), cfg, writerun.Stage{Write: s.write})
+	if !errors.As(err, new(*crash.Panic)) {
+		t.Fatalf("run: %v, want the panic as an error", err)
+	}
+	recs := c.runs(t)
+	if len(recs) != 1 || recs[0].ExitCode == nil || *recs[0].ExitCode != 70 {
+		t.Fatalf("run directory's record: %+v", recs)
+	}
+	runs, held, err := clusterlock.List(context.Background(), c.cli)
+	if err != nil || held != nil || len(runs) != 1 || !runs[0].Finished() || *runs[0].ExitCode != 70 {
+		t.Fatalf("cluster's record %+v, holder %v, %v", runs, held, err)
 	}
 }
