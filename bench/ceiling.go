@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/guard"
 )
 
 // The ceiling: what etcd itself does on the same keys with the same page size,
@@ -142,7 +142,7 @@ func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, s
 
 // compactingCeiling is the compaction-matched ceiling of a rewrite that does
 // not fit below etcd's quota: casCeiling at the tool's flags, each batch
-// going through the tool's own space guard (undo.NewSpaceGuard, compacting):
+// going through the tool's own space guard (guard.NewSpaceGuard, compacting):
 // the same compactions at the same points, in the background, a batch
 // waiting for the room they free only when it would grow etcd's database
 // into the margin, and the last compaction waited for at the end (Finish)
@@ -150,24 +150,24 @@ func casCeilingWith(ctx context.Context, cli *clientv3.Client, pageSize int64, s
 // decoding: the bound the tool's migrate --compact-history is compared
 // with. It returns the guard's report: the compactions made, and how long
 // the writes waited in the guard.
-func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, *undo.SpaceReport, error) {
-	guard, err := undo.NewSpaceGuard(ctx, cli, quota, true)
+func compactingCeiling(ctx context.Context, cli *clientv3.Client, stale map[string]bool, quota int64) (ceilingResult, *guard.SpaceReport, error) {
+	sg, err := guard.NewSpaceGuard(ctx, cli, quota, true)
 	if err != nil {
 		return ceilingResult{}, nil, err
 	}
 	cost := func(b []rawKV) (c int64) {
 		for _, kv := range b {
-			c += undo.PutCost(string(kv.key), kv.value)
+			c += guard.PutCost(string(kv.key), kv.value)
 		}
 		return c
 	}
-	before := func(b []rawKV) error { return guard.Reserve(ctx, cost(b)) }
-	written := func(b []rawKV, _ int64) { guard.Done(cost(b)) }
+	before := func(b []rawKV) error { return sg.Reserve(ctx, cost(b)) }
+	written := func(b []rawKV, _ int64) { sg.Done(cost(b)) }
 	c, err := casCeilingWith(ctx, cli, etcdscan.DefaultPageSize, stale, etcdscan.DefaultMaxOps, etcdscan.DefaultMaxBytes, toolWriters, before, written)
 	end := time.Now()
-	guard.Finish(ctx)
+	sg.Finish(ctx)
 	c.elapsed += time.Since(end)
-	return c, guard.Report(), err
+	return c, sg.Report(), err
 }
 
 // sweepPoint is one run of the CAS ceiling at one setting.

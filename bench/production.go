@@ -15,7 +15,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/release"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/rollback"
 )
 
 // The production phase (-dataset production; make bench-production): the size
@@ -200,7 +200,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if err != nil {
 		return nil, err
 	}
-	var rb undo.RollbackResult
+	var rb rollback.RollbackResult
 	if err := parseJSON(tr, &rb); err != nil {
 		return nil, err
 	}

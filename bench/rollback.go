@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/undo"
 )
 
@@ -61,7 +62,7 @@ func rollbackRun(ctx context.Context, o options, dir string) (*results, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rb undo.RollbackResult
+	var rb rollback.RollbackResult
 	if err := parseJSON(tr, &rb); err != nil {
 		return nil, err
 	}
@@ -162,7 +163,7 @@ func rollbackOfMigrate(ctx context.Context, o options, res *results, bin, journa
 	if err != nil {
 		return err
 	}
-	var rb undo.RollbackResult
+	var rb rollback.RollbackResult
 	if err := parseJSON(tr, &rb); err != nil {
 		return err
 	}

@@ -343,7 +343,7 @@ type migrateOut struct {
 		DBSizeAfter  int64 `json:"dbSizeAfter"`
 		DBSizeMax    int64 `json:"dbSizeMax"`
 		Compactions  int   `json:"compactions"`
-		// Where a compacting run's time went (undo.SpaceReport).
+		// Where a compacting run's time went (guard.SpaceReport).
 		CompactSeconds float64 `json:"compactSeconds"`
 		WaitSeconds    float64 `json:"waitSeconds"`
 		EndWaitSeconds float64 `json:"endWaitSeconds"`

@@ -23,6 +23,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/undo"
 	"os"
 	"sort"
 	"strconv"
@@ -30,7 +32,6 @@ import (
 	"syscall"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -71,23 +72,14 @@ func TTL() (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// Run is a writing run as the cluster records it.
+// Run is a writing run as the cluster records it: the run's header as its
+// run directory has it (undo.Header: its ID, command, host and process,
+// start, end, exit code, keys written, journal and snapshot), and where on its
+// host it keeps its undo.
 type Run struct {
-	ID      string `json:"id"`
-	Command string `json:"command"`
-	Host    string `json:"host"`
-	PID     int    `json:"pid"`
-	// StateDir is where the run keeps its undo on Host ("" with --no-undo);
-	// Journal and Snapshot are its undo's files there.
-	StateDir string    `json:"stateDir,omitempty"`
-	Journal  string    `json:"journal,omitempty"`
-	Snapshot string    `json:"snapshot,omitempty"`
-	Start    time.Time `json:"start"`
-	// End and ExitCode are absent while the run holds the lock, and for
-	// ever when it was killed.
-	End         *time.Time `json:"end,omitempty"`
-	ExitCode    *int       `json:"exitCode,omitempty"`
-	KeysWritten int64      `json:"keysWritten,omitempty"`
+	undo.Header
+	// StateDir is where the run keeps its undo on Host ("" with --no-undo).
+	StateDir string `json:"stateDir,omitempty"`
 	// Revision is etcd's revision when the run took the lock: the
 	// cluster's order of its runs.
 	Revision int64 `json:"revision"`
@@ -122,7 +114,7 @@ func (e *HeldError) GoneHere(host, stateDir string) bool {
 // Reclaim releases a gone holder's lock (GoneHere): its lease revoked, its
 // keys go with it. Its run's record stays, without an end.
 func Reclaim(ctx context.Context, cli *clientv3.Client, e *HeldError) error {
-	if _, err := cli.Revoke(ctx, e.Lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	if _, err := cli.Revoke(ctx, e.Lease); err != nil && !etcdscan.IsLeaseNotFound(err) {
 		return fmt.Errorf("release the lock of run %s (pid %d, gone): %w", e.Holder.ID, e.Holder.PID, err)
 	}
 	return nil
@@ -135,9 +127,6 @@ func (r Run) Where() string {
 	}
 	return "on " + r.Host + " in " + r.StateDir
 }
-
-// Finished says whether the run recorded its end.
-func (r Run) Finished() bool { return r.End != nil && r.ExitCode != nil }
 
 // Covers says whether kube-apiserver's prefix covers the tool's keys (a
 // prefix of "/", or of "/kube-etcd-migrate"): then the lock would be a
@@ -195,8 +184,7 @@ func permission(key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, rpctypes.ErrGRPCPermissionDenied) ||
-		errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrGRPCUserEmpty) {
+	if etcdscan.IsPermissionDenied(err) {
 		return &NotPermittedError{Key: key, Err: err}
 	}
 	return err
@@ -334,7 +322,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	l.session.Orphan()
 	_, err := l.cli.Revoke(ctx, l.session.Lease())
 	l.session = nil
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	if err != nil && !etcdscan.IsLeaseNotFound(err) {
 		return fmt.Errorf("release the cluster's lock: %w", err)
 	}
 	return nil

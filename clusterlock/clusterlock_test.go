@@ -3,6 +3,7 @@ package clusterlock
 import (
 	"context"
 	"errors"
+	"kube-etcd-migrate/undo"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +34,8 @@ func TestOneHolderNamedAndFreedByItsLease(t *testing.T) {
 	srv := testetcd.StartT(t, testetcd.Options{})
 	ctx := context.Background()
 	a, b := client(t, srv.URL, "", ""), client(t, srv.URL, "", "")
-	runA := Run{ID: "0001-migrate", Command: "migrate", Host: "cp-1", PID: 101, StateDir: "/var/lib/kube-etcd-migrate", Start: time.Now().UTC()}
-	runB := Run{ID: "0001-migrate", Command: "migrate", Host: "cp-2", PID: 202, StateDir: "/var/lib/kube-etcd-migrate", Start: time.Now().UTC()}
+	runA := Run{Header: undo.Header{ID: "0001-migrate", Command: "migrate", Host: "cp-1", PID: 101, Start: time.Now().UTC()}, StateDir: "/var/lib/kube-etcd-migrate"}
+	runB := Run{Header: undo.Header{ID: "0001-migrate", Command: "migrate", Host: "cp-2", PID: 202, Start: time.Now().UTC()}, StateDir: "/var/lib/kube-etcd-migrate"}
 
 	if h, err := Holder(ctx, b); err != nil || h != nil {
 		t.Fatalf("holder of a free lock: %v %v", h, err)
@@ -138,7 +139,7 @@ func TestAuthRefusesTheKeys(t *testing.T) {
 	if _, err := Holder(ctx, cli); !errors.As(err, &np) {
 		t.Fatalf("holder: %v, want a NotPermittedError", err)
 	}
-	_, err := Acquire(ctx, cli, Run{ID: "0001-migrate", Host: "cp-1"}, 5*time.Second)
+	_, err := Acquire(ctx, cli, Run{Header: undo.Header{ID: "0001-migrate", Host: "cp-1"}}, 5*time.Second)
 	if !errors.As(err, &np) {
 		t.Fatalf("acquire: %v, want a NotPermittedError", err)
 	}

@@ -13,10 +13,10 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/installer"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/target"
-	"kube-etcd-migrate/undo"
 )
 
 // apiServerFlags configure the tool from the cluster's own kube-apiserver.
@@ -225,11 +225,11 @@ func (o *apiServerOptions) manifestFile() string {
 
 // foundEtcdData is etcd's data directory as the installer found on the node
 // names it (nothing when none was looked for or it names none).
-func (o *apiServerOptions) foundEtcdData() undo.EtcdData {
+func (o *apiServerOptions) foundEtcdData() guard.EtcdData {
 	if d := o.found; d != nil && d.found != nil && d.found.EtcdDataDir != "" {
-		return undo.EtcdData{Dir: d.found.EtcdDataDir, Source: d.found.EtcdDataDirFrom}
+		return guard.EtcdData{Dir: d.found.EtcdDataDir, Source: d.found.EtcdDataDirFrom}
 	}
-	return undo.EtcdData{}
+	return guard.EtcdData{}
 }
 
 // reportFound prints, once the configuration is loaded, what was found on

@@ -65,23 +65,17 @@ func init() {
 	experimental.SetDefaultBufferPool(etcdscan.BufferPool())
 }
 
-// defaultGCPercent is the collector's GOGC unless GOGC is set. The live heap of
-// a run is small (12-20 MB: the scheme, the field manager's type converters and
-// the pages in flight), so at Go's default of 100 the collector ran every 13 MB
-// of garbage, some 250 times in a 50,000-secret key rotation; at 200 it runs
-// half as often and the memory limit above still bounds the heap (measured
-// side by side: 0.82x the CPU per object for verify, 0.90x for migrate, peak
-// RSS 124 -> 139 MB and 137 -> 142 MB).
+// defaultGCPercent is the collector's GOGC unless GOGC is set: a run's live
+// heap is small, so the collector runs half as often as at Go's default and
+// the memory limit still bounds the heap (the measurements:
+// docs/benchmarks.md).
 const defaultGCPercent = 200
 
-// migrateMemoryLimit is migrate's soft memory limit unless GOMEMLIMIT is set.
-// Its live heap is the largest of the commands' (the writes in flight, the
-// liveness watch and the undo beside the decisions and the scan's chunk: a
-// median of 29 MB at 1,000,000 objects, 36 MB at 4,000,000), so under
-// defaultMemoryLimit its collector ran the most (12,860 times in a run of
-// 4,000,000 objects, a fifth of its CPU). Measured side by side on
-// 1,000,000 mixed objects, in both orders: 0.78 and 0.82 × the CPU, 1.23 and
-// 1.20 × the speed, peak RSS 126–127 MB against 109–111.
+// migrateMemoryLimit is migrate's soft memory limit unless GOMEMLIMIT is set:
+// its live heap is the largest of the commands' (the writes in flight, the
+// liveness watch and the undo beside the decisions and the scan's chunk), so
+// under defaultMemoryLimit its collector ran the most (the measurements:
+// docs/benchmarks.md).
 const migrateMemoryLimit = 80 << 20
 
 // raiseMemoryLimit sets the soft memory limit to limit, unless GOMEMLIMIT is set.
@@ -94,8 +88,8 @@ func raiseMemoryLimit(limit int64) {
 // privateEtcdMemoryLimit is the soft memory limit of a command that runs a
 // private etcd in its process (quarantine --snapshot-file, package
 // snapshotfile): none, unless GOMEMLIMIT is set. That etcd's heap (its index
-// of every key and revision, bbolt's write buffers: some 170 MB at 100,000
-// keys) is far above defaultMemoryLimit, at which the collector ran without
+// of every key and revision, bbolt's write buffers) grows with the backup,
+// far above defaultMemoryLimit, at which the collector would run without
 // pause (docs/benchmarks.md).
 const privateEtcdMemoryLimit = math.MaxInt64
 

@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/snapshotfile"
-	"kube-etcd-migrate/undo"
 )
 
 // TestEveryInputHasAFlag: every input the library's messages refer to is
@@ -74,11 +74,11 @@ func TestCLIMessageNamesFlags(t *testing.T) {
 // TestStopErrorNamesFlags: a run stopped by etcd says which flags give it the
 // credentials, or the compaction, that would let it finish.
 func TestStopErrorNamesFlags(t *testing.T) {
-	denied := &undo.StopError{Fatal: &etcdscan.FatalError{Cause: etcdscan.CausePermission, Err: errors.New("etcdserver: permission denied")}, Key: "/registry/secrets/a/b", Verb: "migrate"}
+	denied := &guard.StopError{Fatal: &etcdscan.FatalError{Cause: etcdscan.CausePermission, Err: errors.New("etcdserver: permission denied")}, Key: "/registry/secrets/a/b", Verb: "migrate"}
 	if got, want := cliMessage(fmt.Errorf("migrate: %w", denied)), "(--cert/--key of kube-apiserver's etcd client, or --user with read-write on the prefix)"; !strings.Contains(got, want) {
 		t.Errorf("cliMessage = %q, want it to say %q", got, want)
 	}
-	full := &undo.StopError{Fatal: &etcdscan.FatalError{Cause: etcdscan.CauseNoSpace, Err: errors.New("etcdserver: mvcc: database space exceeded")}, Key: "/registry/secrets/a/b", Verb: "migrate"}
+	full := &guard.StopError{Fatal: &etcdscan.FatalError{Cause: etcdscan.CauseNoSpace, Err: errors.New("etcdserver: mvcc: database space exceeded")}, Key: "/registry/secrets/a/b", Verb: "migrate"}
 	if got := cliMessage(full); !strings.HasSuffix(got, "then run again with --compact-history") {
 		t.Errorf("cliMessage = %q, want the remedy with --compact-history", got)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/metrics"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
@@ -281,7 +282,7 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, r *writerun.Run) m
 // and snapshot the run keeps and the state directory of its undo.
 func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snapshot string, stateDir undo.StateDir) migrate.Options {
 	return migrate.Options{
-		PreflightOptions: undo.PreflightOptions{
+		PreflightOptions: guard.PreflightOptions{
 			Journal:            journal,
 			Snapshot:           snapshot,
 			AllowLiveAPIServer: o.live.allowLive,

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"kube-etcd-migrate/apiserverconfig"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/undo"
@@ -20,7 +21,7 @@ type etcdMigration struct {
 	etcd  apiserverconfig.Etcd
 	s     *session
 	opts  migrate.Options
-	watch *undo.Watch
+	watch *guard.Watch
 	sum   *migrate.Summary
 	err   error
 }
@@ -128,7 +129,7 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, run
 
 // ownWatch is the liveness watch of r's etcd in the run: the run's own for
 // the main etcd, else one started for r's.
-func (r *etcdMigration) ownWatch(ctx context.Context, wr *writerun.Run) (*undo.Watch, error) {
+func (r *etcdMigration) ownWatch(ctx context.Context, wr *writerun.Run) (*guard.Watch, error) {
 	if r.etcd.Main() {
 		return wr.MainWatch(), nil
 	}
@@ -170,7 +171,7 @@ func allReady(ctx context.Context, runs []*etcdMigration, i int) error {
 				return &inEtcdError{r.etcd.Label(), err}
 			}
 			if j > i {
-				if _, _, err := undo.Preflight(ctx, r.s.env, r.opts.PreflightOptions); err != nil {
+				if _, _, err := guard.Preflight(ctx, r.s.env, r.opts.PreflightOptions); err != nil {
 					return &inEtcdError{r.etcd.Label(), err}
 				}
 			}
@@ -292,6 +293,6 @@ func (r *etcdsReport) table(w io.Writer) error {
 // otherEtcdData is the data directory of e, another etcd than the main
 // one: not known (the etcd manifest beside kube-apiserver's, or the
 // installer's layout, is the main etcd's).
-func otherEtcdData(e apiserverconfig.Etcd) *undo.EtcdData {
-	return &undo.EtcdData{Source: fmt.Sprintf("unknown: the etcd of %s (--etcd-servers-overrides) is not the one whose manifest or layout is known", e.Name)}
+func otherEtcdData(e apiserverconfig.Etcd) *guard.EtcdData {
+	return &guard.EtcdData{Source: fmt.Sprintf("unknown: the etcd of %s (--etcd-servers-overrides) is not the one whose manifest or layout is known", e.Name)}
 }

@@ -14,7 +14,9 @@ import (
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
@@ -174,7 +176,7 @@ type rollbackStage struct {
 	journals []string
 	others   []*etcdRollback
 
-	opts      undo.RollbackOptions
+	opts      rollback.RollbackOptions
 	preflight []string
 	refused   error
 }
@@ -191,8 +193,8 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 	// The liveness window (the run's watch) runs while the journals are
 	// checked and the preflight goes on; the first write waits for its
 	// verdict, and another writer stops the rollback.
-	rb.opts = undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: wr.MainWatch()}
-	quota := undo.FindQuota(ctx, rb.cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
+	rb.opts = rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: wr.MainWatch()}
+	quota := guard.FindQuota(ctx, rb.cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
 	// Every journal read whole, every value put back decrypted, before
 	// anything is written (a dry run too).
 	check, err := o.checkUndo(ctx, rb.specs, rb.wayBack, rb.prefix)
@@ -216,7 +218,7 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 		rb.preflight = append(rb.preflight, lines...)
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	lines, refused := undo.CheckRollbackQuota(ctx, rb.cli, rb.journals, quota, rb.opts.CompactHistory, flagOf)
+	lines, refused := guard.CheckRollbackQuota(ctx, rb.cli, rb.journals, quota, rb.opts.CompactHistory, flagOf)
 	rb.preflight = append(rb.preflight, lines...)
 	if refused != nil && !o.dryRun {
 		return refused
@@ -233,7 +235,7 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 // rollback's own undo in its run directory.
 func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
 	o, opts := rb.o, rb.opts
-	var res undo.RollbackResult
+	var res rollback.RollbackResult
 	opts.Lock = wr.Lock
 	if u := wr.Dir(); u != nil {
 		if err := u.SetUndoes(rb.undoes); err != nil {
@@ -260,7 +262,7 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 		opts.Journal = j
 		opts.Snapshot = u.Snapshot
 	}
-	res, err := undo.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
+	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
 	res.Preflight = append(rb.preflight, res.Preflight...)
 	if len(rb.others) > 0 {
 		err = o.finishEtcds(ctx, wr, rb.others, rb.cli.Endpoints(), &res, err, rb.refused)
@@ -399,18 +401,18 @@ func undoRefusal(check *undo.UndoCheck, allowUnverified bool) error {
 // --undo-dir (a snapshot of the database and a journal about the size of the
 // journals it undoes) with etcd's growth from what it writes back. The
 // liveness window's verdict comes with the first write (its Watch).
-func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string, quota undo.Quota) ([]string, error) {
-	if err := undo.RollbackAlarms(ctx, cli, journals); err != nil {
+func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string, quota guard.Quota) ([]string, error) {
+	if err := guard.RollbackAlarms(ctx, cli, journals); err != nil {
 		return nil, err
 	}
 	if o.undo.noUndo {
 		return nil, nil
 	}
-	sp := undo.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: undo.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
+	sp := guard.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: guard.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
 	if o.undo.undoDir != "" {
 		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
 	}
-	return undo.CheckRollbackSpace(ctx, cli, sp, journals)
+	return guard.CheckRollbackSpace(ctx, cli, sp, journals)
 }
 
 func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {

@@ -13,7 +13,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
@@ -30,12 +32,12 @@ type etcdRollback struct {
 
 	cli       *clientv3.Client
 	prefix    string
-	watch     *undo.Watch
+	watch     *guard.Watch
 	check     *undo.UndoCheck
-	quota     undo.Quota
+	quota     guard.Quota
 	preflight []string
 	refused   error
-	res       undo.RollbackResult
+	res       rollback.RollbackResult
 }
 
 func (r *etcdRollback) label() string { return "etcd of " + r.name }
@@ -107,7 +109,7 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 	if r.watch, err = wr.Watch(ctx, cli, r.prefix); err != nil {
 		return err
 	}
-	r.quota = undo.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
+	r.quota = guard.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
 	if r.check, err = o.checkUndo(ctx, r.specs, r.wayBack, r.prefix); err != nil {
 		return err
 	}
@@ -117,11 +119,11 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 		return r.refused
 	}
 	if !o.dryRun {
-		if err := undo.RollbackAlarms(ctx, cli, r.journals()); err != nil {
+		if err := guard.RollbackAlarms(ctx, cli, r.journals()); err != nil {
 			return err
 		}
 	}
-	lines, refused := undo.CheckRollbackQuota(ctx, cli, r.journals(), r.quota, o.space.compactHistory, flagOf)
+	lines, refused := guard.CheckRollbackQuota(ctx, cli, r.journals(), r.quota, o.space.compactHistory, flagOf)
 	r.preflight = append(r.preflight, lines...)
 	if refused != nil {
 		if !o.dryRun {
@@ -144,7 +146,7 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 // undoEtcd undoes r's journals, with the rollback's own undo there beside its
 // main one (u nil: none).
 func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undo.Run) error {
-	opts := undo.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
+	opts := rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
 	if u != nil {
 		journal, snapshot := etcdFile(u.Journal, r.name), etcdFile(u.Snapshot, r.name)
 		if err := u.AddEtcd(undo.RunEtcd{Name: r.name, Endpoints: r.endpoints, Journal: journal, Snapshot: snapshot}); err != nil {
@@ -164,7 +166,7 @@ func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undo
 		}
 		opts.Journal, opts.Snapshot = j, snapshot
 	}
-	res, err := undo.RollbackJournals(ctx, r.cli, &etcdscan.Writer{Client: r.cli}, r.journals(), opts)
+	res, err := rollback.RollbackJournals(ctx, r.cli, &etcdscan.Writer{Client: r.cli}, r.journals(), opts)
 	res.Preflight = append(slices.Clip(r.preflight), res.Preflight...)
 	r.res = res
 	if err != nil {
@@ -189,7 +191,7 @@ type etcdRollbackResult struct {
 	// Etcd is "" for the main etcd, else the resources kept there.
 	Etcd      string   `json:"etcd"`
 	Endpoints []string `json:"endpoints"`
-	undo.RollbackResult
+	rollback.RollbackResult
 }
 
 func (r etcdsRollbackReport) stamped(build buildinfo.Info) any {
@@ -216,7 +218,7 @@ func (r etcdsRollbackReport) table(w io.Writer) error {
 // dry run's refusal there), each other etcd's, then one report and the
 // worst exit code. res is what the rollback's run records as written: every
 // etcd's restored keys.
-func (o *rollbackOptions) finishEtcds(ctx context.Context, wr *writerun.Run, others []*etcdRollback, mainEndpoints []string, res *undo.RollbackResult, mainErr, refused error) error {
+func (o *rollbackOptions) finishEtcds(ctx context.Context, wr *writerun.Run, others []*etcdRollback, mainEndpoints []string, res *rollback.RollbackResult, mainErr, refused error) error {
 	rep := etcdsRollbackReport{Etcds: []etcdRollbackResult{{Endpoints: mainEndpoints, RollbackResult: *res}}}
 	err := mainErr
 	if err != nil {

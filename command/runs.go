@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/undo"
@@ -134,10 +135,10 @@ func (o *runsOptions) runRuns() error {
 		_, jerr := os.Stat(r.Journal)
 		views[i] = runView{Record: r, State: r.State(), SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
 		if views[i].SnapshotTaken {
-			views[i].SnapshotBytes = undo.FileSize(r.Snapshot)
+			views[i].SnapshotBytes = guard.FileSize(r.Snapshot)
 		}
 		if views[i].JournalKept {
-			views[i].JournalBytes = undo.FileSize(r.Journal)
+			views[i].JournalBytes = guard.FileSize(r.Journal)
 		}
 	}
 	var damaged []string

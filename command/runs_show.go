@@ -16,6 +16,7 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/clusterlock"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/snapshotdb"
@@ -265,7 +266,7 @@ func hostOf(u string) string {
 // thisMember reads this node's etcd manifest: beside --apiserver-manifest,
 // else kubeadm's when it is there.
 func thisMember(apiserverManifest string) (apiserverconfig.EtcdMember, bool) {
-	file := undo.KubeadmEtcdManifest
+	file := guard.KubeadmEtcdManifest
 	if apiserverManifest != "" {
 		f, err := apiserverconfig.EtcdManifestBeside(apiserverManifest)
 		if err != nil {

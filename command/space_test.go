@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/undo"
@@ -172,7 +173,7 @@ func TestRollbackRefusedForRoomThenUndoDir(t *testing.T) {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
 	}
 	// The margin and 64 KiB left: a record fits, a snapshot does not.
-	if err := os.WriteFile(filepath.Join(fsDir, "filler"), make([]byte, freeOn(t, fsDir)-undo.DiskMargin-64<<10), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(fsDir, "filler"), make([]byte, freeOn(t, fsDir)-guard.DiskMargin-64<<10), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	migrated, rev := c.Raw(), c.Revision()

@@ -17,6 +17,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/internal/textfmt"
@@ -62,8 +63,14 @@ func toolBinary(t *testing.T) string {
 // at when the process was dead.
 func killMidRun(t *testing.T, c *testcluster.Cluster, after int, args ...string) {
 	t.Helper()
+	killMidRunOf(t, toolBinary(t), c, after, args...)
+}
+
+// killMidRunOf is killMidRun of the binary bin.
+func killMidRunOf(t *testing.T, bin string, c *testcluster.Cluster, after int, args ...string) {
+	t.Helper()
 	rev := c.Revision()
-	cmd := exec.Command(toolBinary(t), args...)
+	cmd := exec.Command(bin, args...)
 	var errb strings.Builder
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {
@@ -161,8 +168,8 @@ func TestUndoAcrossReruns(t *testing.T) {
 			t.Errorf("run %s: snapshot taken %v, journal kept %v", r.ID, r.SnapshotTaken, r.JournalKept)
 		}
 		// What removing the run's files would free, as the files are.
-		if r.SnapshotBytes == 0 || r.SnapshotBytes != undo.FileSize(r.Snapshot) || r.JournalBytes == 0 || r.JournalBytes != undo.FileSize(r.Journal) {
-			t.Errorf("run %s: snapshot %d bytes (file %d), journal %d bytes (file %d)", r.ID, r.SnapshotBytes, undo.FileSize(r.Snapshot), r.JournalBytes, undo.FileSize(r.Journal))
+		if r.SnapshotBytes == 0 || r.SnapshotBytes != guard.FileSize(r.Snapshot) || r.JournalBytes == 0 || r.JournalBytes != guard.FileSize(r.Journal) {
+			t.Errorf("run %s: snapshot %d bytes (file %d), journal %d bytes (file %d)", r.ID, r.SnapshotBytes, guard.FileSize(r.Snapshot), r.JournalBytes, guard.FileSize(r.Journal))
 		}
 	}
 	if code, out, _ := runCLI(t, "runs"); code != exitOK || !strings.Contains(out, listed.Runs[0].Snapshot+" ("+textfmt.Bytes(listed.Runs[0].SnapshotBytes)+")") {
@@ -185,15 +192,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
-	after := c.Raw()
-	if len(after) != len(before) {
-		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
-	}
-	for k, v := range before {
-		if after[k] != v {
-			t.Fatalf("%s: not back byte for byte", k)
-		}
-	}
+	c.RequireBack(before)
 	if fileSHA(t, snap1) != sum1 {
 		t.Fatal("the first run's snapshot changed")
 	}

@@ -139,15 +139,7 @@ func TestRollbackRefusesADamagedJournal(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "preflight: journal "+journal+" (run 0001-migrate): verified: ") || !strings.Contains(out, "bytes matching the sha256 recorded at the run's end") {
 		t.Fatalf("rollback of the journal as it was: exit %d\n%s%s", code, out, stderr)
 	}
-	after := c.Raw()
-	if len(after) != len(before) {
-		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
-	}
-	for k, v := range before {
-		if after[k] != v {
-			t.Fatalf("%s: not back byte for byte", k)
-		}
-	}
+	c.RequireBack(before)
 }
 
 // TestRollbackRefusesValuesNoKeyReads is the key retirement an operator may
@@ -222,15 +214,7 @@ func TestRollbackRefusesValuesNoKeyReads(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, fmt.Sprintf("aescbc:key1=%d (readable)", n)) {
 		t.Fatalf("rollback with [key2, key1]: exit %d\n%s%s", code, out, stderr)
 	}
-	after := c.Raw()
-	if len(after) != len(before) {
-		t.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
-	}
-	for k, v := range before {
-		if after[k] != v {
-			t.Fatalf("%s: not back byte for byte", k)
-		}
-	}
+	c.RequireBack(before)
 }
 
 // TestRollbackOfAJournalWithoutChecksums: a run whose journal and record

@@ -23,9 +23,9 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/snapshotout"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -222,7 +222,7 @@ func TestQuarantineAfterKeyLoss(t *testing.T) {
 	}
 	c.stop()
 
-	rb, err := undo.Rollback(ctx, c.cli, journal, &etcdscan.Writer{Client: c.cli})
+	rb, err := rollback.Rollback(ctx, c.cli, journal, &etcdscan.Writer{Client: c.cli})
 	if err != nil || rb.Restored != encObjects || rb.Failed != 0 || rb.Skipped != 0 {
 		t.Fatalf("rollback: %+v %v", rb, err)
 	}

@@ -25,12 +25,12 @@ import (
 	"k8s.io/client-go/rest"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -114,8 +114,8 @@ func (c *cluster) migrate(cfg pipeline.Config) *migrate.Summary {
 	env := c.env(cfg)
 	defer env.Close()
 	sum, err := migrate.Run(context.Background(), env, migrate.Options{
-		PreflightOptions: undo.PreflightOptions{
-			QuotaBackendBytes:  undo.DefaultQuotaBackendBytes,
+		PreflightOptions: guard.PreflightOptions{
+			QuotaBackendBytes:  guard.DefaultQuotaBackendBytes,
 			AllowLiveAPIServer: true,
 			Journal:            filepath.Join(c.dir, fmt.Sprintf("journal-%d", time.Now().UnixNano())),
 		},

@@ -30,11 +30,11 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
 
@@ -261,9 +261,9 @@ func TestUpgrade133To137(t *testing.T) {
 	// its identity lease renewed during the default window), and writes nothing.
 	valueBefore, modBefore, _ := etcdValue(t, c.cli, "/registry/deviceclasses/shop-gpu")
 	env := c.env(cfg)
-	_, err := migrate.Run(ctx, env, migrate.Options{PreflightOptions: undo.PreflightOptions{QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	_, err := migrate.Run(ctx, env, migrate.Options{PreflightOptions: guard.PreflightOptions{QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	env.Close()
-	var pe *undo.PreflightError
+	var pe *guard.PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "a kube-apiserver is alive") || !strings.Contains(err.Error(), "/registry/leases/kube-system/") {
 		t.Fatalf("migrate with a live kube-apiserver: err = %v, want a preflight refusal naming its identity lease", err)
 	}

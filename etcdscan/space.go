@@ -12,70 +12,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
-
-// Causes of a FatalError.
-const (
-	// CauseNoSpace: etcd's NOSPACE alarm is raised (the backend reached
-	// --quota-backend-bytes); etcd refuses every put of every client until
-	// the alarm is disarmed.
-	CauseNoSpace = "etcd-out-of-space"
-	// CausePermission: etcd refused the credentials or the user's permissions.
-	CausePermission = "etcd-permission-denied"
-	// CauseUnavailable: etcd did not answer a write through every retry
-	// (the members the client was given are down or cut off, or the
-	// cluster has no leader): every later write would wait out the same
-	// retries. The error is an *UnavailableError.
-	CauseUnavailable = "etcd-unavailable"
-)
-
-// FatalError is an etcd refusal that no retry fixes: every later write would
-// be refused the same way until an operator acts.
-type FatalError struct {
-	Cause string // CauseNoSpace, CausePermission or CauseUnavailable
-	Err   error
-}
-
-func (e *FatalError) Error() string { return e.Err.Error() }
-func (e *FatalError) Unwrap() error { return e.Err }
-
-// AsFatal returns err as a *FatalError when it (or what it wraps) is one, or
-// is an etcd error that no retry fixes; nil otherwise.
-func AsFatal(err error) *FatalError {
-	if err == nil {
-		return nil
-	}
-	var fe *FatalError
-	if errors.As(err, &fe) {
-		return fe
-	}
-	if IsNoSpace(err) {
-		return &FatalError{Cause: CauseNoSpace, Err: err}
-	}
-	for _, e := range []error{rpctypes.ErrPermissionDenied, rpctypes.ErrAuthFailed, rpctypes.ErrUserEmpty, rpctypes.ErrInvalidAuthToken} {
-		if errors.Is(err, e) {
-			return &FatalError{Cause: CausePermission, Err: err}
-		}
-	}
-	if s, ok := status.FromError(err); ok && (s.Code() == codes.PermissionDenied || s.Code() == codes.Unauthenticated) {
-		return &FatalError{Cause: CausePermission, Err: err}
-	}
-	return nil
-}
-
-// IsNoSpace reports whether etcd refused a request because its NOSPACE alarm
-// is raised ("etcdserver: mvcc: database space exceeded").
-func IsNoSpace(err error) bool {
-	if errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(err, rpctypes.ErrGRPCNoSpace) {
-		return true
-	}
-	if s, ok := status.FromError(err); ok && s.Code() == codes.ResourceExhausted && s.Message() == rpctypes.ErrorDesc(rpctypes.ErrGRPCNoSpace) {
-		return true
-	}
-	return err != nil && strings.Contains(err.Error(), rpctypes.ErrorDesc(rpctypes.ErrGRPCNoSpace))
-}
 
 // MemberStatus is one member's answer to Status.
 type MemberStatus struct {

@@ -4,15 +4,15 @@ import (
 	"context"
 	"sync"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
 )
 
 // backlog lets a run's reading and deciding go on while its writers have
 // no room for its decisions (the space guard waiting for a compaction to
 // free room below etcd's quota, etcd's slow commits): what the writers'
-// queue does not take at once is kept in an undo.Backlog in the run
+// queue does not take at once is kept in an guard.Backlog in the run
 // directory, up to the room the preflight left there, and a goroutine of its
 // own (the feeder) hands it to the writers, oldest first, as they take it.
 // The cores the waiting writes leave idle decide what comes next, instead of
@@ -24,7 +24,7 @@ type backlog struct {
 	pool   *batches.Pool[reencode.Decision]
 	cancel func() // the run's: a batch that does not read back stops it
 
-	q      *undo.Backlog[reencode.Decision]
+	q      *guard.Backlog[reencode.Decision]
 	closed bool          // not opened again (it could not be, or it ended)
 	wake   chan struct{} // a batch was kept
 	drain  chan struct{} // closed: the scan ended, the feeder ends once it is empty
@@ -67,7 +67,7 @@ func (b *backlog) open(ctx context.Context) bool {
 	if b.q != nil || b.closed {
 		return b.q != nil
 	}
-	q, err := undo.OpenBacklog[reencode.Decision](b.dir, b.room)
+	q, err := guard.OpenBacklog[reencode.Decision](b.dir, b.room)
 	if err != nil {
 		b.closed = true
 		return false

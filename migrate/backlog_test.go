@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
 )
 
 // TestBacklogWhileWritesWait: with one writer of one-key transactions, far
@@ -30,8 +30,8 @@ func TestBacklogWhileWritesWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := s.c.Revision()
-	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: time.Millisecond, Journal: journal,
-		QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, Writers: 1, BatchOps: 1})
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: time.Millisecond, Journal: journal,
+		QuotaBackendBytes: guard.DefaultQuotaBackendBytes}, Writers: 1, BatchOps: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,11 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
@@ -102,7 +104,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	stopped := -1
 	journal := filepath.Join(c.Dir, "journal")
 	opts := Options{
-		PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, BatchOps: 2, Writers: 2,
+		PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, Journal: journal, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}, BatchOps: 2, Writers: 2,
 		Progress: func(p Counts) {
 			switch {
 			case len(evs) == 0 && p.Rewritten >= n/4:
@@ -197,7 +199,7 @@ func TestThreeMemberClusterLeaderChanges(t *testing.T) {
 	if err := ec.Members[stopped].Restart(); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := undo.Rollback(ctx, cli, journal, &etcdscan.Writer{Client: cli})
+	rb, err := rollback.Rollback(ctx, cli, journal, &etcdscan.Writer{Client: cli})
 	if err != nil || rb.Restored != n || rb.Failed != 0 || rb.Skipped != 0 {
 		t.Fatalf("rollback: %+v %v", rb, err)
 	}

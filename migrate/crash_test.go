@@ -17,11 +17,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/rollback"
 )
 
 // The crash test re-executes this test binary as the migrating process; these
@@ -53,7 +54,7 @@ func childMigrate(endpoint string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: os.Getenv(childJournal), QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, BatchOps: 1, Writers: 1})
+	_, err = Run(ctx, env, Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, Journal: os.Getenv(childJournal), QuotaBackendBytes: guard.DefaultQuotaBackendBytes}, BatchOps: 1, Writers: 1})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -139,7 +140,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 
 	// Running again resumes: what the killed run wrote is current and skipped.
 	journal2 := filepath.Join(c.Dir, "journal2")
-	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: undo.PreflightOptions{Journal: journal2}})
+	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: guard.PreflightOptions{Journal: journal2}})
 	if sum.Summary.Failed != 0 || sum.Summary.Current < 1 || sum.Summary.Rewritten+sum.Summary.Current != 2*n {
 		t.Fatalf("resume: %+v", sum.Summary)
 	}
@@ -153,7 +154,7 @@ func TestKilledMidRunThenResumed(t *testing.T) {
 	// Rolling back both runs, latest first, gives back the bytes stored before the
 	// first one, key for key (the killed run's journal may end in a torn record).
 	for _, j := range []string{journal2, journal} {
-		rb, err := undo.Rollback(context.Background(), c.Cli, j, &etcdscan.Writer{Client: c.Cli})
+		rb, err := rollback.Rollback(context.Background(), c.Cli, j, &etcdscan.Writer{Client: c.Cli})
 		if err != nil {
 			t.Fatalf("rollback %s: %v", filepath.Base(j), err)
 		}
@@ -206,8 +207,8 @@ func testCompactionMidRun(t *testing.T, version string) {
 
 	compacted := false
 	env := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}, PageSize: 25})
-	pf := undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}
-	watch, err := undo.StartWatch(context.Background(), c.Cli, env.Resolver.Prefix(), pf)
+	pf := guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}
+	watch, err := guard.StartWatch(context.Background(), c.Cli, env.Resolver.Prefix(), pf)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/undo"
@@ -76,7 +77,7 @@ func PlanStoredVersions(env *pipeline.Env, pending map[schema.GroupResource]int6
 // beforeWrite is called before each write: the run's first write waits
 // there (the liveness window's verdict, the snapshot), and it gives the
 // journal (nil: none); its error ends the trim and is returned.
-func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w undo.Store, beforeWrite func(context.Context) (*undo.Journal, error)) ([]CRDResult, error) {
+func TrimStoredVersions(ctx context.Context, env *pipeline.Env, pending map[schema.GroupResource]int64, decidedAt int64, own *Revisions, w guard.Store, beforeWrite func(context.Context) (*undo.Journal, error)) ([]CRDResult, error) {
 	var out []CRDResult
 	for _, crd := range env.CRDs {
 		if !inScope(env, crd) {
@@ -160,7 +161,7 @@ func notInStorageVersionSince(ctx context.Context, env *pipeline.Env, crd *pipel
 
 // trimOne rewrites the CRD object with status.storedVersions = [storage version],
 // encoded as the apiextensions-apiserver stores CRDs.
-func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w undo.Store, j *undo.Journal) error {
+func trimOne(ctx context.Context, env *pipeline.Env, crd *pipeline.CRD, w guard.Store, j *undo.Journal) error {
 	kv, found, err := w.Get(ctx, crd.Key)
 	if err != nil {
 		return fmt.Errorf("%s: %w", crd.Key, err)

@@ -22,10 +22,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/decode"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/undo"
 )
 
 const crdKey = "/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com"
@@ -177,7 +177,7 @@ func TestTrimReChecksWhatWasWrittenSince(t *testing.T) {
 	data := lateWidget(t, "late")
 	var putErr error
 	written := false
-	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(Counts) {
+	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: guard.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(Counts) {
 		if !written {
 			written = true
 			_, putErr = c.Cli.Put(context.Background(), "/registry/example.com/widgets/ns1/late", string(data)+"\n")
@@ -291,7 +291,7 @@ func TestTrimReChecksWhatWasWrittenSinceARestart(t *testing.T) {
 	data := lateWidget(t, "a-late")
 	var otherErr error
 	written := false
-	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(counts Counts) {
+	sum := run(t, c.Env(pipeline.Config{PageSize: 4}), Options{PreflightOptions: guard.PreflightOptions{AllowLiveAPIServer: true}, Progress: func(counts Counts) {
 		if written || counts.Scanned < 20 { // the scan is past a-late
 			return
 		}

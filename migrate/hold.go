@@ -4,14 +4,14 @@ import (
 	"context"
 	"sync"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
 )
 
 // holder keeps a run's stale decisions while its first write waits (the
 // liveness window's verdict, the undo's snapshot), so that the reading and
 // deciding of the keyspace go on meanwhile instead of stopping once the
-// writers' queue is full: in an undo.Spool in the run directory, as much
+// writers' queue is full: in an guard.Spool in the run directory, as much
 // as the room the preflight left there. Its first batch starts the first
 // write's wait (open); once the spool is full or fails, the batches after
 // it go the way of those after the wait (send: the run's backlog, then the
@@ -25,7 +25,7 @@ type holder struct {
 
 	started  sync.Once
 	ready    chan struct{} // closed once open returned
-	spool    *undo.Spool[reencode.Decision]
+	spool    *guard.Spool[reencode.Decision]
 	released bool
 }
 
@@ -75,7 +75,7 @@ func (h *holder) send(ctx context.Context, ds []reencode.Decision, send, sendHel
 // cannot (no room left, a failed write, no spool).
 func (h *holder) add(ds []reencode.Decision) bool {
 	if h.spool == nil {
-		s, err := undo.OpenSpool[reencode.Decision](h.dir, h.room)
+		s, err := guard.OpenSpool[reencode.Decision](h.dir, h.room)
 		if err != nil {
 			return false // the run goes on as without a spool
 		}

@@ -4,8 +4,8 @@ import (
 	"reflect"
 	"testing"
 
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
 )
 
 // fill sets every field v holds, recursively, to a value that is not its
@@ -54,7 +54,7 @@ func TestHeldDecisionsComeBackWhole(t *testing.T) {
 			t.Fatalf("reencode.Decision has an unexported field %s: the spool would drop it", f.Name)
 		}
 	}
-	s, err := undo.OpenSpool[reencode.Decision](t.TempDir(), undo.SpoolMax)
+	s, err := guard.OpenSpool[reencode.Decision](t.TempDir(), guard.SpoolMax)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,11 +18,13 @@ import (
 	api "k8s.io/kubernetes/pkg/apis/core"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/target"
 	"kube-etcd-migrate/undo"
 )
@@ -79,9 +81,9 @@ func TestLiveAPIServerWithSlowClock(t *testing.T) {
 	stop := c.Renewer(t, "apiserver-abc", "cp-1", -10*time.Minute)
 	before := dump(t, c)
 
-	_, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	_, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	stop()
-	var pe *undo.PreflightError
+	var pe *guard.PreflightError
 	if !errors.As(err, &pe) {
 		t.Fatalf("err = %v, want a preflight refusal", err)
 	}
@@ -106,7 +108,7 @@ func TestStoppedAPIServerWithFastClock(t *testing.T) {
 	c.PutRaw("/registry/leases/kube-system/apiserver-future", c.IdentityLease("apiserver-future", "cp-1", time.Now().Add(10*time.Minute)))
 	c.PutRaw("/registry/leases/kube-system/apiserver-past", c.IdentityLease("apiserver-past", "cp-2", time.Now().Add(-10*time.Minute)))
 	c.Put("/registry/deviceclasses/gpu", testcluster.DeviceClassGR, testcluster.DeviceClass("gpu"), "1.34", "", "")
-	sum, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	sum, err := Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	if err != nil || sum.Summary.Rewritten != 1 {
 		t.Fatalf("err %v summary %+v", err, sum.Summary)
 	}
@@ -139,7 +141,7 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 	env := c.Env(pipeline.Config{})
 	stop := c.KeepWriting(t, kcm, [][]byte{value})
 	before := dump(t, c)
-	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	_, err = Run(ctx, env, Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	stop()
 	if err == nil || !strings.Contains(err.Error(), "something is writing under /registry") || !strings.Contains(err.Error(), kcm+" written") {
 		t.Fatalf("err = %v, want the kube-controller-manager lease named", err)
@@ -154,7 +156,7 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 	ep := &api.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.1", UID: "m", CreationTimestamp: metav1.Unix(1700000000, 0)}}
 	c.Put("/registry/masterleases/10.0.0.1", schema.GroupResource{Resource: "endpoints"}, ep, "", "", "", clientv3.WithLease(held.ID))
 	before = dump(t, c)
-	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	_, err = Run(ctx, env, Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	if err == nil || !strings.Contains(err.Error(), "/registry/masterleases/10.0.0.1 has") || !strings.Contains(err.Error(), "wait that long and rerun") {
 		t.Fatalf("err = %v, want the held master lease named", err)
 	}
@@ -170,7 +172,7 @@ func TestOtherWritersAndMasterLeases(t *testing.T) {
 		}
 		done <- err
 	}()
-	sum, err := Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: time.Second, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	sum, err := Run(ctx, env, Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: time.Second, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +241,7 @@ func TestWriterAppearsMidRun(t *testing.T) {
 	journal1 := filepath.Join(c.Dir, "journal-1")
 	var stop func()
 	sum, err := Run(ctx, c.Env(cfg), Options{
-		PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal1, QuotaBackendBytes: undo.DefaultQuotaBackendBytes},
+		PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, Journal: journal1, QuotaBackendBytes: guard.DefaultQuotaBackendBytes},
 		Writers:          2, BatchOps: 4,
 		Progress: func(p Counts) {
 			if stop == nil && p.Rewritten >= 100 {
@@ -298,11 +300,11 @@ func TestWriterAppearsMidRun(t *testing.T) {
 
 	// The rerun picks up from what was written.
 	journal2 := filepath.Join(c.Dir, "journal-2")
-	again := run(t, c.Env(cfg), Options{PreflightOptions: undo.PreflightOptions{Journal: journal2}})
+	again := run(t, c.Env(cfg), Options{PreflightOptions: guard.PreflightOptions{Journal: journal2}})
 	if again.Summary.Rewritten != n-sum.Summary.Rewritten || again.Summary.Current != sum.Summary.Rewritten {
 		t.Fatalf("rerun %+v after %d rewritten", again.Summary, sum.Summary.Rewritten)
 	}
-	res, err := undo.RollbackJournals(ctx, c.Cli, &etcdscan.Writer{Client: c.Cli}, []string{journal2, journal1}, undo.RollbackOptions{})
+	res, err := rollback.RollbackJournals(ctx, c.Cli, &etcdscan.Writer{Client: c.Cli}, []string{journal2, journal1}, rollback.RollbackOptions{})
 	if err != nil || res.Restored != n {
 		t.Fatalf("rollback: %+v, %v", res, err)
 	}
@@ -351,11 +353,11 @@ func TestWindowWhileSnapshotSaved(t *testing.T) {
 		saving <- false
 	}()
 	before := dump(t, c)
-	_, err := Run(ctx, c.Env(cfg), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: window, Snapshot: snap, Journal: filepath.Join(c.Dir, "journal-1"), QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	_, err := Run(ctx, c.Env(cfg), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: window, Snapshot: snap, Journal: filepath.Join(c.Dir, "journal-1"), QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	if !<-saving {
 		t.Fatal("the snapshot was never seen being saved during the window")
 	}
-	var pe *undo.PreflightError
+	var pe *guard.PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), other+" written") || !strings.Contains(err.Error(), "nothing was written") {
 		t.Fatalf("err = %v, want the window's refusal naming %s", err, other)
 	}
@@ -393,7 +395,7 @@ func TestWindowWhileSnapshotSaved(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	sum, err := Run(ctx, c.Env(cfg), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: window, Snapshot: snap, Journal: filepath.Join(c.Dir, "journal-2"), QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	sum, err := Run(ctx, c.Env(cfg), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: window, Snapshot: snap, Journal: filepath.Join(c.Dir, "journal-2"), QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	if err != nil || sum.Summary.Rewritten != 300 {
 		t.Fatalf("run: %v, %+v", err, sum.Summary)
 	}
@@ -431,7 +433,7 @@ func TestWindowWhileSnapshotSaved(t *testing.T) {
 	cfg3 := cfg
 	cfg3.PageSize = 25
 	sum, err = Run(ctx, c.Env(cfg3), Options{Writers: 1, BatchOps: 1,
-		PreflightOptions: undo.PreflightOptions{LivenessWindow: window, Snapshot: filepath.Join(runDir, "snapshot.db"), Journal: filepath.Join(runDir, "journal"), QuotaBackendBytes: undo.DefaultQuotaBackendBytes},
+		PreflightOptions: guard.PreflightOptions{LivenessWindow: window, Snapshot: filepath.Join(runDir, "snapshot.db"), Journal: filepath.Join(runDir, "journal"), QuotaBackendBytes: guard.DefaultQuotaBackendBytes},
 		Progress: func(n Counts) {
 			if n.Stale == 300 && writtenAtLast < 0 {
 				writtenAtLast = n.Rewritten

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
@@ -39,7 +40,7 @@ type Options struct {
 	// PreflightOptions are what the checks before the first write go by:
 	// the journal and snapshot, the quota, liveness, and how the lines
 	// name the operator's inputs.
-	undo.PreflightOptions
+	guard.PreflightOptions
 	DryRun     bool
 	FailFast   bool
 	BatchOps   int
@@ -60,14 +61,14 @@ type Options struct {
 	// input is never modified (it is the undo): the preflight of a live etcd
 	// (alarms, liveness, quota, the space guard) and the journal and snapshot
 	// do not apply; the preflight says the output's room instead.
-	Output     undo.Store
+	Output     guard.Store
 	OutputFile string
 	// OnPreflight, when set, is given the checks passed, after the preflight
 	// and the liveness window's verdict, before the first write (the run
 	// directory's plan); an error stops the run with nothing written.
 	OnPreflight func(checks []string) error
 	// Lock, when set, is the writing run's lock, taken at the first write
-	// before the snapshot starts (undo.FirstWrite.Lock).
+	// before the snapshot starts (guard.FirstWrite.Lock).
 	Lock func(context.Context) error
 	// Decided, when set, is given each page of a dry run's decisions as it
 	// is tallied (plan times a sample of the stale ones): the page is the
@@ -78,7 +79,7 @@ type Options struct {
 	// one resource after another, records written after): the migration
 	// waits for its verdict and stops when it sees another writer. nil: the
 	// migration starts its own (none with AllowLiveAPIServer).
-	Watch *undo.Watch
+	Watch *guard.Watch
 }
 
 // Done is how many objects are done with: decided, and written (or
@@ -145,11 +146,11 @@ type Summary struct {
 	Resources    []ResourceSummary  `json:"resources"`
 	Failures     []Failure          `json:"failures,omitempty"`
 	Causes       []FailureCause     `json:"causes,omitempty"`
-	Space        *undo.SpaceReport  `json:"space,omitempty"`
+	Space        *guard.SpaceReport `json:"space,omitempty"`
 	// WriteSizes is what the rewrite of the stale objects takes (a dry run's).
-	WriteSizes *undo.WriteSizes `json:"writeSizes,omitempty"`
-	CRDs       []CRDResult      `json:"crds,omitempty"`
-	Preflight  []string         `json:"preflight,omitempty"`
+	WriteSizes *guard.WriteSizes `json:"writeSizes,omitempty"`
+	CRDs       []CRDResult       `json:"crds,omitempty"`
+	Preflight  []string          `json:"preflight,omitempty"`
 	// FieldLoss lists, per custom resource and stored version, the fields
 	// the rewrite dropped (a dry run: would drop) and how many objects
 	// carried each (reencode.FieldLoss: paths and counts, never values):
@@ -181,7 +182,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 		writeCtx = ctx
 	}
 	ew := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}
-	var w undo.Store = undo.EtcdStore{Writer: ew}
+	var w guard.Store = guard.EtcdStore{Writer: ew}
 	if opts.Output != nil {
 		w = opts.Output
 	}
@@ -189,24 +190,24 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	// The run's first write waits for the liveness window's verdict and the
 	// snapshot (first.Then opens the journal); the window runs while the
 	// checks, the snapshot and the decisions go on (held: holder).
-	first := &undo.FirstWrite{Client: env.Client, Lock: opts.Lock}
+	first := &guard.FirstWrite{Client: env.Client, Lock: opts.Lock}
 	// A dependency found gone while the first write still waits (a KMS
 	// plugin, a conversion webhook, during the window or the snapshot) stops
 	// the run at once: the wait is given up (gate), not sat out.
 	gate, stopGate := context.WithCancel(ctx)
 	defer stopGate()
 	var journal *undo.Journal
-	var guard *undo.SpaceGuard
+	var sg *guard.SpaceGuard
 	watch := opts.Watch
 	if !opts.DryRun {
 		var err error
 		if watch == nil && opts.Output == nil {
-			if watch, err = undo.StartWatch(ctx, env.Client, env.Resolver.Prefix(), opts.PreflightOptions); err != nil {
+			if watch, err = guard.StartWatch(ctx, env.Client, env.Resolver.Prefix(), opts.PreflightOptions); err != nil {
 				return t.summary(sum, start), err
 			}
 			defer watch.Close()
 		}
-		if guard, err = preflight(ctx, env, opts, sum, watch, first, &journal); err != nil {
+		if sg, err = preflight(ctx, env, opts, sum, watch, first, &journal); err != nil {
 			return t.summary(sum, start), err
 		}
 		ew.Observer = watch.Observer()
@@ -234,7 +235,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 			}
 			return err
 		}
-		return writeBatch(writeCtx, env, w, journal, guard, watch, ds, t, opts)
+		return writeBatch(writeCtx, env, w, journal, sg, watch, ds, t, opts)
 	})
 	// While the first write waits, the decisions are held on disk (as the
 	// room the preflight found allows) and the scan goes on. What the
@@ -244,9 +245,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	var hold *holder
 	bl := newBacklog("", 0, ws, cancel)
 	if !opts.DryRun && opts.Output == nil && opts.Journal != "" {
-		room := guard.SpoolRoom()
+		room := sg.SpoolRoom()
 		hold = newHolder(filepath.Dir(opts.Journal), room, func() { _ = first.Open(gate) })
-		bl = newBacklog(filepath.Dir(opts.Journal), room-min(room, undo.SpoolMax), ws, cancel)
+		bl = newBacklog(filepath.Dir(opts.Journal), room-min(room, guard.SpoolMax), ws, cancel)
 	}
 	// A batch of what was held, once sent, is progress too: the writes
 	// after the window report it as the scan's pages do.
@@ -294,8 +295,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	sum.Backlog = bl.kept()
 	writeErr := ws.Wait()
 	hold.wait()
-	if guard != nil {
-		guard.Finish(writeCtx)
+	if sg != nil {
+		sg.Finish(writeCtx)
 	}
 	sum.Revision, sum.Consistent, sum.Restarts = stats.Revision, stats.Consistent, stats.Restarts
 	sum.Writer = w.Stats()
@@ -344,23 +345,23 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 // first, the first write, saves the snapshot while the liveness window
 // ends, then adds the window's verdict to the checks, hands them to
 // OnPreflight and opens the journal (into journal; nil without one).
-func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summary, watch *undo.Watch, first *undo.FirstWrite, journal **undo.Journal) (*undo.SpaceGuard, error) {
+func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summary, watch *guard.Watch, first *guard.FirstWrite, journal **undo.Journal) (*guard.SpaceGuard, error) {
 	var checks []string
-	var guard *undo.SpaceGuard
+	var sg *guard.SpaceGuard
 	var err error
 	if opts.Output != nil {
-		checks, err = undo.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
+		checks, err = guard.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
 	} else {
-		checks, guard, err = undo.Preflight(ctx, env, opts.PreflightOptions)
+		checks, sg, err = guard.Preflight(ctx, env, opts.PreflightOptions)
 		first.Snapshot = opts.Snapshot
 	}
 	sum.Preflight = checks
 	if err != nil {
 		return nil, err
 	}
-	if guard != nil {
-		sum.Space = guard.Report()
-		guard.Watched(watch)
+	if sg != nil {
+		sum.Space = sg.Report()
+		sg.Watched(watch)
 	}
 	first.Watch = watch
 	first.Then = func(line string) error {
@@ -385,13 +386,13 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summar
 		*journal = j
 		return nil
 	}
-	return guard, nil
+	return sg, nil
 }
 
 // outcome is the run's error from the writers' and the scan's: a write's
 // first, then fail-fast, an interruption (sum says so), the scan's.
 func outcome(ctx context.Context, sum *Summary, opts Options, writeErr, scanErr error) error {
-	var spaceErr *undo.SpaceError
+	var spaceErr *guard.SpaceError
 	if errors.As(writeErr, &spaceErr) {
 		spaceErr.Journal = opts.Journal
 	}
@@ -459,7 +460,7 @@ func (e *StoppedError) Unwrap() error { return e.Dependency }
 // writes nothing once the writer met an error no retry fixes, once the run's
 // liveness watch saw another writer, nor when the batch would take etcd's
 // database past its quota (guard).
-func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Journal, guard *undo.SpaceGuard, watch *undo.Watch, ds []reencode.Decision, t *tally, opts Options) error {
+func writeBatch(ctx context.Context, env *pipeline.Env, w guard.Store, j *undo.Journal, sg *guard.SpaceGuard, watch *guard.Watch, ds []reencode.Decision, t *tally, opts Options) error {
 	if w.Stopped() != nil {
 		return nil // the run is stopping; the first error was returned
 	}
@@ -471,13 +472,13 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Jo
 	var cost int64
 	for i, d := range ds {
 		puts[i] = etcdscan.Put{Key: d.Key, Value: d.NewValue, ModRevision: d.ModRevision, Read: d.Read}
-		cost += undo.PutCost(d.Key, d.NewValue)
+		cost += guard.PutCost(d.Key, d.NewValue)
 	}
-	if guard != nil {
-		if err := guard.Reserve(ctx, cost); err != nil {
+	if sg != nil {
+		if err := sg.Reserve(ctx, cost); err != nil {
 			return err
 		}
-		defer guard.Done(cost)
+		defer sg.Done(cost)
 	}
 	if j != nil {
 		old := make([][]byte, len(ds))
@@ -496,10 +497,10 @@ func writeBatch(ctx context.Context, env *pipeline.Env, w undo.Store, j *undo.Jo
 	}
 	crash.At("written") // the tests' panic once a batch is written
 	var stop error
-	if key, fe := undo.FirstFatal(results); fe != nil && opts.Output != nil {
+	if key, fe := guard.FirstFatal(results); fe != nil && opts.Output != nil {
 		stop = fmt.Errorf("write %s: %w", key, fe)
 	} else if fe != nil {
-		stop = undo.NewStopError(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
+		stop = guard.NewStopError(ctx, fe, key, opts.Journal, "migrate", func(ctx context.Context) ([]string, error) { return etcdscan.Alarms(ctx, env.Client) })
 	}
 	firstErr := t.written(ds, results, opts.FailFast)
 	if stop != nil {

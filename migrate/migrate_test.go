@@ -19,17 +19,18 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/rollback"
 )
 
 func run(t *testing.T, env *pipeline.Env, opts Options) *Summary {
 	t.Helper()
 	if opts.QuotaBackendBytes == 0 {
-		opts.QuotaBackendBytes = undo.DefaultQuotaBackendBytes
+		opts.QuotaBackendBytes = guard.DefaultQuotaBackendBytes
 	}
 	if opts.LivenessWindow == 0 {
 		opts.LivenessWindow = testWindow
@@ -68,7 +69,7 @@ func TestMigrateEachReason(t *testing.T) {
 			t.Errorf("%s: %s %q, want stale %q", key, d.Status, d.ReasonStrings(), reason)
 		}
 	}
-	sum := run(t, env, Options{PreflightOptions: undo.PreflightOptions{Journal: filepath.Join(c.Dir, "journal")}})
+	sum := run(t, env, Options{PreflightOptions: guard.PreflightOptions{Journal: filepath.Join(c.Dir, "journal")}})
 	if sum.Summary.Rewritten != 4 || sum.Summary.Current != 1 || sum.Summary.Failed != 0 || sum.Summary.Conflicts != 0 {
 		t.Fatalf("summary %+v", sum.Summary)
 	}
@@ -176,7 +177,7 @@ func TestDryRunWritesNothing(t *testing.T) {
 		c.Put(fmt.Sprintf("/registry/deviceclasses/dc-%02d", i), testcluster.DeviceClassGR, testcluster.DeviceClass(fmt.Sprintf("dc-%02d", i)), "1.34", "", "")
 	}
 	before := c.Revision()
-	sum := run(t, c.Env(pipeline.Config{PageSize: 7}), Options{PreflightOptions: undo.PreflightOptions{Journal: filepath.Join(c.Dir, "j")}, DryRun: true})
+	sum := run(t, c.Env(pipeline.Config{PageSize: 7}), Options{PreflightOptions: guard.PreflightOptions{Journal: filepath.Join(c.Dir, "j")}, DryRun: true})
 	if c.Revision() != before {
 		t.Fatalf("dry run moved the revision %d -> %d", before, c.Revision())
 	}
@@ -230,7 +231,7 @@ func testConcurrentWriterWins(t *testing.T, version string) {
 	}()
 	// The liveness check would see the other writer and refuse (as it must):
 	// this test is of the compare-and-swap that protects a run that skipped it.
-	sum := run(t, env, Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}, BatchOps: 8})
+	sum := run(t, env, Options{PreflightOptions: guard.PreflightOptions{AllowLiveAPIServer: true}, BatchOps: 8})
 	<-done
 	for key, v := range theirs {
 		got, _, _ := c.Get(key)
@@ -278,7 +279,7 @@ func testRollbackRestoresBytes(t *testing.T, version string) {
 		before[k], _, _ = c.Get(k)
 	}
 	journal := filepath.Join(c.Dir, "journal")
-	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: undo.PreflightOptions{Journal: journal}})
+	sum := run(t, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: guard.PreflightOptions{Journal: journal}})
 	if sum.Summary.Rewritten != 11 {
 		t.Fatalf("%+v", sum.Summary)
 	}
@@ -289,7 +290,7 @@ func testRollbackRestoresBytes(t *testing.T, version string) {
 	c.Put("/registry/secrets/ns1/s0", testcluster.SecretsGR, testcluster.Secret("ns1", "s0", "changed"), "", "", newCfg)
 	changed, _, _ := c.Get("/registry/secrets/ns1/s0")
 
-	res, err := undo.Rollback(ctx, c.Cli, journal, &etcdscan.Writer{Client: c.Cli})
+	res, err := rollback.Rollback(ctx, c.Cli, journal, &etcdscan.Writer{Client: c.Cli})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +339,7 @@ func TestUnreadableAndNonObjectsAreNeverWritten(t *testing.T) {
 	}
 	before["/registry/secrets/ns1/lost-key"], _, _ = c.Get("/registry/secrets/ns1/lost-key")
 
-	sum, err := Run(ctx, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}})
+	sum, err := Run(ctx, c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: newCfg}}), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +374,7 @@ func TestPreflightRefusesOverQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := c.Revision()
-	_, err = Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: st.DBSize + 100}})
+	_, err = Run(context.Background(), c.Env(pipeline.Config{}), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: st.DBSize + 100}})
 	if err == nil || !strings.Contains(err.Error(), "quota") || !strings.Contains(err.Error(), "defragment") {
 		t.Fatalf("err = %v", err)
 	}
@@ -401,7 +402,7 @@ func testPreflightRefusesAlarm(t *testing.T, version string) {
 	if full == nil {
 		t.Fatal("could not fill a 1 MiB quota")
 	}
-	_, err := Run(ctx, c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow}})
+	_, err := Run(ctx, c.Env(pipeline.Config{}), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow}})
 	if err == nil || !strings.Contains(err.Error(), "NOSPACE") {
 		t.Fatalf("err = %v", err)
 	}
@@ -417,7 +418,7 @@ func TestFailFastStopsAtUnreadable(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		c.Put(fmt.Sprintf("/registry/configmaps/b/cm-%02d", i), testcluster.ConfigMapsGR, testcluster.ConfigMap("b", fmt.Sprintf("cm-%02d", i)), "", decode.MediaTypeJSON, "")
 	}
-	sum, err := Run(context.Background(), c.Env(pipeline.Config{PageSize: 10}), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: undo.DefaultQuotaBackendBytes}, FailFast: true})
+	sum, err := Run(context.Background(), c.Env(pipeline.Config{PageSize: 10}), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, QuotaBackendBytes: guard.DefaultQuotaBackendBytes}, FailFast: true})
 	if err == nil || !strings.Contains(err.Error(), string(input.FailFast)) {
 		t.Fatalf("err = %v", err)
 	}
@@ -440,7 +441,7 @@ func testSnapshotBeforeFirstWrite(t *testing.T, version string) {
 	c.Put("/registry/configmaps/a/cm", testcluster.ConfigMapsGR, testcluster.ConfigMap("a", "cm"), "", decode.MediaTypeJSON, "")
 	old, _, _ := c.Get("/registry/configmaps/a/cm")
 	path := filepath.Join(c.Dir, "before.db")
-	sum := run(t, c.Env(pipeline.Config{}), Options{PreflightOptions: undo.PreflightOptions{Snapshot: path}})
+	sum := run(t, c.Env(pipeline.Config{}), Options{PreflightOptions: guard.PreflightOptions{Snapshot: path}})
 	if sum.Summary.Rewritten != 1 {
 		t.Fatalf("%+v", sum.Summary)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/rollback"
 )
 
 // TestPermissionRevokedMidRun: the run's etcd user loses its write
@@ -80,14 +80,14 @@ func TestPermissionRevokedMidRun(t *testing.T) {
 	}
 
 	// Still read-only: the rollback is refused the same way and writes nothing.
-	if _, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "permission denied") {
+	if _, err := rollback.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("rollback as a reader: %v", err)
 	}
 	// The remedy: the write permission back; the rollback restores every value.
 	if _, err := admin.RoleGrantPermission(ctx, "migrator", "/registry/", prefixEnd, clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 		t.Fatal(err)
 	}
-	res, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	res, err := rollback.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
 	if err != nil || res.Failed != 0 || int64(res.Restored) != sum.Summary.Rewritten {
 		t.Fatalf("rollback after the remedy: %+v %v", res, err)
 	}

@@ -21,10 +21,12 @@ import (
 	"google.golang.org/grpc"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/undo"
 )
 
@@ -101,14 +103,14 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	ctx := context.Background()
 	env := s.env()
 
-	found := undo.FindQuota(ctx, s.c.Cli, "", 0, testFlags)
+	found := guard.FindQuota(ctx, s.c.Cli, "", 0, testFlags)
 	if found.Bytes != quota || !found.Known || !strings.Contains(found.Source, etcdscan.QuotaMetric) {
 		t.Fatalf("not told: found %+v, want %d from %s", found, quota, etcdscan.QuotaMetric)
 	}
-	if told := undo.FindQuota(ctx, s.c.Cli, "", 3<<20, testFlags); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
+	if told := guard.FindQuota(ctx, s.c.Cli, "", 3<<20, testFlags); told.Bytes != 3<<20 || !strings.HasPrefix(told.Source, "--quota-backend-bytes") {
 		t.Fatalf("told a smaller quota: %+v", told)
 	}
-	if told := undo.FindQuota(ctx, s.c.Cli, "", 1<<30, testFlags); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
+	if told := guard.FindQuota(ctx, s.c.Cli, "", 1<<30, testFlags); told.Bytes != quota || !strings.Contains(told.Source, "etcd enforces its own") {
 		t.Fatalf("told a larger quota than etcd's: %+v", told)
 	}
 
@@ -116,7 +118,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizes, err := undo.MeasureRewrite(ctx, env)
+	sizes, err := guard.MeasureRewrite(ctx, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,18 +128,18 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatalf("a dry run's sizes %+v, the preflight's pass %+v", dry.WriteSizes, sizes)
 	}
 	// Given them, the preflight takes them as they are (no pass of its own).
-	if _, _, err := undo.CheckQuota(ctx, env, undo.PreflightOptions{Sizes: &undo.WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
+	if _, _, err := guard.CheckQuota(ctx, env, guard.PreflightOptions{Sizes: &guard.WriteSizes{EtcdBytes: 7 << 30}}); err == nil || !strings.Contains(err.Error(), "would add about 7.0 GiB") {
 		t.Fatalf("the preflight given a dry run's sizes: %v", err)
 	}
-	room := quota - undo.Margin(quota) - st.DBSize + st.Free
+	room := quota - guard.Margin(quota) - st.DBSize + st.Free
 	t.Logf("database %d (%d free), rewrite %d, room %d", st.DBSize, st.Free, rewrite, room)
 	if rewrite < 2*room {
 		t.Fatalf("test setup: the rewrite (%d bytes) is not twice the room left below the quota (%d)", rewrite, room)
 	}
 
 	before := s.c.Revision()
-	_, err = Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow}})
-	var pe *undo.PreflightError
+	_, err = Run(ctx, env, Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow}})
+	var pe *guard.PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), textfmt.Bytes(quota)) || !strings.Contains(err.Error(), etcdscan.QuotaMetric) || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("a rewrite past the quota found in etcd's metrics: err = %v", err)
 	}
@@ -145,7 +147,7 @@ func TestQuotaFoundAndCompactHistory(t *testing.T) {
 		t.Fatal("the refused run wrote")
 	}
 
-	sum, err := Run(ctx, env, Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal"), Spell: testFlags}})
+	sum, err := Run(ctx, env, Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, CompactHistory: true, Journal: filepath.Join(s.c.Dir, "journal"), Spell: testFlags}})
 	if err != nil {
 		t.Fatalf("--compact-history: %v", err)
 	}
@@ -189,7 +191,7 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 
 	// Rollback needs room too: refused under the alarm, nothing written.
 	before := s.c.Revision()
-	if _, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "NOSPACE") || !strings.Contains(err.Error(), "alarm disarm") {
+	if _, err := rollback.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli}); err == nil || !strings.Contains(err.Error(), "NOSPACE") || !strings.Contains(err.Error(), "alarm disarm") {
 		t.Fatalf("rollback under the alarm: %v", err)
 	}
 	if s.c.Revision() != before {
@@ -210,7 +212,7 @@ func TestNoSpaceStopsRunAndRollbackAfterRemedy(t *testing.T) {
 	if _, err := s.c.Cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	res, err := rollback.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
 	if err != nil || res.Failed != 0 || int64(res.Restored) != sum.Summary.Rewritten {
 		t.Fatalf("rollback after the remedy: %+v %v", res, err)
 	}
@@ -230,16 +232,16 @@ func TestGuardStopsBeforeQuota(t *testing.T) {
 	ctx := context.Background()
 	filled := false
 	var fillErr error
-	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow}, Writers: 1, Progress: func(n Counts) {
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow}, Writers: 1, Progress: func(n Counts) {
 		if !filled && n.Scanned >= 200 {
 			filled = true
-			fillErr = fillBelow(ctx, s.c.Cli, quota-undo.Margin(quota)/2)
+			fillErr = fillBelow(ctx, s.c.Cli, quota-guard.Margin(quota)/2)
 		}
 	}})
 	if fillErr != nil {
 		t.Fatal(fillErr)
 	}
-	var se *undo.SpaceError
+	var se *guard.SpaceError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("err = %v, want a stop before the quota", err)
 	}
@@ -308,7 +310,7 @@ func (s *spaceSeed) runInterrupted(t *testing.T, batch int, interrupt func() err
 	journal := filepath.Join(s.c.Dir, "journal")
 	var ierr error
 	done := false
-	sum, err := Run(context.Background(), s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal}, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
+	sum, err := Run(context.Background(), s.env(), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, Journal: journal}, Writers: 1, BatchOps: batch, Progress: func(n Counts) {
 		// Mid-run: once some keys are rewritten (the whole keyspace may
 		// be decided, and held, before the first write).
 		if done || n.Rewritten == 0 {
@@ -330,9 +332,9 @@ func (s *spaceSeed) runInterrupted(t *testing.T, batch int, interrupt func() err
 // each of wants and the journal, at most one batch of failed writes, all of
 // that cause, some keys rewritten and some not, and a journal whose done
 // records are exactly the keys rewritten.
-func stoppedMidRun(t *testing.T, sum *Summary, err error, cause string, batch int, journal string, wants ...string) *undo.StopError {
+func stoppedMidRun(t *testing.T, sum *Summary, err error, cause string, batch int, journal string, wants ...string) *guard.StopError {
 	t.Helper()
-	var stop *undo.StopError
+	var stop *guard.StopError
 	if !errors.As(err, &stop) || stop.Fatal.Cause != cause {
 		t.Fatalf("err = %v, want a stop for %s", err, cause)
 	}
@@ -397,7 +399,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 	s := seedSpace(t, 16<<20)
 	ctx := context.Background()
 	journal := filepath.Join(s.c.Dir, "journal")
-	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, Journal: journal, CompactHistory: true}, Writers: 1, BatchOps: 16})
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, Journal: journal, CompactHistory: true}, Writers: 1, BatchOps: 16})
 	if err != nil || sum.Summary.Rewritten != spaceSecrets {
 		t.Fatalf("migrate: %+v %v", sum.Summary, err)
 	}
@@ -419,11 +421,11 @@ func TestNoSpaceMidRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rcli.Close()
-	res, err := undo.Rollback(ctx, rcli, journal, &etcdscan.Writer{Client: rcli})
+	res, err := rollback.Rollback(ctx, rcli, journal, &etcdscan.Writer{Client: rcli})
 	if fillErr != nil {
 		t.Fatal(fillErr)
 	}
-	var stop *undo.StopError
+	var stop *guard.StopError
 	if !errors.As(err, &stop) || stop.Fatal.Cause != etcdscan.CauseNoSpace || stop.Verb != "rollback" {
 		t.Fatalf("rollback: %+v %v, want stopped by etcd out of space", res, err)
 	}
@@ -451,7 +453,7 @@ func TestNoSpaceMidRollback(t *testing.T) {
 	if _, err := s.c.Cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
 		t.Fatal(err)
 	}
-	again, err := undo.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
+	again, err := rollback.Rollback(ctx, s.c.Cli, journal, &etcdscan.Writer{Client: s.c.Cli})
 	if err != nil || again.Failed != 0 || again.Skipped != 0 || again.Restored+res.Restored != spaceSecrets || again.Unchanged != res.Restored {
 		t.Fatalf("rollback after the remedy: %+v %v (first: %+v)", again, err, res)
 	}
@@ -474,7 +476,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	s := seedSpace(t, quota)
 	ctx := context.Background()
 	journal := filepath.Join(s.c.Dir, "journal")
-	sum, err := Run(ctx, s.env(), Options{PreflightOptions: undo.PreflightOptions{LivenessWindow: testWindow, CompactHistory: true, Journal: journal}})
+	sum, err := Run(ctx, s.env(), Options{PreflightOptions: guard.PreflightOptions{LivenessWindow: testWindow, CompactHistory: true, Journal: journal}})
 	if err != nil || sum.Summary.Rewritten != spaceSecrets {
 		t.Fatalf("migrate --compact-history: %+v %v", sum.Summary, err)
 	}
@@ -483,11 +485,11 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	need, err := undo.RollbackBytes([]string{journal})
+	need, err := guard.RollbackBytes([]string{journal})
 	if err != nil {
 		t.Fatal(err)
 	}
-	room := quota - undo.Margin(quota) - st.DBSize + st.Free
+	room := quota - guard.Margin(quota) - st.DBSize + st.Free
 	t.Logf("after migrate: database %s (%s free), the rollback writes %s, room %s", textfmt.Bytes(st.DBSize), textfmt.Bytes(st.Free), textfmt.Bytes(need), textfmt.Bytes(room))
 	if need <= room {
 		t.Fatalf("test setup: the rollback (%d bytes) fits the room left (%d)", need, room)
@@ -497,22 +499,22 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	}
 
 	// The preflight refuses, before any write, naming compaction.
-	q := undo.FindQuota(ctx, s.c.Cli, "", 0, testFlags)
+	q := guard.FindQuota(ctx, s.c.Cli, "", 0, testFlags)
 	before := s.c.Revision()
-	_, err = undo.CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false, nil)
-	var pe *undo.PreflightError
+	_, err = guard.CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, false, nil)
+	var pe *guard.PreflightError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "the rollback would add about") || !strings.Contains(err.Error(), string(input.CompactHistory)) {
 		t.Fatalf("rollback's preflight: %v, want a refusal naming %s", err, input.CompactHistory)
 	}
-	lines, err := undo.CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true, nil)
+	lines, err := guard.CheckRollbackQuota(ctx, s.c.Cli, []string{journal}, q, true, nil)
 	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "is more than the") {
 		t.Fatalf("rollback's preflight with compaction: %v\n%s", err, strings.Join(lines, "\n"))
 	}
 
 	// Without the preflight and without compaction, the guard stops the
 	// rollback before the quota.
-	res, err := undo.RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, undo.RollbackOptions{Quota: &q, BatchOps: 16})
-	var se *undo.SpaceError
+	res, err := rollback.RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, rollback.RollbackOptions{Quota: &q, BatchOps: 16})
+	var se *guard.SpaceError
 	if !errors.As(err, &se) || se.Verb != "rollback" || se.Journal != journal || !strings.Contains(err.Error(), "run the same rollback again with "+string(input.CompactHistory)) {
 		t.Fatalf("rollback without compaction: %+v %v, want a stop before the quota", res, err)
 	}
@@ -528,7 +530,7 @@ func TestRollbackKeepsBelowQuota(t *testing.T) {
 	}
 
 	// With compaction the same rollback finishes: every key as before the migration.
-	again, err := undo.RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, undo.RollbackOptions{Quota: &q, CompactHistory: true, BatchOps: 16})
+	again, err := rollback.RollbackJournals(ctx, s.c.Cli, &etcdscan.Writer{Client: s.c.Cli}, []string{journal}, rollback.RollbackOptions{Quota: &q, CompactHistory: true, BatchOps: 16})
 	if err != nil || again.Failed != 0 || again.Skipped != 0 || again.Restored+res.Restored != spaceSecrets {
 		t.Fatalf("rollback with compaction: %+v %v (first: %+v)", again, err, res)
 	}

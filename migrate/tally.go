@@ -9,10 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/undo"
 )
 
 // maxFailuresListed bounds the failure list kept in memory and in the report.
@@ -44,7 +44,7 @@ type tally struct {
 	// the rewrite drops.
 	fieldLoss reencode.FieldLosses
 	// sizes: what the stale objects' rewrite takes (a dry run).
-	sizes undo.WriteSizes
+	sizes guard.WriteSizes
 }
 
 func newTally(dryRun bool, isCustom func(schema.GroupResource) bool) *tally {
@@ -148,7 +148,7 @@ func (t *tally) written(ds []reencode.Decision, results []etcdscan.PutResult, fa
 		default:
 			t.total.Failed++
 			rs.Failed++
-			t.fail(Failure{Key: d.Key, Status: "failed", Reason: undo.WriteCause(r.Err), Error: r.Err.Error()})
+			t.fail(Failure{Key: d.Key, Status: "failed", Reason: guard.WriteCause(r.Err), Error: r.Err.Error()})
 			if failFast && firstErr == nil {
 				firstErr = input.Errorf("%s: write %s: %v", input.FailFast, d.Key, r.Err)
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/liveness"
@@ -102,7 +103,7 @@ type costs struct {
 	// The decision over every object: wall time, this process's CPU time.
 	decideWall, decideCPU float64
 	scanned, stale        int64
-	sizes                 undo.WriteSizes
+	sizes                 guard.WriteSizes
 	window                float64 // 0 without a liveness watch
 	journal, snapshot     bool    // what the run keeps
 	compact               bool
@@ -220,14 +221,14 @@ func estimate(c costs) Estimate {
 		etcdW += etcdWatchPerApply * apply
 	}
 	// What migrate decides while its first write waits is held on disk
-	// (undo.Spool, then undo.Backlog, when it keeps an undo) and comes off
+	// (guard.Spool, then guard.Backlog, when it keeps an undo) and comes off
 	// the part after the wait: at best the decision as fast as timed here,
 	// at worst at half that beside the snapshot, either as far as their
 	// room (the old and new values) allows.
 	heldLow, heldHigh := 0.0, 0.0
 	if c.journal && c.decideWall > 0 {
 		room := 1.0
-		if spooled, most := 2*float64(c.sizes.EtcdBytes), float64(undo.SpoolMax+undo.BacklogMax); spooled > most {
+		if spooled, most := 2*float64(c.sizes.EtcdBytes), float64(guard.SpoolMax+guard.BacklogMax); spooled > most {
 			room = most / spooled
 		}
 		heldLow = min(1, room, (first(snap.Low)-checks)/c.decideWall)
@@ -270,7 +271,7 @@ func estimate(c costs) Estimate {
 		e.Compactions = [2]int{min(lo.count, hi.count), max(lo.count, hi.count)}
 		comp.Low, comp.High = lo.blocked, hi.blocked
 		comp.Basis = fmt.Sprintf("%d–%d compaction(s), one every %s written (half the margin below the %s quota), each %.0f–%.0fs (%s); once the %s of room is used the writes wait for the room they free (as they walk at best, at their end at worst)",
-			e.Compactions[0], e.Compactions[1], textfmt.Bytes(undo.Margin(c.quota)/2), textfmt.Bytes(c.quota), tcLow, tcHigh, tcBasis, textfmt.Bytes(max(c.quota-undo.Margin(c.quota)-c.dbSize+c.free, 0)))
+			e.Compactions[0], e.Compactions[1], textfmt.Bytes(guard.Margin(c.quota)/2), textfmt.Bytes(c.quota), tcLow, tcHigh, tcBasis, textfmt.Bytes(max(c.quota-guard.Margin(c.quota)-c.dbSize+c.free, 0)))
 	}
 
 	// The end. The run directory's checksums of the snapshot and the
@@ -314,7 +315,7 @@ func (c costs) compactionTime() (low, high float64, basis string) {
 	if c.stale > 0 && c.sizes.EtcdBytes > 0 {
 		perPut = float64(c.sizes.EtcdBytes) / float64(c.stale)
 	}
-	walked := keys + float64(undo.Margin(c.quota)/2)/perPut
+	walked := keys + float64(guard.Margin(c.quota)/2)/perPut
 	batches := math.Ceil(walked / compactionBatch)
 	pause, how := defaultPause, "assumed"
 	switch {
@@ -335,7 +336,7 @@ type guardRun struct {
 	blocked float64
 }
 
-// simulateGuard plays the space guard's compactions (undo.SpaceGuard) over
+// simulateGuard plays the space guard's compactions (guard.SpaceGuard) over
 // the rewrite: the writes go at the rate body allows; every half margin
 // written a compaction starts in the background if none runs, taking tc,
 // and frees the old revisions of what was written before it started; a
@@ -349,7 +350,7 @@ func simulateGuard(c costs, body, tc float64, progressive bool) guardRun {
 	if total <= 0 || body <= 0 {
 		return guardRun{}
 	}
-	margin := float64(undo.Margin(c.quota))
+	margin := float64(guard.Margin(c.quota))
 	every := margin / 2
 	room := float64(c.quota) - margin - float64(c.dbSize) // growth allowed
 	free := float64(c.free)
@@ -569,7 +570,7 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 	if st, err := etcdscan.Status(ctx, env.Client); err == nil {
 		c.dbSize, c.free = st.DBSize, st.Free
 	}
-	c.quota = undo.FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, mo.QuotaBackendBytes, mo.Spell).Bytes
+	c.quota = guard.FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, mo.QuotaBackendBytes, mo.Spell).Bytes
 	if c.journal {
 		c.journalWrite, c.journalRead = smp.journalCost()
 	}

@@ -10,8 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testetcd"
-	"kube-etcd-migrate/undo"
 )
 
 // etcdCostsFromRealEtcd writes n compare-and-swap writes of 1 KB into a real
@@ -56,7 +56,7 @@ func etcdCostsFromRealEtcd(t *testing.T, n int) *EtcdCosts {
 // baseCosts are a run's costs as plan measures them, with etcd's as read.
 func baseCosts(etcd *EtcdCosts) costs {
 	return costs{cores: 2, setup: 0.4, checks: 0.1, decideWall: 2, decideCPU: 3, scanned: 100000, stale: 30000,
-		sizes:  undo.WriteSizes{EtcdBytes: 30000 * 2500, JournalBytes: 30000 * 3300, RollbackBytes: 30000 * 2400},
+		sizes:  guard.WriteSizes{EtcdBytes: 30000 * 2500, JournalBytes: 30000 * 3300, RollbackBytes: 30000 * 2400},
 		window: 15, journal: true, snapshot: true, dbSize: 400 << 20, free: 0, quota: 8 << 30,
 		journalWrite: 12e-6, journalRead: 20e-6, snapshotRate: 300 << 20, hashRate: 1 << 30, etcd: etcd}
 }
@@ -116,7 +116,7 @@ func TestEstimateParts(t *testing.T) {
 	if b := estimate(long).Parts[2]; !near(b.Low, 40-(15-c.checks)) || b.High < 1.25*(40-(15-c.checks)/2) {
 		t.Errorf("a 40 s decision beside a 15 s window: decisions and writes %.2f–%.2f", b.Low, b.High)
 	}
-	// The spool and the backlog hold at most undo.SpoolMax+undo.BacklogMax
+	// The spool and the backlog hold at most guard.SpoolMax+guard.BacklogMax
 	// (1.25 GiB): of the decisions of a rewrite of 8 GiB (old and new
 	// values), 5/32 are held while the window runs.
 	big := c
@@ -192,7 +192,7 @@ func TestEstimateCompactions(t *testing.T) {
 	// Far from the quota: a compaction every half margin written, in the
 	// background, and nothing waits.
 	far := estimate(c)
-	every := float64(undo.Margin(c.quota) / 2)
+	every := float64(guard.Margin(c.quota) / 2)
 	want := int(float64(c.sizes.EtcdBytes) / every)
 	if far.Compactions[0] < want || far.Compactions[1] > want+1 || far.Parts[3].High != 0 {
 		t.Errorf("far from the quota: %v compactions (want about %d), waits %v", far.Compactions, want, far.Parts[3])
@@ -205,7 +205,7 @@ func TestEstimateCompactions(t *testing.T) {
 	full := c
 	full.quota = 1 << 30
 	full.dbSize = full.quota * 86 / 100
-	full.sizes = undo.WriteSizes{EtcdBytes: 300 << 20, JournalBytes: 400 << 20, RollbackBytes: 290 << 20}
+	full.sizes = guard.WriteSizes{EtcdBytes: 300 << 20, JournalBytes: 400 << 20, RollbackBytes: 290 << 20}
 	// A keyspace of 4,000,000 keys: each compaction walks them all.
 	big := *etcd
 	big.Keys = 4000000
@@ -219,7 +219,7 @@ func TestEstimateCompactions(t *testing.T) {
 	nc := full
 	nc.etcd = &EtcdCosts{ApplyPerWrite: etcd.ApplyPerWrite, BackendCommit: 0.004, Keys: 1000000}
 	lo, hi, basis := nc.compactionTime()
-	batches := math.Ceil((1000000 + float64(undo.Margin(nc.quota)/2)/float64(300<<20)*float64(nc.stale)) / compactionBatch)
+	batches := math.Ceil((1000000 + float64(guard.Margin(nc.quota)/2)/float64(300<<20)*float64(nc.stale)) / compactionBatch)
 	if !approx(lo, batches*(compactionSleep+0.004)) || hi < 2*lo || !strings.Contains(basis, "etcd's backend commits") {
 		t.Errorf("compaction time from the backend's commits: %v–%v (%s), want %v", lo, hi, basis, batches*(compactionSleep+0.004))
 	}
@@ -231,8 +231,8 @@ func TestEstimateCompactions(t *testing.T) {
 
 // TestSimulateGuard: the guard's compactions played over a rewrite.
 func TestSimulateGuard(t *testing.T) {
-	c := costs{quota: 1 << 30, dbSize: 100 << 20, sizes: undo.WriteSizes{EtcdBytes: 200 << 20, RollbackBytes: 200 << 20}}
-	every := float64(undo.Margin(c.quota) / 2)
+	c := costs{quota: 1 << 30, dbSize: 100 << 20, sizes: guard.WriteSizes{EtcdBytes: 200 << 20, RollbackBytes: 200 << 20}}
+	every := float64(guard.Margin(c.quota) / 2)
 	// Room for all of it: compactions in the background only.
 	r := simulateGuard(c, 10, 1, false)
 	if r.blocked != 0 || r.count < int(float64(c.sizes.EtcdBytes)/every)-1 {
@@ -242,7 +242,7 @@ func TestSimulateGuard(t *testing.T) {
 	// compaction runs in the background; one that ends before the next half
 	// margin is written (1.28 s) keeps up and nothing waits; a slower one
 	// is waited for, the slower the longer, never longer than it runs.
-	c.dbSize = c.quota - undo.Margin(c.quota) - 50<<20
+	c.dbSize = c.quota - guard.Margin(c.quota) - 50<<20
 	fast, slow, slower := simulateGuard(c, 10, 1, false), simulateGuard(c, 10, 4, false), simulateGuard(c, 10, 8, false)
 	if fast.blocked != 0 || fast.count < int(float64(c.sizes.EtcdBytes)/every)-1 {
 		t.Errorf("little room, compactions that keep up: %+v", fast)

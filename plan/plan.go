@@ -21,6 +21,7 @@ import (
 	"kube-etcd-migrate/customresource"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
@@ -111,11 +112,11 @@ type Plan struct {
 	// Undo is whether a rollback of the run would fit below etcd's quota
 	// after the rewrite, or need its compaction (nil when the run keeps no
 	// undo, or the quota check did not run or blocked).
-	Undo       *undo.UndoFit `json:"undo,omitempty"`
-	Blockers   []Blocker     `json:"blockers"`
-	Estimate   Estimate      `json:"estimate"`
-	StateDir   undo.StateDir `json:"stateDir,omitempty"`
-	DurationMs int64         `json:"durationMs"`
+	Undo       *guard.UndoFit `json:"undo,omitempty"`
+	Blockers   []Blocker      `json:"blockers"`
+	Estimate   Estimate       `json:"estimate"`
+	StateDir   undo.StateDir  `json:"stateDir,omitempty"`
+	DurationMs int64          `json:"durationMs"`
 }
 
 // Proceeds says whether migrate would go ahead.
@@ -203,7 +204,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 // preflight runs migrate's own checks, each on its own, so that every blocker
 // is named at once.
 func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
-	lines, fit, err := undo.CheckQuota(ctx, env, opts.Migrate.PreflightOptions)
+	lines, fit, err := guard.CheckQuota(ctx, env, opts.Migrate.PreflightOptions)
 	p.Checks = append(p.Checks, lines...)
 	if err != nil {
 		p.blockErr("etcd quota", err, FixQuota)
@@ -220,13 +221,13 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		mopts := opts.Migrate
 		mopts.Journal, mopts.Snapshot = opts.StateDir.NextRunFiles()
 		mopts.StateDir = opts.StateDir
-		lines, err := undo.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
+		lines, err := guard.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {
 			p.blockErr("disk space", err, FixDiskSpace)
 		}
 	}
-	if err := undo.CheckEncryption(ctx, env); err != nil {
+	if err := guard.CheckEncryption(ctx, env); err != nil {
 		p.blockErr("encryption providers", err, FixEncryption)
 	} else {
 		p.Checks = append(p.Checks, "write encryption providers encrypt and decrypt a probe value")
@@ -272,7 +273,7 @@ func (p *Plan) block(check, problem string, fix Fix) {
 }
 
 func (p *Plan) blockErr(check string, err error, fix Fix) {
-	var pe *undo.PreflightError
+	var pe *guard.PreflightError
 	if errors.As(err, &pe) {
 		err = pe.Err
 	}

@@ -4,7 +4,7 @@
 // key loss. It removes only objects of the resources and for the reasons the
 // operator names, each with compare-and-swap on its mod revision, after writing
 // its key, raw value, lease and revisions to a journal (mode 0600) from which
-// undo.Rollback creates it again. It never removes an object that decrypts
+// rollback.Rollback creates it again. It never removes an object that decrypts
 // and decodes, nor one a configured key or KMS plugin refused (a wrong key file
 // or a plugin outage is not a lost key), nor, under a key that refused others,
 // one that decrypted to something undecodable (aescbc does not authenticate:
@@ -28,6 +28,7 @@ import (
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
@@ -138,17 +139,17 @@ type Options struct {
 	// removal (the run directory's plan); an error stops the run.
 	OnPreflight func(checks []string) error
 	// Lock, when set, is the writing run's lock, taken at the first removal
-	// before the snapshot starts (undo.FirstWrite.Lock).
+	// before the snapshot starts (guard.FirstWrite.Lock).
 	Lock func(context.Context) error
 	// Watch, when set, is the writing run's liveness watch (the caller's,
 	// which it closes); nil: the run starts its own (none with
 	// AllowLiveAPIServer or PrivateEtcd).
-	Watch              *undo.Watch
+	Watch              *guard.Watch
 	AllowLiveAPIServer bool
 	// PrivateEtcd names the snapshot file the etcd is a private copy of.
 	PrivateEtcd string
 	// StateDir, when set, is where a rollback of the run keeps its own undo:
-	// its room is counted with the run's (undo.RunSpace).
+	// its room is counted with the run's (guard.RunSpace).
 	StateDir undo.StateDir
 	// BatchOps is the number of deletes per transaction (default etcdscan.DefaultMaxOps).
 	BatchOps int
@@ -248,13 +249,13 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	if !opts.DryRun && watch == nil {
 		// The liveness window runs while the objects are read; the first
 		// removal waits for its verdict, and another writer stops the run.
-		popts := undo.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow}
+		popts := guard.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow}
 		var err error
-		if watch, err = undo.StartWatch(ctx, env.Client, env.Resolver.Prefix(), popts); err != nil {
+		if watch, err = guard.StartWatch(ctx, env.Client, env.Resolver.Prefix(), popts); err != nil {
 			return res, err
 		}
 		defer watch.Close()
-		checks, err := undo.PreflightOffline(ctx, env, popts)
+		checks, err := guard.PreflightOffline(ctx, env, popts)
 		res.Preflight = checks
 		if err != nil {
 			return res, err
@@ -370,32 +371,32 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 }
 
 // beforeFirstRemoval checks that the snapshot and the journal fit on their
-// filesystems (with etcd's growth and a rollback's own undo: undo.RunSpace),
+// filesystems (with etcd's growth and a rollback's own undo: guard.RunSpace),
 // then saves the snapshot while the liveness window ends, waits for the
 // window's verdict, hands the checks to OnPreflight and opens the journal.
-func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, watch *undo.Watch, remove []*Entry, res *Result) (*undo.Journal, error) {
+func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, watch *guard.Watch, remove []*Entry, res *Result) (*undo.Journal, error) {
 	st, err := etcdscan.Status(ctx, env.Client)
 	if err != nil {
 		return nil, err
 	}
 	// Each removal adds a tombstone to etcd's backend; a rollback puts
 	// each value back, journaling a re-creation.
-	space := undo.RunSpace{Snapshot: opts.Snapshot, Journal: opts.Journal, StateDir: opts.StateDir, Status: st, Quota: 1 << 62}
+	space := guard.RunSpace{Snapshot: opts.Snapshot, Journal: opts.Journal, StateDir: opts.StateDir, Status: st, Quota: 1 << 62}
 	for _, e := range remove {
 		space.JournalBytes += undo.JournalRecordBytes(e.Key, e.Bytes)
-		space.Writes += undo.PutCost(e.Key, nil)
-		space.RollbackWrites += undo.PutCostSize(len(e.Key), e.Bytes)
+		space.Writes += guard.PutCost(e.Key, nil)
+		space.RollbackWrites += guard.PutCostSize(len(e.Key), e.Bytes)
 		space.RollbackJournalBytes += undo.JournalRecordBytes(e.Key, 0)
 	}
 	if opts.PrivateEtcd == "" {
-		space.Etcd = undo.FindEtcdData(env.Target.APIServer().Manifest, undo.EtcdDataOf(env.Target.APIServer()))
+		space.Etcd = guard.FindEtcdData(env.Target.APIServer().Manifest, guard.EtcdDataOf(env.Target.APIServer()))
 	}
-	lines, err := undo.CheckDiskSpace(space.Needs())
+	lines, err := guard.CheckDiskSpace(space.Needs())
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
-		var se *undo.DiskSpaceError
+		var se *guard.DiskSpaceError
 		if errors.As(err, &se) {
-			return nil, &undo.PreflightError{Err: se}
+			return nil, &guard.PreflightError{Err: se}
 		}
 		return nil, err
 	}
@@ -403,7 +404,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		res.Preflight = append(res.Preflight, "etcd's data directory on this host: "+space.Etcd.Source+"; its growth is not counted")
 	}
 	var journal *undo.Journal
-	first := &undo.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
+	first := &guard.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
 		if line != "" {
 			res.Preflight = append(res.Preflight, line)
 		}

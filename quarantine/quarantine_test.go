@@ -26,6 +26,7 @@ import (
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
+	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
@@ -271,7 +272,7 @@ func TestQuarantineThenRollback(t *testing.T) {
 	if _, err := k.c.Cli.Revoke(ctx, k.lease); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := undo.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
+	rb, err := rollback.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +289,7 @@ func TestQuarantineThenRollback(t *testing.T) {
 		}
 	}
 	// Again: nothing to do.
-	rb, err = undo.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
+	rb, err = rollback.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
 	if err != nil || rb.Restored != 0 || rb.Unchanged != len(removed) {
 		t.Errorf("second rollback %+v %v", rb, err)
 	}
@@ -306,7 +307,7 @@ func TestRollbackKeepsLiveLease(t *testing.T) {
 		t.Fatalf("%v, removed %d", err, res.Removed)
 	}
 	k.c.PutRaw(k.lost[0], []byte("created again by someone"))
-	rb, err := undo.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
+	rb, err := rollback.Rollback(ctx, k.c.Cli, journal, &etcdscan.Writer{Client: k.c.Cli})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +417,7 @@ func TestQuarantineStopsAtAnotherWriter(t *testing.T) {
 	if int64(gone) != res.Removed {
 		t.Errorf("%d secrets gone, %d removed", gone, res.Removed)
 	}
-	if r, err := undo.Rollback(ctx, c.Cli, journal, &etcdscan.Writer{Client: c.Cli}); err != nil || int64(r.Restored) != res.Removed {
+	if r, err := rollback.Rollback(ctx, c.Cli, journal, &etcdscan.Writer{Client: c.Cli}); err != nil || int64(r.Restored) != res.Removed {
 		t.Fatalf("rollback: %+v, %v", r, err)
 	}
 	for k, v := range c.Raw() {

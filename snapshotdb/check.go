@@ -255,8 +255,8 @@ func ReadVersions(tx *bolt.Tx) Versions {
 }
 
 // checkRecords reads every record of every bucket through etcd's own
-// decoders, dropping the file's mapping as it goes (reader.release), so that
-// memory stays flat whatever the size of the file.
+// decoders. The file's pages it maps are the page cache's, not the process's
+// private memory, which stays flat whatever the size of the file.
 func checkRecords(path string, fi os.FileInfo, dataSize int64) error {
 	f := &File{Info: Info{Path: path, Size: fi.Size()}, opened: fi, dataSize: dataSize, txID: -1}
 	return f.view(func(r *reader) error {
@@ -268,27 +268,10 @@ func checkRecords(path string, fi os.FileInfo, dataSize int64) error {
 		})
 		for _, name := range names {
 			check := checkRecord(name)
-			var last []byte // the last record read before a release
-			for more := true; more; {
-				more = false
-				c := r.tx.Bucket(name).Cursor()
-				k, v := c.First()
-				if last != nil {
-					if k, v = c.Seek(last); bytes.Equal(k, last) {
-						k, v = c.Next()
-					}
-				}
-				for ; k != nil; k, v = c.Next() {
-					if err := check(k, v); err != nil {
-						return damaged(path, "%s record %s: %v", quoted(name), keyHex(k), err)
-					}
-					if r.account(len(k) + len(v)) {
-						last, more = bytes.Clone(k), true
-						if err := r.release(); err != nil {
-							return err
-						}
-						break
-					}
+			c := r.tx.Bucket(name).Cursor()
+			for k, v := c.First(); k != nil; k, v = c.Next() {
+				if err := check(k, v); err != nil {
+					return damaged(path, "%s record %s: %v", quoted(name), keyHex(k), err)
 				}
 			}
 		}

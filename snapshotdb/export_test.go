@@ -1,15 +1,14 @@
 package snapshotdb
 
-// SetLimits shrinks the memory of a run of the key index and the bytes read
-// through one mapping, so that a small file's index is spilled to disk in
-// many runs and the file remapped many times (tests), and drops f's cached
-// index (nil f: none); it returns what puts them back.
-func SetLimits(f *File, run, mapped int) (restore func()) {
-	w, m := runBytes, mappedBytes
-	runBytes, mappedBytes = run, int64(mapped)
+// SetLimits shrinks the memory of a run of the key index, so that a small
+// file's index is spilled to disk in many runs (tests), and drops f's cached
+// index (nil f: none); it returns what puts it back.
+func SetLimits(f *File, run int) (restore func()) {
+	w := runBytes
+	runBytes = run
 	f.forget()
 	return func() {
-		runBytes, mappedBytes = w, m
+		runBytes = w
 		f.forget()
 	}
 }
@@ -30,27 +29,3 @@ func SetFanIn(n int) (restore func()) {
 	fanIn = n
 	return func() { fanIn = old }
 }
-
-// SetRegions sets the size of the regions of the mapping counted as records
-// are read out of order (1<<shift bytes), how many are read before their
-// pages are dropped, and, when mapped > 0, the bytes read through a mapping
-// before the whole of it is dropped; it drops f's cached index (nil f: none)
-// and returns what puts them back.
-func SetRegions(f *File, shift uint, regions int, mapped int64) (restore func()) {
-	s, n, m := regionShift, mappedRegions, mappedBytes
-	regionShift, mappedRegions = shift, regions
-	if mapped > 0 {
-		mappedBytes = mapped
-	}
-	f.forget()
-	return func() {
-		regionShift, mappedRegions, mappedBytes = s, n, m
-		f.forget()
-	}
-}
-
-// Drops is how many regions of the mapping f's reads dropped (dropRegions).
-func Drops(f *File) int64 { return f.drops.Load() }
-
-// Releases is how many times f's reads dropped a whole mapping (release).
-func Releases(f *File) int64 { return f.releases.Load() }

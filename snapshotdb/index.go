@@ -513,7 +513,6 @@ func (f *File) build(ctx context.Context, r *reader, rev int64) (*index, error) 
 
 // walk calls fn with every record at or below rev, in revision order: its
 // key (valid during the call only), revision and whether it is a tombstone.
-// The file's mapping is dropped every mappedBytes read.
 func (f *File) walk(ctx context.Context, r *reader, rev int64, fn func(key []byte, rb mvcc.BucketKey, tomb bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -536,16 +535,6 @@ func (f *File) walk(ctx context.Context, r *reader, rev int64, fn func(key []byt
 		}
 		if err := fn(key, bk, mvcc.IsTombstone(k)); err != nil {
 			return err
-		}
-		if r.account(len(k) + len(v)) {
-			last := append([]byte(nil), k...)
-			if err := r.release(); err != nil {
-				return err
-			}
-			c = r.bucket().Cursor()
-			if k, _ = c.Seek(last); k == nil || string(k) != string(last) {
-				return changedOrDamaged(f.Info.Path, f.opened, "its record %s is not found again", keyHex(last))
-			}
 		}
 	}
 	return nil

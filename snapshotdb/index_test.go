@@ -132,7 +132,7 @@ func TestIndexSpilledMatchesEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	restore := snapshotdb.SetLimits(file, 1500, 8192)
+	restore := snapshotdb.SetLimits(file, 1500)
 	defer restore()
 	defer snapshotdb.SetFanIn(4)()
 	etcd := etcdscan.ClientSource{Client: cli}

@@ -107,22 +107,11 @@ func recordKey(v []byte) ([]byte, error) {
 	return nil, fmt.Errorf("no key in the record")
 }
 
-// faultAround is what Linux maps on a page fault of a file mapping (its
-// default fault_around_bytes): the pages around the one read, if cached. On
-// Linux 6.18 it can be the whole folio around them, up to 2 MB: the regions
-// read are counted too (mappedRegions).
-const faultAround = 64 << 10
-
 // fetch reads the records of keys[i] at revs[i].
 func (f *File) fetch(r *reader, keys []string, revs []mvcc.Revision) ([]etcdscan.KV, error) {
 	out := make([]etcdscan.KV, len(keys))
 	rb := mvcc.NewRevBytes()
 	for i := range keys {
-		if r.read >= mappedBytes {
-			if err := r.release(); err != nil {
-				return nil, err
-			}
-		}
 		rb = mvcc.RevToBytes(revs[i], rb)
 		v := r.bucket().Get(rb)
 		if v == nil {
@@ -132,9 +121,6 @@ func (f *File) fetch(r *reader, keys []string, revs []mvcc.Revision) ([]etcdscan
 		if err := proto.Unmarshal(v, &kv); err != nil {
 			return nil, damaged(f.Info.Path, "key record %x: %v", rb, err)
 		}
-		// A record read out of order maps its own pages and, the kernel's
-		// fault-around, more of the file around them (faultAround).
-		r.account(faultAround+len(v), v)
 		if string(kv.Key) != keys[i] {
 			return nil, changedOrDamaged(f.Info.Path, f.opened, "the record at revision %d_%d is not %s, as a pass over its records found", revs[i].Main, revs[i].Sub, keys[i])
 		}

@@ -12,8 +12,8 @@
 // share an index of each key's latest record, built in one pass over the
 // records as an external sort (runs of bounded memory, spilled to unlinked
 // temporary files in $TMPDIR, merged; see index.go), and the records are then
-// read in key order; the file's memory mapping is dropped as it goes, so that
-// memory stays flat whatever the size of the file. The writers of a snapshot
+// read in key order through the file's memory mapping, whose pages are the
+// page cache's: private memory stays flat whatever the size of the file. The writers of a snapshot
 // file (snapshotout, snapshotfile) finish it here too: etcd's trailer is
 // appended (AppendTrailer) and the file published whole (Publish), so that
 // the trailer is known in one place.
@@ -26,11 +26,9 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -81,8 +79,6 @@ type File struct {
 	cache    []*index     // the indexes of the last revisions read, the latest first
 	passes   atomic.Int64 // passes over the file made (tests)
 	spills   atomic.Int64 // runs of an index spilled to disk (tests)
-	drops    atomic.Int64 // regions of the mapping dropped (dropRegions; tests)
-	releases atomic.Int64 // whole mappings dropped (release; tests)
 }
 
 // Open checks the file at path and reads its revisions and leases. The file
@@ -149,41 +145,14 @@ func (f *File) describe(r *reader) error {
 }
 
 // reader is one read-only bbolt handle on the file and its read transaction.
-// Pages of the file that were read stay mapped, and count in the process's
-// resident memory, until they are dropped: release drops them once
-// mappedBytes were read through the handle.
+// The pages of the file it reads are the page cache's: mapped, they count in
+// the process's resident set but not in its private memory, and the kernel
+// reclaims them like any cached file.
 type reader struct {
-	f    *File
-	db   *bolt.DB
-	tx   *bolt.Tx
-	read int64
-	base uintptr   // the mapping's address
-	regs []uintptr // the regions of the file read since the last release
+	f  *File
+	db *bolt.DB
+	tx *bolt.Tx
 }
-
-// mappedBytes is how much of the file is read through one handle before its
-// pages are dropped (release). A variable for the tests.
-var mappedBytes int64 = 4 << 20
-
-// regionShift sizes the regions of the file counted by mappedRegions: 2 MB,
-// the largest folio of the page cache Linux maps at once (a PMD with 4 KiB
-// pages). A fault in a file mapping maps more than its page: the kernel's
-// fault-around (64 KiB by default) and, from Linux 6.18, the whole folio
-// around the page, which for a file read from disk is up to 2 MB. Records read
-// in key order each fault in a folio of their own: at about 60 records
-// between drops (mappedBytes), 18-34 MB of the file were resident at once on
-// Linux 6.18, the peak RSS 150-159 MB. A variable for the tests.
-var regionShift uint = 21
-
-// mappedRegions is how many distinct regions (regionShift) of the file may
-// be read through one handle before their pages are dropped (dropRegions):
-// what the records read can have mapped, at most (4 MB). Only the records
-// read out of order (fetch) are counted: a pass in revision order (walk,
-// checkRecords) reads its leaves one after the other, and dropping their
-// regions as it went cost it more than it read (on a 7.4 GB file). The
-// B+tree's branch pages bbolt walks to each record are not seen here: they go
-// with the rest every mappedBytes. A variable for the tests.
-var mappedRegions = 2
 
 func (f *File) openReader() (*reader, error) {
 	path := f.Info.Path
@@ -209,7 +178,7 @@ func (f *File) openReader() (*reader, error) {
 		db.Close()
 		return nil, FileError(path, "not an etcd snapshot: no %q or %q bucket", schema.Key.Name(), schema.Meta.Name())
 	}
-	return &reader{f: f, db: db, tx: tx, base: db.Info().Data}, nil
+	return &reader{f: f, db: db, tx: tx}, nil
 }
 
 // bucket is etcd's key bucket.
@@ -224,65 +193,6 @@ func (r *reader) close() {
 		_ = r.db.Close()
 		r.db = nil
 	}
-}
-
-// account records n bytes read, from the slices of the mapping in read, and
-// reports whether the reader should be released (mappedBytes read). Past
-// mappedRegions regions read, it drops their pages first (dropRegions).
-func (r *reader) account(n int, read ...[]byte) bool {
-	r.read += int64(n)
-	for _, b := range read {
-		if len(b) == 0 {
-			continue
-		}
-		at := uintptr(unsafe.Pointer(unsafe.SliceData(b))) - r.base
-		for reg := at >> regionShift; reg <= (at+uintptr(len(b))-1)>>regionShift; reg++ {
-			if !slices.Contains(r.regs, reg) {
-				r.regs = append(r.regs, reg)
-			}
-		}
-	}
-	if len(r.regs) >= mappedRegions {
-		r.dropRegions()
-	}
-	return r.read >= mappedBytes
-}
-
-// dropRegions drops the pages of the regions read since the last drop,
-// without releasing the reader; where that cannot be done, the reader is due
-// for release instead.
-func (r *reader) dropRegions() {
-	size := uintptr(r.tx.Size())
-	for _, reg := range r.regs {
-		off := reg << regionShift
-		if off >= size {
-			continue
-		}
-		if !dropRange(r.base+off, min(uintptr(1)<<regionShift, size-off)) {
-			r.read = max(r.read, mappedBytes)
-			break
-		}
-		r.f.drops.Add(1)
-	}
-	r.regs = r.regs[:0]
-}
-
-// release drops the pages of the file mapped so far: on Linux with
-// madvise(MADV_DONTNEED) (dropRange), the handle and its transaction kept;
-// elsewhere by closing the handle and opening the file again.
-func (r *reader) release() error {
-	r.f.releases.Add(1)
-	if dropRange(r.base, uintptr(r.tx.Size())) {
-		r.read, r.regs = 0, r.regs[:0]
-		return nil
-	}
-	r.close()
-	n, err := r.f.openReader()
-	if err != nil {
-		return err
-	}
-	*r = *n
-	return nil
 }
 
 // view runs fn on a fresh reader, in the calling goroutine with memory faults

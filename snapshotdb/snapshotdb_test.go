@@ -251,7 +251,7 @@ func testSameAsRestore(t *testing.T, version string) {
 					t.Errorf("revision %d: keys differ (-restored +file):\n%s", rev, d)
 				}
 				// Runs merged three at a time: in several rounds.
-				restore, fanIn := snapshotdb.SetLimits(file, 3000, 8192), snapshotdb.SetFanIn(3)
+				restore, fanIn := snapshotdb.SetLimits(file, 3000), snapshotdb.SetFanIn(3)
 				if d := cmp.Diff(want, scanAll(t, file, "", rev), ignoreSub); d != "" {
 					t.Errorf("revision %d, small runs: keys differ (-restored +file):\n%s", rev, d)
 				}
@@ -272,7 +272,7 @@ func testSameAsRestore(t *testing.T, version string) {
 			for _, limits := range [][2]int{{0, 0}, {3000, 8192}, {20000, 8192}} {
 				restore := func() {}
 				if limits[0] > 0 {
-					restore = snapshotdb.SetLimits(file, limits[0], limits[1])
+					restore = snapshotdb.SetLimits(file, limits[0])
 				}
 				for _, p := range prefixes {
 					if d := cmp.Diff(scanAll(t, etcd, p, 0), scanAll(t, file, p, 0), ignoreSub); d != "" {
@@ -297,7 +297,7 @@ func testSameAsRestore(t *testing.T, version string) {
 			for _, limits := range [][2]int{{0, 0}, {3000, 8192}} {
 				restore := func() {}
 				if limits[0] > 0 {
-					restore = snapshotdb.SetLimits(file, limits[0], limits[1])
+					restore = snapshotdb.SetLimits(file, limits[0])
 				}
 				for _, p := range []string{"", "/registry/", "/registry/secrets/", "/registry/configmaps/dr/", "/nothing/"} {
 					want, err := etcd.Count(ctx, p)
@@ -429,7 +429,7 @@ func TestDamagedFiles(t *testing.T) {
 	}
 	// A member's db, read with --skip-hash-check (every record read through,
 	// the mapping dropped every 8 KiB), reads as the snapshot does.
-	restore := snapshotdb.SetLimits(nil, 3000, 8192)
+	restore := snapshotdb.SetLimits(nil, 3000)
 	defer restore()
 	f, err := snapshotdb.Open(d.MemberDB, snapshotdb.Options{SkipHashCheck: true})
 	if err != nil {

@@ -24,7 +24,6 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -434,7 +433,7 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 		return input.Errorf("%s %s: read the revision: %w", input.OutputSnapshot, out, err)
 	}
 	rev := g.Header.Revision
-	if _, err := s.Client.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+	if _, err := s.Client.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !etcdscan.IsCompacted(err) {
 		return input.Errorf("%s %s: compact at revision %d: %w", input.OutputSnapshot, out, rev, err)
 	}
 	if _, err := s.Client.Defragment(ctx, s.Client.Endpoints()[0]); err != nil {

@@ -15,10 +15,10 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/undo"
 )
 
 // Options control a run of the pending requests.
@@ -119,14 +119,14 @@ func RunRequested(ctx context.Context, env *pipeline.Env, opts Options) (*Result
 		if opts.Migrate.Watch == nil {
 			// One watch for every request: its window runs while the
 			// checks go on, the first write waits for it.
-			w, err := undo.StartWatch(ctx, env.Client, env.Resolver.Prefix(), opts.Migrate.PreflightOptions)
+			w, err := guard.StartWatch(ctx, env.Client, env.Resolver.Prefix(), opts.Migrate.PreflightOptions)
 			if err != nil {
 				return res, err
 			}
 			defer w.Close()
 			opts.Migrate.Watch = w
 		}
-		res.Preflight, _, err = undo.Preflight(ctx, env, opts.Migrate.PreflightOptions)
+		res.Preflight, _, err = guard.Preflight(ctx, env, opts.Migrate.PreflightOptions)
 		if err != nil {
 			return res, err
 		}

@@ -24,11 +24,12 @@ import (
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/rollback"
 )
 
 const crdKey = "/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com"
@@ -198,7 +199,7 @@ func testRequestsAsTheControllerLeavesThem(t *testing.T, r controllerRelease) {
 
 	env := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}})
 	journal := c.Dir + "/journal"
-	res := run(t, env, migrate.Options{PreflightOptions: undo.PreflightOptions{Journal: journal}})
+	res := run(t, env, migrate.Options{PreflightOptions: guard.PreflightOptions{Journal: journal}})
 	if got, want := results(res), []string{"a-secrets=Succeeded", "b-secrets=Succeeded", "widgets=Succeeded", "ghosts=Failed", "reviews=skipped"}; !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
@@ -283,7 +284,7 @@ func testRequestsAsTheControllerLeavesThem(t *testing.T, r controllerRelease) {
 	if c.Revision() != rev {
 		t.Errorf("second run wrote (revision %d -> %d)", rev, c.Revision())
 	}
-	rb, err := undo.Rollback(context.Background(), c.Cli, journal, &etcdscan.Writer{Client: c.Cli})
+	rb, err := rollback.Rollback(context.Background(), c.Cli, journal, &etcdscan.Writer{Client: c.Cli})
 	if err != nil || rb.Failed != 0 || rb.Skipped != 0 {
 		t.Fatalf("rollback: %+v %v", rb, err)
 	}
@@ -384,7 +385,7 @@ func testNotServedAndRecord(t *testing.T, r controllerRelease) {
 	rev := c.Revision()
 
 	off := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, false), EncryptionConfig: newCfg}})
-	_, err := RunRequested(context.Background(), off, Options{Migrate: migrate.Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}}})
+	_, err := RunRequested(context.Background(), off, Options{Migrate: migrate.Options{PreflightOptions: guard.PreflightOptions{AllowLiveAPIServer: true}}})
 	// 1.36 by default: the gate and the API off; 1.37: the API turned off.
 	if err == nil {
 		t.Fatal("--requested without the API: no error")
@@ -400,7 +401,7 @@ func testNotServedAndRecord(t *testing.T, r controllerRelease) {
 	}
 
 	on := c.Env(pipeline.Config{Target: tgt.Input{APIServer: servingAPI(t, r, true), EncryptionConfig: newCfg}, Resources: []string{"secrets"}})
-	sum, err := migrate.Run(context.Background(), on, migrate.Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}})
+	sum, err := migrate.Run(context.Background(), on, migrate.Options{PreflightOptions: guard.PreflightOptions{AllowLiveAPIServer: true}})
 	if err != nil || sum.Summary.Rewritten != 1 {
 		t.Fatalf("migrate: %v %+v", err, sum.Summary)
 	}
@@ -518,7 +519,7 @@ func TestOlderControllersRefused(t *testing.T) {
 		if err == nil {
 			continue
 		}
-		if _, err := RunRequested(context.Background(), env, Options{Migrate: migrate.Options{PreflightOptions: undo.PreflightOptions{AllowLiveAPIServer: true}}}); err == nil || (target == "1.35" && !strings.Contains(err.Error(), "kube-controller-manager 1.36 and 1.37")) {
+		if _, err := RunRequested(context.Background(), env, Options{Migrate: migrate.Options{PreflightOptions: guard.PreflightOptions{AllowLiveAPIServer: true}}}); err == nil || (target == "1.35" && !strings.Contains(err.Error(), "kube-controller-manager 1.36 and 1.37")) {
 			t.Errorf("target %s: --requested: %v", target, err)
 		}
 		if _, err := Record(context.Background(), env, &migrate.Summary{Resources: []migrate.ResourceSummary{{Resource: "secrets", Counts: migrate.Counts{Rewritten: 1}}}}, t0, migrate.Options{}, nil); err == nil {

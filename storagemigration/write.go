@@ -19,6 +19,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/undo"
@@ -83,8 +84,8 @@ type writer struct {
 
 	// first is the run's first write: the liveness window's verdict and the
 	// snapshot (when asked for) before it.
-	first *undo.FirstWrite
-	watch *undo.Watch
+	first *guard.FirstWrite
+	watch *guard.Watch
 	// preflight, when set, gets the window's line.
 	preflight *[]string
 }
@@ -112,7 +113,7 @@ func newWriter(env *pipeline.Env, o migrate.Options, now func() time.Time) (*wri
 		env: env, path: path, ctrl: ctrl, ctx: ctx, now: now, journal: o.Journal, watch: o.Watch,
 		w: &etcdscan.Writer{Client: env.Client, MaxOps: o.BatchOps, MaxBytes: o.BatchBytes, Observer: o.Watch.Observer()},
 	}
-	wr.first = &undo.FirstWrite{Watch: o.Watch, Client: env.Client, Snapshot: o.Snapshot, Lock: o.Lock, Then: func(line string) error {
+	wr.first = &guard.FirstWrite{Watch: o.Watch, Client: env.Client, Snapshot: o.Snapshot, Lock: o.Lock, Then: func(line string) error {
 		if line != "" && wr.preflight != nil {
 			*wr.preflight = append(*wr.preflight, line)
 		}

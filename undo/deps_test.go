@@ -8,9 +8,11 @@ import (
 )
 
 // TestWritersArePeers: the commands' stages that write (migrate, quarantine,
-// storagemigration, plan) stand above the undo and reach its journal,
-// preflight and space guard here, never through one another: quarantine
-// imports none of them, and the undo imports no stage and no command.
+// storagemigration, plan, rollback) stand above the undo and the guards
+// and reach its journal (undo) and their preflight and space guard (guard),
+// never through one another: quarantine imports none of them; the undo
+// imports neither the guards nor any stage or command, and the guards no
+// stage or command.
 // plan and storagemigration import migrate for the stage itself (a dry run,
 // a migration of one resource).
 func TestWritersArePeers(t *testing.T) {
@@ -21,10 +23,15 @@ func TestWritersArePeers(t *testing.T) {
 		}
 		return strings.Fields(string(out))
 	}
-	peers := []string{"migrate", "quarantine", "storagemigration", "plan", "command"}
-	for _, p := range peers {
+	peers := []string{"migrate", "quarantine", "storagemigration", "plan", "rollback", "writerun", "command"}
+	for _, p := range append(peers, "guard") {
 		if slices.Contains(deps("undo"), "kube-etcd-migrate/"+p) {
 			t.Errorf("undo imports %s, a package above it", p)
+		}
+	}
+	for _, p := range peers {
+		if slices.Contains(deps("guard"), "kube-etcd-migrate/"+p) {
+			t.Errorf("guard imports %s, a package above it", p)
 		}
 	}
 	q := deps("quarantine")

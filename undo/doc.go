@@ -1,19 +1,13 @@
-// Package undo owns the undo of every command that writes to etcd, and the
-// checks and guards around those writes: the state directory and its run
+// Package undo is what an undo is: the state directory and its run
 // directories (one per writing run: its record, journal, snapshot before the
 // first write, plan and summary; the only package that writes them), the
-// journal of old values, its reader and its verification, rollback (every
-// journal read whole and verified first, then read backwards, in bounded
-// memory, with a preflight of its own), the preflight every writing run
-// passes before its first write (no alarm, no live kube-apiserver, room below
-// etcd's quota, room on disk for the undo, working write encryption
-// providers; the room counted for the whole filesystem: etcd's own growth on
-// its data directory's filesystem and a rollback's own undo), the removal of
-// old runs (Prune: the oldest only, a run left part-way kept with the reruns
-// that finished it), the guard that keeps a run's writes below etcd's quota
-// while it writes, the Store a run writes to, the Spool that holds what a
-// run decided while its first write waits, and the Backlog that queues what
-// it decided while its writers had no room for it.
+// journal of old values (records numbered and chained by sha256), its
+// readers (forwards, and backwards for a rollback) and its verification
+// (CheckJournal, CheckUndo: every value a rollback would put back decrypted
+// first; CheckRun), the checksums of a run's files, and the removal of old
+// runs (Prune: the oldest only, a run left part-way kept with the reruns
+// that finished it). The rollback that reads the journals is package
+// rollback; the checks and guards around a run's writes are package guard.
 //
 // # Journal format
 //

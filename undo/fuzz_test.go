@@ -155,8 +155,8 @@ func FuzzJournal(f *testing.F) {
 		}
 		oneLineNaming(t, "ReadJournal", ReadJournal(path, func(JournalRecord) error { return nil }), path)
 		_ = JournalsPrefix([]string{path})
-		if n, err := RollbackBytes([]string{path}); err != nil || n < 0 {
-			t.Fatalf("RollbackBytes: %d, %v", n, err)
+		if n, err := UndoWrites([]string{path}, func(k, v int) int64 { return int64(k + v) }); err != nil || n < 0 {
+			t.Fatalf("UndoWrites: %d, %v", n, err)
 		}
 		fh, err := os.Open(path)
 		if err != nil {
@@ -168,7 +168,7 @@ func FuzzJournal(f *testing.F) {
 		}
 		read := 0
 		for {
-			line, off, err := br.next()
+			line, off, err := br.Next()
 			if err != nil {
 				break
 			}

@@ -149,7 +149,7 @@ func journalTail(f *os.File) (int64, [sha256.Size]byte, error) {
 	if err != nil {
 		return 0, none, err
 	}
-	line, off, err := br.next()
+	line, off, err := br.Next()
 	if err != nil {
 		return 0, none, err
 	}
@@ -227,6 +227,11 @@ func (j *Journal) Done(results []etcdscan.PutResult) error {
 	}
 	return j.append(false, recs...)
 }
+
+// Append records recs; with sync, durably (an intent before its write: the
+// batches in flight share their fsync), else with the next sync or Close
+// (what landed). A rollback journals its own undo so.
+func (j *Journal) Append(sync bool, recs ...JournalRecord) error { return j.append(sync, recs...) }
 
 func (j *Journal) append(sync bool, recs ...JournalRecord) error {
 	j.mu.Lock()
@@ -498,4 +503,39 @@ func JournalCost(puts []etcdscan.Put, old [][]byte) (write, read time.Duration, 
 	}
 	h.Sum(nil)
 	return write, time.Since(start), int64(out.Len())
+}
+
+// UndoWrites adds up what undoing every record of the journals writes, each
+// put's cost as cost gives it for its key's and value's lengths: each
+// overwrite's and re-creation's old value (its length from the base64, not
+// decoded), each removal's deletion (no value). A record that does not parse
+// ends the count of its journal: a torn last record undoes nothing, and a
+// rollback refuses a damaged earlier one (CheckJournal).
+func UndoWrites(journals []string, cost func(keyLen, valueLen int) int64) (int64, error) {
+	var n int64
+	for _, path := range journals {
+		f, err := os.Open(path)
+		if err != nil {
+			return 0, fmt.Errorf("journal %s: %w", path, err)
+		}
+		dec := json.NewDecoder(f)
+		for {
+			var r struct {
+				Op       string          `json:"op"`
+				Key      string          `json:"key"`
+				OldValue json.RawMessage `json:"oldValue"`
+			}
+			if dec.Decode(&r) != nil {
+				break
+			}
+			switch r.Op {
+			case "intent", "delete-intent":
+				n += cost(len(r.Key), base64.StdEncoding.DecodedLen(max(len(r.OldValue)-2, 0)))
+			case "create-intent":
+				n += cost(len(r.Key), 0)
+			}
+		}
+		f.Close()
+	}
+	return n, nil
 }

@@ -30,6 +30,15 @@ func sumKey(path string) string {
 	return path
 }
 
+// RememberWritten keeps the checksum of a file of an undo this process has
+// just written whole (a run's snapshot, as its stream was saved): the run's
+// end records it instead of reading the file again, as long as the file is
+// still the one written.
+func RememberWritten(path string, sum FileSum) { remember(path, writtenSum{sum: sum}) }
+
+// ForgetWritten drops what was remembered of path (the file was removed).
+func ForgetWritten(path string) { forget(path) }
+
 // remember keeps what was written to path, now that it is whole.
 func remember(path string, ws writtenSum) {
 	fi, err := os.Stat(path)

@@ -1,4 +1,4 @@
-package undo
+package undo_test
 
 import (
 	"bytes"
@@ -11,8 +11,10 @@ import (
 	"testing"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/snapshotdb"
+	"kube-etcd-migrate/undo"
 )
 
 // TestRunEndSumsAreTheFiles: what a run records at its end of its journal
@@ -34,19 +36,19 @@ func TestRunEndSumsAreTheFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := StateDir(filepath.Join(t.TempDir(), "state")).Open()
+	st, err := undo.StateDir(filepath.Join(t.TempDir(), "state")).Open()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
 
-	run := func(after func(r *Run), wantErr string) *Record {
+	run := func(after func(r *undo.Run), wantErr string) *undo.Record {
 		r, err := st.NewRun("migrate", nil, "/registry")
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := &FirstWrite{Client: cli, Snapshot: r.Snapshot}
-		j, err := OpenJournal(r.Journal)
+		first := &guard.FirstWrite{Client: cli, Snapshot: r.Snapshot}
+		j, err := undo.OpenJournal(r.Journal)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +72,7 @@ func TestRunEndSumsAreTheFiles(t *testing.T) {
 			}
 		}
 		// A quarantine's removal is put back as it was: it needs no key.
-		if err := j.DeleteIntents([]DeleteIntent{{Key: "/registry/secrets/ns/q", Value: []byte("k8s:enc:aescbc:v1:gone:xx"), ModRevision: 3, Reason: "unreadable"}}); err != nil {
+		if err := j.DeleteIntents([]undo.DeleteIntent{{Key: "/registry/secrets/ns/q", Value: []byte("k8s:enc:aescbc:v1:gone:xx"), ModRevision: 3, Reason: "unreadable"}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := j.Close(); err != nil {
@@ -82,7 +84,7 @@ func TestRunEndSumsAreTheFiles(t *testing.T) {
 		if err := r.Finish(0, 40, nil); (err == nil) != (wantErr == "") || err != nil && !strings.Contains(err.Error(), wantErr) {
 			t.Fatalf("Finish: %v, want %q", err, wantErr)
 		}
-		recs, err := StateDir(st.Dir).List()
+		recs, err := undo.StateDir(st.Dir).List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,13 +96,13 @@ func TestRunEndSumsAreTheFiles(t *testing.T) {
 		t.Fatalf("run %s not listed", r.ID)
 		return nil
 	}
-	reread := func(rec *Record) {
+	reread := func(rec *undo.Record) {
 		t.Helper()
-		jc, err := CheckJournal(ctx, JournalSpec{Path: rec.Journal}, CheckOptions{})
+		jc, err := undo.CheckJournal(ctx, undo.JournalSpec{Path: rec.Journal}, undo.CheckOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}
+		want := undo.FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}
 		if rec.JournalSum == nil || *rec.JournalSum != want {
 			t.Errorf("run %s: journal recorded %+v, the file reads %+v", rec.ID, rec.JournalSum, want)
 		}
@@ -111,35 +113,35 @@ func TestRunEndSumsAreTheFiles(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.SnapshotSum == nil || *rec.SnapshotSum != (FileSum{Bytes: d.Size, SHA256: d.SHA256}) || !d.Trailer {
+		if rec.SnapshotSum == nil || *rec.SnapshotSum != (undo.FileSum{Bytes: d.Size, SHA256: d.SHA256}) || !d.Trailer {
 			t.Errorf("run %s: snapshot recorded %+v, the file reads %+v", rec.ID, rec.SnapshotSum, d)
 		}
 		// What runs --verify and a rollback compare with.
-		if _, err := CheckJournal(ctx, JournalSpec{Path: rec.Journal, Record: rec}, CheckOptions{}); err != nil {
+		if _, err := undo.CheckJournal(ctx, undo.JournalSpec{Path: rec.Journal, Record: rec}, undo.CheckOptions{}); err != nil {
 			t.Errorf("run %s: the journal against its record: %v", rec.ID, err)
 		}
-		if _, err := CheckSnapshot(rec.Snapshot, rec.SnapshotSum); err != nil {
+		if _, err := undo.CheckSnapshot(rec.Snapshot, rec.SnapshotSum); err != nil {
 			t.Errorf("run %s: the snapshot against its record: %v", rec.ID, err)
 		}
 	}
 
-	rec := run(func(r *Run) {
+	rec := run(func(r *undo.Run) {
 		// Taken as they were written: the end reads neither file.
 		for _, p := range []string{r.Journal, r.Snapshot} {
-			if _, ok := written.Load(sumKey(p)); !ok {
+			if !undo.WrittenKnown(p) {
 				t.Errorf("%s: no checksum taken as it was written", p)
 			}
 		}
 	}, "")
-	if _, ok := recall(rec.Journal); ok {
+	if undo.Recall(rec.Journal) {
 		t.Error("the journal's sums were left behind after the run's end")
 	}
 	reread(rec)
 
 	// Another record appended after the writer closed (another writer given
 	// the same file): the end reads the file as it is.
-	rec = run(func(r *Run) {
-		j, err := OpenJournal(r.Journal)
+	rec = run(func(r *undo.Run) {
+		j, err := undo.OpenJournal(r.Journal)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +160,7 @@ func TestRunEndSumsAreTheFiles(t *testing.T) {
 	// A byte of an old value changed after the writer closed, the size
 	// kept: not what was written; read again, it does not verify, and no
 	// checksum is recorded for it.
-	rec = run(func(r *Run) {
+	rec = run(func(r *undo.Run) {
 		b, err := os.ReadFile(r.Journal)
 		if err != nil {
 			t.Fatal(err)

@@ -77,7 +77,7 @@ func TestJournalVerifies(t *testing.T) {
 		t.Fatalf("good journal: %+v", jc)
 	}
 	end, code := time.Now(), 0
-	sealed := &Record{ID: "0001-migrate", End: &end, ExitCode: &code, JournalSum: &FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}}
+	sealed := &Record{Header: Header{ID: "0001-migrate", End: &end, ExitCode: &code}, JournalSum: &FileSum{Bytes: jc.Bytes, SHA256: jc.SHA256, Records: jc.Records}}
 	if jc, err := CheckJournal(ctx, JournalSpec{Path: good, Record: sealed}, CheckOptions{}); err != nil || !jc.Sealed {
 		t.Fatalf("sealed good journal: %+v %v", jc, err)
 	}
@@ -128,7 +128,7 @@ func TestJournalVerifies(t *testing.T) {
 	ls := lines(t, good)
 	ls[6] = ls[6][:20]
 	writeLines(t, torn, ls[:7])
-	killed := &Record{ID: "0001-migrate"}
+	killed := &Record{Header: Header{ID: "0001-migrate"}}
 	jc, err = CheckJournal(ctx, JournalSpec{Path: torn, Record: killed}, CheckOptions{})
 	if err != nil || !jc.TornTail || jc.Records != 6 || jc.Closed {
 		t.Fatalf("killed run's torn journal: %+v %v", jc, err)

@@ -126,9 +126,10 @@ func (h *hold) take(ctx context.Context) error {
 		return err
 	}
 	host, _ := os.Hostname()
-	rec := clusterlock.Run{ID: "none (--no-undo)", Command: h.command, Host: host, PID: os.Getpid(), Start: time.Now().UTC().Truncate(time.Second), Boot: clusterlock.BootID()}
+	// The cluster's record of the run is its run directory's header.
+	rec := clusterlock.Run{Header: undo.Header{ID: "none (--no-undo)", Command: h.command, Host: host, PID: os.Getpid(), Start: time.Now().UTC().Truncate(time.Second)}, Boot: clusterlock.BootID()}
 	if d := h.dir; d != nil {
-		rec.ID, rec.StateDir, rec.Journal, rec.Snapshot, rec.Start = d.run.ID, d.state.Dir, d.run.Journal, d.run.Snapshot, d.run.Start
+		rec.Header, rec.StateDir = d.run.Header, d.state.Dir
 	}
 	l, err := clusterlock.Acquire(ctx, h.cli, rec, ttl)
 	var np *clusterlock.NotPermittedError

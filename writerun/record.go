@@ -8,7 +8,7 @@ import (
 )
 
 // Lock takes the cluster's lock, once (later calls return at once): the
-// first write's undo.FirstWrite calls it before the snapshot starts. A
+// first write's guard.FirstWrite calls it before the snapshot starts. A
 // run that holds it refuses this one, nothing written.
 func (r *Run) Lock(ctx context.Context) error { return r.hold.take(ctx) }
 

@@ -8,6 +8,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/guard"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/undo"
 )
@@ -60,8 +62,8 @@ type Liveness struct {
 	Window time.Duration
 }
 
-func (l Liveness) options() undo.PreflightOptions {
-	return undo.PreflightOptions{AllowLiveAPIServer: l.Allow, LivenessWindow: l.Window}
+func (l Liveness) options() guard.PreflightOptions {
+	return guard.PreflightOptions{AllowLiveAPIServer: l.Allow, LivenessWindow: l.Window}
 }
 
 // Result is what a stage wrote, for the run's record.
@@ -75,7 +77,7 @@ type Result struct {
 // Stage is a writing command's work, handed to Do. Check, when set, runs
 // before the run directory exists and may only read (a rollback reads its
 // journals whole there); Write does the work through Run: it hands Run's
-// Lock and Record to the first write (undo.FirstWrite) and writes with Run's
+// Lock and Record to the first write (guard.FirstWrite) and writes with Run's
 // journal, snapshot and watch. The error Write returns is the command's
 // outcome, whose exit code the run records.
 type Stage struct {
@@ -90,8 +92,8 @@ type Run struct {
 	dir  *dir
 
 	mu      sync.Mutex
-	main    *undo.Watch
-	watches []*undo.Watch
+	main    *guard.Watch
+	watches []*guard.Watch
 	checks  map[string][]string
 	order   []string
 }
@@ -107,15 +109,16 @@ type Run struct {
 //  3. The stage's Check, read-only: a refusal leaves no run directory.
 //  4. The run directory is made, before anything is written, and named on
 //     Log: a run killed from here on is listed and rolled back.
-//  5. The stage's Write. Its first write goes through undo.FirstWrite with
+//  5. The stage's Write. Its first write goes through guard.FirstWrite with
 //     Lock (the cluster's lock is taken before the snapshot starts, so two
 //     runs never both snapshot and write) and Record (the checks passed
 //     and the window's verdict, in the run directory before the journal
 //     opens); the journal makes each record durable before its write, and
 //     the watch stops the run at another writer.
-//  6. The finish, after the stage's last write: the watches judge and
-//     close, the run's end and exit code are recorded in etcd (the lock
-//     released) and in the run directory (its state directory released).
+//  6. The finish, after the stage's last write (or its panic, returned as a
+//     *crash.Panic): the watches close, the run's end and exit code are
+//     recorded in etcd (the lock released) and in the run directory (its
+//     state directory released).
 func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	r, err := start(ctx, cfg)
 	if err != nil {
@@ -123,6 +126,9 @@ func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	}
 	var res Result
 	defer func() { r.finish(res, err) }()
+	// A panic of the stage is the run's outcome too: recorded at the finish
+	// (the lock released, the run's end written), then the command's to say.
+	defer crash.Recover("running "+cfg.Command, &err)
 	if st.Check != nil {
 		if err := st.Check(ctx, r); err != nil {
 			return err
@@ -201,7 +207,7 @@ func (r *Run) finish(res Result, err error) {
 // MainWatch is the liveness watch of the main etcd (Do's, step 2): nil for
 // a run that writes no live etcd or that may write beside a live
 // kube-apiserver.
-func (r *Run) MainWatch() *undo.Watch {
+func (r *Run) MainWatch() *guard.Watch {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.main
@@ -210,11 +216,11 @@ func (r *Run) MainWatch() *undo.Watch {
 // Watch starts the liveness watch of another etcd the run writes to (one of
 // a cluster kept in several), under prefix; nil as MainWatch is. Closed at
 // the run's finish.
-func (r *Run) Watch(ctx context.Context, cli *clientv3.Client, prefix string) (*undo.Watch, error) {
+func (r *Run) Watch(ctx context.Context, cli *clientv3.Client, prefix string) (*guard.Watch, error) {
 	if !r.writesLive() {
 		return nil, nil
 	}
-	w, err := undo.StartWatch(ctx, cli, prefix, r.cfg.Liveness.options())
+	w, err := guard.StartWatch(ctx, cli, prefix, r.cfg.Liveness.options())
 	if err != nil || w == nil {
 		return nil, err
 	}

@@ -17,6 +17,8 @@ import (
 
 	"kube-etcd-migrate/clusterlock"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
+	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/snapshotdb"
@@ -62,7 +64,7 @@ func (tl *timeline) before(t *testing.T, a, b string) {
 }
 
 // stage is a writing stage as migrate's is built: the first write through
-// undo.FirstWrite with the run's lock and record, a journal whose intents
+// guard.FirstWrite with the run's lock and record, a journal whose intents
 // are synced before each write, a writer watched by the run's watch. At
 // each request it sends, it reads the journal file from disk: the
 // request's intents must already be there. afterWrite, when set, runs after
@@ -86,7 +88,7 @@ func (s *stage) write(ctx context.Context, r *writerun.Run) (writerun.Result, er
 	}
 	s.tl.add("stage")
 	var j *undo.Journal
-	first := &undo.FirstWrite{Watch: watch, Client: s.cli, Snapshot: r.Snapshot(),
+	first := &guard.FirstWrite{Watch: watch, Client: s.cli, Snapshot: r.Snapshot(),
 		Lock: func(ctx context.Context) error {
 			err := r.Lock(ctx)
 			s.tl.add("lock")
@@ -378,7 +380,7 @@ func TestWriterInWindow(t *testing.T) {
 // written anywhere.
 func TestHeldRefusedFirst(t *testing.T) {
 	c := newCluster(t)
-	other := clusterlock.Run{ID: "0001-migrate", Command: "migrate", Host: "another-node", PID: 1, Start: time.Now().UTC()}
+	other := clusterlock.Run{Header: undo.Header{ID: "0001-migrate", Command: "migrate", Host: "another-node", PID: 1, Start: time.Now().UTC()}}
 	l, err := clusterlock.Acquire(context.Background(), c.cli, other, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -432,5 +434,38 @@ func TestCheckRefusalLeavesNoRunDirectory(t *testing.T) {
 	}
 	if after, _ := c.srv.Revision(context.Background()); after != before {
 		t.Errorf("etcd's revision moved from %d to %d", before, after)
+	}
+}
+
+// TestPanicIsRecorded: a stage that panics after its first write ends the
+// run as any failure does: Do returns the panic as a *crash.Panic, the run's
+// end is recorded with the exit code a crash gives, and the lock is released.
+func TestPanicIsRecorded(t *testing.T) {
+	c := newCluster(t)
+	s := &stage{t: t, cli: c.cli, tl: &timeline{}}
+	s.afterWrite = func(i int) {
+		if i == 0 {
+			var m map[string]int
+			m["boom"]++ // a bug of the stage
+		}
+	}
+	cfg := c.config()
+	cfg.ExitCode = func(err error) int {
+		if errors.As(err, new(*crash.Panic)) {
+			return 70
+		}
+		return 1
+	}
+	err := writerun.Do(context.Background(), cfg, writerun.Stage{Write: s.write})
+	if !errors.As(err, new(*crash.Panic)) {
+		t.Fatalf("run: %v, want the panic as an error", err)
+	}
+	recs := c.runs(t)
+	if len(recs) != 1 || recs[0].ExitCode == nil || *recs[0].ExitCode != 70 {
+		t.Fatalf("run directory's record: %+v", recs)
+	}
+	runs, held, err := clusterlock.List(context.Background(), c.cli)
+	if err != nil || held != nil || len(runs) != 1 || !runs[0].Finished() || *runs[0].ExitCode != 70 {
+		t.Fatalf("cluster's record %+v, holder %v, %v", runs, held, err)
 	}
 }

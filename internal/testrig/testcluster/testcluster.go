@@ -166,6 +166,21 @@ func (c *Cluster) Raw() map[string]string {
 	return out
 }
 
+// RequireBack fails the test unless every key under /registry/ holds what
+// before (Raw) held, byte for byte, and no other key is there.
+func (c *Cluster) RequireBack(before map[string]string) {
+	c.T.Helper()
+	after := c.Raw()
+	if len(after) != len(before) {
+		c.T.Fatalf("%d keys after the rollback, %d before", len(after), len(before))
+	}
+	for k, v := range before {
+		if after[k] != v {
+			c.T.Fatalf("%s: not back byte for byte", k)
+		}
+	}
+}
+
 func (c *Cluster) Revision() int64 {
 	c.T.Helper()
 	resp, err := c.Cli.Get(context.Background(), "nonexistent-probe")

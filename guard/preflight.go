@@ -1,9 +1,10 @@
-package undo
+package guard
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/undo"
 	"strings"
 	"time"
 
@@ -46,7 +47,7 @@ type PreflightOptions struct {
 	// StateDir, when set, is where a rollback of the run will keep its own
 	// undo (the run's state directory): the room for it is counted with the
 	// run's own (RunSpace).
-	StateDir StateDir
+	StateDir undo.StateDir
 	// SizesAsked, when set, is called each time a check needs the
 	// rewrite's sizes: without Sizes, a decision pass adds them up (plan
 	// counts that pass in its estimate of migrate).
@@ -346,7 +347,7 @@ type WriteSizes struct {
 // Add counts the rewrite of one stale object.
 func (w *WriteSizes) Add(d reencode.Decision) {
 	w.EtcdBytes += PutCost(d.Key, d.NewValue)
-	w.JournalBytes += JournalRecordBytes(d.Key, d.OldSize)
+	w.JournalBytes += undo.JournalRecordBytes(d.Key, d.OldSize)
 	w.RollbackBytes += putCostN(len(d.Key), d.OldSize)
 }
 

@@ -1,8 +1,9 @@
-package undo
+package rollback
 
 import (
 	"context"
 	"fmt"
+	"kube-etcd-migrate/undo"
 	"path/filepath"
 	"testing"
 
@@ -35,7 +36,7 @@ func TestConcurrentRollbackKeepsEachKeysOrder(t *testing.T) {
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "journal")
-	j, err := OpenJournal(path)
+	j, err := undo.OpenJournal(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestConcurrentRollbackKeepsEachKeysOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	own, err := OpenJournal(filepath.Join(dir, "rollback-journal"))
+	own, err := undo.OpenJournal(filepath.Join(dir, "rollback-journal"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestConcurrentRollbackKeepsEachKeysOrder(t *testing.T) {
 		}
 	}
 	var intents, done int
-	if err := ReadJournal(filepath.Join(dir, "rollback-journal"), func(r JournalRecord) error {
+	if err := undo.ReadJournal(filepath.Join(dir, "rollback-journal"), func(r undo.JournalRecord) error {
 		switch r.Op {
 		case "intent":
 			intents++

@@ -1,9 +1,10 @@
-package undo
+package guard
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/undo"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,7 +86,7 @@ func TestEtcdGrowthCountedWhereItsDataIs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	state := StateDir(filepath.Join(tmp, "state"))
+	state := undo.StateDir(filepath.Join(tmp, "state"))
 	if err := os.MkdirAll(filepath.Join(string(state), "runs", "0001-migrate"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestEtcdGrowthCountedWhereItsDataIs(t *testing.T) {
 	}
 	run := filepath.Join(string(state), "runs", "0001-migrate")
 	space := RunSpace{
-		Snapshot: filepath.Join(run, SnapshotFile), Journal: filepath.Join(run, JournalFile), JournalBytes: 2 * st.DBSizeInUse,
+		Snapshot: filepath.Join(run, undo.SnapshotFile), Journal: filepath.Join(run, undo.JournalFile), JournalBytes: 2 * st.DBSizeInUse,
 		Writes: st.DBSizeInUse, StateDir: state, RollbackWrites: st.DBSizeInUse, RollbackJournalBytes: 2 * st.DBSizeInUse,
 		Etcd: etcd, Status: st, Quota: DefaultQuotaBackendBytes,
 	}
@@ -139,8 +140,8 @@ func TestEtcdGrowthCountedWhereItsDataIs(t *testing.T) {
 		t.Skip("/dev/shm is not another filesystem here")
 	}
 	elsewhere := space
-	elsewhere.StateDir = StateDir(shm)
-	elsewhere.Snapshot, elsewhere.Journal = filepath.Join(shm, SnapshotFile), filepath.Join(shm, JournalFile)
+	elsewhere.StateDir = undo.StateDir(shm)
+	elsewhere.Snapshot, elsewhere.Journal = filepath.Join(shm, undo.SnapshotFile), filepath.Join(shm, undo.JournalFile)
 	var etcdShare, undoShare int64
 	for _, n := range elsewhere.Needs() {
 		if n.Etcd {

@@ -1,4 +1,4 @@
-package undo
+package guard
 
 // Room for the whole filesystem: a writing run needs on disk its own undo
 // (snapshot and journal), room for etcd's own growth on the filesystem of
@@ -12,6 +12,7 @@ package undo
 import (
 	"errors"
 	"fmt"
+	"kube-etcd-migrate/undo"
 	"os"
 	"path/filepath"
 
@@ -97,7 +98,7 @@ type RunSpace struct {
 	// undo: a snapshot of the database after the run and a journal of the
 	// values it puts back over (RollbackJournalBytes); that rollback adds
 	// RollbackWrites to etcd's backend.
-	StateDir                             StateDir
+	StateDir                             undo.StateDir
 	RollbackWrites, RollbackJournalBytes int64
 	// Etcd is etcd's data directory on this host (its growth is not
 	// counted when unknown).

@@ -1,10 +1,11 @@
-package undo
+package guard
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"kube-etcd-migrate/undo"
 	"os"
 	"sync"
 
@@ -229,7 +230,7 @@ func startSnapshot(ctx context.Context, cli *clientv3.Client, path string) *pend
 		defer crash.Recover("saving the snapshot", &s.err)
 		d, err := etcdscan.SaveSnapshot(ctx, cli, path)
 		if s.err = err; err == nil {
-			remember(path, writtenSum{sum: FileSum{Bytes: d.Size, SHA256: d.SHA256}})
+			undo.RememberWritten(path, undo.FileSum{Bytes: d.Size, SHA256: d.SHA256})
 		}
 	}()
 	return s
@@ -252,7 +253,7 @@ func (s *pendingSnapshot) discard() {
 	s.cancel()
 	<-s.done
 	if s.err == nil {
-		forget(s.path)
+		undo.ForgetWritten(s.path)
 		_ = os.Remove(s.path)
 	}
 	// etcd's snapshot writes PATH.part and renames it when it is whole.
