@@ -87,7 +87,7 @@ func raiseMemoryLimit(limit int64) {
 
 // privateEtcdMemoryLimit is the soft memory limit of a command that runs a
 // private etcd in its process (quarantine --snapshot-file, package
-// snapshotfile): none, unless GOMEMLIMIT is set. That etcd's heap (its index
+// snapshotdb.Restore): none, unless GOMEMLIMIT is set. That etcd's heap (its index
 // of every key and revision, bbolt's write buffers) grows with the backup,
 // far above defaultMemoryLimit, at which the collector would run without
 // pause (docs/benchmarks.md).

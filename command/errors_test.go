@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"kube-etcd-migrate/snapshotdb"
 	"strings"
 	"testing"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/snapshotfile"
 )
 
 // TestEveryInputHasAFlag: every input the library's messages refer to is
@@ -49,7 +49,7 @@ func TestEveryInputHasAFlag(t *testing.T) {
 // TestCLIMessageNamesFlags: a library error, wrapped, reads with the flags the
 // user typed; the library's own text names none.
 func TestCLIMessageNamesFlags(t *testing.T) {
-	err := snapshotfile.CheckOutput("/nonexistent/in.db", "", false)
+	err := snapshotdb.CheckOutput("/nonexistent/in.db", "", false)
 	if err == nil {
 		t.Fatal("CheckOutput accepted no output file")
 	}

@@ -41,10 +41,10 @@ type scanOptions struct {
 
 	snapshotFile  string
 	skipHashCheck bool
-	// inPlace: a --snapshot-file is read in place (snapshotdb: the read-only
-	// commands, and migrate, which writes its --output-snapshot with
-	// snapshotout) rather than restored into a private etcd (snapshotfile:
-	// quarantine, which writes through etcd).
+	// inPlace: a --snapshot-file is read in place (snapshotdb.Open: the
+	// read-only commands, and migrate, which writes its --output-snapshot
+	// with snapshotdb.Writer) rather than restored into a private etcd
+	// (snapshotdb.Restore: quarantine, which writes through etcd).
 	inPlace bool
 	// quotaBackendBytes is --quota-backend-bytes (commands that write): a
 	// private etcd's quota is at least that.

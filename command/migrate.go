@@ -17,7 +17,7 @@ import (
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
-	"kube-etcd-migrate/snapshotout"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/storagemigration"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
@@ -389,7 +389,7 @@ func openOutput(ctx context.Context, out string, s *session, opts *migrate.Optio
 	if err != nil {
 		return err
 	}
-	w, err := snapshotout.New(ctx, s.file, out, snapshotout.Options{Track: func(key string) bool { return strings.HasPrefix(key, crds) }})
+	w, err := snapshotdb.NewWriter(ctx, s.file, out, snapshotdb.WriterOptions{Track: func(key string) bool { return strings.HasPrefix(key, crds) }})
 	if err != nil {
 		return err
 	}

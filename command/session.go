@@ -14,8 +14,6 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/snapshotfile"
-	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/target"
 )
 
@@ -23,9 +21,9 @@ import (
 // copy), profiling, the pipeline.
 type session struct {
 	cli      *clientv3.Client
-	snap     *snapshotfile.Snapshot // a --snapshot-file restored (commands that write)
-	file     *snapshotdb.File       // a --snapshot-file read in place (read-only commands, migrate)
-	out      *snapshotout.Writer    // migrate's --output-snapshot, written from file
+	snap     *snapshotdb.Restored // a --snapshot-file restored (commands that write)
+	file     *snapshotdb.File     // a --snapshot-file read in place (read-only commands, migrate)
+	out      *snapshotdb.Writer   // migrate's --output-snapshot, written from file
 	env      *pipeline.Env
 	stopProf func()
 }
@@ -217,8 +215,8 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				cancel()
 				continue
 			}
-			snapshotfile.RemoveTempDirs()
-			snapshotout.RemoveTempFiles()
+			snapshotdb.RemoveRestoreDirs()
+			snapshotdb.RemoveWriterFiles()
 			encryption.RemoveTempDirs()
 			os.Exit(exitSignal)
 		}

@@ -13,7 +13,6 @@ import (
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/verify"
 )
 
@@ -69,7 +68,7 @@ func (o outputSnapshotOptions) checkPath(in string, dryRun bool) error {
 	if in == "" || dryRun {
 		return nil
 	}
-	if err := snapshotfile.CheckOutput(in, o.path, o.force); err != nil {
+	if err := snapshotdb.CheckOutput(in, o.path, o.force); err != nil {
 		return usageErr("%v", err)
 	}
 	return nil
@@ -79,7 +78,7 @@ func (o outputSnapshotOptions) checkPath(in string, dryRun bool) error {
 // path: etcd auth from --user/--password, and a quota that is no limit to a
 // copy (the file's own size twice, at least 8 GiB, at least
 // --quota-backend-bytes).
-func privateEtcdOptions(o *scanOptions, path string) snapshotfile.Options {
+func privateEtcdOptions(o *scanOptions, path string) snapshotdb.RestoreOptions {
 	user, password := o.etcd.user, o.etcd.password
 	if name, pass, ok := strings.Cut(user, ":"); ok && password == "" {
 		user, password = name, pass
@@ -91,7 +90,7 @@ func privateEtcdOptions(o *scanOptions, path string) snapshotfile.Options {
 	if fi, err := os.Stat(path); err == nil && 2*fi.Size() > quota {
 		quota = 2 * fi.Size()
 	}
-	return snapshotfile.Options{Username: user, Password: password, QuotaBackendBytes: quota}
+	return snapshotdb.RestoreOptions{Username: user, Password: password, QuotaBackendBytes: quota}
 }
 
 // openSnapshotFile opens --snapshot-file for reading in place and says on
@@ -140,11 +139,11 @@ func hashWords(h snapshotdb.Hash) string {
 }
 
 // openSnapshot opens --snapshot-file and says on stderr what it is.
-func openSnapshot(ctx context.Context, o *scanOptions) (*snapshotfile.Snapshot, error) {
+func openSnapshot(ctx context.Context, o *scanOptions) (*snapshotdb.Restored, error) {
 	path := o.snapshotFile
 	opts := privateEtcdOptions(o, path)
 	opts.SkipHashCheck = o.skipHashCheck
-	snap, err := snapshotfile.Open(ctx, path, opts)
+	snap, err := snapshotdb.Restore(ctx, path, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +151,7 @@ func openSnapshot(ctx context.Context, o *scanOptions) (*snapshotfile.Snapshot, 
 	return snap, nil
 }
 
-func describeSnapshot(w io.Writer, in snapshotfile.Info) {
+func describeSnapshot(w io.Writer, in snapshotdb.RestoredInfo) {
 	fmt.Fprintf(w, "snapshot %s: %s, revision %d (oldest readable %d), %d lease(s) holding %d key(s); read through a private copy, removed on exit\n",
 		in.Path, hashWords(in.Hash), in.Revision, max(in.CompactRevision, 1), in.Leases, in.LeasedKeys)
 }
@@ -173,7 +172,7 @@ func saveAndVerify(ctx context.Context, o *scanOptions, oo outputSnapshotOptions
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
 	}
-	snap, err := snapshotfile.Open(ctx, out, privateEtcdOptions(o, out))
+	snap, err := snapshotdb.Restore(ctx, out, privateEtcdOptions(o, out))
 	if err != nil {
 		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
 	}
@@ -191,7 +190,7 @@ func saveAndVerify(ctx context.Context, o *scanOptions, oo outputSnapshotOptions
 }
 
 // buildAndVerify builds --output-snapshot from the input read in place and
-// the run's writes (snapshotout), then opens that file afresh, read in place
+// the run's writes (snapshotdb.Writer), then opens that file afresh, read in place
 // as a restore after a disaster would read it, and verifies it with the same
 // configuration. It prints the verdict and returns it.
 func buildAndVerify(ctx context.Context, _ *scanOptions, oo outputSnapshotOptions, s *session, w io.Writer) (*verify.Report, error) {

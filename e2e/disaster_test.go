@@ -25,7 +25,6 @@ import (
 	"kube-etcd-migrate/quarantine"
 	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/snapshotout"
 	"kube-etcd-migrate/verify"
 )
 
@@ -96,7 +95,7 @@ func TestSnapshotReencryption(t *testing.T) {
 	}
 
 	// Re-encrypt a copy, as `migrate --snapshot-file IN --output-snapshot OUT`
-	// does: the backup read in place, the copy written by snapshotout.
+	// does: the backup read in place, the copy written by snapshotdb's Writer.
 	rotated := filepath.Join(t.TempDir(), "backup-key2.db")
 	in, err := snapshotdb.Open(backup, snapshotdb.Options{})
 	if err != nil {
@@ -107,7 +106,7 @@ func TestSnapshotReencryption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := snapshotout.New(ctx, in, rotated, snapshotout.Options{})
+	out, err := snapshotdb.NewWriter(ctx, in, rotated, snapshotdb.WriterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

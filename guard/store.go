@@ -14,7 +14,7 @@ import (
 
 // Store is where a run writes, with compare-and-swap on each key's mod
 // revision, and reads back what it wrote: etcd (an etcdscan.Writer and the
-// client's reads), or an output snapshot's writer (package snapshotout).
+// client's reads), or an output snapshot's writer (snapshotdb.Writer).
 type Store interface {
 	// Write stores puts; one result per put, in order (etcdscan.Writer.Write).
 	Write(ctx context.Context, puts []etcdscan.Put) []etcdscan.PutResult

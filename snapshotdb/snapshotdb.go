@@ -1,22 +1,35 @@
-// Package snapshotdb reads an etcd snapshot file — what `etcdctl snapshot save`,
-// `migrate --snapshot` or an --output-snapshot wrote, or a member's
-// member/snap/db — in place and read-only, as an etcdscan.Source for the
-// read-only commands: no restore, no etcd, no copy of the file. It checks the
-// file (etcd's sha256 trailer, the bbolt structure, etcd's buckets), then
-// reads etcd's bbolt database with bbolt in read-only mode, the revision-keyed
-// records through etcd's own mvcc revision encoding and mvccpb.KeyValue, and
-// the meta and lease buckets through etcd's own schema and mvcc readers: a key
-// at revision R is its latest record at or below R unless that is a
-// tombstone, and revisions below the compaction are refused, as etcd reads
-// them. The records are ordered by revision, not key: the reads at a revision
-// share an index of each key's latest record, built in one pass over the
-// records as an external sort (runs of bounded memory, spilled to unlinked
-// temporary files in $TMPDIR, merged; see index.go), and the records are then
-// read in key order through the file's memory mapping, whose pages are the
-// page cache's: private memory stays flat whatever the size of the file. The writers of a snapshot
-// file (snapshotout, snapshotfile) finish it here too: etcd's trailer is
-// appended (AppendTrailer) and the file published whole (Publish), so that
-// the trailer is known in one place.
+// Package snapshotdb is etcd's backup files: an etcd snapshot file — what
+// `etcdctl snapshot save`, `migrate --snapshot` or an --output-snapshot wrote,
+// or a member's member/snap/db — checked (etcd's sha256 trailer, the bbolt
+// structure, etcd's buckets), then read in place, restored, or written anew.
+//
+// Read in place (Open, File), read-only, as an etcdscan.Source for the
+// read-only commands and migrate: no restore, no etcd, no copy of the file.
+// etcd's bbolt database is read with bbolt in read-only mode, the
+// revision-keyed records through etcd's own mvcc revision encoding and
+// mvccpb.KeyValue, and the meta and lease buckets through etcd's own schema
+// and mvcc readers: a key at revision R is its latest record at or below R
+// unless that is a tombstone, and revisions below the compaction are refused,
+// as etcd reads them. The records are ordered by revision, not key: the reads
+// at a revision share an index of each key's latest record, built in one pass
+// over the records as an external sort (runs of bounded memory, spilled to
+// unlinked temporary files in $TMPDIR, merged; see index.go), and the records
+// are then read in key order through the file's memory mapping, whose pages
+// are the page cache's: private memory stays flat whatever the size of the
+// file.
+//
+// Restored (Restore, restore.go) into a private etcd for quarantine, which
+// writes through etcd: etcdutl's own restore into a private directory, served
+// by an embedded etcd on a unix socket, its leases kept alive, saved again
+// (Restored.Save) and removed on Close.
+//
+// Written anew (NewWriter, Writer, write.go and writebuild.go) for migrate's
+// --output-snapshot from a file read in place: the run's writes kept beside
+// the output, the output built with bbolt and etcd's encodings, no etcd.
+//
+// Every writer finishes its file here: etcd's trailer appended
+// (AppendTrailer) and the file published whole (Publish), so that the
+// trailer is known in one place.
 package snapshotdb
 
 import (

@@ -25,7 +25,6 @@ import (
 	"kube-etcd-migrate/inventory"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/verify"
 )
 
@@ -212,7 +211,7 @@ func testSameAsRestore(t *testing.T, version string) {
 	for _, sc := range f.cases {
 		t.Run(sc.name, func(t *testing.T) {
 			before := fileSum(t, sc.path)
-			restored, err := snapshotfile.Open(ctx, sc.path, snapshotfile.Options{TempDir: restoreDir})
+			restored, err := snapshotdb.Restore(ctx, sc.path, snapshotdb.RestoreOptions{TempDir: restoreDir})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -421,7 +420,7 @@ func TestDamagedFiles(t *testing.T) {
 			if strings.Contains(msg, "\n") || !strings.HasPrefix(msg, "snapshot file "+tc.path+": ") || !strings.Contains(msg, tc.want) {
 				t.Errorf("error %q: want one line naming %s and saying %q", msg, tc.path, tc.want)
 			}
-			_, rerr := snapshotfile.Open(ctx, tc.path, snapshotfile.Options{SkipHashCheck: tc.skip, TempDir: t.TempDir()})
+			_, rerr := snapshotdb.Restore(ctx, tc.path, snapshotdb.RestoreOptions{SkipHashCheck: tc.skip, TempDir: t.TempDir()})
 			if rerr == nil || rerr.Error() != msg {
 				t.Errorf("restore path: %v, direct: %v", rerr, err)
 			}

@@ -1,6 +1,6 @@
 // Package loopback picks free loopback TCP ports for the embedded etcd
 // servers started in this process: a snapshot file's private etcd
-// (snapshotfile) and the test servers (internal/testrig/testetcd). A port picked is
+// (snapshotdb's restore) and the test servers (internal/testrig/testetcd). A port picked is
 // free when picked; another process may take it before the server listens,
 // which their callers retry.
 package loopback

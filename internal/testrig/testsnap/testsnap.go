@@ -1,5 +1,5 @@
 // Package testsnap makes the damaged snapshot files the tests feed to both
-// ways of reading a snapshot (snapshotdb in place, snapshotfile's restore),
+// ways of reading a snapshot (snapshotdb in place, and its Restore),
 // from a good file etcd's own snapshot code saved, so that both are refused
 // on exactly the same files.
 package testsnap

@@ -1,4 +1,4 @@
-// Package snapshotout writes a new etcd snapshot file from one read in place
+// The writer of an output snapshot: writes a new etcd snapshot file from one read in place
 // (package snapshotdb) and the values a run rewrote, without an etcd and in
 // flat memory, whatever the size of the file. A Writer takes the run's
 // compare-and-swap puts as etcd would (each key's mod revision as read from
@@ -16,7 +16,8 @@
 // compaction leaves a store. The input's storage and cluster versions are in
 // the copied meta and cluster buckets; etcd's sha256 trailer is appended, and
 // the file published atomically (mode 0600). The input is never modified.
-package snapshotout
+
+package snapshotdb
 
 import (
 	"bufio"
@@ -36,7 +37,6 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/snapshotdb"
 )
 
 // CauseOutput is the cause of a write refused because the values could not be
@@ -45,7 +45,7 @@ import (
 const CauseOutput = "output-snapshot-write"
 
 // Options tune a Writer.
-type Options struct {
+type WriterOptions struct {
 	// Track says which keys' writes are kept in memory, to be read back with
 	// Get and written again (the CRDs a run trims after rewriting them): a
 	// second write of a key not tracked is refused as a conflict.
@@ -55,9 +55,9 @@ type Options struct {
 // Writer stores a run's writes for an output snapshot. It is safe for
 // concurrent use.
 type Writer struct {
-	in    *snapshotdb.File
+	in    *File
 	out   string
-	opts  Options
+	opts  WriterOptions
 	inRev int64
 
 	mu   sync.Mutex
@@ -93,7 +93,7 @@ func pack(main, sub int64) (uint64, bool) {
 // at that revision), and opens the temporary file of the new values in out's
 // directory (unlinked at once: nothing is left behind whatever ends the
 // process).
-func New(ctx context.Context, in *snapshotdb.File, out string, opts Options) (*Writer, error) {
+func NewWriter(ctx context.Context, in *File, out string, opts WriterOptions) (*Writer, error) {
 	w := &Writer{in: in, out: out, opts: opts, inRev: in.Info.Revision, next: in.Info.Revision, tracked: map[string]etcdscan.KV{}, superseded: map[int64]bool{}}
 	err := in.EachRevision(ctx, func(main, sub int64) error {
 		p, ok := pack(main, sub)

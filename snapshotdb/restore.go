@@ -1,4 +1,4 @@
-// Package snapshotfile opens an etcd snapshot file — what `etcdctl snapshot save`,
+// Restore opens an etcd snapshot file — what `etcdctl snapshot save`,
 // `migrate --snapshot` or this package's Save write, or a member's member/snap/db —
 // as an ordinary etcd client, never writing to the file: it checks the file
 // (etcd's sha256 trailer, the bbolt structure, etcd's buckets), restores a copy
@@ -8,7 +8,8 @@
 // against it unchanged. While it is open every lease is kept alive, so no key
 // expires under the tool; Save writes the (possibly rewritten) keyspace as a new
 // snapshot file, and Close removes the directory.
-package snapshotfile
+
+package snapshotdb
 
 import (
 	"context"
@@ -32,11 +33,10 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/loopback"
-	"kube-etcd-migrate/snapshotdb"
 )
 
 // Options tune Open.
-type Options struct {
+type RestoreOptions struct {
 	// SkipHashCheck reads a file without etcd's sha256 trailer (a member's
 	// member/snap/db) or whose trailer does not match, as etcdutl's
 	// --skip-hash-check does; every record is then read through once to make
@@ -64,31 +64,22 @@ type Options struct {
 // waits up to two timeouts to elect itself.
 const electionMs = 1000
 
-// Hash says how the file's integrity was established (snapshotdb.Check).
-type Hash = snapshotdb.Hash
-
-// The two ways (snapshotdb.HashVerified, snapshotdb.HashSkipped).
-const (
-	HashVerified = snapshotdb.HashVerified
-	HashSkipped  = snapshotdb.HashSkipped
-)
-
-// Info describes an open snapshot file: what snapshotdb reads of it in
+// RestoredInfo describes a backup restored into a private etcd: what snapshotdb reads of it in
 // place (path, size, hash check, revisions, leases, the versions of the etcd
 // that wrote it, which Save keeps: an etcd refuses a data directory of a
 // newer schema or cluster version than its own), and what the private etcd
 // can count besides.
-type Info struct {
-	snapshotdb.Info
+type RestoredInfo struct {
+	Info
 	// LeasedKeys counts the keys attached to a lease.
 	LeasedKeys int64 `json:"leasedKeys"`
 }
 
 // Snapshot is a snapshot file served by a private embedded etcd.
-type Snapshot struct {
+type Restored struct {
 	// Client talks to the private etcd; it is closed by Close.
 	Client *clientv3.Client
-	Info   Info
+	Info   RestoredInfo
 
 	dir      string
 	etcd     *embed.Etcd
@@ -109,7 +100,7 @@ var (
 // RemoveTempDirs removes the private directories of every snapshot still open.
 // It is for a process about to exit without running its deferred Close calls
 // (a second SIGINT); the etcd servers are not stopped.
-func RemoveTempDirs() {
+func RemoveRestoreDirs() {
 	openMu.Lock()
 	defer openMu.Unlock()
 	exiting = true
@@ -139,8 +130,8 @@ func RemoveTempDirs() {
 // a soft memory limit sized for a scan's pages, so the program sets none
 // while one is open (the command line does, before anything is opened). The file is opened read-only and never changed.
 // Errors are one line naming the file. The caller must Close the snapshot.
-func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err error) {
-	size, hash, v, err := snapshotdb.Check(path, opts.SkipHashCheck)
+func Restore(ctx context.Context, path string, opts RestoreOptions) (s *Restored, err error) {
+	size, hash, v, err := Check(path, opts.SkipHashCheck)
 	if err != nil {
 		return nil, err
 	}
@@ -158,10 +149,10 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 	}
 	openDirs[dir] = true
 	openMu.Unlock()
-	s = &Snapshot{dir: dir, Info: Info{Info: snapshotdb.Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}}}
+	s = &Restored{dir: dir, Info: RestoredInfo{Info: Info{Path: path, Size: size, Hash: hash, StorageVersion: v.Storage, ClusterVersion: v.Cluster}}}
 	defer func() {
 		if r := recover(); r != nil {
-			err = snapshotdb.FileError(path, "etcd could not restore it: %v", r)
+			err = FileError(path, "etcd could not restore it: %v", r)
 		}
 		if err != nil {
 			s.Close()
@@ -178,14 +169,14 @@ func Open(ctx context.Context, path string, opts Options) (s *Snapshot, err erro
 		s.keepLeasesAlive()
 	}
 	if err := s.describe(ctx); err != nil {
-		return s, snapshotdb.FileError(path, "%v", err)
+		return s, FileError(path, "%v", err)
 	}
 	return s, nil
 }
 
 const memberName = "kube-etcd-migrate"
 
-func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Options) error {
+func (s *Restored) restoreAndStart(ctx context.Context, path string, opts RestoreOptions) error {
 	token := make([]byte, 8)
 	if _, err := rand.Read(token); err != nil {
 		return err
@@ -199,7 +190,7 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 	for attempt := 0; attempt < 3; attempt++ {
 		port, err := loopback.FreePort()
 		if err != nil {
-			return snapshotdb.FileError(path, "pick a loopback port: %v", err)
+			return FileError(path, "pick a loopback port: %v", err)
 		}
 		peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", port)}
 		if err := os.RemoveAll(dataDir); err != nil {
@@ -215,7 +206,7 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 			SkipHashCheck:       opts.SkipHashCheck,
 		})
 		if err != nil {
-			return snapshotdb.FileError(path, "etcd restore: %v", err)
+			return FileError(path, "etcd restore: %v", err)
 		}
 		e, err := startEtcd(ctx, s.dir, dataDir, peer, clusterToken, opts)
 		if err != nil {
@@ -223,15 +214,15 @@ func (s *Snapshot) restoreAndStart(ctx context.Context, path string, opts Option
 			if strings.Contains(err.Error(), "address already in use") {
 				continue
 			}
-			return snapshotdb.FileError(path, "start a private etcd on it: %v", err)
+			return FileError(path, "start a private etcd on it: %v", err)
 		}
 		s.etcd = e
 		return nil
 	}
-	return snapshotdb.FileError(path, "start a private etcd on it: %v", lastErr)
+	return FileError(path, "start a private etcd on it: %v", lastErr)
 }
 
-func startEtcd(ctx context.Context, dir, dataDir string, peer url.URL, token string, opts Options) (*embed.Etcd, error) {
+func startEtcd(ctx context.Context, dir, dataDir string, peer url.URL, token string, opts RestoreOptions) (*embed.Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = memberName
 	cfg.Dir = dataDir
@@ -277,7 +268,7 @@ func startEtcd(ctx context.Context, dir, dataDir string, peer url.URL, token str
 	}
 }
 
-func (s *Snapshot) connect(ctx context.Context, path string, opts Options) error {
+func (s *Restored) connect(ctx context.Context, path string, opts RestoreOptions) error {
 	cli, err := etcdscan.Connect(ctx, etcdscan.Config{
 		Endpoints:      []string{"unix://" + filepath.Join(s.dir, "etcd.sock")},
 		Username:       opts.Username,
@@ -286,7 +277,7 @@ func (s *Snapshot) connect(ctx context.Context, path string, opts Options) error
 		CommandTimeout: etcdscan.DefaultCommandTimeout,
 	})
 	if err != nil {
-		return snapshotdb.FileError(path, "%v", err)
+		return FileError(path, "%v", err)
 	}
 	s.Client = cli
 	return nil
@@ -297,7 +288,7 @@ func (s *Snapshot) connect(ctx context.Context, path string, opts Options) error
 // revokes it (deleting its keys) when that runs out: events carry kube-apiserver's
 // --event-ttl (1h), master leases 15 s. Renewals are not written to the
 // database: a saved snapshot keeps every lease with its TTL.
-func (s *Snapshot) keepLeasesAlive() {
+func (s *Restored) keepLeasesAlive() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopKA = cancel
 	resp, err := s.Client.Leases(ctx)
@@ -319,7 +310,7 @@ func (s *Snapshot) keepLeasesAlive() {
 	}
 }
 
-func (s *Snapshot) describe(ctx context.Context) error {
+func (s *Restored) describe(ctx context.Context) error {
 	resp, err := s.Client.Get(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithCountOnly())
 	if err != nil {
 		return fmt.Errorf("read: %w", err)
@@ -352,7 +343,7 @@ func (s *Snapshot) describe(ctx context.Context) error {
 // CheckLeases fails when a lease of the snapshot is gone (revoked: its keys
 // deleted) — which the keepalives exist to prevent — and, when readOnly, when
 // the revision moved (something wrote to the private etcd).
-func (s *Snapshot) CheckLeases(ctx context.Context, readOnly bool) error {
+func (s *Restored) CheckLeases(ctx context.Context, readOnly bool) error {
 	resp, err := s.Client.Leases(ctx)
 	if err != nil {
 		return fmt.Errorf("snapshot file %s: list leases: %w", s.Info.Path, err)
@@ -421,7 +412,7 @@ func CheckOutput(in, out string, force bool) error {
 // the latest value of every key (with its revisions and lease) and no older
 // ones, so values a migration replaced — under a retired key, or in plaintext —
 // are not carried over. Every lease of the input is checked to be still there.
-func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error) {
+func (s *Restored) Save(ctx context.Context, out string, force bool) (err error) {
 	if err := CheckOutput(s.Info.Path, out, force); err != nil {
 		return err
 	}
@@ -451,17 +442,17 @@ func (s *Snapshot) Save(ctx context.Context, out string, force bool) (err error)
 	if err := etcdscan.Snapshot(ctx, s.Client, tmpPath); err != nil {
 		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
-	if err := keepVersions(tmpPath, snapshotdb.Versions{Storage: s.Info.StorageVersion, Cluster: s.Info.ClusterVersion}); err != nil {
+	if err := keepVersions(tmpPath, Versions{Storage: s.Info.StorageVersion, Cluster: s.Info.ClusterVersion}); err != nil {
 		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
-	if err := snapshotdb.Publish(tmpPath, out, force); err != nil {
+	if err := Publish(tmpPath, out, force); err != nil {
 		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
 	}
 	return nil
 }
 
 // Close stops the keepalives and the private etcd and removes its directory.
-func (s *Snapshot) Close() error {
+func (s *Restored) Close() error {
 	s.once.Do(func() {
 		if s.stopKA != nil {
 			s.stopKA()
@@ -482,4 +473,4 @@ func (s *Snapshot) Close() error {
 }
 
 // Dir is the private directory (tests).
-func (s *Snapshot) Dir() string { return s.dir }
+func (s *Restored) Dir() string { return s.dir }

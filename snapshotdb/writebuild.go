@@ -1,4 +1,4 @@
-package snapshotout
+package snapshotdb
 
 import (
 	"bufio"
@@ -22,11 +22,10 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"kube-etcd-migrate/internal/input"
-	"kube-etcd-migrate/snapshotdb"
 )
 
 // Result describes the output written.
-type Result struct {
+type WriteResult struct {
 	Path string
 	Size int64
 	// Revision is the output's revision, to which it is compacted.
@@ -45,7 +44,7 @@ var chunkBytes = 8 << 20
 // Finish builds the output from the input and the writes, and publishes it
 // atomically at the output path (an existing file is replaced only with
 // force). A build that fails leaves no file behind. The writer is closed.
-func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error) {
+func (w *Writer) Finish(ctx context.Context, force bool) (res WriteResult, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.log == nil {
@@ -72,11 +71,11 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 		os.Remove(tmpPath) // after Publish, a name no longer there
 		building(tmpPath, false)
 	}()
-	b := &builder{w: w, ctx: ctx, res: Result{Path: w.out, Revision: w.next, Rewritten: w.rewritten}}
+	b := &builder{w: w, ctx: ctx, res: WriteResult{Path: w.out, Revision: w.next, Rewritten: w.rewritten}}
 	if err := b.build(tmpPath); err != nil {
 		return res, err
 	}
-	if err := snapshotdb.AppendTrailer(tmpPath); err != nil {
+	if err := AppendTrailer(tmpPath); err != nil {
 		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	fi, err := os.Stat(tmpPath)
@@ -84,7 +83,7 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res Result, err error)
 		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	b.res.Size = fi.Size()
-	if err := snapshotdb.Publish(tmpPath, w.out, force); err != nil {
+	if err := Publish(tmpPath, w.out, force); err != nil {
 		return res, input.Errorf("%s %s: %w", input.OutputSnapshot, w.out, err)
 	}
 	return b.res, nil
@@ -109,7 +108,7 @@ func building(path string, on bool) {
 // RemoveTempFiles removes the outputs being built. It is for a process about
 // to exit without running its deferred calls (a second SIGINT); the values'
 // temporary files were unlinked when created.
-func RemoveTempFiles() {
+func RemoveWriterFiles() {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	for p := range builds {
@@ -121,7 +120,7 @@ func RemoveTempFiles() {
 type builder struct {
 	w   *Writer
 	ctx context.Context
-	res Result
+	res WriteResult
 
 	in    *bolt.DB
 	inTx  *bolt.Tx

@@ -1,4 +1,4 @@
-package snapshotfile
+package snapshotdb
 
 import (
 	"fmt"
@@ -9,8 +9,6 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/backend"
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"go.uber.org/zap"
-
-	"kube-etcd-migrate/snapshotdb"
 )
 
 // noWAL is the WAL of a snapshot file: it has none (a restore writes a new
@@ -30,7 +28,7 @@ func (noWAL) MinimalEtcdVersion() *semver.Version { return nil }
 // a data directory), the cluster version saved with etcd's membership
 // store, and the trailer written again. The input of an etcd 3.5 cluster
 // records no storage version: the file is given the 3.5 schema.
-func keepVersions(path string, want snapshotdb.Versions) error {
+func keepVersions(path string, want Versions) error {
 	var storage, cluster *semver.Version
 	for _, v := range []struct {
 		s   string
@@ -54,7 +52,7 @@ func keepVersions(path string, want snapshotdb.Versions) error {
 	if err != nil {
 		return err
 	}
-	if !snapshotdb.HasTrailer(fi.Size()) {
+	if !HasTrailer(fi.Size()) {
 		return fmt.Errorf("the snapshot etcd sent has no sha256 trailer (%d bytes)", fi.Size())
 	}
 	have, err := versionsOf(path)
@@ -69,7 +67,7 @@ func keepVersions(path string, want snapshotdb.Versions) error {
 	if !downStorage && !downCluster {
 		return nil
 	}
-	if err := os.Truncate(path, fi.Size()-snapshotdb.TrailerSize); err != nil {
+	if err := os.Truncate(path, fi.Size()-TrailerSize); err != nil {
 		return err
 	}
 	lg := zap.NewNop()
@@ -87,19 +85,19 @@ func keepVersions(path string, want snapshotdb.Versions) error {
 	if err != nil {
 		return fmt.Errorf("storage version %s -> %s: %w", have.Storage, storage, err)
 	}
-	return snapshotdb.AppendTrailer(path)
+	return AppendTrailer(path)
 }
 
 // versionsOf reads the versions a database file records.
-func versionsOf(path string) (snapshotdb.Versions, error) {
+func versionsOf(path string) (Versions, error) {
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true})
 	if err != nil {
-		return snapshotdb.Versions{}, err
+		return Versions{}, err
 	}
 	defer db.Close()
-	var v snapshotdb.Versions
+	var v Versions
 	err = db.View(func(tx *bolt.Tx) error {
-		v = snapshotdb.ReadVersions(tx)
+		v = ReadVersions(tx)
 		return nil
 	})
 	return v, err

@@ -1,4 +1,4 @@
-package snapshotfile_test
+package snapshotdb_test
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/testrig/testsnap"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
@@ -25,19 +26,18 @@ import (
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/inventory"
 	"kube-etcd-migrate/pipeline"
-	"kube-etcd-migrate/snapshotfile"
 	"kube-etcd-migrate/verify"
 )
 
-// fixture is a seeded etcd (secrets under aescbc and identity, events with
+// restoreFixture is a seeded etcd (secrets under aescbc and identity, events with
 // leases, CRDs, stale versions and media types) with configmaps under every
 // other provider (aesgcm, secretbox, KMS v2 through a real plugin), one under a
 // key no configuration has, a delete, a delete-and-recreate and an extra
 // lease, and a snapshot of it saved by etcd's own snapshot API.
-type fixture struct {
+type restoreFixture struct {
 	c         *testcluster.Cluster
 	dataDir   string
-	encCfg    string // reads everything the fixture wrote except the lost key
+	encCfg    string // reads everything the restoreFixture wrote except the lost key
 	snap      string
 	rev       int64 // the snapshot's revision
 	beforeDel int64 // a revision before the delete and the recreate
@@ -73,9 +73,9 @@ func indent(s string) string {
 	return strings.Join(lines, "")
 }
 
-// newFixture seeds an etcd of release version (testetcd.Options.Version) and
+// newRestoreFixture seeds an etcd of release version (testetcd.Options.Version) and
 // saves a snapshot of it.
-func newFixture(t *testing.T, version string) *fixture {
+func newRestoreFixture(t *testing.T, version string) *restoreFixture {
 	t.Helper()
 	ctx := context.Background()
 	dataDir := t.TempDir()
@@ -84,7 +84,7 @@ func newFixture(t *testing.T, version string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{c: c, dataDir: dataDir}
+	f := &restoreFixture{c: c, dataDir: dataDir}
 	kms := kmstest.StartV2T(t, "kek-1")
 	providers := map[string]string{
 		"aesgcm":    aesgcm("g1", 7),
@@ -145,7 +145,7 @@ func newFixture(t *testing.T, version string) *fixture {
 	return f
 }
 
-func fileSum(t *testing.T, path string) [32]byte {
+func restoreFileSum(t *testing.T, path string) [32]byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -154,9 +154,9 @@ func fileSum(t *testing.T, path string) [32]byte {
 	return sha256.Sum256(b)
 }
 
-func open(t *testing.T, path string, opts snapshotfile.Options) *snapshotfile.Snapshot {
+func open(t *testing.T, path string, opts snapshotdb.RestoreOptions) *snapshotdb.Restored {
 	t.Helper()
-	s, err := snapshotfile.Open(context.Background(), path, opts)
+	s, err := snapshotdb.Restore(context.Background(), path, opts)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", path, err)
 	}
@@ -174,8 +174,8 @@ func setup(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) *pipeline.En
 	return env
 }
 
-// reports are the JSON of inventory and verify, as the commands print them.
-func reports(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) (inv, ver string, exit int) {
+// restoreReports are the JSON of inventory and verify, as the commands print them.
+func restoreReports(t *testing.T, cli *clientv3.Client, cfg pipeline.Config) (inv, ver string, exit int) {
 	t.Helper()
 	ctx := context.Background()
 	env := setup(t, cli, cfg)
@@ -210,23 +210,23 @@ func sameReports(t *testing.T, what string, liveInv, liveVer, inv, ver string) {
 }
 
 // TestReadEqualsLiveEtcd: inventory and verify of the snapshot file are the
-// same reports, byte for byte, as against the live etcd at the snapshot's
+// same restoreReports, byte for byte, as against the live etcd at the snapshot's
 // revision; so are they at an older revision (--revision); the file is not
 // changed and the private directory is removed.
 func TestReadEqualsLiveEtcd(t *testing.T) { testetcd.Each(t, testReadEqualsLiveEtcd) }
 
 func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	ctx := context.Background()
-	f := newFixture(t, version)
-	before := fileSum(t, f.snap)
+	f := newRestoreFixture(t, version)
+	before := restoreFileSum(t, f.snap)
 	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}}
-	liveInv, liveVer, liveExit := reports(t, f.c.Cli, cfg)
+	liveInv, liveVer, liveExit := restoreReports(t, f.c.Cli, cfg)
 	if liveExit != verify.ExitUnreadable {
 		t.Fatalf("live verify exit %d, want 4 (the configmap under a lost key)", liveExit)
 	}
 	oldCfg := cfg
 	oldCfg.Revision = f.beforeDel
-	oldInv, oldVer, _ := reports(t, f.c.Cli, oldCfg)
+	oldInv, oldVer, _ := restoreReports(t, f.c.Cli, oldCfg)
 
 	// The live etcd moves on; the file stays at its revision.
 	f.c.PutRaw("/registry/configmaps/dr/later", []byte("k8s\x00later"))
@@ -236,8 +236,8 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	}
 
 	tmp := t.TempDir()
-	s := open(t, f.snap, snapshotfile.Options{TempDir: tmp})
-	if s.Info.Revision != f.rev || s.Info.Hash != snapshotfile.HashVerified || s.Info.Leases != len(liveLeases.Leases) || s.Info.Leases < 2 {
+	s := open(t, f.snap, snapshotdb.RestoreOptions{TempDir: tmp})
+	if s.Info.Revision != f.rev || s.Info.Hash != snapshotdb.HashVerified || s.Info.Leases != len(liveLeases.Leases) || s.Info.Leases < 2 {
 		t.Errorf("Info = %+v, want revision %d, hash verified, %d leases", s.Info, f.rev, len(liveLeases.Leases))
 	}
 	var leased int64
@@ -254,13 +254,13 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 
 	fcfg := cfg
 	fcfg.SnapshotFile = f.snap
-	inv, ver, exit := reports(t, s.Client, fcfg)
+	inv, ver, exit := restoreReports(t, s.Client, fcfg)
 	sameReports(t, "at the snapshot's revision", liveInv, liveVer, inv, ver)
 	if exit != liveExit {
 		t.Errorf("verify exit %d on the file, %d live", exit, liveExit)
 	}
 	fcfg.Revision = f.beforeDel
-	inv, ver, _ = reports(t, s.Client, fcfg)
+	inv, ver, _ = restoreReports(t, s.Client, fcfg)
 	sameReports(t, fmt.Sprintf("--revision %d", f.beforeDel), oldInv, oldVer, inv, ver)
 	if !strings.Contains(oldInv, f.deleted) && strings.Contains(liveInv, f.deleted) {
 		t.Errorf("test bug: %s should be listed only before its delete", f.deleted)
@@ -306,7 +306,7 @@ func testReadEqualsLiveEtcd(t *testing.T, version string) {
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Errorf("left in the temp dir: %v", left)
 	}
-	if fileSum(t, f.snap) != before {
+	if restoreFileSum(t, f.snap) != before {
 		t.Errorf("the snapshot file changed")
 	}
 }
@@ -340,10 +340,10 @@ func TestRevisionChecks(t *testing.T) {
 	}
 }
 
-// TestDamagedFiles: a truncated, corrupt or foreign file is refused with one
+// TestRestoreDamagedFiles: a truncated, corrupt or foreign file is refused with one
 // line naming it; nothing is left behind.
-func TestDamagedFiles(t *testing.T) {
-	f := newFixture(t, testetcd.Linked)
+func TestRestoreDamagedFiles(t *testing.T) {
+	f := newRestoreFixture(t, testetcd.Linked)
 	good, err := os.ReadFile(f.snap)
 	if err != nil {
 		t.Fatal(err)
@@ -368,7 +368,7 @@ func TestDamagedFiles(t *testing.T) {
 		{"pages overwritten, --skip-hash-check", d.Garbage, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := snapshotfile.Open(context.Background(), tc.path, snapshotfile.Options{SkipHashCheck: tc.skip, TempDir: tmp})
+			s, err := snapshotdb.Restore(context.Background(), tc.path, snapshotdb.RestoreOptions{SkipHashCheck: tc.skip, TempDir: tmp})
 			if err == nil {
 				s.Close()
 				t.Fatalf("opened %s", tc.path)
@@ -389,14 +389,14 @@ func TestDamagedFiles(t *testing.T) {
 func TestMemberDB(t *testing.T) { testetcd.Each(t, testMemberDB) }
 
 func testMemberDB(t *testing.T, version string) {
-	f := newFixture(t, version)
+	f := newRestoreFixture(t, version)
 	db := filepath.Join(f.dataDir, "data", "member", "snap", "db")
-	_, err := snapshotfile.Open(context.Background(), db, snapshotfile.Options{SkipHashCheck: true})
+	_, err := snapshotdb.Restore(context.Background(), db, snapshotdb.RestoreOptions{SkipHashCheck: true})
 	if err == nil || !strings.Contains(err.Error(), "locked by a running etcd member") {
 		t.Errorf("member db of a running member: %v, want locked", err)
 	}
 	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}}
-	liveInv, liveVer, _ := reports(t, f.c.Cli, cfg)
+	liveInv, liveVer, _ := restoreReports(t, f.c.Cli, cfg)
 	f.c.Srv.Stop()
 	copyDB := filepath.Join(t.TempDir(), "db")
 	b, err := os.ReadFile(db)
@@ -406,13 +406,13 @@ func testMemberDB(t *testing.T, version string) {
 	if err := os.WriteFile(copyDB, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := open(t, copyDB, snapshotfile.Options{SkipHashCheck: true})
-	if s.Info.Hash != snapshotfile.HashSkipped {
+	s := open(t, copyDB, snapshotdb.RestoreOptions{SkipHashCheck: true})
+	if s.Info.Hash != snapshotdb.HashSkipped {
 		t.Errorf("hash %q, want skipped", s.Info.Hash)
 	}
-	inv, ver, _ := reports(t, s.Client, cfg)
+	inv, ver, _ := restoreReports(t, s.Client, cfg)
 	sameReports(t, "member/snap/db", liveInv, liveVer, inv, ver)
-	if sum := sha256.Sum256(b); fileSum(t, copyDB) != sum {
+	if sum := sha256.Sum256(b); restoreFileSum(t, copyDB) != sum {
 		t.Error("the member db changed")
 	}
 }
@@ -420,7 +420,7 @@ func testMemberDB(t *testing.T, version string) {
 // TestShortLeaseKeptAlive: a lease about to run out when the snapshot was
 // taken keeps its key while the file is open (and in a saved copy, with its
 // TTL); without the keepalives, the restored etcd would revoke it and delete
-// the key — which CheckLeases reports.
+// the key — which CheckLeases restoreReports.
 func TestShortLeaseKeptAlive(t *testing.T) {
 	ctx := context.Background()
 	c := testcluster.New(t, testetcd.Options{})
@@ -442,9 +442,9 @@ func TestShortLeaseKeptAlive(t *testing.T) {
 		}
 		return len(g.Kvs) == 1 && g.Kvs[0].Lease == int64(lease.ID)
 	}
-	var without snapshotfile.Options
-	snapshotfile.WithoutKeepAlive(&without)
-	kept := open(t, snap, snapshotfile.Options{})
+	var without snapshotdb.RestoreOptions
+	snapshotdb.WithoutKeepAlive(&without)
+	kept := open(t, snap, snapshotdb.RestoreOptions{})
 	lost := open(t, snap, without)
 	if !has(kept.Client) || !has(lost.Client) {
 		t.Fatal("the key is not in the snapshot with its lease")
@@ -485,11 +485,11 @@ func TestShortLeaseKeptAlive(t *testing.T) {
 // existing file without force, and never the input.
 func TestSave(t *testing.T) {
 	ctx := context.Background()
-	f := newFixture(t, testetcd.Linked)
-	before := fileSum(t, f.snap)
-	s := open(t, f.snap, snapshotfile.Options{})
+	f := newRestoreFixture(t, testetcd.Linked)
+	before := restoreFileSum(t, f.snap)
+	s := open(t, f.snap, snapshotdb.RestoreOptions{})
 	cfg := pipeline.Config{Target: target.Input{EncryptionConfig: f.encCfg}}
-	inInv, inVer, _ := reports(t, s.Client, cfg)
+	inInv, inVer, _ := restoreReports(t, s.Client, cfg)
 
 	outDir := t.TempDir()
 	out := filepath.Join(outDir, "out.db")
@@ -516,16 +516,16 @@ func TestSave(t *testing.T) {
 		t.Errorf("files in the output directory: %v, want out.db only", left)
 	}
 
-	o := open(t, out, snapshotfile.Options{})
+	o := open(t, out, snapshotdb.RestoreOptions{})
 	if o.Info.Revision != f.rev || o.Info.CompactRevision != f.rev || o.Info.Leases != s.Info.Leases || o.Info.LeasedKeys != s.Info.LeasedKeys {
 		t.Errorf("output Info %+v, want revision %d compacted at it, leases as the input %+v", o.Info, f.rev, s.Info)
 	}
-	outInv, outVer, _ := reports(t, o.Client, cfg)
+	outInv, outVer, _ := restoreReports(t, o.Client, cfg)
 	sameReports(t, "saved copy", inInv, inVer, outInv, outVer)
 	if _, err := o.Client.Get(ctx, f.deleted, clientv3.WithRev(f.beforeDel)); err == nil {
 		t.Error("the saved copy still has history before its revision")
 	}
-	if fileSum(t, f.snap) != before {
+	if restoreFileSum(t, f.snap) != before {
 		t.Error("the input changed")
 	}
 }
@@ -565,7 +565,7 @@ func testSaveRestoresOnItsOwnEtcd(t *testing.T, version string) {
 	if minor == "3.5.0" {
 		storage = ""
 	}
-	s := open(t, in, snapshotfile.Options{})
+	s := open(t, in, snapshotdb.RestoreOptions{})
 	if s.Info.StorageVersion != storage || s.Info.ClusterVersion != minor {
 		t.Errorf("Info %+v: want storage version %q, cluster version %s", s.Info, storage, minor)
 	}
@@ -576,8 +576,8 @@ func testSaveRestoresOnItsOwnEtcd(t *testing.T, version string) {
 	if err := s.Save(ctx, out, false); err != nil {
 		t.Fatal(err)
 	}
-	o := open(t, out, snapshotfile.Options{})
-	if o.Info.StorageVersion != storage || o.Info.ClusterVersion != minor || o.Info.Hash != snapshotfile.HashVerified {
+	o := open(t, out, snapshotdb.RestoreOptions{})
+	if o.Info.StorageVersion != storage || o.Info.ClusterVersion != minor || o.Info.Hash != snapshotdb.HashVerified {
 		t.Errorf("saved file %+v: want storage version %q, cluster version %s, hash verified", o.Info, storage, minor)
 	}
 
