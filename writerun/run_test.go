@@ -445,8 +445,7 @@ func TestPanicIsRecorded(t *testing.T) {
 	s := &stage{t: t, cli: c.cli, tl: &timeline{}}
 	s.afterWrite = func(i int) {
 		if i == 0 {
-			var m map[string]int
-			m["boom"]++ // a bug of the stage
+			panic("a bug of the stage")
 		}
 	}
 	cfg := c.config()
