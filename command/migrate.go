@@ -61,7 +61,7 @@ type migrateOptions struct {
 func newMigrateOptions(c *cli.Context) *migrateOptions {
 	dryRun := c.Bool("dry-run")
 	return &migrateOptions{
-		scan:        newScanOptions(c, targetWrite, true),
+		scan:        newScanOptions(c, targetWrite),
 		undo:        newUndoOptions(c),
 		live:        newLivenessOptions(c),
 		space:       newSpaceOptions(c),
