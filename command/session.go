@@ -201,7 +201,6 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				cancel()
 				continue
 			}
-			snapshotdb.RemoveRestoreDirs()
 			snapshotdb.RemoveWriterFiles()
 			encryption.RemoveTempDirs()
 			os.Exit(exitSignal)

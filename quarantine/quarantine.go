@@ -149,7 +149,7 @@ type Options struct {
 	// Output, when set, is where the removals go instead of etcd: the
 	// output snapshot (OutputFile) of a snapshot file read in place
 	// (env.Source), which no kube-apiserver reaches. The input is the undo:
-	// no journal, no snapshot, no liveness watch.
+	// no snapshot, no liveness watch, and a journal only when Journal is set.
 	Output     guard.Store
 	OutputFile string
 	// StateDir, when set, is where a rollback of the run keeps its own undo:
@@ -338,8 +338,12 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	var w guard.Store
 	if opts.Output != nil {
 		w = opts.Output
-		if err := beforeFirstOutput(env, opts, res); err != nil {
+		var err error
+		if journal, err = beforeFirstOutput(env, opts, res); err != nil {
 			return res.finish(), err
+		}
+		if journal != nil {
+			defer journal.Close()
 		}
 	} else {
 		var err error
@@ -443,17 +447,32 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 
 // beforeFirstOutput is the preflight of a quarantine that writes an output
 // snapshot (opts.Output): room for it on its filesystem; the input, read in
-// place and never modified, is the undo. The checks go to OnPreflight.
-func beforeFirstOutput(env *pipeline.Env, opts Options, res *Result) error {
+// place and never modified, is the undo. The checks go to OnPreflight; the
+// journal, when one is asked for (opts.Journal), records the removals as
+// on etcd (nil: none).
+func beforeFirstOutput(env *pipeline.Env, opts Options, res *Result) (*undo.Journal, error) {
 	lines, err := guard.OutputSpace(env.Config.SnapshotFile, opts.OutputFile, guard.PreflightOptions{})
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if opts.OnPreflight != nil {
-		return opts.OnPreflight(res.Preflight)
+		if err := opts.OnPreflight(res.Preflight); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	if opts.Journal == "" {
+		return nil, nil
+	}
+	j, err := undo.OpenJournal(opts.Journal)
+	if err != nil {
+		return nil, err
+	}
+	if err := j.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
 }
 
 func entryOf(d *reencode.Decision) *Entry {
