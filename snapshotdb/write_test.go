@@ -89,14 +89,26 @@ func TestOutputRestores(t *testing.T) {
 	for _, chunk := range []int{64, 8 << 20} {
 		t.Run(fmt.Sprintf("commit every %d bytes", chunk), func(t *testing.T) {
 			defer snapshotdb.SetChunkBytes(chunk)()
-			testOutputRestores(t)
+			testOutputRestores(t, testetcd.LinkedVersion)
 		})
 	}
 }
 
-func testOutputRestores(t *testing.T) {
+// TestOutputRestoresOnItsRelease: the same for a snapshot of each etcd
+// release the tool supports, saved by that release's server: the output
+// keeps the input's storage and cluster versions, and that release's own
+// etcdutl restores it and its etcd serves it.
+func TestOutputRestoresOnItsRelease(t *testing.T) {
+	for _, v := range testetcd.Versions() {
+		if !testetcd.IsLinked(v) { // the linked one: TestOutputRestores
+			t.Run(testetcd.Name(v), func(t *testing.T) { testOutputRestores(t, v) })
+		}
+	}
+}
+
+func testOutputRestores(t *testing.T, version string) {
 	ctx := context.Background()
-	src := testetcd.StartT(t, testetcd.Options{})
+	src := testetcd.StartT(t, testetcd.Options{Version: version})
 	cli, err := src.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +225,7 @@ func testOutputRestores(t *testing.T) {
 	src.Close()
 
 	// Restored with etcdutl's restore code, served by etcd.
-	dst := testetcd.StartT(t, testetcd.Options{RestoreFrom: out})
+	dst := testetcd.StartT(t, testetcd.Options{RestoreFrom: out, Version: version})
 	dcli, err := dst.Client()
 	if err != nil {
 		t.Fatal(err)
