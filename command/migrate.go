@@ -289,7 +289,6 @@ func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snaps
 			LivenessWindow:     o.live.window,
 			QuotaBackendBytes:  o.space.quotaBackendBytes,
 			CompactHistory:     o.space.compactHistory,
-			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
 			StateDir:           stateDir,
 		},
