@@ -10,7 +10,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/verify"
 )
@@ -117,52 +116,28 @@ func hashWords(h snapshotdb.Hash) string {
 }
 
 // buildAndVerify builds --output-snapshot from the input read in place and
-// the run's writes (snapshotdb.Writer), then opens that file afresh, read in place
-// as a restore after a disaster would read it, and verifies it with the same
-// configuration. It prints the verdict and returns it.
+// the run's writes, then reads it afresh and verifies it with the run's
+// configuration (verify.OutputSnapshot). It prints what was written and the
+// verdict, and returns the verdict.
 func buildAndVerify(ctx context.Context, oo outputSnapshotOptions, s *session, w io.Writer) (*verify.Report, error) {
-	out := oo.path
-	res, err := s.out.Finish(ctx, oo.force)
-	s.out = nil
+	cfg := s.env.Config
+	cfg.Target = s.env.Target.Input()
+	o, err := verify.OutputSnapshot(ctx, s.out, s.file, oo.force, cfg)
+	s.out, s.file = nil, nil
+	if o != nil {
+		res := o.Written
+		fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", res.Path, textfmt.Bytes(res.Size), res.Revision, o.Leases, res.LeasedKeys)
+	}
 	if err != nil {
 		return nil, err
 	}
-	// The input's indexes have done their work: dropped before OUT's are built.
-	_ = s.file.Close()
-	f, err := snapshotdb.Open(out, snapshotdb.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("--output-snapshot %s: written, but does not open again: %w", out, err)
+	sum, what := o.Report.Summary, ""
+	if len(cfg.Resources) > 0 {
+		what = " (" + strings.Join(cfg.Resources, ", ") + ")"
 	}
-	defer f.Close()
-	if f.Info.Revision != res.Revision {
-		return nil, fmt.Errorf("--output-snapshot %s: written at revision %d, but reads at revision %d", out, res.Revision, f.Info.Revision)
-	}
-	fmt.Fprintf(w, "wrote %s (%s, mode 0600): revision %d, compacted to it, %d lease(s) holding %d key(s)\n", out, textfmt.Bytes(res.Size), res.Revision, f.Info.Leases, res.LeasedKeys)
-	cfg := s.env.Config
-	cfg.SnapshotFile, cfg.Revision = out, 0
-	cfg.Target = s.env.Target.Input()
-	env, err := pipeline.SetupSource(ctx, f, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("--output-snapshot %s: verify: %w", out, err)
-	}
-	defer env.Close()
-	return verifyOutput(ctx, env, out, cfg.Resources, "read afresh", w)
-}
-
-// verifyOutput verifies OUT and prints the verdict line.
-func verifyOutput(ctx context.Context, env *pipeline.Env, out string, resources []string, how string, w io.Writer) (*verify.Report, error) {
-	rep, err := verify.Run(ctx, env, verify.Options{ShowKeys: -1})
-	if err != nil {
-		return nil, fmt.Errorf("--output-snapshot %s: %w", out, err)
-	}
-	sum := rep.Summary
-	what := ""
-	if len(resources) > 0 {
-		what = " (" + strings.Join(resources, ", ") + ")"
-	}
-	fmt.Fprintf(w, "verified %s%s, %s: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
-		out, what, how, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, rep.ExitCode())
-	return rep, nil
+	fmt.Fprintf(w, "verified %s%s, read afresh: %d object(s), %d current, %d stale, %d unreadable: verify would exit %d\n",
+		oo.path, what, sum.Objects, sum.Current, sum.Stale, sum.Unreadable, o.Report.ExitCode())
+	return o.Report, nil
 }
 
 // writeOutputSnapshot saves and verifies --output-snapshot after a run on a
