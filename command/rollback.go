@@ -247,20 +247,18 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 			}
 			return wr.Record("", append(slices.Clip(rb.preflight), line))
 		}
-		j, err := undo.OpenJournal(u.Journal)
+		mainEtcd, err := wr.AddEtcd(ctx, writerun.EtcdSpec{Endpoints: rb.cli.Endpoints(), Client: rb.cli, Prefix: rb.prefix})
 		if err != nil {
 			return writerun.Result{}, err
 		}
-		defer j.Close()
-		rev, err := currentRevision(ctx, rb.cli)
+		j, err := mainEtcd.OpenJournal(ctx, "rollback", rb.prefix)
 		if err != nil {
 			return writerun.Result{}, err
 		}
-		if err := j.BeginCommand("rollback", rev, rb.prefix); err != nil {
-			return writerun.Result{}, err
+		if j != nil {
+			defer j.Close()
+			opts.Journal, opts.Snapshot = j, mainEtcd.Snapshot
 		}
-		opts.Journal = j
-		opts.Snapshot = u.Snapshot
 	}
 	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
 	res.Preflight = append(rb.preflight, res.Preflight...)
@@ -413,12 +411,4 @@ func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.C
 		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
 	}
 	return guard.CheckRollbackSpace(ctx, cli, sp, journals)
-}
-
-func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
-	resp, err := cli.Get(ctx, "/", clientv3.WithCountOnly(), clientv3.WithLimit(1))
-	if err != nil {
-		return 0, fmt.Errorf("read etcd's revision: %w", err)
-	}
-	return resp.Header.Revision, nil
 }
