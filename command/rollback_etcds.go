@@ -112,29 +112,16 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 	}
 	r.watch = r.etcd.Watch
 	r.quota = guard.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
-	if r.check, err = o.checkUndo(ctx, r.specs, r.wayBack, r.prefix); err != nil {
+	cfg, closeEnc, err := o.checkConfig(ctx, r.specs, r.wayBack, r.prefix, r.quota)
+	if err != nil {
 		return err
 	}
-	r.preflight = r.check.Lines()
-	r.refused = undoRefusal(r.check, o.allowUnverified)
-	if r.refused != nil && !o.dryRun {
-		return r.refused
+	defer closeEnc()
+	checked, err := o.checkEtcd(ctx, cli, cfg)
+	if err != nil {
+		return err
 	}
-	if !o.dryRun {
-		if err := guard.RollbackAlarms(ctx, cli, r.journals()); err != nil {
-			return err
-		}
-	}
-	lines, refused := guard.CheckRollbackQuota(ctx, cli, r.journals(), r.quota, o.space.compactHistory, flagOf)
-	r.preflight = append(r.preflight, lines...)
-	if refused != nil {
-		if !o.dryRun {
-			return refused
-		}
-		if r.refused == nil {
-			r.refused = refused
-		}
-	}
+	r.check, r.preflight, r.refused = checked.Undo, checked.Preflight, checked.Refused
 	line, err := r.watch.Verdict(ctx)
 	if err != nil {
 		return err
