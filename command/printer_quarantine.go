@@ -61,8 +61,12 @@ func (q quarantineReport) table(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "removed %d of %d %s (%d keys scanned), kept %d, conflicts %d, failed %d", r.Removed, found, what, r.Objects, r.Kept, r.Conflicts, r.Failed)
-	if r.Removed > 0 {
+	switch {
+	case r.Removed > 0 && r.Journal != "":
 		fmt.Fprintf(w, "; their values are in the journal %s ('rollback --journal %s' puts them back)", r.Journal, r.Journal)
+	case r.Removed > 0:
+		// An --output-snapshot without --journal.
+		fmt.Fprint(w, "; the input snapshot, never modified, still holds them")
 	}
 	_, err := fmt.Fprintln(w)
 	return err

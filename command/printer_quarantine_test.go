@@ -45,3 +45,24 @@ func TestQuarantineDryRunTable(t *testing.T) {
 		t.Errorf("table:\n%s", b.String())
 	}
 }
+
+// TestQuarantineSummaryNamesTheWayBack: the summary line of removals says
+// where their values are: the journal to roll back, or, for an
+// --output-snapshot written without one, the input snapshot.
+func TestQuarantineSummaryNamesTheWayBack(t *testing.T) {
+	for _, tc := range []struct {
+		journal, want, not string
+	}{
+		{"/var/lib/q.journal", "their values are in the journal /var/lib/q.journal ('rollback --journal /var/lib/q.journal' puts them back)", "input snapshot"},
+		{"", "the input snapshot, never modified, still holds them", "journal"},
+	} {
+		var b bytes.Buffer
+		res := &quarantine.Result{Journal: tc.journal, Removed: 2, Unreadable: 2, Reasons: []decode.Reason{decode.ReasonUndecryptable}, Entries: []quarantine.Entry{}}
+		if err := printReport(&b, "table", quarantineReport{res}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), tc.want) || strings.Contains(b.String(), tc.not) {
+			t.Errorf("journal %q: table:\n%s", tc.journal, b.String())
+		}
+	}
+}
