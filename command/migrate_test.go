@@ -108,8 +108,8 @@ func TestRunbookCLI(t *testing.T) {
 // TestSpaceCLI: migrate says which quota it keeps below and where it found
 // it (etcd's own metrics, not told), that it compacts (--compact-history),
 // and the database size before and after;
-// under etcd's NOSPACE alarm verify reports it, and rollback refuses with
-// one line naming the remedy (exit 1, nothing written).
+// under etcd's NOSPACE alarm verify reports it, and rollback and quarantine
+// refuse with one line naming the remedy (exit 1, nothing written).
 func TestSpaceCLI(t *testing.T) {
 	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 8 << 20})
 	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1))
@@ -152,6 +152,16 @@ func TestSpaceCLI(t *testing.T) {
 	}
 	if c.Revision() != before {
 		t.Fatal("rollback wrote under the alarm")
+	}
+	// quarantine too (its objects, now under key2, unreadable with key1
+	// alone): refused before its first removal, nothing written.
+	code, out, stderr = runCLI(t, "quarantine", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", oldCfg, "--reason", "undecryptable", "--resource", "secrets",
+		"--liveness-window", "500ms", "--journal", filepath.Join(c.Dir, "quarantine.journal"))
+	if code != exitError || !strings.Contains(stderr, "etcd has active alarms: NOSPACE") {
+		t.Fatalf("quarantine under the alarm: exit %d\nstdout:\n%sstderr:\n%s", code, out, stderr)
+	}
+	if c.Revision() != before {
+		t.Fatal("quarantine wrote under the alarm")
 	}
 }
 

@@ -250,15 +250,17 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	}
 
 	watch := opts.Watch
-	if !opts.DryRun && watch == nil && opts.Output == nil {
+	if !opts.DryRun && opts.Output == nil {
 		// The liveness window runs while the objects are read; the first
 		// removal waits for its verdict, and another writer stops the run.
 		popts := guard.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, LivenessWindow: opts.LivenessWindow}
-		var err error
-		if watch, err = guard.StartWatch(ctx, env.Client, env.Resolver.Prefix(), popts); err != nil {
-			return res, err
+		if watch == nil {
+			var err error
+			if watch, err = guard.StartWatch(ctx, env.Client, env.Resolver.Prefix(), popts); err != nil {
+				return res, err
+			}
+			defer watch.Close()
 		}
-		defer watch.Close()
 		checks, err := guard.PreflightOffline(ctx, env, popts)
 		res.Preflight = checks
 		if err != nil {
