@@ -561,6 +561,9 @@ func (r *run) take(ctx context.Context, kv etcdscan.KV, namespace bool) error {
 		r.entry(e)
 		return nil
 	}
+	// Decrypted with the backup's configuration, whose first key is not
+	// today's: always written anew with today's write key.
+	obj.Encryption.Stale = true
 	d := r.env.Planner.Decide(ctx, obj, nil)
 	var value, plain []byte
 	switch d.Status {
