@@ -187,6 +187,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			rollbackCommand(),
 			runsCommand(),
 			quarantineCommand(),
+			restoreCommand(),
 			versionCommand(),
 			completionCommand(),
 		},
