@@ -220,7 +220,7 @@ func (e *MissingCRDError) Error() string {
 	for _, n := range names {
 		how := "create it first (kubectl apply of its definition)"
 		if e.CRDs[n] {
-			how = "restore it first: restore --resource customresourcedefinitions.apiextensions.k8s.io --name " + n + ", then start and stop kube-apiserver once so that it is established"
+			how = "restore it first (restore --resource customresourcedefinitions.apiextensions.k8s.io --name " + n + "), then run this restore again"
 		}
 		parts = append(parts, fmt.Sprintf("CRD %s is not in the live etcd: %s", n, how))
 	}
@@ -475,6 +475,9 @@ func (r *run) readBackup(ctx context.Context) error {
 			return fmt.Errorf("live etcd: read %s: %w; nothing was written", key, err)
 		}
 		if len(live.Kvs) > 0 {
+			if r.terminating(ctx, live.Kvs[0].Key, live.Kvs[0].Value) {
+				return &SelectError{Option: "namespace", Value: ns, Msg: "the live namespace is being deleted (Terminating): its namespace controller would delete what is restored into it; wait until it is gone, then restore it with its objects"}
+			}
 			continue
 		}
 		kv, found, err := r.opts.Backup.Get(ctx, key, cur)
@@ -489,6 +492,16 @@ func (r *run) readBackup(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// terminating says whether the live Namespace object at key is being deleted.
+func (r *run) terminating(ctx context.Context, key, value []byte) bool {
+	obj, err := r.env.Decoder.Decode(ctx, etcdscan.KV{Key: string(key), Value: value})
+	if err != nil {
+		return false
+	}
+	m, err := meta.Accessor(obj.Internal)
+	return err == nil && m.GetDeletionTimestamp() != nil
 }
 
 func sortedKeys(m map[string]bool) []string {
@@ -787,6 +800,7 @@ func (r *run) write(ctx context.Context) error {
 	if writeCtx == nil {
 		writeCtx = ctx
 	}
+	r.res.Preflight = append(r.res.Preflight, fmt.Sprintf("the backup's values read with %s: %s", orWords(r.opts.BackupEncryptionName, "the backup's encryption configuration"), strings.Join(r.res.Needs, ", ")))
 	checks, err := guard.PreflightOffline(ctx, r.env, guard.PreflightOptions{})
 	r.res.Preflight = append(r.res.Preflight, checks...)
 	if err != nil {
@@ -971,4 +985,11 @@ func (r *run) syncEntries() {
 // leaseReuseSeconds is etcd3's lease manager's default reuse period.
 func leaseReuseSeconds() int64 {
 	return etcd3.NewDefaultLeaseManagerConfig().ReuseDurationSeconds
+}
+
+func orWords(s, words string) string {
+	if s == "" {
+		return words
+	}
+	return s
 }

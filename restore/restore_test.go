@@ -329,3 +329,50 @@ func TestRestoreSelectors(t *testing.T) {
 		t.Errorf("unknown CR: %v", err)
 	}
 }
+
+// TestRestoreMissingCRD: a custom resource of the backup whose CRD the live
+// etcd lacks is refused, naming the CRD; nothing is written.
+func TestRestoreMissingCRD(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.New(t, testetcd.Options{})
+	c.Put("/registry/namespaces/app", namespacesGR, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
+	c.PutRaw("/registry/example.com/widgets/app/w1", []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w1","namespace":"app","uid":"uid-w1"},"spec":{"size":3}}`))
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, file); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/registry/example.com/", "/registry/namespaces/app"} {
+		if _, err := c.Cli.Delete(ctx, p, clientv3.WithPrefix()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := c.Raw()
+	f, err := snapshotdb.Open(file, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, err = restore.Run(ctx, c.Env(pipeline.Config{}), restore.Options{Backup: f, BackupName: file, BackupEncryption: c.LoadEncryption(""),
+		Select: restore.Selector{Namespaces: []string{"app"}}, Journal: filepath.Join(t.TempDir(), "j")})
+	var me *restore.MissingCRDError
+	if !errors.As(err, &me) || !strings.Contains(err.Error(), "CRD widgets.example.com is not in the live etcd") || !strings.Contains(err.Error(), "nothing was written") {
+		t.Fatalf("want the CRD named: %v", err)
+	}
+	c.RequireBack(before)
+}
+
+// TestRestoreIntoTerminatingNamespace: a live namespace being deleted is
+// refused: its controller would delete what is restored into it.
+func TestRestoreIntoTerminatingNamespace(t *testing.T) {
+	b := newBackup(t)
+	now := metav1.Now()
+	ns := &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app-2", DeletionTimestamp: &now, Finalizers: []string{"kubernetes"}}, Status: api.NamespaceStatus{Phase: api.NamespaceTerminating}}
+	b.c.Put("/registry/namespaces/app", namespacesGR, ns, "", "", "")
+	before := b.c.Raw()
+	_, err := restore.Run(context.Background(), b.env(t), b.options(t, restore.Selector{Namespaces: []string{"app"}}))
+	var se *restore.SelectError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "Terminating") {
+		t.Fatalf("want the terminating namespace refused: %v", err)
+	}
+	b.c.RequireBack(before)
+}
