@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/apps"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
+	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
@@ -375,4 +378,69 @@ func TestRestoreIntoTerminatingNamespace(t *testing.T) {
 		t.Fatalf("want the terminating namespace refused: %v", err)
 	}
 	b.c.RequireBack(before)
+}
+
+// TestRestoreCRDThenItsObjects: a CRD deleted with its custom resources. A
+// restore of the namespace names the CRD and how to restore it first; the
+// CRD restored, a second restore brings its objects back through it.
+func TestRestoreCRDThenItsObjects(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.New(t, testetcd.Options{})
+	c.Put("/registry/namespaces/ns1", namespacesGR, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns1", UID: "uid-ns1"}}, "", "", "")
+	props := &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+		Type:       "object",
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{"spec": {Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"size": {Type: "integer"}}}},
+	}}
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.com", UID: "crd-uid", CreationTimestamp: metav1.Unix(1700000000, 0)},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group:    "example.com",
+			Names:    apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+			Scope:    apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true, Schema: props}},
+		},
+		Status: apiextensionsv1.CustomResourceDefinitionStatus{StoredVersions: []string{"v1"}},
+	}
+	internal := &apiextensions.CustomResourceDefinition{}
+	if err := decode.ExtensionsScheme.Convert(crd, internal, nil); err != nil {
+		t.Fatal(err)
+	}
+	const crdKey = "/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com"
+	c.Put(crdKey, decode.CRDGroupResource, internal, "", "", "")
+	const crKey = "/registry/example.com/widgets/ns1/w1"
+	c.PutRaw(crKey, []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w1","namespace":"ns1","uid":"uid-w1","creationTimestamp":"2026-01-02T03:04:05Z"},"spec":{"size":3}}`+"\n"))
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, file); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{crdKey, crKey} {
+		if _, err := c.Cli.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := snapshotdb.Open(file, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	opts := func(sel restore.Selector) restore.Options {
+		return restore.Options{Backup: f, BackupName: file, BackupEncryption: c.LoadEncryption(""), Select: sel, Journal: filepath.Join(t.TempDir(), "j")}
+	}
+	_, err = restore.Run(ctx, c.Env(pipeline.Config{}), opts(restore.Selector{Namespaces: []string{"ns1"}}))
+	if err == nil || !strings.Contains(err.Error(), "restore it first (restore --resource customresourcedefinitions.apiextensions.k8s.io --name widgets.example.com)") {
+		t.Fatalf("want the CRD named with the way to restore it: %v", err)
+	}
+	res, err := restore.Run(ctx, c.Env(pipeline.Config{}), opts(restore.Selector{Resources: []string{"customresourcedefinitions.apiextensions.k8s.io"}, Names: []string{"widgets.example.com"}}))
+	if err != nil || res.Written != 1 {
+		t.Fatalf("the CRD: written %d, %v %+v", res.Written, err, res.Entries)
+	}
+	env := c.Env(pipeline.Config{}) // today's CRDs: the one restored
+	res, err = restore.Run(ctx, env, opts(restore.Selector{Resources: []string{"widgets.example.com"}}))
+	if err != nil || res.Written != 1 {
+		t.Fatalf("its objects: written %d, %v %+v", res.Written, err, res.Entries)
+	}
+	obj, _ := testcluster.Stored(t, env, c, crKey)
+	if m, err := meta.Accessor(obj); err != nil || m.GetUID() != "uid-w1" {
+		t.Errorf("custom resource: %v %v", obj, err)
+	}
 }
