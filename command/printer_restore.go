@@ -43,6 +43,10 @@ func (q restoreReport) table(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	counts := fmt.Sprintf("create %d, overwrite %d, same %d, exists %d, skipped %d, unreadable %d, dangling-owner %d", r.Create, r.Overwrite, r.Same, r.Exists, r.Skipped, r.Unreadable, r.Dangling)
+	if r.Manifests > 0 {
+		_, err := fmt.Fprintf(w, "%d manifest(s) written (%d Secret(s)), skipped %d, unreadable %d; etcd was only read\n", r.Manifests, r.Secrets, r.Skipped, r.Unreadable)
+		return err
+	}
 	if r.DryRun {
 		_, err := fmt.Fprintf(w, "dry run: %s; nothing was written\n", counts)
 		return err

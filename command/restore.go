@@ -35,6 +35,7 @@ func restoreCommand() *cli.Command {
 			&cli.BoolFlag{Name: "overwrite", Usage: "replace an object the live etcd holds with another value (compare-and-swap on its mod revision); by default it is left and reported \"exists\""},
 			&cli.BoolFlag{Name: "allow-dangling-owners", Usage: "restore objects whose ownerReferences name an owner neither in the live etcd nor in the selection (the garbage collector deletes them once kube-controller-manager runs)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "say what would be created, overwritten, left or skipped; write nothing"},
+			&cli.StringFlag{Name: "to-manifests", Usage: "write the selection to this directory instead of etcd, one YAML file per object for kubectl create -f (mode 0600; server-set fields, ownerReferences and status left out: new uids, controllers adopt by selector); etcd is only read, kube-apiserver may run"},
 			&cli.IntFlag{Name: "batch-ops", Value: 16, Usage: "writes per CAS transaction"},
 		), append(undoFlags(), livenessFlags()...)...),
 		Action:       cmdRestore,
@@ -54,6 +55,7 @@ type restoreOptions struct {
 	overwrite, dangling bool
 	dryRun              bool
 	batchOps            int
+	toManifests         string
 }
 
 func newRestoreOptions(c *cli.Context) *restoreOptions {
@@ -75,6 +77,8 @@ func newRestoreOptions(c *cli.Context) *restoreOptions {
 		dangling:  c.Bool("allow-dangling-owners"),
 		dryRun:    c.Bool("dry-run"),
 		batchOps:  c.Int("batch-ops"),
+
+		toManifests: c.String("to-manifests"),
 	}
 	// The session is the live etcd's, every resource's (its CRDs, today's
 	// target): the backup is read on its own, and the selectors are restore's.
@@ -94,7 +98,10 @@ func (o *restoreOptions) validate() error {
 	if len(o.sel.Namespaces) == 0 && len(o.sel.Resources) == 0 && len(o.sel.Names) == 0 && len(o.sel.Keys) == 0 {
 		return usageErr("select what to restore: --namespace, --resource, --name or --key-prefix (a restore never takes the whole backup: that is etcdutl snapshot restore)")
 	}
-	if !o.dryRun && o.undo.noUndo {
+	if o.toManifests != "" && (o.dryRun || o.overwrite || o.dangling) {
+		return usageErr("--to-manifests writes files, never etcd: leave out --dry-run, --overwrite and --allow-dangling-owners (kubectl create refuses what exists; the manifests carry no ownerReferences)")
+	}
+	if !o.dryRun && o.toManifests == "" && o.undo.noUndo {
 		return usageErr("--no-undo: restore always keeps its journal for 'rollback --run'; leave out --no-undo")
 	}
 	if n := o.batchOps; n <= 0 || n > 128 {
@@ -147,6 +154,9 @@ func (o *restoreOptions) runRestore(ctx context.Context) error {
 	} else if backupConf != "" {
 		backupConf = "today's encryption configuration " + backupConf + " (--backup-encryption-provider-config names the backup's)"
 	}
+	if o.toManifests != "" {
+		return o.restoreToManifests(ctx, s, f, backupEnc, backupConf)
+	}
 	cfg := o.undo.runConfig(ios.errOut, "restore", s.cli, s.env.Resolver.Prefix(), o.dryRun, false, o.live)
 	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
 		writeCtx, cancelWrites := context.WithCancel(context.Background())
@@ -193,4 +203,25 @@ func restoreOutcome(res *restore.Result, err error) error {
 		return &codeError{code: exitUnreadable, err: fmt.Errorf("%d object(s) of the backup unreadable, not restored (listed)", res.Unreadable)}
 	}
 	return nil
+}
+
+// restoreToManifests is restore --to-manifests: the selection written as
+// files, etcd only read; no writing run.
+func (o *restoreOptions) restoreToManifests(ctx context.Context, s *session, f *snapshotdb.File, backupEnc *encryption.Transformers, backupConf string) error {
+	ios := o.scan.io
+	res, runErr := restore.Run(ctx, s.env, restore.Options{
+		Backup: f, BackupName: o.backup,
+		BackupEncryption: backupEnc, BackupEncryptionName: backupConf,
+		Select:      o.sel,
+		ToManifests: o.toManifests,
+	})
+	if res != nil {
+		if err := printReport(ios.out, o.output, restoreReport{res}); err != nil {
+			return err
+		}
+		if res.Secrets > 0 {
+			fmt.Fprintf(ios.errOut, "warning: %s holds %d Secret(s) with their data (base64, not encrypted): the files are mode 0600; delete them once the objects are created\n", o.toManifests, res.Secrets)
+		}
+	}
+	return restoreOutcome(res, runErr)
 }

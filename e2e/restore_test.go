@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,11 +17,13 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
@@ -226,4 +230,50 @@ func TestRestoreDeletedNamespace(t *testing.T) {
 			t.Errorf("%s: still there after the rollback (%v)", key, err)
 		}
 	}
+
+	// The online path: the same selection as manifests, created through a
+	// running kube-apiserver (as kubectl create -f does, one file at a time,
+	// the Namespace first); no decrypted value on stdout or stderr.
+	cfg = c.start(apiservertest.Options{EncryptionConfigPath: key2})
+	dir := filepath.Join(t.TempDir(), "manifests")
+	out, stderr, code = runTool(t, "restore", "--endpoints", c.etcd.URL, "--encryption-provider-config", key2, "--target-version", "1.37",
+		"--snapshot-file", backup, "--namespace", ns, "--backup-encryption-provider-config", key1, "--to-manifests", dir)
+	if code != 0 || !strings.Contains(stderr, "warning: "+dir+" holds 2 Secret(s)") {
+		t.Fatalf("restore --to-manifests: exit %d\n%s\n%s", code, out, stderr)
+	}
+	if pw := secretData(1)["password"]; strings.Contains(out+stderr, string(pw)) || strings.Contains(out+stderr, base64.StdEncoding.EncodeToString(pw)) {
+		t.Errorf("a decrypted value on stdout or stderr")
+	}
+	dyn = dynamic.NewForConfigOrDie(cfg)
+	for _, k := range objects {
+		name := "10-" + k.GVR.GroupResource().String() + "_"
+		if k.GVR.Resource == "namespaces" {
+			name = "00-namespaces_"
+		}
+		if k.Namespace != "" {
+			name += k.Namespace + "_"
+		}
+		data, err := os.ReadFile(filepath.Join(dir, name+k.Name+".yaml"))
+		if err != nil {
+			t.Errorf("%s: %v", k, err)
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(data, &u.Object); err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Create(ctx, u, metav1.CreateOptions{})
+		if err != nil {
+			t.Errorf("create %s from its manifest: %v", k, err)
+			continue
+		}
+		want := before[k]
+		if spec := want["spec"]; spec != nil && k.GVR.Resource != "namespaces" && !cmp.Equal(spec, got.Object["spec"]) {
+			t.Errorf("%s: spec differs from the backup's:\n%s", k, cmp.Diff(spec, got.Object["spec"]))
+		}
+		if d, ok := want["data"]; ok && !cmp.Equal(d, got.Object["data"]) {
+			t.Errorf("%s: data differs from the backup's", k)
+		}
+	}
+	c.stop()
 }

@@ -31,6 +31,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/storage/etcd3"
@@ -59,6 +60,8 @@ const (
 	// live etcd nor in the selection (the garbage collector would delete the
 	// object at once): refused unless AllowDanglingOwners.
 	ActionDanglingOwner = "dangling-owner"
+	// ActionManifest: written to a manifest file (ToManifests).
+	ActionManifest = "manifest"
 )
 
 // What became of a write.
@@ -97,6 +100,10 @@ type Options struct {
 	// AllowDanglingOwners restores objects whose owner is absent anyway.
 	AllowDanglingOwners bool
 	DryRun              bool
+	// ToManifests, when set, is a directory the selection is written to as
+	// manifests (one YAML file per object, mode 0600, server-set fields
+	// removed) instead of into etcd: nothing is written to etcd.
+	ToManifests string
 	// EventTTL is the lease restored Events get (kube-apiserver's
 	// --event-ttl); 0: DefaultEventTTL.
 	EventTTL time.Duration
@@ -158,9 +165,13 @@ type Result struct {
 	Skipped    int64 `json:"skipped"`
 	Unreadable int64 `json:"unreadable"`
 	Dangling   int64 `json:"danglingOwner"`
-	Written    int64 `json:"written"`
-	Conflicts  int64 `json:"conflicts"`
-	Failed     int64 `json:"failed"`
+	// Manifests counts the files written (ToManifests), Secrets those of
+	// Secrets among them.
+	Manifests int64 `json:"manifests,omitempty"`
+	Secrets   int64 `json:"secrets,omitempty"`
+	Written   int64 `json:"written"`
+	Conflicts int64 `json:"conflicts"`
+	Failed    int64 `json:"failed"`
 
 	Entries     []Entry `json:"entries"`
 	Interrupted bool    `json:"interrupted,omitempty"`
@@ -245,6 +256,9 @@ type candidate struct {
 	uid      types.UID
 	owners   []metav1.OwnerReference
 	event    bool
+	// obj and codec are the decoded object and its codec (ToManifests).
+	obj   runtime.Object
+	codec *decode.ResourceCodec
 	// live is the key as it is now (overwrite, same, exists).
 	live    *etcdscan.KV
 	liveUID types.UID
@@ -279,7 +293,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		return res, errors.New("restore: no backup to read")
 	case opts.Select.empty():
 		return res, &SelectError{Option: "namespace", Msg: "select what to restore (a namespace, a resource, a name or a key prefix): a restore never takes the whole backup"}
-	case !opts.DryRun && opts.Journal == "":
+	case !opts.DryRun && opts.ToManifests == "" && opts.Journal == "":
 		return res, errors.New("restore: a journal is required (for rollback), unless a dry run")
 	}
 	r := &run{env: env, opts: opts, res: res, missingKeys: map[string]string{}, missingCRDs: map[string]bool{}, needs: map[string]bool{}}
@@ -308,6 +322,9 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	}
 	if len(r.missingCRDs) > 0 {
 		return res, &MissingCRDError{CRDs: r.missingCRDs}
+	}
+	if opts.ToManifests != "" {
+		return res, r.manifests()
 	}
 	if err := r.plan(ctx); err != nil {
 		return res, err
@@ -607,6 +624,9 @@ func (r *run) take(ctx context.Context, kv etcdscan.KV, namespace bool) error {
 	}
 	e.To = r.env.Encryption.WriteProvider(info.Resource).String()
 	c := &candidate{e: &e, gr: info.Resource, value: value, newPlain: plain, event: event}
+	if r.opts.ToManifests != "" {
+		c.obj, c.codec = obj.Internal, obj.Codec
+	}
 	if m, err := meta.Accessor(obj.Internal); err == nil {
 		c.uid, c.owners = m.GetUID(), m.GetOwnerReferences()
 	}
