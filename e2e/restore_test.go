@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -26,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/build/modbuild"
+	"kube-etcd-migrate/internal/testrig/apiserverproc"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/restore"
@@ -273,6 +276,106 @@ func TestRestoreDeletedNamespace(t *testing.T) {
 		}
 		if d, ok := want["data"]; ok && !cmp.Equal(d, got.Object["data"]) {
 			t.Errorf("%s: data differs from the backup's", k)
+		}
+	}
+	c.stop()
+}
+
+// TestRestoreFromPreviousRelease: a backup written by the real kube-apiserver
+// of the previous release (its storage versions, its defaults) is restored
+// into a cluster of the linked release: the linked kube-apiserver serves each
+// object with the content the previous release served (uid, owners, labels,
+// annotations, data, spec, status), and a no-op update keeps each one's
+// resourceVersion.
+func TestRestoreFromPreviousRelease(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	const ns = "legacy"
+	key1 := c.writeEncryptionConfig("key1.yaml", encResources, aescbcProvider("key1", 1), identityProvider)
+	key2 := c.writeEncryptionConfig("key2.yaml", encResources, aescbcProvider("key2", 2), aescbcProvider("key1", 1), identityProvider)
+	old := apiserverproc.Start(t, apiserverproc.Options{Binary: olderAPIServer(t, modbuild.PreviousKubernetes), EtcdURL: c.etcd.URL, EncryptionConfigPath: key1})
+	cs := kubernetes.NewForConfigOrDie(old.ClientConfig)
+	dyn := dynamic.NewForConfigOrDie(old.ClientConfig)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Labels: map[string]string{"a": "b"}}, Data: secretData(2)}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings", Annotations: map[string]string{"x": "y"}}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "old"}
+	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	dep, err := cs.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: tmpl}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.AppsV1().ReplicaSets(ns).Create(ctx, &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-1", Labels: labels,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: dep.Name, UID: dep.UID, Controller: ptr.To(true)}}},
+		Spec: appsv1.ReplicaSetSpec{Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: tmpl}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	objects := []objKey{
+		{GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: ns},
+		{GVR: schema.GroupVersionResource{Version: "v1", Resource: "secrets"}, Namespace: ns, Name: "db"},
+		{GVR: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Namespace: ns, Name: "settings"},
+		{GVR: schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}, Namespace: ns, Name: "web"},
+		{GVR: schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}, Namespace: ns, Name: "web-1"},
+	}
+	before := map[objKey]*unstructured.Unstructured{}
+	for _, k := range objects {
+		u, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		before[k] = u
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	if err := etcdscan.Snapshot(ctx, c.cli, backup); err != nil {
+		t.Fatal(err)
+	}
+	old.Stop()
+	// The cluster upgraded, the namespace gone.
+	for _, p := range []string{"/registry/namespaces/" + ns, "/registry/secrets/" + ns + "/", "/registry/configmaps/" + ns + "/", "/registry/deployments/" + ns + "/", "/registry/replicasets/" + ns + "/"} {
+		if _, err := c.cli.Delete(ctx, p, clientv3.WithPrefix()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.migrate(pipeline.Config{Target: target.Input{EncryptionConfig: key2}})
+
+	out, stderr, code := runTool(t, "restore", "--endpoints", c.etcd.URL, "--encryption-provider-config", key2, "--target-version", "1.37", "--liveness-window", "2s",
+		"--snapshot-file", backup, "--namespace", ns, "--backup-encryption-provider-config", key1)
+	if code != 0 || !strings.Contains(out, "create 5, overwrite 0") || !strings.Contains(out, "written 5") {
+		t.Fatalf("restore of the %s backup: exit %d\n%s\n%s", modbuild.PreviousKubernetes, code, out, stderr)
+	}
+	cfg := c.start(apiservertest.Options{EncryptionConfigPath: key2})
+	dyn = dynamic.NewForConfigOrDie(cfg)
+	for _, k := range objects {
+		ri := dyn.Resource(k.GVR).Namespace(k.Namespace)
+		got, err := ri.Get(ctx, k.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("%s: not served after the restore: %v", k, err)
+			continue
+		}
+		want := before[k]
+		if got.GetUID() != want.GetUID() || !cmp.Equal(got.GetOwnerReferences(), want.GetOwnerReferences()) || !cmp.Equal(got.GetLabels(), want.GetLabels()) || !cmp.Equal(got.GetAnnotations(), want.GetAnnotations()) {
+			t.Errorf("%s: metadata differs from the backup's:\n%s", k, cmp.Diff(want.Object["metadata"], got.Object["metadata"]))
+		}
+		if !cmp.Equal(want.Object["data"], got.Object["data"]) {
+			t.Errorf("%s: data differs from the backup's", k)
+		}
+		if d := cmp.Diff(content(want), content(got)); d != "" {
+			t.Errorf("%s: content differs from what %s served (-%s +linked):\n%s", k, modbuild.PreviousKubernetes, modbuild.PreviousKubernetes, d)
+		}
+		upd, err := ri.Update(ctx, got, metav1.UpdateOptions{FieldManager: "e2e-no-op"})
+		if err != nil {
+			t.Errorf("%s: no-op update: %v", k, err)
+			continue
+		}
+		if upd.GetResourceVersion() != got.GetResourceVersion() {
+			t.Errorf("%s: a no-op update was written (resourceVersion %s -> %s)", k, got.GetResourceVersion(), upd.GetResourceVersion())
 		}
 	}
 	c.stop()
