@@ -384,7 +384,7 @@ func (r *run) selection() (selection, error) {
 		if err != nil {
 			msg := err.Error()
 			if strings.Contains(v, ".") {
-				msg += fmt.Sprintf(" (a custom resource's CRD must be in the live etcd: restore it first, with --resource customresourcedefinitions.apiextensions.k8s.io --name %s)", v)
+				msg += fmt.Sprintf(" (if it is a custom resource whose CRD was deleted too: restore the CRD first, with --resource customresourcedefinitions.apiextensions.k8s.io --name %s)", v)
 			}
 			return sel, &SelectError{Option: "resource", Value: v, Msg: msg}
 		}
@@ -394,7 +394,9 @@ func (r *run) selection() (selection, error) {
 		sel.resources[gr] = true
 		switch gr {
 		case eventsResource, schema.GroupResource{Group: "events.k8s.io", Resource: "events"}:
+			// One key for both groups: /registry/events, core Events.
 			sel.events = true
+			delete(sel.resources, gr)
 			sel.resources[eventsResource] = true
 		case leasesResource:
 			sel.leases = true
