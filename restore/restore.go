@@ -252,7 +252,9 @@ type candidate struct {
 	e        *Entry
 	gr       schema.GroupResource
 	value    []byte // to write (encrypted as today's)
-	newPlain []byte // never printed
+	// plainSum is the sha256 of what value decrypts to: "same" compares the
+	// live object's with it (no plaintext kept).
+	plainSum [sha256.Size]byte
 	uid      types.UID
 	owners   []metav1.OwnerReference
 	event    bool
@@ -625,7 +627,7 @@ func (r *run) take(ctx context.Context, kv etcdscan.KV, namespace bool) error {
 		return nil
 	}
 	e.To = r.env.Encryption.WriteProvider(info.Resource).String()
-	c := &candidate{e: &e, gr: info.Resource, value: value, newPlain: plain, event: event}
+	c := &candidate{e: &e, gr: info.Resource, value: value, plainSum: sha256.Sum256(plain), event: event}
 	if r.opts.ToManifests != "" {
 		c.obj, c.codec = obj.Internal, obj.Codec
 	}
@@ -694,7 +696,7 @@ func (r *run) plan(ctx context.Context) error {
 			if m, err := meta.Accessor(obj.Internal); err == nil {
 				c.liveUID = m.GetUID()
 			}
-			if d := r.env.Planner.Classify(ctx, obj, nil); d.Status == reencode.Current && bytes.Equal(obj.Plaintext, c.newPlain) {
+			if d := r.env.Planner.Classify(ctx, obj, nil); d.Status == reencode.Current && sha256.Sum256(obj.Plaintext) == c.plainSum {
 				c.e.Action = ActionSame
 				continue
 			}
