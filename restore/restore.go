@@ -190,28 +190,42 @@ func (e *SelectError) Error() string {
 }
 
 // MissingKeysError is values of the backup under providers or keys the
-// backup's encryption configuration does not have. Nothing was written.
+// backup's encryption configuration does not have (Keys), or has but that
+// refused them (Refused: other key material under the same name, a KMS
+// plugin down). Nothing was written.
 type MissingKeysError struct {
 	Config string
-	// Keys are provider[:key] → the first key of etcd under it.
-	Keys map[string]string
+	// Keys and Refused are provider[:key] → the first key of etcd under it.
+	Keys, Refused map[string]string
 }
 
 func (e *MissingKeysError) Error() string {
-	names := make([]string, 0, len(e.Keys))
-	for k := range e.Keys {
+	cfg := e.Config
+	if cfg == "" {
+		cfg = "the backup's encryption configuration"
+	}
+	var parts []string
+	if len(e.Keys) > 0 {
+		parts = append(parts, fmt.Sprintf("the backup's values need %s, which %s does not hold: give the encryption configuration the backup was written with", listKeys(e.Keys), cfg))
+	}
+	if len(e.Refused) > 0 {
+		parts = append(parts, fmt.Sprintf("the backup's values under %s do not decrypt with %s (other key material under that name, or its KMS plugin refused): give the configuration the backup was written with, its plugins running", listKeys(e.Refused), cfg))
+	}
+	return strings.Join(parts, "; ") + "; nothing was written"
+}
+
+// listKeys is "provider:key (e.g. KEY), ..." in name order.
+func listKeys(m map[string]string) string {
+	names := make([]string, 0, len(m))
+	for k := range m {
 		names = append(names, k)
 	}
 	sort.Strings(names)
 	parts := make([]string, len(names))
 	for i, n := range names {
-		parts[i] = fmt.Sprintf("%s (e.g. %s)", n, e.Keys[n])
+		parts[i] = fmt.Sprintf("%s (e.g. %s)", n, m[n])
 	}
-	cfg := e.Config
-	if cfg == "" {
-		cfg = "the backup's encryption configuration"
-	}
-	return fmt.Sprintf("the backup's values need %s, which %s does not hold: give the encryption configuration the backup was written with; nothing was written", strings.Join(parts, ", "), cfg)
+	return strings.Join(parts, ", ")
 }
 
 // MissingCRDError is custom resources of the backup whose CRD the live etcd
@@ -249,9 +263,9 @@ func (e *DanglingOwnersError) Error() string {
 // candidate is one selected key of the backup that reads, with what
 // today's kube-apiserver would store.
 type candidate struct {
-	e        *Entry
-	gr       schema.GroupResource
-	value    []byte // to write (encrypted as today's)
+	e     *Entry
+	gr    schema.GroupResource
+	value []byte // to write (encrypted as today's)
 	// plainSum is the sha256 of what value decrypts to: "same" compares the
 	// live object's with it (no plaintext kept).
 	plainSum [sha256.Size]byte
@@ -275,9 +289,9 @@ type run struct {
 	sel   selection
 	cands []*candidate
 	// missing keys and CRDs found while reading the backup.
-	missingKeys map[string]string
-	missingCRDs map[string]bool
-	needs       map[string]bool
+	missingKeys, refusedKeys map[string]string
+	missingCRDs              map[string]bool
+	needs                    map[string]bool
 }
 
 // Run restores what opts select from the backup into env's etcd (env is
@@ -298,7 +312,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	case !opts.DryRun && opts.ToManifests == "" && opts.Journal == "":
 		return res, errors.New("restore: a journal is required (for rollback), unless a dry run")
 	}
-	r := &run{env: env, opts: opts, res: res, missingKeys: map[string]string{}, missingCRDs: map[string]bool{}, needs: map[string]bool{}}
+	r := &run{env: env, opts: opts, res: res, missingKeys: map[string]string{}, refusedKeys: map[string]string{}, missingCRDs: map[string]bool{}, needs: map[string]bool{}}
 	sel, err := r.selection()
 	if err != nil {
 		return res, err
@@ -319,8 +333,8 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		res.Needs = append(res.Needs, k)
 	}
 	sort.Strings(res.Needs)
-	if len(r.missingKeys) > 0 {
-		return res, &MissingKeysError{Config: opts.BackupEncryptionName, Keys: r.missingKeys}
+	if len(r.missingKeys) > 0 || len(r.refusedKeys) > 0 {
+		return res, &MissingKeysError{Config: opts.BackupEncryptionName, Keys: r.missingKeys, Refused: r.refusedKeys}
 	}
 	if len(r.missingCRDs) > 0 {
 		return res, &MissingCRDError{CRDs: r.missingCRDs}
@@ -585,9 +599,15 @@ func (r *run) take(ctx context.Context, kv etcdscan.KV, namespace bool) error {
 	}
 	if derr != nil {
 		var de *decode.Error
-		if errors.As(derr, &de) && de.Reason == decode.ReasonUndecryptable && obj != nil && !r.opts.BackupEncryption.CanRead(info.Resource, obj.Encryption) {
-			if _, ok := r.missingKeys[e.From]; !ok {
-				r.missingKeys[e.From] = kv.Key
+		if errors.As(derr, &de) && de.Reason == decode.ReasonUndecryptable && obj != nil {
+			// The backup's configuration lacks its key, or has it and it
+			// refused: either way a restore would be partial.
+			m := r.refusedKeys
+			if !r.opts.BackupEncryption.CanRead(info.Resource, obj.Encryption) {
+				m = r.missingKeys
+			}
+			if _, ok := m[e.From]; !ok {
+				m[e.From] = kv.Key
 			}
 			return nil
 		}

@@ -496,3 +496,19 @@ func TestRestoreToManifests(t *testing.T) {
 		t.Errorf("second run into the same directory: %v", err)
 	}
 }
+
+// TestRestoreWrongKeyMaterial: a backup configuration whose key has the
+// backup's name but other material refuses the restore, naming the key.
+func TestRestoreWrongKeyMaterial(t *testing.T) {
+	b := newBackup(t)
+	before := b.c.Raw()
+	wrong := b.c.EncryptionConfig("wrong.yaml", testcluster.AESCBC("key1", 9), testcluster.Identity)
+	opts := b.options(t, restore.Selector{Namespaces: []string{"app"}, Resources: []string{"secrets"}})
+	opts.BackupEncryption, opts.BackupEncryptionName = b.c.LoadEncryption(wrong), wrong
+	_, err := restore.Run(context.Background(), b.env(t), opts)
+	var me *restore.MissingKeysError
+	if !errors.As(err, &me) || !strings.Contains(err.Error(), "under aescbc:key1 (e.g. /registry/secrets/app/s1) do not decrypt") {
+		t.Fatalf("want aescbc:key1 named as refusing: %v", err)
+	}
+	b.c.RequireBack(before)
+}
