@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -23,6 +24,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testrig/kmstest"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/internal/testrig/testsnap"
@@ -511,4 +513,45 @@ func TestRestoreWrongKeyMaterial(t *testing.T) {
 		t.Fatalf("want aescbc:key1 named as refusing: %v", err)
 	}
 	b.c.RequireBack(before)
+}
+
+// TestRestoreKMSv2Backup: a backup written under a KMS v2 plugin is
+// restored with that configuration (its plugin running) into a cluster
+// that encrypts with aescbc today.
+func TestRestoreKMSv2Backup(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.New(t, testetcd.Options{})
+	plugin := kmstest.StartV2T(t, "kek-1")
+	kmsCfg := filepath.Join(t.TempDir(), "kms.yaml")
+	if err := os.WriteFile(kmsCfg, []byte(fmt.Sprintf("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - kms: {apiVersion: v2, name: vault, endpoint: %q, timeout: 3s}\n  - identity: {}\n", plugin.Endpoint())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	now := c.EncryptionConfig("now.yaml", testcluster.AESCBC("key2", 2), testcluster.Identity)
+	c.Put("/registry/namespaces/app", namespacesGR, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
+	c.Put("/registry/secrets/app/k", testcluster.SecretsGR, testcluster.Secret("app", "k", "kms"), "", "", kmsCfg)
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cli.Delete(ctx, "/registry/secrets/app/k"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := snapshotdb.Open(file, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	env := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: now}})
+	res, err := restore.Run(ctx, env, restore.Options{Backup: f, BackupName: file, BackupEncryption: c.LoadEncryption(kmsCfg), BackupEncryptionName: kmsCfg,
+		Select: restore.Selector{Namespaces: []string{"app"}, Resources: []string{"secrets"}}, Journal: filepath.Join(t.TempDir(), "j")})
+	if err != nil || res.Written != 1 || !cmp.Equal(res.Needs, []string{"kms2:vault"}) {
+		t.Fatalf("written %d needs %v: %v", res.Written, res.Needs, err)
+	}
+	if v, _, _ := c.Get("/registry/secrets/app/k"); !strings.HasPrefix(string(v), "k8s:enc:aescbc:v1:key2:") {
+		t.Errorf("not under today's key2")
+	}
+	obj, _ := testcluster.Stored(t, env, c, "/registry/secrets/app/k")
+	if string(obj.(*api.Secret).Data["password"]) != "kms" {
+		t.Errorf("not the backup's content")
+	}
 }
