@@ -14,7 +14,9 @@
 // restored, except Events when they are asked for, which get a fresh lease
 // as kube-apiserver gives them. What the backup needs (its keys, a CRD absent
 // today, an owner absent from both the live etcd and the selection) is found
-// and refused before anything is written.
+// and refused before anything is written. Asked for manifests instead
+// (Options.ToManifests), it writes the selection as files for kubectl create
+// and leaves etcd alone.
 package restore
 
 import (
