@@ -106,8 +106,8 @@ type Options struct {
 	// manifests (one YAML file per object, mode 0600, server-set fields
 	// removed) instead of into etcd: nothing is written to etcd.
 	ToManifests string
-	// EventTTL is the lease restored Events get (kube-apiserver's
-	// --event-ttl); 0: DefaultEventTTL.
+	// EventTTL is the lease restored Events get; 0: the target
+	// kube-apiserver's --event-ttl (its manifest's, else its default).
 	EventTTL time.Duration
 
 	// Journal is where the writes are journaled (required unless DryRun);
@@ -890,18 +890,16 @@ func (r *run) write(ctx context.Context) error {
 	return err
 }
 
-// DefaultEventTTL is kube-apiserver's --event-ttl default.
-const DefaultEventTTL = time.Hour
-
 // eventLease grants the lease restored Events are attached to, as
 // kube-apiserver's storage does for an Event it creates (etcd3's lease
 // manager: the TTL plus its reuse period, 5 % of the TTL at most its
 // default ReuseDurationSeconds).
 func (r *run) eventLease(ctx context.Context) (int64, error) {
-	ttl := int64(r.opts.EventTTL / time.Second)
-	if ttl <= 0 {
-		ttl = int64(DefaultEventTTL / time.Second)
+	eventTTL := r.opts.EventTTL
+	if eventTTL <= 0 {
+		eventTTL = r.env.Target.APIServer().EventTTL()
 	}
+	ttl := int64(eventTTL / time.Second)
 	reuse := min(int64(float64(ttl)*0.05), leaseReuseSeconds())
 	resp, err := r.env.Client.Grant(ctx, ttl+reuse)
 	if err != nil {
