@@ -19,7 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -84,14 +83,6 @@ func raiseMemoryLimit(limit int64) {
 		debug.SetMemoryLimit(limit)
 	}
 }
-
-// privateEtcdMemoryLimit is the soft memory limit of a command that runs a
-// private etcd in its process (quarantine --snapshot-file, package
-// snapshotdb.Restore): none, unless GOMEMLIMIT is set. That etcd's heap (its index
-// of every key and revision, bbolt's write buffers) grows with the backup,
-// far above defaultMemoryLimit, at which the collector would run without
-// pause (docs/benchmarks.md).
-const privateEtcdMemoryLimit = math.MaxInt64
 
 func limitMemory() {
 	raiseMemoryLimit(defaultMemoryLimit)

@@ -7,7 +7,8 @@ import (
 )
 
 // TestBinaryLinksNoRig checks what internal/testrig and internal/build
-// promise: nothing under them is linked into the kube-etcd-migrate binary.
+// promise: nothing under them is linked into the kube-etcd-migrate binary;
+// nor is an etcd server or etcdutl (the tests' and the benchmark's).
 func TestBinaryLinksNoRig(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "kube-etcd-migrate").Output()
 	if err != nil {
@@ -15,6 +16,9 @@ func TestBinaryLinksNoRig(t *testing.T) {
 	}
 	var linked int
 	for _, p := range strings.Fields(string(out)) {
+		if p == "go.etcd.io/etcd/server/v3/embed" || p == "go.etcd.io/etcd/server/v3/etcdserver" || strings.HasPrefix(p, "go.etcd.io/etcd/etcdutl/") {
+			t.Errorf("the binary links %s: no command runs an etcd server or restores a backup (a --snapshot-file is read in place, an --output-snapshot built from it)", p)
+		}
 		if !strings.HasPrefix(p, "kube-etcd-migrate") {
 			continue
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -130,18 +129,6 @@ func etcdConfigFor(cfg etcdscan.Config, p etcdPart) etcdscan.Config {
 		cfg.Endpoints = p.endpoints
 	}
 	return cfg
-}
-
-// etcdFile is the file of a run's undo for the etcd named name, beside
-// path (the main etcd's): "journal" -> "journal-events", "snapshot.db" ->
-// "snapshot-events.db".
-func etcdFile(path, name string) string {
-	if path == "" {
-		return ""
-	}
-	name = strings.NewReplacer(",", "+", "/", "_").Replace(name)
-	ext := filepath.Ext(path)
-	return strings.TrimSuffix(path, ext) + "-" + name + ext
 }
 
 // etcdSession is one etcd of a cluster kept in several, and the session

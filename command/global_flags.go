@@ -41,14 +41,6 @@ type scanOptions struct {
 
 	snapshotFile  string
 	skipHashCheck bool
-	// inPlace: a --snapshot-file is read in place (snapshotdb.Open: the
-	// read-only commands, and migrate, which writes its --output-snapshot
-	// with snapshotdb.Writer) rather than restored into a private etcd
-	// (snapshotdb.Restore: quarantine, which writes through etcd).
-	inPlace bool
-	// quotaBackendBytes is --quota-backend-bytes (commands that write): a
-	// private etcd's quota is at least that.
-	quotaBackendBytes int64
 
 	prefix, encryptionConfig string
 	pageSize                 int64
@@ -75,9 +67,8 @@ type scanOptions struct {
 	target targetOptions
 }
 
-// newScanOptions reads commonFlags, and targetFlags for use, from c; inPlace
-// says whether the command reads a --snapshot-file in place.
-func newScanOptions(c *cli.Context, use targetUse, inPlace bool) *scanOptions {
+// newScanOptions reads commonFlags, and targetFlags for use, from c.
+func newScanOptions(c *cli.Context, use targetUse) *scanOptions {
 	return &scanOptions{
 		io:                 streamsOf(c),
 		command:            commandNameOf(c),
@@ -86,8 +77,6 @@ func newScanOptions(c *cli.Context, use targetUse, inPlace bool) *scanOptions {
 		api:                newAPIServerOptions(c),
 		snapshotFile:       c.String("snapshot-file"),
 		skipHashCheck:      c.Bool("skip-hash-check"),
-		inPlace:            inPlace,
-		quotaBackendBytes:  c.Int64("quota-backend-bytes"),
 		prefix:             c.String("prefix"),
 		encryptionConfig:   c.String("encryption-provider-config"),
 		pageSize:           c.Int64("page-size"),

@@ -28,7 +28,7 @@ type inspectOptions struct {
 }
 
 func newInspectOptions(c *cli.Context) *inspectOptions {
-	return &inspectOptions{scan: newScanOptions(c, targetNone, true), output: c.String("output"), showSecrets: c.Bool("show-secrets"), args: c.Args().Slice()}
+	return &inspectOptions{scan: newScanOptions(c, targetNone), output: c.String("output"), showSecrets: c.Bool("show-secrets"), args: c.Args().Slice()}
 }
 
 // validate refuses, before anything is opened, what inspect's flags and

@@ -25,7 +25,7 @@ type inventoryOptions struct {
 }
 
 func cmdInventory(c *cli.Context) error {
-	o := &inventoryOptions{scan: newScanOptions(c, targetNone, true), output: c.String("output")}
+	o := &inventoryOptions{scan: newScanOptions(c, targetNone), output: c.String("output")}
 	if err := o.scan.validate(); err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ type migrateOptions struct {
 func newMigrateOptions(c *cli.Context) *migrateOptions {
 	dryRun := c.Bool("dry-run")
 	return &migrateOptions{
-		scan:        newScanOptions(c, targetWrite, true),
+		scan:        newScanOptions(c, targetWrite),
 		undo:        newUndoOptions(c),
 		live:        newLivenessOptions(c),
 		space:       newSpaceOptions(c),
@@ -289,7 +289,6 @@ func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snaps
 			LivenessWindow:     o.live.window,
 			QuotaBackendBytes:  o.space.quotaBackendBytes,
 			CompactHistory:     o.space.compactHistory,
-			PrivateEtcd:        o.scan.snapshotFile,
 			Spell:              flagOf,
 			StateDir:           stateDir,
 		},

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/migrate"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
 
@@ -30,7 +28,7 @@ type etcdMigration struct {
 // resources in several etcds (--etcd-servers-overrides): one run, one run
 // directory, a session, liveness watch, preflight, journal and snapshot per
 // etcd (the main etcd's under the usual names, the others' named by their
-// resources: etcdFile). Every etcd's watch has its verdict and every
+// resources: writerun.EtcdFile). Every etcd's watch has its verdict and every
 // etcd's preflight has passed before the first write on any (ready); the
 // etcds are then migrated one after the other, the main one first; a
 // refusal or failure in one stops the run (the etcds before it are undone
@@ -76,30 +74,28 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, run
 	rep := &etcdsReport{}
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	gate := &readyGate{}
-	for i, r := range runs {
+	for _, r := range runs {
 		r.opts = o.runOptions(writeCtx, wr)
+		spec := writerun.EtcdSpec{Endpoints: r.s.endpoints(), Client: r.s.env.Client, Prefix: r.s.env.Resolver.Prefix()}
 		if !r.etcd.Main() {
+			spec.Name = r.etcd.Name
 			r.opts.EtcdData = otherEtcdData(r.etcd)
-			r.opts.Journal = etcdFile(r.opts.Journal, r.etcd.Name)
-			r.opts.Snapshot = etcdFile(r.opts.Snapshot, r.etcd.Name)
-			if u := wr.Dir(); u != nil {
-				if err := u.AddEtcd(undo.RunEtcd{Name: r.etcd.Name, Endpoints: r.s.endpoints(), Journal: r.opts.Journal, Snapshot: r.opts.Snapshot}); err != nil {
-					return rep, err
-				}
-			}
 		}
-		var err error
-		if r.watch, err = r.ownWatch(ctx, wr); err != nil {
-			return rep, fmt.Errorf("%s: %w", r.etcd.Label(), err)
+		spec.Preflight = func(ctx context.Context) error {
+			_, _, err := guard.Preflight(ctx, r.s.env, r.opts.PreflightOptions)
+			return err
 		}
-		r.opts.Watch = r.watch
-		i, r := i, r
+		e, err := wr.AddEtcd(ctx, spec)
+		if err != nil {
+			return rep, err
+		}
+		r.opts.Journal, r.opts.Snapshot = e.Journal, e.Snapshot
+		r.watch, r.opts.Watch = e.Watch, e.Watch
 		r.opts.OnPreflight = func(lines []string) error {
-			if err := gate.ready(ctx, runs, i); err != nil {
+			if err := wr.Ready(ctx, e); err != nil {
 				return err
 			}
-			return wr.Record(r.etcd.Label(), lines)
+			return wr.Record(e.Label(), lines)
 		}
 	}
 	for _, r := range runs {
@@ -127,57 +123,12 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, run
 	return rep, worstOf(runs)
 }
 
-// ownWatch is the liveness watch of r's etcd in the run: the run's own for
-// the main etcd, else one started for r's.
-func (r *etcdMigration) ownWatch(ctx context.Context, wr *writerun.Run) (*guard.Watch, error) {
-	if r.etcd.Main() {
-		return wr.MainWatch(), nil
-	}
-	return wr.Watch(ctx, r.s.env.Client, r.s.env.Resolver.Prefix())
-}
-
 // etcdHolds says what etcd e of es holds, for the line naming it.
 func etcdHolds(es apiserverconfig.Etcds, e apiserverconfig.Etcd) string {
 	if e.Main() {
 		return "every resource but " + strings.Join(es.MovedNames(), ", ")
 	}
 	return strings.Join(e.ResourceNames(), ", ") + ", --etcd-servers-overrides"
-}
-
-// ready is called before the first write on etcd i of runs: once per run
-// (the first etcd that writes calls it), it waits for every other etcd's
-// liveness verdict and runs the preflight of every etcd after i (those
-// before it wrote nothing, or would have called it first), so that a live
-// kube-apiserver, an alarm or too little room on any etcd refuses the run
-// before anything is written anywhere.
-func (g *readyGate) ready(ctx context.Context, runs []*etcdMigration, i int) error {
-	g.once.Do(func() { g.err = allReady(ctx, runs, i) })
-	return g.err
-}
-
-// readyGate is ready's, once per run.
-type readyGate struct {
-	once sync.Once
-	err  error
-}
-
-func allReady(ctx context.Context, runs []*etcdMigration, i int) error {
-	return func() error {
-		for j, r := range runs {
-			if j == i {
-				continue
-			}
-			if _, err := r.watch.Verdict(ctx); err != nil {
-				return &inEtcdError{r.etcd.Label(), err}
-			}
-			if j > i {
-				if _, _, err := guard.Preflight(ctx, r.s.env, r.opts.PreflightOptions); err != nil {
-					return &inEtcdError{r.etcd.Label(), err}
-				}
-			}
-		}
-		return nil
-	}()
 }
 
 // worstOf is the error of the etcd runs with the worst exit code (nil when
@@ -218,24 +169,10 @@ func severity(code int) int {
 
 var exitSeverity = map[int]int{exitOK: 0, exitStale: 1, exitUnreadable: 2, exitError: 3, exitUsage: 3, exitWriter: 4, exitInternal: 5}
 
-// inEtcdError is an error of another etcd than the one whose run met it
-// (ready): it names its etcd. The run that meets it adds that nothing was
-// written, which its message then does not repeat.
-type inEtcdError struct {
-	etcd string
-	err  error
-}
-
-func (e *inEtcdError) Error() string {
-	return e.etcd + ": " + strings.TrimSuffix(e.err.Error(), " (nothing was written)")
-}
-
-func (e *inEtcdError) Unwrap() error { return e.err }
-
 // prefixErr names where err happened (unless it names its etcd itself),
 // keeping its exit code.
 func prefixErr(where string, err error) error {
-	if errors.As(err, new(*inEtcdError)) {
+	if errors.As(err, new(*writerun.EtcdError)) {
 		return err
 	}
 	if ce, ok := err.(*codeError); ok {

@@ -10,6 +10,7 @@ import (
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/plan"
+	"kube-etcd-migrate/writerun"
 )
 
 // runPlanEtcds is plan on a cluster whose kube-apiserver keeps resources
@@ -34,7 +35,7 @@ func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds
 		mo := o.runOptions(ctx, nil)
 		if !e.Main() {
 			mo.EtcdData = otherEtcdData(e)
-			mo.Journal, mo.Snapshot = etcdFile(mo.Journal, e.Name), etcdFile(mo.Snapshot, e.Name)
+			mo.Journal, mo.Snapshot = writerun.EtcdFile(mo.Journal, e.Name), writerun.EtcdFile(mo.Snapshot, e.Name)
 		}
 		p, err := plan.Run(ctx, s.env, plan.Options{Migrate: mo, StateDir: stateDir, Started: started})
 		if err != nil {

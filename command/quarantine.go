@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/quarantine"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/writerun"
 )
 
@@ -45,9 +45,9 @@ type quarantineOptions struct {
 func newQuarantineOptions(c *cli.Context) *quarantineOptions {
 	dryRun := c.Bool("dry-run")
 	return &quarantineOptions{
-		// A dry run reads a --snapshot-file in place; a run restores it
-		// into a private etcd, which it writes through.
-		scan:        newScanOptions(c, targetNone, dryRun),
+		// A --snapshot-file is read in place; a run writes its
+		// --output-snapshot directly, as migrate does.
+		scan:        newScanOptions(c, targetNone),
 		undo:        newUndoOptions(c),
 		live:        newLivenessOptions(c),
 		outSnap:     newOutputSnapshotOptions(c),
@@ -101,9 +101,6 @@ func cmdQuarantine(c *cli.Context) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	if o.scan.snapshotFile != "" {
-		raiseMemoryLimit(privateEtcdMemoryLimit)
-	}
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
 	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
@@ -137,26 +134,31 @@ func (o *quarantineOptions) quarantineStage(ctx context.Context, s *session, r *
 	// flight finish.
 	writeCtx, cancelWrites := context.WithCancel(context.Background())
 	defer cancelWrites()
-	journal := r.Journal()
-	if journal == "" && o.scan.snapshotFile != "" && !o.dryRun {
-		// The private copy of a backup: the input file is the undo.
-		journal = filepath.Join(s.snap.Dir(), "quarantine.journal")
-	}
-	res, runErr := quarantine.Run(ctx, s.env, quarantine.Options{
+	opts := quarantine.Options{
 		Reasons:            o.reasons,
 		DryRun:             o.dryRun,
-		Journal:            journal,
+		Journal:            r.Journal(),
 		Snapshot:           r.Snapshot(),
 		Lock:               r.Lock,
 		OnPreflight:        func(lines []string) error { return r.Record("", lines) },
 		Watch:              r.MainWatch(),
 		AllowLiveAPIServer: o.live.allowLive,
 		LivenessWindow:     o.live.window,
-		PrivateEtcd:        o.scan.snapshotFile,
 		StateDir:           r.StateDir(),
 		BatchOps:           o.batchOps,
 		WriteContext:       writeCtx,
-	})
+	}
+	if s.file != nil && !o.dryRun {
+		// The backup read in place: the removals go to --output-snapshot,
+		// written as migrate writes it; the input is the undo.
+		w, err := snapshotdb.NewWriter(ctx, s.file, o.outSnap.path, snapshotdb.WriterOptions{})
+		if err != nil {
+			return nil, err
+		}
+		s.out = w
+		opts.Output, opts.OutputFile = w, o.outSnap.path
+	}
+	res, runErr := quarantine.Run(ctx, s.env, opts)
 	if res != nil {
 		if err := printReport(ios.out, o.output, quarantineReport{res}); err != nil {
 			return res, err
@@ -174,12 +176,12 @@ func (o *quarantineOptions) quarantineStage(ctx context.Context, s *session, r *
 	// What is left unreadable where it wrote: the objects it kept, or, in
 	// --output-snapshot, what the verification of OUT finds.
 	left := res.Kept
-	if s.snap != nil {
+	if s.out != nil {
 		w := ios.out
 		if o.output == "json" {
 			w = ios.errOut
 		}
-		rep, err := saveAndVerify(ctx, o.scan, o.outSnap, s, w)
+		rep, err := buildAndVerify(ctx, o.outSnap, s, w)
 		if err != nil {
 			return res, err
 		}

@@ -195,40 +195,67 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 	// verdict, and another writer stops the rollback.
 	rb.opts = rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: wr.MainWatch()}
 	quota := guard.FindQuota(ctx, rb.cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
-	// Every journal read whole, every value put back decrypted, before
-	// anything is written (a dry run too).
-	check, err := o.checkUndo(ctx, rb.specs, rb.wayBack, rb.prefix)
+	cfg, closeEnc, err := o.checkConfig(ctx, rb.specs, rb.wayBack, rb.prefix, quota)
+	if err != nil {
+		return err
+	}
+	defer closeEnc()
+	if !o.undo.noUndo {
+		sp := guard.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: guard.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
+		if o.undo.undoDir != "" {
+			sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
+		}
+		cfg.Space = &sp
+	}
+	checked, err := o.checkEtcd(ctx, rb.cli, cfg)
 	if err != nil {
 		if errors.As(err, new(*undo.PluginStopError)) {
 			return fmt.Errorf("rollback stopped before its first write: %w; nothing was written: once the plugin answers again, run the same rollback again", err)
 		}
 		return err
 	}
-	refusal := undoRefusal(check, o.allowUnverified)
-	rb.opts.Check = check
-	rb.preflight = check.Lines()
-	if refusal != nil && !o.dryRun {
-		return refusal
-	}
-	if !o.dryRun {
-		lines, err := o.rollbackPreflight(ctx, rb.cli, rb.journals, quota)
-		if err != nil {
-			return err
-		}
-		rb.preflight = append(rb.preflight, lines...)
-	}
-	// etcd's room for what the rollback writes (a dry run says it too).
-	lines, refused := guard.CheckRollbackQuota(ctx, rb.cli, rb.journals, quota, rb.opts.CompactHistory, flagOf)
-	rb.preflight = append(rb.preflight, lines...)
-	if refused != nil && !o.dryRun {
-		return refused
-	}
-	if refusal != nil {
-		refused = refusal // a dry run: the rollback would be refused
-	}
-	rb.refused = refused
+	rb.opts.Check, rb.preflight, rb.refused = checked.Undo, checked.Preflight, checked.Refused
 	rb.opts.Quota = &quota
 	return nil
+}
+
+// checkConfig is what the rollback checks in an etcd before its first write,
+// from the flags: the encryption configuration loaded (closeEnc releases it
+// once the journals are read).
+func (o *rollbackOptions) checkConfig(ctx context.Context, specs []undo.JournalSpec, wayBack *undo.Record, prefix string, quota guard.Quota) (cfg rollback.CheckConfig, closeEnc func(), err error) {
+	cfg = rollback.CheckConfig{Journals: specs, WayBack: wayBack, Prefix: prefix, AllowUnverified: o.allowUnverified, DryRun: o.dryRun, CompactHistory: o.space.compactHistory, Quota: quota, Spell: flagOf}
+	enc, configured, _, err := loadEncryption(ctx, o.api, o.prov, o.encryptionConfig)
+	if err != nil {
+		return cfg, nil, err
+	}
+	if configured {
+		cfg.Encryption = enc
+	}
+	return cfg, func() { enc.Close() }, nil
+}
+
+// checkEtcd runs the rollback's checks in one etcd (rollback.Check), says
+// the journals' warning, and gives a refusal its exit code: 2 when no
+// encryption configuration was given and values put back are encrypted (a
+// flag is missing), else 1.
+func (o *rollbackOptions) checkEtcd(ctx context.Context, cli *clientv3.Client, cfg rollback.CheckConfig) (*rollback.Checked, error) {
+	checked, err := rollback.Check(ctx, cli, cfg)
+	if checked != nil {
+		if w := checked.Undo.Warning(flagOf); w != "" {
+			fmt.Fprintln(o.io.errOut, "warning: "+w)
+		}
+		checked.Refused = usageIfNoConfig(checked.Refused)
+	}
+	return checked, usageIfNoConfig(err)
+}
+
+// usageIfNoConfig gives exit 2 to a refusal for want of the encryption
+// configuration.
+func usageIfNoConfig(err error) error {
+	if errors.As(err, new(*undo.NoEncryptionConfigError)) {
+		return &codeError{code: exitUsage, err: err}
+	}
+	return err
 }
 
 // writeRollback undoes the journals, the main etcd's then the others', with the
@@ -247,20 +274,18 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 			}
 			return wr.Record("", append(slices.Clip(rb.preflight), line))
 		}
-		j, err := undo.OpenJournal(u.Journal)
+		mainEtcd, err := wr.AddEtcd(ctx, writerun.EtcdSpec{Endpoints: rb.cli.Endpoints(), Client: rb.cli, Prefix: rb.prefix})
 		if err != nil {
 			return writerun.Result{}, err
 		}
-		defer j.Close()
-		rev, err := currentRevision(ctx, rb.cli)
+		j, err := mainEtcd.OpenJournal(ctx, "rollback", rb.prefix)
 		if err != nil {
 			return writerun.Result{}, err
 		}
-		if err := j.BeginCommand("rollback", rev, rb.prefix); err != nil {
-			return writerun.Result{}, err
+		if j != nil {
+			defer j.Close()
+			opts.Journal, opts.Snapshot = j, mainEtcd.Snapshot
 		}
-		opts.Journal = j
-		opts.Snapshot = u.Snapshot
 	}
 	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
 	res.Preflight = append(rb.preflight, res.Preflight...)
@@ -336,31 +361,6 @@ func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.Journ
 	return specs, &wayBack, ids, nil
 }
 
-// checkUndo reads every journal of the rollback whole, decrypting each value
-// it would put back with the encryption configuration kube-apiserver will
-// run with (--encryption-provider-config, else the one --apiserver-manifest
-// or --apiserver-flags-file names; neither: none given). A damaged journal,
-// or a configuration that does not load, is the error.
-func (o *rollbackOptions) checkUndo(ctx context.Context, specs []undo.JournalSpec, wayBack *undo.Record, prefix string) (*undo.UndoCheck, error) {
-	opts := undo.UndoOptions{CheckOptions: undo.CheckOptions{Prefix: prefix}, WayBack: wayBack}
-	enc, configured, _, err := loadEncryption(ctx, o.api, o.prov, o.encryptionConfig)
-	if err != nil {
-		return nil, err
-	}
-	defer enc.Close()
-	if configured {
-		opts.Configured, opts.Encryption = true, enc
-	}
-	check, err := undo.CheckUndo(ctx, specs, opts)
-	if err != nil {
-		return nil, err
-	}
-	if w := check.Warning(flagOf); w != "" {
-		fmt.Fprintln(o.io.errOut, "warning: "+w)
-	}
-	return check, nil
-}
-
 // loadEncryption loads the encryption configuration kube-apiserver runs
 // with, as the commands that read values take it: --encryption-provider-config
 // (flag, when given on the command line), else the one --apiserver-manifest
@@ -382,43 +382,4 @@ func loadEncryption(ctx context.Context, apiOpts apiServerOptions, prov provenan
 		return nil, false, nil, targetError(err)
 	}
 	return enc, configured, api, nil
-}
-
-// undoRefusal is why the rollback must not write what the journals hold (nil:
-// it may): exit 2 when no encryption configuration was given and values put
-// back are encrypted (a flag is missing), else exit 1.
-func undoRefusal(check *undo.UndoCheck, allowUnverified bool) error {
-	refusal := check.Refusal(allowUnverified)
-	var noConfig *undo.NoEncryptionConfigError
-	if errors.As(refusal, &noConfig) {
-		return &codeError{code: exitUsage, err: refusal}
-	}
-	return refusal
-}
-
-// rollbackPreflight is what a rollback checks before its first write, as
-// migrate does: no alarm, room for its own undo in the state directory or
-// --undo-dir (a snapshot of the database and a journal about the size of the
-// journals it undoes) with etcd's growth from what it writes back. The
-// liveness window's verdict comes with the first write (its Watch).
-func (o *rollbackOptions) rollbackPreflight(ctx context.Context, cli *clientv3.Client, journals []string, quota guard.Quota) ([]string, error) {
-	if err := guard.RollbackAlarms(ctx, cli, journals); err != nil {
-		return nil, err
-	}
-	if o.undo.noUndo {
-		return nil, nil
-	}
-	sp := guard.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: guard.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
-	if o.undo.undoDir != "" {
-		sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
-	}
-	return guard.CheckRollbackSpace(ctx, cli, sp, journals)
-}
-
-func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
-	resp, err := cli.Get(ctx, "/", clientv3.WithCountOnly(), clientv3.WithLimit(1))
-	if err != nil {
-		return 0, fmt.Errorf("read etcd's revision: %w", err)
-	}
-	return resp.Header.Revision, nil
 }

@@ -32,6 +32,7 @@ type etcdRollback struct {
 
 	cli       *clientv3.Client
 	prefix    string
+	etcd      *writerun.Etcd
 	watch     *guard.Watch
 	check     *undo.UndoCheck
 	quota     guard.Quota
@@ -106,33 +107,21 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 	}
 	r.cli = cli
 	r.prefix = undo.JournalsPrefix(r.journals())
-	if r.watch, err = wr.Watch(ctx, cli, r.prefix); err != nil {
+	if r.etcd, err = wr.AddEtcd(ctx, writerun.EtcdSpec{Name: r.name, Endpoints: r.endpoints, Client: cli, Prefix: r.prefix}); err != nil {
 		return err
 	}
+	r.watch = r.etcd.Watch
 	r.quota = guard.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
-	if r.check, err = o.checkUndo(ctx, r.specs, r.wayBack, r.prefix); err != nil {
+	cfg, closeEnc, err := o.checkConfig(ctx, r.specs, r.wayBack, r.prefix, r.quota)
+	if err != nil {
 		return err
 	}
-	r.preflight = r.check.Lines()
-	r.refused = undoRefusal(r.check, o.allowUnverified)
-	if r.refused != nil && !o.dryRun {
-		return r.refused
+	defer closeEnc()
+	checked, err := o.checkEtcd(ctx, cli, cfg)
+	if err != nil {
+		return err
 	}
-	if !o.dryRun {
-		if err := guard.RollbackAlarms(ctx, cli, r.journals()); err != nil {
-			return err
-		}
-	}
-	lines, refused := guard.CheckRollbackQuota(ctx, cli, r.journals(), r.quota, o.space.compactHistory, flagOf)
-	r.preflight = append(r.preflight, lines...)
-	if refused != nil {
-		if !o.dryRun {
-			return refused
-		}
-		if r.refused == nil {
-			r.refused = refused
-		}
-	}
+	r.check, r.preflight, r.refused = checked.Undo, checked.Preflight, checked.Refused
 	line, err := r.watch.Verdict(ctx)
 	if err != nil {
 		return err
@@ -145,26 +134,15 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 
 // undoEtcd undoes r's journals, with the rollback's own undo there beside its
 // main one (u nil: none).
-func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback, u *undo.Run) error {
+func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback) error {
 	opts := rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
-	if u != nil {
-		journal, snapshot := etcdFile(u.Journal, r.name), etcdFile(u.Snapshot, r.name)
-		if err := u.AddEtcd(undo.RunEtcd{Name: r.name, Endpoints: r.endpoints, Journal: journal, Snapshot: snapshot}); err != nil {
-			return err
-		}
-		j, err := undo.OpenJournal(journal)
-		if err != nil {
-			return err
-		}
+	j, err := r.etcd.OpenJournal(ctx, "rollback", r.prefix)
+	if err != nil {
+		return err
+	}
+	if j != nil {
 		defer j.Close()
-		rev, err := currentRevision(ctx, r.cli)
-		if err != nil {
-			return err
-		}
-		if err := j.BeginCommand("rollback", rev, r.prefix); err != nil {
-			return err
-		}
-		opts.Journal, opts.Snapshot = j, snapshot
+		opts.Journal, opts.Snapshot = j, r.etcd.Snapshot
 	}
 	res, err := rollback.RollbackJournals(ctx, r.cli, &etcdscan.Writer{Client: r.cli}, r.journals(), opts)
 	res.Preflight = append(slices.Clip(r.preflight), res.Preflight...)
@@ -236,7 +214,7 @@ func (o *rollbackOptions) finishEtcds(ctx context.Context, wr *writerun.Run, oth
 	// the main etcd stops there.
 	if err == nil || o.dryRun {
 		for _, r := range others {
-			rerr := o.undoEtcd(ctx, r, wr.Dir())
+			rerr := o.undoEtcd(ctx, r)
 			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.name, Endpoints: r.endpoints, RollbackResult: r.res})
 			res.Restored += r.res.Restored
 			if rerr != nil {

@@ -21,9 +21,8 @@ import (
 // copy), profiling, the pipeline.
 type session struct {
 	cli      *clientv3.Client
-	snap     *snapshotdb.Restored // a --snapshot-file restored (commands that write)
-	file     *snapshotdb.File     // a --snapshot-file read in place (read-only commands, migrate)
-	out      *snapshotdb.Writer   // migrate's --output-snapshot, written from file
+	file     *snapshotdb.File   // a --snapshot-file, read in place
+	out      *snapshotdb.Writer // migrate's or quarantine's --output-snapshot, written from file
 	env      *pipeline.Env
 	stopProf func()
 }
@@ -34,9 +33,6 @@ func (s *session) close() {
 	}
 	if s.cli != nil {
 		s.cli.Close()
-	}
-	if s.snap != nil {
-		s.snap.Close()
 	}
 	if s.out != nil {
 		s.out.Close()
@@ -130,17 +126,11 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	// Before connecting: a connection that fails says where its values came from.
 	envRep.print(w)
 	var cli *clientv3.Client
-	if snapshotFile != "" && o.inPlace {
+	if snapshotFile != "" {
 		if s.file, err = openSnapshotFile(o, snapshotFile); err != nil {
 			s.close()
 			return nil, err
 		}
-	} else if snapshotFile != "" {
-		if s.snap, err = openSnapshot(ctx, o); err != nil {
-			s.close()
-			return nil, err
-		}
-		cli = s.snap.Client
 	} else {
 		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
 			s.close()
@@ -164,10 +154,6 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 		cfg.Concurrency = o.target.concurrency
 	}
 	cfg.Target.KubeadmSource = o.kubeadmFrom
-	if s.snap != nil && cfg.Revision == 0 && o.revisionFlag {
-		// Read-only: exactly the snapshot's revision, whatever the private etcd does.
-		cfg.Revision = s.snap.Info.Revision
-	}
 	if s.file != nil && cfg.Revision == 0 && o.revisionFlag {
 		cfg.Revision = s.file.Info.Revision
 	}
@@ -215,7 +201,6 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 				cancel()
 				continue
 			}
-			snapshotdb.RemoveRestoreDirs()
 			snapshotdb.RemoveWriterFiles()
 			encryption.RemoveTempDirs()
 			os.Exit(exitSignal)

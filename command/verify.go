@@ -37,7 +37,7 @@ type verifyOptions struct {
 
 func newVerifyOptions(c *cli.Context) *verifyOptions {
 	o := &verifyOptions{
-		scan:           newScanOptions(c, targetJudge, true),
+		scan:           newScanOptions(c, targetJudge),
 		output:         c.String("output"),
 		showKeys:       c.Int("show-keys"),
 		failOnOrphaned: c.Bool("fail-on-orphaned"),

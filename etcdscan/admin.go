@@ -235,6 +235,15 @@ func snapshotEndpoint(ctx context.Context, cli *clientv3.Client) string {
 	return eps[0]
 }
 
+// Revision is etcd's current revision (one count-only read).
+func Revision(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	resp, err := cli.Get(ctx, "/", clientv3.WithCountOnly(), clientv3.WithLimit(1))
+	if err != nil {
+		return 0, fmt.Errorf("read etcd's revision: %w", err)
+	}
+	return resp.Header.Revision, nil
+}
+
 // CompactRevision returns the revision etcd was last compacted at (0 when it
 // never was): revisions below it can no longer be read. It binary-searches the
 // oldest readable revision with count-only reads (about log2(revision) requests).

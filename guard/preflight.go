@@ -34,9 +34,6 @@ type PreflightOptions struct {
 	// LivenessWindow is how long the live-apiserver check watches etcd for
 	// writes (--liveness-window); 0 = liveness.DefaultWindow.
 	LivenessWindow time.Duration
-	// PrivateEtcd, when set, names the snapshot file the etcd is a private copy
-	// of: no kube-apiserver can reach it, so the live-apiserver watch is moot.
-	PrivateEtcd string
 	// Spell names the operator's inputs in the preflight's lines and the
 	// quota's source (the command: its flags); nil: words.
 	Spell func(input.Name) string
@@ -409,10 +406,9 @@ type spaceStart struct {
 func minCompactRoom(quota int64) int64 { return 2 * max(Margin(quota)/4, 256<<10) }
 
 // PreflightOffline runs the checks any write needs (migrate's, quarantine's)
-// that etcd answers at once: etcd has no alarm; for a private copy of a
-// snapshot file (opts.PrivateEtcd), a line saying no kube-apiserver can
-// reach it. Whether one is alive is the run's Watch's (StartWatch): its
-// window runs while the run goes on, and the first write waits for it.
+// that etcd answers at once: etcd has no alarm. Whether a kube-apiserver is
+// alive is the run's Watch's (StartWatch): its window runs while the run
+// goes on, and the first write waits for it.
 func PreflightOffline(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, error) {
 	var done []string
 	alarms, err := etcdscan.Alarms(ctx, env.Client)
@@ -423,8 +419,5 @@ func PreflightOffline(ctx context.Context, env *pipeline.Env, opts PreflightOpti
 		return done, &PreflightError{Err: fmt.Errorf("etcd has active alarms: %s; resolve them (for NOSPACE: compact, defragment, then 'etcdctl alarm disarm')", strings.Join(alarms, "; "))}
 	}
 	done = append(done, "etcd has no active alarm")
-	if opts.PrivateEtcd != "" {
-		done = append(done, "no kube-apiserver can reach this etcd: a private copy of "+opts.PrivateEtcd)
-	}
 	return done, nil
 }

@@ -34,13 +34,25 @@ func (s EtcdStore) Get(ctx context.Context, key string) (etcdscan.KV, bool, erro
 }
 
 // OutputPreflight is the preflight of a run that writes the output snapshot
-// out instead of to etcd (migrate's Options.Output): the input is a file no
-// kube-apiserver reaches, never modified; the output's filesystem has room
-// for about the input's size (the output holds each live key once, the
-// run's new values beside it until it is built); the write encryption
-// providers work.
+// out instead of to etcd (migrate's Options.Output): OutputSpace, and the
+// write encryption providers work.
 func OutputPreflight(ctx context.Context, env *pipeline.Env, out string, opts PreflightOptions) ([]string, error) {
-	in := env.Config.SnapshotFile
+	done, err := OutputSpace(env.Config.SnapshotFile, out, opts)
+	if err != nil {
+		return done, err
+	}
+	if err := CheckEncryption(ctx, env); err != nil {
+		return done, err
+	}
+	return append(done, "write encryption providers encrypt and decrypt a probe value"), nil
+}
+
+// OutputSpace is what a run that writes the output snapshot out from the
+// snapshot file in checks first: in is a file no kube-apiserver reaches,
+// never modified; the output's filesystem has room for about the input's
+// size (the output holds each live key once, the run's new values beside
+// it until it is built).
+func OutputSpace(in, out string, opts PreflightOptions) ([]string, error) {
 	done := []string{"no kube-apiserver can reach " + in + ": a snapshot file, read in place and never modified (it is the undo)"}
 	fi, err := os.Stat(in)
 	if err != nil {
@@ -55,9 +67,5 @@ func OutputPreflight(ctx context.Context, env *pipeline.Env, out string, opts Pr
 	if err != nil {
 		return done, err
 	}
-	done = append(done, fmt.Sprintf("disk space for %s %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.spell()(input.OutputSnapshot), out, textfmt.Bytes(fi.Size())))
-	if err := CheckEncryption(ctx, env); err != nil {
-		return done, err
-	}
-	return append(done, "write encryption providers encrypt and decrypt a probe value"), nil
+	return append(done, fmt.Sprintf("disk space for %s %s: at most about the input's size, %s (each live key once; the new values kept beside it until it is built)", opts.spell()(input.OutputSnapshot), out, textfmt.Bytes(fi.Size()))), nil
 }

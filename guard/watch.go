@@ -32,10 +32,9 @@ type Watch struct {
 }
 
 // StartWatch starts the liveness watch of a run that writes to cli under
-// prefix: none (nil) with opts.AllowLiveAPIServer, nor for a private copy
-// of a snapshot file, which no kube-apiserver can reach (opts.PrivateEtcd).
+// prefix: none (nil) with opts.AllowLiveAPIServer.
 func StartWatch(ctx context.Context, cli *clientv3.Client, prefix string, opts PreflightOptions) (*Watch, error) {
-	if opts.PrivateEtcd != "" || opts.AllowLiveAPIServer {
+	if opts.AllowLiveAPIServer {
 		return nil, nil
 	}
 	lw, err := liveness.Start(ctx, cli, prefix, opts.LivenessWindow)

@@ -143,11 +143,15 @@ type Options struct {
 	Lock func(context.Context) error
 	// Watch, when set, is the writing run's liveness watch (the caller's,
 	// which it closes); nil: the run starts its own (none with
-	// AllowLiveAPIServer or PrivateEtcd).
+	// AllowLiveAPIServer or Output).
 	Watch              *guard.Watch
 	AllowLiveAPIServer bool
-	// PrivateEtcd names the snapshot file the etcd is a private copy of.
-	PrivateEtcd string
+	// Output, when set, is where the removals go instead of etcd: the
+	// output snapshot (OutputFile) of a snapshot file read in place
+	// (env.Source), which no kube-apiserver reaches. The input is the undo:
+	// no snapshot, no liveness watch, and a journal only when Journal is set.
+	Output     guard.Store
+	OutputFile string
 	// StateDir, when set, is where a rollback of the run keeps its own undo:
 	// its room is counted with the run's (guard.RunSpace).
 	StateDir undo.StateDir
@@ -237,7 +241,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 		return res, &OptionError{Option: OptionResources, Msg: "name the resource(s) to quarantine objects of (quarantine never works on every resource at once)"}
 	case env.Config.Revision != 0:
 		return res, &OptionError{Option: OptionRevision, Value: strconv.FormatInt(env.Config.Revision, 10), Msg: "quarantine reads and writes the current revision; a past revision is for the read-only commands"}
-	case !opts.DryRun && opts.Journal == "":
+	case !opts.DryRun && opts.Journal == "" && opts.Output == nil:
 		return res, &OptionError{Option: OptionJournal, Msg: "required (the removed values are recorded there, for rollback), unless a dry run"}
 	}
 	writeCtx := opts.WriteContext
@@ -246,10 +250,10 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 	}
 
 	watch := opts.Watch
-	if !opts.DryRun && watch == nil {
+	if !opts.DryRun && watch == nil && opts.Output == nil {
 		// The liveness window runs while the objects are read; the first
 		// removal waits for its verdict, and another writer stops the run.
-		popts := guard.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, PrivateEtcd: opts.PrivateEtcd, LivenessWindow: opts.LivenessWindow}
+		popts := guard.PreflightOptions{AllowLiveAPIServer: opts.AllowLiveAPIServer, LivenessWindow: opts.LivenessWindow}
 		var err error
 		if watch, err = guard.StartWatch(ctx, env.Client, env.Resolver.Prefix(), popts); err != nil {
 			return res, err
@@ -330,18 +334,31 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 
 	// Before the first removal: room for the undo, the liveness window's
 	// verdict and the snapshot (saved while the window ends), the plan.
-	journal, err := beforeFirstRemoval(ctx, env, opts, watch, remove, res)
-	if err != nil {
-		return res.finish(), err
+	var journal *undo.Journal
+	var w guard.Store
+	if opts.Output != nil {
+		w = opts.Output
+		var err error
+		if journal, err = beforeFirstOutput(env, opts, res); err != nil {
+			return res.finish(), err
+		}
+		if journal != nil {
+			defer journal.Close()
+		}
+	} else {
+		var err error
+		if journal, err = beforeFirstRemoval(ctx, env, opts, watch, remove, res); err != nil {
+			return res.finish(), err
+		}
+		defer journal.Close()
+		w = guard.EtcdStore{Writer: &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, Observer: watch.Observer()}}
 	}
-	defer journal.Close()
 	// Pass 2: journal and remove, a batch at a time.
-	w := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, Observer: watch.Observer()}
 	batch := opts.BatchOps
 	if batch <= 0 {
 		batch = etcdscan.DefaultMaxOps
 	}
-	err = nil
+	var err error
 	for len(remove) > 0 && err == nil {
 		if ctx.Err() != nil {
 			res.Interrupted = true
@@ -388,9 +405,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		space.RollbackWrites += guard.PutCostSize(len(e.Key), e.Bytes)
 		space.RollbackJournalBytes += undo.JournalRecordBytes(e.Key, 0)
 	}
-	if opts.PrivateEtcd == "" {
-		space.Etcd = guard.FindEtcdData(env.Target.APIServer().Manifest, guard.EtcdDataOf(env.Target.APIServer()))
-	}
+	space.Etcd = guard.FindEtcdData(env.Target.APIServer().Manifest, guard.EtcdDataOf(env.Target.APIServer()))
 	lines, err := guard.CheckDiskSpace(space.Needs())
 	res.Preflight = append(res.Preflight, lines...)
 	if err != nil {
@@ -400,7 +415,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		}
 		return nil, err
 	}
-	if opts.PrivateEtcd == "" && space.Etcd.Dir == "" {
+	if space.Etcd.Dir == "" {
 		res.Preflight = append(res.Preflight, "etcd's data directory on this host: "+space.Etcd.Source+"; its growth is not counted")
 	}
 	var journal *undo.Journal
@@ -428,6 +443,36 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		return nil, err
 	}
 	return journal, nil
+}
+
+// beforeFirstOutput is the preflight of a quarantine that writes an output
+// snapshot (opts.Output): room for it on its filesystem; the input, read in
+// place and never modified, is the undo. The checks go to OnPreflight; the
+// journal, when one is asked for (opts.Journal), records the removals as
+// on etcd (nil: none).
+func beforeFirstOutput(env *pipeline.Env, opts Options, res *Result) (*undo.Journal, error) {
+	lines, err := guard.OutputSpace(env.Config.SnapshotFile, opts.OutputFile, guard.PreflightOptions{})
+	res.Preflight = append(res.Preflight, lines...)
+	if err != nil {
+		return nil, err
+	}
+	if opts.OnPreflight != nil {
+		if err := opts.OnPreflight(res.Preflight); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Journal == "" {
+		return nil, nil
+	}
+	j, err := undo.OpenJournal(opts.Journal)
+	if err != nil {
+		return nil, err
+	}
+	if err := j.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
 }
 
 func entryOf(d *reencode.Decision) *Entry {
@@ -470,41 +515,44 @@ func (r *Result) finish() *Result {
 // removeBatch reads each entry again, checks it is the value decided on and
 // still unreadable for the same reason, journals it and deletes it with
 // compare-and-swap on its mod revision.
-func removeBatch(ctx context.Context, env *pipeline.Env, w *etcdscan.Writer, j *undo.Journal, es []*Entry, res *Result) error {
+func removeBatch(ctx context.Context, env *pipeline.Env, w guard.Store, j *undo.Journal, es []*Entry, res *Result) error {
 	var intents []undo.DeleteIntent
 	var dels []etcdscan.Put
 	var pending []*Entry
 	for _, e := range es {
-		resp, err := env.Client.Get(ctx, e.Key)
+		kv, found, err := w.Get(ctx, e.Key)
 		if err != nil {
 			return fmt.Errorf("quarantine: read %s: %w (nothing of this batch was removed)", e.Key, err)
 		}
-		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != e.ModRevision {
+		if !found || kv.ModRevision != e.ModRevision {
 			e.Status, e.Note = StatusConflict, "changed or deleted since it was read: left alone (run again to see it)"
 			res.Conflicts++
 			res.Entries = append(res.Entries, *e)
 			continue
 		}
-		kv := resp.Kvs[0]
-		d := env.DecideOne(ctx, etcdscan.KV{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease}, pipeline.DecodeOnly)
+		d := env.DecideOne(ctx, kv, pipeline.DecodeOnly)
 		if (d.Status != reencode.Unreadable && d.Status != reencode.Orphaned) || d.Err == nil || d.Err.Reason != e.Reason {
 			res.keep(e, fmt.Sprintf("read again, it is %s: left alone", d.Status))
 			continue
 		}
 		intents = append(intents, undo.DeleteIntent{Key: e.Key, Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision,
 			Version: kv.Version, Lease: kv.Lease, Reason: string(e.Reason)})
-		dels = append(dels, etcdscan.Put{Key: e.Key, ModRevision: kv.ModRevision, Delete: true})
+		dels = append(dels, etcdscan.Put{Key: e.Key, ModRevision: kv.ModRevision, Read: kv.Meta(), Delete: true})
 		pending = append(pending, e)
 	}
 	if len(dels) == 0 {
 		return nil
 	}
-	if err := j.DeleteIntents(intents); err != nil {
-		return fmt.Errorf("%w (nothing of this batch was removed)", err)
+	if j != nil {
+		if err := j.DeleteIntents(intents); err != nil {
+			return fmt.Errorf("%w (nothing of this batch was removed)", err)
+		}
 	}
 	results := w.Write(ctx, dels)
-	if err := j.Deleted(results); err != nil {
-		return err
+	if j != nil {
+		if err := j.Deleted(results); err != nil {
+			return err
+		}
 	}
 	for i, r := range results {
 		e := pending[i]

@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"kube-etcd-migrate/target"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -27,6 +27,8 @@ import (
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/quarantine"
 	"kube-etcd-migrate/rollback"
+	"kube-etcd-migrate/snapshotdb"
+	"kube-etcd-migrate/target"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
 )
@@ -211,10 +213,65 @@ func TestRefusals(t *testing.T) {
 	if d := cmp.Diff(before, keysIn(t, k.c.Cli, leaseKey)); d != "" {
 		t.Errorf("removed objects while a kube-apiserver was alive (-before +after):\n%s", d)
 	}
-	// A private copy of a snapshot file: no kube-apiserver can reach it.
-	res, err := quarantine.Run(ctx, env, quarantine.Options{Reasons: reasons, Journal: journal, PrivateEtcd: "backup.db"})
-	if err != nil || res.Removed != 4 {
-		t.Errorf("private etcd: %v, removed %d", err, res.Removed)
+	// A snapshot file read in place, written to an output snapshot: no
+	// kube-apiserver can reach either, so no watch and no journal; the
+	// removed keys are not in the output, every other key is there byte for
+	// byte, and the input is not modified.
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "backup.db"), filepath.Join(dir, "out.db")
+	if err := etcdscan.Snapshot(ctx, k.c.Cli, in); err != nil {
+		t.Fatal(err)
+	}
+	inBytes, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := snapshotdb.Open(in, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	fenv, err := pipeline.SetupSource(ctx, file, pipeline.Config{Prefix: "/registry", Target: target.Input{EncryptionConfig: k.cfg}, Resources: []string{"secrets"}, SnapshotFile: in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fenv.Close()
+	w, err := snapshotdb.NewWriter(ctx, file, out, snapshotdb.WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	res, err := quarantine.Run(ctx, fenv, quarantine.Options{Reasons: reasons, Output: w, OutputFile: out})
+	if err != nil || res.Removed != 4 || res.Journal != "" {
+		t.Fatalf("output snapshot: %v, removed %d, journal %q", err, res.Removed, res.Journal)
+	}
+	if _, err := w.Finish(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(in); !bytes.Equal(after, inBytes) {
+		t.Error("the input snapshot changed")
+	}
+	outFile, err := snapshotdb.Open(out, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outFile.Close()
+	all, err := k.c.Cli.Get(ctx, "/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := keysWith(res, quarantine.StatusRemoved)
+	for _, kv := range all.Kvs {
+		key := string(kv.Key)
+		got, found, err := outFile.Get(ctx, key, 0)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case slices.Contains(gone, key) && found:
+			t.Errorf("%s: removed, but in the output", key)
+		case !slices.Contains(gone, key) && (!found || !bytes.Equal(got.Value, kv.Value)):
+			t.Errorf("%s: not in the output as it was", key)
+		}
 	}
 }
 

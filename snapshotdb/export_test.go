@@ -30,10 +30,6 @@ func SetFanIn(n int) (restore func()) {
 	return func() { fanIn = old }
 }
 
-// WithoutKeepAlive turns the lease keepalives of a restored backup off, so
-// that a test can show what they prevent.
-func WithoutKeepAlive(o *RestoreOptions) { o.noKeepAlive = true }
-
 // SetChunkBytes sets how much an output snapshot's build copies between
 // commits (tests).
 func SetChunkBytes(n int) (restore func()) {

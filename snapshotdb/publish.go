@@ -33,3 +33,34 @@ func Publish(tmp, out string, force bool) error {
 	}
 	return nil
 }
+
+// CheckOutput refuses an output path that would overwrite the input, or an
+// existing file without force, before any work is done.
+func CheckOutput(in, out string, force bool) error {
+	if out == "" {
+		return input.Errorf("%s: no file given", input.OutputSnapshot)
+	}
+	ofi, err := os.Stat(out)
+	switch {
+	case err == nil:
+		if ifi, ierr := os.Stat(in); ierr == nil && os.SameFile(ifi, ofi) {
+			return input.Errorf("%s %s is the %s itself, which is never modified: write elsewhere", input.OutputSnapshot, out, input.SnapshotFile)
+		}
+		if !ofi.Mode().IsRegular() {
+			return input.Errorf("%s %s: not a regular file", input.OutputSnapshot, out)
+		}
+		if !force {
+			return input.Errorf("%s %s exists: remove it or pass %s to replace it", input.OutputSnapshot, out, input.Force)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return input.Errorf("%s %s: %w", input.OutputSnapshot, out, err)
+	}
+	dir := filepath.Dir(out)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(out)+".probe-*")
+	if err != nil {
+		return input.Errorf("%s %s: cannot write in %s: %w", input.OutputSnapshot, out, dir, err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return nil
+}

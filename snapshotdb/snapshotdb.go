@@ -1,10 +1,12 @@
 // Package snapshotdb is etcd's backup files: an etcd snapshot file — what
 // `etcdctl snapshot save`, `migrate --snapshot` or an --output-snapshot wrote,
 // or a member's member/snap/db — checked (etcd's sha256 trailer, the bbolt
-// structure, etcd's buckets), then read in place, restored, or written anew.
+// structure, etcd's buckets), then read in place, or written anew. The
+// package links no etcd server: a backup is never restored to be read or
+// written.
 //
-// Read in place (Open, File), read-only, as an etcdscan.Source for the
-// read-only commands and migrate: no restore, no etcd, no copy of the file.
+// Read in place (Open, File), read-only, as an etcdscan.Source for every
+// command: no restore, no etcd, no copy of the file.
 // etcd's bbolt database is read with bbolt in read-only mode, the
 // revision-keyed records through etcd's own mvcc revision encoding and
 // mvccpb.KeyValue, and the meta and lease buckets through etcd's own schema
@@ -18,13 +20,9 @@
 // are the page cache's: private memory stays flat whatever the size of the
 // file.
 //
-// Restored (Restore, restore.go) into a private etcd for quarantine, which
-// writes through etcd: etcdutl's own restore into a private directory, served
-// by an embedded etcd on a unix socket, its leases kept alive, saved again
-// (Restored.Save) and removed on Close.
-//
-// Written anew (NewWriter, Writer, write.go and writebuild.go) for migrate's
-// --output-snapshot from a file read in place: the run's writes kept beside
+// Written anew (NewWriter, Writer, write.go and writebuild.go) for the
+// --output-snapshot of migrate and quarantine from a file read in place: the
+// run's writes (updates and deletes, compare-and-swap as etcd's) kept beside
 // the output, the output built with bbolt and etcd's encodings, no etcd.
 //
 // Every writer finishes its file here: etcd's trailer appended

@@ -11,9 +11,9 @@
 // etcd's key bucket, which holds exactly one record per live key — a key not
 // rewritten at its original revision with its original bytes, a rewritten one
 // at a new revision above the input's (its create revision and lease kept,
-// its version one more, as etcd's update does) — with no tombstone and no
-// superseded record, and marked compacted at its revision, as etcd's own
-// compaction leaves a store. The input's storage and cluster versions are in
+// its version one more, as etcd's update does), a key the run deleted not
+// at all — with no tombstone and no superseded record, and marked compacted
+// at its revision, as etcd's own compaction leaves a store. The input's storage and cluster versions are in
 // the copied meta and cluster buckets; etcd's sha256 trailer is appended, and
 // the file published atomically (mode 0600). The input is never modified.
 
@@ -70,7 +70,9 @@ type Writer struct {
 	// of tracked keys' records written again since.
 	tracked    map[string]etcdscan.KV
 	superseded map[int64]bool
-	rewritten  int64
+	removed    map[string]bool // tracked keys deleted
+	rewritten  int64           // live records rewritten
+	deleted    int64           // keys deleted
 
 	calls   atomic.Int64
 	stopped atomic.Pointer[etcdscan.FatalError]
@@ -94,7 +96,7 @@ func pack(main, sub int64) (uint64, bool) {
 // directory (unlinked at once: nothing is left behind whatever ends the
 // process).
 func NewWriter(ctx context.Context, in *File, out string, opts WriterOptions) (*Writer, error) {
-	w := &Writer{in: in, out: out, opts: opts, inRev: in.Info.Revision, next: in.Info.Revision, tracked: map[string]etcdscan.KV{}, superseded: map[int64]bool{}}
+	w := &Writer{in: in, out: out, opts: opts, inRev: in.Info.Revision, next: in.Info.Revision, tracked: map[string]etcdscan.KV{}, superseded: map[int64]bool{}, removed: map[string]bool{}}
 	err := in.EachRevision(ctx, func(main, sub int64) error {
 		p, ok := pack(main, sub)
 		if !ok {
@@ -145,7 +147,8 @@ func (w *Writer) Revision() int64 {
 	return w.next
 }
 
-// Rewritten counts the keys written (a key written twice counts once).
+// Rewritten counts the keys written (a key written twice counts once; a key
+// deleted is not counted).
 func (w *Writer) Rewritten() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -157,7 +160,11 @@ func (w *Writer) Rewritten() int64 {
 func (w *Writer) Get(ctx context.Context, key string) (etcdscan.KV, bool, error) {
 	w.mu.Lock()
 	kv, ok := w.tracked[key]
+	removed := w.removed[key]
 	w.mu.Unlock()
+	if removed {
+		return etcdscan.KV{}, false, nil
+	}
 	if ok {
 		kv.Value = slices.Clone(kv.Value)
 		return kv, true, nil
@@ -179,9 +186,10 @@ func (w *Writer) liveAt(main, sub int64) (int, bool) {
 }
 
 // Write stores puts as etcd's compare-and-swap would, one result per put: a
-// put whose key does not hold ModRevision (as read from the input, or as this
-// writer wrote a tracked key) is a Conflict and writes nothing. Deletes and
-// creations are not written to an output snapshot (Failed).
+// put or delete whose key does not hold ModRevision (as read from the input,
+// or as this writer wrote a tracked key) is a Conflict and writes nothing. A
+// delete spends a revision, as etcd's does, and the output holds no trace
+// of the key. Creations are not written to an output snapshot (Failed).
 func (w *Writer) Write(ctx context.Context, puts []etcdscan.Put) []etcdscan.PutResult {
 	w.calls.Add(1)
 	res := make([]etcdscan.PutResult, len(puts))
@@ -198,30 +206,52 @@ func (w *Writer) Write(ctx context.Context, puts []etcdscan.Put) []etcdscan.PutR
 			r.Status, r.Err = etcdscan.Failed, fmt.Errorf("put %s: %w", p.Key, err)
 			continue
 		}
-		if p.Delete || p.ModRevision == 0 {
-			r.Status, r.Err = etcdscan.Failed, fmt.Errorf("%s %s: an output snapshot takes updates of existing keys only", verbOf(p), p.Key)
+		if p.ModRevision == 0 {
+			r.Status, r.Err = etcdscan.Failed, fmt.Errorf("create %s: an output snapshot takes updates and deletes of existing keys only", p.Key)
 			continue
 		}
 		read := p.Read
 		prev, tracked := w.tracked[p.Key]
 		switch {
+		case w.removed[p.Key]:
+			r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("%s %s: key deleted since read", verbOf(p), p.Key)
+			continue
 		case tracked && prev.ModRevision != p.ModRevision:
-			r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("put %s: key modified since read (mod revision %d, read at %d)", p.Key, prev.ModRevision, p.ModRevision)
+			r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("%s %s: key modified since read (mod revision %d, read at %d)", verbOf(p), p.Key, prev.ModRevision, p.ModRevision)
 			continue
 		case tracked:
 			read = prev.Meta()
 			w.superseded[prev.ModRevision] = true
+			if p.Delete {
+				// Its input record is gone already, counted as rewritten.
+				w.rewritten--
+			}
 		case p.ModRevision > w.inRev:
-			r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("put %s: key modified since read (read at mod revision %d, after the input's revision %d, and not written by this run)", p.Key, p.ModRevision, w.inRev)
+			r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("%s %s: key modified since read (read at mod revision %d, after the input's revision %d, and not written by this run)", verbOf(p), p.Key, p.ModRevision, w.inRev)
 			continue
 		default:
 			idx, ok := w.liveAt(p.ModRevision, read.ModSub)
 			if !ok {
-				r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("put %s: key modified since read (it no longer has mod revision %d)", p.Key, p.ModRevision)
+				r.Status, r.Err = etcdscan.Conflict, fmt.Errorf("%s %s: key modified since read (it no longer has mod revision %d)", verbOf(p), p.Key, p.ModRevision)
 				continue
 			}
 			w.gone[idx/64] |= 1 << (idx % 64)
-			w.rewritten++
+			if !p.Delete {
+				w.rewritten++
+			}
+		}
+		if p.Delete {
+			// Nothing is stored: the output, compacted at its revision,
+			// holds no tombstone; the revision is spent as etcd's delete
+			// spends one.
+			w.next++
+			w.deleted++
+			if tracked {
+				delete(w.tracked, p.Key)
+				w.removed[p.Key] = true
+			}
+			r.Status, r.NewModRevision = etcdscan.Written, w.next
+			continue
 		}
 		rev := w.next + 1
 		kv := mvccpb.KeyValue{Key: []byte(p.Key), Value: p.Value, CreateRevision: read.CreateRevision, ModRevision: rev, Version: read.Version + 1, Lease: read.Lease}

@@ -89,14 +89,26 @@ func TestOutputRestores(t *testing.T) {
 	for _, chunk := range []int{64, 8 << 20} {
 		t.Run(fmt.Sprintf("commit every %d bytes", chunk), func(t *testing.T) {
 			defer snapshotdb.SetChunkBytes(chunk)()
-			testOutputRestores(t)
+			testOutputRestores(t, testetcd.LinkedVersion)
 		})
 	}
 }
 
-func testOutputRestores(t *testing.T) {
+// TestOutputRestoresOnItsRelease: the same for a snapshot of each etcd
+// release the tool supports, saved by that release's server: the output
+// keeps the input's storage and cluster versions, and that release's own
+// etcdutl restores it and its etcd serves it.
+func TestOutputRestoresOnItsRelease(t *testing.T) {
+	for _, v := range testetcd.Versions() {
+		if !testetcd.IsLinked(v) { // the linked one: TestOutputRestores
+			t.Run(testetcd.Name(v), func(t *testing.T) { testOutputRestores(t, v) })
+		}
+	}
+}
+
+func testOutputRestores(t *testing.T, version string) {
 	ctx := context.Background()
-	src := testetcd.StartT(t, testetcd.Options{})
+	src := testetcd.StartT(t, testetcd.Options{Version: version})
 	cli, err := src.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -149,17 +161,23 @@ func testOutputRestores(t *testing.T) {
 	}
 	// The same key again at the revision read: written by the first put.
 	puts = append(puts, put("/r/a", "again"))
-	// A delete and a creation: not for an output snapshot.
-	puts = append(puts, etcdscan.Put{Key: "/r/u", ModRevision: read["/r/u"].ModRevision, Delete: true}, etcdscan.Put{Key: "/r/new", Value: []byte("x")})
+	// A delete spends a revision; a second delete of it conflicts; a
+	// creation is not for an output snapshot.
+	del := func(key string) etcdscan.Put {
+		kv := read[key]
+		return etcdscan.Put{Key: key, ModRevision: kv.ModRevision, Read: kv.Meta(), Delete: true}
+	}
+	puts = append(puts, del("/r/u"), del("/r/u"), etcdscan.Put{Key: "/r/new", Value: []byte("x")})
 	res := w.Write(ctx, puts)
 	for i, r := range res[:5] {
 		if r.Status != etcdscan.Written || r.NewModRevision != inRev+int64(i)+1 {
 			t.Errorf("%s: %v %v at %d, want written at %d", r.Key, r.Status, r.Err, r.NewModRevision, inRev+int64(i)+1)
 		}
 	}
-	if res[5].Status != etcdscan.Conflict || res[6].Status != etcdscan.Failed || res[7].Status != etcdscan.Failed {
-		t.Errorf("second write, delete, creation: %v %v %v (%v; %v; %v), want conflict, failed, failed", res[5].Status, res[6].Status, res[7].Status, res[5].Err, res[6].Err, res[7].Err)
+	if res[5].Status != etcdscan.Conflict || res[6].Status != etcdscan.Written || res[6].NewModRevision != inRev+6 || res[7].Status != etcdscan.Conflict || res[8].Status != etcdscan.Failed {
+		t.Errorf("second write, delete, delete again, creation: %+v %+v %+v %+v, want conflict, written at %d, conflict, failed", res[5], res[6], res[7], res[8], inRev+6)
 	}
+	delete(want, "/r/u")
 	// A tracked key: read back, written again at its new revision; the
 	// revision read from the input is then a conflict.
 	first := put("/crd/w", "w-2")
@@ -179,14 +197,21 @@ func testOutputRestores(t *testing.T) {
 		t.Fatalf("/crd/w again: %v %v", r.Status, r.Err)
 	}
 	rewrite["/crd/w"] = "w-3"
+	// The last write a delete of a leased key: the output's revision is
+	// the delete's, though no record is there.
+	r = w.Write(ctx, []etcdscan.Put{del("/r/b")})[0]
+	if r.Status != etcdscan.Written || r.NewModRevision != inRev+9 {
+		t.Fatalf("delete /r/b: %+v, want written at %d", r, inRev+9)
+	}
+	delete(want, "/r/b")
 	outRev := r.NewModRevision
 
 	result, err := w.Finish(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if result.Revision != outRev || result.Keys != int64(len(want)) || result.Rewritten != 6 || result.LeasedKeys != 2 {
-		t.Errorf("result %+v: want revision %d, %d keys, 6 rewritten, 2 leased", result, outRev, len(want))
+	if result.Revision != outRev || result.Keys != int64(len(want)) || result.Rewritten != 6 || result.Deleted != 2 || result.LeasedKeys != 1 {
+		t.Errorf("result %+v: want revision %d, %d keys, 6 rewritten, 2 deleted, 1 leased", result, outRev, len(want))
 	}
 	if left, _ := os.ReadDir(outDir); len(left) != 1 {
 		t.Errorf("beside the output: %v, want it alone", left)
@@ -200,7 +225,7 @@ func testOutputRestores(t *testing.T) {
 	src.Close()
 
 	// Restored with etcdutl's restore code, served by etcd.
-	dst := testetcd.StartT(t, testetcd.Options{RestoreFrom: out})
+	dst := testetcd.StartT(t, testetcd.Options{RestoreFrom: out, Version: version})
 	dcli, err := dst.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -222,20 +247,22 @@ func testOutputRestores(t *testing.T) {
 			t.Errorf("%s: %+v, want unchanged %+v", k, g, w)
 		case rewritten && k != "/crd/w" && (string(g.Value) != nv || g.ModRevision <= inRev || g.CreateRevision != w.CreateRevision || g.Version != w.Version+1 || g.Lease != w.Lease):
 			t.Errorf("%s: %+v, want %q above revision %d, created at %d, version %d, lease %x", k, g, nv, inRev, w.CreateRevision, w.Version+1, w.Lease)
-		case k == "/crd/w" && (string(g.Value) != nv || g.ModRevision != outRev || g.Version != w.Version+2):
-			t.Errorf("%s: %+v, want %q at %d, version %d", k, g, nv, outRev, w.Version+2)
+		case k == "/crd/w" && (string(g.Value) != nv || g.ModRevision != outRev-1 || g.Version != w.Version+2):
+			t.Errorf("%s: %+v, want %q at %d, version %d", k, g, nv, outRev-1, w.Version+2)
 		}
 	}
-	if _, ok := gotAll["/r/d"]; ok {
-		t.Error("/r/d, deleted, is back")
+	for _, k := range []string{"/r/d", "/r/u", "/r/b"} {
+		if _, ok := gotAll[k]; ok {
+			t.Errorf("%s, deleted, is back", k)
+		}
 	}
 	// No history: compacted at its revision.
 	if _, err := dcli.Get(ctx, "/r/a", clientv3.WithRev(inRev)); !errors.Is(err, rpctypes.ErrCompacted) {
 		t.Errorf("read at the input's revision %d: %v, want compacted", inRev, err)
 	}
 	ttl, err := dcli.TimeToLive(ctx, lease, clientv3.WithAttachedKeys())
-	if err != nil || ttl.TTL <= 0 || len(ttl.Keys) != 2 {
-		t.Errorf("lease %x restored: %+v %v, want alive with /r/b and /r/c", lease, ttl, err)
+	if err != nil || ttl.TTL <= 0 || len(ttl.Keys) != 1 {
+		t.Errorf("lease %x restored: %+v %v, want alive with /r/c alone", lease, ttl, err)
 	}
 	// etcd writes on: the next revision follows.
 	p, err := dcli.Put(ctx, "/r/next", "n")
@@ -303,12 +330,20 @@ func TestOutputFailures(t *testing.T) {
 	}
 }
 
-// TestNoEtcdServer: the output snapshot is built from bbolt and etcd's
-// encodings alone: the writer's files import no etcd server (the restore's
-// embedded etcd is another file's).
+// TestNoEtcdServer: snapshot files are read and written with bbolt and
+// etcd's encodings alone: no file of the package imports an etcd server.
 func TestNoEtcdServer(t *testing.T) {
 	fset := token.NewFileSet()
-	for _, f := range []string{"write.go", "writebuild.go"} {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var checked int
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		checked++
 		file, err := parser.ParseFile(fset, f, nil, parser.ImportsOnly)
 		if err != nil {
 			t.Fatal(err)
@@ -318,5 +353,8 @@ func TestNoEtcdServer(t *testing.T) {
 				t.Errorf("%s imports %s", f, p)
 			}
 		}
+	}
+	if checked < 5 {
+		t.Fatalf("checked %d files: want the package's", checked)
 	}
 }

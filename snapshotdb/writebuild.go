@@ -31,8 +31,9 @@ type WriteResult struct {
 	// Revision is the output's revision, to which it is compacted.
 	Revision int64
 	// Keys counts its keys; Rewritten those written by the run (at new
-	// revisions); LeasedKeys those attached to a lease.
-	Keys, Rewritten, LeasedKeys int64
+	// revisions); Deleted the input's keys the run deleted (not in the
+	// output); LeasedKeys those attached to a lease.
+	Keys, Rewritten, Deleted, LeasedKeys int64
 }
 
 // chunkBytes is how much is copied in one bbolt transaction of the output,
@@ -71,7 +72,7 @@ func (w *Writer) Finish(ctx context.Context, force bool) (res WriteResult, err e
 		os.Remove(tmpPath) // after Publish, a name no longer there
 		building(tmpPath, false)
 	}()
-	b := &builder{w: w, ctx: ctx, res: WriteResult{Path: w.out, Revision: w.next, Rewritten: w.rewritten}}
+	b := &builder{w: w, ctx: ctx, res: WriteResult{Path: w.out, Revision: w.next, Rewritten: w.rewritten, Deleted: w.deleted}}
 	if err := b.build(tmpPath); err != nil {
 		return res, err
 	}
@@ -425,7 +426,7 @@ func (b *builder) copyKeys() error {
 	if err != nil {
 		return err
 	}
-	if want := int64(len(w.live)) - w.rewritten; kept != want {
+	if want := int64(len(w.live)) - w.rewritten - w.deleted; kept != want {
 		return b.inErr("changed while it was being read: %d of its %d live key record(s) found", kept, want)
 	}
 	b.res.Keys = kept

@@ -96,6 +96,10 @@ type Run struct {
 	watches []*guard.Watch
 	checks  map[string][]string
 	order   []string
+	etcds   []*Etcd
+
+	ready    sync.Once
+	readyErr error
 }
 
 // Do is a writing run from its start to its finish, in this order:
@@ -180,6 +184,14 @@ func (r *Run) open() error {
 	r.dir = d
 	if r.hold != nil {
 		r.hold.dir = d
+	}
+	r.mu.Lock()
+	etcds := append([]*Etcd(nil), r.etcds...)
+	r.mu.Unlock()
+	for _, e := range etcds {
+		if err := r.place(e); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -468,3 +468,58 @@ func TestPanicIsRecorded(t *testing.T) {
 		t.Fatalf("cluster's record %+v, holder %v, %v", runs, held, err)
 	}
 }
+
+// TestTwoEtcds: a run writing two etcds (a cluster kept in several) has
+// each one's watch, and the first write on either waits for the other's
+// verdict: a writer in the second etcd's window refuses the run, named by
+// that etcd, before anything is written on the first. An etcd added by the
+// stage's check has its files recorded once the run directory is made.
+func TestTwoEtcds(t *testing.T) {
+	c := newCluster(t)
+	events := newCluster(t)
+	cfg := c.config()
+	cfg.Liveness.Window = 3 * time.Second
+	go func() {
+		time.Sleep(time.Second)
+		_, _ = events.cli.Put(context.Background(), prefix+"/events/ns/e1", "a live kube-apiserver's event")
+	}()
+	var other *writerun.Etcd
+	err := writerun.Do(context.Background(), cfg, writerun.Stage{
+		Check: func(ctx context.Context, r *writerun.Run) error {
+			var err error
+			other, err = r.AddEtcd(ctx, writerun.EtcdSpec{Name: "events", Endpoints: events.cli.Endpoints(), Client: events.cli, Prefix: prefix})
+			if err == nil && other.Journal != "" {
+				t.Errorf("etcd of events: journal %q before the run directory", other.Journal)
+			}
+			return err
+		},
+		Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
+			if !strings.HasSuffix(other.Journal, "-events") || filepath.Dir(other.Journal) != filepath.Dir(r.Journal()) {
+				t.Errorf("etcd of events: journal %q, the run's %q", other.Journal, r.Journal())
+			}
+			me, err := r.AddEtcd(ctx, writerun.EtcdSpec{Endpoints: c.cli.Endpoints(), Client: c.cli, Prefix: prefix})
+			if err != nil {
+				return writerun.Result{}, err
+			}
+			if me.Watch != r.MainWatch() || me.Journal != r.Journal() {
+				t.Errorf("main etcd: not the run's watch and journal")
+			}
+			if err := r.Ready(ctx, me); err != nil {
+				return writerun.Result{}, err
+			}
+			_, err = c.cli.Put(ctx, prefix+"/secrets/ns/s0", "new")
+			return writerun.Result{Written: 1}, err
+		},
+	})
+	var ee *writerun.EtcdError
+	if !errors.As(err, &ee) || ee.Label != "etcd of events" {
+		t.Fatalf("run: %v, want the etcd of events' writer", err)
+	}
+	if v := c.values(t)[0]; v != "old 0" {
+		t.Errorf("main etcd written: %q", v)
+	}
+	recs := c.runs(t)
+	if len(recs) != 1 || len(recs[0].Etcds) != 1 || recs[0].Etcds[0].Name != "events" || recs[0].Etcds[0].Journal != other.Journal {
+		t.Fatalf("runs: %+v", recs)
+	}
+}
