@@ -59,7 +59,7 @@ type restoreOptions struct {
 }
 
 func newRestoreOptions(c *cli.Context) *restoreOptions {
-	scan := newScanOptions(c, targetWrite, true)
+	scan := newScanOptions(c, targetWrite)
 	o := &restoreOptions{
 		scan:       scan,
 		undo:       newUndoOptions(c),
