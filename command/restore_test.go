@@ -83,6 +83,9 @@ func TestRestoreCLI(t *testing.T) {
 	if v, _, _ := c.Get("/registry/secrets/app/a"); !strings.HasPrefix(string(v), "k8s:enc:aescbc:v1:key2:") {
 		t.Errorf("restored secret not under today's key2")
 	}
+	if code, out, stderr := runCLI(t, "runs", "--verify"); code != exitOK || !strings.Contains(out, "0001-restore") {
+		t.Errorf("runs --verify: exit %d\n%s%s", code, out, stderr)
+	}
 	code, out, stderr = runCLI(t, append(args, "--dry-run")...)
 	if code != exitOK || !strings.Contains(out, "same 2") {
 		t.Errorf("again: exit %d, want both same\n%s%s", code, out, stderr)
