@@ -1,10 +1,12 @@
 package apiserverconfig
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/version"
@@ -330,5 +332,27 @@ func TestNodeRoot(t *testing.T) {
 	}
 	if v := ImageRelease("index.docker.io/rancher/hardened-kubernetes:v1.37.2-rke2r1-build20261120"); v == nil || v.String() != "1.37" {
 		t.Errorf("RKE2's image release: %v", v)
+	}
+}
+
+// TestEventTTL: --event-ttl as the command line sets it, else
+// kube-apiserver's own default.
+func TestEventTTL(t *testing.T) {
+	dir := t.TempDir()
+	for flags, want := range map[string]time.Duration{"--etcd-servers=http://127.0.0.1:2379\n": time.Hour, "--etcd-servers=http://127.0.0.1:2379\n--event-ttl=30m\n": 30 * time.Minute} {
+		path := filepath.Join(dir, fmt.Sprintf("flags-%d", want))
+		if err := os.WriteFile(path, []byte(flags), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(Input{FlagsFile: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.EventTTL(); got != want {
+			t.Errorf("%q: event TTL %s, want %s", flags, got, want)
+		}
+	}
+	if got := (*Config)(nil).EventTTL(); got != time.Hour {
+		t.Errorf("no command line: %s, want kube-apiserver's default 1h", got)
 	}
 }

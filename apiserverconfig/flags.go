@@ -3,6 +3,7 @@ package apiserverconfig
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
@@ -167,4 +168,13 @@ func stripKubePrefix(v string) string {
 		parts[i] = strings.TrimPrefix(p, ":")
 	}
 	return strings.Join(parts, ",")
+}
+
+// EventTTL is kube-apiserver's --event-ttl as its command line sets it, or
+// kube-apiserver's own default: the lease TTL of an Event it creates.
+func (c *Config) EventTTL() time.Duration {
+	if c == nil || c.opts == nil {
+		return options.NewServerRunOptions().EventTTL
+	}
+	return c.opts.EventTTL
 }

@@ -178,6 +178,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			rollbackCommand(),
 			runsCommand(),
 			quarantineCommand(),
+			restoreCommand(),
 			versionCommand(),
 			completionCommand(),
 		},

@@ -86,7 +86,7 @@ func TestFlagTablesCatchMistakes(t *testing.T) {
 		{begin("of frobnicate") + endLine + "\n", `no command "frobnicate"`},
 		{begin("--endpoints") + endLine + "\n" + begin("--endpoints") + endLine + "\n", "--endpoints is in two tables"},
 		{begin("of version") + "\n", "no " + endLine},
-		{begin("of version") + endLine + "\n", "no generated table shows --endpoints (inventory, inspect, verify, plan, migrate, rollback, runs, quarantine)"},
+		{begin("of version") + endLine + "\n", "no generated table shows --endpoints (inventory, inspect, verify, plan, migrate, rollback, runs, quarantine, restore)"},
 	} {
 		_, err := FlagTables(ref, c.page, true)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -1,0 +1,98 @@
+package command
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	api "k8s.io/kubernetes/pkg/apis/core"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/testrig/testcluster"
+	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testsnap"
+	"kube-etcd-migrate/restore"
+)
+
+// TestRestoreCLI: restore's refusals leave etcd byte for byte as it was: no
+// selector (exit 2), a truncated backup (one line, exit 1), a backup key the
+// configuration lacks (named, exit 1); --dry-run lists the plan and writes
+// nothing; the run creates the Secrets, prints no value, and rollback --run
+// removes them.
+func TestRestoreCLI(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.Identity)
+	const secret = "correct-horse-battery"
+	c.Put("/registry/namespaces/app", schema.GroupResource{Resource: "namespaces"}, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
+	for _, name := range []string{"a", "b"} {
+		c.Put("/registry/secrets/app/"+name, testcluster.SecretsGR, testcluster.Secret("app", name, secret), "", "", oldCfg)
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, backup); err != nil {
+		t.Fatal(err)
+	}
+	good, err := os.ReadFile(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cli.Delete(ctx, "/registry/secrets/app/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	before := c.Raw()
+	conn := []string{"--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--target-version", "1.37", "--liveness-window", "1s"}
+	sel := []string{"--namespace", "app", "--resource", "secrets"}
+
+	if code, _, stderr := runCLI(t, append([]string{"restore", "--snapshot-file", backup}, conn...)...); code != exitUsage || !strings.Contains(stderr, "select what to restore") {
+		t.Errorf("no selector: exit %d, %s", code, stderr)
+	}
+	truncated := testsnap.Damage(t, t.TempDir(), good).Truncated
+	code, _, stderr := runCLI(t, append(append([]string{"restore", "--snapshot-file", truncated}, sel...), conn...)...)
+	if code != exitError || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, truncated) || !strings.Contains(stderr, "nothing was written") {
+		t.Errorf("truncated backup: exit %d, want 1 on one line naming it:\n%s", code, stderr)
+	}
+	c.RequireBack(before)
+	code, _, stderr = runCLI(t, append(append([]string{"restore", "--snapshot-file", backup}, sel...), conn...)...)
+	if code != exitError || !strings.Contains(stderr, "aescbc:key1 (e.g. /registry/secrets/app/a)") || !strings.Contains(stderr, "nothing was written") {
+		t.Errorf("the backup's key missing: exit %d, want 1 naming aescbc:key1:\n%s", code, stderr)
+	}
+	c.RequireBack(before)
+
+	args := append(append([]string{"restore", "--snapshot-file", backup, "--backup-encryption-provider-config", oldCfg}, sel...), conn...)
+	code, out, stderr := runCLI(t, append(args, "--dry-run", "-o", "json")...)
+	var plan restore.Result
+	if code != exitOK || json.Unmarshal([]byte(out), &plan) != nil || plan.Create != 2 || !plan.DryRun {
+		t.Fatalf("--dry-run: exit %d, plan %+v\n%s%s", code, plan, out, stderr)
+	}
+	c.RequireBack(before)
+
+	code, out, stderr = runCLI(t, args...)
+	if code != exitOK || !strings.Contains(out, "create 2, overwrite 0, same 0, exists 0") || !strings.Contains(out, "written 2") {
+		t.Fatalf("restore: exit %d\n%s%s", code, out, stderr)
+	}
+	if strings.Contains(out+stderr, secret) {
+		t.Errorf("a decrypted value was printed")
+	}
+	if v, _, _ := c.Get("/registry/secrets/app/a"); !strings.HasPrefix(string(v), "k8s:enc:aescbc:v1:key2:") {
+		t.Errorf("restored secret not under today's key2")
+	}
+	if code, out, stderr := runCLI(t, "runs", "--verify"); code != exitOK || !strings.Contains(out, "0001-restore") {
+		t.Errorf("runs --verify: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runCLI(t, append(args, "--dry-run")...)
+	if code != exitOK || !strings.Contains(out, "same 2") {
+		t.Errorf("again: exit %d, want both same\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runCLI(t, "rollback", "--run", "0001-restore", "--endpoints", c.Srv.Endpoint, "--encryption-provider-config", newCfg, "--liveness-window", "1s")
+	if code != exitOK {
+		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
+	}
+	c.RequireBack(before)
+}
