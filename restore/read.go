@@ -158,39 +158,19 @@ func (r *run) take(ctx context.Context, kv etcdscan.KV, namespace bool) error {
 		r.entry(e)
 		return nil
 	}
-	// Decrypted with the backup's configuration, whose first key is not
-	// today's: always written anew with today's write key.
-	obj.Encryption.Stale = true
-	d := r.env.Planner.Decide(ctx, obj, nil)
-	var value, plain []byte
-	switch d.Status {
-	case reencode.Stale:
-		value = d.NewValue
-		p, _, err := r.env.Encryption.Decrypt(ctx, info.Resource, kv.Key, value)
-		if err != nil {
-			return fmt.Errorf("restore %s: today's encryption does not read back what it wrote: %w; nothing was written", kv.Key, err)
-		}
-		plain = p
-	case reencode.Current:
-		// Stored as today's kube-apiserver stores it, under a provider
-		// and key of today's name: today's key must read it too.
-		p, _, err := r.env.Encryption.Decrypt(ctx, info.Resource, kv.Key, kv.Value)
-		if err != nil || !bytes.Equal(p, obj.Plaintext) {
-			e.Action, e.Note = ActionUnreadable, fmt.Sprintf("the backup's %s has the name of today's write key but other key material: today's configuration cannot read it", e.From)
-			r.entry(e)
-			return nil
-		}
-		value, plain = kv.Value, obj.Plaintext
-	default:
-		e.Action, e.Note = ActionUnreadable, reasonOf(d.Err)
-		if d.Err == nil {
-			e.Note = string(d.Status) + ": " + d.ReasonStrings()
-		}
+	value, plain, note, err := r.encode(ctx, kv, info.Resource, obj)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		e.Action, e.Note = ActionUnreadable, note
 		r.entry(e)
 		return nil
 	}
 	e.To = r.env.Encryption.WriteProvider(info.Resource).String()
-	c := &candidate{e: &e, gr: info.Resource, value: value, plainSum: sha256.Sum256(plain), event: event}
+	// The value is not kept (memory stays flat whatever the selection):
+	// written, it is encoded again (write.go), and must decrypt to the same.
+	c := &candidate{e: &e, gr: info.Resource, plainSum: sha256.Sum256(plain), event: event, valueSize: len(value)}
 	if r.opts.ToManifests != "" {
 		c.obj, c.codec = obj.Internal, obj.Codec
 	}
@@ -199,6 +179,39 @@ func (r *run) take(ctx context.Context, kv etcdscan.KV, namespace bool) error {
 	}
 	r.cands = append(r.cands, c)
 	return nil
+}
+
+// encode is the backup's value kv (decoded: obj) as today's kube-apiserver
+// stores it: its bytes, and what they decrypt to. A value that cannot be
+// stored so is a note (why; the object is unreadable), never an error; an
+// error stops the restore.
+func (r *run) encode(ctx context.Context, kv etcdscan.KV, gr schema.GroupResource, obj *decode.Object) (value, plain []byte, note string, err error) {
+	// Decrypted with the backup's configuration, whose first key is not
+	// today's: always written anew with today's write key.
+	obj.Encryption.Stale = true
+	d := r.env.Planner.Decide(ctx, obj, nil)
+	switch d.Status {
+	case reencode.Stale:
+		p, _, err := r.env.Encryption.Decrypt(ctx, gr, kv.Key, d.NewValue)
+		if err != nil {
+			return nil, nil, "", fmt.Errorf("restore %s: today's encryption does not read back what it wrote: %w; nothing was written", kv.Key, err)
+		}
+		return d.NewValue, p, "", nil
+	case reencode.Current:
+		// Stored as today's kube-apiserver stores it, under a provider
+		// and key of today's name: today's key must read it too.
+		p, _, err := r.env.Encryption.Decrypt(ctx, gr, kv.Key, kv.Value)
+		if err != nil || !bytes.Equal(p, obj.Plaintext) {
+			return nil, nil, fmt.Sprintf("the backup's %s has the name of today's write key but other key material: today's configuration cannot read it", obj.Encryption.String()), nil
+		}
+		return kv.Value, obj.Plaintext, "", nil
+	default:
+		note := reasonOf(d.Err)
+		if d.Err == nil {
+			note = string(d.Status) + ": " + d.ReasonStrings()
+		}
+		return nil, nil, note, nil
+	}
 }
 
 // reasonOf is a decode or re-encode error's reason and detail (never a value).

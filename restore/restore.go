@@ -174,12 +174,14 @@ type Result struct {
 // candidate is one selected key of the backup that reads, with what
 // today's kube-apiserver would store.
 type candidate struct {
-	e     *Entry
-	gr    schema.GroupResource
-	value []byte // to write (encrypted as today's)
-	// plainSum is the sha256 of what value decrypts to: "same" compares the
-	// live object's with it (no plaintext kept).
-	plainSum [sha256.Size]byte
+	e  *Entry
+	gr schema.GroupResource
+	// plainSum is the sha256 of what its value as today's kube-apiserver
+	// stores it decrypts to: "same" compares the live object's with it,
+	// and the value encoded again to be written must give it back (no
+	// value or plaintext is kept); valueSize is that value's size.
+	plainSum  [sha256.Size]byte
+	valueSize int
 	uid      types.UID
 	owners   []metav1.OwnerReference
 	event    bool

@@ -110,9 +110,9 @@ func (r *run) beforeFirstWrite(ctx context.Context, todo []*candidate) (*undo.Jo
 			old = len(c.live.Value)
 		}
 		space.JournalBytes += undo.JournalRecordBytes(c.e.Key, old)
-		space.Writes += guard.PutCostSize(len(c.e.Key), len(c.value))
+		space.Writes += guard.PutCostSize(len(c.e.Key), c.valueSize)
 		space.RollbackWrites += guard.PutCostSize(len(c.e.Key), old)
-		space.RollbackJournalBytes += undo.JournalRecordBytes(c.e.Key, len(c.value))
+		space.RollbackJournalBytes += undo.JournalRecordBytes(c.e.Key, c.valueSize)
 	}
 	space.Etcd = guard.FindEtcdData(r.env.Target.APIServer().Manifest, guard.EtcdDataOf(r.env.Target.APIServer()))
 	lines, err := guard.CheckDiskSpace(space.Needs())
@@ -159,10 +159,14 @@ func (r *run) writeBatch(ctx context.Context, w *etcdscan.Writer, j *undo.Journa
 	recs := make([]undo.JournalRecord, len(cs))
 	puts := make([]etcdscan.Put, len(cs))
 	for i, c := range cs {
-		sum := sha256.Sum256(c.value)
+		value, err := r.valueOf(ctx, c)
+		if err != nil {
+			return fmt.Errorf("%w (nothing of this batch was written)", err)
+		}
+		sum := sha256.Sum256(value)
 		newSum := hex.EncodeToString(sum[:])
 		if c.live == nil {
-			p := etcdscan.Put{Key: c.e.Key, Value: c.value}
+			p := etcdscan.Put{Key: c.e.Key, Value: value}
 			if c.event {
 				p.Lease = lease
 			}
@@ -170,7 +174,7 @@ func (r *run) writeBatch(ctx context.Context, w *etcdscan.Writer, j *undo.Journa
 			recs[i] = undo.JournalRecord{Op: "create-intent", Key: c.e.Key, NewSHA256: newSum, Lease: p.Lease}
 			continue
 		}
-		puts[i] = etcdscan.Put{Key: c.e.Key, Value: c.value, ModRevision: c.live.ModRevision}
+		puts[i] = etcdscan.Put{Key: c.e.Key, Value: value, ModRevision: c.live.ModRevision}
 		recs[i] = undo.JournalRecord{Op: "intent", Key: c.e.Key, OldModRevision: c.live.ModRevision, OldValue: c.live.Value, NewSHA256: newSum}
 	}
 	if err := j.Append(true, recs...); err != nil {
@@ -198,6 +202,29 @@ func (r *run) writeBatch(ctx context.Context, w *etcdscan.Writer, j *undo.Journa
 		return fmt.Errorf("restore: write %s: %w", key, fe)
 	}
 	return nil
+}
+
+// valueOf is c's value as today's kube-apiserver stores it, encoded again
+// from the backup (the plan kept only what it decrypts to: its sha256).
+func (r *run) valueOf(ctx context.Context, c *candidate) ([]byte, error) {
+	kv, found, err := r.opts.Backup.Get(ctx, c.e.Key, r.res.BackupRevision)
+	if err != nil || !found {
+		return nil, fmt.Errorf("backup %s: read %s again: found %v, %v", r.opts.BackupName, c.e.Key, found, err)
+	}
+	obj, err := r.dec.Decode(ctx, kv)
+	if err != nil {
+		return nil, fmt.Errorf("backup %s: %s decoded once, not again: %s", r.opts.BackupName, c.e.Key, reasonOf(err))
+	}
+	value, plain, note, err := r.encode(ctx, kv, c.gr, obj)
+	switch {
+	case err != nil:
+		return nil, err
+	case note != "":
+		return nil, fmt.Errorf("backup %s: %s encoded once, not again: %s", r.opts.BackupName, c.e.Key, note)
+	case sha256.Sum256(plain) != c.plainSum:
+		return nil, fmt.Errorf("backup %s: %s encoded again differs from what was planned", r.opts.BackupName, c.e.Key)
+	}
+	return value, nil
 }
 
 // syncEntries copies the candidates' outcomes into the result's entries.
