@@ -430,16 +430,9 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 				return err
 			}
 		}
-		j, err := undo.OpenJournal(opts.Journal)
-		if err != nil {
-			return err
-		}
-		if err := j.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
-			j.Close()
-			return err
-		}
+		j, err := undo.BeginJournal(opts.Journal, "quarantine", res.Revision, env.Resolver.Prefix())
 		journal = j
-		return nil
+		return err
 	}}
 	if err := first.Open(ctx); err != nil {
 		return nil, err
@@ -466,15 +459,7 @@ func beforeFirstOutput(env *pipeline.Env, opts Options, res *Result) (*undo.Jour
 	if opts.Journal == "" {
 		return nil, nil
 	}
-	j, err := undo.OpenJournal(opts.Journal)
-	if err != nil {
-		return nil, err
-	}
-	if err := j.BeginCommand("quarantine", res.Revision, env.Resolver.Prefix()); err != nil {
-		j.Close()
-		return nil, err
-	}
-	return j, nil
+	return undo.BeginJournal(opts.Journal, "quarantine", res.Revision, env.Resolver.Prefix())
 }
 
 func entryOf(d *reencode.Decision) *Entry {

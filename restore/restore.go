@@ -182,9 +182,9 @@ type candidate struct {
 	// value or plaintext is kept); valueSize is that value's size.
 	plainSum  [sha256.Size]byte
 	valueSize int
-	uid      types.UID
-	owners   []metav1.OwnerReference
-	event    bool
+	uid       types.UID
+	owners    []metav1.OwnerReference
+	event     bool
 	// obj and codec are the decoded object and its codec (ToManifests).
 	obj   runtime.Object
 	codec *decode.ResourceCodec

@@ -135,16 +135,9 @@ func (r *run) beforeFirstWrite(ctx context.Context, todo []*candidate) (*undo.Jo
 				return err
 			}
 		}
-		j, err := undo.OpenJournal(r.opts.Journal)
-		if err != nil {
-			return err
-		}
-		if err := j.BeginCommand("restore", rev, r.env.Resolver.Prefix()); err != nil {
-			j.Close()
-			return err
-		}
+		j, err := undo.BeginJournal(r.opts.Journal, "restore", rev, r.env.Resolver.Prefix())
 		journal = j
-		return nil
+		return err
 	}}
 	if err := first.Open(ctx); err != nil {
 		return nil, err

@@ -176,6 +176,21 @@ func (j *Journal) BeginCommand(command string, revision int64, prefix string) er
 	return j.append(true, JournalRecord{Op: "begin", Command: command, Revision: revision, Prefix: prefix})
 }
 
+// BeginJournal opens the journal at path (OpenJournal) for a run of
+// command, and writes its begin record: etcd's revision when the run read
+// it, and kube-apiserver's prefix.
+func BeginJournal(path, command string, revision int64, prefix string) (*Journal, error) {
+	j, err := OpenJournal(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := j.BeginCommand(command, revision, prefix); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
 // DeleteIntent is a key about to be deleted, as it is stored.
 type DeleteIntent struct {
 	Key                                  string

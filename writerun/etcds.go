@@ -148,15 +148,7 @@ func (e *Etcd) OpenJournal(ctx context.Context, command, prefix string) (*undo.J
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", e.Label(), err)
 	}
-	j, err := undo.OpenJournal(e.Journal)
-	if err != nil {
-		return nil, err
-	}
-	if err := j.BeginCommand(command, rev, prefix); err != nil {
-		j.Close()
-		return nil, err
-	}
-	return j, nil
+	return undo.BeginJournal(e.Journal, command, rev, prefix)
 }
 
 // EtcdFile is the file of a run's undo for the etcd named name, beside
