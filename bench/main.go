@@ -71,6 +71,7 @@ func main() {
 	flag.BoolVar(&o.snapshot, "snapshot", true, "also measure an etcd snapshot file (the snapshot phase, after the datasets: -snapshot-n mixed objects on an etcd of their own, saved; verify and migrate --snapshot-file beside a bare read of the file and beside the same commands on that etcd)")
 	flag.IntVar(&o.snap.n, "snapshot-n", 1000000, "objects of the snapshot phase (mixed dataset; 1,000,000 make a file of about 1.4 GB)")
 	flag.IntVar(&o.snap.reps, "snapshot-reps", 1, "repetitions of the snapshot phase")
+	flag.BoolVar(&o.snap.restore, "snapshot-restore", true, "in the snapshot phase, also restore about 100,000 of the file's objects (whole namespaces of secrets, configmaps, deployments and pods) into an empty etcd with the tool's defaults: its time and peak private memory beside migrate's")
 	flag.StringVar(&o.snap.keep, "snapshot-keep", "", "copy the snapshot phase's file and encryption configurations into this directory (to profile the commands on them by hand)")
 	flag.BoolVar(&o.scale.on, "scale", true, "also measure how verify --snapshot-file grows with the file (the scale phase, on an etcd of its own): files of -scale-n and 4 × -scale-n mixed objects read side by side, the ratio of their times and each one's peak private memory")
 	flag.IntVar(&o.scale.n, "scale-n", 25000, "objects of the scale phase's smaller file (the larger has 4 ×); 1000000 is the production row: files of about 1.8 and 7.4 GB")
