@@ -26,7 +26,7 @@ const (
 	mSnapMigrateBase = "migrate --snap (base)"
 	mSnapLiveVerify  = "verify (live etcd)"
 	mSnapLiveMigrate = "migrate (live etcd)"
-	mSnapRestore     = "restore (into empty etcd)"
+	mSnapRestore     = "restore (new etcd)"
 )
 
 // snapOptions are the snapshot phase's flags (-snapshot-n, -snapshot-reps,
