@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,8 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/build/modbuild"
@@ -235,8 +237,8 @@ func TestRestoreDeletedNamespace(t *testing.T) {
 	}
 
 	// The online path: the same selection as manifests, created through a
-	// running kube-apiserver (as kubectl create -f does, one file at a time,
-	// the Namespace first); no decrypted value on stdout or stderr.
+	// running kube-apiserver by kubectl create -f DIR; no decrypted value on
+	// stdout or stderr.
 	cfg = c.start(apiservertest.Options{EncryptionConfigPath: key2})
 	dir := filepath.Join(t.TempDir(), "manifests")
 	out, stderr, code = runTool(t, "restore", "--endpoints", c.etcd.URL, "--encryption-provider-config", key2, "--target-version", "1.37",
@@ -247,27 +249,18 @@ func TestRestoreDeletedNamespace(t *testing.T) {
 	if pw := secretData(1)["password"]; strings.Contains(out+stderr, string(pw)) || strings.Contains(out+stderr, base64.StdEncoding.EncodeToString(pw)) {
 		t.Errorf("a decrypted value on stdout or stderr")
 	}
+	// kubectl create -f DIR, as the runbook says: every file of DIR in
+	// name order (the Namespace's first).
+	kc := kubeconfigOf(t, cfg)
+	kout, kerr := exec.Command(kubectlBinary(t), "--kubeconfig", kc, "create", "-f", dir).CombinedOutput()
+	if kerr != nil {
+		t.Fatalf("kubectl create -f %s: %v\n%s", dir, kerr, kout)
+	}
 	dyn = dynamic.NewForConfigOrDie(cfg)
 	for _, k := range objects {
-		name := "10-" + k.GVR.GroupResource().String() + "_"
-		if k.GVR.Resource == "namespaces" {
-			name = "00-namespaces_"
-		}
-		if k.Namespace != "" {
-			name += k.Namespace + "_"
-		}
-		data, err := os.ReadFile(filepath.Join(dir, name+k.Name+".yaml"))
+		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
 		if err != nil {
-			t.Errorf("%s: %v", k, err)
-			continue
-		}
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(data, &u.Object); err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		got, err := dyn.Resource(k.GVR).Namespace(k.Namespace).Create(ctx, u, metav1.CreateOptions{})
-		if err != nil {
-			t.Errorf("create %s from its manifest: %v", k, err)
+			t.Errorf("%s after kubectl create -f: %v\n%s", k, err, kout)
 			continue
 		}
 		want := before[k]
@@ -379,4 +372,22 @@ func TestRestoreFromPreviousRelease(t *testing.T) {
 		}
 	}
 	c.stop()
+}
+
+// kubeconfigOf writes cfg, a kube-apiserver's client configuration, as a
+// kubeconfig file for kubectl.
+func kubeconfigOf(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthority: cfg.CAFile, CertificateAuthorityData: cfg.CAData,
+		InsecureSkipTLSVerify: cfg.Insecure, TLSServerName: cfg.ServerName}
+	kc.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificate: cfg.CertFile, ClientKey: cfg.KeyFile,
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
+	kc.CurrentContext = "e2e"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -25,12 +25,43 @@ var tool struct {
 	out  []byte
 }
 
+// kubectl of the linked release, built from its own package in the module
+// graph (k8s.io/kubernetes/cmd/kubectl), once per test binary: what an
+// operator runs against the cluster, not a client of the tests' own.
+var kubectl struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+	out  []byte
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if tool.dir != "" {
 		os.RemoveAll(tool.dir)
 	}
+	if kubectl.dir != "" {
+		os.RemoveAll(kubectl.dir)
+	}
 	os.Exit(code)
+}
+
+func kubectlBinary(t *testing.T) string {
+	t.Helper()
+	kubectl.once.Do(func() {
+		kubectl.dir, kubectl.err = os.MkdirTemp("", "kube-etcd-migrate-e2e-kubectl-")
+		if kubectl.err != nil {
+			return
+		}
+		kubectl.path = filepath.Join(kubectl.dir, "kubectl")
+		cmd := exec.Command("go", "build", "-o", kubectl.path, "k8s.io/kubernetes/cmd/kubectl")
+		kubectl.out, kubectl.err = cmd.CombinedOutput()
+	})
+	if kubectl.err != nil {
+		t.Fatalf("build kubectl: %v\n%s", kubectl.err, kubectl.out)
+	}
+	return kubectl.path
 }
 
 func toolBinary(t *testing.T) string {
