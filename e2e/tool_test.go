@@ -2,13 +2,17 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
+	"kube-etcd-migrate/internal/build/modbuild"
+	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/updatepath"
@@ -25,15 +29,14 @@ var tool struct {
 	out  []byte
 }
 
-// kubectl of the linked release, built from its own package in the module
-// graph (k8s.io/kubernetes/cmd/kubectl), once per test binary: what an
-// operator runs against the cluster, not a client of the tests' own.
+// kubectl of the linked release, built from k8s.io/kubernetes at that
+// release in a module of its own (modbuild, cached across runs), once per
+// test binary: what an operator runs against the cluster, not a client of
+// the tests' own.
 var kubectl struct {
 	once sync.Once
-	dir  string
 	path string
 	err  error
-	out  []byte
 }
 
 func TestMain(m *testing.M) {
@@ -41,25 +44,23 @@ func TestMain(m *testing.M) {
 	if tool.dir != "" {
 		os.RemoveAll(tool.dir)
 	}
-	if kubectl.dir != "" {
-		os.RemoveAll(kubectl.dir)
-	}
 	os.Exit(code)
 }
 
 func kubectlBinary(t *testing.T) string {
 	t.Helper()
 	kubectl.once.Do(func() {
-		kubectl.dir, kubectl.err = os.MkdirTemp("", "kube-etcd-migrate-e2e-kubectl-")
-		if kubectl.err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		spec, err := modbuild.Kubectl(ctx, buildinfo.Get().Kubernetes)
+		if err != nil {
+			kubectl.err = err
 			return
 		}
-		kubectl.path = filepath.Join(kubectl.dir, "kubectl")
-		cmd := exec.Command("go", "build", "-o", kubectl.path, "k8s.io/kubernetes/cmd/kubectl")
-		kubectl.out, kubectl.err = cmd.CombinedOutput()
+		kubectl.path, kubectl.err = modbuild.Build(ctx, spec)
 	})
 	if kubectl.err != nil {
-		t.Fatalf("build kubectl: %v\n%s", kubectl.err, kubectl.out)
+		t.Fatalf("build kubectl %s: %v", buildinfo.Get().Kubernetes, kubectl.err)
 	}
 	return kubectl.path
 }

@@ -190,13 +190,25 @@ func tail(s string, n int) string {
 // module its go.mod points at ./staging replaced by the module proxy's
 // v0.MINOR.PATCH, stamped with the version as a release build is.
 func KubeAPIServer(ctx context.Context, version string) (Spec, error) {
+	return kubernetesBinary(ctx, version, "kube-apiserver")
+}
+
+// Kubectl is the Spec of kubectl at Kubernetes release version, built as
+// KubeAPIServer is: the kubectl an operator of that release runs.
+func Kubectl(ctx context.Context, version string) (Spec, error) {
+	return kubernetesBinary(ctx, version, "kubectl")
+}
+
+// kubernetesBinary is the Spec of k8s.io/kubernetes/cmd/NAME at release
+// version.
+func kubernetesBinary(ctx context.Context, version, name string) (Spec, error) {
 	staging, err := stagingModules(ctx, version)
 	if err != nil {
 		return Spec{}, err
 	}
 	var major, minor, patch int
 	if _, err := fmt.Sscanf(version, "v%d.%d.%d", &major, &minor, &patch); err != nil {
-		return Spec{}, fmt.Errorf("kube-apiserver %q: want vMAJOR.MINOR.PATCH", version)
+		return Spec{}, fmt.Errorf("%s %q: want vMAJOR.MINOR.PATCH", name, version)
 	}
 	stagingVersion := fmt.Sprintf("v0.%d.%d", minor, patch)
 	replace := map[string]string{}
@@ -212,10 +224,10 @@ func KubeAPIServer(ctx context.Context, version string) (Spec, error) {
 			fmt.Sprintf("-X %s.gitTreeState=clean", pkg))
 	}
 	return Spec{
-		Name:    "kube-apiserver-" + version,
+		Name:    name + "-" + version,
 		Require: map[string]string{"k8s.io/kubernetes": version},
 		Replace: replace,
-		Package: "k8s.io/kubernetes/cmd/kube-apiserver",
+		Package: "k8s.io/kubernetes/cmd/" + name,
 		LDFlags: strings.Join(ld, " "),
 	}, nil
 }
