@@ -4,15 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"kube-etcd-migrate/internal/build/modbuild"
-	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/updatepath"
@@ -52,7 +53,12 @@ func kubectlBinary(t *testing.T) string {
 	kubectl.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
-		spec, err := modbuild.Kubectl(ctx, buildinfo.Get().Kubernetes)
+		out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes").Output()
+		if err != nil {
+			kubectl.err = fmt.Errorf("the linked k8s.io/kubernetes: %w", err)
+			return
+		}
+		spec, err := modbuild.Kubectl(ctx, strings.TrimSpace(string(out)))
 		if err != nil {
 			kubectl.err = err
 			return
@@ -60,7 +66,7 @@ func kubectlBinary(t *testing.T) string {
 		kubectl.path, kubectl.err = modbuild.Build(ctx, spec)
 	})
 	if kubectl.err != nil {
-		t.Fatalf("build kubectl %s: %v", buildinfo.Get().Kubernetes, kubectl.err)
+		t.Fatalf("build kubectl: %v", kubectl.err)
 	}
 	return kubectl.path
 }
