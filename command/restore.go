@@ -167,7 +167,14 @@ func (o *restoreOptions) runRestore(ctx context.Context) error {
 			Select:    o.sel,
 			Overwrite: o.overwrite, AllowDanglingOwners: o.dangling, DryRun: o.dryRun,
 			Journal: wr.Journal(), Snapshot: wr.Snapshot(), Lock: wr.Lock,
-			OnPreflight:  func(lines []string) error { return wr.Record("", lines) },
+			OnPreflight: func(lines []string) error {
+				// Said before the first write: what the backup needs (its
+				// keys) and every check passed.
+				for _, l := range lines {
+					fmt.Fprintln(ios.errOut, "preflight: "+l)
+				}
+				return wr.Record("", lines)
+			},
 			Watch:        wr.MainWatch(),
 			StateDir:     wr.StateDir(),
 			BatchOps:     o.batchOps,

@@ -77,6 +77,11 @@ func TestRestoreCLI(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "create 2, overwrite 0, same 0, exists 0") || !strings.Contains(out, "written 2") {
 		t.Fatalf("restore: exit %d\n%s%s", code, out, stderr)
 	}
+	// The keys the backup needs are said on stderr before the first write
+	// (the run's "wrote" lines come after).
+	if i := strings.Index(stderr, "preflight: the backup's values read with"); i < 0 || !strings.Contains(stderr[i:], "aescbc:key1") {
+		t.Errorf("the backup's keys not said before the first write:\n%s", stderr)
+	}
 	if strings.Contains(out+stderr, secret) {
 		t.Errorf("a decrypted value was printed")
 	}
