@@ -21,6 +21,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/seed"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/verify"
 )
 
@@ -336,8 +337,8 @@ func TestSnapshotFileUsageErrors(t *testing.T) {
 
 // TestSnapshotFileSignals: SIGINT while quarantine reads a snapshot file in
 // place and writes its --output-snapshot, once (the run stops) or twice (it
-// exits at once), leaves no output, nothing half-built beside it and
-// nothing in $TMPDIR; the input is not changed.
+// exits at once), leaves nothing half-built beside the output (the output
+// whole, or none) and nothing in $TMPDIR; the input is not changed.
 func TestSnapshotFileSignals(t *testing.T) {
 	_, res, snap := seededSnapshot(t)
 	before := sum256(t, snap)
@@ -374,14 +375,24 @@ func TestSnapshotFileSignals(t *testing.T) {
 			t.Fatalf("%d signal(s): %v", signals, err)
 		}
 		// 1 (interrupted), 130 (second signal); 0 or 3 if it finished first.
-		switch code {
-		case 1, 130:
-			if left, _ := os.ReadDir(outDir); len(left) != 0 {
-				t.Errorf("%d signal(s): left beside the output: %v (stderr %s)", signals, left, stderr.String())
-			}
-		case 0, 3:
-		default:
+		if code != 1 && code != 130 && code != 0 && code != 3 {
 			t.Errorf("%d signal(s): exit %d, stderr %q", signals, code, stderr.String())
+		}
+		// Nothing half-built: OUT is there whole (published before the
+		// signal stopped its verification, or the run finished) or not at
+		// all, and nothing else is beside it.
+		left, _ := os.ReadDir(outDir)
+		for _, e := range left {
+			if e.Name() != "q.db" {
+				t.Errorf("%d signal(s): left beside the output: %s (stderr %s)", signals, e.Name(), stderr.String())
+				continue
+			}
+			f, err := snapshotdb.Open(out, snapshotdb.Options{})
+			if err != nil {
+				t.Errorf("%d signal(s): %s left, but not whole: %v (stderr %s)", signals, out, err, stderr.String())
+				continue
+			}
+			f.Close()
 		}
 		if left, _ := os.ReadDir(tmp); len(left) != 0 {
 			t.Errorf("%d signal(s): left in $TMPDIR: %v (stderr %s)", signals, left, stderr.String())
