@@ -8,8 +8,8 @@ import (
 )
 
 // Source is what the read path reads a keyspace from, at one revision: a live
-// etcd (or a snapshot file's private etcd) through ClientSource, or a snapshot
-// file read in place (package snapshotdb). Every method is safe for concurrent
+// etcd through ClientSource, or a snapshot file read in place (package
+// snapshotdb). Every method is safe for concurrent
 // use. Revision 0 means the source's current revision.
 type Source interface {
 	// Scan is Scan on this source: every key under opts.Prefixes in key

@@ -31,8 +31,9 @@ type member struct {
 }
 
 // members lists the cluster's members with their client URLs. A cluster of
-// one member is asked through the client's own endpoints (a private etcd on a
-// unix socket advertises no usable URL); a larger one through each member's
+// one member is asked through the client's own endpoints (a member on a unix
+// socket, or behind an address it does not advertise, has no usable URL); a
+// larger one through each member's
 // advertised client URLs, so that every member is seen whatever endpoints
 // the tool was given (kubeadm's kube-apiserver names only its own node's).
 func members(ctx context.Context, cli *clientv3.Client) ([]member, error) {
