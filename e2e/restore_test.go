@@ -214,14 +214,7 @@ func TestRestoreDeletedNamespace(t *testing.T) {
 		if d := cmp.Diff(beforeMF[k], got.GetManagedFields()); d != "" {
 			t.Errorf("%s: managedFields differ (-before +after):\n%s", k, d)
 		}
-		upd, err := ri.Update(ctx, got, metav1.UpdateOptions{FieldManager: "e2e-no-op"})
-		if err != nil {
-			t.Errorf("%s: no-op update: %v", k, err)
-			continue
-		}
-		if upd.GetResourceVersion() != got.GetResourceVersion() {
-			t.Errorf("%s: a no-op update was written (resourceVersion %s -> %s): not stored as kube-apiserver stores it", k, got.GetResourceVersion(), upd.GetResourceVersion())
-		}
+		keepsResourceVersion(ctx, t, ri, got, k)
 	}
 	c.stop()
 
@@ -362,16 +355,24 @@ func TestRestoreFromPreviousRelease(t *testing.T) {
 		if d := cmp.Diff(content(want), content(got)); d != "" {
 			t.Errorf("%s: content differs from what %s served (-%s +linked):\n%s", k, modbuild.PreviousKubernetes, modbuild.PreviousKubernetes, d)
 		}
-		upd, err := ri.Update(ctx, got, metav1.UpdateOptions{FieldManager: "e2e-no-op"})
-		if err != nil {
-			t.Errorf("%s: no-op update: %v", k, err)
-			continue
-		}
-		if upd.GetResourceVersion() != got.GetResourceVersion() {
-			t.Errorf("%s: a no-op update was written (resourceVersion %s -> %s)", k, got.GetResourceVersion(), upd.GetResourceVersion())
-		}
+		keepsResourceVersion(ctx, t, ri, got, k)
 	}
 	c.stop()
+}
+
+// keepsResourceVersion does a no-op update of got (what kube-apiserver served
+// for k: a GET, then a PUT of it unchanged) and checks that kube-apiserver
+// wrote nothing: the object is stored as it stores it.
+func keepsResourceVersion(ctx context.Context, t *testing.T, ri dynamic.ResourceInterface, got *unstructured.Unstructured, k objKey) {
+	t.Helper()
+	upd, err := ri.Update(ctx, got, metav1.UpdateOptions{FieldManager: "e2e-no-op"})
+	if err != nil {
+		t.Errorf("%s: no-op update: %v", k, err)
+		return
+	}
+	if upd.GetResourceVersion() != got.GetResourceVersion() {
+		t.Errorf("%s: a no-op update was written (resourceVersion %s -> %s): not stored as kube-apiserver stores it", k, got.GetResourceVersion(), upd.GetResourceVersion())
+	}
 }
 
 // kubeconfigOf writes cfg, a kube-apiserver's client configuration, as a
