@@ -13,7 +13,6 @@ import (
 
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/installer"
 	"kube-etcd-migrate/release"
 	"kube-etcd-migrate/target"
@@ -224,12 +223,13 @@ func (o *apiServerOptions) manifestFile() string {
 }
 
 // foundEtcdData is etcd's data directory as the installer found on the node
-// names it (nothing when none was looked for or it names none).
-func (o *apiServerOptions) foundEtcdData() guard.EtcdData {
+// names it, and where it was found ("" when none was looked for or it names
+// none).
+func (o *apiServerOptions) foundEtcdData() (dir, from string) {
 	if d := o.found; d != nil && d.found != nil && d.found.EtcdDataDir != "" {
-		return guard.EtcdData{Dir: d.found.EtcdDataDir, Source: d.found.EtcdDataDirFrom}
+		return d.found.EtcdDataDir, d.found.EtcdDataDirFrom
 	}
-	return guard.EtcdData{}
+	return "", ""
 }
 
 // reportFound prints, once the configuration is loaded, what was found on

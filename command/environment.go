@@ -11,8 +11,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/apiserverconfig"
-	"kube-etcd-migrate/clusterlock"
 	"kube-etcd-migrate/updatepath"
+	"kube-etcd-migrate/writerun"
 )
 
 // Configuration precedence: a flag on the command line, then kube-apiserver's
@@ -37,7 +37,7 @@ var environmentHelpTx = `ENVIRONMENT:
       installer's control plane is found on the node.
    KUBE_ETCD_MIGRATE_LOCK_TTL
                       seconds: the time to live of the cluster's lock in etcd
-                      (default ` + fmt.Sprint(int(clusterlock.DefaultTTL.Seconds())) + `): a holder killed without releasing it frees
+                      (default ` + fmt.Sprint(int(writerun.DefaultLockTTL.Seconds())) + `): a holder killed without releasing it frees
                       it this long after its last keep-alive
    GOMEMLIMIT, GOGC   Go's runtime (defaults here: ` + fmt.Sprintf("%d MiB (migrate %d MiB)", defaultMemoryLimit>>20, migrateMemoryLimit>>20) + ` and ` + fmt.Sprint(defaultGCPercent) + `)
    TMPDIR             where a --snapshot-file is restored (commands that write)

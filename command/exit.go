@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"kube-etcd-migrate/liveness"
+	"kube-etcd-migrate/writerun"
 )
 
 // Exit codes. What each means, per command, is exitCodes.
@@ -16,7 +16,7 @@ const (
 	exitUsage      = 2
 	exitStale      = 3
 	exitUnreadable = 4
-	exitWriter     = 5   // stopped: a writer appeared (liveness.WriterError)
+	exitWriter     = 5   // stopped: a writer appeared (writerun.WriterError)
 	exitInternal   = 70  // a panic: a bug (guarded); sysexits.h's EX_SOFTWARE
 	exitSignal     = 130 // a second SIGINT/SIGTERM: exited at once (signalContext)
 )
@@ -128,10 +128,10 @@ func (e *codeError) Error() string { return e.err.Error() }
 func (e *codeError) Unwrap() error { return e.err }
 
 // stoppedByWriter gives a writing run that another writer stopped
-// (liveness.WriterError) its exit code.
+// (writerun.WriterError) its exit code.
 func stoppedByWriter(err error) error {
 	var ce *codeError
-	if errors.As(err, new(*liveness.WriterError)) && !errors.As(err, &ce) {
+	if errors.As(err, new(*writerun.WriterError)) && !errors.As(err, &ce) {
 		return &codeError{code: exitWriter, err: err}
 	}
 	return err

@@ -6,7 +6,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"kube-etcd-migrate/liveness"
+	"kube-etcd-migrate/writerun"
 )
 
 // livenessFlags are the flags of the live-apiserver check, for every command
@@ -14,7 +14,7 @@ import (
 func livenessFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.BoolFlag{Name: "allow-live-apiserver", Usage: "write even though etcd shows a kube-apiserver (or another writer) alive: no liveness watch at all, neither the --liveness-window before the first write nor the watch while the run writes (another writer's keys are skipped as compare-and-swap conflicts, never stop the run)"},
-		&cli.DurationFlag{Name: "liveness-window", Value: liveness.DefaultWindow, Usage: "watch etcd this long from the start (while the checks, the snapshot and the reading and deciding go on; the first write waits for it): a key written under the prefix meanwhile (a kube-apiserver renews its identity lease every 10s) refuses the run, whatever any clock says; the watch then goes on until the last write, and a write that is not the run's own stops it (exit 5)"},
+		&cli.DurationFlag{Name: "liveness-window", Value: writerun.DefaultWindow, Usage: "watch etcd this long from the start (while the checks, the snapshot and the reading and deciding go on; the first write waits for it): a key written under the prefix meanwhile (a kube-apiserver renews its identity lease every 10s) refuses the run, whatever any clock says; the watch then goes on until the last write, and a write that is not the run's own stops it (exit 5)"},
 	}
 }
 
@@ -31,7 +31,7 @@ func newLivenessOptions(c *cli.Context) livenessOptions {
 // validate checks --liveness-window.
 func (o livenessOptions) validate() error {
 	if o.window <= 0 {
-		return usageErr("--liveness-window must be positive (default %s, longer than kube-apiserver's 10s identity-lease renewal)", liveness.DefaultWindow)
+		return usageErr("--liveness-window must be positive (default %s, longer than kube-apiserver's 10s identity-lease renewal)", writerun.DefaultWindow)
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/metrics"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
@@ -19,7 +18,6 @@ import (
 	"kube-etcd-migrate/reencode"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/storagemigration"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
 
@@ -280,18 +278,8 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, r *writerun.Run) m
 
 // migrateOptions are migrate.Run's options from the flags, with the journal
 // and snapshot the run keeps and the state directory of its undo.
-func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snapshot string, stateDir undo.StateDir) migrate.Options {
-	return migrate.Options{
-		PreflightOptions: guard.PreflightOptions{
-			Journal:            journal,
-			Snapshot:           snapshot,
-			AllowLiveAPIServer: o.live.allowLive,
-			LivenessWindow:     o.live.window,
-			QuotaBackendBytes:  o.space.quotaBackendBytes,
-			CompactHistory:     o.space.compactHistory,
-			Spell:              flagOf,
-			StateDir:           stateDir,
-		},
+func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snapshot string, stateDir writerun.StateDir) migrate.Options {
+	opts := migrate.Options{
 		DryRun:       o.dryRun,
 		FailFast:     o.failFast,
 		BatchOps:     o.batchOps,
@@ -299,6 +287,12 @@ func (o *migrateOptions) migrateOptions(writeCtx context.Context, journal, snaps
 		Writers:      o.writers,
 		WriteContext: writeCtx,
 	}
+	// The checks before the first write (migrate.Options' preflight).
+	opts.Journal, opts.Snapshot, opts.StateDir = journal, snapshot, stateDir
+	opts.AllowLiveAPIServer, opts.LivenessWindow = o.live.allowLive, o.live.window
+	opts.QuotaBackendBytes, opts.CompactHistory = o.space.quotaBackendBytes, o.space.compactHistory
+	opts.Spell = flagOf
+	return opts
 }
 
 // runMigrateRequested is 'migrate --requested'.

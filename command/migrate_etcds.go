@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"kube-etcd-migrate/apiserverconfig"
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/writerun"
@@ -16,12 +15,12 @@ import (
 
 // etcdMigration is migrate's run in one etcd of a cluster kept in several.
 type etcdMigration struct {
-	etcd  apiserverconfig.Etcd
-	s     *session
-	opts  migrate.Options
-	watch *guard.Watch
-	sum   *migrate.Summary
-	err   error
+	etcd apiserverconfig.Etcd
+	s    *session
+	opts migrate.Options
+	run  *writerun.Etcd
+	sum  *migrate.Summary
+	err  error
 }
 
 // runMigrateEtcds is migrate on a cluster whose kube-apiserver keeps
@@ -79,18 +78,15 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, run
 		spec := writerun.EtcdSpec{Endpoints: r.s.endpoints(), Client: r.s.env.Client, Prefix: r.s.env.Resolver.Prefix()}
 		if !r.etcd.Main() {
 			spec.Name = r.etcd.Name
-			r.opts.EtcdData = otherEtcdData(r.etcd)
+			r.opts.OtherEtcd = r.etcd.Name
 		}
-		spec.Preflight = func(ctx context.Context) error {
-			_, _, err := guard.Preflight(ctx, r.s.env, r.opts.PreflightOptions)
-			return err
-		}
+		spec.Preflight = func(ctx context.Context) error { return migrate.Preflight(ctx, r.s.env, r.opts) }
 		e, err := wr.AddEtcd(ctx, spec)
 		if err != nil {
 			return rep, err
 		}
 		r.opts.Journal, r.opts.Snapshot = e.Journal, e.Snapshot
-		r.watch, r.opts.Watch = e.Watch, e.Watch
+		r.run, r.opts.Watch = e, e.Watch
 		r.opts.OnPreflight = func(lines []string) error {
 			if err := wr.Ready(ctx, e); err != nil {
 				return err
@@ -112,7 +108,7 @@ func (o *migrateOptions) migrateEtcds(ctx context.Context, wr *writerun.Run, run
 	// A writer on an etcd migrated earlier, while the later ones were.
 	for _, r := range runs {
 		if r.err == nil && r.sum != nil && r.sum.Summary.Rewritten > 0 {
-			if serr := r.watch.Settle(writeCtx); serr != nil {
+			if serr := r.run.Watch.Settle(writeCtx); serr != nil {
 				r.err = fmt.Errorf("%s: %w", r.etcd.Label(), serr)
 			}
 		}
@@ -225,11 +221,4 @@ func (r *etcdsReport) table(w io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// otherEtcdData is the data directory of e, another etcd than the main
-// one: not known (the etcd manifest beside kube-apiserver's, or the
-// installer's layout, is the main etcd's).
-func otherEtcdData(e apiserverconfig.Etcd) *guard.EtcdData {
-	return &guard.EtcdData{Source: fmt.Sprintf("unknown: the etcd of %s (--etcd-servers-overrides) is not the one whose manifest or layout is known", e.Name)}
 }

@@ -8,13 +8,11 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
-
-	"kube-etcd-migrate/undo"
 )
 
 // output is what a command prints, stdout and stderr, on their way to the
 // terminal. A writing run (outliveTerminal) saves it too, as printed, in its
-// run directory (undo.OutputFile), and goes on when the terminal is gone: a
+// run directory (writerun.OutputFile), and goes on when the terminal is gone: a
 // closed pipe (EPIPE: a '| tee' that died with the terminal, '| head -c1'), a
 // hung-up terminal (EIO), are no errors to it, what it prints goes on to the
 // file.
@@ -84,15 +82,9 @@ func outputOf(w io.Writer) *output {
 	return nil
 }
 
-// attach saves the output, from its first line, in the run directory.
-func (o *output) attach(r *undo.Run) error {
-	if o == nil {
-		return nil
-	}
-	f, err := r.OpenOutput()
-	if err != nil {
-		return err
-	}
+// attach saves the output, from its first line, in f (the run
+// directory's output file).
+func (o *output) attach(f *os.File) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	_, _ = f.Write(o.buf)

@@ -34,7 +34,7 @@ func (o *planOptions) runPlanEtcds(ctx context.Context, es apiserverconfig.Etcds
 		e, s := x.etcd, x.s
 		mo := o.runOptions(ctx, nil)
 		if !e.Main() {
-			mo.EtcdData = otherEtcdData(e)
+			mo.OtherEtcd = e.Name
 			mo.Journal, mo.Snapshot = writerun.EtcdFile(mo.Journal, e.Name), writerun.EtcdFile(mo.Snapshot, e.Name)
 		}
 		p, err := plan.Run(ctx, s.env, plan.Options{Migrate: mo, StateDir: stateDir, Started: started})

@@ -9,12 +9,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/rollback"
 	"kube-etcd-migrate/storagemigration"
+	"kube-etcd-migrate/writerun"
 )
 
 // migrateReport is migrate's summary, with the records written (recs nil:
@@ -143,7 +143,7 @@ func writeFieldLoss(w io.Writer, s *migrate.Summary) error {
 }
 
 // spaceLine is what a run saw of etcd's database.
-func spaceLine(sp *guard.SpaceReport) string {
+func spaceLine(sp *writerun.SpaceReport) string {
 	line := fmt.Sprintf("etcd database: %s before, %s after (at most %s during the run; quota %s)", textfmt.Bytes(sp.DBSizeBefore), textfmt.Bytes(sp.DBSizeAfter), textfmt.Bytes(sp.DBSizeMax), textfmt.Bytes(sp.Quota.Bytes))
 	if sp.Compactions > 0 {
 		line += fmt.Sprintf("; --compact-history compacted %d time(s), last at revision %d", sp.Compactions, sp.CompactedAt)

@@ -6,12 +6,12 @@ import (
 	"io"
 	"time"
 
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/migrate"
 	"kube-etcd-migrate/plan"
+	"kube-etcd-migrate/writerun"
 )
 
 // planReport is the plan: the checks, the decision (migrate's summary of a
@@ -51,7 +51,9 @@ func remedy(b plan.Blocker) string {
 	case plan.FixStateDir:
 		return "chmod 700 it (it holds stored values), or wait for the run that holds it; --state-dir names another"
 	case plan.FixDiskSpace:
-		if se := (*guard.DiskSpaceError)(nil); errors.As(b.Cause, &se) && !se.UndoNeeds() {
+		// (A filesystem that lacks room whatever the undo: etcd's own.)
+		var room interface{ UndoNeeds() bool }
+		if errors.As(b.Cause, &room) && !room.UndoNeeds() {
 			return "free room on that filesystem: etcd's own database and WAL need it, whatever the undo (another --state-dir does not help)"
 		}
 		return "free room on that filesystem, or give --state-dir on another one (the undo needs the room; --no-undo is not a remedy)"
@@ -131,7 +133,7 @@ func fmtRange(low, high float64) string {
 
 // undoLine says whether a rollback of the run fits below etcd's quota after
 // the rewrite: a warning, naming the flag, when it will need compaction.
-func undoLine(u guard.UndoFit) string {
+func undoLine(u writerun.UndoFit) string {
 	if !u.NeedsCompaction {
 		return fmt.Sprintf("ok: the undo: a rollback of this run writes about %s back, which fits in the %s left below the quota after the rewrite", textfmt.Bytes(u.RollbackBytes), textfmt.Bytes(u.RoomAfter))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"slices"
 
@@ -14,10 +13,8 @@ import (
 	"kube-etcd-migrate/apiserverconfig"
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/rollback"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
 
@@ -70,7 +67,7 @@ func newRollbackOptions(c *cli.Context) *rollbackOptions {
 		api:     newAPIServerOptions(c),
 		live:    newLivenessOptions(c),
 		space:   newSpaceOptions(c),
-		undo:    undoOptions{stateDir: undo.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), undoDir: c.String("undo-dir")},
+		undo:    undoOptions{stateDir: writerun.StateDir(c.String("state-dir")), noUndo: c.Bool("no-undo"), undoDir: c.String("undo-dir")},
 		output:  c.String("output"),
 		runID:   c.String("run"),
 		journal: c.String("journal"),
@@ -91,7 +88,7 @@ func (o *rollbackOptions) validate() error {
 		return usageErr("--no-undo keeps no undo: leave out --undo-dir, or --no-undo")
 	}
 	if o.undo.stateDir == "" && (o.runID != "" || !o.undo.noUndo) {
-		return usageErr("--state-dir: empty; give the state directory of the runs (default %s)", undo.DefaultStateDir)
+		return usageErr("--state-dir: empty; give the state directory of the runs (default %s)", writerun.DefaultStateDir)
 	}
 	if err := o.live.validate(); err != nil {
 		return err
@@ -125,24 +122,19 @@ func cmdRollback(c *cli.Context) error {
 func (o *rollbackOptions) runRollback(ctx context.Context) error {
 	// The runs to undo, read from the state directory before etcd is
 	// connected to: a --run that is not there is refused first.
-	stateDir := o.undo.stateDir
 	if err := o.otherJournalRefusal(); err != nil {
 		return err
 	}
-	specs, wayBack, undoes, err := journalsToUndo(stateDir, o.runID, o.journal)
+	choice, err := o.choose()
 	if err != nil {
 		return err
-	}
-	journals := make([]string, len(specs))
-	for i, s := range specs {
-		journals[i] = s.Path
 	}
 	// The runs' journals in the cluster's other etcds
 	// (--etcd-servers-overrides): each read whole and checked, and each
 	// etcd's liveness verdict in, before the first write on any etcd.
-	others, err := otherEtcdJournals(stateDir, o.runID)
-	if err != nil {
-		return err
+	var others []*etcdRollback
+	for _, e := range choice.Others {
+		others = append(others, &etcdRollback{EtcdJournals: e})
 	}
 	defer func() {
 		for _, r := range others {
@@ -154,12 +146,10 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 		return err
 	}
 	defer cli.Close()
-	rb := &rollbackStage{o: o, cli: cli, prefix: undo.JournalsPrefix(journals), specs: specs, wayBack: wayBack, undoes: undoes, journals: journals, others: others}
+	rb := &rollbackStage{o: o, cli: cli, prefix: choice.Main.Prefix(), main: &choice.Main, undoes: choice.Undoes, others: others}
 	cfg := o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live)
 	if o.runID != "" {
-		if recs, err := stateDir.Since(o.runID); err == nil && len(recs) > 0 {
-			cfg.Since = &recs[0]
-		}
+		cfg.Since = choice.Main.WayBack // the oldest run undone
 	}
 	return doWrite(ctx, cfg, writerun.Stage{Check: rb.checkRollback, Write: rb.writeRollback})
 }
@@ -167,14 +157,12 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 // rollbackStage is rollback's work in a writing run: its checks, read-only
 // and before the run directory exists (check), then the rollback (write).
 type rollbackStage struct {
-	o        *rollbackOptions
-	cli      *clientv3.Client
-	prefix   string
-	specs    []undo.JournalSpec
-	wayBack  *undo.Record
-	undoes   []string
-	journals []string
-	others   []*etcdRollback
+	o      *rollbackOptions
+	cli    *clientv3.Client
+	prefix string
+	main   *rollback.EtcdJournals
+	undoes []string
+	others []*etcdRollback
 
 	opts      rollback.RollbackOptions
 	preflight []string
@@ -194,36 +182,37 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 	// checked and the preflight goes on; the first write waits for its
 	// verdict, and another writer stops the rollback.
 	rb.opts = rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Watch: wr.MainWatch()}
-	quota := guard.FindQuota(ctx, rb.cli, o.api.manifestFile(), o.space.quotaBackendBytes, flagOf)
-	cfg, closeEnc, err := o.checkConfig(ctx, rb.specs, rb.wayBack, rb.prefix, quota)
+	cfg, closeEnc, err := o.checkConfig(ctx, rb.main, rb.prefix)
 	if err != nil {
 		return err
 	}
 	defer closeEnc()
+	cfg.Manifest = o.api.manifestFile()
 	if !o.undo.noUndo {
-		sp := guard.RollbackSpace{Dir: string(o.undo.stateDir), DirInput: input.StateDir, Etcd: guard.FindEtcdData(o.api.manifestFile(), o.api.foundEtcdData()), Quota: quota.Bytes}
+		room := rollback.UndoRoom{Dir: string(o.undo.stateDir), DirInput: input.StateDir}
+		room.EtcdDataDir, room.EtcdDataFrom = o.api.foundEtcdData()
 		if o.undo.undoDir != "" {
-			sp.Dir, sp.DirInput = o.undo.undoDir, input.UndoDir
+			room.Dir, room.DirInput = o.undo.undoDir, input.UndoDir
 		}
-		cfg.Space = &sp
+		cfg.Room = &room
 	}
 	checked, err := o.checkEtcd(ctx, rb.cli, cfg)
 	if err != nil {
-		if errors.As(err, new(*undo.PluginStopError)) {
+		if errors.As(err, new(*writerun.PluginStopError)) {
 			return fmt.Errorf("rollback stopped before its first write: %w; nothing was written: once the plugin answers again, run the same rollback again", err)
 		}
 		return err
 	}
 	rb.opts.Check, rb.preflight, rb.refused = checked.Undo, checked.Preflight, checked.Refused
-	rb.opts.Quota = &quota
+	rb.opts.Quota = &checked.Quota
 	return nil
 }
 
 // checkConfig is what the rollback checks in an etcd before its first write,
-// from the flags: the encryption configuration loaded (closeEnc releases it
-// once the journals are read).
-func (o *rollbackOptions) checkConfig(ctx context.Context, specs []undo.JournalSpec, wayBack *undo.Record, prefix string, quota guard.Quota) (cfg rollback.CheckConfig, closeEnc func(), err error) {
-	cfg = rollback.CheckConfig{Journals: specs, WayBack: wayBack, Prefix: prefix, AllowUnverified: o.allowUnverified, DryRun: o.dryRun, CompactHistory: o.space.compactHistory, Quota: quota, Spell: flagOf}
+// of the journals of js, from the flags: the encryption configuration loaded
+// (closeEnc releases it once the journals are read).
+func (o *rollbackOptions) checkConfig(ctx context.Context, js *rollback.EtcdJournals, prefix string) (cfg rollback.CheckConfig, closeEnc func(), err error) {
+	cfg = rollback.CheckConfig{Journals: js.Specs, WayBack: js.WayBack, Prefix: prefix, AllowUnverified: o.allowUnverified, DryRun: o.dryRun, CompactHistory: o.space.compactHistory, QuotaBackendBytes: o.space.quotaBackendBytes, Spell: flagOf}
 	enc, configured, _, err := loadEncryption(ctx, o.api, o.prov, o.encryptionConfig)
 	if err != nil {
 		return cfg, nil, err
@@ -252,7 +241,7 @@ func (o *rollbackOptions) checkEtcd(ctx context.Context, cli *clientv3.Client, c
 // usageIfNoConfig gives exit 2 to a refusal for want of the encryption
 // configuration.
 func usageIfNoConfig(err error) error {
-	if errors.As(err, new(*undo.NoEncryptionConfigError)) {
+	if errors.As(err, new(*writerun.NoEncryptionConfigError)) {
 		return &codeError{code: exitUsage, err: err}
 	}
 	return err
@@ -287,7 +276,7 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 			opts.Journal, opts.Snapshot = j, mainEtcd.Snapshot
 		}
 	}
-	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.journals, opts)
+	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.main.Paths(), opts)
 	res.Preflight = append(rb.preflight, res.Preflight...)
 	if len(rb.others) > 0 {
 		err = o.finishEtcds(ctx, wr, rb.others, rb.cli.Endpoints(), &res, err, rb.refused)
@@ -309,56 +298,31 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 	return done, nil
 }
 
-// journalsToUndo are the journals a rollback undoes, newest run first, each
-// with the run that wrote it when the state directory knows it; the run whose
-// snapshot is the state the rollback returns to (the oldest undone); and the
-// IDs of the runs undone.
-func journalsToUndo(stateDir undo.StateDir, runID, journal string) ([]undo.JournalSpec, *undo.Record, []string, error) {
-	if journal != "" {
-		owner := stateDir.RunOfJournal(journal) // there (validate)
-		if owner == nil {
-			// A run's journal in another etcd of the cluster: undone
-			// where --endpoints says (otherJournalRefusal).
-			owner, _ = stateDir.RunOfEtcdJournal(journal)
-		}
-		return []undo.JournalSpec{{Path: journal, Record: owner}}, owner, nil, nil
+// choose is what the rollback undoes (--run or --journal), read from the
+// state directory, its refusals named by the flags.
+func (o *rollbackOptions) choose() (*rollback.Choice, error) {
+	if o.journal != "" {
+		return rollback.ChooseJournal(o.undo.stateDir, o.journal), nil // there (validate)
 	}
-	recs, err := stateDir.Since(runID)
-	var nf *undo.NotFoundError
+	runID := o.runID
+	c, err := rollback.ChooseRun(o.undo.stateDir, runID)
+	var nf *writerun.NotFoundError
 	if errors.As(err, &nf) {
-		return nil, nil, nil, usageErr("--run: %v", err)
+		return nil, usageErr("--run: %v", err)
 	}
-	var gap *undo.GapError
+	var gap *writerun.GapError
 	if errors.As(err, &gap) {
 		// Refused as a run with its journal gone is: nothing written.
 		way := fmt.Sprintf("run %s's snapshot %s is the way back to the state before it", gap.From.ID, gap.From.Snapshot)
 		if gap.Next != "" {
 			way = fmt.Sprintf("undo only the runs after the gap (--run %s), or %s", gap.Next, way)
 		}
-		return nil, nil, nil, fmt.Errorf("--run %s: %w; %s (if the missing runs wrote nothing, undo the runs that are left one journal at a time, newest first, with --journal)", runID, err, way)
+		return nil, fmt.Errorf("--run %s: %w; %s (if the missing runs wrote nothing, undo the runs that are left one journal at a time, newest first, with --journal)", runID, err, way)
 	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--run: %w", err)
+		return nil, fmt.Errorf("--run %s: %w", runID, err)
 	}
-	wayBack := recs[0]
-	slices.Reverse(recs)
-	var specs []undo.JournalSpec
-	var ids []string
-	for i, r := range recs {
-		ids = append(ids, r.ID)
-		if _, err := os.Stat(r.Journal); errors.Is(err, fs.ErrNotExist) {
-			if r.KeysWritten > 0 && len(r.Etcds) == 0 {
-				// (A run in several etcds counts the keys of all: its
-				// other etcds' journals may hold them.)
-				return nil, nil, nil, fmt.Errorf("--run %s: run %s wrote %d key(s) but its journal %s is gone: it cannot be undone (its snapshot %s is the way back)", runID, r.ID, r.KeysWritten, r.Journal, r.Snapshot)
-			}
-			continue // refused or stopped before its first write
-		} else if err != nil {
-			return nil, nil, nil, fmt.Errorf("--run %s: run %s: %w", runID, r.ID, err)
-		}
-		specs = append(specs, undo.JournalSpec{Path: r.Journal, Record: &recs[i]})
-	}
-	return specs, &wayBack, ids, nil
+	return c, nil
 }
 
 // loadEncryption loads the encryption configuration kube-apiserver runs

@@ -2,21 +2,16 @@ package command
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"slices"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/rollback"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
 
@@ -25,31 +20,18 @@ import (
 // newest first, read whole and checked before the first write on any etcd
 // (prepare), undone once the main etcd's are (undoEtcd).
 type etcdRollback struct {
-	name      string
-	endpoints []string
-	specs     []undo.JournalSpec
-	wayBack   *undo.Record
+	*rollback.EtcdJournals
 
 	cli       *clientv3.Client
 	prefix    string
 	etcd      *writerun.Etcd
-	watch     *guard.Watch
-	check     *undo.UndoCheck
-	quota     guard.Quota
+	checked   *rollback.Checked
 	preflight []string
 	refused   error
 	res       rollback.RollbackResult
 }
 
-func (r *etcdRollback) label() string { return "etcd of " + r.name }
-
-func (r *etcdRollback) journals() []string {
-	out := make([]string, len(r.specs))
-	for i, s := range r.specs {
-		out[i] = s.Path
-	}
-	return out
-}
+func (r *etcdRollback) label() string { return "etcd of " + r.Name }
 
 func (r *etcdRollback) close() {
 	if r.cli != nil {
@@ -57,62 +39,22 @@ func (r *etcdRollback) close() {
 	}
 }
 
-// otherEtcdJournals are the journals in the cluster's other etcds of run
-// runID and every later one (their run records' etcds), by etcd, in the
-// order the runs first name them; nil for a --journal rollback.
-func otherEtcdJournals(stateDir undo.StateDir, runID string) ([]*etcdRollback, error) {
-	if runID == "" {
-		return nil, nil
-	}
-	recs, err := stateDir.Since(runID)
-	if err != nil || len(recs) == 0 {
-		return nil, nil // refused as journalsToUndo refuses it
-	}
-	oldest := recs[0]
-	slices.Reverse(recs)
-	var out []*etcdRollback
-	for _, rec := range recs {
-		for _, e := range rec.Etcds {
-			view, _ := rec.InEtcd(e.Name)
-			i := slices.IndexFunc(out, func(r *etcdRollback) bool { return r.name == e.Name })
-			if i < 0 {
-				out = append(out, &etcdRollback{name: e.Name, endpoints: e.Endpoints})
-				i = len(out) - 1
-			}
-			if _, err := os.Stat(view.Journal); errors.Is(err, fs.ErrNotExist) {
-				continue // refused or stopped before its first write there
-			} else if err != nil {
-				return nil, fmt.Errorf("--run %s: run %s: %s: %w", runID, rec.ID, e.Name, err)
-			}
-			out[i].specs = append(out[i].specs, undo.JournalSpec{Path: view.Journal, Record: &view})
-		}
-	}
-	for _, r := range out {
-		if v, ok := oldest.InEtcd(r.name); ok {
-			r.wayBack = &v
-		}
-	}
-	return out, nil
-}
-
 // prepare connects to r's etcd (the endpoints its runs recorded, the TLS
 // files of the main etcd), starts its liveness watch, reads every journal
 // whole and checks what the rollback needs there (alarms, quota), then
 // waits for the watch's verdict: all before the first write on any etcd.
 func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcdRollback) error {
-	fmt.Fprintf(o.io.errOut, "%s: %s (its journals: %s)\n", r.label(), strings.Join(r.endpoints, ","), strings.Join(r.journals(), ", "))
-	cli, err := connectTo(ctx, io.Discard, o.etcd, o.prov, o.api, r.endpoints)
+	fmt.Fprintf(o.io.errOut, "%s: %s (its journals: %s)\n", r.label(), strings.Join(r.Endpoints, ","), strings.Join(r.Paths(), ", "))
+	cli, err := connectTo(ctx, io.Discard, o.etcd, o.prov, o.api, r.Endpoints)
 	if err != nil {
 		return err
 	}
 	r.cli = cli
-	r.prefix = undo.JournalsPrefix(r.journals())
-	if r.etcd, err = wr.AddEtcd(ctx, writerun.EtcdSpec{Name: r.name, Endpoints: r.endpoints, Client: cli, Prefix: r.prefix}); err != nil {
+	r.prefix = r.Prefix()
+	if r.etcd, err = wr.AddEtcd(ctx, writerun.EtcdSpec{Name: r.Name, Endpoints: r.Endpoints, Client: cli, Prefix: r.prefix}); err != nil {
 		return err
 	}
-	r.watch = r.etcd.Watch
-	r.quota = guard.FindQuota(ctx, cli, "", o.space.quotaBackendBytes, flagOf)
-	cfg, closeEnc, err := o.checkConfig(ctx, r.specs, r.wayBack, r.prefix, r.quota)
+	cfg, closeEnc, err := o.checkConfig(ctx, r.EtcdJournals, r.prefix)
 	if err != nil {
 		return err
 	}
@@ -121,8 +63,8 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 	if err != nil {
 		return err
 	}
-	r.check, r.preflight, r.refused = checked.Undo, checked.Preflight, checked.Refused
-	line, err := r.watch.Verdict(ctx)
+	r.checked, r.preflight, r.refused = checked, checked.Preflight, checked.Refused
+	line, err := r.etcd.Watch.Verdict(ctx)
 	if err != nil {
 		return err
 	}
@@ -135,7 +77,7 @@ func (o *rollbackOptions) prepare(ctx context.Context, wr *writerun.Run, r *etcd
 // undoEtcd undoes r's journals, with the rollback's own undo there beside its
 // main one (u nil: none).
 func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback) error {
-	opts := rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.check, Watch: r.watch, Quota: &r.quota}
+	opts := rollback.RollbackOptions{DryRun: o.dryRun, CompactHistory: o.space.compactHistory, AllowUnverified: o.allowUnverified, Check: r.checked.Undo, Watch: r.etcd.Watch, Quota: &r.checked.Quota}
 	j, err := r.etcd.OpenJournal(ctx, "rollback", r.prefix)
 	if err != nil {
 		return err
@@ -144,7 +86,7 @@ func (o *rollbackOptions) undoEtcd(ctx context.Context, r *etcdRollback) error {
 		defer j.Close()
 		opts.Journal, opts.Snapshot = j, r.etcd.Snapshot
 	}
-	res, err := rollback.RollbackJournals(ctx, r.cli, &etcdscan.Writer{Client: r.cli}, r.journals(), opts)
+	res, err := rollback.RollbackJournals(ctx, r.cli, &etcdscan.Writer{Client: r.cli}, r.Paths(), opts)
 	res.Preflight = append(slices.Clip(r.preflight), res.Preflight...)
 	r.res = res
 	if err != nil {
@@ -215,7 +157,7 @@ func (o *rollbackOptions) finishEtcds(ctx context.Context, wr *writerun.Run, oth
 	if err == nil || o.dryRun {
 		for _, r := range others {
 			rerr := o.undoEtcd(ctx, r)
-			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.name, Endpoints: r.endpoints, RollbackResult: r.res})
+			rep.Etcds = append(rep.Etcds, etcdRollbackResult{Etcd: r.Name, Endpoints: r.Endpoints, RollbackResult: r.res})
 			res.Restored += r.res.Restored
 			if rerr != nil {
 				if worst == nil || severity(exitCodeOf(rerr)) > severity(exitCodeOf(worst)) {

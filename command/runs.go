@@ -3,17 +3,15 @@ package command
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 func runsCommand() *cli.Command {
@@ -33,29 +31,10 @@ func runsCommand() *cli.Command {
 	}
 }
 
-// runView is a run as 'runs' shows it.
-type runView struct {
-	undo.Record
-	// State is running (its lock held), finished, or killed (no end
-	// recorded, nothing holds its lock).
-	State string `json:"state"`
-	// SnapshotTaken and JournalKept say whether those files are on disk;
-	// SnapshotBytes and JournalBytes their sizes (what removing them frees).
-	SnapshotTaken bool  `json:"snapshotTaken"`
-	JournalKept   bool  `json:"journalKept"`
-	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
-	JournalBytes  int64 `json:"journalBytes,omitempty"`
-	// UndoVerified, with --verify only (absent without), says whether the
-	// run's undo verifies, read whole (or there is nothing to undo);
-	// UndoCheck says how (undo.RunCheck).
-	UndoVerified *bool          `json:"undoVerified,omitempty"`
-	UndoCheck    *undo.RunCheck `json:"undoCheck,omitempty"`
-}
-
 // runsOptions are runs' flags.
 type runsOptions struct {
 	io       streams
-	stateDir undo.StateDir
+	stateDir writerun.StateDir
 	output   string
 	// verify reads every byte of each run's undo (--verify).
 	verifyUndo bool
@@ -74,7 +53,7 @@ type runsOptions struct {
 
 func newRunsOptions(c *cli.Context) *runsOptions {
 	return &runsOptions{
-		io: streamsOf(c), stateDir: undo.StateDir(c.String("state-dir")), output: c.String("output"), verifyUndo: c.Bool("verify"),
+		io: streamsOf(c), stateDir: writerun.StateDir(c.String("state-dir")), output: c.String("output"), verifyUndo: c.Bool("verify"),
 		show: c.String("show"), prune: c.Bool("prune"), dryRun: c.Bool("dry-run"), keep: c.Int("keep"), keepSet: c.IsSet("keep"), before: c.String("before"),
 		cluster: newClusterSource(c),
 	}
@@ -83,7 +62,7 @@ func newRunsOptions(c *cli.Context) *runsOptions {
 // validate refuses, before anything is read, what runs' flags alone refuse.
 func (o *runsOptions) validate() error {
 	if o.stateDir == "" {
-		return usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
+		return usageErr("--state-dir: empty; give a directory (default %s)", writerun.DefaultStateDir)
 	}
 	if !o.prune && (o.keepSet || o.before != "" || o.dryRun) {
 		return usageErr("--keep, --before and --dry-run go with --prune")
@@ -122,47 +101,23 @@ func cmdRuns(c *cli.Context) error {
 // runRuns is the runs command.
 func (o *runsOptions) runRuns() error {
 	dir := o.stateDir
-	recs, err := dir.List()
-	if err != nil {
-		return fmt.Errorf("--state-dir: %w", err)
-	}
-	missing, err := dir.Missing(recs)
-	if err != nil {
-		return fmt.Errorf("--state-dir: %w", err)
-	}
-	views := make([]runView, len(recs))
-	for i, r := range recs {
-		_, jerr := os.Stat(r.Journal)
-		views[i] = runView{Record: r, State: r.State(), SnapshotTaken: r.SnapshotTaken(), JournalKept: r.Journal != "" && jerr == nil}
-		if views[i].SnapshotTaken {
-			views[i].SnapshotBytes = guard.FileSize(r.Snapshot)
-		}
-		if views[i].JournalKept {
-			views[i].JournalBytes = guard.FileSize(r.Journal)
-		}
-	}
-	var damaged []string
 	ctx, stop := signalContext(o.io.errOut)
 	defer stop()
-	if o.verifyUndo {
-		for i := range views {
-			v := &views[i]
-			v.UndoCheck = undo.CheckRun(ctx, v.Record)
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			ok := v.UndoCheck.Verified()
-			v.UndoVerified = &ok
-			if v.UndoCheck.Status == undo.UndoDamaged {
-				damaged = append(damaged, v.ID)
-			}
-			if len(v.UndoNeedsKeys) == 0 && v.UndoCheck.Journal != nil {
-				v.UndoNeedsKeys = v.UndoCheck.Journal.NeedsKeys() // a killed run recorded none
-			}
+	list, err := writerun.ListRuns(ctx, dir, o.verifyUndo)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	var damaged []string
+	for i := range list.Runs {
+		if list.Runs[i].Damaged() {
+			damaged = append(damaged, list.Runs[i].ID)
 		}
 	}
 	cluster, note := o.cluster.readClusterRuns(ctx, o.io.errOut)
-	if err := printReport(o.io.out, o.output, runsReport{dir: dir, runs: views, missing: missing, cluster: cluster, clusterNote: note}); err != nil {
+	if err := printReport(o.io.out, o.output, runsReport{dir: dir, runs: list.Runs, missing: list.Missing, cluster: cluster, clusterNote: note}); err != nil {
 		return err
 	}
 	if len(damaged) > 0 {
@@ -173,11 +128,11 @@ func (o *runsOptions) runRuns() error {
 
 // runsReport is the state directory's runs.
 type runsReport struct {
-	dir  undo.StateDir
-	runs []runView
+	dir  writerun.StateDir
+	runs []writerun.RunView
 	// missing are runs created after the oldest listed whose directories
-	// were removed (undo.Missing).
-	missing []undo.MissingRun
+	// were removed (writerun.ListRuns).
+	missing []writerun.MissingRun
 	// cluster are the cluster's runs from etcd (every host), or nil and
 	// clusterNote why not.
 	cluster     *clusterRuns
@@ -186,10 +141,10 @@ type runsReport struct {
 
 func (r runsReport) stamped(build buildinfo.Info) any {
 	return struct {
-		Build    buildinfo.Info    `json:"build"`
-		StateDir undo.StateDir     `json:"stateDir"`
-		Runs     []runView         `json:"runs"`
-		Missing  []undo.MissingRun `json:"missing,omitempty"`
+		Build    buildinfo.Info        `json:"build"`
+		StateDir writerun.StateDir     `json:"stateDir"`
+		Runs     []writerun.RunView    `json:"runs"`
+		Missing  []writerun.MissingRun `json:"missing,omitempty"`
 		// Cluster are the cluster's runs from every host (etcd), or
 		// ClusterNote says why not.
 		Cluster     *clusterRuns `json:"cluster,omitempty"`
@@ -267,8 +222,8 @@ func (r runsReport) localTable(w io.Writer) error {
 		for _, p := range v.UndoCheck.Problems {
 			fmt.Fprintf(w, "%s: %s: %s\n", v.ID, strings.ToUpper(v.UndoCheck.Status), p)
 		}
-		if v.UndoCheck.Status == undo.UndoDamaged {
-			fmt.Fprintf(w, "%s: the way back: %s\n", v.ID, undo.WayBack(&v.Record))
+		if v.Damaged() {
+			fmt.Fprintf(w, "%s: the way back: %s\n", v.ID, v.WayBack())
 		}
 		for _, n := range v.UndoCheck.Notes {
 			fmt.Fprintf(w, "%s: note: %s\n", v.ID, n)
@@ -289,7 +244,7 @@ func (r runsReport) localTable(w io.Writer) error {
 		fmt.Fprintf(w, "removed: %s (wrote nothing: no undo lost)\n", strings.Join(empty, ", "))
 	}
 	for _, v := range r.runs {
-		if v.State == undo.StateKilled {
+		if v.State == writerun.StateKilled {
 			fmt.Fprintf(w, "killed: %s ended without recording its end (killed, or its host went down): its journal says what it wrote; run the same command again, or roll it back\n", v.ID)
 		}
 	}

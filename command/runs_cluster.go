@@ -12,7 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"kube-etcd-migrate/clusterlock"
+	"kube-etcd-migrate/writerun"
 )
 
 // clusterSource is etcd's connection as 'runs' takes it: asked only when
@@ -68,20 +68,20 @@ func (s clusterSource) open(ctx context.Context, w io.Writer) (*clientv3.Client,
 	return cli, ""
 }
 
-// clusterRuns are the cluster's runs as etcd records them (clusterlock).
+// clusterRuns are the cluster's runs as etcd records them (the cluster's lock).
 type clusterRuns struct {
 	Runs []clusterRun `json:"runs"`
 	// Holder is the run holding the cluster's lock now (none: absent).
-	Holder *clusterlock.Run `json:"holder,omitempty"`
+	Holder *writerun.ClusterRun `json:"holder,omitempty"`
 	// raw are the runs as etcd records them.
-	raw []clusterlock.Run
+	raw []writerun.ClusterRun
 }
 
 // clusterRun is one of the cluster's runs, with its state: running (it
 // holds the cluster's lock), finished, or unfinished (no end recorded and
 // no lock: killed, or etcd was restored from a snapshot taken during it).
 type clusterRun struct {
-	clusterlock.Run
+	writerun.ClusterRun
 	State string `json:"state"`
 }
 
@@ -97,19 +97,15 @@ func (s clusterSource) readClusterRuns(ctx context.Context, w io.Writer) (*clust
 }
 
 func listClusterRuns(ctx context.Context, cli *clientv3.Client) (*clusterRuns, string) {
-	runs, held, err := clusterlock.List(ctx, cli)
+	runs, holder, err := writerun.ClusterRuns(ctx, cli)
 	if err != nil {
-		var np *clusterlock.NotPermittedError
+		var np *writerun.NotPermittedError
 		if errors.As(err, &np) {
 			return nil, "this host's runs only: " + np.Error()
 		}
 		return nil, "this host's runs only: " + err.Error()
 	}
-	out := &clusterRuns{raw: runs}
-	if held != nil && held.Holder.Host != "" {
-		h := held.Holder
-		out.Holder = &h
-	}
+	out := &clusterRuns{raw: runs, Holder: holder}
 	for _, r := range runs {
 		state := "unfinished"
 		switch {

@@ -8,18 +8,18 @@ import (
 
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
-// runPrune is 'runs --prune': the oldest runs removed as undo.Prune's rule
+// runPrune is 'runs --prune': the oldest runs removed as StateDir.Prune's rule
 // says (docs/commands.md#runs), or with --dry-run what would be.
 func (o *runsOptions) runPrune() error {
-	res, err := o.stateDir.Prune(undo.PruneOptions{Keep: o.keep, Before: o.before, DryRun: o.dryRun})
-	var nf *undo.NotFoundError
+	res, err := o.stateDir.Prune(writerun.PruneOptions{Keep: o.keep, Before: o.before, DryRun: o.dryRun})
+	var nf *writerun.NotFoundError
 	if errors.As(err, &nf) {
 		return usageErr("--before: %v", err)
 	}
-	var le *undo.LockedError
+	var le *writerun.LockedError
 	if errors.As(err, &le) {
 		return fmt.Errorf("--state-dir: %w; nothing was removed", err)
 	}
@@ -34,15 +34,15 @@ func (o *runsOptions) runPrune() error {
 
 // pruneReport is what a prune removed (would remove), freed and kept.
 type pruneReport struct {
-	dir undo.StateDir
-	res undo.PruneResult
+	dir writerun.StateDir
+	res writerun.PruneResult
 }
 
 func (r pruneReport) stamped(build buildinfo.Info) any {
 	return struct {
-		Build    buildinfo.Info `json:"build"`
-		StateDir undo.StateDir  `json:"stateDir"`
-		undo.PruneResult
+		Build    buildinfo.Info    `json:"build"`
+		StateDir writerun.StateDir `json:"stateDir"`
+		writerun.PruneResult
 	}{build, r.dir, r.res}
 }
 

@@ -15,12 +15,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/apiserverconfig"
-	"kube-etcd-migrate/clusterlock"
-	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 // runShow is 'runs --show ID': the run's record, and how to undo it: the
@@ -31,14 +29,14 @@ func (o *runsOptions) runShow() error {
 	if err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
-	var rec *undo.Record
+	var rec *writerun.Record
 	for i, r := range recs {
 		if r.ID == o.show || strconv.Itoa(r.Seq) == strings.TrimLeft(o.show, "0") {
 			rec = &recs[i]
 		}
 	}
 	if rec == nil {
-		return usageErr("--show: %v", &undo.NotFoundError{ID: o.show, StateDir: string(o.stateDir)})
+		return usageErr("--show: %v", &writerun.NotFoundError{ID: o.show, StateDir: string(o.stateDir)})
 	}
 	ctx, stop := signalContext(o.io.errOut)
 	defer stop()
@@ -56,7 +54,7 @@ func (o *runsOptions) runShow() error {
 		defer cli.Close()
 		members, membersFrom = etcdMembers(ctx, cli)
 		if cluster, cnote := listClusterRuns(ctx, cli); cluster != nil {
-			rep.Elsewhere = laterElsewhere(cluster.raw, *rec, absDir(string(o.stateDir)))
+			rep.Elsewhere = writerun.LaterElsewhere(cluster.raw, *rec, absDir(string(o.stateDir)))
 		} else {
 			rep.ClusterNote = cnote
 		}
@@ -67,26 +65,18 @@ func (o *runsOptions) runShow() error {
 	return printReport(o.io.out, o.output, rep)
 }
 
-// laterElsewhere are the cluster's runs kept on another host or in another
-// state directory than rec's (stateDir, on this host) that took the
-// cluster's lock after rec's run did (clusterlock.Later).
-func laterElsewhere(runs []clusterlock.Run, rec undo.Record, stateDir string) []clusterlock.Run {
-	host, _ := os.Hostname()
-	return clusterlock.Later(runs, rec.ID, rec.Start, host, stateDir)
-}
-
 // showReport is one run and how to undo it.
 type showReport struct {
-	Shown    undo.Record   `json:"run"`
-	StateDir undo.StateDir `json:"stateDir"`
+	Shown    writerun.Record   `json:"run"`
+	StateDir writerun.StateDir `json:"stateDir"`
 	// Later are the later runs of the state directory a rollback of this
 	// one undoes with it.
 	Later []string `json:"later,omitempty"`
 	// Elsewhere are the cluster's runs on other hosts (or state
 	// directories) after this one: undo those first, where they are kept.
-	Elsewhere   []clusterlock.Run `json:"elsewhere,omitempty"`
-	ClusterNote string            `json:"clusterNote,omitempty"`
-	Restore     *restorePlan      `json:"restore,omitempty"`
+	Elsewhere   []writerun.ClusterRun `json:"elsewhere,omitempty"`
+	ClusterNote string                `json:"clusterNote,omitempty"`
+	Restore     *restorePlan          `json:"restore,omitempty"`
 }
 
 func (r showReport) stamped(build buildinfo.Info) any {
@@ -143,7 +133,7 @@ func (r showReport) table(w io.Writer) error {
 	// The run's undo in the cluster's other etcds (--etcd-servers-overrides).
 	for _, e := range v.Etcds {
 		row("etcd "+e.Name, "%s", strings.Join(e.Endpoints, ","))
-		onDisk := func(path string, sum *undo.FileSum) string {
+		onDisk := func(path string, sum *writerun.FileSum) string {
 			fi, err := os.Stat(path)
 			switch {
 			case path == "":
@@ -266,7 +256,7 @@ func hostOf(u string) string {
 // thisMember reads this node's etcd manifest: beside --apiserver-manifest,
 // else kubeadm's when it is there.
 func thisMember(apiserverManifest string) (apiserverconfig.EtcdMember, bool) {
-	file := guard.KubeadmEtcdManifest
+	file := writerun.KubeadmEtcdManifest
 	if apiserverManifest != "" {
 		f, err := apiserverconfig.EtcdManifestBeside(apiserverManifest)
 		if err != nil {
@@ -284,7 +274,7 @@ func thisMember(apiserverManifest string) (apiserverconfig.EtcdMember, bool) {
 // restorePlanFor is the restore of rec's snapshot on every member: the
 // members from etcd (members, when it answered), else from this node's etcd
 // manifest's --initial-cluster, else placeholders.
-func restorePlanFor(rec undo.Record, apiserverManifest string, members []restoreMember, membersFrom string) *restorePlan {
+func restorePlanFor(rec writerun.Record, apiserverManifest string, members []restoreMember, membersFrom string) *restorePlan {
 	if !rec.SnapshotTaken() {
 		return nil
 	}
@@ -343,7 +333,7 @@ func restorePlanFor(rec undo.Record, apiserverManifest string, members []restore
 }
 
 // restoreCommands are the steps of the restore, as an operator types them.
-func restoreCommands(rec undo.Record, p *restorePlan) []string {
+func restoreCommands(rec writerun.Record, p *restorePlan) []string {
 	id := rec.ID
 	restored := p.DataDir + ".restore-" + id
 	var out []string

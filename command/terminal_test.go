@@ -17,22 +17,23 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 // listRuns is 'runs -o json', by ID.
-func listRuns(t *testing.T) map[string]runView {
+func listRuns(t *testing.T) map[string]writerun.RunView {
 	t.Helper()
 	code, out, stderr := runCLI(t, "runs", "-o", "json")
 	if code != exitOK {
 		t.Fatalf("runs: exit %d\n%s%s", code, out, stderr)
 	}
 	var listed struct {
-		Runs []runView `json:"runs"`
+		Runs []writerun.RunView `json:"runs"`
 	}
 	if err := json.Unmarshal([]byte(out), &listed); err != nil {
 		t.Fatalf("runs -o json: %v\n%s", err, out)
 	}
-	byID := map[string]runView{}
+	byID := map[string]writerun.RunView{}
 	for _, r := range listed.Runs {
 		byID[r.ID] = r
 	}

@@ -12,13 +12,12 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"kube-etcd-migrate/internal/crash"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/writerun"
 )
 
 // stateDirFlag is --state-dir, on every command that writes and on runs and plan.
 func stateDirFlag() cli.Flag {
-	return &cli.StringFlag{Name: "state-dir", Value: undo.DefaultStateDir, EnvVars: []string{undo.EnvStateDir},
+	return &cli.StringFlag{Name: "state-dir", Value: writerun.DefaultStateDir, EnvVars: []string{writerun.EnvStateDir},
 		Usage: "where each writing run keeps its undo (a run directory: journal, snapshot before the first write, plan, summary; mode 0700)"}
 }
 
@@ -37,7 +36,7 @@ func undoFlags() []cli.Flag {
 type undoOptions struct {
 	// stateDir is --state-dir (else $KUBE_ETCD_MIGRATE_STATE_DIR, else the
 	// default): read once and handed on.
-	stateDir          undo.StateDir
+	stateDir          writerun.StateDir
 	noUndo            bool
 	journal, snapshot string // --journal and --snapshot: where instead of the run directory
 	// undoDir is rollback's --undo-dir: its journal and snapshot go to
@@ -48,7 +47,7 @@ type undoOptions struct {
 // newUndoOptions reads undoFlags.
 func newUndoOptions(c *cli.Context) undoOptions {
 	return undoOptions{
-		stateDir: undo.StateDir(c.String("state-dir")),
+		stateDir: writerun.StateDir(c.String("state-dir")),
 		noUndo:   c.Bool("no-undo"),
 		journal:  c.String("journal"),
 		snapshot: c.String("snapshot"),
@@ -61,7 +60,7 @@ func (o undoOptions) validate() error {
 		return usageErr("--no-undo keeps no journal and no snapshot: leave out --journal and --snapshot, or --no-undo")
 	}
 	if o.stateDir == "" && !o.noUndo {
-		return usageErr("--state-dir: empty; give a directory (default %s)", undo.DefaultStateDir)
+		return usageErr("--state-dir: empty; give a directory (default %s)", writerun.DefaultStateDir)
 	}
 	return nil
 }
@@ -85,17 +84,20 @@ func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client
 	if cli != nil {
 		endpoints = cli.Endpoints()
 	}
-	return writerun.Config{
+	cfg := writerun.Config{
 		Command: command, Log: w, Client: cli, Prefix: prefix, Endpoints: endpoints,
 		DryRun: dryRun, Private: private,
 		Undo: writerun.Undo{
 			StateDir: o.stateDir, None: o.noUndo, Journal: o.journal, Snapshot: o.snapshot, Elsewhere: o.undoDir,
 		},
 		Liveness: writerun.Liveness{Allow: live.allowLive, Window: live.window},
-		Attach:   outputOf(w).attach,
 		ExitCode: exitCodeOf,
 		Spell:    flagOf,
 	}
+	if out := outputOf(w); out != nil {
+		cfg.Attach = out.attach
+	}
+	return cfg
 }
 
 // doWrite runs stage as a writing run of cfg (writerun.Do), its refusals

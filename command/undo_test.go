@@ -23,6 +23,7 @@ import (
 	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
+	"kube-etcd-migrate/writerun"
 )
 
 var plainBinary struct {
@@ -155,7 +156,7 @@ func TestUndoAcrossReruns(t *testing.T) {
 		t.Fatalf("runs: exit %d\n%s%s", code, out, stderr)
 	}
 	var listed struct {
-		Runs []runView `json:"runs"`
+		Runs []writerun.RunView `json:"runs"`
 	}
 	if err := json.Unmarshal([]byte(out), &listed); err != nil {
 		t.Fatalf("runs -o json: %v\n%s", err, out)

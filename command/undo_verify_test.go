@@ -12,14 +12,15 @@ import (
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/undo"
+	"kube-etcd-migrate/writerun"
 )
 
 // runsJSON is `runs -o json` (with args), its exit code and runs.
-func runsJSON(t *testing.T, args ...string) (int, []runView, string) {
+func runsJSON(t *testing.T, args ...string) (int, []writerun.RunView, string) {
 	t.Helper()
 	code, out, stderr := runCLI(t, append([]string{"runs", "-o", "json"}, args...)...)
 	var listed struct {
-		Runs []runView `json:"runs"`
+		Runs []writerun.RunView `json:"runs"`
 	}
 	if err := json.Unmarshal([]byte(out), &listed); err != nil {
 		t.Fatalf("runs -o json %v: exit %d: %v\n%s%s", args, code, err, out, stderr)

@@ -15,8 +15,8 @@ import (
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/buildinfo"
 	"kube-etcd-migrate/snapshotdb"
-	"kube-etcd-migrate/undo"
 	"kube-etcd-migrate/verify"
+	"kube-etcd-migrate/writerun"
 )
 
 // snapshotFileList is verify's --snapshot-file: the flag repeated, or
@@ -58,7 +58,7 @@ type snapshotTarget struct {
 	skipped string // why it is not read: a file of a directory that is no etcd snapshot
 	// owner is the run of a state directory the file is the snapshot or
 	// (journal) the journal of.
-	owner   *undo.Record
+	owner   *writerun.Record
 	journal bool
 }
 
@@ -81,8 +81,8 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 			add(snapshotTarget{path: p}) // named: read, and refused if it is no snapshot
 			continue
 		}
-		if undo.StateDir(p).Holds() {
-			runs, err := stateDirTargets(undo.StateDir(p))
+		if writerun.StateDir(p).Holds() {
+			runs, err := stateDirTargets(writerun.StateDir(p))
 			if err != nil {
 				return nil, err
 			}
@@ -131,7 +131,7 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 // stateDirTargets are the snapshot and journal of every run of a state
 // directory, oldest run first. A state directory without any is an error: a
 // gate over the wrong directory must not pass.
-func stateDirTargets(d undo.StateDir) ([]snapshotTarget, error) {
+func stateDirTargets(d writerun.StateDir) ([]snapshotTarget, error) {
 	recs, err := d.List()
 	if err != nil {
 		return nil, fmt.Errorf("--snapshot-file %s: %w", d, err)
@@ -160,7 +160,7 @@ type fileVerdict struct {
 	RunID string `json:"run,omitempty"`
 	Kind  string `json:"kind,omitempty"`
 	// Journal is how a run's journal verified (its records' checksums).
-	Journal *undo.JournalCheck `json:"journal,omitempty"`
+	Journal *writerun.JournalCheck `json:"journal,omitempty"`
 	// Exit is what verify of this file alone would exit; -1 for a skipped file.
 	Exit     int    `json:"exit"`
 	Skipped  string `json:"skipped,omitempty"`
@@ -303,7 +303,7 @@ func (j *journalReader) verify(ctx context.Context, errOut io.Writer, t snapshot
 	if prefix == "" {
 		prefix = j.prefix
 	}
-	r, err := verify.CheckJournal(ctx, undo.JournalSpec{Path: t.path, Record: t.owner}, j.enc, prefix)
+	r, err := verify.CheckJournal(ctx, writerun.JournalSpec{Path: t.path, Record: t.owner}, j.enc, prefix)
 	if err != nil {
 		if ctx.Err() != nil {
 			return v, ctx.Err()

@@ -13,6 +13,10 @@ import (
 // a run directory, starts a liveness watch or builds a first write itself:
 // every writing command hands its stage to writerun, which does them in
 // their one order.
+// ownedPackages are the packages of a writing run that writerun owns: the
+// cluster's lock, the run's record and undo, the guards and the watch.
+var ownedPackages = map[string]bool{"clusterlock": true, "undo": true, "guard": true, "liveness": true}
+
 func TestWritesThroughWriterun(t *testing.T) {
 	owned := map[string]map[string]bool{
 		"clusterlock": {"Acquire": true, "Holder": true, "Reclaim": true},
@@ -32,6 +36,14 @@ func TestWritesThroughWriterun(t *testing.T) {
 		file, err := parser.ParseFile(fset, f, nil, 0)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The lock, the run record, the watch and the undo are reached
+		// through writerun only (go list -deps: command -> writerun -> them).
+		for _, imp := range file.Imports {
+			path := strings.Trim(imp.Path.Value, `"`)
+			if owner := strings.TrimPrefix(path, "kube-etcd-migrate/"); owner != path && ownedPackages[owner] {
+				t.Errorf("%s: imports %s: the command line reaches a writing run's lock, record, watch and undo through writerun only", fset.Position(imp.Pos()), path)
+			}
 		}
 		ast.Inspect(file, func(n ast.Node) bool {
 			sel, ok := n.(*ast.SelectorExpr)

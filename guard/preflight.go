@@ -49,11 +49,11 @@ type PreflightOptions struct {
 	// rewrite's sizes: without Sizes, a decision pass adds them up (plan
 	// counts that pass in its estimate of migrate).
 	SizesAsked func()
-	// EtcdData, when set, is etcd's data directory on this host instead of
-	// the one found through kube-apiserver's manifest (FindEtcdData): for
-	// another etcd of the cluster (--etcd-servers-overrides), which that
-	// manifest's etcd is not.
-	EtcdData *EtcdData
+	// OtherEtcd, when set, names the etcd the run writes to as another
+	// etcd of the cluster than kube-apiserver's main one (its
+	// --etcd-servers-overrides): its data directory on this host is not
+	// known (the manifest or layout found is the main etcd's).
+	OtherEtcd string
 }
 
 // spell is Spell, or words.
@@ -294,8 +294,8 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOption
 // journal's filesystem (SpaceGuard.SpoolRoom).
 func undoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOptions, st etcdscan.StatusInfo, quota int64, sizes *sizer) (lines []string, room int64, err error) {
 	etcd := FindEtcdData(env.Target.APIServer().Manifest, EtcdDataOf(env.Target.APIServer()))
-	if opts.EtcdData != nil {
-		etcd = *opts.EtcdData
+	if opts.OtherEtcd != "" {
+		etcd = EtcdData{Source: fmt.Sprintf("unknown: the etcd of %s (--etcd-servers-overrides) is not the one whose manifest or layout is known", opts.OtherEtcd)}
 	}
 	space := RunSpace{
 		Snapshot: opts.Snapshot, Journal: opts.Journal, JournalBytes: 2 * st.DBSizeInUse,

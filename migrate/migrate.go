@@ -339,6 +339,15 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	return t.summary(sum, start), err
 }
 
+// Preflight is what a run of opts checks in env's etcd before its first
+// write (its quota, alarms, the room of its undo and of etcd's growth),
+// without writing: the check writerun runs in each other etcd of a run over
+// several before the first write on any.
+func Preflight(ctx context.Context, env *pipeline.Env, opts Options) error {
+	_, _, err := guard.Preflight(ctx, env, opts.PreflightOptions)
+	return err
+}
+
 // preflight is what a run that writes checks before its first write (a live
 // etcd's, or the output snapshot's), recorded in sum: the space guard it
 // returns (nil for an output snapshot) compacts only what watch has judged;

@@ -27,12 +27,26 @@ type CheckConfig struct {
 	AllowUnverified bool
 	DryRun          bool
 	CompactHistory  bool
-	// Quota is etcd's quota, for the room the rollback's writes need.
-	Quota guard.Quota
-	// Space, when set, is where the rollback's own undo goes: its room is
+	// Manifest is kube-apiserver's manifest on this host when the etcd is
+	// the main one ("" otherwise): etcd's quota and data directory are
+	// found through it. QuotaBackendBytes is --quota-backend-bytes (0: not
+	// given).
+	Manifest          string
+	QuotaBackendBytes int64
+	// Room, when set, is where the rollback's own undo goes: its room is
 	// checked (not in a dry run).
-	Space *guard.RollbackSpace
+	Room  *UndoRoom
 	Spell func(input.Name) string
+}
+
+// UndoRoom is where a rollback keeps its own undo, for the check of its
+// room: Dir and the input that names it (the state directory, or the
+// rollback's undo directory), and etcd's data directory as the installer
+// found it on the node (EtcdDataDir, EtcdDataFrom; "" when not found).
+type UndoRoom struct {
+	Dir                       string
+	DirInput                  input.Name
+	EtcdDataDir, EtcdDataFrom string
 }
 
 // Checked is what Check found.
@@ -44,6 +58,9 @@ type Checked struct {
 	// Refused, in a dry run, is why the rollback would be refused (nil: it
 	// would run).
 	Refused error
+	// Quota is etcd's quota as found (the rollback keeps its writes below
+	// it: RollbackOptions.Quota).
+	Quota guard.Quota
 }
 
 // Check reads every journal of cfg whole, every value put back decrypted,
@@ -53,6 +70,7 @@ type Checked struct {
 // it. An error of the journals' verification is returned as CheckUndo
 // gives it (an *undo.PluginStopError when a KMS plugin stopped).
 func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked, error) {
+	quota := guard.FindQuota(ctx, cli, cfg.Manifest, cfg.QuotaBackendBytes, cfg.Spell)
 	opts := undo.UndoOptions{CheckOptions: undo.CheckOptions{Prefix: cfg.Prefix}, WayBack: cfg.WayBack}
 	if cfg.Encryption != nil {
 		opts.Configured, opts.Encryption = true, cfg.Encryption
@@ -61,7 +79,7 @@ func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked
 	if err != nil {
 		return nil, err
 	}
-	c := &Checked{Undo: check, Preflight: check.Lines()}
+	c := &Checked{Undo: check, Preflight: check.Lines(), Quota: quota}
 	refusal := check.Refusal(cfg.AllowUnverified)
 	if refusal != nil && !cfg.DryRun {
 		return c, refusal
@@ -74,8 +92,10 @@ func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked
 		if err := guard.RollbackAlarms(ctx, cli, journals); err != nil {
 			return c, err
 		}
-		if cfg.Space != nil {
-			lines, err := guard.CheckRollbackSpace(ctx, cli, *cfg.Space, journals)
+		if r := cfg.Room; r != nil {
+			found := guard.EtcdData{Dir: r.EtcdDataDir, Source: r.EtcdDataFrom}
+			sp := guard.RollbackSpace{Dir: r.Dir, DirInput: r.DirInput, Etcd: guard.FindEtcdData(cfg.Manifest, found), Quota: quota.Bytes}
+			lines, err := guard.CheckRollbackSpace(ctx, cli, sp, journals)
 			c.Preflight = append(c.Preflight, lines...)
 			if err != nil {
 				return c, err
@@ -83,7 +103,7 @@ func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked
 		}
 	}
 	// etcd's room for what the rollback writes (a dry run says it too).
-	lines, refused := guard.CheckRollbackQuota(ctx, cli, journals, cfg.Quota, cfg.CompactHistory, cfg.Spell)
+	lines, refused := guard.CheckRollbackQuota(ctx, cli, journals, quota, cfg.CompactHistory, cfg.Spell)
 	c.Preflight = append(c.Preflight, lines...)
 	if refused != nil && !cfg.DryRun {
 		return c, refused

@@ -35,10 +35,10 @@ type dir struct {
 
 // openDir creates the run directory of a writing run in the state
 // directory, before anything is written, and says on w where the undo is.
-// attach, when set, is given the run directory at once (the command saves
-// its output there; a failure is a warning). nil, nil: the run keeps no
+// attach, when set, is given the run directory's output file at once, to
+// write what the command prints there (a failure is a warning). nil, nil: the run keeps no
 // undo.
-func openDir(w io.Writer, u Undo, command string, endpoints []string, prefix string, attach func(*undo.Run) error, spell func(input.Name) string) (*dir, error) {
+func openDir(w io.Writer, u Undo, command string, endpoints []string, prefix string, attach func(*os.File) error, spell func(input.Name) string) (*dir, error) {
 	if u.None {
 		fmt.Fprintln(w, "WARNING: --no-undo: this run keeps no journal and no snapshot; nothing can roll it back")
 		return nil, nil
@@ -54,7 +54,11 @@ func openDir(w io.Writer, u Undo, command string, endpoints []string, prefix str
 	}
 	d := &dir{state: st, run: rd}
 	if attach != nil {
-		if err := attach(rd); err != nil {
+		f, err := rd.OpenOutput()
+		if err == nil {
+			err = attach(f)
+		}
+		if err != nil {
 			fmt.Fprintf(w, "warning: run %s: its output is not saved: %s\n", rd.ID, input.RenderAll(err, spell))
 		}
 	}

@@ -3,6 +3,7 @@ package writerun
 import (
 	"context"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -43,9 +44,10 @@ type Config struct {
 	// Since, for a rollback of runs, is the oldest run undone: the runs of
 	// the cluster on other hosts after it are named before anything else.
 	Since *undo.Record
-	// Attach, when set, is given the run directory as soon as it is made
-	// (the command line saves its output there).
-	Attach func(*undo.Run) error
+	// Attach, when set, is given the run directory's output file (OutputFile)
+	// as soon as the directory is made, to write what the command prints
+	// there from its first line; it owns the file.
+	Attach func(*os.File) error
 	// ExitCode is the exit code an error of the stage gives, recorded in
 	// the run directory and in etcd at the finish.
 	ExitCode func(error) int
