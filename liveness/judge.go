@@ -36,9 +36,11 @@ func (w *Watch) blocked(need uint64) bool {
 }
 
 // judge decides the pending events, oldest first, as far as the outcomes
-// known allow (w.mu held).
+// known allow, then accounts for the revisions etcd's watch is not open for
+// (w.mu held).
 func (w *Watch) judge() {
 	defer w.signal()
+	defer w.checkGap()
 	for len(w.pending) > 0 {
 		e := w.pending[0]
 		if e.checking || w.blocked(e.need) {
@@ -143,4 +145,41 @@ func (w *Watch) fail(err error) {
 		w.failed = err
 	}
 	w.signal()
+}
+
+// checkGap, once the run writes and etcd's watch is closed (onDemand, not
+// watching), moves seen over the run's own revisions, which need no event,
+// and confirms a gap: a revision etcd has reached (latest, or one a waiter
+// read) that is not the run's. A request announced before the gap was
+// noticed may still be answered with that revision; one announced after
+// cannot (it is applied after every revision known then), so the gap is
+// confirmed once the requests announced up to then have their outcomes, and
+// the loop opens etcd's watch from it (needWatch): the revision is somebody
+// else's write, one of the run's whose outcome is unknown, etcd expiring a
+// lease, or a write outside the prefix, and is judged as any event is
+// (w.mu held).
+func (w *Watch) checkGap() {
+	if !w.onDemand || w.watching || w.failed != nil {
+		return
+	}
+	for {
+		if _, ok := w.own[w.seen+1]; !ok {
+			break
+		}
+		w.seen++
+	}
+	if len(w.pending) > 0 || w.seen >= max(w.latest, w.want) {
+		w.gapAt, w.gapSeq = 0, 0
+		return
+	}
+	if w.gapAt != w.seen+1 {
+		w.gapAt, w.gapSeq = w.seen+1, w.seq
+	}
+	if w.blocked(w.gapSeq) {
+		return
+	}
+	if !w.needWatch {
+		w.needWatch = true
+		w.wake()
+	}
 }

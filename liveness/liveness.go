@@ -26,10 +26,19 @@
 // until the watch has judged every revision they remove (WaitJudged), and
 // one by another, which removes history the watch has not seen yet, ends the
 // watch with an error (what was written in that history cannot be known).
-// While the run writes, the watch asks etcd for no previous values (etcd
-// would read one for every event, the run's own included); a delete reads
-// whether its key had a lease when it must. Settle, after the last write,
-// waits until every revision up to etcd's current one is judged.
+// Once the window's verdict is in, etcd's watch is closed while every
+// revision is the run's: the revisions etcd answers the run's requests with
+// account for them, so etcd does not send back every value the run writes.
+// A revision that is not the run's (seen between two of its own, or read
+// from etcd every half second while the run does not write) is a gap; once
+// the requests announced before it was noticed have their outcomes (one of
+// them may still be answered with it; a later one cannot), the watch opens
+// from it, without previous values (a delete reads whether its key had a
+// lease when it must), judges what it shows as above (another writer, one
+// of the run's writes whose outcome is unknown, etcd expiring a lease, or a
+// write outside the prefix, which is nothing to the run), and closes again
+// a second after it has caught up. Settle, after the last write, waits until
+// every revision up to etcd's current one is judged.
 package liveness
 
 import (

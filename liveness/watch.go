@@ -56,6 +56,19 @@ type Watch struct {
 	stop     *WriterError
 	stopped  chan struct{} // closed once stop or failed is set
 	failed   error
+
+	// Once the window's verdict is in (onDemand), etcd's watch is open only
+	// while a revision is not accounted for (watching): seen then also
+	// moves over the run's own revisions without their events.
+	onDemand  bool
+	watching  bool
+	needWatch bool  // a gap is confirmed: the loop opens the watch
+	latest    int64 // the highest revision etcd is known to have reached
+	gapAt     int64 // the first revision of the gap noticed (0: none)
+	gapSeq    uint64
+	sent      int       // events etcd sent after the window (a test's count)
+	openedAt  time.Time // when etcd's watch was last opened (the loop's)
+	polled    time.Time // when etcd's revision was last read
 }
 
 // possible is a write of the run whose request failed in a way that may have
@@ -160,6 +173,7 @@ func (w *Watch) Applied(tok uint64, rev int64) {
 	defer w.mu.Unlock()
 	delete(w.inflight, tok)
 	w.own[rev] = struct{}{}
+	w.latest = max(w.latest, rev)
 	w.judge()
 }
 
@@ -226,6 +240,8 @@ func (w *Watch) WaitJudged(ctx context.Context, rev int64) error {
 			w.mu.Unlock()
 			return err
 		}
+		w.want = max(w.want, rev)
+		w.checkGap()
 		if w.judged() >= rev {
 			w.mu.Unlock()
 			return nil
@@ -309,6 +325,7 @@ func (w *Watch) receive(evs []*clientv3.Event) {
 			record(&w.expired, w.byKey, w.prefix, ev)
 			continue
 		}
+		w.sent++
 		if _, ok := w.own[rev]; ok {
 			continue
 		}
@@ -322,6 +339,7 @@ func (w *Watch) receive(evs []*clientv3.Event) {
 		w.pending = append(w.pending, e)
 	}
 	w.seen = last
+	w.latest = max(w.latest, last)
 	w.judge()
 }
 
@@ -330,6 +348,7 @@ func (w *Watch) progressed(rev int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.seen = max(w.seen, rev)
+	w.latest = max(w.latest, w.seen)
 	w.judge()
 }
 
@@ -341,6 +360,9 @@ func (w *Watch) wantsProgress() bool {
 	end := w.windowEnd
 	if w.report != nil || w.reportErr != nil {
 		end = 0
+	}
+	if w.onDemand {
+		end = w.latest
 	}
 	return w.seen < max(w.want, end) && w.failed == nil
 }
@@ -460,13 +482,85 @@ func (w *Watch) loop(ctx context.Context) {
 			}
 		}
 		if w.decideWindow(ctx) && prevKV {
-			// The run writes from now on: its own events need no previous
-			// value (etcd reads one for every event), deletes read it when
-			// they must (checkLeases).
+			// The run writes from now on: etcd's watch is closed, and
+			// opened again only for a revision that is not the run's
+			// (checkGap): etcd would otherwise send back every value the
+			// run writes. Its events need no previous value (etcd reads one
+			// for every event); deletes read it when they must
+			// (checkLeases).
 			prevKV = false
-			if wch != nil {
+			wcancel()
+			wch, retry = nil, nil
+			w.mu.Lock()
+			w.onDemand, w.watching = true, false
+			w.latest = max(w.latest, w.windowEnd)
+			w.checkGap()
+			w.mu.Unlock()
+		}
+		if w.onDemand {
+			switch w.demand(ctx, wch != nil || retry != nil) {
+			case openWatch:
+				w.openedAt = time.Now()
 				wch = open()
+			case closeWatch:
+				wcancel()
+				wch, retry = nil, nil
 			}
 		}
 	}
+}
+
+// What the loop does with etcd's watch once the run writes (demand).
+const (
+	keepWatch = iota
+	openWatch
+	closeWatch
+)
+
+// linger is how long etcd's watch, opened for a gap, stays open after it
+// caught up (writes of another writer come in bursts); pollEvery is how
+// often etcd's revision is read while the watch is closed, so that a writer
+// is seen while the run does not write.
+const (
+	linger    = time.Second
+	pollEvery = 500 * time.Millisecond
+)
+
+// demand says, once the run writes, whether etcd's watch is to be opened
+// (a gap is confirmed) or closed (every revision etcd is known to have
+// reached is judged, and it has been open for linger); while it is closed,
+// etcd's revision is read every pollEvery.
+func (w *Watch) demand(ctx context.Context, open bool) int {
+	w.mu.Lock()
+	w.checkGap() // a waiter's want (WaitJudged) is a revision reached too
+	switch {
+	case w.failed != nil:
+		w.mu.Unlock()
+		return keepWatch
+	case !open && w.needWatch:
+		w.needWatch, w.watching = false, true
+		w.gapAt, w.gapSeq = 0, 0
+		w.mu.Unlock()
+		return openWatch
+	case open && !w.needWatch && len(w.pending) == 0 && len(w.leaseq) == 0 && w.seen >= max(w.latest, w.want) && time.Since(w.openedAt) >= linger:
+		w.watching = false
+		w.mu.Unlock()
+		return closeWatch
+	case !open && time.Since(w.polled) >= pollEvery:
+		w.polled = time.Now()
+		w.mu.Unlock()
+		pctx, cancel := context.WithTimeout(ctx, catchUp)
+		resp, err := w.cli.Get(pctx, w.keys, clientv3.WithCountOnly())
+		cancel()
+		if err == nil {
+			w.mu.Lock()
+			w.latest = max(w.latest, resp.Header.Revision)
+			w.checkGap()
+			w.signal()
+			w.mu.Unlock()
+		}
+		return keepWatch
+	}
+	w.mu.Unlock()
+	return keepWatch
 }

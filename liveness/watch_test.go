@@ -3,6 +3,7 @@ package liveness
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,6 +194,45 @@ func TestWatchJudgedBeforeCompaction(t *testing.T) {
 	}
 	if err := w.Settle(wctx); !errors.As(err, new(*WriterError)) {
 		t.Fatalf("settle after another's write: %v", err)
+	}
+}
+
+// TestWatchDoesNotEchoTheRunsWrites: once the window's verdict is in, etcd
+// does not send the run's own writes back (its watch is closed while every
+// revision is the run's); a write outside the prefix is no writer; a write
+// of another while the run writes nothing is seen within 2 s, without a
+// request of the run to notice it.
+func TestWatchDoesNotEchoTheRunsWrites(t *testing.T) {
+	cli, w := runWatch(t)
+	ctx := context.Background()
+	for i := range 200 {
+		write(t, cli, w, 0, "/registry/secrets/a/s"+strconv.Itoa(i%2+1), "v"+strconv.Itoa(i))
+	}
+	settled(t, w)
+	w.mu.Lock()
+	sent := w.sent
+	w.mu.Unlock()
+	if sent > 0 {
+		t.Errorf("etcd sent back %d of the run's 200 writes", sent)
+	}
+	// A revision that is not the run's: looked at, and outside the prefix.
+	if _, err := cli.Put(ctx, "/kube-etcd-migrate/elsewhere", "x"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, cli, w, 0, "/registry/secrets/a/s1", "last")
+	settled(t, w)
+	put, err := cli.Put(ctx, "/registry/configmaps/a/c1", "theirs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Stopping():
+	case <-time.After(2 * time.Second):
+		t.Fatal("another's write not seen within 2 s while the run wrote nothing")
+	}
+	err = w.Stopped()
+	if !strings.Contains(fmt.Sprint(err), "/registry/configmaps/a/c1 written at revision "+strconv.FormatInt(put.Header.Revision, 10)) {
+		t.Fatalf("stopped: %v, want the configmap named", err)
 	}
 }
 
