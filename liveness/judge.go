@@ -156,8 +156,8 @@ func (w *Watch) fail(err error) {
 // confirmed once the requests announced up to then have their outcomes, and
 // the loop opens etcd's watch from it (needWatch): the revision is somebody
 // else's write, one of the run's whose outcome is unknown, etcd expiring a
-// lease, or a write outside the prefix, and is judged as any event is
-// (w.mu held).
+// lease, or a write outside the prefix, and is judged as any event is;
+// until it is, Begin waits (holdTo) (w.mu held).
 func (w *Watch) checkGap() {
 	if !w.onDemand || w.watching || w.failed != nil {
 		return
@@ -180,6 +180,7 @@ func (w *Watch) checkGap() {
 	}
 	if !w.needWatch {
 		w.needWatch = true
+		w.holdTo = max(w.latest, w.want)
 		w.wake()
 	}
 }

@@ -30,11 +30,12 @@
 // revision is the run's: the revisions etcd answers the run's requests with
 // account for them, so etcd does not send back every value the run writes.
 // A revision that is not the run's (seen between two of its own, or read
-// from etcd every half second while the run does not write) is a gap; once
+// from etcd every quarter second while the run does not write) is a gap; once
 // the requests announced before it was noticed have their outcomes (one of
 // them may still be answered with it; a later one cannot), the watch opens
 // from it, without previous values (a delete reads whether its key had a
-// lease when it must), judges what it shows as above (another writer, one
+// lease when it must), the run's next request waits until it is judged, and
+// it judges what it shows as above (another writer, one
 // of the run's writes whose outcome is unknown, etcd expiring a lease, or a
 // write outside the prefix, which is nothing to the run), and closes again
 // a second after it has caught up. Settle, after the last write, waits until

@@ -65,6 +65,7 @@ type Watch struct {
 	needWatch bool  // a gap is confirmed: the loop opens the watch
 	latest    int64 // the highest revision etcd is known to have reached
 	gapAt     int64 // the first revision of the gap noticed (0: none)
+	holdTo    int64 // Begin waits until every revision up to it is judged (0: none)
 	gapSeq    uint64
 	sent      int       // events etcd sent after the window (a test's count)
 	openedAt  time.Time // when etcd's watch was last opened (the loop's)
@@ -156,15 +157,48 @@ func (w *Watch) Window(ctx context.Context) (*Report, error) {
 // its outcome must follow (Applied, NotApplied or Unknown) with the token
 // returned. Once another writer was seen, or the watch failed, it returns
 // that error instead: send nothing more.
+//
+// While a revision that is not the run's is being looked at (a gap,
+// confirmed), Begin waits until it is judged: no request is sent while
+// another writer may have been seen and not judged yet.
 func (w *Watch) Begin() (uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.holdTo > 0 {
+		if err := w.waitHold(); err != nil {
+			return 0, err
+		}
+	}
 	if err := w.stoppedLocked(); err != nil {
 		return 0, err
 	}
 	w.seq++
 	w.inflight[w.seq] = struct{}{}
 	return w.seq, nil
+}
+
+// waitHold waits, w.mu held (released while it waits), until every revision
+// up to holdTo is judged, the watch stopped, or the wait took longer than
+// etcd's watch may take to catch up (an error: the run stops).
+func (w *Watch) waitHold() error {
+	deadline := time.NewTimer(catchUp + DefaultWindow)
+	defer deadline.Stop()
+	for w.holdTo > 0 && w.judged() < w.holdTo && w.stop == nil && w.failed == nil {
+		ch, hold, seen := w.changed, w.holdTo, w.seen
+		w.mu.Unlock()
+		w.wake()
+		select {
+		case <-ch:
+			w.mu.Lock()
+		case <-deadline.C:
+			w.mu.Lock()
+			return fmt.Errorf("liveness: etcd's watch of %s reported revision %d, not %d (a write that is not the run's), %s after it was opened for it", w.keys, seen, hold, catchUp+DefaultWindow)
+		}
+	}
+	if w.holdTo > 0 && w.judged() >= w.holdTo {
+		w.holdTo = 0
+	}
+	return nil
 }
 
 // Applied says the request tok was applied at revision rev.
@@ -523,7 +557,7 @@ const (
 // is seen while the run does not write.
 const (
 	linger    = time.Second
-	pollEvery = 500 * time.Millisecond
+	pollEvery = 250 * time.Millisecond
 )
 
 // demand says, once the run writes, whether etcd's watch is to be opened
