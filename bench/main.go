@@ -393,6 +393,11 @@ const (
 	// -baseline: another build of the tool, measured beside it.
 	mVerifyBase  = "verify (baseline)"
 	mMigrateBase = "migrate (baseline)"
+	// migrate with its liveness watch (a window of watchedWindow): the
+	// watch's cost per object, the tool's and the baseline's.
+	mMigrateWatched     = "migrate (watched)"
+	mMigrateWatchedBase = "migrate (watched, baseline)"
+	watchedWindow       = 2 * time.Second
 	// rollback of the tool's migrate run just measured (its journal), on
 	// the same keys: the undo beside the change.
 	mRollbackMigrate = "rollback of migrate"
@@ -475,6 +480,9 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 	type measured struct {
 		bin, verify, migrate string
 		flags                []string // migrate's own
+		// watched: migrate with its liveness watch (a short window), not
+		// --allow-live-apiserver: what the watch costs per object.
+		watched bool
 	}
 	tools := []measured{{bin: bin, verify: mVerify, migrate: mMigrate}}
 	if o.baseline != "" {
@@ -484,6 +492,10 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 	migrates := tools
 	if o.compactHistory {
 		migrates = append(append([]measured(nil), tools...), measured{bin: bin, migrate: mMigrateCompact, flags: []string{"--compact-history"}})
+	}
+	migrates = append(migrates, measured{bin: bin, migrate: mMigrateWatched, watched: true})
+	if o.baseline != "" {
+		migrates = append(migrates, measured{bin: o.baseline, migrate: mMigrateWatchedBase, watched: true})
 	}
 	for rep := 1; rep <= o.reps; rep++ {
 		logf("repetition %d/%d", rep, o.reps)
@@ -571,7 +583,11 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			before := etcd.RSSKB()
 			// --allow-live-apiserver: the rows measure the rewrite, not the
 			// liveness preflight's fixed watch (--liveness-window, 15 s).
-			args := append([]string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota), "--allow-live-apiserver"}, v.flags...)
+			args := []string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota), "--allow-live-apiserver"}
+			if v.watched {
+				args = []string{"migrate", "-o", "json", "--quota-backend-bytes", fmt.Sprint(o.quota), "--liveness-window", watchedWindow.String()}
+			}
+			args = append(args, v.flags...)
 			// migrate writes only for a release it is told (so does a
 			// -baseline built since that rule).
 			args = append(args, "--target-version", release.Linked())
@@ -722,7 +738,11 @@ func addRatios(res *results) {
 			ratioOf(res, mReadPath, mCAS), ratioOf(res, mReadPath, mScan), bound, ratioOf(res, mMigrate, mReadPath), ratioOf(res, mVerify, mReadPath)))
 	}
 	outageRatios(res)
-	res.Notes = append(res.Notes, baselineNotes(res, [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}})...)
+	if m, a := res.get(mMigrateWatched), res.get(mMigrate); m.CPUMicros.Median > 0 && a.CPUMicros.Median > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("the liveness watch: migrate with it (a %s window) %.0f µs of the tool's CPU and %.0f µs of etcd's per object, without it (--allow-live-apiserver) %.0f and %.0f (medians)",
+			watchedWindow, m.CPUMicros.Median, m.EtcdCPUMicros.Median, a.CPUMicros.Median, a.EtcdCPUMicros.Median))
+	}
+	res.Notes = append(res.Notes, baselineNotes(res, [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}, {mMigrateWatched, mMigrateWatchedBase}})...)
 }
 
 // baselineNotes compares each pair's medians (the tool against the
