@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-
-	"kube-etcd-migrate/decode"
 )
 
 // A run keeps batches of stale decisions on disk while its writes wait (the
@@ -13,17 +11,16 @@ import (
 // encoding/gob). A Decision encodes itself for them: its fields in one fixed
 // order, lengths and numbers as varints, so that gob's reflection runs once
 // a decision instead of once a field (it took a seventh of a key rotation's
-// CPU). Err's cause (an error of any type) is not kept: a decision whose Err
-// has one is refused, as gob refused it (a stale decision, the only kind a
-// run keeps, has no Err). The encoding lives and dies with the process (the
-// files are unlinked at once): it has no version.
+// CPU). Err is not kept: a decision with one (an unreadable key) is never
+// written, and GobEncode refuses it. The encoding lives and dies with the
+// process (the files are unlinked at once): it has no version.
 
 // GobEncode encodes d (gob.GobEncoder).
 func (d *Decision) GobEncode() ([]byte, error) {
-	if d.Err != nil && d.Err.Err != nil {
-		return nil, fmt.Errorf("%s: a decision with an error's cause (%s) is not kept on disk", d.Key, d.Err.Reason)
+	if d.Err != nil {
+		return nil, fmt.Errorf("%s: a decision with an error (%s) is not kept on disk", d.Key, d.Err.Reason)
 	}
-	n := 128 + len(d.Key) + len(d.Resource.Group) + len(d.Resource.Resource) + len(d.Status) +
+	n := 96 + len(d.Key) + len(d.Resource.Group) + len(d.Resource.Resource) + len(d.Status) +
 		len(d.From.Version) + len(d.From.MediaType) + len(d.From.Encryption) +
 		len(d.To.Version) + len(d.To.MediaType) + len(d.To.Encryption) + len(d.OldValue) + len(d.NewValue)
 	for _, r := range d.Reasons {
@@ -36,14 +33,6 @@ func (d *Decision) GobEncode() ([]byte, error) {
 	for _, s := range []string{d.Key, d.Resource.Group, d.Resource.Resource, string(d.Status),
 		d.From.Version, d.From.MediaType, d.From.Encryption, d.To.Version, d.To.MediaType, d.To.Encryption} {
 		b = appendBytes(b, []byte(s))
-	}
-	if d.Err == nil {
-		b = append(b, 0)
-	} else {
-		b = append(b, 1)
-		for _, s := range []string{d.Err.Key, string(d.Err.Reason), d.Err.Detail, string(d.Err.Orphan)} {
-			b = appendBytes(b, []byte(s))
-		}
 	}
 	b = appendCount(b, d.Reasons == nil, len(d.Reasons))
 	for _, r := range d.Reasons {
@@ -72,11 +61,6 @@ func (d *Decision) GobDecode(data []byte) error {
 	d.Key, d.Resource.Group, d.Resource.Resource, d.Status = str(), str(), str(), Status(str())
 	d.From = Form{Version: str(), MediaType: str(), Encryption: str()}
 	d.To = Form{Version: str(), MediaType: str(), Encryption: str()}
-	if e := r.take(1); len(e) == 1 && e[0] == 1 {
-		d.Err = &decode.Error{Key: str(), Reason: decode.Reason(str()), Detail: str(), Orphan: decode.Orphan(str())}
-	} else if len(e) == 1 && e[0] != 0 {
-		r.err = fmt.Errorf("an error marked %d", e[0])
-	}
 	if n, ok := r.count(); ok {
 		d.Reasons = make([]Reason, n)
 		for i := range d.Reasons {

@@ -3,62 +3,91 @@ package reencode
 import (
 	"bytes"
 	"encoding/gob"
-	"errors"
 	"reflect"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"kube-etcd-migrate/decode"
-	"kube-etcd-migrate/etcdscan"
 )
 
-// keptDecision is a decision with every field set (migrate's
-// TestHeldDecisionsComeBackWhole sets every field by reflection, through the
-// spool itself).
-func keptDecision() Decision {
-	return Decision{
-		Key: "/registry/secrets/a/s", Resource: schema.GroupResource{Group: "g", Resource: "secrets"}, Status: Stale,
-		Reasons: []Reason{"key", "version"}, From: Form{"v1", "protobuf", "aescbc:key1"}, To: Form{"v1", "protobuf", "aescbc:key2"},
-		Err:     &decode.Error{Key: "/registry/secrets/a/s", Reason: decode.ReasonOrphaned, Detail: "d", Orphan: "o"},
-		Dropped: []string{".spec.x"}, ModRevision: 12, Lease: -3, Read: etcdscan.KVMeta{ModSub: 1, CreateRevision: 2, Version: 3, Lease: 4},
-		OldSize: 5, OldValue: []byte("old"), NewValue: []byte("new"),
+// fill sets every field of v, recursively, to a value of its own (n counts
+// them), so that a field the encoding forgets cannot compare equal.
+func fill(t *testing.T, v reflect.Value, n *int) {
+	t.Helper()
+	*n++
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("s" + string(rune('a'+*n%26)) + string(rune('0'+*n%10)))
+	case reflect.Int, reflect.Int64:
+		v.SetInt(int64(1000*(*n) + 7))
+	case reflect.Slice:
+		s := reflect.MakeSlice(v.Type(), 2, 2)
+		for i := range 2 {
+			fill(t, s.Index(i), n)
+		}
+		v.Set(s)
+	case reflect.Uint8:
+		v.SetUint(uint64(*n % 256))
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).Name == "Err" && v.Type() == reflect.TypeFor[Decision]() {
+				continue // not kept: GobEncode refuses a decision with one
+			}
+			fill(t, v.Field(i), n)
+		}
+	default:
+		t.Fatalf("a field of kind %s: teach fill (and GobEncode) about it", v.Kind())
 	}
 }
 
-// TestDecisionKeptOnDisk: a batch of decisions reads back from the disk
-// the run keeps it on as it was, nil and empty slices told apart, its
-// values its own.
-func TestDecisionKeptOnDisk(t *testing.T) {
-	sparse := Decision{Key: "/registry/secrets/a/s", Status: Stale, Reasons: []Reason{}, OldValue: []byte{}}
-	in := []Decision{keptDecision(), sparse, {}}
+// roundTrip encodes ds as the run's spool does (a gob of the batch) and
+// decodes it.
+func roundTrip(t *testing.T, ds []Decision) []Decision {
+	t.Helper()
 	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(in); err != nil {
+	if err := gob.NewEncoder(&buf).Encode(ds); err != nil {
 		t.Fatal(err)
 	}
 	var out []Decision
 	if err := gob.NewDecoder(&buf).Decode(&out); err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// TestDecisionKeptOnDisk: a batch of decisions reads back from the disk
+// the run keeps it on field for field (every field, a field added later
+// too), nil and empty slices told apart.
+func TestDecisionKeptOnDisk(t *testing.T) {
+	var full Decision
+	n := 0
+	fill(t, reflect.ValueOf(&full).Elem(), &n)
+	sparse := Decision{Key: "/registry/secrets/a/s", Resource: schema.GroupResource{Resource: "secrets"}, Status: Stale,
+		Reasons: []Reason{}, OldValue: []byte{}, NewValue: nil}
+	in := []Decision{full, sparse, {}}
+	out := roundTrip(t, in)
 	if !reflect.DeepEqual(in, out) {
 		t.Fatalf("read back:\n%#v\nwant\n%#v", out, in)
 	}
+	// What was read back is its own: the buffer it came from is not kept.
 	out[0].NewValue[0]++
 	if reflect.DeepEqual(in[0].NewValue, out[0].NewValue) {
 		t.Fatal("the value read back shares its bytes")
 	}
 }
 
-// TestDecisionNotKept: a decision whose error has a cause is refused (the
+// TestDecisionWithErrorNotKept: a decision with an error is refused (the
 // spool then sends the batch itself), and what does not read back whole is
 // an error, never a panic.
-func TestDecisionNotKept(t *testing.T) {
-	d := keptDecision()
-	d.Err.Err = errors.New("cause")
+func TestDecisionWithErrorNotKept(t *testing.T) {
+	d := Decision{Key: "/registry/secrets/a/s", Err: &decode.Error{Key: "/registry/secrets/a/s", Reason: decode.ReasonCorruptPayload}}
 	if err := gob.NewEncoder(&bytes.Buffer{}).Encode([]Decision{d}); err == nil {
-		t.Fatal("a decision with an error's cause was kept")
+		t.Fatal("a decision with an error was kept")
 	}
-	full := keptDecision()
+	var full Decision
+	n := 0
+	fill(t, reflect.ValueOf(&full).Elem(), &n)
 	b, err := full.GobEncode()
 	if err != nil {
 		t.Fatal(err)
