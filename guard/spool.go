@@ -142,6 +142,36 @@ type Backlog[T any] struct {
 	buf     bytes.Buffer
 	hdr     [8]byte
 	rbuf    []byte
+	// One gob stream for every batch: enc writes into buf, dec reads each
+	// batch's bytes from src. Both were primed at the start with an empty
+	// batch, so that the types' descriptions are in neither file nor batch
+	// (a batch refused after it was encoded takes nothing from the stream
+	// the others need), and a batch is its value alone.
+	enc *gob.Encoder
+	dec *gob.Decoder
+	src byteSource
+}
+
+// byteSource is the bytes of the batch being read (an io.ByteReader, so
+// that gob reads no further than the batch).
+type byteSource struct{ b []byte }
+
+func (s *byteSource) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+func (s *byteSource) ReadByte() (byte, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	c := s.b[0]
+	s.b = s.b[1:]
+	return c, nil
 }
 
 // OpenBacklog creates a backlog of at most room bytes (and BacklogMax) in dir.
@@ -150,7 +180,21 @@ func OpenBacklog[T any](dir string, room int64) (*Backlog[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backlog[T]{f: f, name: name, room: min(room, BacklogMax)}, nil
+	b := &Backlog[T]{f: f, name: name, room: min(room, BacklogMax)}
+	b.enc = gob.NewEncoder(&b.buf)
+	b.dec = gob.NewDecoder(&b.src)
+	if err := b.enc.Encode([]T{}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("backlog %s: %w", name, err)
+	}
+	b.src.b = b.buf.Bytes()
+	var primed []T
+	if err := b.dec.Decode(&primed); err != nil || len(b.src.b) != 0 {
+		f.Close()
+		return nil, fmt.Errorf("backlog %s: its encoding does not read back: %v", name, err)
+	}
+	b.buf.Reset()
+	return b, nil
 }
 
 // openUnlinked creates a file .what-* in dir and removes its name at once:
@@ -172,8 +216,7 @@ func openUnlinked(dir, what string) (*os.File, string, error) {
 
 // Push keeps batch and says so; false when the backlog has no room for it
 // now or a write to it failed (it then takes nothing more). Each batch is
-// encoded on its own (a length, then its gob), so that it reads back
-// whatever was written after it.
+// a length, then its gob in the backlog's one stream.
 func (b *Backlog[T]) Push(batch []T) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -182,7 +225,7 @@ func (b *Backlog[T]) Push(batch []T) bool {
 	}
 	b.buf.Reset()
 	b.buf.Write(b.hdr[:])
-	if err := gob.NewEncoder(&b.buf).Encode(batch); err != nil {
+	if err := b.enc.Encode(batch); err != nil {
 		b.failed = true
 		return false
 	}
@@ -248,8 +291,12 @@ func (b *Backlog[T]) Pop() (batch []T, ok bool, err error) {
 		return fail(err)
 	}
 	// The decoded values are copies: the buffer is read into again.
-	if err := gob.NewDecoder(bytes.NewReader(raw)).Decode(&batch); err != nil {
+	b.src.b = raw
+	if err := b.dec.Decode(&batch); err != nil {
 		return fail(err)
+	}
+	if len(b.src.b) != 0 {
+		return fail(fmt.Errorf("%d bytes after the batch", len(b.src.b)))
 	}
 	if cap(b.rbuf) > 4<<20 {
 		b.rbuf = nil

@@ -186,4 +186,21 @@ func TestBacklogIsAQueueOnDisk(t *testing.T) {
 	if _, err := OpenBacklog[spooled](dir+"/gone", BacklogMax); err == nil {
 		t.Error("a backlog opened in a directory that is not there")
 	}
+
+	// Its first batch refused for room after it was encoded: the batches
+	// after it read back (the stream they share lost nothing with it).
+	small, err := OpenBacklog[spooled](dir, 8<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	if small.Push(append(batch(1), batch(2)...)) {
+		t.Fatal("a backlog of 8 KiB took a batch of about 9 KB")
+	}
+	if !small.Push(batch(3)[:1]) {
+		t.Fatal("a backlog of 8 KiB refused a batch of 1.5 KB after one too large")
+	}
+	if got, ok, err := small.Pop(); err != nil || !ok || !reflect.DeepEqual(got, batch(3)[:1]) {
+		t.Fatalf("the batch after a refused one came back as %v, ok %v: %v", got, ok, err)
+	}
 }
