@@ -143,35 +143,14 @@ type Backlog[T any] struct {
 	hdr     [8]byte
 	rbuf    []byte
 	// One gob stream for every batch: enc writes into buf, dec reads each
-	// batch's bytes from src. Both were primed at the start with an empty
-	// batch, so that the types' descriptions are in neither file nor batch
-	// (a batch refused after it was encoded takes nothing from the stream
-	// the others need), and a batch is its value alone.
+	// batch's bytes from src (a bytes.Reader is an io.ByteReader: gob reads
+	// no further than the batch). Both were primed at the start with an
+	// empty batch, so that the types' descriptions are in neither file nor
+	// batch (a batch refused after it was encoded takes nothing from the
+	// stream the others need), and a batch is its value alone.
 	enc *gob.Encoder
 	dec *gob.Decoder
-	src byteSource
-}
-
-// byteSource is the bytes of the batch being read (an io.ByteReader, so
-// that gob reads no further than the batch).
-type byteSource struct{ b []byte }
-
-func (s *byteSource) Read(p []byte) (int, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, s.b)
-	s.b = s.b[n:]
-	return n, nil
-}
-
-func (s *byteSource) ReadByte() (byte, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	c := s.b[0]
-	s.b = s.b[1:]
-	return c, nil
+	src bytes.Reader
 }
 
 // OpenBacklog creates a backlog of at most room bytes (and BacklogMax) in dir.
@@ -187,9 +166,9 @@ func OpenBacklog[T any](dir string, room int64) (*Backlog[T], error) {
 		f.Close()
 		return nil, fmt.Errorf("backlog %s: %w", name, err)
 	}
-	b.src.b = b.buf.Bytes()
+	b.src.Reset(b.buf.Bytes())
 	var primed []T
-	if err := b.dec.Decode(&primed); err != nil || len(b.src.b) != 0 {
+	if err := b.dec.Decode(&primed); err != nil || b.src.Len() != 0 {
 		f.Close()
 		return nil, fmt.Errorf("backlog %s: its encoding does not read back: %v", name, err)
 	}
@@ -291,12 +270,12 @@ func (b *Backlog[T]) Pop() (batch []T, ok bool, err error) {
 		return fail(err)
 	}
 	// The decoded values are copies: the buffer is read into again.
-	b.src.b = raw
+	b.src.Reset(raw)
 	if err := b.dec.Decode(&batch); err != nil {
 		return fail(err)
 	}
-	if len(b.src.b) != 0 {
-		return fail(fmt.Errorf("%d bytes after the batch", len(b.src.b)))
+	if b.src.Len() != 0 {
+		return fail(fmt.Errorf("%d bytes after the batch", b.src.Len()))
 	}
 	if cap(b.rbuf) > 4<<20 {
 		b.rbuf = nil
