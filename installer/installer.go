@@ -88,6 +88,9 @@ type Found struct {
 	// Datastore says what kube-apiserver stores into (k3s's embedded etcd,
 	// an external etcd), "" for a static pod's (its --etcd-servers).
 	Datastore string
+	// KineDatabase is the SQLite file k3s keeps the cluster in through
+	// kine, "" when it stores into etcd.
+	KineDatabase string
 	// Notes are what the operator should know of what was found (a
 	// kube-apiserver disabled, a second copy of the manifest, how the
 	// release is known).
@@ -518,6 +521,22 @@ func isEtcdEndpoint(ep string) bool {
 		return true
 	}
 	return false
+}
+
+// sqliteEndpoint is the database file a datastore-endpoint of kine's SQLite
+// driver names (sqlite://PATH, parameters after "?" dropped; a relative
+// path is taken from /, the working directory systemd gives the unit), ""
+// for any other.
+func sqliteEndpoint(ep string) string {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	if !ok || strings.ToLower(scheme) != "sqlite" {
+		return ""
+	}
+	path, _, _ := strings.Cut(rest, "?")
+	if path == "" {
+		return ""
+	}
+	return filepath.Join("/", path)
 }
 
 // datastoreKind names a kine datastore-endpoint's database without its

@@ -235,17 +235,16 @@ func TestK3sConfigurationMerged(t *testing.T) {
 	}
 }
 
-// TestK3sNotEtcdRefused: a k3s server whose datastore is not etcd (kine on
-// SQLite, MySQL, PostgreSQL) or that runs no etcd of its own is refused with
-// the reason, its credentials never in the message; an external etcd is
-// taken as kube-apiserver takes it.
+// TestK3sNotEtcdRefused: a k3s server whose datastore is kine on MySQL or
+// PostgreSQL, or that runs no etcd of its own, is refused with the reason,
+// its credentials never in the message; kine on SQLite is found with its
+// database file; an external etcd is taken as kube-apiserver takes it.
 func TestK3sNotEtcdRefused(t *testing.T) {
 	for _, tc := range []struct {
 		config string
 		etcd   bool
 		want   string
 	}{
-		{"write-kubeconfig-mode: \"0644\"\n", false, "it keeps the cluster in SQLite through kine ("},
 		{"datastore-endpoint: mysql://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", false, "its datastore-endpoint is MySQL through kine, not etcd"},
 		{"datastore-endpoint: postgres://k3s:s3cr3t@db.example.com:5432/k3s\n", true, "its datastore-endpoint is PostgreSQL through kine, not etcd"},
 		{"disable-etcd: true\nserver: https://etcd-1.example.com:6443\n", false, "this server runs no etcd (disable-etcd"},
@@ -260,6 +259,23 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 		var ue *UnsupportedError
 		if !errors.As(err, &ue) || !strings.HasPrefix(err.Error(), "found k3s on this node ("+filepath.Join(root, "/etc/rancher/k3s/config.yaml")+"), but ") || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("%q: %v\nwant %q", tc.config, err, tc.want)
+		}
+	}
+	for _, tc := range []struct{ config, db string }{
+		// k3s's default (pkg/cluster/cluster.go, v1.37: no etcd directory,
+		// no cluster-init: kine on DATA/server/db/state.db).
+		{"write-kubeconfig-mode: \"0644\"\n", "/var/lib/rancher/k3s/server/db/state.db"},
+		{"data-dir: /srv/k3s\n", "/srv/k3s/server/db/state.db"},
+		// kine's SQLite DSN as a datastore-endpoint.
+		{"datastore-endpoint: sqlite:///data/k3s.db?_journal=WAL&cache=shared\n", "/data/k3s.db"},
+	} {
+		root := t.TempDir()
+		write(t, root, "/etc/rancher/k3s/config.yaml", tc.config)
+		mkdir(t, root, "/var/lib/rancher/k3s/server/db")
+		mkdir(t, root, "/srv/k3s/server/db")
+		f, err := Find(root, "")
+		if err != nil || f.KineDatabase != filepath.Join(root, tc.db) || f.EtcdDataDir != "" || !strings.Contains(f.What(), "SQLite through kine, "+filepath.Join(root, tc.db)) {
+			t.Errorf("%q: %+v %v\nwant the SQLite datastore %s", tc.config, f, err, tc.db)
 		}
 	}
 	root := t.TempDir()

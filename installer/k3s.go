@@ -150,6 +150,13 @@ func findK3s(root string) (*Found, []string, error) {
 	defaults := map[string]string{"storage-backend": "etcd3"}
 	ep := s.scalar("datastore-endpoint")
 	switch {
+	case sqliteEndpoint(ep) != "":
+		// A datastore-endpoint naming the SQLite file (kine's
+		// sqlite://PATH?PARAMS): served as k3s's default one is.
+		f.KineDatabase = under(root, sqliteEndpoint(ep))
+		f.Datastore = "SQLite through kine, " + f.KineDatabase + " (its datastore-endpoint)"
+		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
+		f.Notes = append(f.Notes, "note: k3s keeps this cluster in SQLite (its datastore-endpoint): the tool serves it through kine in its own process, with k3s stopped")
 	case ep != "" && !isEtcdEndpoint(ep):
 		return nil, looked, &UnsupportedError{Installer: K3s, Files: files,
 			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads and writes etcd only", datastoreKind(ep))}
@@ -177,9 +184,14 @@ func findK3s(root string) (*Found, []string, error) {
 		defaults["etcd-keyfile"] = tls("client.key")
 		f.EtcdDataDir, f.EtcdDataDirFrom = under(root, etcdDir), "k3s's data-dir"
 	default:
-		return nil, looked, &UnsupportedError{Installer: K3s, Files: files,
-			Reason: fmt.Sprintf("it keeps the cluster in SQLite through kine (%s; no embedded etcd in %s), not in etcd: the tool reads and writes etcd only",
-				under(root, filepath.Join(dataDir, "server/db/state.db")), under(root, etcdDir))}
+		// k3s's default: kine over SQLite (k3s pkg/cluster: no etcd
+		// directory and no cluster-init), the database at
+		// DATA/server/db/state.db, kube-apiserver reaching kine at
+		// unix://kine.sock in DATA/server.
+		f.KineDatabase = under(root, filepath.Join(dataDir, "server/db/state.db"))
+		f.Datastore = "SQLite through kine, " + f.KineDatabase
+		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
+		f.Notes = append(f.Notes, fmt.Sprintf("note: k3s keeps this cluster in SQLite (no embedded etcd in %s): the tool serves it through kine in its own process, with k3s stopped", under(root, etcdDir)))
 	}
 	if s.flag("secrets-encryption") {
 		defaults["encryption-provider-config"] = filepath.Join(dataDir, "server/cred/encryption-config.json")

@@ -1,0 +1,198 @@
+// Package kinedb serves a k3s or RKE2 datastore kept in SQLite (k3s's
+// default: DATA/server/db/state.db) through kine — the library k3s itself
+// runs in front of it — inside the tool's process, on a unix socket in a
+// private directory, so every stage reaches it with the same etcd client it
+// uses for etcd. It is served only while no other process holds the
+// database open (a running k3s is refused, named by its process), and, for
+// a command that only reads, from a consistent copy made with SQLite's own
+// VACUUM INTO: kine changes the database it opens (it deletes keys whose
+// TTL has run out, checkpoints the write-ahead log, vacuums), which a
+// read-only command must not do to the node's datastore.
+package kinedb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/k3s-io/kine/pkg/drivers"
+	"github.com/k3s-io/kine/pkg/drivers/generic"
+	"github.com/k3s-io/kine/pkg/drivers/sqlite"
+	"github.com/k3s-io/kine/pkg/server"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	_ "modernc.org/sqlite" // database/sql's "sqlite", for the read-only copy
+)
+
+// KineVersion is the kine release linked into the tool (the one k3s
+// v1.37 runs), named in reports and docs.
+const KineVersion = "v0.17.5"
+
+// emulatedEtcdVersion is the etcd version kine reports in Status: kine's
+// own default (its kine-server flag --emulated-etcd-version).
+const emulatedEtcdVersion = "3.6.11"
+
+// Config says which database to serve and how.
+type Config struct {
+	// Database is the SQLite file k3s or RKE2 keeps the cluster in.
+	Database string
+	// Dir is a private directory (0700) for the socket and, when ReadOnly,
+	// the copy; the caller removes it.
+	Dir string
+	// ReadOnly serves a copy of Database made when Serve is called: nothing
+	// the tool or kine does reaches the node's file.
+	ReadOnly bool
+}
+
+// Server is a datastore served through kine until Close.
+type Server struct {
+	// Endpoint is the etcd client endpoint: unix://DIR/kine.sock.
+	Endpoint string
+	// Served is the file kine opened: Database, or the copy in Dir.
+	Served string
+
+	grpc   *grpc.Server
+	cancel context.CancelFunc
+	wg     *sync.WaitGroup
+	once   sync.Once
+}
+
+// NotFoundError: the database file does not exist.
+type NotFoundError struct{ Database string }
+
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("kine datastore %s: no such file", e.Database)
+}
+
+// Serve checks that no process holds cfg.Database open, then serves it (or
+// its copy) through kine. ctx bounds the start only; Close stops it.
+func Serve(ctx context.Context, cfg Config) (*Server, error) {
+	if _, err := os.Stat(cfg.Database); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, &NotFoundError{Database: cfg.Database}
+		}
+		return nil, fmt.Errorf("kine datastore %s: %w", cfg.Database, err)
+	}
+	holders, err := Holders(cfg.Database)
+	if err != nil {
+		return nil, err
+	}
+	if len(holders) > 0 {
+		return nil, &InUseError{Database: cfg.Database, Holders: holders}
+	}
+	served := cfg.Database
+	if cfg.ReadOnly {
+		served = filepath.Join(cfg.Dir, "state.db")
+		if err := Copy(ctx, cfg.Database, served); err != nil {
+			return nil, err
+		}
+	}
+	quietKine()
+	bctx, cancel := context.WithCancel(context.Background())
+	wg := &sync.WaitGroup{}
+	s := &Server{Served: served, cancel: cancel, wg: wg}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+	// kine's own defaults (its kine-server flags) but for two: no
+	// compaction (CompactInterval 0: kine's compactor is not started: the
+	// run's history is the rollback's), no VACUUM at startup (it would
+	// rewrite the whole file before the run's undo is made).
+	_, backend, err := sqlite.New(bctx, wg, &drivers.Config{
+		DataSourceName:       served + "?" + sqlite.DefaultParams + "&_kine_disable_startup_vacuum=true",
+		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdle: 20, MaxIdleTime: 2 * time.Minute},
+		PollInterval:         time.Second,
+		CompactTimeout:       5 * time.Second,
+		CompactMinRetain:     1000,
+		CompactBatchSize:     1000,
+		PollBatchSize:        500,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kine datastore %s: opening it through kine: %w", cfg.Database, err)
+	}
+	if err := backend.Start(bctx); err != nil {
+		return nil, fmt.Errorf("kine datastore %s: starting kine: %w", cfg.Database, err)
+	}
+	sock := filepath.Join(cfg.Dir, "kine.sock")
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("kine datastore %s: socket: %w", cfg.Database, err)
+	}
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(2*1024*1024*1024-1), grpc.MaxSendMsgSize(2*1024*1024*1024-1))
+	server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion).Register(s.grpc)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = s.grpc.Serve(l)
+	}()
+	s.Endpoint = "unix://" + sock
+	ok = true
+	return s, nil
+}
+
+// Close stops kine and waits for it to let go of the database.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		if s.grpc != nil {
+			t := time.AfterFunc(2*time.Second, s.grpc.Stop)
+			s.grpc.GracefulStop()
+			t.Stop()
+		}
+		s.cancel()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+var quiet sync.Once
+
+// quietKine keeps kine's logging (logrus, its info lines on every start)
+// out of the tool's output; its errors reach the tool as the requests'.
+func quietKine() {
+	quiet.Do(func() {
+		logrus.SetOutput(io.Discard)
+		logrus.SetLevel(logrus.ErrorLevel)
+	})
+}
+
+// Copy writes a consistent copy of the SQLite database src to dst (which
+// must not exist) with SQLite's VACUUM INTO, reading src without writing
+// it.
+func Copy(ctx context.Context, src, dst string) error {
+	db, err := sql.Open("sqlite", "file:"+src+"?mode=ro&_pragma=busy_timeout(30000)")
+	if err != nil {
+		return fmt.Errorf("kine datastore %s: %w", src, err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		return fmt.Errorf("kine datastore %s: copying it to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// InUseError: a process holds the database open (k3s or RKE2 running).
+type InUseError struct {
+	Database string
+	Holders  []Process
+}
+
+func (e *InUseError) Error() string {
+	var who []string
+	for _, p := range e.Holders {
+		who = append(who, p.String())
+	}
+	return fmt.Sprintf("kine datastore %s is open in %s: stop it first (the tool serves the datastore itself, and two kines on one SQLite file would each write without the other's knowledge)",
+		e.Database, strings.Join(who, ", "))
+}

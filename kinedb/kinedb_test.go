@@ -1,0 +1,121 @@
+package kinedb
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func client(t *testing.T, s *Server) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// A datastore served writable keeps what is written; served read-only, the
+// node's file is not changed by what is written through kine.
+func TestServe(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "state.db")
+	s, err := Serve(ctx, Config{Database: db + "", Dir: mkdir(t, dir, "w")})
+	if err == nil {
+		t.Fatal("no error for a missing database")
+	}
+	if !strings.Contains(err.Error(), db) {
+		t.Fatalf("error does not name the file: %v", err)
+	}
+	// kine makes the database when it opens a new file: make one.
+	if f, err := os.Create(db); err != nil {
+		t.Fatal(err)
+	} else {
+		f.Close()
+	}
+	s, err = Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "w2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, s)
+	if _, err := c.Put(ctx, "/registry/secrets/default/a", "one"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	before, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ro, err := Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "r"), ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = client(t, ro)
+	resp, err := c.Get(ctx, "/registry/secrets/default/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "one" {
+		t.Fatalf("read through kine: %v", resp.Kvs)
+	}
+	if _, err := c.Put(ctx, "/registry/secrets/default/b", "two"); err != nil {
+		t.Fatal(err)
+	}
+	ro.Close()
+	after, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(before) != string(after) {
+		t.Fatal("serving a copy changed the database")
+	}
+}
+
+// A database another process holds open is refused, naming the process.
+func TestHeldOpen(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "state.db")
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", "exec 3<\"$0\"; sleep 60", db)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h, err := Holders(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h) == 1 && h[0].PID == cmd.Process.Pid {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("holders: %v", h)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err := Serve(context.Background(), Config{Database: db, Dir: mkdir(t, dir, "s")})
+	if err == nil || !strings.Contains(err.Error(), "sleep") || !strings.Contains(err.Error(), db) {
+		t.Fatalf("served a held database, or the error names neither file nor process: %v", err)
+	}
+}
+
+func mkdir(t *testing.T, dir, name string) string {
+	p := filepath.Join(dir, name)
+	if err := os.Mkdir(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
