@@ -64,6 +64,8 @@ type apiServerOptions struct {
 	// found is shared by the copies of the options: the node is looked at
 	// once per command.
 	found *discovery
+	// command is the command's name (kineRefusal).
+	command string
 }
 
 // discovery is what was found on the node (once).
@@ -88,6 +90,7 @@ func newAPIServerOptions(c *cli.Context) apiServerOptions {
 		snapshotFile:  c.String("snapshot-file") != "",
 		envEndpoints:  fromEnvironment(c, "endpoints"),
 		found:         &discovery{},
+		command:       c.Command.Name,
 	}
 	named := o.manifest != "" || o.flagsFile != "" || onCommandLine(c, "endpoints")
 	o.discover = !o.snapshotFile && (!named || o.distribution != "" || o.nodeRootSet)

@@ -8,16 +8,31 @@ import (
 
 // TestBinaryLinksNoRig checks what internal/testrig and internal/build
 // promise: nothing under them is linked into the kube-etcd-migrate binary;
-// nor is an etcd server or etcdutl (the tests' and the benchmark's).
+// nor is etcdutl, nor is an etcd server but through kine's server package
+// (which imports etcd's embed for one constant, DefaultMaxRequestBytes): no
+// command runs an etcd server or restores a backup (a --snapshot-file is
+// read in place, an --output-snapshot built from it).
 func TestBinaryLinksNoRig(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "kube-etcd-migrate").Output()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "kube-etcd-migrate").Output()
 	if err != nil {
 		t.Fatalf("go list -deps kube-etcd-migrate: %v", err)
 	}
 	var linked int
-	for _, p := range strings.Fields(string(out)) {
-		if p == "go.etcd.io/etcd/server/v3/embed" || p == "go.etcd.io/etcd/server/v3/etcdserver" || strings.HasPrefix(p, "go.etcd.io/etcd/etcdutl/") {
-			t.Errorf("the binary links %s: no command runs an etcd server or restores a backup (a --snapshot-file is read in place, an --output-snapshot built from it)", p)
+	server := func(p string) bool {
+		return p == "go.etcd.io/etcd/server/v3/embed" || p == "go.etcd.io/etcd/server/v3/etcdserver"
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		p := f[0]
+		if strings.HasPrefix(p, "go.etcd.io/etcd/etcdutl/") {
+			t.Errorf("the binary links %s: no command restores a backup", p)
+		}
+		if !strings.HasPrefix(p, "go.etcd.io/etcd/server/") {
+			for _, imp := range f[1:] {
+				if server(imp) && p != "github.com/k3s-io/kine/pkg/server" {
+					t.Errorf("%s imports %s: no command runs an etcd server", p, imp)
+				}
+			}
 		}
 		if !strings.HasPrefix(p, "kube-etcd-migrate") {
 			continue

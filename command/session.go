@@ -24,6 +24,7 @@ type session struct {
 	file     *snapshotdb.File   // a --snapshot-file, read in place
 	out      *snapshotdb.Writer // migrate's or quarantine's --output-snapshot, written from file
 	env      *pipeline.Env
+	kine     *kineServed // k3s's SQLite datastore, served through kine
 	stopProf func()
 }
 
@@ -34,6 +35,7 @@ func (s *session) close() {
 	if s.cli != nil {
 		s.cli.Close()
 	}
+	s.kine.close()
 	if s.out != nil {
 		s.out.Close()
 	}
@@ -66,6 +68,9 @@ func connectTo(ctx context.Context, w io.Writer, o etcdOptions, prov provenance,
 		return nil, err
 	}
 	env.print(w)
+	if db := apiOpts.kineDatabase(prov); db != "" {
+		return nil, kineRefusal(apiOpts.command, db)
+	}
 	if endpoints != nil {
 		cfg.Endpoints = endpoints
 	}
@@ -132,6 +137,12 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 			return nil, err
 		}
 	} else {
+		if db := o.api.kineDatabase(o.prov); db != "" {
+			if s.kine, err = serveKine(ctx, w, o.command, db, &ecfg); err != nil {
+				s.close()
+				return nil, err
+			}
+		}
 		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
 			s.close()
 			return nil, etcdError(err)

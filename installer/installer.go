@@ -119,9 +119,12 @@ func (f *Found) What() string {
 	if f.EtcdManifest != "" {
 		fmt.Fprintf(&b, "; etcd's manifest %s", f.EtcdManifest)
 	}
-	if f.EtcdDataDir != "" {
+	switch {
+	case f.KineDatabase != "":
+		// no etcd: the datastore is named above
+	case f.EtcdDataDir != "":
 		fmt.Fprintf(&b, "; etcd's data directory %s (%s)", f.EtcdDataDir, f.EtcdDataDirFrom)
-	} else {
+	default:
 		b.WriteString("; etcd's data directory not known on this node")
 	}
 	return b.String()

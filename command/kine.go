@@ -1,0 +1,78 @@
+package command
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/kinedb"
+)
+
+// kineDatabase is the SQLite file the node's k3s keeps the cluster in
+// through kine, when that is what was found and --endpoints does not name
+// the cluster instead ("" otherwise).
+func (o *apiServerOptions) kineDatabase(prov provenance) string {
+	if prov.onCommandLine("endpoints") {
+		return ""
+	}
+	if d := o.found; d != nil && d.found != nil {
+		return d.found.KineDatabase
+	}
+	return ""
+}
+
+// kineServed is a datastore the command serves through kine: the server
+// and its private directory.
+type kineServed struct {
+	srv *kinedb.Server
+	dir string
+}
+
+func (k *kineServed) close() {
+	if k == nil {
+		return
+	}
+	if k.srv != nil {
+		k.srv.Close()
+	}
+	os.RemoveAll(k.dir)
+}
+
+// kineReaders are the commands that read a datastore served through kine.
+// The others are refused (kineRefusal): migrate and plan (its preflight)
+// need what kine does not have — etcd's snapshot for the undo, its alarms,
+// members and quota, leases kept alive, transactions of several keys — and
+// rollback, quarantine and restore write.
+var kineReaders = []string{"verify", "inventory", "inspect"}
+
+// kineRefusal is the error of a command this release does not run on a
+// datastore served through kine.
+func kineRefusal(command, db string) error {
+	return fmt.Errorf("%s on k3s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect) and writes etcd only; to rewrite every object, run a no-op update of each through k3s's kube-apiserver (docs/configuration.md#k3s-on-sqlite)", command, db)
+}
+
+// serveKine serves the SQLite datastore db through kine for command and
+// points cfg at it: a copy, in a private directory under $TMPDIR, so that
+// neither the tool nor kine changes the node's file.
+func serveKine(ctx context.Context, w io.Writer, command, db string, cfg *etcdscan.Config) (*kineServed, error) {
+	if !slices.Contains(kineReaders, command) {
+		return nil, kineRefusal(command, db)
+	}
+	dir, err := os.MkdirTemp("", "kube-etcd-migrate-kine-")
+	if err != nil {
+		return nil, fmt.Errorf("serving %s through kine: %w", db, err)
+	}
+	k := &kineServed{dir: dir}
+	k.srv, err = kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: dir, ReadOnly: true})
+	if err != nil {
+		k.close()
+		return nil, err
+	}
+	fmt.Fprintf(w, "note: reading k3s's SQLite datastore %s through kine %s, from a copy in %s (nothing is written to the datastore)\n", db, kinedb.KineVersion, dir)
+	cfg.Endpoints = []string{k.srv.Endpoint}
+	cfg.CACert, cfg.Cert, cfg.Key = "", "", ""
+	return k, nil
+}
