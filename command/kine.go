@@ -11,17 +11,17 @@ import (
 	"kube-etcd-migrate/kinedb"
 )
 
-// kineDatabase is the SQLite file the node's k3s keeps the cluster in
-// through kine, when that is what was found and --endpoints does not name
-// the cluster instead ("" otherwise).
-func (o *apiServerOptions) kineDatabase(prov provenance) string {
+// kineDatabase is the SQLite file the node's k3s or RKE2 keeps the cluster
+// in through kine, when that is what was found and --endpoints does not
+// name the cluster instead ("" otherwise), with the installer's name.
+func (o *apiServerOptions) kineDatabase(prov provenance) (db, installer string) {
 	if prov.onCommandLine("endpoints") {
-		return ""
+		return "", ""
 	}
-	if d := o.found; d != nil && d.found != nil {
-		return d.found.KineDatabase
+	if d := o.found; d != nil && d.found != nil && d.found.KineDatabase != "" {
+		return d.found.KineDatabase, string(d.found.Installer)
 	}
-	return ""
+	return "", ""
 }
 
 // kineServed is a datastore the command serves through kine: the server
@@ -50,16 +50,16 @@ var kineReaders = []string{"verify", "inventory", "inspect"}
 
 // kineRefusal is the error of a command this release does not run on a
 // datastore served through kine.
-func kineRefusal(command, db string) error {
-	return fmt.Errorf("%s on k3s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect) and writes etcd only; to rewrite every object, run a no-op update of each through k3s's kube-apiserver (docs/configuration.md#k3s-on-sqlite)", command, db)
+func kineRefusal(command, installer, db string) error {
+	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect) and writes etcd only; to rewrite every object, run a no-op update of each through %s's kube-apiserver (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db, installer)
 }
 
 // serveKine serves the SQLite datastore db through kine for command and
 // points cfg at it: a copy, in a private directory under $TMPDIR, so that
 // neither the tool nor kine changes the node's file.
-func serveKine(ctx context.Context, w io.Writer, command, db string, cfg *etcdscan.Config) (*kineServed, error) {
+func serveKine(ctx context.Context, w io.Writer, command, installer, db string, cfg *etcdscan.Config) (*kineServed, error) {
 	if !slices.Contains(kineReaders, command) {
-		return nil, kineRefusal(command, db)
+		return nil, kineRefusal(command, installer, db)
 	}
 	dir, err := os.MkdirTemp("", "kube-etcd-migrate-kine-")
 	if err != nil {
@@ -71,7 +71,7 @@ func serveKine(ctx context.Context, w io.Writer, command, db string, cfg *etcdsc
 		k.close()
 		return nil, err
 	}
-	fmt.Fprintf(w, "note: reading k3s's SQLite datastore %s through kine %s, from a copy in %s (nothing is written to the datastore)\n", db, kinedb.KineVersion, dir)
+	fmt.Fprintf(w, "note: reading %s's SQLite datastore %s through kine %s, from a copy in %s (nothing is written to the datastore)\n", installer, db, kinedb.KineVersion, dir)
 	cfg.Endpoints = []string{k.srv.Endpoint}
 	cfg.CACert, cfg.Cert, cfg.Key = "", "", ""
 	return k, nil

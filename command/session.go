@@ -24,7 +24,7 @@ type session struct {
 	file     *snapshotdb.File   // a --snapshot-file, read in place
 	out      *snapshotdb.Writer // migrate's or quarantine's --output-snapshot, written from file
 	env      *pipeline.Env
-	kine     *kineServed // k3s's SQLite datastore, served through kine
+	kine     *kineServed // k3s's or RKE2's SQLite datastore, served through kine
 	stopProf func()
 }
 
@@ -68,8 +68,8 @@ func connectTo(ctx context.Context, w io.Writer, o etcdOptions, prov provenance,
 		return nil, err
 	}
 	env.print(w)
-	if db := apiOpts.kineDatabase(prov); db != "" {
-		return nil, kineRefusal(apiOpts.command, db)
+	if db, installer := apiOpts.kineDatabase(prov); db != "" {
+		return nil, kineRefusal(apiOpts.command, installer, db)
 	}
 	if endpoints != nil {
 		cfg.Endpoints = endpoints
@@ -137,8 +137,8 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 			return nil, err
 		}
 	} else {
-		if db := o.api.kineDatabase(o.prov); db != "" {
-			if s.kine, err = serveKine(ctx, w, o.command, db, &ecfg); err != nil {
+		if db, installer := o.api.kineDatabase(o.prov); db != "" {
+			if s.kine, err = serveKine(ctx, w, o.command, installer, db, &ecfg); err != nil {
 				s.close()
 				return nil, err
 			}

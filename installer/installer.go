@@ -110,6 +110,9 @@ func (f *Found) What() string {
 		fmt.Fprintf(&b, ": kube-apiserver's manifest %s (parked out of %s: kube-apiserver stopped)", f.Manifest, f.KubeletDir)
 	case f.Manifest != "":
 		fmt.Fprintf(&b, ": kube-apiserver's manifest %s", f.Manifest)
+		if f.KineDatabase != "" {
+			fmt.Fprintf(&b, " (%s)", f.Datastore)
+		}
 	default:
 		fmt.Fprintf(&b, ": kube-apiserver's command line as k3s builds it from %s", strings.Join(f.Files, ", "))
 		if f.Datastore != "" {
@@ -441,20 +444,26 @@ func findRKE2(root string) (*Found, []string, error) {
 		return &UnsupportedError{Installer: RKE2, Files: append(append([]string(nil), rs.files...), f.Manifest), Reason: reason}
 	}
 	sqlite := under(root, filepath.Join(dataDir, "server/db/state.db"))
-	switch ep := s.scalar("datastore-endpoint"); {
-	case ep != "" && !isEtcdEndpoint(ep):
-		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads and writes etcd only", datastoreKind(ep)))
-	case ep == "" && s.flag("disable-etcd") && !s.has("server"):
-		return nil, looked, refuse(fmt.Sprintf("it keeps the cluster in SQLite through kine (%s; disable-etcd without server: RKE2 runs kine, not etcd), not in etcd: the tool reads and writes etcd only", sqlite))
-	}
 	kine, err := manifestEtcdServersKine(f.Manifest)
 	if err != nil {
 		return nil, looked, err
 	}
-	if kine != "" {
-		return nil, looked, refuse(fmt.Sprintf("its kube-apiserver stores through kine (--etcd-servers=%s in %s: RKE2's kine socket; SQLite in %s unless a datastore-endpoint names another database), not in etcd: the tool reads and writes etcd only", kine, f.Manifest, sqlite))
-	}
 	f.Files = rs.files
+	switch ep := s.scalar("datastore-endpoint"); {
+	case sqliteEndpoint(ep) != "":
+		f.KineDatabase, f.Datastore = under(root, sqliteEndpoint(ep)), "SQLite through kine, its datastore-endpoint"
+	case ep != "" && !isEtcdEndpoint(ep):
+		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads SQLite through kine and writes etcd only", datastoreKind(ep)))
+	case ep == "" && s.flag("disable-etcd") && !s.has("server"):
+		f.KineDatabase, f.Datastore = sqlite, "SQLite through kine (disable-etcd without server)"
+	case ep == "" && kine != "":
+		f.KineDatabase, f.Datastore = sqlite, fmt.Sprintf("SQLite through kine (--etcd-servers=%s: RKE2's kine socket)", kine)
+	}
+	if f.KineDatabase != "" {
+		f.Datastore += ", " + f.KineDatabase
+		f.Notes = append(f.Notes, "note: RKE2 keeps this cluster in SQLite: the tool serves it through kine in its own process, with RKE2 stopped")
+		return f, looked, nil
+	}
 	if err := f.etcdPod(root, filepath.Join(dataDir, "agent/pod-manifests/etcd.yaml")); err != nil {
 		return nil, looked, err
 	}

@@ -172,32 +172,49 @@ func TestSettingsOutsideConfigYAML(t *testing.T) {
 	}
 }
 
-// TestRKE2OnKineRefused: RKE2 runs kine, not etcd, for disable-etcd without
+// TestRKE2OnKine: RKE2 runs kine, not etcd, for disable-etcd without
 // server and for a datastore-endpoint that is not etcd's (rancher/rke2
 // pkg/rke2/rke2_linux.go, initStaticPodExecutor), and then writes
 // kube-apiserver's --etcd-servers as unixs://DATA/server/kine.sock
-// (pkg/executor/staticpod/staticpod.go, APIServer): refused with the reason,
-// credentials never shown. disable-etcd with server (a control-plane-only
-// server) and an etcd datastore-endpoint are not kine.
-func TestRKE2OnKineRefused(t *testing.T) {
+// (pkg/executor/staticpod/staticpod.go, APIServer). SQLite (DATA/server/
+// db/state.db, or a sqlite:// datastore-endpoint) is found, with its file;
+// MySQL and PostgreSQL are refused with the reason, credentials never
+// shown. disable-etcd with server (a control-plane-only server) and an etcd
+// datastore-endpoint are not kine.
+func TestRKE2OnKine(t *testing.T) {
 	kineManifest := strings.Replace(testdata(t, "rke2/kube-apiserver.yaml"), "--etcd-servers=https://127.0.0.1:2379", "--etcd-servers=unixs:///var/lib/rancher/rke2/server/kine.sock", 1)
 	for _, tc := range []struct {
-		name, config, manifest, want string
+		name, config, db string
 	}{
-		{"disable-etcd, no server", "disable-etcd: true\n", kineManifest, "it keeps the cluster in SQLite through kine ("},
-		{"PostgreSQL", "datastore-endpoint: postgres://rke2:s3cr3t@db.example.com:5432/rke2\n", kineManifest, "its datastore-endpoint is PostgreSQL through kine, not etcd"},
-		{"MySQL", "datastore-endpoint: mysql://rke2:s3cr3t@tcp(db.example.com:3306)/rke2\n", kineManifest, "its datastore-endpoint is MySQL through kine, not etcd"},
+		{"disable-etcd, no server", "disable-etcd: true\n", "/var/lib/rancher/rke2/server/db/state.db"},
+		{"a SQLite datastore-endpoint", "datastore-endpoint: sqlite:///data/rke2.db\n", "/data/rke2.db"},
 		// The configuration is elsewhere (a --config the tool does not see):
 		// the manifest RKE2 wrote says it.
-		{"the manifest's kine socket", "", kineManifest, "its kube-apiserver stores through kine (--etcd-servers=unixs:///var/lib/rancher/rke2/server/kine.sock"},
+		{"the manifest's kine socket", "", "/var/lib/rancher/rke2/server/db/state.db"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			if tc.config != "" {
 				write(t, root, "/etc/rancher/rke2/config.yaml", tc.config)
 			}
-			write(t, root, "/var/lib/rancher/rke2/agent/pod-manifests/kube-apiserver.yaml", tc.manifest)
+			write(t, root, "/var/lib/rancher/rke2/agent/pod-manifests/kube-apiserver.yaml", kineManifest)
 			mkdir(t, root, "/var/lib/rancher/rke2/server/db")
+			f, err := Find(root, "")
+			if err != nil || f.Installer != RKE2 || f.KineDatabase != filepath.Join(root, tc.db) || !strings.Contains(f.What(), "SQLite through kine") {
+				t.Fatalf("%+v %v\nwant the SQLite datastore %s", f, err, tc.db)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name, config, want string
+	}{
+		{"PostgreSQL", "datastore-endpoint: postgres://rke2:s3cr3t@db.example.com:5432/rke2\n", "its datastore-endpoint is PostgreSQL through kine, not etcd"},
+		{"MySQL", "datastore-endpoint: mysql://rke2:s3cr3t@tcp(db.example.com:3306)/rke2\n", "its datastore-endpoint is MySQL through kine, not etcd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			write(t, root, "/etc/rancher/rke2/config.yaml", tc.config)
+			write(t, root, "/var/lib/rancher/rke2/agent/pod-manifests/kube-apiserver.yaml", kineManifest)
 			_, err := Find(root, "")
 			var ue *UnsupportedError
 			if !errors.As(err, &ue) || ue.Installer != RKE2 || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cr3t") || !strings.HasPrefix(err.Error(), "found rke2 on this node (") {
