@@ -88,8 +88,8 @@ type Found struct {
 	// Datastore says what kube-apiserver stores into (k3s's embedded etcd,
 	// an external etcd), "" for a static pod's (its --etcd-servers).
 	Datastore string
-	// KineDatabase is the SQLite file k3s keeps the cluster in through
-	// kine, "" when it stores into etcd.
+	// KineDatabase is the SQLite file k3s or RKE2 keeps the cluster in
+	// through kine, "" when it stores into etcd.
 	KineDatabase string
 	// Notes are what the operator should know of what was found (a
 	// kube-apiserver disabled, a second copy of the manifest, how the
@@ -222,8 +222,9 @@ func (e *AmbiguousError) Render(spell func(input.Name) string) string {
 }
 
 // UnsupportedError: an installer's control plane whose kube-apiserver does
-// not store into an etcd the tool can reach from this node (k3s or RKE2 on
-// kine's SQLite, MySQL or Postgres; a k3s server without etcd).
+// not store into an etcd the tool can reach from this node, nor into SQLite
+// it can serve through kine (k3s or RKE2 on kine's MySQL, Postgres or NATS;
+// a k3s server without etcd).
 type UnsupportedError struct {
 	Installer Name
 	Files     []string
