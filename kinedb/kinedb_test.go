@@ -2,6 +2,7 @@ package kinedb
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,20 +29,20 @@ func TestServe(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	db := filepath.Join(dir, "state.db")
-	s, err := Serve(ctx, Config{Database: db + "", Dir: mkdir(t, dir, "w")})
-	if err == nil {
-		t.Fatal("no error for a missing database")
+	// A missing file is refused (kine would make a new, empty datastore).
+	_, err := Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "w")})
+	var nf *NotFoundError
+	if !errors.As(err, &nf) || !strings.Contains(err.Error(), db) {
+		t.Fatalf("a missing database: %v; want a NotFoundError naming it", err)
 	}
-	if !strings.Contains(err.Error(), db) {
-		t.Fatalf("error does not name the file: %v", err)
+	if _, err := os.Stat(db); err == nil {
+		t.Fatal("serving a missing database made it")
 	}
-	// kine makes the database when it opens a new file: make one.
-	if f, err := os.Create(db); err != nil {
+	// An empty file: kine makes its table in it, as k3s's first start does.
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
 		t.Fatal(err)
-	} else {
-		f.Close()
 	}
-	s, err = Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "w2")})
+	s, err := Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "w2")})
 	if err != nil {
 		t.Fatal(err)
 	}
