@@ -159,7 +159,7 @@ func findK3s(root string) (*Found, []string, error) {
 		f.Notes = append(f.Notes, "note: k3s keeps this cluster in SQLite (its datastore-endpoint): the tool serves it through kine in its own process, with k3s stopped")
 	case ep != "" && !isEtcdEndpoint(ep):
 		return nil, looked, &UnsupportedError{Installer: K3s, Files: files,
-			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads and writes etcd only", datastoreKind(ep))}
+			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads SQLite through kine and writes etcd only", datastoreKind(ep))}
 	case ep != "":
 		f.Datastore = "an external etcd, its datastore-endpoint"
 		defaults["etcd-servers"] = ep

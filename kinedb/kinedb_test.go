@@ -88,10 +88,16 @@ func TestHeldOpen(t *testing.T) {
 	if err := os.WriteFile(db, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sh", "-c", "exec 3<\"$0\"; sleep 60", db)
+	f, err := os.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "60")
+	cmd.ExtraFiles = []*os.File{f} // its descriptor 3
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	f.Close()
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -107,7 +113,7 @@ func TestHeldOpen(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	_, err := Serve(context.Background(), Config{Database: db, Dir: mkdir(t, dir, "s")})
+	_, err = Serve(context.Background(), Config{Database: db, Dir: mkdir(t, dir, "s")})
 	if err == nil || !strings.Contains(err.Error(), "sleep") || !strings.Contains(err.Error(), db) {
 		t.Fatalf("served a held database, or the error names neither file nor process: %v", err)
 	}
