@@ -51,12 +51,16 @@ var kineReaders = []string{"verify", "inventory", "inspect"}
 // kineRefusal is the error of a command this release does not run on a
 // datastore served through kine.
 func kineRefusal(command, installer, db string) error {
+	if installer == "" {
+		return fmt.Errorf("%s of %s, a SQLite database (k3s's or RKE2's datastore through kine), is not supported by this release: it reads one (verify, inventory, inspect) and writes etcd only (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, db)
+	}
 	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect) and writes etcd only; to rewrite every object, run a no-op update of each through %s's kube-apiserver (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db, installer)
 }
 
 // serveKine serves the SQLite datastore db through kine for command and
 // points cfg at it: a copy, in a private directory under $TMPDIR, so that
-// neither the tool nor kine changes the node's file.
+// neither the tool nor kine changes the node's file. installer is whose
+// datastore it is, "" for a file given with --snapshot-file (a backup).
 func serveKine(ctx context.Context, w io.Writer, command, installer, db string, cfg *etcdscan.Config) (*kineServed, error) {
 	if !slices.Contains(kineReaders, command) {
 		return nil, kineRefusal(command, installer, db)
@@ -71,7 +75,11 @@ func serveKine(ctx context.Context, w io.Writer, command, installer, db string, 
 		k.close()
 		return nil, err
 	}
-	fmt.Fprintf(w, "note: reading %s's SQLite datastore %s through kine %s, from a copy in %s (nothing is written to the datastore)\n", installer, db, kinedb.KineVersion, dir)
+	what := installer + "'s SQLite datastore"
+	if installer == "" {
+		what = "the SQLite database"
+	}
+	fmt.Fprintf(w, "note: reading %s %s through kine %s, from a copy in %s (nothing is written to %s)\n", what, db, kinedb.KineVersion, dir, db)
 	cfg.Endpoints = []string{k.srv.Endpoint}
 	cfg.CACert, cfg.Cert, cfg.Key = "", "", ""
 	return k, nil

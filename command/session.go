@@ -12,6 +12,7 @@ import (
 
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/target"
@@ -131,12 +132,29 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	// Before connecting: a connection that fails says where its values came from.
 	envRep.print(w)
 	var cli *clientv3.Client
-	if snapshotFile != "" {
+	switch {
+	case kinedb.IsSQLite(snapshotFile):
+		// A backup of k3s's or RKE2's SQLite datastore: served through
+		// kine, from a copy, like the node's.
+		if ecfg, err = o.etcd.config(); err != nil {
+			s.close()
+			return nil, usageErr("%v", err)
+		}
+		if s.kine, err = serveKine(ctx, w, o.command, "", snapshotFile, &ecfg); err != nil {
+			s.close()
+			return nil, err
+		}
+		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
+			s.close()
+			return nil, etcdError(err)
+		}
+		s.cli = cli
+	case snapshotFile != "":
 		if s.file, err = openSnapshotFile(o, snapshotFile); err != nil {
 			s.close()
 			return nil, err
 		}
-	} else {
+	default:
 		if db, installer := o.api.kineDatabase(o.prov); db != "" {
 			if s.kine, err = serveKine(ctx, w, o.command, installer, db, &ecfg); err != nil {
 				s.close()

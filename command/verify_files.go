@@ -14,6 +14,7 @@ import (
 
 	"kube-etcd-migrate/encryption"
 	"kube-etcd-migrate/internal/buildinfo"
+	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/verify"
 	"kube-etcd-migrate/writerun"
@@ -38,7 +39,7 @@ func (l *snapshotFileList) String() string { return strings.Join(l.paths, ",") }
 
 // verifySnapshotFileFlag is verify's --snapshot-file, which takes several files.
 func verifySnapshotFileFlag() cli.Flag {
-	return &cli.GenericFlag{Name: "snapshot-file", Value: &snapshotFileList{}, Usage: "read etcd snapshot files instead of a live etcd, in place and read-only (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check); several at once: the flag repeated, comma-separated paths, or a directory (every etcd snapshot in it; other files are listed as skipped): one line per file says the exit it would have alone and how many objects are under each encryption provider and key, the exit is the worst (4 before 1 before 3). The etcd connection flags are ignored (--user/--password with a warning: a file has no auth)"}
+	return &cli.GenericFlag{Name: "snapshot-file", Value: &snapshotFileList{}, Usage: "read etcd snapshot files instead of a live etcd, in place and read-only (etcdctl snapshot save, or a member's member/snap/db with --skip-hash-check; a copy of k3s's or RKE2's SQLite datastore is read through kine, from a copy of its own); several at once: the flag repeated, comma-separated paths, or a directory (every etcd snapshot or SQLite database in it; other files are listed as skipped): one line per file says the exit it would have alone and how many objects are under each encryption provider and key, the exit is the worst (4 before 1 before 3). The etcd connection flags are ignored (--user/--password with a warning: a file has no auth)"}
 }
 
 // verifyFlags are commonFlags with the --snapshot-file that takes several files.
@@ -111,6 +112,9 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 			}
 			ok, err := snapshotdb.LooksLikeDatabase(path)
 			switch {
+			case kinedb.IsSQLite(path): // a k3s or RKE2 SQLite backup
+				add(snapshotTarget{path: path})
+				found++
 			case err != nil:
 				add(snapshotTarget{path: path}) // unreadable: reading it names the error
 				found++
@@ -122,7 +126,7 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 			}
 		}
 		if found == 0 {
-			return nil, fmt.Errorf("--snapshot-file %s: no etcd snapshot in this directory", p)
+			return nil, fmt.Errorf("--snapshot-file %s: no etcd snapshot (or SQLite database) in this directory", p)
 		}
 	}
 	return targets, nil

@@ -155,7 +155,7 @@ func TestVerifySnapshotFilesKeyRetirement(t *testing.T) {
 	}
 
 	// Usage: a directory without a snapshot, --revision with several files.
-	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", t.TempDir(), "--encryption-provider-config", keyless); code != exitError || !strings.Contains(stderr, "no etcd snapshot in this directory") {
+	if code, _, stderr := runCLI(t, "verify", "--snapshot-file", t.TempDir(), "--encryption-provider-config", keyless); code != exitError || !strings.Contains(stderr, "no etcd snapshot (or SQLite database) in this directory") {
 		t.Errorf("empty directory: exit %d %q", code, stderr)
 	}
 	if code, _, _ := runCLI(t, "verify", "--snapshot-file", dir, "--revision", "3"); code != exitUsage {

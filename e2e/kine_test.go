@@ -66,7 +66,8 @@ func fileSum(t *testing.T, path string) [32]byte {
 // tool, finding the datastore as on a k3s node, reads it through kine:
 // verify says it is stale (exit 3) and every object readable; inventory and
 // plan read it too; the node's database file is not changed by a byte.
-// migrate is refused with the reason, the file unchanged.
+// migrate is refused with the reason, the file unchanged. A copy of the
+// file (k3s's documented backup) is read the same way as --snapshot-file.
 func TestK3sSQLite(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
@@ -91,6 +92,16 @@ func TestK3sSQLite(t *testing.T) {
 	t.Logf("kube-apiserver %s on kine wrote one object of each of %d resource versions", modbuild.PreviousKubernetes, len(res.Objects))
 	old.Stop()
 	srv.Close()
+
+	// A backup as k3s's documentation takes one: the file copied, k3s stopped.
+	backup := filepath.Join(t.TempDir(), "state.db.bak")
+	b, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(backup, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	writeK3sEncryption(t, enc, aescbcProvider("key2", 2), aescbcProvider("key1", 1))
 	before := fileSum(t, db)
@@ -120,6 +131,16 @@ func TestK3sSQLite(t *testing.T) {
 	}
 	if after := fileSum(t, db); !bytes.Equal(before[:], after[:]) {
 		t.Error("the tool changed the node's SQLite database")
+	}
+
+	// The backup, as --snapshot-file: read through kine as the node's is.
+	file := []string{"--snapshot-file", backup, "--encryption-provider-config", enc, "--runtime-config", betaAPIs, "--target-version", currentMinor}
+	if rep, code := verifyJSON(t, file); code != verify.ExitStale || rep.Summary.Unreadable != 0 || rep.Summary.Stale < int64(len(res.Objects)) {
+		t.Errorf("verify --snapshot-file of the SQLite backup: exit %d, %+v; want %d, every object read, at least %d stale", code, rep.Summary, verify.ExitStale, len(res.Objects))
+	}
+	_, stderr, code = runTool(t, append([]string{"migrate", "--output-snapshot", filepath.Join(t.TempDir(), "out")}, file...)...)
+	if code != 1 || !strings.Contains(stderr, "migrate of "+backup+", a SQLite database") {
+		t.Errorf("migrate of the SQLite backup: exit %d, want 1 and a refusal naming it\n%s", code, stderr)
 	}
 	if runs, err := os.ReadDir(testcluster.StateDir(t)); err == nil && len(runs) > 0 {
 		t.Errorf("a refused command left files in the state directory: %v", runs)

@@ -182,6 +182,28 @@ func Copy(ctx context.Context, src, dst string) error {
 	return nil
 }
 
+// sqliteHeader begins every SQLite database file (sqlite.org/fileformat.html).
+const sqliteHeader = "SQLite format 3\x00"
+
+// IsSQLite says whether the file at path is a SQLite database (its
+// header); false for "", a file that cannot be read (its reader says why)
+// and one shorter than the header.
+func IsSQLite(path string) bool {
+	if path == "" {
+		return false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(sqliteHeader))
+	if _, err := io.ReadFull(f, b); err != nil {
+		return false
+	}
+	return string(b) == sqliteHeader
+}
+
 // InUseError: a process holds the database open (k3s or RKE2 running).
 type InUseError struct {
 	Database string

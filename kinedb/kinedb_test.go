@@ -56,6 +56,12 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if !IsSQLite(db) {
+		t.Error("IsSQLite: false for kine's database")
+	}
+	if IsSQLite(filepath.Join(dir, "none")) || IsSQLite("") {
+		t.Error("IsSQLite: true for a file that does not exist")
+	}
 	ro, err := Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "r"), ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
