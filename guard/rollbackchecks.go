@@ -12,6 +12,7 @@ import (
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/internal/textfmt"
 	"kube-etcd-migrate/undo"
 )
 
@@ -35,6 +36,26 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 	// What the rollback puts back is what the runs replaced: their old
 	// values, history until a compaction frees it.
 	return fitQuota(st, quota, writeSize{what: "rollback", bound: bound, exact: exact, replaced: exact}, compact, spell)
+}
+
+// CheckWriteQuota says whether a run that writes writes bytes more (PutCost
+// of each write, added up) and compacts nothing fits below etcd's quota less
+// the margin, reusing the pages free in the database first, with a line per
+// finding (what names the run, e.g. "restore"); a refusal is a
+// *PreflightError whose remedy is etcd's own compaction and defragmentation,
+// or fewer objects at a time (--namespace, --resource).
+func CheckWriteQuota(ctx context.Context, cli *clientv3.Client, quota Quota, what string, writes int64) ([]string, error) {
+	st, err := etcdscan.Status(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	margin := Margin(quota.Bytes)
+	done := []string{fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin))}
+	if room := quota.Bytes - margin - st.DBSize + st.Free; writes > room {
+		return done, &PreflightError{Err: input.Errorf("the %s would add about %s to a %s database (%s of it free), past etcd's %s quota less the %s margin (quota from %s); compact and defragment etcd first ('etcdctl compact', then 'etcdctl defrag' on every member), raise its --quota-backend-bytes, or %s fewer objects at a time (%s, %s)",
+			what, textfmt.Bytes(writes), textfmt.Bytes(st.DBSize), textfmt.Bytes(st.Free), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source, what, input.Namespace, input.Resource)}
+	}
+	return append(done, fmt.Sprintf("database %s + %s about %s fits below the quota", textfmt.Bytes(st.DBSize), what, textfmt.Bytes(writes))), nil
 }
 
 // RollbackBytes adds up what undoing every record of the journals writes to

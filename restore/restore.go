@@ -205,6 +205,9 @@ type run struct {
 	missingKeys, refusedKeys map[string]string
 	missingCRDs              map[string]bool
 	needs                    map[string]bool
+	// space keeps etcd below its quota as the batches go (set before the
+	// first write).
+	space *guard.SpaceGuard
 }
 
 // Run restores what opts select from the backup into env's etcd (env is

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -24,6 +25,7 @@ import (
 
 	"kube-etcd-migrate/decode"
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/kmstest"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
@@ -553,5 +555,64 @@ func TestRestoreKMSv2Backup(t *testing.T) {
 	obj, _ := testcluster.Stored(t, env, c, "/registry/secrets/app/k")
 	if string(obj.(*api.Secret).Data["password"]) != "kms" {
 		t.Errorf("not the backup's content")
+	}
+}
+
+// TestRestoreQuota: a selection whose writes would take etcd past its quota
+// (less the margin) is refused before the first write, naming the quota and
+// the remedies: etcd unchanged byte for byte, no alarm raised (without the
+// check, the restore wrote until etcd refused with NOSPACE and raised its
+// alarm, the cluster read-only). One that fits is restored, with the
+// quota's line among the checks.
+func TestRestoreQuota(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.New(t, testetcd.Options{QuotaBackendBytes: 16 << 20})
+	enc := c.EncryptionConfig("identity.yaml", testcluster.Identity)
+	ns := &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app", CreationTimestamp: metav1.Unix(1700000000, 0)}, Status: api.NamespaceStatus{Phase: api.NamespaceActive}}
+	c.Put("/registry/namespaces/app", namespacesGR, ns, "", "", enc)
+	big := strings.Repeat("x", 900<<10)
+	for i := range 12 {
+		cm := testcluster.ConfigMap("app", fmt.Sprintf("big-%d", i))
+		cm.Data = map[string]string{"blob": big}
+		c.Put(fmt.Sprintf("/registry/configmaps/app/big-%d", i), testcluster.ConfigMapsGR, cm, "", "", enc)
+	}
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cli.Delete(ctx, "/registry/configmaps/app/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	f, err := snapshotdb.Open(file, snapshotdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	env := c.Env(pipeline.Config{Target: target.Input{EncryptionConfig: enc}})
+	opts := func(sel restore.Selector) restore.Options {
+		return restore.Options{Backup: f, BackupName: file, BackupEncryption: c.LoadEncryption(enc), BackupEncryptionName: enc,
+			Select: sel, Journal: filepath.Join(t.TempDir(), "restore.journal")}
+	}
+
+	before := c.Raw()
+	res, err := restore.Run(ctx, env, opts(restore.Selector{Namespaces: []string{"app"}, Resources: []string{"configmaps"}}))
+	var pe *guard.PreflightError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "past etcd's 16.0 MiB quota") || !strings.Contains(err.Error(), "nothing was written") {
+		t.Fatalf("12 × 900 KB into a 16 MiB quota holding their history: %v; want a preflight refusal naming the quota", err)
+	}
+	if res.Written != 0 {
+		t.Errorf("written %d after the refusal", res.Written)
+	}
+	c.RequireBack(before)
+	if alarms, err := c.Cli.AlarmList(ctx); err != nil || len(alarms.Alarms) > 0 {
+		t.Errorf("alarms: %v %v", alarms, err)
+	}
+
+	res, err = restore.Run(ctx, env, opts(restore.Selector{Namespaces: []string{"app"}, Names: []string{"big-0"}}))
+	if err != nil || res.Written != 1 {
+		t.Fatalf("one ConfigMap: written %d, %v", res.Written, err)
+	}
+	if !slices.ContainsFunc(res.Preflight, func(l string) bool { return strings.HasPrefix(l, "etcd's quota: 16.0 MiB") }) {
+		t.Errorf("no quota line among the checks: %q", res.Preflight)
 	}
 }

@@ -73,6 +73,9 @@ func (r *run) write(ctx context.Context) error {
 	if serr := watch.Settle(writeCtx); serr != nil && (err == nil || errors.As(serr, &we)) {
 		err = serr
 	}
+	if r.space != nil {
+		r.space.Finish(context.WithoutCancel(writeCtx))
+	}
 	r.syncEntries()
 	return err
 }
@@ -115,7 +118,18 @@ func (r *run) beforeFirstWrite(ctx context.Context, todo []*candidate) (*undo.Jo
 		space.RollbackJournalBytes += undo.JournalRecordBytes(c.e.Key, c.valueSize)
 	}
 	space.Etcd = guard.FindEtcdData(r.env.Target.APIServer().Manifest, guard.EtcdDataOf(r.env.Target.APIServer()))
-	lines, err := guard.CheckDiskSpace(space.Needs())
+	// etcd's quota: what the restore writes must fit below it (the run
+	// compacts nothing); the guard keeps it there as the batches go.
+	quota := guard.FindQuota(ctx, r.env.Client, r.env.Target.APIServer().Manifest, 0, nil)
+	lines, err := guard.CheckWriteQuota(ctx, r.env.Client, quota, "restore", space.Writes)
+	r.res.Preflight = append(r.res.Preflight, lines...)
+	if err != nil {
+		return nil, err
+	}
+	space.Quota = quota.Bytes
+	r.space = guard.NewEtcdSpaceGuard(r.env.Client, quota, false, st)
+	r.space.Watched(r.opts.Watch)
+	lines, err = guard.CheckDiskSpace(space.Needs())
 	r.res.Preflight = append(r.res.Preflight, lines...)
 	if err != nil {
 		var se *guard.DiskSpaceError
@@ -170,6 +184,14 @@ func (r *run) writeBatch(ctx context.Context, w *etcdscan.Writer, j *undo.Journa
 		puts[i] = etcdscan.Put{Key: c.e.Key, Value: value, ModRevision: c.live.ModRevision}
 		recs[i] = undo.JournalRecord{Op: "intent", Key: c.e.Key, OldModRevision: c.live.ModRevision, OldValue: c.live.Value, NewSHA256: newSum}
 	}
+	var cost int64
+	for _, p := range puts {
+		cost += guard.PutCost(p.Key, p.Value)
+	}
+	if err := r.space.Reserve(ctx, cost); err != nil {
+		return fmt.Errorf("restore: %w (nothing of this batch was written)", err)
+	}
+	defer r.space.Done(cost)
 	if err := j.Append(true, recs...); err != nil {
 		return fmt.Errorf("restore: %w (nothing of this batch was written)", err)
 	}
