@@ -106,9 +106,9 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	// kine's own defaults (its kine-server flags) but for two: no
-	// compaction (CompactInterval 0: kine's compactor is not started: the
-	// run's history is the rollback's), no VACUUM at startup (it would
-	// rewrite the whole file before the run's undo is made).
+	// compaction (CompactInterval 0: kine's compactor is not started; it
+	// would delete the history a read at one revision may need) and no
+	// VACUUM at startup (a rewrite of the whole file, to no use here).
 	_, backend, err := sqlite.New(bctx, wg, &drivers.Config{
 		DataSourceName:       served + "?" + sqlite.DefaultParams + "&_kine_disable_startup_vacuum=true",
 		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdle: 20, MaxIdleTime: 2 * time.Minute},
@@ -142,7 +142,8 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close stops kine and waits for it to let go of the database.
+// Close stops kine and waits for its goroutines, the one that closes the
+// database among them.
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		if s.grpc != nil {
