@@ -170,13 +170,21 @@ func quietKine() {
 
 // Copy writes a consistent copy of the SQLite database src to dst (which
 // must not exist) with SQLite's VACUUM INTO, reading src without writing
-// it.
+// it; a database without kine's table is refused (another program's
+// database would be served as an empty datastore).
 func Copy(ctx context.Context, src, dst string) error {
 	db, err := sql.Open("sqlite", "file:"+src+"?mode=ro&_pragma=busy_timeout(30000)")
 	if err != nil {
 		return fmt.Errorf("kine datastore %s: %w", src, err)
 	}
 	defer db.Close()
+	var tables int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'kine'").Scan(&tables); err != nil {
+		return fmt.Errorf("kine datastore %s: %w", src, err)
+	}
+	if tables == 0 {
+		return fmt.Errorf("kine datastore %s: a SQLite database without kine's table: not a k3s or RKE2 datastore", src)
+	}
 	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
 		return fmt.Errorf("kine datastore %s: copying it to %s: %w", src, dst, err)
 	}

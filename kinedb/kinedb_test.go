@@ -2,7 +2,9 @@ package kinedb
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,4 +133,82 @@ func mkdir(t *testing.T, dir, name string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestDamaged: a damaged or foreign SQLite file is refused with one line
+// naming it (or served and read without a panic): cut short, bytes flipped
+// across its pages, another program's database, not SQLite at all.
+func TestDamaged(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.db")
+	if err := os.WriteFile(good, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Serve(ctx, Config{Database: good, Dir: mkdir(t, dir, "g")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, s)
+	for i := range 200 {
+		if _, err := c.Put(ctx, fmt.Sprintf("/registry/configmaps/default/cm-%03d", i), strings.Repeat("v", 3000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	s.Close()
+	// The write-ahead log into the file, as k3s leaves it when it stops.
+	if err := Copy(ctx, good, filepath.Join(dir, "whole.db")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "whole.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := append([]byte(nil), b...)
+	for i := 4096; i < len(flipped); i += 997 {
+		flipped[i] ^= 0x5a
+	}
+	other := filepath.Join(dir, "other.db")
+	db, err := sql.Open("sqlite", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('x')"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	cases := map[string][]byte{
+		"truncated.db": b[:len(b)/2],
+		"flipped.db":   flipped,
+		"garbage.db":   []byte(strings.Repeat("not a database ", 1000)),
+	}
+	for name, content := range cases {
+		if err := os.WriteFile(filepath.Join(dir, name), content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"truncated.db", "flipped.db", "garbage.db", "other.db"} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, name)
+			s, err := Serve(ctx, Config{Database: path, Dir: mkdir(t, t.TempDir(), "s"), ReadOnly: true})
+			if err != nil {
+				t.Log(err)
+				if !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "\n") {
+					t.Errorf("error not one line naming the file: %q", err)
+				}
+				return
+			}
+			if name == "other.db" {
+				t.Fatal("another program's database served as a datastore")
+			}
+			defer s.Close()
+			// Served: reading it answers or fails, without a panic.
+			c := client(t, s)
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err = c.Get(rctx, "/registry/", clientv3.WithPrefix())
+			t.Logf("served; a read: %v", err)
+		})
+	}
 }
