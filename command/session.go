@@ -132,31 +132,27 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	// Before connecting: a connection that fails says where its values came from.
 	envRep.print(w)
 	var cli *clientv3.Client
+	// The SQLite datastore of k3s or RKE2, on the node or a backup of it
+	// given as the snapshot file, is served through kine and read as etcd.
+	var kineDB, installer string
 	switch {
 	case kinedb.IsSQLite(snapshotFile):
-		// A backup of k3s's or RKE2's SQLite datastore: served through
-		// kine, from a copy, like the node's.
+		kineDB = snapshotFile
 		if ecfg, err = o.etcd.config(); err != nil {
 			s.close()
 			return nil, usageErr("%v", err)
 		}
-		if s.kine, err = serveKine(ctx, w, o.command, "", snapshotFile, &ecfg); err != nil {
-			s.close()
-			return nil, err
-		}
-		if cli, err = etcdscan.Connect(ctx, ecfg); err != nil {
-			s.close()
-			return nil, etcdError(err)
-		}
-		s.cli = cli
-	case snapshotFile != "":
+	case snapshotFile == "":
+		kineDB, installer = o.api.kineDatabase(o.prov)
+	}
+	if snapshotFile != "" && kineDB == "" {
 		if s.file, err = openSnapshotFile(o, snapshotFile); err != nil {
 			s.close()
 			return nil, err
 		}
-	default:
-		if db, installer := o.api.kineDatabase(o.prov); db != "" {
-			if s.kine, err = serveKine(ctx, w, o.command, installer, db, &ecfg); err != nil {
+	} else {
+		if kineDB != "" {
+			if s.kine, err = serveKine(ctx, w, o.command, installer, kineDB, &ecfg); err != nil {
 				s.close()
 				return nil, err
 			}
