@@ -81,12 +81,14 @@ type Journal struct {
 	written int64
 	err     error
 
-	f    *os.File
-	w    *bufio.Writer
-	buf  bytes.Buffer
-	enc  *json.Encoder // into buf
-	seq  int64
-	prev [sha256.Size]byte
+	f     *os.File
+	w     *bufio.Writer
+	buf   bytes.Buffer
+	enc   *json.Encoder // into buf, for a record appendRecord does not write
+	line  []byte        // the record being written
+	chain hash.Hash     // its checksum's digest
+	seq   int64
+	prev  [sha256.Size]byte
 
 	// What was written, for the run's end (Seal): the file's sha256, bytes
 	// and records, and the old values' providers and keys, counted as the
@@ -340,17 +342,21 @@ const journalDropEvery = 8 << 20
 // ,"sum":"<hex of sha256(previous record's sum || P)>"} and a newline.
 func (j *Journal) write(r JournalRecord) error {
 	r.Seq, r.Sum = j.seq+1, ""
-	j.buf.Reset()
-	if err := j.enc.Encode(r); err != nil {
-		return err
+	p, ok := appendRecord(j.line[:0], &r)
+	if !ok {
+		j.buf.Reset()
+		if err := j.enc.Encode(r); err != nil {
+			return err
+		}
+		p = append(p[:0], bytes.TrimSuffix(j.buf.Bytes(), []byte("}\n"))...)
 	}
-	p := bytes.TrimSuffix(j.buf.Bytes(), []byte("}\n"))
-	sum := chainSum(j.prev, p)
-	line := make([]byte, 0, len(p)+sumSuffixLen+1)
-	line = append(line, p...)
-	line = append(line, sumMember...)
+	sum := j.chainSum(p)
+	line := append(p, sumMember...)
 	line = hex.AppendEncode(line, sum[:])
 	line = append(line, "\"}\n"...)
+	if cap(line) <= 1<<20 {
+		j.line = line[:0] // the next record's (a large one's is not kept)
+	}
 	if _, err := j.w.Write(line); err != nil {
 		return err
 	}
@@ -381,6 +387,20 @@ func chainSum(prev [sha256.Size]byte, p []byte) [sha256.Size]byte {
 	h.Write(p)
 	var out [sha256.Size]byte
 	h.Sum(out[:0])
+	return out
+}
+
+// chainSum is the checksum of the journal's next record, P (chainSum),
+// taken with the journal's one digest.
+func (j *Journal) chainSum(p []byte) [sha256.Size]byte {
+	if j.chain == nil {
+		j.chain = sha256.New()
+	}
+	j.chain.Reset()
+	j.chain.Write(j.prev[:])
+	j.chain.Write(p)
+	var out [sha256.Size]byte
+	j.chain.Sum(out[:0])
 	return out
 }
 
