@@ -29,12 +29,16 @@ const SpoolMax = 256 << 20
 // caller then sends them itself.
 type Spool[T any] struct {
 	f       *os.File
-	enc     *gob.Encoder // into buf
+	enc     *gob.Encoder // into buf (a T that is not selfCoded)
 	buf     bytes.Buffer
 	room    int64 // bytes it may take
 	size    int64 // bytes written to f (every batch whole)
 	batches int
 	failed  bool
+	// self: T encodes itself (selfCoded): each batch is its length, then
+	// its items' encodings (appendBatch), into out.
+	self bool
+	out  []byte
 }
 
 // OpenSpool creates a spool of at most room bytes in dir.
@@ -43,9 +47,60 @@ func OpenSpool[T any](dir string, room int64) (*Spool[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Spool[T]{f: f, room: min(room, SpoolMax)}
-	s.enc = gob.NewEncoder(&s.buf)
+	s := &Spool[T]{f: f, room: min(room, SpoolMax), self: isSelfCoded[T]()}
+	if !s.self {
+		s.enc = gob.NewEncoder(&s.buf)
+	}
 	return s, nil
+}
+
+// selfCoded is what a type does (on its pointer) to be kept in a Spool or
+// a Backlog by an encoding of its own instead of gob's: AppendSpooled
+// appends its encoding to b (an error: it cannot be kept), ReadSpooled
+// decodes it from the start of b and returns what follows; what it decoded
+// may hold b's bytes (each batch is read into a buffer of its own).
+type selfCoded interface {
+	AppendSpooled(b []byte) ([]byte, error)
+	ReadSpooled(b []byte) ([]byte, error)
+}
+
+func isSelfCoded[T any]() bool {
+	_, ok := any((*T)(nil)).(selfCoded)
+	return ok
+}
+
+// appendBatch appends batch's length, then each item's encoding; T is
+// selfCoded.
+func appendBatch[T any](b []byte, batch []T) ([]byte, error) {
+	b = binary.AppendUvarint(b, uint64(len(batch)))
+	for i := range batch {
+		var err error
+		if b, err = any(&batch[i]).(selfCoded).AppendSpooled(b); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// readBatch decodes what appendBatch encoded, the whole of b; the items
+// may hold b's bytes.
+func readBatch[T any](b []byte) ([]T, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, fmt.Errorf("a batch of %d items in %d bytes", n, len(b))
+	}
+	b = b[k:]
+	batch := make([]T, n)
+	for i := range batch {
+		var err error
+		if b, err = any(&batch[i]).(selfCoded).ReadSpooled(b); err != nil {
+			return nil, err
+		}
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%d bytes after the batch", len(b))
+	}
+	return batch, nil
 }
 
 // Add keeps batch, whose items take about cost bytes, and says so; false when
@@ -60,17 +115,33 @@ func (s *Spool[T]) Add(batch []T, cost int64) bool {
 		s.failed = true
 		return false
 	}
-	s.buf.Reset()
-	if err := s.enc.Encode(batch); err != nil {
+	var enc []byte
+	if s.self {
+		var hdr [8]byte
+		out, err := appendBatch(append(s.out[:0], hdr[:]...), batch)
+		if err != nil {
+			s.failed = true
+			return false
+		}
+		binary.BigEndian.PutUint64(out[:8], uint64(len(out)-8))
+		if cap(out) <= 4<<20 {
+			s.out = out[:0] // a large batch's buffer is not kept
+		}
+		enc = out
+	} else {
+		s.buf.Reset()
+		if err := s.enc.Encode(batch); err != nil {
+			s.failed = true
+			return false
+		}
+		enc = s.buf.Bytes()
+	}
+	if s.size+int64(len(enc)) > s.room {
 		s.failed = true
 		return false
 	}
-	if s.size+int64(s.buf.Len()) > s.room {
-		s.failed = true
-		return false
-	}
-	n, err := s.f.WriteAt(s.buf.Bytes(), s.size)
-	if err != nil || n != s.buf.Len() {
+	n, err := s.f.WriteAt(enc, s.size)
+	if err != nil || n != len(enc) {
 		// A short write (a full disk): what is kept ends where it did.
 		s.failed = true
 		return false
@@ -87,10 +158,20 @@ func (s *Spool[T]) Batches() int { return s.batches }
 // spool; fn's error stops it. A batch that does not read back (the disk
 // failed under it) is an error, naming the spool.
 func (s *Spool[T]) Drain(fn func([]T) error) error {
-	dec := gob.NewDecoder(bufio.NewReaderSize(io.NewSectionReader(s.f, 0, s.size), 1<<20))
+	var dec *gob.Decoder
+	if !s.self {
+		dec = gob.NewDecoder(bufio.NewReaderSize(io.NewSectionReader(s.f, 0, s.size), 1<<20))
+	}
+	var off int64
 	for i := 0; i < s.batches; i++ {
 		var batch []T
-		if err := dec.Decode(&batch); err != nil {
+		var err error
+		if s.self {
+			batch, off, err = s.read(off)
+		} else {
+			err = dec.Decode(&batch)
+		}
+		if err != nil {
 			return fmt.Errorf("spool of the decisions held while the first write waited: batch %d of %d does not read back: %w", i+1, s.batches, err)
 		}
 		if err := fn(batch); err != nil {
@@ -103,6 +184,25 @@ func (s *Spool[T]) Drain(fn func([]T) error) error {
 		return fmt.Errorf("spool of the decisions held while the first write waited: %w", err)
 	}
 	return nil
+}
+
+// read reads back the batch of a self-coded T at off, into a buffer of its
+// own (its items hold its bytes), and returns the next one's offset.
+func (s *Spool[T]) read(off int64) ([]T, int64, error) {
+	var hdr [8]byte
+	if _, err := s.f.ReadAt(hdr[:], off); err != nil {
+		return nil, off, err
+	}
+	n := int64(binary.BigEndian.Uint64(hdr[:]))
+	if n <= 0 || off+8+n > s.size {
+		return nil, off, fmt.Errorf("a length of %d bytes, %d written after it", n, s.size-off-8)
+	}
+	raw := make([]byte, n)
+	if _, err := s.f.ReadAt(raw, off+8); err != nil {
+		return nil, off, err
+	}
+	batch, err := readBatch[T](raw)
+	return batch, off + 8 + n, err
 }
 
 // Close frees the spool's disk.
@@ -151,6 +251,10 @@ type Backlog[T any] struct {
 	enc *gob.Encoder
 	dec *gob.Decoder
 	src bytes.Reader
+	// self: T encodes itself (selfCoded, appendBatch) into out: no gob
+	// stream.
+	self bool
+	out  []byte
 }
 
 // OpenBacklog creates a backlog of at most room bytes (and BacklogMax) in dir.
@@ -159,7 +263,10 @@ func OpenBacklog[T any](dir string, room int64) (*Backlog[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backlog[T]{f: f, name: name, room: min(room, BacklogMax)}
+	b := &Backlog[T]{f: f, name: name, room: min(room, BacklogMax), self: isSelfCoded[T]()}
+	if b.self {
+		return b, nil
+	}
 	b.enc = gob.NewEncoder(&b.buf)
 	b.dec = gob.NewDecoder(&b.src)
 	if err := b.enc.Encode([]T{}); err != nil {
@@ -202,18 +309,32 @@ func (b *Backlog[T]) Push(batch []T) bool {
 	if b.failed {
 		return false
 	}
-	b.buf.Reset()
-	b.buf.Write(b.hdr[:])
-	if err := b.enc.Encode(batch); err != nil {
-		b.failed = true
-		return false
+	var enc []byte
+	if b.self {
+		out, err := appendBatch(append(b.out[:0], b.hdr[:]...), batch)
+		if err != nil {
+			b.failed = true
+			return false
+		}
+		if cap(out) <= 4<<20 {
+			b.out = out[:0] // a large batch's buffer is not kept
+		}
+		enc = out
+	} else {
+		b.buf.Reset()
+		b.buf.Write(b.hdr[:])
+		if err := b.enc.Encode(batch); err != nil {
+			b.failed = true
+			return false
+		}
+		enc = b.buf.Bytes()
 	}
-	n := int64(b.buf.Len())
+	n := int64(len(enc))
 	if b.tail+n > b.room {
 		return false
 	}
-	binary.BigEndian.PutUint64(b.buf.Bytes()[:8], uint64(n-8))
-	w, err := b.f.WriteAt(b.buf.Bytes(), b.tail)
+	binary.BigEndian.PutUint64(enc[:8], uint64(n-8))
+	w, err := b.f.WriteAt(enc, b.tail)
 	if err != nil || int64(w) != n {
 		// A short write (a full disk): what is kept ends where it did.
 		b.failed = true
@@ -262,23 +383,34 @@ func (b *Backlog[T]) Pop() (batch []T, ok bool, err error) {
 	if n <= 0 || b.head+8+n > b.tail {
 		return fail(fmt.Errorf("a length of %d bytes, %d written after it", n, b.tail-b.head-8))
 	}
-	if int64(cap(b.rbuf)) < n {
-		b.rbuf = make([]byte, n)
-	}
-	raw := b.rbuf[:n]
-	if _, err := b.f.ReadAt(raw, b.head+8); err != nil {
-		return fail(err)
-	}
-	// The decoded values are copies: the buffer is read into again.
-	b.src.Reset(raw)
-	if err := b.dec.Decode(&batch); err != nil {
-		return fail(err)
-	}
-	if b.src.Len() != 0 {
-		return fail(fmt.Errorf("%d bytes after the batch", b.src.Len()))
-	}
-	if cap(b.rbuf) > 4<<20 {
-		b.rbuf = nil
+	if b.self {
+		// The batch holds the buffer's bytes: one of its own.
+		raw := make([]byte, n)
+		if _, err := b.f.ReadAt(raw, b.head+8); err != nil {
+			return fail(err)
+		}
+		if batch, err = readBatch[T](raw); err != nil {
+			return fail(err)
+		}
+	} else {
+		if int64(cap(b.rbuf)) < n {
+			b.rbuf = make([]byte, n)
+		}
+		raw := b.rbuf[:n]
+		if _, err := b.f.ReadAt(raw, b.head+8); err != nil {
+			return fail(err)
+		}
+		// The decoded values are copies: the buffer is read into again.
+		b.src.Reset(raw)
+		if err := b.dec.Decode(&batch); err != nil {
+			return fail(err)
+		}
+		if b.src.Len() != 0 {
+			return fail(fmt.Errorf("%d bytes after the batch", b.src.Len()))
+		}
+		if cap(b.rbuf) > 4<<20 {
+			b.rbuf = nil
+		}
 	}
 	b.head += 8 + n
 	b.batches--

@@ -2,6 +2,8 @@ package guard
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,27 +21,54 @@ type spooled struct {
 	Err      *struct{ Why string }
 }
 
+// selfSpooled is a spooled that encodes itself (selfCoded): its JSON,
+// its length first.
+type selfSpooled spooled
+
+func (s *selfSpooled) AppendSpooled(b []byte) ([]byte, error) {
+	j, err := json.Marshal(s)
+	if err != nil {
+		return b, err
+	}
+	return append(binary.AppendUvarint(b, uint64(len(j))), j...), nil
+}
+
+func (s *selfSpooled) ReadSpooled(b []byte) ([]byte, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return b, errors.New("it ends early")
+	}
+	*s = selfSpooled{}
+	return b[k+int(n):], json.Unmarshal(b[k:k+int(n)], s)
+}
+
 // TestSpoolHoldsBatchesAndLeavesNothing: a spool gives back every batch it
 // took, whole and in order, and takes none past its room (that batch is
 // left to its caller, and so is every one after a batch it refused first);
 // its file is gone from the run directory from the start, so nothing of
 // the values it held is left there, whatever ends the process.
 func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
+	t.Run("gob", func(t *testing.T) { testSpool(t, func(s spooled) spooled { return s }) })
+	t.Run("self-coded", func(t *testing.T) { testSpool(t, func(s spooled) selfSpooled { return selfSpooled(s) }) })
+}
+
+func testSpool[T any](t *testing.T, conv func(spooled) T) {
 	dir := t.TempDir()
-	batch := func(b, n int) []spooled {
-		out := make([]spooled, n)
+	batch := func(b, n int) []T {
+		out := make([]T, n)
 		for i := range out {
-			out[i] = spooled{Key: fmt.Sprintf("/registry/secrets/ns/%d-%d", b, i), Rev: int64(b*100 + i),
+			d := spooled{Key: fmt.Sprintf("/registry/secrets/ns/%d-%d", b, i), Rev: int64(b*100 + i),
 				Old: bytes.Repeat([]byte{byte(i)}, 2000), New: []byte("k8s:enc:aescbc:v1:key2:" + fmt.Sprint(i)),
 				Reasons: []string{"encryption-key"}}
-			out[i].Meta.Lease = int64(i)
+			d.Meta.Lease = int64(i)
 			if i == 1 {
-				out[i].Err = &struct{ Why string }{"kept as is"}
+				d.Err = &struct{ Why string }{"kept as is"}
 			}
+			out[i] = conv(d)
 		}
 		return out
 	}
-	s, err := OpenSpool[spooled](dir, 64<<10)
+	s, err := OpenSpool[T](dir, 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +76,7 @@ func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("the spool's file is in the run directory: %v", ents)
 	}
-	var want [][]spooled
+	var want [][]T
 	for b := 0; ; b++ {
 		bt := batch(b, 5)
 		if !s.Add(bt, 5*2100) {
@@ -61,8 +90,8 @@ func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
 	if s.Add(batch(99, 1), 2100) {
 		t.Fatal("a smaller batch was taken after a refused one: it would come back before it")
 	}
-	var got [][]spooled
-	if err := s.Drain(func(b []spooled) error { got = append(got, b); return nil }); err != nil {
+	var got [][]T
+	if err := s.Drain(func(b []T) error { got = append(got, b); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != len(want) {
@@ -81,7 +110,7 @@ func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
 	}
 
 	// fn's error stops the drain.
-	s2, err := OpenSpool[spooled](dir, SpoolMax)
+	s2, err := OpenSpool[T](dir, SpoolMax)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,12 +119,12 @@ func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
 	s2.Add(batch(1, 1), 10)
 	stop := errors.New("the run stopped")
 	n := 0
-	if err := s2.Drain(func([]spooled) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
+	if err := s2.Drain(func([]T) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
 		t.Errorf("drain with fn failing: %v after %d batches", err, n)
 	}
 
 	// A directory that is not there: no spool, said.
-	if _, err := OpenSpool[spooled](dir+"/gone", SpoolMax); err == nil {
+	if _, err := OpenSpool[T](dir+"/gone", SpoolMax); err == nil {
 		t.Error("a spool opened in a directory that is not there")
 	}
 }
@@ -107,16 +136,21 @@ func TestSpoolHoldsBatchesAndLeavesNothing(t *testing.T) {
 // from the start; a batch damaged on disk is an error naming the backlog,
 // never a batch made up.
 func TestBacklogIsAQueueOnDisk(t *testing.T) {
+	t.Run("gob", func(t *testing.T) { testBacklog(t, func(s spooled) spooled { return s }) })
+	t.Run("self-coded", func(t *testing.T) { testBacklog(t, func(s spooled) selfSpooled { return selfSpooled(s) }) })
+}
+
+func testBacklog[T any](t *testing.T, conv func(spooled) T) {
 	dir := t.TempDir()
-	batch := func(b int) []spooled {
-		out := make([]spooled, 3)
+	batch := func(b int) []T {
+		out := make([]T, 3)
 		for i := range out {
-			out[i] = spooled{Key: fmt.Sprintf("/registry/secrets/ns/%d-%d", b, i), Rev: int64(b*10 + i),
-				Old: bytes.Repeat([]byte{byte(b)}, 1500), New: []byte(fmt.Sprint("k8s:enc:aescbc:v1:key2:", b, i))}
+			out[i] = conv(spooled{Key: fmt.Sprintf("/registry/secrets/ns/%d-%d", b, i), Rev: int64(b*10 + i),
+				Old: bytes.Repeat([]byte{byte(b)}, 1500), New: []byte(fmt.Sprint("k8s:enc:aescbc:v1:key2:", b, i))})
 		}
 		return out
 	}
-	q, err := OpenBacklog[spooled](dir, 64<<10)
+	q, err := OpenBacklog[T](dir, 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +198,7 @@ func TestBacklogIsAQueueOnDisk(t *testing.T) {
 			continue
 		}
 		if !reflect.DeepEqual(got, batch(i)) {
-			t.Fatalf("batch %d came back as batch %d", i, got[0].Rev/10)
+			t.Fatalf("batch %d came back as batch %d", i, reflect.ValueOf(got[0]).FieldByName("Rev").Int()/10)
 		}
 		i++
 	}
@@ -183,13 +217,13 @@ func TestBacklogIsAQueueOnDisk(t *testing.T) {
 		t.Fatalf("a damaged batch: %v, ok %v, %v", got, ok, err)
 	}
 
-	if _, err := OpenBacklog[spooled](dir+"/gone", BacklogMax); err == nil {
+	if _, err := OpenBacklog[T](dir+"/gone", BacklogMax); err == nil {
 		t.Error("a backlog opened in a directory that is not there")
 	}
 
 	// Its first batch refused for room after it was encoded: the batches
 	// after it read back (the stream they share lost nothing with it).
-	small, err := OpenBacklog[spooled](dir, 8<<10)
+	small, err := OpenBacklog[T](dir, 8<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
