@@ -29,11 +29,12 @@ type Transformers struct {
 	transformers encryptionconfig.StaticTransformers
 	cancel       context.CancelFunc
 
-	mu    sync.Mutex
-	write map[schema.GroupResource]Info
 	// encrypted: the write providers (Info.String) that encrypted a value
 	// or the preflight's probe in this run.
 	encrypted sync.Map
+	// byResource: each resource's transformer, readable providers and
+	// write provider, found once (forResource).
+	byResource sync.Map // schema.GroupResource -> *resourceCrypto
 }
 
 // Close stops the KMS plugin connections and probes.
@@ -44,10 +45,36 @@ func (e *Transformers) Close() {
 }
 
 func (e *Transformers) transformer(gr schema.GroupResource) value.Transformer {
-	if NeverEncrypted(gr) {
-		return identity.NewEncryptCheckTransformer()
+	return e.forResource(gr).transformer
+}
+
+// resourceCrypto is what a resource's values are read and written with,
+// found once: the configuration does not change after Load.
+type resourceCrypto struct {
+	// transformer is made once, as kube-apiserver makes it once for the
+	// resource's storage (TransformerForResource wraps the configured one
+	// in a new value at each call).
+	transformer value.Transformer
+	readable    []Info // never changed: its users only read it
+	write       Info   // WriteProvider
+}
+
+// forResource is gr's resourceCrypto.
+func (e *Transformers) forResource(gr schema.GroupResource) *resourceCrypto {
+	if c, ok := e.byResource.Load(gr); ok {
+		return c.(*resourceCrypto)
 	}
-	return e.transformers.TransformerForResource(gr)
+	c := &resourceCrypto{readable: e.findReadable(gr), write: Info{Provider: ProviderIdentity}}
+	if providers := e.resourceProviders(gr); len(providers) > 0 {
+		c.write = providerInfo(providers[0])
+	}
+	if NeverEncrypted(gr) {
+		c.transformer = identity.NewEncryptCheckTransformer()
+	} else {
+		c.transformer = e.transformers.TransformerForResource(gr)
+	}
+	actual, _ := e.byResource.LoadOrStore(gr, c)
+	return actual.(*resourceCrypto)
 }
 
 // The raw-storage objects (masterleases, the service range allocations) are
@@ -121,6 +148,11 @@ func providerInfo(p apiserverconfig.ProviderConfiguration) Info {
 
 // readable lists every provider:name the configuration can read for gr.
 func (e *Transformers) readable(gr schema.GroupResource) []Info {
+	return e.forResource(gr).readable
+}
+
+// findReadable is readable, found in the configuration.
+func (e *Transformers) findReadable(gr schema.GroupResource) []Info {
 	providers := e.resourceProviders(gr)
 	if len(providers) == 0 {
 		return []Info{{Provider: ProviderIdentity}}
@@ -150,17 +182,7 @@ func (e *Transformers) readable(gr schema.GroupResource) []Info {
 // WriteProvider is the provider and key new writes of gr use: the first provider
 // (and its first key) of the resource's configuration entry, identity without one.
 func (e *Transformers) WriteProvider(gr schema.GroupResource) Info {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if w, ok := e.write[gr]; ok {
-		return w
-	}
-	w := Info{Provider: ProviderIdentity}
-	if providers := e.resourceProviders(gr); len(providers) > 0 {
-		w = providerInfo(providers[0])
-	}
-	e.write[gr] = w
-	return w
+	return e.forResource(gr).write
 }
 
 // Decrypt reads value (stored under key, of resource gr) the way kube-apiserver
@@ -323,6 +345,13 @@ func (e *Transformers) describeReadable(gr schema.GroupResource) string {
 	return fmt.Sprintf("the configuration for %s cannot read (it has %s)", gr, strings.Join(names, ", "))
 }
 
+// wrote says whether the write provider named s encrypted a value (or the
+// preflight's probe) in this run.
+func (e *Transformers) wrote(s string) bool {
+	_, ok := e.encrypted.Load(s)
+	return ok
+}
+
 // Encrypt transforms plaintext for storage under key with gr's write
 // provider. An error is an *EncryptError (the provider, and for a KMS
 // provider its plugin and endpoint), or ctx's.
@@ -344,7 +373,9 @@ func (e *Transformers) Encrypt(ctx context.Context, gr schema.GroupResource, key
 		return nil, ee
 	}
 	if w := e.WriteProvider(gr); w.Provider != ProviderIdentity {
-		e.encrypted.Store(w.String(), true)
+		if s := w.String(); !e.wrote(s) {
+			e.encrypted.Store(s, true)
+		}
 	}
 	return out, nil
 }

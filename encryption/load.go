@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	apiserverconfig "k8s.io/apiserver/pkg/apis/apiserver"
 	apiserverinstall "k8s.io/apiserver/pkg/apis/apiserver/install"
@@ -56,7 +55,7 @@ type Options struct {
 
 // LoadWith is Load with options.
 func LoadWith(ctx context.Context, path string, opts Options) (*Transformers, error) {
-	e := &Transformers{Path: path, write: map[schema.GroupResource]Info{}}
+	e := &Transformers{Path: path}
 	if path == "" {
 		e.config = &apiserverconfig.EncryptionConfiguration{}
 		e.transformers = encryptionconfig.StaticTransformers{}
