@@ -135,7 +135,10 @@ func (r *Resolver) IsCustom(gr schema.GroupResource) bool {
 // prefix that no built-in or registered CRD owns give ReasonOrphaned (the
 // decoder refines the Orphan reason by what the key holds).
 func (r *Resolver) Resolve(key string) (KeyInfo, error) {
-	rest, ok := strings.CutPrefix(key, r.prefix+"/")
+	rest, ok := strings.CutPrefix(key, r.prefix)
+	if ok {
+		rest, ok = strings.CutPrefix(rest, "/")
+	}
 	if !ok {
 		return KeyInfo{Key: key}, Errorf(key, ReasonNotObject, nil, "outside prefix %s", r.prefix)
 	}
@@ -153,7 +156,12 @@ func (r *Resolver) Resolve(key string) (KeyInfo, error) {
 	}
 	// Longest resource prefix first: "services/endpoints" before "services".
 	for n := min(len(parts)-1, 3); n >= 1; n-- {
-		seg := strings.Join(parts[:n], "/")
+		// parts[:n] joined by "/": the start of rest.
+		end := n - 1
+		for _, p := range parts[:n] {
+			end += len(p)
+		}
+		seg := rest[:end]
 		gr, ok := r.segments[seg]
 		if !ok {
 			continue
