@@ -82,3 +82,21 @@ func BenchmarkBacklog(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTallyPage: a page of 500 stale decisions tallied and its stale
+// ones handed on, as the scan does with each page.
+func BenchmarkTallyPage(b *testing.B) {
+	page := make([]reencode.Decision, 0, 500)
+	for len(page) < 500 {
+		page = append(page, benchDecisions(16)...)
+	}
+	page = page[:500]
+	t := newTally(false, func(schema.GroupResource) bool { return false })
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if stale, _ := t.page(page); len(stale) != 500 {
+			b.Fatal(len(stale))
+		}
+	}
+}

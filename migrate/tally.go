@@ -61,6 +61,17 @@ func newTally(dryRun bool, isCustom func(schema.GroupResource) bool) *tally {
 func (t *tally) page(page []reencode.Decision) (stale []reencode.Decision, counts Counts) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !t.dryRun {
+		n := 0
+		for i := range page {
+			if page[i].Status == reencode.Stale {
+				n++
+			}
+		}
+		if n > 0 {
+			stale = make([]reencode.Decision, 0, n)
+		}
+	}
 	for _, d := range page {
 		t.total.Scanned++
 		t.total.BytesOld += int64(d.OldSize)
