@@ -61,7 +61,7 @@ func main() {
 	flag.Float64Var(&o.staleKey, "stale-key", 0.3, "share of secrets and configmaps encrypted with the old aescbc key (key1; the target config is [key2, key1])")
 	flag.IntVar(&o.reps, "reps", 3, "repetitions of each measurement (median and range are reported)")
 	flag.StringVar(&o.jsonPath, "json", "bench/results.json", "write the figures here as JSON (empty: do not)")
-	flag.StringVar(&o.baseline, "baseline", "", "another kube-etcd-migrate binary (an earlier build) to measure right after the tool in every repetition, on the same keyspace: rows \"verify (baseline)\" and \"migrate (baseline)\"")
+	flag.StringVar(&o.baseline, "baseline", "", "another kube-etcd-migrate binary (an earlier build) to measure right after the tool in every repetition, on the same keyspace: rows \"verify (baseline)\", \"migrate (baseline)\", \"migrate (watched, baseline)\", \"migrate (defaults, baseline)\" and \"migrate (engine, baseline)\"")
 	flag.StringVar(&o.tool, "tool", "", "kube-etcd-migrate binary to measure (default: go build -o from the module root)")
 	flag.BoolVar(&o.apiserver, "apiserver", false, "also measure the incumbent: no-op PUTs through an in-process kube-apiserver")
 	flag.IntVar(&o.apiserverN, "apiserver-n", 0, "objects for the apiserver path (0: the same N); it re-seeds a keyspace of this size")
@@ -627,7 +627,7 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 			}
 		}
 
-		if err := outageRows(ctx, res, etcd, bin, dir, o.quota, len(stale), common, reseedStale, settle); err != nil {
+		if err := outageRows(ctx, res, etcd, bin, o.baseline, dir, o.quota, len(stale), common, reseedStale, settle); err != nil {
 			return err
 		}
 	}
@@ -742,7 +742,8 @@ func addRatios(res *results) {
 		res.Notes = append(res.Notes, fmt.Sprintf("the liveness watch: migrate with it (a %s window) %.0f µs of the tool's CPU and %.0f µs of etcd's per object, without it (--allow-live-apiserver) %.0f and %.0f (medians)",
 			watchedWindow, m.CPUMicros.Median, m.EtcdCPUMicros.Median, a.CPUMicros.Median, a.EtcdCPUMicros.Median))
 	}
-	res.Notes = append(res.Notes, baselineNotes(res, [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}, {mMigrateWatched, mMigrateWatchedBase}})...)
+	res.Notes = append(res.Notes, baselineNotes(res, [][2]string{{mVerify, mVerifyBase}, {mMigrate, mMigrateBase}, {mMigrateWatched, mMigrateWatchedBase},
+		{mMigrateDefault, mMigrateDefaultBase}, {mMigrateEngine, mMigrateEngineBase}})...)
 }
 
 // baselineNotes compares each pair's medians (the tool against the

@@ -25,6 +25,9 @@ const (
 	mPlan           = "plan"
 	mMigrateDefault = "migrate (defaults)"
 	mMigrateEngine  = "migrate (engine)"
+	// -baseline: the same two rows of the other build, right after the tool's.
+	mMigrateDefaultBase = "migrate (defaults, baseline)"
+	mMigrateEngineBase  = "migrate (engine, baseline)"
 
 	// floorTarget is the most the default run may take against its floor.
 	floorTarget = 1.15
@@ -78,8 +81,9 @@ func rangeRatio(name string, measured, low, high float64, note string) ratio {
 // outageRows runs, once in a repetition of a dataset: etcd's snapshot save,
 // plan (with the flags of the default migrate), migrate at its default
 // flags, and the engine (--no-undo --allow-live-apiserver), each run that
-// writes followed by reseed.
-func outageRows(ctx context.Context, res *results, etcd *etcdProc, bin, dir string, quota int64, stale int, common []string, reseed, settle func() error) error {
+// writes followed by reseed; with a baseline binary, each of the two
+// migrate rows of the baseline right after the tool's.
+func outageRows(ctx context.Context, res *results, etcd *etcdProc, bin, baseline, dir string, quota int64, stale int, common []string, reseed, settle func() error) error {
 	// etcd's own snapshot save, as the undo takes it.
 	if err := settle(); err != nil {
 		return err
@@ -120,15 +124,21 @@ func outageRows(ctx context.Context, res *results, etcd *etcdProc, bin, dir stri
 	logf("  %s: %.2fs (CPU %.2fs, etcd CPU %.2fs); its estimate of migrate %.1f–%.1fs (%s)", mPlan, tr.wall.Seconds(), tr.cpu.Seconds(), (etcd.CPU() - cpu0).Seconds(), po.Estimate.Low, po.Estimate.High, po.Estimate.parts())
 	po.Estimate.logParts()
 
-	for _, row := range []struct {
-		name  string
-		flags []string
-	}{{mMigrateDefault, nil}, {mMigrateEngine, []string{"--no-undo", "--allow-live-apiserver"}}} {
+	type run struct {
+		name, bin string
+		flags     []string
+	}
+	engine := []string{"--no-undo", "--allow-live-apiserver"}
+	rows := []run{{mMigrateDefault, bin, nil}, {mMigrateEngine, bin, engine}}
+	if baseline != "" {
+		rows = []run{{mMigrateDefault, bin, nil}, {mMigrateDefaultBase, baseline, nil}, {mMigrateEngine, bin, engine}, {mMigrateEngineBase, baseline, engine}}
+	}
+	for _, row := range rows {
 		if err := settle(); err != nil {
 			return err
 		}
 		cpu0, m0 := etcd.CPU(), etcd.metrics(ctx)
-		tr, err := runTool(ctx, bin, append(append(append([]string{"migrate", "-o", "json"}, write...), row.flags...), common...)...)
+		tr, err := runTool(ctx, row.bin, append(append(append([]string{"migrate", "-o", "json"}, write...), row.flags...), common...)...)
 		if err != nil {
 			return err
 		}
