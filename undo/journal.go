@@ -29,7 +29,9 @@ import (
 // identity-stored secrets holds those secrets, hence mode 0600. Readers ignore
 // fields and ops they do not know. Seq and Sum chain the records (see
 // "Journal format" in the package doc); a "close" record is appended when a
-// writer closes the journal.
+// writer closes the journal. appendRecord (record.go) writes its members by
+// hand, as encoding/json does: a member added here is added there too
+// (TestRecordFieldsKnown fails until it is).
 type JournalRecord struct {
 	// Seq numbers the records of the journal from 1 (0 in a journal written
 	// before records were checksummed).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand"
+	"reflect"
 	"testing"
 )
 
@@ -83,5 +84,22 @@ func TestRecordAsJSONWritesIt(t *testing.T) {
 	}
 	if taken < 10000 {
 		t.Fatalf("appendRecord took %d records of 20000", taken)
+	}
+}
+
+// TestRecordFieldsKnown: appendRecord writes JournalRecord's members by
+// name, in order; a member added to the struct fails here until
+// appendRecord (and TestRecordAsJSONWritesIt's records) write it too.
+func TestRecordFieldsKnown(t *testing.T) {
+	known := []string{"seq,omitempty", "op", "key,omitempty", "oldModRevision,omitempty", "oldValue,omitempty", "newSha256,omitempty", "newModRevision,omitempty",
+		"revision,omitempty", "prefix,omitempty", "command,omitempty", "oldCreateRevision,omitempty", "oldVersion,omitempty", "lease,omitempty", "reason,omitempty",
+		"deleteRevision,omitempty", "sum,omitempty"}
+	rt := reflect.TypeOf(JournalRecord{})
+	var got []string
+	for i := 0; i < rt.NumField(); i++ {
+		got = append(got, rt.Field(i).Tag.Get("json"))
+	}
+	if !reflect.DeepEqual(got, known) {
+		t.Fatalf("JournalRecord's members are %q; appendRecord writes %q", got, known)
 	}
 }
