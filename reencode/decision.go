@@ -53,6 +53,10 @@ type Form struct {
 
 // Decision is the outcome for one key. NewValue holds the encrypted bytes to write
 // when Status is Stale; it is never printed.
+//
+// AppendSpooled and ReadSpooled (spooled.go) keep each field by hand: a
+// field added here, or to a type it holds, is added there too
+// (TestDecisionSpooledReadsBack fails until it is).
 type Decision struct {
 	Key      string
 	Resource schema.GroupResource

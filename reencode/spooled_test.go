@@ -25,6 +25,24 @@ func TestDecisionSpooledReadsBack(t *testing.T) {
 		ModRevision: 1 << 40, Lease: -3, Read: etcdscan.KVMeta{ModSub: 1, CreateRevision: 2, Version: 3, Lease: 4}, OldSize: 7,
 		OldValue: []byte("k8s:enc:aescbc:v1:key1:\x00\xff"), NewValue: []byte("k8s:enc:aescbc:v1:key2:\x01"),
 	}
+	// Every field of full is set (but the error inside its error, which is
+	// never kept): a field added to Decision, or to a type it holds, fails
+	// here until AppendSpooled and ReadSpooled keep it.
+	var unset func(v reflect.Value, path string)
+	unset = func(v reflect.Value, path string) {
+		switch {
+		case path == ".Err.Err":
+		case v.Kind() == reflect.Struct:
+			for i := 0; i < v.NumField(); i++ {
+				unset(v.Field(i), path+"."+v.Type().Field(i).Name)
+			}
+		case v.Kind() == reflect.Pointer && !v.IsNil():
+			unset(v.Elem(), path)
+		case v.IsZero():
+			t.Errorf("the test's full decision leaves %s unset: a field AppendSpooled may not keep", path)
+		}
+	}
+	unset(reflect.ValueOf(full), "")
 	empty := Decision{Reasons: []Reason{}, Err: &decode.Error{}, Dropped: []string{}, OldValue: []byte{}, NewValue: []byte{}}
 	ds := []Decision{full, {}, empty, {Key: "k", NewValue: []byte("v")}}
 	var b []byte
