@@ -43,7 +43,7 @@ func CheckRollbackQuota(ctx context.Context, cli *clientv3.Client, journals []st
 // the margin, reusing the pages free in the database first, with a line per
 // finding (what names the run, e.g. "restore"); a refusal is a
 // *PreflightError whose remedy is etcd's own compaction and defragmentation,
-// or fewer objects at a time (--namespace, --resource).
+// or fewer objects at a time (the namespace and resource inputs).
 func CheckWriteQuota(ctx context.Context, cli *clientv3.Client, quota Quota, what string, writes int64) ([]string, error) {
 	st, err := etcdscan.Status(ctx, cli)
 	if err != nil {
