@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"sync"
 
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/kinedb"
@@ -39,6 +40,20 @@ func (k *kineServed) close() {
 		k.srv.Close()
 	}
 	os.RemoveAll(k.dir)
+	kineDirs.Delete(k.dir)
+}
+
+// kineDirs are the private directories of the datastores served, their
+// copies in them (the cluster's values: its Secrets, encrypted or not):
+// removeKineDirs removes them for a process about to exit without running
+// its deferred calls (a second SIGINT).
+var kineDirs sync.Map
+
+func removeKineDirs() {
+	kineDirs.Range(func(d, _ any) bool {
+		_ = os.RemoveAll(d.(string))
+		return true
+	})
 }
 
 // kineReaders are the commands that read a datastore served through kine.
@@ -69,6 +84,7 @@ func serveKine(ctx context.Context, w io.Writer, command, installer, db string, 
 	if err != nil {
 		return nil, fmt.Errorf("serving %s through kine: %w", db, err)
 	}
+	kineDirs.Store(dir, true)
 	k := &kineServed{dir: dir}
 	k.srv, err = kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: dir, ReadOnly: true})
 	if err != nil {

@@ -228,6 +228,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 			}
 			snapshotdb.RemoveWriterFiles()
 			encryption.RemoveTempDirs()
+			removeKineDirs()
 			os.Exit(exitSignal)
 		}
 	}()
