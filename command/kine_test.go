@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,29 +58,7 @@ func TestSQLiteSignals(t *testing.T) {
 		cmd := exec.Command(bin, "verify", "--snapshot-file", backup)
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		stderr := &lockedBuffer{}
-		cmd.Stderr = stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(stderr.String(), "through kine") {
-			if time.Now().After(deadline) {
-				t.Fatalf("the datastore was not served: %s", stderr.String())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		for range signals {
-			_ = cmd.Process.Signal(syscall.SIGINT)
-			time.Sleep(5 * time.Millisecond)
-		}
-		err := cmd.Wait()
-		var exit *exec.ExitError
-		code := 0
-		if errors.As(err, &exit) {
-			code = exit.ExitCode()
-		} else if err != nil {
-			t.Fatalf("%d signal(s): %v", signals, err)
-		}
+		code := runInterrupted(t, cmd, stderr, "through kine", signals, 5*time.Millisecond)
 		t.Logf("%d signal(s): exit %d", signals, code)
 		// 1 (interrupted), 130 (second signal); 0, 3 or 4 if it finished first.
 		if code != 1 && code != exitSignal && code != 0 && code != 3 && code != 4 {

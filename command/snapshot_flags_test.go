@@ -350,30 +350,8 @@ func TestSnapshotFileSignals(t *testing.T) {
 			"--encryption-provider-config", res.NewConfig, "--reason", "undecryptable", "--resource", "secrets")
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		stderr := &lockedBuffer{}
-		cmd.Stderr = stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		// Wait for the file to be opened, then interrupt.
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(stderr.String(), "read in place") {
-			if time.Now().After(deadline) {
-				t.Fatalf("the snapshot file was not opened: %s", stderr.String())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		for i := 0; i < signals; i++ {
-			_ = cmd.Process.Signal(syscall.SIGINT)
-			time.Sleep(20 * time.Millisecond)
-		}
-		err := cmd.Wait()
-		var exit *exec.ExitError
-		code := 0 // finished first
-		if errors.As(err, &exit) {
-			code = exit.ExitCode()
-		} else if err != nil {
-			t.Fatalf("%d signal(s): %v", signals, err)
-		}
+		// Once the file is opened, interrupt.
+		code := runInterrupted(t, cmd, stderr, "read in place", signals, 20*time.Millisecond)
 		// 1 (interrupted), 130 (second signal); 0 or 3 if it finished first.
 		if code != 1 && code != 130 && code != 0 && code != 3 {
 			t.Errorf("%d signal(s): exit %d, stderr %q", signals, code, stderr.String())
@@ -401,6 +379,36 @@ func TestSnapshotFileSignals(t *testing.T) {
 	if sum256(t, snap) != before {
 		t.Error("the input snapshot changed")
 	}
+}
+
+// runInterrupted starts cmd, its stderr into stderr, waits until stderr
+// says ready, sends it signals SIGINTs gap apart and returns its exit code
+// (0 when it finished first).
+func runInterrupted(t *testing.T, cmd *exec.Cmd, stderr *lockedBuffer, ready string, signals int, gap time.Duration) int {
+	t.Helper()
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stderr.String(), ready) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q never came: %s", ready, stderr.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for range signals {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		time.Sleep(gap)
+	}
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%d signal(s): %v", signals, err)
+	}
+	return 0
 }
 
 // lockedBuffer is a bytes.Buffer a child process writes while the test reads.
