@@ -110,11 +110,13 @@ func snapshotTargets(paths []string) (targets []snapshotTarget, err error) {
 			if !fi.Mode().IsRegular() {
 				continue
 			}
-			ok, err := snapshotdb.LooksLikeDatabase(path)
-			switch {
-			case kinedb.IsSQLite(path): // a k3s or RKE2 SQLite backup
+			if kinedb.IsSQLite(path) { // a k3s or RKE2 SQLite backup
 				add(snapshotTarget{path: path})
 				found++
+				continue
+			}
+			ok, err := snapshotdb.LooksLikeDatabase(path)
+			switch {
 			case err != nil:
 				add(snapshotTarget{path: path}) // unreadable: reading it names the error
 				found++

@@ -56,8 +56,6 @@ type Config struct {
 type Server struct {
 	// Endpoint is the etcd client endpoint: unix://DIR/kine.sock.
 	Endpoint string
-	// Served is the file kine opened: Database, or the copy in Dir.
-	Served string
 
 	grpc   *grpc.Server
 	cancel context.CancelFunc
@@ -98,7 +96,7 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	quietKine()
 	bctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
-	s := &Server{Served: served, cancel: cancel, wg: wg}
+	s := &Server{cancel: cancel, wg: wg}
 	ok := false
 	defer func() {
 		if !ok {

@@ -106,7 +106,7 @@ func (r *run) beforeFirstWrite(ctx context.Context, todo []*candidate) (*undo.Jo
 	if err != nil {
 		return nil, err
 	}
-	space := guard.RunSpace{Snapshot: r.opts.Snapshot, Journal: r.opts.Journal, StateDir: r.opts.StateDir, Status: st, Quota: 1 << 62}
+	space := guard.RunSpace{Snapshot: r.opts.Snapshot, Journal: r.opts.Journal, StateDir: r.opts.StateDir, Status: st}
 	for _, c := range todo {
 		old := 0
 		if c.live != nil {
