@@ -48,7 +48,9 @@ type Config struct {
 	// the copy; the caller removes it.
 	Dir string
 	// ReadOnly serves a copy of Database made when Serve is called: nothing
-	// the tool or kine does reaches the node's file.
+	// the tool or kine does reaches the node's file. Otherwise (a writing
+	// run) the file itself is served, under an exclusive flock(2) held until
+	// Close: a second tool's writing run on it is refused at once.
 	ReadOnly bool
 }
 
@@ -56,7 +58,10 @@ type Config struct {
 type Server struct {
 	// Endpoint is the etcd client endpoint: unix://DIR/kine.sock.
 	Endpoint string
+	// Database is the file served (the node's, or its copy when ReadOnly).
+	Database string
 
+	lock   *os.File // the node's file, flock'd, for a writable serve
 	grpc   *grpc.Server
 	cancel context.CancelFunc
 	wg     *sync.WaitGroup
@@ -87,6 +92,12 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, &InUseError{Database: cfg.Database, Holders: holders}
 	}
 	served := cfg.Database
+	var lock *os.File
+	if !cfg.ReadOnly {
+		if lock, err = lockFile(cfg.Database); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.ReadOnly {
 		served = filepath.Join(cfg.Dir, "state.db")
 		if err := Copy(ctx, cfg.Database, served); err != nil {
@@ -96,7 +107,7 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	quietKine()
 	bctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
-	s := &Server{cancel: cancel, wg: wg}
+	s := &Server{cancel: cancel, wg: wg, lock: lock, Database: served}
 	ok := false
 	defer func() {
 		if !ok {
@@ -129,7 +140,7 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("kine datastore %s: socket: %w", cfg.Database, err)
 	}
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(2*1024*1024*1024-1), grpc.MaxSendMsgSize(2*1024*1024*1024-1))
-	server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion).Register(s.grpc)
+	register(s.grpc, server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion))
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -151,6 +162,9 @@ func (s *Server) Close() error {
 		}
 		s.cancel()
 		s.wg.Wait()
+		if s.lock != nil {
+			s.lock.Close() // its flock with it
+		}
 	})
 	return nil
 }
@@ -183,7 +197,15 @@ func Copy(ctx context.Context, src, dst string) error {
 	if tables == 0 {
 		return fmt.Errorf("kine datastore %s: a SQLite database without kine's table: not a k3s or RKE2 datastore", src)
 	}
+	// The copy holds the cluster's values (its Secrets): made empty, only
+	// its owner's, before SQLite fills it (VACUUM INTO takes an empty file).
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("kine datastore %s: copying it: %w", src, err)
+	}
+	f.Close()
 	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		os.Remove(dst)
 		return fmt.Errorf("kine datastore %s: copying it to %s: %w", src, dst, err)
 	}
 	return nil
