@@ -64,6 +64,11 @@ func Status(ctx context.Context, cli *clientv3.Client) (StatusInfo, error) {
 			}
 			return StatusInfo{}, fmt.Errorf("etcd status of %s: %s", m, strings.Join(errs, "; "))
 		}
+		if st.DbSizeInUse == 0 {
+			// A server that does not say (kine; etcd before 3.4): all of
+			// the database may be in use.
+			st.DbSizeInUse = st.DbSize
+		}
 		info.Members = append(info.Members, MemberStatus{Name: m.name, ID: m.id, Endpoint: ep, DBSize: st.DbSize, DBSizeInUse: st.DbSizeInUse})
 		info.DBSize = max(info.DBSize, st.DbSize)
 		info.DBSizeInUse = max(info.DBSizeInUse, st.DbSizeInUse)

@@ -2,8 +2,11 @@ package undo
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -20,6 +23,10 @@ type SnapshotCheck struct {
 	SHA256 string `json:"sha256"`
 	// Trailer: etcd's sha256 trailer matches the database.
 	Trailer bool `json:"trailer"`
+	// SQLite: the snapshot is a copy of a SQLite datastore (a run on k3s's
+	// or RKE2's datastore through kine), which has no trailer: the checksum
+	// its run recorded is what verifies it.
+	SQLite bool `json:"sqlite,omitempty"`
 	// Sealed: the file is what its run recorded at its end.
 	Sealed bool `json:"sealed,omitempty"`
 	// Problem says why it does not verify ("" when it does).
@@ -29,6 +36,9 @@ type SnapshotCheck struct {
 // CheckSnapshot reads a run's snapshot whole: etcd's own sha256 trailer, and
 // the checksum the run recorded at its end (want; nil when it recorded none).
 func CheckSnapshot(path string, want *FileSum) (*SnapshotCheck, error) {
+	if isSQLite(path) {
+		return checkSQLiteSnapshot(path, want)
+	}
 	d, err := snapshotdb.Digest(path)
 	if err != nil {
 		return nil, err
@@ -47,11 +57,53 @@ func CheckSnapshot(path string, want *FileSum) (*SnapshotCheck, error) {
 	return sc, nil
 }
 
+// sqliteHeader begins every SQLite database file (sqlite.org/fileformat.html).
+const sqliteHeader = "SQLite format 3\x00"
+
+// isSQLite says whether the file at path begins as a SQLite database does.
+func isSQLite(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(sqliteHeader))
+	_, err = io.ReadFull(f, b)
+	return err == nil && string(b) == sqliteHeader
+}
+
+// checkSQLiteSnapshot is CheckSnapshot of a SQLite datastore's copy.
+func checkSQLiteSnapshot(path string, want *FileSum) (*SnapshotCheck, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	sc := &SnapshotCheck{Path: path, Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil)), SQLite: true}
+	switch {
+	case want == nil:
+	case want.Bytes != sc.Bytes || want.SHA256 != sc.SHA256:
+		sc.Problem = fmt.Sprintf("not what its run recorded at its end (%d bytes, sha256 %s; now %d bytes, %s)", want.Bytes, want.SHA256, sc.Bytes, sc.SHA256)
+	default:
+		sc.Sealed = true
+	}
+	return sc, nil
+}
+
 // Line says in one line how the snapshot verified.
 func (s *SnapshotCheck) Line() string {
 	switch {
 	case s.Problem != "":
 		return fmt.Sprintf("snapshot %s is DAMAGED: %s", s.Path, s.Problem)
+	case s.SQLite && s.Sealed:
+		return fmt.Sprintf("snapshot %s verified (a copy of the SQLite datastore; sha256 %s, as recorded at its run's end)", s.Path, s.SHA256)
+	case s.SQLite:
+		return fmt.Sprintf("snapshot %s: a copy of the SQLite datastore whose run recorded no checksum (it did not record its end): not verified; sha256 %s", s.Path, s.SHA256)
 	case s.Sealed:
 		return fmt.Sprintf("snapshot %s verified (sha256 %s, as recorded at its run's end; etcd's trailer matches)", s.Path, s.SHA256)
 	}
@@ -75,8 +127,14 @@ func WayBack(rec *Record) string {
 		return fmt.Sprintf("run %s's snapshot %s would be the way back to the state before it, but it is damaged too: %s", rec.ID, rec.Snapshot, sc.Problem)
 	}
 	how := "etcd's sha256 trailer matches; its run recorded no checksum"
+	if sc.SQLite && !sc.Sealed {
+		how = "a copy of the SQLite datastore; its run recorded no checksum"
+	}
 	if sc.Sealed {
 		how = "sha256 " + sc.SHA256 + " matches the checksum recorded at its run's end"
+	}
+	if sc.SQLite {
+		return fmt.Sprintf("run %s's snapshot %s is the way back to the state before it (%s): with k3s (or RKE2) stopped, copy it in place of the SQLite datastore and remove the datastore's -wal and -shm files", rec.ID, rec.Snapshot, how)
 	}
 	return fmt.Sprintf("run %s's snapshot %s is the way back to the state before it (%s): etcdutl snapshot restore, every kube-apiserver stopped", rec.ID, rec.Snapshot, how)
 }
