@@ -88,6 +88,9 @@ type Config struct {
 	// this node as the installer's layout names it ("" when not known that
 	// way: then through etcd's manifest beside Manifest).
 	EtcdDataDir, EtcdDataDirFrom string
+	// KineDatabase is Input's: the SQLite file kube-apiserver's etcd is,
+	// served through kine ("" for etcd).
+	KineDatabase string
 
 	// release is what the command line says of the release (Release).
 	release  release.Release
@@ -137,6 +140,9 @@ type Input struct {
 	// layout names it (package installer), EtcdDataDirFrom where it was
 	// read; both are carried to Config as they are.
 	EtcdDataDir, EtcdDataDirFrom string
+	// KineDatabase is the SQLite file kube-apiserver's datastore is, served
+	// through kine (k3s's or RKE2's), "" for etcd; carried to Config.
+	KineDatabase string
 }
 
 // CommandLine is kube-apiserver's command line built from an installer's
@@ -158,7 +164,7 @@ func Load(in Input) (*Config, error) {
 	}
 	var args []string
 	var mounts *hostMounts
-	cfg := &Config{EtcdDataDir: in.EtcdDataDir, EtcdDataDirFrom: in.EtcdDataDirFrom}
+	cfg := &Config{EtcdDataDir: in.EtcdDataDir, EtcdDataDirFrom: in.EtcdDataDirFrom, KineDatabase: in.KineDatabase}
 	fileSource := FromManifest
 	switch {
 	case in.Manifest != "":

@@ -170,7 +170,8 @@ func (o *apiServerOptions) load() (*apiserverconfig.Config, error) {
 	}
 	if found != nil {
 		in.Root = found.Root
-		in.EtcdDataDir, in.EtcdDataDirFrom = found.EtcdDataDir, found.EtcdDataDirFrom
+		in.EtcdDataDir, in.EtcdDataDirFrom = o.foundEtcdData()
+		in.KineDatabase = found.KineDatabase
 		if found.Manifest != "" {
 			in.Manifest = found.Manifest
 		} else {
@@ -229,8 +230,14 @@ func (o *apiServerOptions) manifestFile() string {
 // names it, and where it was found ("" when none was looked for or it names
 // none).
 func (o *apiServerOptions) foundEtcdData() (dir, from string) {
-	if d := o.found; d != nil && d.found != nil && d.found.EtcdDataDir != "" {
-		return d.found.EtcdDataDir, d.found.EtcdDataDirFrom
+	if d := o.found; d != nil && d.found != nil {
+		switch f := d.found; {
+		case f.EtcdDataDir != "":
+			return f.EtcdDataDir, f.EtcdDataDirFrom
+		case f.KineDatabase != "":
+			// The datastore grows on its file's filesystem.
+			return filepath.Dir(f.KineDatabase), fmt.Sprintf("the directory of %s's SQLite datastore", f.Installer)
+		}
 	}
 	return "", ""
 }

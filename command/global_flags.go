@@ -38,6 +38,9 @@ type scanOptions struct {
 	api  apiServerOptions
 	// command is the command's name, for messages.
 	command string
+	// writes: the command writes the cluster's datastore (not a dry run):
+	// a SQLite one is served itself, not a copy (serveKine).
+	writes bool
 
 	snapshotFile  string
 	skipHashCheck bool

@@ -30,6 +30,17 @@ func (o *apiServerOptions) kineDatabase(prov provenance) (db, installer string) 
 type kineServed struct {
 	srv *kinedb.Server
 	dir string
+	// write: the node's file itself is served, for a writing run.
+	write bool
+}
+
+// writing is the datastore a writing run writes (writerun.Config.Kine):
+// nil when none is served, or only its copy.
+func (k *kineServed) writing() *kinedb.Server {
+	if k == nil || !k.write {
+		return nil
+	}
+	return k.srv
 }
 
 func (k *kineServed) close() {
@@ -56,28 +67,32 @@ func removeKineDirs() {
 	})
 }
 
-// kineReaders are the commands that read a datastore served through kine.
-// The others are refused (kineRefusal): migrate and plan (its preflight)
-// need what kine does not have — etcd's snapshot for the undo, its alarms,
-// members and quota, leases kept alive, transactions of several keys — and
-// rollback, quarantine and restore write.
-var kineReaders = []string{"verify", "inventory", "inspect"}
+// kineReaders are the commands that read a datastore served through kine
+// (a copy of it); kineWriters those that also write it (the node's file
+// itself, in a writing run: writerun.Config.Kine). The others are refused
+// (kineRefusal): quarantine and restore are not built for kine yet.
+var (
+	kineReaders = []string{"verify", "inventory", "inspect", "plan", "migrate"}
+	kineWriters = []string{"migrate"}
+)
 
 // kineRefusal is the error of a command this release does not run on a
 // datastore served through kine.
 func kineRefusal(command, installer, db string) error {
 	if installer == "" {
-		return fmt.Errorf("%s of %s, a SQLite database (k3s's or RKE2's datastore through kine), is not supported by this release: it reads one (verify, inventory, inspect) and writes etcd only (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, db)
+		return fmt.Errorf("%s of %s, a SQLite database (k3s's or RKE2's datastore through kine), is not supported: a backup is read (verify, inventory, inspect), never written; restore it in place of the node's datastore (k3s stopped) and migrate that (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, db)
 	}
-	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect) and writes etcd only; to rewrite every object, run a no-op update of each through %s's kube-apiserver (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db, installer)
+	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect, plan) and writes it with migrate and rollback (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db)
 }
 
 // serveKine serves the SQLite datastore db through kine for command and
-// points cfg at it: a copy, in a private directory under $TMPDIR, so that
-// neither the tool nor kine changes the node's file. installer is whose
-// datastore it is, "" for a file given with --snapshot-file (a backup).
-func serveKine(ctx context.Context, w io.Writer, command, installer, db string, cfg *etcdscan.Config) (*kineServed, error) {
-	if !slices.Contains(kineReaders, command) {
+// points cfg at it: for a command that only reads, a copy, in a private
+// directory under $TMPDIR, so that neither the tool nor kine changes the
+// node's file; for one that writes it (write), the file itself, under
+// kinedb's lock. installer is whose datastore it is, "" for a file given
+// with --snapshot-file (a backup, never written).
+func serveKine(ctx context.Context, w io.Writer, command, installer, db string, write bool, cfg *etcdscan.Config) (*kineServed, error) {
+	if !slices.Contains(kineReaders, command) || (write && (installer == "" || !slices.Contains(kineWriters, command))) {
 		return nil, kineRefusal(command, installer, db)
 	}
 	dir, err := os.MkdirTemp("", "kube-etcd-migrate-kine-")
@@ -86,16 +101,21 @@ func serveKine(ctx context.Context, w io.Writer, command, installer, db string, 
 	}
 	kineDirs.Store(dir, true)
 	k := &kineServed{dir: dir}
-	k.srv, err = kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: dir, ReadOnly: true})
+	k.srv, err = kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: dir, ReadOnly: !write})
 	if err != nil {
 		k.close()
 		return nil, err
 	}
+	k.write = write
 	what := installer + "'s SQLite datastore"
 	if installer == "" {
 		what = "the SQLite database"
 	}
-	fmt.Fprintf(w, "note: reading %s %s through kine %s, from a copy in %s (nothing is written to %s)\n", what, db, kinedb.KineVersion, dir, db)
+	if write {
+		fmt.Fprintf(w, "note: writing %s %s through kine %s in this process (socket in %s; the file locked, no other process holding it)\n", what, db, kinedb.KineVersion, dir)
+	} else {
+		fmt.Fprintf(w, "note: reading %s %s through kine %s, from a copy in %s (nothing is written to %s)\n", what, db, kinedb.KineVersion, dir, db)
+	}
 	cfg.Endpoints = []string{k.srv.Endpoint}
 	cfg.CACert, cfg.Cert, cfg.Key = "", "", ""
 	return k, nil

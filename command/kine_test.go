@@ -80,7 +80,7 @@ func TestSQLiteSignals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := serveKine(ctx, io.Discard, "verify", "", backup, &cfg)
+	k, err := serveKine(ctx, io.Discard, "verify", "", backup, false, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,6 +149,7 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 	if es.Split() {
 		return o.runMigrateEtcds(ctx, es)
 	}
+	o.scan.writes = !o.dryRun
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
@@ -161,7 +162,7 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 	} else if err := checkRecord(o.record, s.env); err != nil {
 		return err
 	}
-	cfg := o.undo.runConfig(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live)
+	cfg := s.onKine(o.undo.runConfig(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live))
 	if o.requested {
 		return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
 			res, err := o.runMigrateRequested(ctx, s, r)
@@ -271,6 +272,7 @@ func (o *migrateOptions) runOptions(writeCtx context.Context, r *writerun.Run) m
 	}
 	opts := o.migrateOptions(writeCtx, r.Journal(), r.Snapshot(), r.StateDir())
 	opts.Lock = r.Lock
+	opts.SaveSnapshot = r.SaveSnapshot()
 	opts.OnPreflight = func(lines []string) error { return r.Record("", lines) }
 	opts.Watch = r.MainWatch()
 	return opts

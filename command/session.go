@@ -152,7 +152,7 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 		}
 	} else {
 		if kineDB != "" {
-			if s.kine, err = serveKine(ctx, w, o.command, installer, kineDB, &ecfg); err != nil {
+			if s.kine, err = serveKine(ctx, w, o.command, installer, kineDB, o.writes, &ecfg); err != nil {
 				s.close()
 				return nil, err
 			}

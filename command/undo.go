@@ -100,6 +100,17 @@ func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client
 	return cfg
 }
 
+// onKine makes cfg the writing run of the SQLite datastore s serves
+// through kine, if it serves one to write: the run's record names the
+// database, not kine's socket (a private directory, gone after the run).
+func (s *session) onKine(cfg writerun.Config) writerun.Config {
+	if k := s.kine.writing(); k != nil {
+		cfg.Kine = k
+		cfg.Endpoints = []string{"sqlite://" + k.Database}
+	}
+	return cfg
+}
+
 // doWrite runs stage as a writing run of cfg (writerun.Do), its refusals
 // named by the flags that set them.
 func doWrite(ctx context.Context, cfg writerun.Config, stage writerun.Stage) error {

@@ -21,8 +21,11 @@ const DefaultQuotaBackendBytes = 2 << 30
 // PreflightOptions are what the checks before a run's first write go by
 // (migrate.Options carries them).
 type PreflightOptions struct {
-	Journal            string // --journal FILE, or the run directory's
-	Snapshot           string // --snapshot FILE, or the run directory's
+	Journal  string // --journal FILE, or the run directory's
+	Snapshot string // --snapshot FILE, or the run directory's
+	// SaveSnapshot, when set, saves Snapshot instead of etcd's own
+	// snapshot (FirstWrite.Save: a SQLite datastore's copy).
+	SaveSnapshot       func(ctx context.Context, path string) (undo.FileSum, error)
 	AllowLiveAPIServer bool
 	// QuotaBackendBytes is etcd's --quota-backend-bytes as the operator
 	// gives it (0: not given). etcd's own metrics win when they answer and
@@ -128,7 +131,7 @@ func checkQuota(ctx context.Context, env *pipeline.Env, opts PreflightOptions, s
 	if err != nil {
 		return nil, nil, err
 	}
-	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
+	quota := QuotaOf(ctx, env.Client, env.Target.APIServer(), opts.QuotaBackendBytes, opts.Spell)
 	// Every rewrite adds its new value to the database until compaction; all
 	// live values together take at most DBSizeInUse.
 	lines, err := fitQuota(st, quota, writeSize{
@@ -277,7 +280,7 @@ func CheckUndoSpace(ctx context.Context, env *pipeline.Env, opts PreflightOption
 	if err != nil {
 		return nil, err
 	}
-	quota := FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, opts.QuotaBackendBytes, opts.Spell)
+	quota := QuotaOf(ctx, env.Client, env.Target.APIServer(), opts.QuotaBackendBytes, opts.Spell)
 	lines, _, err := undoSpace(ctx, env, opts, st, quota.Bytes, newSizer(env, opts))
 	return lines, err
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -251,4 +253,37 @@ func WriteCause(err error) string {
 		return "too-large"
 	}
 	return "etcd-error"
+}
+
+// QuotaOf is the quota the run keeps below on the datastore api's
+// kube-apiserver uses: FindQuota's for etcd; for a SQLite datastore served
+// through kine (api.KineDatabase), which has none, the room its file has
+// to grow in (SQLiteQuota).
+func QuotaOf(ctx context.Context, cli *clientv3.Client, api *apiserverconfig.Config, flag int64, spell func(input.Name) string) Quota {
+	if api == nil {
+		return FindQuota(ctx, cli, "", flag, spell)
+	}
+	if api.KineDatabase != "" {
+		return SQLiteQuota(api.KineDatabase)
+	}
+	return FindQuota(ctx, cli, api.Manifest, flag, spell)
+}
+
+// SQLiteQuota is what stands for etcd's quota on a SQLite datastore: the
+// database file (with its write-ahead log) and the free space of its
+// filesystem together, since SQLite grows the file until the filesystem is
+// full. When the free space cannot be read, etcd's default is assumed, said
+// so.
+func SQLiteQuota(database string) Quota {
+	var size int64
+	for _, f := range []string{database, database + "-wal"} {
+		if fi, err := os.Stat(f); err == nil {
+			size += fi.Size()
+		}
+	}
+	free, err := freeBytes(filepath.Dir(database))
+	if err != nil {
+		return Quota{Bytes: DefaultQuotaBackendBytes, Source: fmt.Sprintf("unknown (the free space beside the SQLite datastore %s: %v): assuming etcd's default", database, err)}
+	}
+	return Quota{Bytes: size + free, Known: true, Source: fmt.Sprintf("SQLite has no quota: the datastore %s (%s) and the free space of its filesystem (%s)", database, textfmt.Bytes(size), textfmt.Bytes(free))}
 }

@@ -25,6 +25,9 @@ import (
 // run, --allow-live-apiserver): its methods say so.
 type Watch struct {
 	lw *liveness.Watch
+	// probe, instead of lw, watches a datastore no one can write without
+	// holding its file open (StartProbeWatch).
+	probe *probeWatch
 
 	once    sync.Once
 	verdict string
@@ -46,7 +49,11 @@ func StartWatch(ctx context.Context, cli *clientv3.Client, prefix string, opts P
 
 // Close ends the watch.
 func (w *Watch) Close() {
-	if w != nil {
+	switch {
+	case w == nil:
+	case w.probe != nil:
+		w.probe.close()
+	default:
 		w.lw.Close()
 	}
 }
@@ -59,6 +66,9 @@ func (w *Watch) Close() {
 func (w *Watch) Verdict(ctx context.Context) (string, error) {
 	if w == nil {
 		return "", nil
+	}
+	if w.probe != nil {
+		return w.probe.verdict(ctx)
 	}
 	rep, err := w.lw.Window(ctx)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -83,6 +93,9 @@ func (w *Watch) Stopped() error {
 	if w == nil {
 		return nil
 	}
+	if w.probe != nil {
+		return w.probe.stopped()
+	}
 	return w.lw.Stopped()
 }
 
@@ -93,13 +106,16 @@ func (w *Watch) Settle(ctx context.Context) error {
 	if w == nil {
 		return nil
 	}
+	if w.probe != nil {
+		return w.probe.settle(ctx)
+	}
 	return w.lw.Settle(ctx)
 }
 
 // waitJudged waits until every revision up to rev is judged: a compaction up
 // to it then leaves the watch whole.
 func (w *Watch) waitJudged(ctx context.Context, rev int64) error {
-	if w == nil {
+	if w == nil || w.probe != nil {
 		return nil
 	}
 	return w.lw.WaitJudged(ctx, rev)
@@ -110,6 +126,9 @@ func (w *Watch) waitJudged(ctx context.Context, rev int64) error {
 func (w *Watch) Observer() etcdscan.Observer {
 	if w == nil {
 		return nil
+	}
+	if w.probe != nil {
+		return w.probe
 	}
 	return observer{w.lw}
 }
@@ -149,6 +168,9 @@ type FirstWrite struct {
 	Watch    *Watch
 	Client   *clientv3.Client
 	Snapshot string
+	// Save, when set, saves the snapshot instead of etcd's Snapshot of
+	// Client (a SQLite datastore's copy); it returns the file's sum.
+	Save func(ctx context.Context, path string) (undo.FileSum, error)
 	// Lock, when set, runs first, before the snapshot starts: the writing
 	// run's cluster lock, so that no other run snapshots and writes beside
 	// this one. Its error is the run's refusal as it is.
@@ -176,7 +198,14 @@ func (f *FirstWrite) Open(ctx context.Context) error {
 			return err
 		}
 	}
-	snap := startSnapshot(ctx, f.Client, f.Snapshot)
+	save := f.Save
+	if save == nil {
+		save = func(ctx context.Context, path string) (undo.FileSum, error) {
+			d, err := etcdscan.SaveSnapshot(ctx, f.Client, path)
+			return undo.FileSum{Bytes: d.Size, SHA256: d.SHA256}, err
+		}
+	}
+	snap := startSnapshot(ctx, save, f.Snapshot)
 	line, err := f.Watch.Verdict(ctx)
 	if err == nil {
 		err = f.Watch.Stopped() // a writer after the window, before the first write
@@ -218,7 +247,7 @@ type pendingSnapshot struct {
 }
 
 // startSnapshot starts saving etcd's snapshot to path (none when "").
-func startSnapshot(ctx context.Context, cli *clientv3.Client, path string) *pendingSnapshot {
+func startSnapshot(ctx context.Context, save func(context.Context, string) (undo.FileSum, error), path string) *pendingSnapshot {
 	if path == "" {
 		return nil
 	}
@@ -227,9 +256,9 @@ func startSnapshot(ctx context.Context, cli *clientv3.Client, path string) *pend
 	go func() {
 		defer close(s.done)
 		defer crash.Recover("saving the snapshot", &s.err)
-		d, err := etcdscan.SaveSnapshot(ctx, cli, path)
+		sum, err := save(ctx, path)
 		if s.err = err; err == nil {
-			undo.RememberWritten(path, undo.FileSum{Bytes: d.Size, SHA256: d.SHA256})
+			undo.RememberWritten(path, sum)
 		}
 	}()
 	return s

@@ -137,9 +137,16 @@ type WriterError struct {
 	// APIServers are the kube-apiserver identity leases written since the
 	// window began, as etcd held them when the run ended (Settle).
 	APIServers []Write
+	// Opened, for a datastore watched through its file instead (SQLite
+	// served through kine: no one writes it without opening the file),
+	// says who opened it mid-run; no key is named then.
+	Opened string
 }
 
 func (e *WriterError) Error() string {
+	if e.Opened != "" {
+		return "stopped: a writer appeared: " + e.Opened
+	}
 	var ws []string
 	named := map[string]bool{}
 	for i, w := range e.Writes {

@@ -362,7 +362,7 @@ func preflight(ctx context.Context, env *pipeline.Env, opts Options, sum *Summar
 		checks, err = guard.OutputPreflight(ctx, env, opts.OutputFile, opts.PreflightOptions)
 	} else {
 		checks, sg, err = guard.Preflight(ctx, env, opts.PreflightOptions)
-		first.Snapshot = opts.Snapshot
+		first.Snapshot, first.Save = opts.Snapshot, opts.SaveSnapshot
 	}
 	sum.Preflight = checks
 	if err != nil {

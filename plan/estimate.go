@@ -570,7 +570,7 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 	if st, err := etcdscan.Status(ctx, env.Client); err == nil {
 		c.dbSize, c.free = st.DBSize, st.Free
 	}
-	c.quota = guard.FindQuota(ctx, env.Client, env.Target.APIServer().Manifest, mo.QuotaBackendBytes, mo.Spell).Bytes
+	c.quota = guard.QuotaOf(ctx, env.Client, env.Target.APIServer(), mo.QuotaBackendBytes, mo.Spell).Bytes
 	if c.journal {
 		c.journalWrite, c.journalRead = smp.journalCost()
 	}

@@ -120,7 +120,7 @@ func (r *run) beforeFirstWrite(ctx context.Context, todo []*candidate) (*undo.Jo
 	space.Etcd = guard.FindEtcdData(r.env.Target.APIServer().Manifest, guard.EtcdDataOf(r.env.Target.APIServer()))
 	// etcd's quota: what the restore writes must fit below it (the run
 	// compacts nothing); the guard keeps it there as the batches go.
-	quota := guard.FindQuota(ctx, r.env.Client, r.env.Target.APIServer().Manifest, 0, nil)
+	quota := guard.QuotaOf(ctx, r.env.Client, r.env.Target.APIServer(), 0, nil)
 	lines, err := guard.CheckWriteQuota(ctx, r.env.Client, quota, "restore", space.Writes)
 	r.res.Preflight = append(r.res.Preflight, lines...)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
+	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/undo"
 )
 
@@ -53,6 +55,14 @@ type Config struct {
 	ExitCode func(error) int
 	// Spell names the operator's inputs in the run's warning lines.
 	Spell func(input.Name) string
+	// Kine, when set, is the SQLite datastore the run writes, served
+	// through kine in this process (Client is its client): no other
+	// process holds the file and kinedb holds its flock, which is the
+	// run's lock (nothing of the run is recorded in the datastore); the
+	// run's watch is the file's holders (guard.StartProbeWatch: no one
+	// writes it without opening it), whatever Liveness says; its snapshot
+	// a consistent copy of the database (SaveSnapshot).
+	Kine *kinedb.Server
 }
 
 // Liveness is how the run's liveness watch judges others' writes.
@@ -154,7 +164,7 @@ func start(ctx context.Context, cfg Config) (*Run, error) {
 	if !cfg.Undo.None {
 		stateDir = string(cfg.Undo.StateDir)
 	}
-	r.hold = newHold(cfg.Log, cfg.Client, cfg.Prefix, cfg.Command, stateDir, cfg.DryRun || cfg.Private)
+	r.hold = newHold(cfg.Log, cfg.Client, cfg.Prefix, cfg.Command, stateDir, cfg.DryRun || cfg.Private || cfg.Kine != nil)
 	if r.hold != nil {
 		r.hold.since = cfg.Since
 	}
@@ -167,6 +177,32 @@ func start(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	r.main = main
 	return r, nil
+}
+
+// KineDatabase is the SQLite file the run writes through kine ("" on etcd).
+func (c Config) KineDatabase() string {
+	if c.Kine == nil {
+		return ""
+	}
+	return c.Kine.Database
+}
+
+// Kine says whether the run writes a SQLite datastore through kine: its
+// writer takes one key per transaction (etcdscan.Writer's Kine).
+func (r *Run) Kine() bool { return r.cfg.Kine != nil }
+
+// SaveSnapshot is how the run's snapshot is saved (guard.FirstWrite's
+// Save): nil for etcd's own snapshot; on kine, a consistent copy of the
+// database with its sum.
+func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSum, error) {
+	k := r.cfg.Kine
+	if k == nil {
+		return nil
+	}
+	return func(ctx context.Context, path string) (undo.FileSum, error) {
+		sum, err := k.Snapshot(ctx, path)
+		return undo.FileSum{Bytes: sum.Bytes, SHA256: sum.SHA256}, err
+	}
 }
 
 // writesLive says whether the run writes a live etcd.
@@ -234,7 +270,20 @@ func (r *Run) Watch(ctx context.Context, cli *clientv3.Client, prefix string) (*
 	if !r.writesLive() {
 		return nil, nil
 	}
-	w, err := guard.StartWatch(ctx, cli, prefix, r.cfg.Liveness.options())
+	var w *guard.Watch
+	var err error
+	if k := r.cfg.Kine; k != nil {
+		w = guard.StartProbeWatch("the SQLite datastore "+r.cfg.KineDatabase(), func() (string, error) {
+			ps, err := k.Others()
+			var who []string
+			for _, p := range ps {
+				who = append(who, p.String())
+			}
+			return strings.Join(who, ", "), err
+		})
+	} else {
+		w, err = guard.StartWatch(ctx, cli, prefix, r.cfg.Liveness.options())
+	}
 	if err != nil || w == nil {
 		return nil, err
 	}
