@@ -48,7 +48,10 @@ type Put struct {
 	// Read is the key as it was read (never its value): etcd's writer
 	// ignores it; an output snapshot's writer gives the new record its
 	// create revision, lease and next version, as etcd's update does, and
-	// tells apart keys of one transaction by its sub-revision.
+	// tells apart keys of one transaction by its sub-revision. A writer to
+	// kine (Writer.Kine) puts an existing key back with Read.Lease, the
+	// key's own; given no Read at all (the zero KVMeta) it reads the key's
+	// lease first.
 	Read KVMeta
 }
 
@@ -143,6 +146,11 @@ type Writer struct {
 	// Observer, when set, is told of each request before it is sent and of
 	// its outcome, and may refuse it.
 	Observer Observer
+	// Kine: the store is kine: one key per transaction, in kube-apiserver's
+	// own shapes (MaxOps and MaxBytes are not used); an existing key's
+	// lease is given explicitly, as read (Put.Read.Lease), since kine
+	// refuses IgnoreLease and takes the put's lease as the new row's.
+	Kine bool
 
 	txns, fallbacks, singles, splits, retries atomic.Int64
 	stopped                                   atomic.Pointer[FatalError]
@@ -202,11 +210,18 @@ func putSize(p Put) int { return 2*len(p.Key) + len(p.Value) + putOverhead }
 // WithIgnoreLease()) ...) of at most MaxOps puts and about MaxBytes bytes (a
 // larger single put goes alone). When a transaction's compare fails every key
 // of it is retried alone, so conflicts are reported per key. A put never
-// changes the key's lease.
+// changes the key's lease. On kine (Kine) every put is a transaction of its
+// own.
 func (w *Writer) Write(ctx context.Context, puts []Put) []PutResult {
 	res := make([]PutResult, len(puts))
 	for i, p := range puts {
 		res[i].Key = p.Key
+	}
+	if w.Kine {
+		for i := range puts {
+			w.writeBatch(ctx, puts, []int{i}, res)
+		}
+		return res
 	}
 	var batch []int
 	size := 0
@@ -253,7 +268,7 @@ func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []Pu
 	ops := make([]clientv3.Op, len(idx))
 	for j, i := range idx {
 		cmps[j] = clientv3.Compare(clientv3.ModRevision(puts[i].Key), "=", puts[i].ModRevision)
-		ops[j] = putOp(puts[i])
+		ops[j] = putOp(puts[i], false) // never on kine
 	}
 	var resp *clientv3.TxnResponse
 	var sent []Put
@@ -305,8 +320,10 @@ func (w *Writer) writeBatch(ctx context.Context, puts []Put, idx []int, res []Pu
 }
 
 // putOp keeps the key's lease: a put without a lease would detach the key from
-// it for ever (events would never expire).
-func putOp(p Put) clientv3.Op {
+// it for ever (events would never expire). On etcd an update says so
+// (IgnoreLease); kine refuses that and gives the new row the put's lease,
+// so an update to kine names the key's lease as read (Read.Lease).
+func putOp(p Put, kine bool) clientv3.Op {
 	// clientv3.OpPut takes the value as a string and copies it into the op's
 	// own bytes at once; a string(p.Value) conversion would copy every value a
 	// second time (about a seventh of what a key rotation allocates). The
@@ -320,6 +337,10 @@ func putOp(p Put) clientv3.Op {
 		return clientv3.OpPut(p.Key, val, clientv3.WithLease(clientv3.LeaseID(p.Lease)))
 	case p.ModRevision == 0:
 		return clientv3.OpPut(p.Key, val) // creation: no lease to keep
+	case kine && p.Read.Lease != 0:
+		return clientv3.OpPut(p.Key, val, clientv3.WithLease(clientv3.LeaseID(p.Read.Lease)))
+	case kine:
+		return clientv3.OpPut(p.Key, val) // the key has no lease
 	}
 	return clientv3.OpPut(p.Key, val, clientv3.WithIgnoreLease())
 }
@@ -332,6 +353,12 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 		r.Status, r.Err = Failed, fmt.Errorf("%s %s: %w", p.verb(), p.Key, fe)
 		return
 	}
+	if w.Kine && !p.Delete && p.ModRevision != 0 && p.Read == (KVMeta{}) {
+		var ok bool
+		if p.Read, ok = w.readLease(ctx, p, r); !ok {
+			return
+		}
+	}
 	var resp *clientv3.TxnResponse
 	amb, err := w.do(ctx, func(c context.Context) error {
 		done, err := w.sending([]Put{p})
@@ -342,7 +369,7 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 		defer func() { done(outcomeOf(resp, terr)) }()
 		resp, terr = w.Client.Txn(c).
 			If(clientv3.Compare(clientv3.ModRevision(p.Key), "=", p.ModRevision)).
-			Then(putOp(p)).
+			Then(putOp(p, w.Kine)).
 			Else(clientv3.OpGet(p.Key)).
 			Commit()
 		return terr
@@ -384,6 +411,35 @@ func (w *Writer) single(ctx context.Context, p Put, r *PutResult, ambiguous bool
 			r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key modified since read (mod revision %d, read at %d)", p.verb(), p.Key, *cur, p.ModRevision)
 		}
 	}
+}
+
+// readLease reads the lease of a key a put to kine updates and that its
+// caller gave no Read for: without it the put would detach the key from its
+// lease. The key still at the put's mod revision has the lease read (the
+// put's compare makes sure it is still there); a key changed or deleted
+// since is a Conflict, an error Failed (r says so, and ok is false).
+func (w *Writer) readLease(ctx context.Context, p Put, r *PutResult) (read KVMeta, ok bool) {
+	var resp *clientv3.GetResponse
+	_, err := w.do(ctx, func(c context.Context) error {
+		var gerr error
+		resp, gerr = w.Client.Get(c, p.Key)
+		return gerr
+	})
+	switch {
+	case err != nil:
+		if fe := AsFatal(err); fe != nil {
+			w.stop(fe)
+		}
+		r.Status, r.Err = Failed, fmt.Errorf("%s %s: read its lease: %w", p.verb(), p.Key, err)
+	case len(resp.Kvs) == 0:
+		r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key deleted since read at mod revision %d", p.verb(), p.Key, p.ModRevision)
+	case resp.Kvs[0].ModRevision != p.ModRevision:
+		r.Status, r.Err = Conflict, fmt.Errorf("%s %s: key modified since read (mod revision %d, read at %d)", p.verb(), p.Key, resp.Kvs[0].ModRevision, p.ModRevision)
+	default:
+		kv := resp.Kvs[0]
+		return KVMeta{CreateRevision: kv.CreateRevision, Version: kv.Version, Lease: kv.Lease}, true
+	}
+	return KVMeta{}, false
 }
 
 // sending tells the Observer of a request about to be sent.

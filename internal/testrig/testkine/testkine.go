@@ -1,0 +1,127 @@
+// Package testkine serves a fresh k3s SQLite datastore through kine
+// (kinedb.Serve, writable) for the tests, and seeds it as kube-apiserver
+// writes through kine: each key created with the transaction its storage
+// layer sends, an event's attached to a lease (on kine, the TTL in
+// seconds).
+package testkine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kube-etcd-migrate/kinedb"
+)
+
+// Start serves an empty SQLite file (kine makes its table in it, as k3s's
+// first start does) in a temporary directory and returns a client of it;
+// both are closed when the test ends.
+func Start(t testing.TB) *clientv3.Client {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "state.db")
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	priv := filepath.Join(dir, "kine")
+	if err := os.Mkdir(priv, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: priv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() }) // before the server's (cleanups run last first)
+	return cli
+}
+
+// Lease grants a lease of ttl seconds as kube-apiserver does for an event;
+// on kine its ID is the TTL.
+func Lease(t testing.TB, cli *clientv3.Client, ttl int64) int64 {
+	t.Helper()
+	l, err := cli.Grant(context.Background(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(l.ID)
+}
+
+// Create creates key with value (attached to lease unless 0) with
+// kube-apiserver's create transaction, and returns its mod revision.
+func Create(t testing.TB, cli *clientv3.Client, key, value string, lease int64) int64 {
+	t.Helper()
+	var opts []clientv3.OpOption
+	if lease != 0 {
+		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+	}
+	resp, err := cli.Txn(context.Background()).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, value, opts...)).
+		Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Succeeded {
+		t.Fatalf("create %s: it exists", key)
+	}
+	return resp.Header.Revision
+}
+
+// Update writes value to key at mod revision rev (keeping lease) with
+// kube-apiserver's update transaction, and returns the new mod revision.
+func Update(t testing.TB, cli *clientv3.Client, key, value string, rev, lease int64) int64 {
+	t.Helper()
+	var opts []clientv3.OpOption
+	if lease != 0 {
+		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+	}
+	resp, err := cli.Txn(context.Background()).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+		Then(clientv3.OpPut(key, value, opts...)).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Succeeded {
+		t.Fatalf("update %s at %d: changed meanwhile", key, rev)
+	}
+	return resp.Header.Revision
+}
+
+// Delete deletes key at mod revision rev with kube-apiserver's delete
+// transaction.
+func Delete(t testing.TB, cli *clientv3.Client, key string, rev int64) {
+	t.Helper()
+	resp, err := cli.Txn(context.Background()).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+		Then(clientv3.OpDelete(key)).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Succeeded {
+		t.Fatalf("delete %s at %d: changed meanwhile", key, rev)
+	}
+}
+
+// Get reads key (nil when it is absent).
+func Get(t testing.TB, cli *clientv3.Client, key string) *clientv3.GetResponse {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
