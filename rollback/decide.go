@@ -204,7 +204,9 @@ func (rb *rollback) decide(it item, cur *currentKV, res *RollbackResult) (restor
 			return restore{}, false, nil
 		}
 		lease, note := r.Lease, ""
-		if lease != 0 {
+		// On kine a lease is the key's TTL in seconds, nothing that
+		// expires (kine keeps no leases, and refuses to tell one's TTL).
+		if lease != 0 && !rb.w.Kine {
 			ttl, err := rb.cli.TimeToLive(rb.ctx, clientv3.LeaseID(lease))
 			if err != nil {
 				return restore{}, false, fmt.Errorf("rollback %s: lease %016x: %w", r.Key, lease, err)
@@ -254,7 +256,8 @@ func (rb *rollback) decide(it item, cur *currentKV, res *RollbackResult) (restor
 	}
 	sum := sha256.Sum256(r.OldValue)
 	return restore{
-		put:    etcdscan.Put{Key: r.Key, Value: r.OldValue, ModRevision: cur.modRevision},
+		put: etcdscan.Put{Key: r.Key, Value: r.OldValue, ModRevision: cur.modRevision,
+			Read: etcdscan.KVMeta{CreateRevision: cur.createRevision, Version: cur.version, Lease: cur.lease}},
 		record: undo.JournalRecord{Op: "intent", Key: r.Key, OldModRevision: cur.modRevision, OldValue: cur.value, NewSHA256: hex.EncodeToString(sum[:])},
 	}, true, nil
 }

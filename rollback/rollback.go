@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/etcdscan"
@@ -215,7 +216,8 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 			return res, fmt.Errorf("journal %s: not read through before the rollback (internal error); nothing was written", p)
 		}
 	}
-	if !opts.DryRun {
+	// kine has no alarms (it refuses to list them).
+	if !opts.DryRun && !w.Kine {
 		if err := guard.RollbackAlarms(ctx, cli, journals); err != nil {
 			return res, err
 		}
@@ -408,18 +410,34 @@ func (rb *rollback) read(ctx context.Context, path string, br *undo.BackwardRead
 	return send()
 }
 
-// current reads the keys of a batch as they are now.
+// current reads the keys of a batch as they are now: in one transaction of
+// reads, or on kine (the Writer's Kine), which serves no such transaction,
+// each with a read of its own.
 func (rb *rollback) current(items []item) ([]*currentKV, error) {
-	ops := make([]clientv3.Op, len(items))
-	for i, it := range items {
-		ops[i] = clientv3.OpGet(it.rec.Key)
-	}
-	resp, err := rb.cli.Txn(rb.ctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, fmt.Errorf("rollback: read %s ...: %w", items[0].rec.Key, err)
+	kvs := make([][]*mvccpb.KeyValue, len(items))
+	if rb.w.Kine {
+		for i, it := range items {
+			resp, err := rb.cli.Get(rb.ctx, it.rec.Key)
+			if err != nil {
+				return nil, fmt.Errorf("rollback: read %s: %w", it.rec.Key, err)
+			}
+			kvs[i] = resp.Kvs
+		}
+	} else {
+		ops := make([]clientv3.Op, len(items))
+		for i, it := range items {
+			ops[i] = clientv3.OpGet(it.rec.Key)
+		}
+		resp, err := rb.cli.Txn(rb.ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("rollback: read %s ...: %w", items[0].rec.Key, err)
+		}
+		for i, r := range resp.Responses {
+			kvs[i] = r.GetResponseRange().Kvs
+		}
 	}
 	out := make([]*currentKV, len(items))
-	for i, r := range resp.Responses {
+	for i := range items {
 		if rb.sim != nil {
 			if s, ok := rb.sim[items[i].rec.Key]; ok {
 				if !s.absent {
@@ -428,8 +446,8 @@ func (rb *rollback) current(items []item) ([]*currentKV, error) {
 				continue
 			}
 		}
-		if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
-			kv := kvs[0]
+		if len(kvs[i]) > 0 {
+			kv := kvs[i][0]
 			out[i] = &currentKV{value: kv.Value, modRevision: kv.ModRevision, createRevision: kv.CreateRevision, version: kv.Version, lease: kv.Lease}
 		}
 	}
