@@ -181,7 +181,7 @@ func (r *run) writeBatch(ctx context.Context, w *etcdscan.Writer, j *undo.Journa
 			recs[i] = undo.JournalRecord{Op: "create-intent", Key: c.e.Key, NewSHA256: newSum, Lease: p.Lease}
 			continue
 		}
-		puts[i] = etcdscan.Put{Key: c.e.Key, Value: value, ModRevision: c.live.ModRevision}
+		puts[i] = etcdscan.Put{Key: c.e.Key, Value: value, ModRevision: c.live.ModRevision, Read: c.live.Meta()}
 		recs[i] = undo.JournalRecord{Op: "intent", Key: c.e.Key, OldModRevision: c.live.ModRevision, OldValue: c.live.Value, NewSHA256: newSum}
 	}
 	var cost int64
