@@ -13,7 +13,8 @@ import (
 
 // TestRollbackOnKine: a rewrite on kine (every key rewritten, some twice,
 // two removed as quarantine removes them, one of them an event with a
-// lease) is journaled and rolled back on kine: every key is back byte for
+// lease) is journaled and rolled back on kine (a dry run first, which
+// writes nothing): every key is back byte for
 // byte with its lease (kine's: the TTL, 3600), the removed ones created
 // again with theirs, none skipped or failed. The rollback's own journal,
 // undone in turn, gives the rewrite's state again (the keys created again
@@ -111,6 +112,24 @@ func TestRollbackOnKine(t *testing.T) {
 			if kv.Lease != leaseOf(i) {
 				t.Fatalf("%s: lease %d after the rewrite, want %d", key(i), kv.Lease, leaseOf(i))
 			}
+		}
+	}
+
+	// A dry run decides the same and writes nothing.
+	dry, err := RollbackJournals(ctx, cli, &etcdscan.Writer{Client: cli, Kine: true}, []string{path}, RollbackOptions{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := n + twice + len(removed); dry.Restored != want || dry.Skipped != 0 || dry.Failed != 0 || dry.Unchanged != 0 {
+		t.Fatalf("dry run: %+v, want %d restored and nothing else", dry, want)
+	}
+	for i := 0; i < n; i++ {
+		if removed[i] {
+			if resp := testkine.Get(t, cli, key(i)); len(resp.Kvs) != 0 {
+				t.Fatalf("%s: created again by a dry run", key(i))
+			}
+		} else if kv := read(i); string(kv.Value) != string(rewritten[i]) {
+			t.Fatalf("%s: changed by a dry run", key(i))
 		}
 	}
 
