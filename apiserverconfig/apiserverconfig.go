@@ -404,3 +404,7 @@ func (c *Config) Describe(rel release.Release, relFrom Source) string {
 
 // SetFrom records that the tool's own flag overrode a setting.
 func (c *Config) SetFrom(flag string, src Source) { c.From[flag] = src }
+
+// OnKine says whether kube-apiserver's datastore is a SQLite file served
+// through kine (KineDatabase set); false for a nil Config.
+func (c *Config) OnKine() bool { return c != nil && c.KineDatabase != "" }

@@ -72,8 +72,8 @@ func removeKineDirs() {
 // itself, in a writing run: writerun.Config.Kine). The others are refused
 // (kineRefusal): quarantine and restore are not built for kine yet.
 var (
-	kineReaders = []string{"verify", "inventory", "inspect", "plan", "migrate"}
-	kineWriters = []string{"migrate"}
+	kineReaders = []string{"verify", "inventory", "inspect", "plan", "migrate", "rollback"}
+	kineWriters = []string{"migrate", "rollback"}
 )
 
 // kineRefusal is the error of a command this release does not run on a

@@ -141,13 +141,14 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 			r.close()
 		}
 	}()
-	cli, err := connect(ctx, o.io.errOut, o.etcd, o.prov, o.api)
+	cli, kine, err := connectToWrite(ctx, o.io.errOut, o.etcd, o.prov, o.api, !o.dryRun)
 	if err != nil {
 		return err
 	}
+	defer kine.close()
 	defer cli.Close()
-	rb := &rollbackStage{o: o, cli: cli, prefix: choice.Main.Prefix(), main: &choice.Main, undoes: choice.Undoes, others: others}
-	cfg := o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live)
+	rb := &rollbackStage{o: o, cli: cli, kine: kine != nil, prefix: choice.Main.Prefix(), main: &choice.Main, undoes: choice.Undoes, others: others}
+	cfg := (&session{kine: kine}).onKine(o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live))
 	if o.runID != "" {
 		cfg.Since = choice.Main.WayBack // the oldest run undone
 	}
@@ -157,8 +158,11 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 // rollbackStage is rollback's work in a writing run: its checks, read-only
 // and before the run directory exists (check), then the rollback (write).
 type rollbackStage struct {
-	o      *rollbackOptions
-	cli    *clientv3.Client
+	o   *rollbackOptions
+	cli *clientv3.Client
+	// kine: cli is a SQLite datastore served through kine (the node's
+	// file, or its copy for a dry run).
+	kine   bool
 	prefix string
 	main   *rollback.EtcdJournals
 	undoes []string
@@ -188,6 +192,9 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 	}
 	defer closeEnc()
 	cfg.Manifest = o.api.manifestFile()
+	if rb.kine {
+		cfg.KineDatabase, _ = o.api.kineDatabase(o.prov)
+	}
 	if !o.undo.noUndo {
 		room := rollback.UndoRoom{Dir: string(o.undo.stateDir), DirInput: input.StateDir}
 		room.EtcdDataDir, room.EtcdDataFrom = o.api.foundEtcdData()
@@ -253,6 +260,7 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 	o, opts := rb.o, rb.opts
 	var res rollback.RollbackResult
 	opts.Lock = wr.Lock
+	opts.SaveSnapshot = wr.SaveSnapshot()
 	if u := wr.Dir(); u != nil {
 		if err := u.SetUndoes(rb.undoes); err != nil {
 			return writerun.Result{}, err
@@ -276,7 +284,7 @@ func (rb *rollbackStage) writeRollback(ctx context.Context, wr *writerun.Run) (w
 			opts.Journal, opts.Snapshot = j, mainEtcd.Snapshot
 		}
 	}
-	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli}, rb.main.Paths(), opts)
+	res, err := rollback.RollbackJournals(ctx, rb.cli, &etcdscan.Writer{Client: rb.cli, Kine: rb.kine}, rb.main.Paths(), opts)
 	res.Preflight = append(rb.preflight, res.Preflight...)
 	if len(rb.others) > 0 {
 		err = o.finishEtcds(ctx, wr, rb.others, rb.cli.Endpoints(), &res, err, rb.refused)

@@ -58,25 +58,53 @@ func connect(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, a
 // etcd of the cluster (--etcd-servers-overrides), as kube-apiserver reaches
 // it.
 func connectTo(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions, endpoints []string) (*clientv3.Client, error) {
+	cli, _, err := dial(ctx, w, o, prov, apiOpts, endpoints, false, false)
+	return cli, err
+}
+
+// connectToWrite is connect for a command that writes the cluster
+// (rollback): a SQLite datastore found on the node is served through kine
+// (closed with the returned kineServed, nil for etcd) instead of refused:
+// the node's file itself when write, a copy otherwise (a dry run).
+func connectToWrite(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions, write bool) (*clientv3.Client, *kineServed, error) {
+	return dial(ctx, w, o, prov, apiOpts, nil, true, write)
+}
+
+// dial is connectTo (serve false: a SQLite datastore refused), and
+// connectToWrite.
+func dial(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiOpts apiServerOptions, endpoints []string, serve, write bool) (*clientv3.Client, *kineServed, error) {
 	api, err := apiOpts.load()
 	apiOpts.reportFound(w) // what was found, even when its configuration is refused
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	env := &envReport{}
 	cfg, err := etcdConfig(o, prov, api, env, w)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	env.print(w)
+	var k *kineServed
 	if db, installer := apiOpts.kineDatabase(prov); db != "" {
-		return nil, kineRefusal(apiOpts.command, installer, db)
+		switch {
+		case apiOpts.command == "runs":
+			return nil, nil, fmt.Errorf("%s's SQLite datastore %s keeps no record of the tool's runs (a run on it is recorded in its state directory only)", installer, db)
+		case !serve || endpoints != nil:
+			return nil, nil, kineRefusal(apiOpts.command, installer, db)
+		}
+		if k, err = serveKine(ctx, w, apiOpts.command, installer, db, write, &cfg); err != nil {
+			return nil, nil, err
+		}
 	}
 	if endpoints != nil {
 		cfg.Endpoints = endpoints
 	}
 	cli, err := etcdscan.Connect(ctx, cfg)
-	return cli, etcdError(err)
+	if err != nil {
+		k.close()
+		return nil, nil, etcdError(err)
+	}
+	return cli, k, nil
 }
 
 // open opens what o reads (etcd, or its --snapshot-file) and sets up the

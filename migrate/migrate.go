@@ -181,7 +181,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Summary, error)
 	if writeCtx == nil {
 		writeCtx = ctx
 	}
-	ew := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes}
+	ew := &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, MaxBytes: opts.BatchBytes, Kine: env.Target.APIServer().OnKine()}
 	var w guard.Store = guard.EtcdStore{Writer: ew}
 	if opts.Output != nil {
 		w = opts.Output

@@ -33,6 +33,9 @@ type CheckConfig struct {
 	// given).
 	Manifest          string
 	QuotaBackendBytes int64
+	// KineDatabase, when set, is the SQLite datastore the rollback writes
+	// through kine: no quota, its filesystem's room (guard.SQLiteQuota).
+	KineDatabase string
 	// Room, when set, is where the rollback's own undo goes: its room is
 	// checked (not in a dry run).
 	Room  *UndoRoom
@@ -71,6 +74,9 @@ type Checked struct {
 // gives it (an *undo.PluginStopError when a KMS plugin stopped).
 func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked, error) {
 	quota := guard.FindQuota(ctx, cli, cfg.Manifest, cfg.QuotaBackendBytes, cfg.Spell)
+	if cfg.KineDatabase != "" {
+		quota = guard.SQLiteQuota(cfg.KineDatabase)
+	}
 	opts := undo.UndoOptions{CheckOptions: undo.CheckOptions{Prefix: cfg.Prefix}, WayBack: cfg.WayBack}
 	if cfg.Encryption != nil {
 		opts.Configured, opts.Encryption = true, cfg.Encryption

@@ -132,6 +132,9 @@ type RollbackOptions struct {
 	// Snapshot, when set, is where the snapshot of etcd is saved before the
 	// first write (while the liveness window ends).
 	Snapshot string
+	// SaveSnapshot, when set, saves Snapshot instead of etcd's own
+	// snapshot (guard.FirstWrite's Save: a SQLite datastore's copy).
+	SaveSnapshot func(ctx context.Context, path string) (undo.FileSum, error)
 	// OnPreflight, when set, is given the window's line (""
 	// without a watch) before the first write; an error stops the rollback
 	// with nothing written.
@@ -216,8 +219,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 			return res, fmt.Errorf("journal %s: not read through before the rollback (internal error); nothing was written", p)
 		}
 	}
-	// kine has no alarms (it refuses to list them).
-	if !opts.DryRun && !w.Kine {
+	if !opts.DryRun {
 		if err := guard.RollbackAlarms(ctx, cli, journals); err != nil {
 			return res, err
 		}
@@ -226,7 +228,7 @@ func RollbackJournals(ctx context.Context, cli *clientv3.Client, w *etcdscan.Wri
 	if rb.batchOps <= 0 {
 		rb.batchOps = etcdscan.DefaultMaxOps
 	}
-	rb.first = &guard.FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
+	rb.first = &guard.FirstWrite{Watch: opts.Watch, Client: cli, Snapshot: opts.Snapshot, Save: opts.SaveSnapshot, Lock: opts.Lock, Then: func(line string) error {
 		if line != "" {
 			res.Preflight = append(res.Preflight, line)
 		}
