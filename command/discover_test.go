@@ -288,9 +288,10 @@ func TestDiscoveryRefusals(t *testing.T) {
 	root = t.TempDir()
 	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("write-kubeconfig-mode: \"0644\"\n"))
 	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
-	code, _, stderr = planNode(t, root)
+	// quarantine is not built for kine: refused, naming the datastore.
+	code, _, stderr = runCLI(t, "quarantine", "--node-root", root, "--reason", "undecryptable", "--resource", "secrets")
 	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
-	if want := "error: plan on k3s's SQLite datastore (" + db + ", through kine) is not supported by this release"; code != exitError || !strings.Contains(stderr, want) || !strings.Contains(stderr, "(SQLite through kine, "+db+")") {
+	if want := "error: quarantine on k3s's SQLite datastore (" + db + ", through kine) is not supported by this release"; code != exitError || !strings.Contains(stderr, want) || !strings.Contains(stderr, "(SQLite through kine, "+db+")") {
 		t.Errorf("k3s on SQLite: exit %d, want %d and %q\n%s", code, exitError, want, stderr)
 	}
 

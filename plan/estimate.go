@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -94,6 +95,9 @@ type EtcdCosts struct {
 // bytes, per rewrite where named so).
 type costs struct {
 	cores int
+	// kine: the datastore is SQLite through kine, its window the file's
+	// holders looked at once.
+	kine bool
 	// setup is this process's time from its start to the plan's first
 	// check; checks the preflight's checks of migrate as plan ran them.
 	setup, checks float64
@@ -199,7 +203,10 @@ func estimate(c costs) Estimate {
 	}
 	first := func(s float64) float64 { return max(c.window, checks+s) }
 	window := fmt.Sprintf("the %.0fs liveness window", c.window)
-	if c.window == 0 {
+	switch {
+	case c.kine:
+		window = "no liveness window (a SQLite datastore: no other process holds it open)"
+	case c.window == 0:
 		window = "no liveness window (--allow-live-apiserver)"
 	}
 
@@ -429,6 +436,9 @@ func simulateGuard(c costs, body, tc float64, progressive bool) guardRun {
 	return r
 }
 
+// errNoKineMetrics is why a SQLite datastore's costs are assumed.
+var errNoKineMetrics = errors.New("a SQLite datastore served through kine has no etcd metrics")
+
 // etcdCosts picks the slowest member's costs out of their metrics.
 func etcdCostsOf(ms []etcdscan.MemberMetrics, err error) *EtcdCosts {
 	var out *EtcdCosts
@@ -557,7 +567,10 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 	if sum.WriteSizes != nil {
 		c.sizes = *sum.WriteSizes
 	}
-	if !mo.AllowLiveAPIServer {
+	// On a SQLite datastore the window is the file's holders, looked at
+	// once (guard.StartProbeWatch): no time to wait.
+	c.kine = env.Target.APIServer().OnKine()
+	if !mo.AllowLiveAPIServer && !c.kine {
 		c.window = mo.LivenessWindow.Seconds()
 		if mo.LivenessWindow <= 0 {
 			c.window = liveness.DefaultWindow.Seconds()

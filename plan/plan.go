@@ -164,7 +164,11 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	preflight := len(members) > 0 && p.Proceeds()
 
 	// What etcd reports of its own costs, for the estimate.
-	metrics, merr := etcdscan.Metrics(ctx, env.Client, etcdscan.KubeadmMetricsURL)
+	var metrics []etcdscan.MemberMetrics
+	merr := errNoKineMetrics
+	if !env.Target.APIServer().OnKine() {
+		metrics, merr = etcdscan.Metrics(ctx, env.Client, etcdscan.KubeadmMetricsURL)
+	}
 
 	// The decision over every object, as migrate makes it (a dry run), with
 	// a sample of the stale objects kept for the estimate.

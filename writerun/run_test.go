@@ -88,7 +88,7 @@ func (s *stage) write(ctx context.Context, r *writerun.Run) (writerun.Result, er
 	}
 	s.tl.add("stage")
 	var j *undo.Journal
-	first := &guard.FirstWrite{Watch: watch, Client: s.cli, Snapshot: r.Snapshot(),
+	first := &guard.FirstWrite{Watch: watch, Client: s.cli, Snapshot: r.Snapshot(), Save: r.SaveSnapshot(),
 		Lock: func(ctx context.Context) error {
 			err := r.Lock(ctx)
 			s.tl.add("lock")
@@ -110,7 +110,7 @@ func (s *stage) write(ctx context.Context, r *writerun.Run) (writerun.Result, er
 			j.Close()
 		}
 	}()
-	w := &etcdscan.Writer{Client: s.cli, Observer: journalChecked{s, r.Journal(), watch.Observer()}}
+	w := &etcdscan.Writer{Client: s.cli, Kine: r.Kine(), Observer: journalChecked{s, r.Journal(), watch.Observer()}}
 	for i := range nKeys {
 		if err := first.Open(ctx); err != nil {
 			return res, err
