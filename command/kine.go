@@ -30,6 +30,8 @@ func (o *apiServerOptions) kineDatabase(prov provenance) (db, installer string) 
 type kineServed struct {
 	srv *kinedb.Server
 	dir string
+	// db is the node's database file (srv serves it or its copy).
+	db string
 	// write: the node's file itself is served, for a writing run.
 	write bool
 }
@@ -106,7 +108,7 @@ func serveKine(ctx context.Context, w io.Writer, command, installer, db string, 
 		k.close()
 		return nil, err
 	}
-	k.write = write
+	k.write, k.db = write, db
 	what := installer + "'s SQLite datastore"
 	if installer == "" {
 		what = "the SQLite database"
@@ -119,4 +121,23 @@ func serveKine(ctx context.Context, w io.Writer, command, installer, db string, 
 	cfg.Endpoints = []string{k.srv.Endpoint}
 	cfg.CACert, cfg.Cert, cfg.Key = "", "", ""
 	return k, nil
+}
+
+// kineFlags refuses, on a datastore served through kine (k non-nil), the
+// flags a writing run there does not have: storage version migration
+// requests and records (their writer and snapshot are etcd's), and
+// --compact-history (kine compacts on its own schedule, in k3s).
+func kineFlags(k *kineServed, requested, record, compact bool) error {
+	if k == nil {
+		return nil
+	}
+	for _, f := range []struct {
+		on   bool
+		flag string
+	}{{requested, "--requested"}, {record, "--record"}, {compact, "--compact-history"}} {
+		if f.on {
+			return usageErr("%s: not supported on a SQLite datastore served through kine (%s); nothing was written", f.flag, k.db)
+		}
+	}
+	return nil
 }

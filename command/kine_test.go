@@ -2,12 +2,14 @@ package command
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,4 +91,86 @@ func TestSQLiteSignals(t *testing.T) {
 		t.Errorf("removeKineDirs left %s: %v", k.dir, err)
 	}
 	k.close()
+}
+
+// TestSQLiteWriteRefusals: on a k3s node on SQLite, what a writing run
+// there does not have is refused with one line naming the flag or the
+// process, the datastore unchanged: --compact-history, --requested and
+// --record (usage, exit 2); a process holding the database open (k3s
+// running: exit 1, named); quarantine and restore (exit 1, naming the file).
+func TestSQLiteWriteRefusals(t *testing.T) {
+	root := t.TempDir()
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("write-kubeconfig-mode: \"0644\"\n"))
+	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
+	priv := filepath.Join(t.TempDir(), "kine")
+	if err := os.Mkdir(priv, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kinedb.Serve(context.Background(), kinedb.Config{Database: db, Dir: priv}) // kine's table made, as k3s's first start does
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	before := kineTable(t, db)
+	state := filepath.Join(t.TempDir(), "state")
+	for _, flag := range []string{"--compact-history", "--requested", "--record"} {
+		code, _, stderr := runCLI(t, "migrate", "--node-root", root, "--target-version", "1.37", "--state-dir", state, flag)
+		if want := "error: " + flag + ": not supported on a SQLite datastore served through kine (" + db + ")"; code != exitUsage || !strings.Contains(stderr, want) {
+			t.Errorf("migrate %s on SQLite: exit %d, want %d and %q\n%s", flag, code, exitUsage, want, stderr)
+		}
+	}
+	holder := exec.Command("sh", "-c", `exec 3<"$0"; exec sleep 30`, db)
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if ps, _ := kinedb.Holders(db); len(ps) > 0 {
+			break
+		}
+	}
+	code, _, stderr := runCLI(t, "migrate", "--node-root", root, "--state-dir", state, "--target-version", "1.37")
+	if want := fmt.Sprintf("sleep (pid %d): stop it first", holder.Process.Pid); code != exitError || !strings.Contains(stderr, "kine datastore "+db+" is open in") || !strings.Contains(stderr, want) {
+		t.Errorf("migrate with the datastore held open: exit %d, want %d and %q\n%s", code, exitError, want, stderr)
+	}
+	if after := kineTable(t, db); !slices.Equal(after, before) {
+		t.Errorf("a refused command changed the kine table:\n%q\nwas\n%q", after, before)
+	}
+	if runs, err := os.ReadDir(state); err == nil && len(runs) > 0 {
+		t.Errorf("a refused command left files in the state directory: %v", runs)
+	}
+}
+
+// kineTable is every row of a kine datastore's table, every column, in
+// order: what a command that writes nothing leaves as it was (the file's
+// bytes may change: SQLite folds its write-ahead log into it on opening).
+func kineTable(t *testing.T, db string) []string {
+	t.Helper()
+	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	q, err := d.Query(`SELECT id, name, created, deleted, ifnull(create_revision, -1), ifnull(prev_revision, -1), lease, hex(value), hex(old_value) FROM kine ORDER BY id`)
+	if err != nil {
+		t.Fatalf("%s: %v", db, err)
+	}
+	defer q.Close()
+	var rows []string
+	for q.Next() {
+		var id, created, deleted, crev, prev, lease int64
+		var name, value, old string
+		if err := q.Scan(&id, &name, &created, &deleted, &crev, &prev, &lease, &value, &old); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, fmt.Sprint(id, name, created, deleted, crev, prev, lease, value, old))
+	}
+	if err := q.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) == 0 {
+		t.Fatalf("%s: no row in kine's table", db)
+	}
+	return rows
 }

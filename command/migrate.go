@@ -155,6 +155,9 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 		return err
 	}
 	defer s.close()
+	if err := kineFlags(s.kine, o.requested, o.record, o.space.compactHistory); err != nil {
+		return err
+	}
 	if o.requested {
 		if err := storagemigration.Writable(s.env); err != nil {
 			return usageErr("--requested: %v; nothing was written", err)

@@ -147,6 +147,9 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 	}
 	defer kine.close()
 	defer cli.Close()
+	if err := kineFlags(kine, false, false, o.space.compactHistory); err != nil {
+		return err
+	}
 	rb := &rollbackStage{o: o, cli: cli, kine: kine != nil, prefix: choice.Main.Prefix(), main: &choice.Main, undoes: choice.Undoes, others: others}
 	cfg := (&session{kine: kine}).onKine(o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live))
 	if o.runID != "" {
