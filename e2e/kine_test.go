@@ -137,7 +137,7 @@ func TestK3sSQLite(t *testing.T) {
 	rows := kineRows(t, db)
 
 	// plan proceeds, judging the datastore's room on its own filesystem.
-	if out, stderr, code := runTool(t, append([]string{"plan"}, tool...)...); code != 0 || !strings.Contains(out+stderr, "SQLite has no quota: the datastore "+db) {
+	if out, stderr, code := runTool(t, append([]string{"plan"}, tool...)...); code != 0 || !strings.Contains(out+stderr, "SQLite has no quota: the run keeps the database") || !strings.Contains(out+stderr, "the datastore "+db+" (") {
 		t.Errorf("plan on kine: exit %d, want 0 and the datastore's room named\n%s%s", code, out, stderr)
 	}
 	// migrate writes the node's file through kine: the undo's snapshot a

@@ -192,7 +192,7 @@ func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool, sp
 	}
 	compaction := spell(input.CompactHistory)
 	margin := Margin(quota.Bytes)
-	done := []string{fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin))}
+	done := []string{quota.line(margin)}
 	room := quota.Bytes - margin - st.DBSize + st.Free
 	estimate, how := w.bound, "at most"
 	// With compaction the run goes ahead whatever the writes take (the

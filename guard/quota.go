@@ -21,6 +21,17 @@ type Quota struct {
 	Bytes  int64  `json:"bytes"`  // what the run keeps below; DefaultQuotaBackendBytes when unknown
 	Known  bool   `json:"known"`  // false: no source answered, Bytes is etcd's default
 	Source string `json:"source"` // where Bytes comes from, for the preflight line
+	// SQLite: no quota, but the room a SQLite datastore's file has to grow
+	// in (SQLiteQuota).
+	SQLite bool `json:"sqlite,omitempty"`
+}
+
+// line is the preflight's line of the quota and the margin kept below it.
+func (q Quota) line(margin int64) string {
+	if q.SQLite {
+		return fmt.Sprintf("SQLite has no quota: the run keeps the database %s below the room of %s", textfmt.Bytes(margin), q.Source)
+	}
+	return fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(q.Bytes), q.Source, textfmt.Bytes(margin))
 }
 
 // FindQuota finds etcd's real quota (spell names the operator's inputs in
@@ -285,5 +296,5 @@ func SQLiteQuota(database string) Quota {
 	if err != nil {
 		return Quota{Bytes: DefaultQuotaBackendBytes, Source: fmt.Sprintf("unknown (the free space beside the SQLite datastore %s: %v): assuming etcd's default", database, err)}
 	}
-	return Quota{Bytes: size + free, Known: true, Source: fmt.Sprintf("SQLite has no quota: the datastore %s (%s) and the free space of its filesystem (%s)", database, textfmt.Bytes(size), textfmt.Bytes(free))}
+	return Quota{Bytes: size + free, Known: true, SQLite: true, Source: fmt.Sprintf("%s: the datastore %s (%s) and the free space of its filesystem (%s)", textfmt.Bytes(size+free), database, textfmt.Bytes(size), textfmt.Bytes(free))}
 }

@@ -210,3 +210,33 @@ func TestGuardWritesOnceCompactionFreesRoom(t *testing.T) {
 		t.Fatalf("a read below the revision the report says was compacted (%d): %v, want etcd's compacted error", rep.CompactedAt, err)
 	}
 }
+
+// SQLiteQuota: a SQLite datastore has no quota; what stands for it is the
+// file (with its write-ahead log) and its filesystem's free space, named on
+// the preflight's line.
+func TestSQLiteQuota(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "state.db")
+	if err := os.WriteFile(db, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(db+"-wal", make([]byte, 1024), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	free, err := freeBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := SQLiteQuota(db)
+	// The free space moves with whatever else writes to the filesystem.
+	if !q.SQLite || !q.Known || q.Bytes < 5120+free-(64<<20) || q.Bytes > 5120+free+(64<<20) {
+		t.Errorf("SQLiteQuota: %+v, want about %d (the files and the free space)", q, 5120+free)
+	}
+	if line := q.line(Margin(q.Bytes)); !strings.HasPrefix(line, "SQLite has no quota") || !strings.Contains(line, db+" (5.0 KiB)") {
+		t.Errorf("line: %q", line)
+	}
+	missing := SQLiteQuota(filepath.Join(dir, "gone", "state.db"))
+	if missing.Known || missing.Bytes != DefaultQuotaBackendBytes || !strings.Contains(missing.Source, "unknown") {
+		t.Errorf("SQLiteQuota of a file in a missing directory: %+v, want etcd's default, unknown", missing)
+	}
+}

@@ -50,7 +50,7 @@ func CheckWriteQuota(ctx context.Context, cli *clientv3.Client, quota Quota, wha
 		return nil, err
 	}
 	margin := Margin(quota.Bytes)
-	done := []string{fmt.Sprintf("etcd's quota: %s, from %s; the run keeps every member's database %s below it", textfmt.Bytes(quota.Bytes), quota.Source, textfmt.Bytes(margin))}
+	done := []string{quota.line(margin)}
 	if room := quota.Bytes - margin - st.DBSize + st.Free; writes > room {
 		return done, &PreflightError{Err: input.Errorf("the %s would add about %s to a %s database (%s of it free), past etcd's %s quota less the %s margin (quota from %s); compact and defragment etcd first ('etcdctl compact', then 'etcdctl defrag' on every member), raise its --quota-backend-bytes, or %s fewer objects at a time (%s, %s)",
 			what, textfmt.Bytes(writes), textfmt.Bytes(st.DBSize), textfmt.Bytes(st.Free), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source, what, input.Namespace, input.Resource)}
