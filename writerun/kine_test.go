@@ -26,29 +26,11 @@ import (
 // makes them.
 func kineCluster(t *testing.T) (*cluster, *kinedb.Server) {
 	t.Helper()
-	dir := t.TempDir()
-	db := filepath.Join(dir, "state.db")
-	if err := os.WriteFile(db, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	priv := filepath.Join(dir, "kine")
-	if err := os.Mkdir(priv, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := kinedb.Serve(context.Background(), kinedb.Config{Database: db, Dir: priv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	srv, cli := testkine.Serve(t)
 	for i := range nKeys {
 		testkine.Create(t, cli, fmt.Sprintf("%s/secrets/ns/s%d", prefix, i), fmt.Sprintf("old %d", i), 0)
 	}
-	return &cluster{cli: cli, stateDir: undo.StateDir(filepath.Join(dir, "state")), log: &bytes.Buffer{}}, srv
+	return &cluster{cli: cli, stateDir: undo.StateDir(filepath.Join(t.TempDir(), "state")), log: &bytes.Buffer{}}, srv
 }
 
 func kineConfig(c *cluster, srv *kinedb.Server) writerun.Config {

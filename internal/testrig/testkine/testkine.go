@@ -21,6 +21,12 @@ import (
 // first start does) in a temporary directory and returns a client of it;
 // both are closed when the test ends.
 func Start(t testing.TB) *clientv3.Client {
+	_, cli := Serve(t)
+	return cli
+}
+
+// Serve is Start, also returning the server (its Database, Others).
+func Serve(t testing.TB) (*kinedb.Server, *clientv3.Client) {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -42,7 +48,7 @@ func Start(t testing.TB) *clientv3.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() }) // before the server's (cleanups run last first)
-	return cli
+	return s, cli
 }
 
 // Lease grants a lease of ttl seconds as kube-apiserver does for an event;
