@@ -288,11 +288,12 @@ func TestDiscoveryRefusals(t *testing.T) {
 	root = t.TempDir()
 	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("write-kubeconfig-mode: \"0644\"\n"))
 	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
-	// quarantine is not built for kine: refused, naming the datastore.
-	code, _, stderr = runCLI(t, "quarantine", "--node-root", root, "--reason", "undecryptable", "--resource", "secrets")
+	// Found and named; an empty file is no k3s datastore (kine's table is
+	// not in it): refused with one line naming it.
+	code, _, stderr = runCLI(t, "inventory", "--node-root", root)
 	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
-	if want := "error: quarantine on k3s's SQLite datastore (" + db + ", through kine) is not supported by this release"; code != exitError || !strings.Contains(stderr, want) || !strings.Contains(stderr, "(SQLite through kine, "+db+")") {
-		t.Errorf("k3s on SQLite: exit %d, want %d and %q\n%s", code, exitError, want, stderr)
+	if want := "error: kine datastore " + db + ": a SQLite database without kine's table"; code != exitError || !strings.Contains(stderr, want) || !strings.Contains(stderr, "(SQLite through kine, "+db+")") {
+		t.Errorf("k3s on SQLite, an empty database: exit %d, want %d and %q\n%s", code, exitError, want, stderr)
 	}
 
 	// kops with etcd-manager's second etcd for Events: found, and that

@@ -2,7 +2,6 @@ package command
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/kinedb"
 )
 
@@ -112,7 +112,7 @@ func TestSQLiteWriteRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	before := kineTable(t, db)
+	before := testkine.Table(t, db)
 	state := filepath.Join(t.TempDir(), "state")
 	for _, flag := range []string{"--compact-history", "--requested", "--record"} {
 		code, _, stderr := runCLI(t, "migrate", "--node-root", root, "--target-version", "1.37", "--state-dir", state, flag)
@@ -134,7 +134,7 @@ func TestSQLiteWriteRefusals(t *testing.T) {
 	if want := fmt.Sprintf("sleep (pid %d): stop it first", holder.Process.Pid); code != exitError || !strings.Contains(stderr, "kine datastore "+db+" is open in") || !strings.Contains(stderr, want) {
 		t.Errorf("migrate with the datastore held open: exit %d, want %d and %q\n%s", code, exitError, want, stderr)
 	}
-	if after := kineTable(t, db); !slices.Equal(after, before) {
+	if after := testkine.Table(t, db); !slices.Equal(after, before) {
 		t.Errorf("a refused command changed the kine table:\n%q\nwas\n%q", after, before)
 	}
 	if runs, err := os.ReadDir(state); err == nil && len(runs) > 0 {
@@ -142,35 +142,50 @@ func TestSQLiteWriteRefusals(t *testing.T) {
 	}
 }
 
-// kineTable is every row of a kine datastore's table, every column, in
-// order: what a command that writes nothing leaves as it was (the file's
-// bytes may change: SQLite folds its write-ahead log into it on opening).
-func kineTable(t *testing.T, db string) []string {
-	t.Helper()
-	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+// TestSQLiteQuarantine: on a k3s node on SQLite, quarantine removes a
+// Secret no key of the configuration decrypts (written through kine as
+// kube-apiserver writes it), and its rollback puts it back, value and
+// lease, from the run's journal.
+func TestSQLiteQuarantine(t *testing.T) {
+	root := t.TempDir()
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("secrets-encryption: true\n"))
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/cred/encryption-config.json", []byte(
+		"apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: ['secrets']\n  providers:\n  - aescbc:\n      keys:\n      - name: key2\n        secret: AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\n"))
+	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
+	priv := filepath.Join(t.TempDir(), "kine")
+	if err := os.Mkdir(priv, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: priv})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	q, err := d.Query(`SELECT id, name, created, deleted, ifnull(create_revision, -1), ifnull(prev_revision, -1), lease, hex(value), hex(old_value) FROM kine ORDER BY id`)
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
-		t.Fatalf("%s: %v", db, err)
-	}
-	defer q.Close()
-	var rows []string
-	for q.Next() {
-		var id, created, deleted, crev, prev, lease int64
-		var name, value, old string
-		if err := q.Scan(&id, &name, &created, &deleted, &crev, &prev, &lease, &value, &old); err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, fmt.Sprint(id, name, created, deleted, crev, prev, lease, value, old))
-	}
-	if err := q.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) == 0 {
-		t.Fatalf("%s: no row in kine's table", db)
+	const key = "/registry/secrets/default/lost"
+	lost := "k8s:enc:aescbc:v1:key9:" + strings.Repeat("\x07", 48) // key9: in no configuration
+	if _, err := c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).Then(clientv3.OpPut(key, lost, clientv3.WithLease(3600))).Commit(); err != nil {
+		t.Fatal(err)
 	}
-	return rows
+	c.Close()
+	s.Close()
+	state := filepath.Join(t.TempDir(), "state")
+	code, out, stderr := runCLI(t, "quarantine", "--node-root", root, "--state-dir", state, "--reason", "undecryptable", "--resource", "secrets")
+	if code != exitOK || !strings.Contains(out+stderr, "no other process holds the SQLite datastore "+db+" open") {
+		t.Fatalf("quarantine on SQLite: exit %d, want 0 and the datastore's holders checked\n%s%s", code, out, stderr)
+	}
+	if v, ok := testkine.Latest(t, db)[key]; ok {
+		t.Fatalf("after quarantine, %s is still there: %s", key, v)
+	}
+	code, out, stderr = runCLI(t, "rollback", "--node-root", root, "--state-dir", state, "--run", "0001-quarantine")
+	if code != exitOK {
+		t.Fatalf("rollback of the quarantine on SQLite: exit %d\n%s%s", code, out, stderr)
+	}
+	if got, want := testkine.Latest(t, db)[key], fmt.Sprintf("lease 3600, value %X", lost); got != want {
+		t.Errorf("after the rollback, %s: %.80q, want %.80q", key, got, want)
+	}
 }

@@ -110,12 +110,13 @@ func cmdQuarantine(c *cli.Context) error {
 // runQuarantine is the quarantine command, its options validated.
 func (o *quarantineOptions) runQuarantine(ctx context.Context) error {
 	ios := o.scan.io
+	o.scan.writes = !o.dryRun
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	cfg := o.undo.runConfig(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live)
+	cfg := s.onKine(o.undo.runConfig(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live))
 	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
 		res, err := o.quarantineStage(ctx, s, r)
 		var removed int64
@@ -139,6 +140,7 @@ func (o *quarantineOptions) quarantineStage(ctx context.Context, s *session, r *
 		DryRun:             o.dryRun,
 		Journal:            r.Journal(),
 		Snapshot:           r.Snapshot(),
+		SaveSnapshot:       r.SaveSnapshot(),
 		Lock:               r.Lock,
 		OnPreflight:        func(lines []string) error { return r.Record("", lines) },
 		Watch:              r.MainWatch(),

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
-	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -15,10 +13,9 @@ import (
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/internal/testrig/everyresource"
+	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/verify"
-
-	_ "modernc.org/sqlite" // database/sql's "sqlite": the kine table read as it is
 )
 
 // k3sSQLiteNode lays out a k3s server node under root as k3s v1.37 does
@@ -134,7 +131,7 @@ func TestK3sSQLite(t *testing.T) {
 	if after := fileSum(t, db); before != after {
 		t.Error("the read-only commands changed the node's SQLite database")
 	}
-	rows := kineRows(t, db)
+	rows := testkine.Latest(t, db)
 
 	// plan proceeds, judging the datastore's room on its own filesystem.
 	if out, stderr, code := runTool(t, append([]string{"plan"}, tool...)...); code != 0 || !strings.Contains(out+stderr, "SQLite has no quota: the run keeps the database") || !strings.Contains(out+stderr, "the datastore "+db+" (") {
@@ -161,7 +158,7 @@ func TestK3sSQLite(t *testing.T) {
 	if out, stderr, code := runTool(t, "rollback", "--node-root", root, "--run", "0001-migrate"); code != 0 {
 		t.Fatalf("rollback --run 0001-migrate on kine: exit %d\n%s%s", code, out, stderr)
 	}
-	if got := kineRows(t, db); !maps.Equal(got, rows) {
+	if got := testkine.Latest(t, db); !maps.Equal(got, rows) {
 		for k, v := range rows {
 			if got[k] != v {
 				t.Errorf("after the rollback, %s: %.60q, want %.60q", k, got[k], v)
@@ -216,35 +213,4 @@ func TestK3sSQLite(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "migrate of "+backup+", a SQLite database") {
 		t.Errorf("migrate of the SQLite backup: exit %d, want 1 and a refusal naming it\n%s", code, stderr)
 	}
-}
-
-// kineRows is every key of a kine datastore as kube-apiserver reads it: its
-// latest row (kine appends one per write), unless that row deletes it, as
-// its lease and value.
-func kineRows(t *testing.T, db string) map[string]string {
-	t.Helper()
-	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	q, err := d.Query(`SELECT k.name, k.lease, k.value FROM kine k JOIN (SELECT name, MAX(id) AS id FROM kine GROUP BY name) m ON k.id = m.id WHERE k.deleted = 0`)
-	if err != nil {
-		t.Fatalf("%s: %v", db, err)
-	}
-	defer q.Close()
-	rows := map[string]string{}
-	for q.Next() {
-		var name string
-		var lease int64
-		var value []byte
-		if err := q.Scan(&name, &lease, &value); err != nil {
-			t.Fatal(err)
-		}
-		rows[name] = fmt.Sprintf("lease %d, value %x", lease, value)
-	}
-	if err := q.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return rows
 }

@@ -135,6 +135,9 @@ type Options struct {
 	Journal string
 	// Snapshot, when set, is where an etcd snapshot is saved before the first removal.
 	Snapshot string
+	// SaveSnapshot, when set, saves Snapshot instead of etcd's own
+	// snapshot (guard.FirstWrite's Save: a SQLite datastore's copy).
+	SaveSnapshot func(ctx context.Context, path string) (undo.FileSum, error)
 	// OnPreflight, when set, is given the checks passed before the first
 	// removal (the run directory's plan); an error stops the run.
 	OnPreflight func(checks []string) error
@@ -353,7 +356,7 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Result, error) 
 			return res.finish(), err
 		}
 		defer journal.Close()
-		w = guard.EtcdStore{Writer: &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, Observer: watch.Observer()}}
+		w = guard.EtcdStore{Writer: &etcdscan.Writer{Client: env.Client, MaxOps: opts.BatchOps, Observer: watch.Observer(), Kine: env.Target.APIServer().OnKine()}}
 	}
 	// Pass 2: journal and remove, a batch at a time.
 	batch := opts.BatchOps
@@ -421,7 +424,7 @@ func beforeFirstRemoval(ctx context.Context, env *pipeline.Env, opts Options, wa
 		res.Preflight = append(res.Preflight, "etcd's data directory on this host: "+space.Etcd.Source+"; its growth is not counted")
 	}
 	var journal *undo.Journal
-	first := &guard.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Lock: opts.Lock, Then: func(line string) error {
+	first := &guard.FirstWrite{Watch: watch, Client: env.Client, Snapshot: opts.Snapshot, Save: opts.SaveSnapshot, Lock: opts.Lock, Then: func(line string) error {
 		if line != "" {
 			res.Preflight = append(res.Preflight, line)
 		}

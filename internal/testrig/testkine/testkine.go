@@ -7,6 +7,8 @@ package testkine
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -130,4 +132,66 @@ func Get(t testing.TB, cli *clientv3.Client, key string) *clientv3.GetResponse {
 		t.Fatal(err)
 	}
 	return resp
+}
+
+// Latest is every key of the kine datastore in the SQLite file db as
+// kube-apiserver reads it: its latest row (kine appends one per write),
+// unless that row deletes it, as its lease and value.
+func Latest(t testing.TB, db string) map[string]string {
+	t.Helper()
+	rows := map[string]string{}
+	query(t, db, `SELECT k.name, k.lease, hex(k.value) FROM kine k JOIN (SELECT name, MAX(id) AS id FROM kine GROUP BY name) m ON k.id = m.id WHERE k.deleted = 0`, func(r *sql.Rows) error {
+		var name, value string
+		var lease int64
+		if err := r.Scan(&name, &lease, &value); err != nil {
+			return err
+		}
+		rows[name] = fmt.Sprintf("lease %d, value %s", lease, value)
+		return nil
+	})
+	return rows
+}
+
+// Table is every row of the kine table in the SQLite file db, every
+// column, in order: what a command that writes nothing leaves as it was
+// (the file's bytes may change: SQLite folds its write-ahead log into it).
+func Table(t testing.TB, db string) []string {
+	t.Helper()
+	var rows []string
+	query(t, db, `SELECT id, name, created, deleted, ifnull(create_revision, -1), ifnull(prev_revision, -1), lease, hex(value), hex(old_value) FROM kine ORDER BY id`, func(r *sql.Rows) error {
+		var id, created, deleted, crev, prev, lease int64
+		var name, value, old string
+		if err := r.Scan(&id, &name, &created, &deleted, &crev, &prev, &lease, &value, &old); err != nil {
+			return err
+		}
+		rows = append(rows, fmt.Sprint(id, name, created, deleted, crev, prev, lease, value, old))
+		return nil
+	})
+	if len(rows) == 0 {
+		t.Fatalf("%s: no row in kine's table", db)
+	}
+	return rows
+}
+
+// query runs q on the SQLite file db, read-only, each row to row.
+func query(t testing.TB, db, q string, row func(*sql.Rows) error) {
+	t.Helper()
+	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	rs, err := d.Query(q)
+	if err != nil {
+		t.Fatalf("%s: %v", db, err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		if err := row(rs); err != nil {
+			t.Fatalf("%s: %v", db, err)
+		}
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatalf("%s: %v", db, err)
+	}
 }
