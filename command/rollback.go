@@ -151,7 +151,7 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 		return err
 	}
 	rb := &rollbackStage{o: o, cli: cli, kine: kine != nil, prefix: choice.Main.Prefix(), main: &choice.Main, undoes: choice.Undoes, others: others}
-	cfg := (&session{kine: kine}).onKine(o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live))
+	cfg := kine.onKine(o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live))
 	if o.runID != "" {
 		cfg.Since = choice.Main.WayBack // the oldest run undone
 	}

@@ -100,11 +100,12 @@ func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client
 	return cfg
 }
 
-// onKine makes cfg the writing run of the SQLite datastore s serves
-// through kine, if it serves one to write: the run's record names the
-// database, not kine's socket (a private directory, gone after the run).
-func (s *session) onKine(cfg writerun.Config) writerun.Config {
-	if k := s.kine.writing(); k != nil {
+// onKine makes cfg the writing run of the SQLite datastore k serves
+// through kine, if it serves one to write (nil: none): the run's record
+// names the database, not kine's socket (a private directory, gone after
+// the run).
+func (k *kineServed) onKine(cfg writerun.Config) writerun.Config {
+	if k := k.writing(); k != nil {
 		cfg.Kine = k
 		cfg.Endpoints = []string{"sqlite://" + k.Database}
 	}

@@ -135,6 +135,11 @@ type Run struct {
 //     *crash.Panic): the watches close, the run's end and exit code are
 //     recorded in etcd (the lock released) and in the run directory (its
 //     state directory released).
+//
+// On a SQLite datastore served through kine (Config.Kine) the same order
+// holds with SQLite's counterparts: the lock is the file's (kinedb's flock,
+// taken when it was served; nothing is recorded in the datastore), the
+// watch is the file's holders, the snapshot a copy of the database.
 func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	r, err := start(ctx, cfg)
 	if err != nil {
@@ -177,14 +182,6 @@ func start(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	r.main = main
 	return r, nil
-}
-
-// KineDatabase is the SQLite file the run writes through kine ("" on etcd).
-func (c Config) KineDatabase() string {
-	if c.Kine == nil {
-		return ""
-	}
-	return c.Kine.Database
 }
 
 // Kine says whether the run writes a SQLite datastore through kine: its
@@ -273,7 +270,7 @@ func (r *Run) Watch(ctx context.Context, cli *clientv3.Client, prefix string) (*
 	var w *guard.Watch
 	var err error
 	if k := r.cfg.Kine; k != nil {
-		w = guard.StartProbeWatch("the SQLite datastore "+r.cfg.KineDatabase(), func() (string, error) {
+		w = guard.StartProbeWatch("the SQLite datastore "+k.Database, func() (string, error) {
 			ps, err := k.Others()
 			var who []string
 			for _, p := range ps {
