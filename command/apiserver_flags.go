@@ -60,6 +60,8 @@ type apiServerOptions struct {
 	// files are on the node.
 	discover     bool
 	snapshotFile bool
+	// named: kube-apiserver's configuration or etcd is named by a flag.
+	named        bool
 	envEndpoints string
 	// found is shared by the copies of the options: the node is looked at
 	// once per command.
@@ -92,9 +94,17 @@ func newAPIServerOptions(c *cli.Context) apiServerOptions {
 		found:         &discovery{},
 		command:       c.Command.Name,
 	}
-	named := o.manifest != "" || o.flagsFile != "" || onCommandLine(c, "endpoints")
-	o.discover = !o.snapshotFile && (!named || o.distribution != "" || o.nodeRootSet)
+	o.named = o.manifest != "" || o.flagsFile != "" || onCommandLine(c, "endpoints")
+	o.discover = !o.snapshotFile && (!o.named || o.distribution != "" || o.nodeRootSet)
 	return o
+}
+
+// liveCluster is for a command whose --snapshot-file is not what it reads
+// as the cluster (restore's backup): the cluster is found on the node as
+// without one.
+func (o *apiServerOptions) liveCluster() {
+	o.snapshotFile = false
+	o.discover = !o.named || o.distribution != "" || o.nodeRootSet
 }
 
 // validate parses --target-version and --distribution, and refuses what

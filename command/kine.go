@@ -72,10 +72,10 @@ func removeKineDirs() {
 // kineReaders are the commands that read a datastore served through kine
 // (a copy of it); kineWriters those that also write it (the node's file
 // itself, in a writing run: writerun.Config.Kine). The others are refused
-// (kineRefusal): restore is not built for kine yet.
+// (kineRefusal).
 var (
-	kineReaders = []string{"verify", "inventory", "inspect", "plan", "migrate", "rollback", "quarantine"}
-	kineWriters = []string{"migrate", "rollback", "quarantine"}
+	kineReaders = []string{"verify", "inventory", "inspect", "plan", "migrate", "rollback", "quarantine", "restore"}
+	kineWriters = []string{"migrate", "rollback", "quarantine", "restore"}
 )
 
 // kineRefusal is the error of a command this release does not run on a
@@ -84,7 +84,7 @@ func kineRefusal(command, installer, db string) error {
 	if installer == "" {
 		return fmt.Errorf("%s of %s, a SQLite database (k3s's or RKE2's datastore through kine), is not supported: a backup is read (verify, inventory, inspect), never written; restore it in place of the node's datastore (k3s stopped) and migrate that (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, db)
 	}
-	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect, plan) and writes it with migrate, rollback and quarantine (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db)
+	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect, plan) and writes it with migrate, rollback, quarantine and restore (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db)
 }
 
 // serveKine serves the SQLite datastore db through kine for command and

@@ -83,6 +83,7 @@ func newRestoreOptions(c *cli.Context) *restoreOptions {
 	// The session is the live etcd's, every resource's (its CRDs, today's
 	// target): the backup is read on its own, and the selectors are restore's.
 	scan.snapshotFile, scan.resources, scan.namespace = "", nil, ""
+	scan.api.liveCluster()
 	return o
 }
 
@@ -138,6 +139,7 @@ func (o *restoreOptions) runRestore(ctx context.Context) error {
 	}
 	defer f.Close()
 	fmt.Fprintf(ios.errOut, "backup %s: %s, revision %d; read in place, read-only\n", f.Info.Path, hashWords(f.Info.Hash), f.Info.Revision)
+	o.scan.writes = !o.dryRun && o.toManifests == ""
 	s, err := openToWrite(ctx, o.scan)
 	if err != nil {
 		return err
@@ -157,7 +159,7 @@ func (o *restoreOptions) runRestore(ctx context.Context) error {
 	if o.toManifests != "" {
 		return o.restoreToManifests(ctx, s, f, backupEnc, backupConf)
 	}
-	cfg := o.undo.runConfig(ios.errOut, "restore", s.cli, s.env.Resolver.Prefix(), o.dryRun, false, o.live)
+	cfg := s.kine.onKine(o.undo.runConfig(ios.errOut, "restore", s.cli, s.env.Resolver.Prefix(), o.dryRun, false, o.live))
 	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
 		writeCtx, cancelWrites := context.WithCancel(context.Background())
 		defer cancelWrites()
@@ -166,7 +168,7 @@ func (o *restoreOptions) runRestore(ctx context.Context) error {
 			BackupEncryption: backupEnc, BackupEncryptionName: backupConf,
 			Select:    o.sel,
 			Overwrite: o.overwrite, AllowDanglingOwners: o.dangling, DryRun: o.dryRun,
-			Journal: wr.Journal(), Snapshot: wr.Snapshot(), Lock: wr.Lock,
+			Journal: wr.Journal(), Snapshot: wr.Snapshot(), SaveSnapshot: wr.SaveSnapshot(), Lock: wr.Lock,
 			OnPreflight: func(lines []string) error {
 				// Said before the first write: what the backup needs (its
 				// keys) and every check passed.

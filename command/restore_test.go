@@ -3,10 +3,13 @@ package command
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,7 +19,9 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/internal/testrig/testcluster"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/internal/testrig/testsnap"
+	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/restore"
 )
 
@@ -100,4 +105,75 @@ func TestRestoreCLI(t *testing.T) {
 		t.Fatalf("rollback: exit %d\n%s%s", code, out, stderr)
 	}
 	c.RequireBack(before)
+}
+
+// TestRestoreIntoSQLite: restore finds the live cluster on the node as
+// every command does (its --snapshot-file is the backup, not the cluster):
+// on a k3s node on SQLite it writes the node's datastore through kine,
+// under today's key, and rollback --run removes what it created; the kine
+// table's other rows are left as they were.
+func TestRestoreIntoSQLite(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.New(t, testetcd.Options{})
+	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	const secret = "correct-horse-battery"
+	c.Put("/registry/namespaces/app", schema.GroupResource{Resource: "namespaces"}, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
+	for _, name := range []string{"a", "b"} {
+		c.Put("/registry/secrets/app/"+name, testcluster.SecretsGR, testcluster.Secret("app", name, secret), "", "", oldCfg)
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, backup); err != nil {
+		t.Fatal(err)
+	}
+	ns, _, _ := c.Get("/registry/namespaces/app")
+
+	// The k3s node: its datastore holds the Namespace, not the Secrets;
+	// its configuration encrypts Secrets with key2.
+	root := t.TempDir()
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("secrets-encryption: true\n"))
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/cred/encryption-config.json", []byte(
+		"apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: ['secrets']\n  providers:\n  - aescbc:\n      keys:\n      - name: key2\n        secret: AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\n  - identity: {}\n"))
+	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
+	priv := filepath.Join(t.TempDir(), "kine")
+	if err := os.Mkdir(priv, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: priv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision("/registry/namespaces/app"), "=", 0)).Then(clientv3.OpPut("/registry/namespaces/app", string(ns))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	kc.Close()
+	s.Close()
+	before := testkine.Latest(t, db)
+
+	state := filepath.Join(t.TempDir(), "state")
+	code, out, stderr := runCLI(t, "restore", "--node-root", root, "--state-dir", state, "--target-version", "1.37",
+		"--snapshot-file", backup, "--backup-encryption-provider-config", oldCfg, "--namespace", "app", "--resource", "secrets")
+	if code != exitOK || !strings.Contains(out, "create 2, overwrite 0, same 0, exists 0") || !strings.Contains(stderr, "writing k3s's SQLite datastore "+db) {
+		t.Fatalf("restore into the SQLite datastore: exit %d\n%s%s", code, out, stderr)
+	}
+	if strings.Contains(out+stderr, secret) {
+		t.Errorf("a decrypted value was printed")
+	}
+	after := testkine.Latest(t, db)
+	for _, name := range []string{"a", "b"} {
+		if v := after["/registry/secrets/app/"+name]; !strings.Contains(v, "value 6B38733A656E633A6165736362633A76313A6B6579323A") { // k8s:enc:aescbc:v1:key2:
+			t.Errorf("restored secret %s: %.80s, want it under today's key2", name, v)
+		}
+	}
+	code, out, stderr = runCLI(t, "rollback", "--node-root", root, "--state-dir", state, "--run", "0001-restore")
+	if code != exitOK {
+		t.Fatalf("rollback --run 0001-restore on SQLite: exit %d\n%s%s", code, out, stderr)
+	}
+	if got := testkine.Latest(t, db); !maps.Equal(got, before) {
+		t.Errorf("after the rollback the datastore holds %d keys, want the %d it held before: %v", len(got), len(before), slices.Collect(maps.Keys(got)))
+	}
 }

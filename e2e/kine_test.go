@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"kube-etcd-migrate/internal/build/modbuild"
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
@@ -70,9 +71,9 @@ func fileSum(t *testing.T, path string) [32]byte {
 // proceeds. migrate writes it through kine (exit 0; verify then exit 0);
 // rollback --run puts back every key of the kine table as it was (value and
 // lease); migrated again, the linked release's kube-apiserver on kine with
-// key2 alone reads every object and a no-op update of each keeps its
-// resourceVersion. A copy of the file (k3s's documented backup) is read as
-// --snapshot-file and never written.
+// key2 alone serves every object as the previous release served it, and a
+// no-op update of each keeps its resourceVersion. A copy of the file (k3s's
+// documented backup) is read as --snapshot-file and never written.
 func TestK3sSQLite(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
@@ -95,6 +96,12 @@ func TestK3sSQLite(t *testing.T) {
 		t.Fatalf("kube-apiserver %s on kine: create one object of every resource: %v", modbuild.PreviousKubernetes, err)
 	}
 	t.Logf("kube-apiserver %s on kine wrote one object of each of %d resource versions", modbuild.PreviousKubernetes, len(res.Objects))
+	// Every object as the previous release serves it, compared with what the
+	// linked release serves after the migration (writes from here on, by a
+	// kube-apiserver itself, show in managedFields at since or later).
+	since := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(since))
+	served := snapshot(t, old.ClientConfig, servedResources(t, old.ClientConfig))
 	old.Stop()
 	srv.Close()
 
@@ -190,6 +197,7 @@ func TestK3sSQLite(t *testing.T) {
 			owned[o.Name] = true
 		}
 	}
+	sameContentEvery(t, linked.ClientConfig, served, owned, true, since)
 	checked := noOpUpdateEvery(t, linked.ClientConfig, owned)
 	n := 0
 	for _, c := range checked {

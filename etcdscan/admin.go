@@ -78,8 +78,11 @@ func Status(ctx context.Context, cli *clientv3.Client) (StatusInfo, error) {
 		if st.Leader != 0 {
 			info.Leader = st.Leader
 		}
-		if st.Header != nil {
+		if st.Header != nil && st.Header.Revision != 0 {
 			info.Revision = max(info.Revision, st.Header.Revision)
+		} else if rev, err := Revision(ctx, cli); err == nil {
+			// kine's Status has no header revision: a count-only read says it.
+			info.Revision = max(info.Revision, rev)
 		}
 		found := false
 		for _, v := range versions {

@@ -104,6 +104,9 @@ type Options struct {
 	// Journal is where the writes are journaled (required unless DryRun);
 	// Snapshot, when set, is where etcd is saved before the first write.
 	Journal, Snapshot string
+	// SaveSnapshot, when set, saves Snapshot instead of etcd's own
+	// snapshot (guard.FirstWrite's Save: a SQLite datastore's copy).
+	SaveSnapshot func(ctx context.Context, path string) (undo.FileSum, error)
 	// Lock is the writing run's lock (guard.FirstWrite.Lock).
 	Lock func(context.Context) error
 	// OnPreflight is given the checks passed before the first write.

@@ -51,7 +51,7 @@ func (r *run) write(ctx context.Context) error {
 		}
 	}
 	watch := r.opts.Watch
-	w := &etcdscan.Writer{Client: r.env.Client, MaxOps: r.opts.BatchOps, Observer: watch.Observer()}
+	w := &etcdscan.Writer{Client: r.env.Client, MaxOps: r.opts.BatchOps, Observer: watch.Observer(), Kine: r.env.Target.APIServer().OnKine()}
 	batch := r.opts.BatchOps
 	if batch <= 0 {
 		batch = etcdscan.DefaultMaxOps
@@ -140,7 +140,7 @@ func (r *run) beforeFirstWrite(ctx context.Context, todo []*candidate) (*undo.Jo
 	}
 	rev := st.Revision
 	var journal *undo.Journal
-	first := &guard.FirstWrite{Watch: r.opts.Watch, Client: r.env.Client, Snapshot: r.opts.Snapshot, Lock: r.opts.Lock, Then: func(line string) error {
+	first := &guard.FirstWrite{Watch: r.opts.Watch, Client: r.env.Client, Snapshot: r.opts.Snapshot, Save: r.opts.SaveSnapshot, Lock: r.opts.Lock, Then: func(line string) error {
 		if line != "" {
 			r.res.Preflight = append(r.res.Preflight, line)
 		}
