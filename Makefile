@@ -1,5 +1,10 @@
 # kube-etcd-migrate. `make demo` and `make test` are the two commands a newcomer needs.
 GO            ?= go
+# Every build, test and benchmark of the tool as the release builds it (internal/build/dist:
+# no cgo), so that what is tested is what ships: kine's SQLite is then modernc.org/sqlite,
+# as in the released binary (with cgo, kine would take mattn/go-sqlite3, a C library the
+# release does not link).
+export CGO_ENABLED := 0
 BIN           := bin/kube-etcd-migrate
 TOOLS         := $(CURDIR)/bin/tools
 STATICCHECK   := $(TOOLS)/staticcheck

@@ -1,7 +1,9 @@
 package command
 
 import (
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,6 +46,28 @@ func TestBinaryLinksNoRig(t *testing.T) {
 	}
 	if linked < 10 {
 		t.Fatalf("go list -deps kube-etcd-migrate named %d of the module's packages; want the tool's whole tree", linked)
+	}
+}
+
+// TestReleaseSQLiteIsPureGo: built as the release builds it (no cgo), the
+// binary serves SQLite through kine with modernc.org/sqlite, the driver the
+// tests run under make (CGO_ENABLED=0), and links no C SQLite
+// (mattn/go-sqlite3, kine's driver with cgo).
+func TestReleaseSQLiteIsPureGo(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "kube-etcd-migrate")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps kube-etcd-migrate: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "modernc.org/sqlite") {
+		t.Error("built without cgo, the binary does not link modernc.org/sqlite")
+	}
+	for _, p := range deps {
+		if strings.HasPrefix(p, "github.com/mattn/go-sqlite3") {
+			t.Errorf("built without cgo, the binary links %s", p)
+		}
 	}
 }
 
