@@ -97,21 +97,9 @@ func TestSQLiteSignals(t *testing.T) {
 // there does not have is refused with one line naming the flag or the
 // process, the datastore unchanged: --compact-history, --requested and
 // --record (usage, exit 2); a process holding the database open (k3s
-// running: exit 1, named); quarantine and restore (exit 1, naming the file).
+// running: exit 1, named).
 func TestSQLiteWriteRefusals(t *testing.T) {
-	root := t.TempDir()
-	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("write-kubeconfig-mode: \"0644\"\n"))
-	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
-	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
-	priv := filepath.Join(t.TempDir(), "kine")
-	if err := os.Mkdir(priv, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	s, err := kinedb.Serve(context.Background(), kinedb.Config{Database: db, Dir: priv}) // kine's table made, as k3s's first start does
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
+	root, db := k3sSQLiteNode(t, "", nil)
 	before := testkine.Table(t, db)
 	state := filepath.Join(t.TempDir(), "state")
 	for _, flag := range []string{"--compact-history", "--requested", "--record"} {
@@ -147,32 +135,11 @@ func TestSQLiteWriteRefusals(t *testing.T) {
 // kube-apiserver writes it), and its rollback puts it back, value and
 // lease, from the run's journal.
 func TestSQLiteQuarantine(t *testing.T) {
-	root := t.TempDir()
-	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("secrets-encryption: true\n"))
-	nodeWrite(t, root, "/var/lib/rancher/k3s/server/cred/encryption-config.json", []byte(
-		"apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: ['secrets']\n  providers:\n  - aescbc:\n      keys:\n      - name: key2\n        secret: AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\n"))
-	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
-	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
-	priv := filepath.Join(t.TempDir(), "kine")
-	if err := os.Mkdir(priv, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	s, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: priv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const key = "/registry/secrets/default/lost"
 	lost := "k8s:enc:aescbc:v1:key9:" + strings.Repeat("\x07", 48) // key9: in no configuration
-	if _, err := c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).Then(clientv3.OpPut(key, lost, clientv3.WithLease(3600))).Commit(); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	s.Close()
+	root, db := k3sSQLiteNode(t, key2Secrets, func(c *clientv3.Client) {
+		testkine.Create(t, c, key, lost, 3600)
+	})
 	state := filepath.Join(t.TempDir(), "state")
 	code, out, stderr := runCLI(t, "quarantine", "--node-root", root, "--state-dir", state, "--reason", "undecryptable", "--resource", "secrets")
 	if code != exitOK || !strings.Contains(out+stderr, "no other process holds the SQLite datastore "+db+" open") {
@@ -188,4 +155,27 @@ func TestSQLiteQuarantine(t *testing.T) {
 	if got, want := testkine.Latest(t, db)[key], fmt.Sprintf("lease 3600, value %X", lost); got != want {
 		t.Errorf("after the rollback, %s: %.80q, want %.80q", key, got, want)
 	}
+}
+
+// key2Secrets is an encryption configuration of Secrets under aescbc key2.
+const key2Secrets = "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: ['secrets']\n  providers:\n  - aescbc:\n      keys:\n      - name: key2\n        secret: AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\n  - identity: {}\n"
+
+// k3sSQLiteNode lays out a k3s server node on SQLite under a new root as
+// k3s lays it out (config.yaml; with encryption, secrets-encryption and its
+// configuration at server/cred/encryption-config.json; the datastore at
+// server/db/state.db, kine's table made in it), seeds the datastore through
+// kine and returns the root and the database file.
+func k3sSQLiteNode(t *testing.T, encryption string, seed func(*clientv3.Client)) (root, db string) {
+	t.Helper()
+	root = t.TempDir()
+	config := "write-kubeconfig-mode: \"0644\"\n"
+	if encryption != "" {
+		config = "secrets-encryption: true\n"
+		nodeWrite(t, root, "/var/lib/rancher/k3s/server/cred/encryption-config.json", []byte(encryption))
+	}
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte(config))
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
+	db = filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
+	testkine.Seed(t, db, seed)
+	return root, db
 }

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +20,6 @@ import (
 	"kube-etcd-migrate/internal/testrig/testetcd"
 	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/internal/testrig/testsnap"
-	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/restore"
 )
 
@@ -32,18 +30,8 @@ import (
 // removes them.
 func TestRestoreCLI(t *testing.T) {
 	ctx := context.Background()
-	c := testcluster.New(t, testetcd.Options{})
-	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c, oldCfg, backup := appBackup(t)
 	newCfg := c.EncryptionConfig("new.yaml", testcluster.AESCBC("key2", 2), testcluster.Identity)
-	const secret = "correct-horse-battery"
-	c.Put("/registry/namespaces/app", schema.GroupResource{Resource: "namespaces"}, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
-	for _, name := range []string{"a", "b"} {
-		c.Put("/registry/secrets/app/"+name, testcluster.SecretsGR, testcluster.Secret("app", name, secret), "", "", oldCfg)
-	}
-	backup := filepath.Join(t.TempDir(), "backup.db")
-	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, backup); err != nil {
-		t.Fatal(err)
-	}
 	good, err := os.ReadFile(backup)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +75,7 @@ func TestRestoreCLI(t *testing.T) {
 	if i := strings.Index(stderr, "preflight: the backup's values read with"); i < 0 || !strings.Contains(stderr[i:], "aescbc:key1") {
 		t.Errorf("the backup's keys not said before the first write:\n%s", stderr)
 	}
-	if strings.Contains(out+stderr, secret) {
+	if strings.Contains(out+stderr, appSecret) {
 		t.Errorf("a decrypted value was printed")
 	}
 	if v, _, _ := c.Get("/registry/secrets/app/a"); !strings.HasPrefix(string(v), "k8s:enc:aescbc:v1:key2:") {
@@ -113,45 +101,14 @@ func TestRestoreCLI(t *testing.T) {
 // under today's key, and rollback --run removes what it created; the kine
 // table's other rows are left as they were.
 func TestRestoreIntoSQLite(t *testing.T) {
-	ctx := context.Background()
-	c := testcluster.New(t, testetcd.Options{})
-	oldCfg := c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
-	const secret = "correct-horse-battery"
-	c.Put("/registry/namespaces/app", schema.GroupResource{Resource: "namespaces"}, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
-	for _, name := range []string{"a", "b"} {
-		c.Put("/registry/secrets/app/"+name, testcluster.SecretsGR, testcluster.Secret("app", name, secret), "", "", oldCfg)
-	}
-	backup := filepath.Join(t.TempDir(), "backup.db")
-	if _, err := etcdscan.SaveSnapshot(ctx, c.Cli, backup); err != nil {
-		t.Fatal(err)
-	}
+	c, oldCfg, backup := appBackup(t)
 	ns, _, _ := c.Get("/registry/namespaces/app")
 
 	// The k3s node: its datastore holds the Namespace, not the Secrets;
 	// its configuration encrypts Secrets with key2.
-	root := t.TempDir()
-	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("secrets-encryption: true\n"))
-	nodeWrite(t, root, "/var/lib/rancher/k3s/server/cred/encryption-config.json", []byte(
-		"apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: ['secrets']\n  providers:\n  - aescbc:\n      keys:\n      - name: key2\n        secret: AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\n  - identity: {}\n"))
-	db := filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
-	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
-	priv := filepath.Join(t.TempDir(), "kine")
-	if err := os.Mkdir(priv, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	s, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: priv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision("/registry/namespaces/app"), "=", 0)).Then(clientv3.OpPut("/registry/namespaces/app", string(ns))).Commit(); err != nil {
-		t.Fatal(err)
-	}
-	kc.Close()
-	s.Close()
+	root, db := k3sSQLiteNode(t, key2Secrets, func(kc *clientv3.Client) {
+		testkine.Create(t, kc, "/registry/namespaces/app", string(ns), 0)
+	})
 	before := testkine.Latest(t, db)
 
 	state := filepath.Join(t.TempDir(), "state")
@@ -160,7 +117,7 @@ func TestRestoreIntoSQLite(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "create 2, overwrite 0, same 0, exists 0") || !strings.Contains(stderr, "writing k3s's SQLite datastore "+db) {
 		t.Fatalf("restore into the SQLite datastore: exit %d\n%s%s", code, out, stderr)
 	}
-	if strings.Contains(out+stderr, secret) {
+	if strings.Contains(out+stderr, appSecret) {
 		t.Errorf("a decrypted value was printed")
 	}
 	after := testkine.Latest(t, db)
@@ -176,4 +133,24 @@ func TestRestoreIntoSQLite(t *testing.T) {
 	if got := testkine.Latest(t, db); !maps.Equal(got, before) {
 		t.Errorf("after the rollback the datastore holds %d keys, want the %d it held before: %v", len(got), len(before), slices.Collect(maps.Keys(got)))
 	}
+}
+
+// appSecret is the value of the Secrets of appBackup.
+const appSecret = "correct-horse-battery"
+
+// appBackup is an etcd with the Namespace app and its Secrets a and b
+// (appSecret) under aescbc key1 (oldCfg), and its backup (etcd's snapshot).
+func appBackup(t *testing.T) (c *testcluster.Cluster, oldCfg, backup string) {
+	t.Helper()
+	c = testcluster.New(t, testetcd.Options{})
+	oldCfg = c.EncryptionConfig("old.yaml", testcluster.AESCBC("key1", 1), testcluster.Identity)
+	c.Put("/registry/namespaces/app", schema.GroupResource{Resource: "namespaces"}, &api.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", UID: "uid-app"}}, "", "", "")
+	for _, name := range []string{"a", "b"} {
+		c.Put("/registry/secrets/app/"+name, testcluster.SecretsGR, testcluster.Secret("app", name, appSecret), "", "", oldCfg)
+	}
+	backup = filepath.Join(t.TempDir(), "backup.db")
+	if _, err := etcdscan.SaveSnapshot(context.Background(), c.Cli, backup); err != nil {
+		t.Fatal(err)
+	}
+	return c, oldCfg, backup
 }

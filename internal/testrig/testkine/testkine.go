@@ -53,6 +53,36 @@ func Serve(t testing.TB) (*kinedb.Server, *clientv3.Client) {
 	return s, cli
 }
 
+// Seed serves the SQLite file db (made empty when it does not exist:
+// kine makes its table in it, as k3s's first start does), hands a client
+// of it to seed, and closes both: the file is then free for a command to
+// serve (kinedb locks it while it serves it writable).
+func Seed(t testing.TB, db string, seed func(cli *clientv3.Client)) {
+	t.Helper()
+	if _, err := os.Stat(db); os.IsNotExist(err) {
+		if err := os.WriteFile(db, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	priv := filepath.Join(t.TempDir(), "kine")
+	if err := os.Mkdir(priv, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kinedb.Serve(context.Background(), kinedb.Config{Database: db, Dir: priv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if seed != nil {
+		seed(cli)
+	}
+}
+
 // Lease grants a lease of ttl seconds as kube-apiserver does for an event;
 // on kine its ID is the TTL.
 func Lease(t testing.TB, cli *clientv3.Client, ttl int64) int64 {
