@@ -2,11 +2,8 @@ package kinedb
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"syscall"
 
@@ -66,38 +63,6 @@ func register(g *grpc.Server, b *server.KVServerBridge) {
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
-}
-
-// Sum is a file's size and sha256.
-type Sum struct {
-	Bytes  int64
-	SHA256 string
-}
-
-// Snapshot writes a consistent copy of the database served to path (which
-// must not exist) with VACUUM INTO, while kine serves it, and returns its
-// size and sha256: a writing run's undo, restored by putting it in place
-// of the node's file with k3s stopped.
-func (s *Server) Snapshot(ctx context.Context, path string) (Sum, error) {
-	if err := Copy(ctx, s.Database, path); err != nil {
-		return Sum{}, err
-	}
-	return FileSum(path)
-}
-
-// FileSum is the size and sha256 of the file at path.
-func FileSum(path string) (Sum, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return Sum{}, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return Sum{}, fmt.Errorf("%s: %w", path, err)
-	}
-	return Sum{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
 // Others are the processes other than this one holding the served

@@ -73,9 +73,11 @@ type Checked struct {
 // it. An error of the journals' verification is returned as CheckUndo
 // gives it (an *undo.PluginStopError when a KMS plugin stopped).
 func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked, error) {
-	quota := guard.FindQuota(ctx, cli, cfg.Manifest, cfg.QuotaBackendBytes, cfg.Spell)
+	var quota guard.Quota
 	if cfg.KineDatabase != "" {
 		quota = guard.SQLiteQuota(cfg.KineDatabase)
+	} else {
+		quota = guard.FindQuota(ctx, cli, cfg.Manifest, cfg.QuotaBackendBytes, cfg.Spell)
 	}
 	opts := undo.UndoOptions{CheckOptions: undo.CheckOptions{Prefix: cfg.Prefix}, WayBack: cfg.WayBack}
 	if cfg.Encryption != nil {

@@ -14,6 +14,7 @@ import (
 	"kube-etcd-migrate/internal/crash"
 	"kube-etcd-migrate/internal/input"
 	"kube-etcd-migrate/kinedb"
+	"kube-etcd-migrate/snapshotdb"
 	"kube-etcd-migrate/undo"
 )
 
@@ -190,15 +191,18 @@ func (r *Run) Kine() bool { return r.cfg.Kine != nil }
 
 // SaveSnapshot is how the run's snapshot is saved (guard.FirstWrite's
 // Save): nil for etcd's own snapshot; on kine, a consistent copy of the
-// database with its sum.
+// database (kinedb.Copy, while kine serves it) with its sum.
 func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSum, error) {
 	k := r.cfg.Kine
 	if k == nil {
 		return nil
 	}
 	return func(ctx context.Context, path string) (undo.FileSum, error) {
-		sum, err := k.Snapshot(ctx, path)
-		return undo.FileSum{Bytes: sum.Bytes, SHA256: sum.SHA256}, err
+		if err := kinedb.Copy(ctx, k.Database, path); err != nil {
+			return undo.FileSum{}, err
+		}
+		d, err := snapshotdb.Digest(path)
+		return undo.FileSum{Bytes: d.Size, SHA256: d.SHA256}, err
 	}
 }
 

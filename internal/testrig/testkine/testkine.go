@@ -30,25 +30,12 @@ func Start(t testing.TB) *clientv3.Client {
 // Serve is Start, also returning the server (its Database, Others).
 func Serve(t testing.TB) (*kinedb.Server, *clientv3.Client) {
 	t.Helper()
-	ctx := context.Background()
-	dir := t.TempDir()
-	db := filepath.Join(dir, "state.db")
+	db := filepath.Join(t.TempDir(), "state.db")
 	if err := os.WriteFile(db, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	priv := filepath.Join(dir, "kine")
-	if err := os.Mkdir(priv, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	s, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: priv})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, cli := open(t, db)
 	t.Cleanup(func() { s.Close() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { cli.Close() }) // before the server's (cleanups run last first)
 	return s, cli
 }
@@ -64,6 +51,18 @@ func Seed(t testing.TB, db string, seed func(cli *clientv3.Client)) {
 			t.Fatal(err)
 		}
 	}
+	s, cli := open(t, db)
+	defer s.Close()
+	defer cli.Close()
+	if seed != nil {
+		seed(cli)
+	}
+}
+
+// open serves db writable, from a private directory of the test's, and
+// connects a client to it.
+func open(t testing.TB, db string) (*kinedb.Server, *clientv3.Client) {
+	t.Helper()
 	priv := filepath.Join(t.TempDir(), "kine")
 	if err := os.Mkdir(priv, 0o700); err != nil {
 		t.Fatal(err)
@@ -72,15 +71,12 @@ func Seed(t testing.TB, db string, seed func(cli *clientv3.Client)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
+		s.Close()
 		t.Fatal(err)
 	}
-	defer cli.Close()
-	if seed != nil {
-		seed(cli)
-	}
+	return s, cli
 }
 
 // Lease grants a lease of ttl seconds as kube-apiserver does for an event;
