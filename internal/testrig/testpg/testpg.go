@@ -1,0 +1,269 @@
+// Package testpg runs a real PostgreSQL server for a test — Debian's
+// postgresql package, its binaries under /usr/lib/postgresql/VERSION/bin,
+// the highest version installed — as k3s and RKE2 use one for their
+// datastore (datastore-endpoint: postgres://...): a fresh cluster made with
+// initdb in a private temporary directory, its server listening only on a
+// unix socket in that directory (no TCP port, so tests in parallel never
+// collide), run as an unprivileged user (the postgres user when the test
+// runs as root: initdb and postgres refuse root), tuned for speed over
+// durability (fsync off), and stopped when the test ends. Start makes a
+// database and a role with a password that owns it, and returns a DSN of
+// them that kine's pgsql driver takes. Without PostgreSQL installed the
+// test fails, saying what to install: it is not skipped.
+package testpg
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Database and Role are what Start makes: the database k3s would keep
+// the cluster in, and the role (with a password) that owns it.
+const (
+	Database = "kine"
+	Role     = "k3s"
+)
+
+// Superuser is the cluster's superuser, which connects without a password
+// (trust) over the socket; every other role gives its password.
+const Superuser = "postgres"
+
+// Start starts a PostgreSQL server for the test and returns a DSN of
+// Database as Role, with Role's password:
+// postgres://k3s:PASSWORD@/kine?host=SOCKETDIR&sslmode=disable.
+func Start(t testing.TB) string {
+	t.Helper()
+	s := start(t)
+	return s.DSN(Role, s.password, Database)
+}
+
+// SuperuserDSN is a DSN of database db on the server of dsn (one Start
+// returned), as the superuser: for a test to make or drop databases, or to
+// look at the server as its administrator.
+func SuperuserDSN(t testing.TB, dsn, db string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(Superuser)
+	u.Path = "/" + db
+	return u.String()
+}
+
+// Exec runs sql on dsn's database as dsn's user.
+func Exec(t testing.TB, dsn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connecting to PostgreSQL: %v", err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// server is one running PostgreSQL server.
+type server struct {
+	sockDir  string
+	password string
+}
+
+// DSN is a DSN of db as role (with password when not "") on the socket.
+func (s *server) DSN(role, password, db string) string {
+	u := url.URL{Scheme: "postgres", Path: "/" + db, RawQuery: url.Values{"host": {s.sockDir}, "sslmode": {"disable"}}.Encode()}
+	if password != "" {
+		u.User = url.UserPassword(role, password)
+	} else {
+		u.User = url.User(role)
+	}
+	return u.String()
+}
+
+// Bin is the directory of the highest PostgreSQL version installed from
+// Debian's packages; the test fails when there is none.
+func Bin(t testing.TB) string {
+	t.Helper()
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	type v struct {
+		dir string
+		n   []int
+	}
+	var vs []v
+	for _, f := range found {
+		dir := filepath.Dir(f)
+		var n []int
+		for _, p := range strings.Split(filepath.Base(filepath.Dir(dir)), ".") {
+			i, err := strconv.Atoi(p)
+			if err != nil {
+				n = nil
+				break
+			}
+			n = append(n, i)
+		}
+		if n == nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err != nil {
+			continue
+		}
+		vs = append(vs, v{dir, n})
+	}
+	if len(vs) == 0 {
+		t.Fatal("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/postgres with its initdb): install Debian's postgresql package (apt-get install postgresql); the tests of a PostgreSQL datastore run a real server")
+	}
+	sort.Slice(vs, func(i, j int) bool {
+		a, b := vs[i].n, vs[j].n
+		for k := 0; k < len(a) && k < len(b); k++ {
+			if a[k] != b[k] {
+				return a[k] > b[k]
+			}
+		}
+		return len(a) > len(b)
+	})
+	return vs[0].dir
+}
+
+// runAs is who runs initdb and postgres: the postgres user when the test
+// runs as root (they refuse root), else the test's own user (nil).
+func runAs(t testing.TB) *syscall.Credential {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		t.Fatalf("the tests run as root, and PostgreSQL refuses root: they run it as the postgres user, which does not exist (%v): install Debian's postgresql package", err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
+}
+
+func start(t testing.TB) *server {
+	t.Helper()
+	bin := Bin(t)
+	cred := runAs(t)
+	// Not t.TempDir: its parents are the test process's, 0700, which the
+	// postgres user cannot traverse.
+	dir, err := os.MkdirTemp("", "testpg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	data, sock := filepath.Join(dir, "data"), filepath.Join(dir, "sock")
+	if err := os.Mkdir(sock, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		for _, d := range []string{dir, sock} {
+			if err := os.Chown(d, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	password := "pw-" + random(t)
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", Superuser,
+		"-E", "UTF8", "--locale=C", "--no-sync", "--auth-local=trust", "--auth-host=reject")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	// The superuser without a password, every other role with its own
+	// (scram-sha-256, PostgreSQL's default), over the socket only.
+	hba := "local all " + Superuser + " trust\nlocal all all scram-sha-256\n"
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		if err := os.Chown(filepath.Join(data, "pg_hba.conf"), int(cred.Uid), int(cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var log bytes.Buffer
+	pg := exec.Command(filepath.Join(bin, "postgres"), "-D", data,
+		"-c", "listen_addresses=",
+		"-c", "unix_socket_directories="+sock,
+		"-c", "fsync=off",
+		"-c", "synchronous_commit=off",
+		"-c", "full_page_writes=off",
+		"-c", "shared_buffers=16MB",
+		"-c", "max_connections=50",
+		"-c", "logging_collector=off",
+		"-c", "log_min_messages=warning",
+	)
+	pg.Dir = dir
+	pg.Stdout, pg.Stderr = &log, &log
+	pg.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := pg.Start(); err != nil {
+		t.Fatalf("starting postgres: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { pg.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		// Fast shutdown: the sessions are ended, the server exits.
+		pg.Process.Signal(syscall.SIGINT)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			pg.Process.Kill()
+			<-exited
+		}
+	})
+	s := &server{sockDir: sock, password: password}
+	super := s.DSN(Superuser, "", "postgres")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var conn *pgx.Conn
+	for {
+		conn, err = pgx.Connect(ctx, super)
+		if err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("postgres exited: %v\n%s", pg.ProcessState, log.String())
+		case <-ctx.Done():
+			t.Fatalf("postgres does not accept connections: %v\n%s", err, log.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", Role, password),
+		fmt.Sprintf("CREATE DATABASE %s OWNER %s", Database, Role),
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", strings.ReplaceAll(q, password, "xxxxx"), err)
+		}
+	}
+	return s
+}
+
+func random(t testing.TB) string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
