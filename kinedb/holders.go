@@ -10,14 +10,32 @@ import (
 	"strings"
 )
 
-// Process is a process holding a file open.
+// Process is a process holding a SQLite file open, or a session on a
+// PostgreSQL database (Session).
 type Process struct {
 	PID int
 	// Command is its name (/proc/PID/comm), e.g. "k3s-server".
 	Command string
+
+	// Session: a PostgreSQL session, PID its server process's (the
+	// database server's host), with its User, Application (its
+	// application_name) and Client (address:port, when connected over TCP
+	// and visible to the tool's role).
+	Session                   bool
+	User, Application, Client string
 }
 
 func (p Process) String() string {
+	if p.Session {
+		s := fmt.Sprintf("session %d of user %q", p.PID, p.User)
+		if p.Application != "" {
+			s += fmt.Sprintf(" (application %q)", p.Application)
+		}
+		if p.Client != "" {
+			s += " from " + p.Client
+		}
+		return s
+	}
 	if p.Command == "" {
 		return fmt.Sprintf("process %d", p.PID)
 	}

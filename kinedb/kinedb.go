@@ -1,13 +1,21 @@
 // Package kinedb serves a k3s or RKE2 datastore kept in SQLite (k3s's
-// default: DATA/server/db/state.db) through kine — the library k3s itself
+// default: DATA/server/db/state.db) or in PostgreSQL (k3s's
+// datastore-endpoint postgres://...) through kine — the library k3s itself
 // runs in front of it — inside the tool's process, on a unix socket in a
 // private directory, so every stage reaches it with the same etcd client it
-// uses for etcd. It is served only while no other process holds the
-// database open (a running k3s is refused, named by its process), and, for
-// a command that only reads, from a consistent copy made with SQLite's own
-// VACUUM INTO: kine changes the database it opens (it deletes keys whose
-// TTL has run out, checkpoints the write-ahead log, vacuums), which a
-// read-only command must not do to the node's datastore.
+// uses for etcd.
+//
+// A SQLite file is served only while no other process holds it open (a
+// running k3s is refused, named by its process), and, for a command that
+// only reads, from a consistent copy made with SQLite's own VACUUM INTO:
+// kine changes the database it opens (it deletes keys whose TTL has run
+// out, checkpoints the write-ahead log, vacuums), which a read-only command
+// must not do to the node's datastore.
+//
+// A PostgreSQL database is served itself, kine's backend not started, so
+// that nothing is written but the tool's own writes (servePG); for a
+// writing run, under an advisory lock every host sees (PGLockKey) and only
+// while no other session is on the database (k3s's servers stopped).
 package kinedb
 
 import (
@@ -40,17 +48,30 @@ const KineVersion = "v0.17.5"
 // own default (its kine-server flag --emulated-etcd-version).
 const emulatedEtcdVersion = "3.6.11"
 
-// Config says which database to serve and how.
+// Config says which database to serve and how: exactly one of Database
+// and DSN.
 type Config struct {
 	// Database is the SQLite file k3s or RKE2 keeps the cluster in.
 	Database string
+	// DSN is the PostgreSQL database k3s or RKE2 keeps the cluster in, as
+	// their datastore-endpoint gives it: postgres://USER:PASSWORD@HOST:PORT/DB?PARAMS
+	// (or postgresql://). Its password appears in no error nor name.
+	DSN string
+	// CAFile, CertFile and KeyFile are k3s's datastore-cafile, -certfile and
+	// -keyfile for a PostgreSQL DSN, handed to kine as it does (sslrootcert,
+	// sslcert, sslkey; sslmode verify-full unless the DSN sets it).
+	CAFile, CertFile, KeyFile string
 	// Dir is a private directory (0700) for the socket and, when ReadOnly,
 	// the copy; the caller removes it.
 	Dir string
-	// ReadOnly serves a copy of Database made when Serve is called: nothing
-	// the tool or kine does reaches the node's file. Otherwise (a writing
-	// run) the file itself is served, under an exclusive flock(2) held until
-	// Close: a second tool's writing run on it is refused at once.
+	// ReadOnly, on SQLite, serves a copy of Database made when Serve is
+	// called: nothing the tool or kine does reaches the node's file.
+	// Otherwise (a writing run) the file itself is served, under an
+	// exclusive flock(2) held until Close: a second tool's writing run on it
+	// is refused at once. On PostgreSQL the database itself is served
+	// either way, nothing written but what is written through kine; a
+	// writing run (not ReadOnly) holds its advisory lock and is refused
+	// while another session is on the database.
 	ReadOnly bool
 }
 
@@ -58,26 +79,63 @@ type Config struct {
 type Server struct {
 	// Endpoint is the etcd client endpoint: unix://DIR/kine.sock.
 	Endpoint string
-	// Database is the file served (the node's, or its copy when ReadOnly).
+	// Database is the SQLite file served (the node's, or its copy when
+	// ReadOnly); "" on PostgreSQL.
 	Database string
 
-	lock   *os.File // the node's file, flock'd, for a writable serve
+	name   string     // Name's
+	what   string     // "SQLite" or "PostgreSQL"
+	lock   *os.File   // the node's SQLite file, flock'd, for a writable serve
+	pg     *pgSession // on PostgreSQL, a writable serve's lock and look-out
 	grpc   *grpc.Server
 	cancel context.CancelFunc
 	wg     *sync.WaitGroup
 	once   sync.Once
 }
 
-// NotFoundError: the database file does not exist.
-type NotFoundError struct{ Database string }
+// Name names the datastore served, for messages (no secret in it): "the
+// SQLite datastore /var/lib/rancher/k3s/server/db/state.db" (the node's
+// file, also when a copy is served), "the PostgreSQL datastore k3s on
+// db.example:5433" (the port when not 5432; a unix socket's directory as
+// its host).
+func (s *Server) Name() string { return s.name }
+
+// SQLite says whether the datastore served is a SQLite file (else a
+// PostgreSQL database).
+func (s *Server) SQLite() bool { return s.what == "SQLite" }
+
+// NotFoundError: the datastore does not exist — no SQLite file, no
+// PostgreSQL database or no kine table in it — where kine would make a new,
+// empty one.
+type NotFoundError struct {
+	// Database is the SQLite file ("" on PostgreSQL).
+	Database string
+	// Datastore (Server.Name's) and Problem, on PostgreSQL.
+	Datastore, Problem string
+}
 
 func (e *NotFoundError) Error() string {
+	if e.Datastore != "" {
+		return fmt.Sprintf("%s: %s", e.Datastore, e.Problem)
+	}
 	return fmt.Sprintf("kine datastore %s: no such file", e.Database)
 }
 
-// Serve checks that no process holds cfg.Database open, then serves it (or
-// its copy) through kine. ctx bounds the start only; Close stops it.
+// Serve serves cfg's datastore through kine: a SQLite file once it has
+// checked that no process holds it open (the file, or its copy when
+// ReadOnly), a PostgreSQL database (servePG) once it has checked that it is
+// kine's. ctx bounds the start only; Close stops it.
 func Serve(ctx context.Context, cfg Config) (*Server, error) {
+	switch {
+	case cfg.Database != "" && cfg.DSN != "":
+		return nil, errors.New("kine datastore: both a SQLite file and a PostgreSQL DSN given: one datastore at a time")
+	case cfg.DSN != "":
+		return servePG(ctx, cfg)
+	case cfg.Database == "":
+		return nil, errors.New("kine datastore: neither a SQLite file nor a PostgreSQL DSN given")
+	case cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "":
+		return nil, fmt.Errorf("kine datastore %s: TLS files are for a PostgreSQL datastore, not a SQLite file", cfg.Database)
+	}
 	if _, err := os.Stat(cfg.Database); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, &NotFoundError{Database: cfg.Database}
@@ -89,7 +147,7 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if len(holders) > 0 {
-		return nil, &InUseError{Database: cfg.Database, Holders: holders}
+		return nil, &InUseError{Database: cfg.Database, Datastore: "the SQLite datastore " + cfg.Database, Holders: holders}
 	}
 	served := cfg.Database
 	var lock *os.File
@@ -107,7 +165,7 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	quietKine()
 	bctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
-	s := &Server{cancel: cancel, wg: wg, lock: lock, Database: served}
+	s := &Server{cancel: cancel, wg: wg, lock: lock, Database: served, name: "the SQLite datastore " + cfg.Database, what: "SQLite"}
 	ok := false
 	defer func() {
 		if !ok {
@@ -133,26 +191,35 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	if err := backend.Start(bctx); err != nil {
 		return nil, fmt.Errorf("kine datastore %s: starting kine: %w", cfg.Database, err)
 	}
-	sock := filepath.Join(cfg.Dir, "kine.sock")
-	var lc net.ListenConfig
-	l, err := lc.Listen(ctx, "unix", sock)
-	if err != nil {
-		return nil, fmt.Errorf("kine datastore %s: socket: %w", cfg.Database, err)
+	if err := s.listen(ctx, cfg.Dir, backend); err != nil {
+		return nil, err
 	}
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(2*1024*1024*1024-1), grpc.MaxSendMsgSize(2*1024*1024*1024-1))
-	register(s.grpc, server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = s.grpc.Serve(l)
-	}()
-	s.Endpoint = "unix://" + sock
 	ok = true
 	return s, nil
 }
 
+// listen serves kine's etcd API for backend on DIR/kine.sock (Endpoint).
+func (s *Server) listen(ctx context.Context, dir string, backend server.Backend) error {
+	sock := filepath.Join(dir, "kine.sock")
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "unix", sock)
+	if err != nil {
+		return fmt.Errorf("%s: kine's socket: %w", s.name, err)
+	}
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(2*1024*1024*1024-1), grpc.MaxSendMsgSize(2*1024*1024*1024-1))
+	register(s.grpc, server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion), s.what)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = s.grpc.Serve(l)
+	}()
+	s.Endpoint = "unix://" + sock
+	return nil
+}
+
 // Close stops kine and waits for its goroutines, the one that closes the
-// database among them.
+// database among them; then it releases the lock (the flock, or the
+// PostgreSQL session holding the advisory lock).
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		if s.grpc != nil {
@@ -164,6 +231,9 @@ func (s *Server) Close() error {
 		s.wg.Wait()
 		if s.lock != nil {
 			s.lock.Close() // its flock with it
+		}
+		if s.pg != nil {
+			s.pg.close() // its advisory lock with it
 		}
 	})
 	return nil
@@ -233,16 +303,25 @@ func IsSQLite(path string) bool {
 	return string(b) == sqliteHeader
 }
 
-// InUseError: a process holds the database open (k3s or RKE2 running).
+// InUseError: another process holds the SQLite file open, or another
+// session is on the PostgreSQL database (k3s or RKE2 running).
 type InUseError struct {
+	// Database is the SQLite file ("" on PostgreSQL).
 	Database string
-	Holders  []Process
+	// Datastore is Server.Name's.
+	Datastore string
+	// Holders are the processes holding the file, or the sessions.
+	Holders []Process
 }
 
 func (e *InUseError) Error() string {
 	var who []string
 	for _, p := range e.Holders {
 		who = append(who, p.String())
+	}
+	if e.Database == "" {
+		return fmt.Sprintf("%s has other sessions: %s: stop every k3s or RKE2 server of the cluster first, and any other client of the database (the tool writes the datastore itself through kine, and another client's writes would go on without its knowledge)",
+			e.Datastore, strings.Join(who, ", "))
 	}
 	return fmt.Sprintf("kine datastore %s is open in %s: stop it first (the tool serves the datastore itself, and two kines on one SQLite file would each write without the other's knowledge)",
 		e.Database, strings.Join(who, ", "))

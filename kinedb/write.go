@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"time"
 
 	"github.com/k3s-io/kine/pkg/server"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -26,46 +27,69 @@ func lockFile(database string) (*os.File, error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, &LockedError{Database: database}
+			return nil, &LockedError{Datastore: "the SQLite datastore " + database, How: "flock"}
 		}
 		return nil, fmt.Errorf("kine datastore %s: locking it: %w", database, err)
 	}
 	return f, nil
 }
 
-// LockedError: another writing run of the tool serves the database.
-type LockedError struct{ Database string }
+// LockedError: another writing run of the tool serves the datastore.
+type LockedError struct {
+	// Datastore is Server.Name's.
+	Datastore string
+	// How is the lock: "flock" (SQLite), "PostgreSQL advisory lock N".
+	How string
+}
 
 func (e *LockedError) Error() string {
-	return fmt.Sprintf("kine datastore %s is locked by another writing run of kube-etcd-migrate (flock): one writing run at a time", e.Database)
+	return fmt.Sprintf("%s is locked by another writing run of kube-etcd-migrate (%s): one writing run at a time", e.Datastore, e.How)
 }
 
 // maintenance is kine's maintenance service but for Alarm, which kine does
-// not serve: a SQLite database has no alarms (no quota, no corruption
-// alarm), so the list is empty; arming or disarming one is refused.
-type maintenance struct{ *server.KVServerBridge }
+// not serve: neither a SQLite nor a PostgreSQL datastore served through
+// kine has etcd's alarms (no quota, no corruption alarm: the database's
+// own limits are its own), so the list is empty; arming or disarming one
+// is refused. what is "SQLite" or "PostgreSQL".
+type maintenance struct {
+	*server.KVServerBridge
+	what string
+}
 
 func (m maintenance) Alarm(_ context.Context, r *etcdserverpb.AlarmRequest) (*etcdserverpb.AlarmResponse, error) {
 	if r.Action != etcdserverpb.AlarmRequest_GET {
-		return nil, errors.New("a SQLite datastore served through kine has no alarms to arm or disarm")
+		return nil, fmt.Errorf("a %s datastore served through kine has no alarms to arm or disarm", m.what)
 	}
 	return &etcdserverpb.AlarmResponse{Header: &etcdserverpb.ResponseHeader{}}, nil
 }
 
 // register registers kine's services as its Register does, its
-// maintenance service answering Alarm.
-func register(g *grpc.Server, b *server.KVServerBridge) {
+// maintenance service answering Alarm for a datastore of what.
+func register(g *grpc.Server, b *server.KVServerBridge, what string) {
 	etcdserverpb.RegisterLeaseServer(g, b)
 	etcdserverpb.RegisterWatchServer(g, b)
 	etcdserverpb.RegisterKVServer(g, b)
 	etcdserverpb.RegisterClusterServer(g, b)
-	etcdserverpb.RegisterMaintenanceServer(g, maintenance{b})
+	etcdserverpb.RegisterMaintenanceServer(g, maintenance{b, what})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
 }
 
-// Others are the processes other than this one holding the served
-// database open (Holders): while it is served for a writing run, one that
-// appears is another writer (k3s started).
-func (s *Server) Others() ([]Process, error) { return Holders(s.Database) }
+// Others are who else may write the datastore while it is served for a
+// writing run (one that appears is another writer: k3s started): on SQLite
+// the processes other than this one holding the served file open
+// (Holders); on PostgreSQL the sessions on the database but this Server's
+// own and the server's background processes (none for a read-only serve,
+// which does not look).
+func (s *Server) Others() ([]Process, error) {
+	if s.SQLite() {
+		return Holders(s.Database)
+	}
+	if s.pg == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return s.pg.others(ctx)
+}

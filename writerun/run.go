@@ -2,6 +2,7 @@ package writerun
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -62,7 +63,10 @@ type Config struct {
 	// run's lock (nothing of the run is recorded in the datastore); the
 	// run's watch is the file's holders (guard.StartProbeWatch: no one
 	// writes it without opening it), whatever Liveness says; its snapshot
-	// a consistent copy of the database (SaveSnapshot).
+	// a consistent copy of the database (SaveSnapshot). On a PostgreSQL
+	// datastore (kinedb serves those too; no command writes one yet) the
+	// lock is kinedb's advisory lock, the watch the database's other
+	// sessions (Others), and SaveSnapshot refuses: no snapshot is taken.
 	Kine *kinedb.Server
 }
 
@@ -198,6 +202,9 @@ func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSu
 		return nil
 	}
 	return func(ctx context.Context, path string) (undo.FileSum, error) {
+		if !k.SQLite() {
+			return undo.FileSum{}, fmt.Errorf("%s: no snapshot of a PostgreSQL datastore is taken by this release (back the database up with pg_dump)", k.Name())
+		}
 		if err := kinedb.Copy(ctx, k.Database, path); err != nil {
 			return undo.FileSum{}, err
 		}
@@ -274,7 +281,7 @@ func (r *Run) Watch(ctx context.Context, cli *clientv3.Client, prefix string) (*
 	var w *guard.Watch
 	var err error
 	if k := r.cfg.Kine; k != nil {
-		w = guard.StartProbeWatch("the SQLite datastore "+k.Database, func() (string, error) {
+		w = guard.StartProbeWatch(k.Name(), func() (string, error) {
 			ps, err := k.Others()
 			var who []string
 			for _, p := range ps {
