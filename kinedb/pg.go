@@ -81,7 +81,7 @@ func parsePG(cfg Config) (*pgTarget, error) {
 	for _, pw := range q["password"] {
 		t.addSecret(pw)
 	}
-	t.app = fmt.Sprintf("kube-etcd-migrate %d %s", os.Getpid(), randomHex(4))
+	t.app = fmt.Sprintf("%s%d-%s", toolApp, os.Getpid(), randomHex(4))
 	q.Set("application_name", t.app)
 	u.RawQuery = q.Encode()
 	t.kineDSN = strings.TrimPrefix(u.String(), "postgres://")
@@ -293,13 +293,46 @@ func (s *pgSession) others(ctx context.Context) ([]Process, error) {
 	return out, nil
 }
 
-// close ends the session, its advisory lock with it.
+// toolApp begins the application_name of every session of a Server.
+const toolApp = "kube-etcd-migrate-"
+
+// alone refuses (InUseError) while another session is on the database. The
+// sessions of another Server of the tool (its application_name) are looked
+// at again for up to two seconds before they are: a run that has just
+// closed its own leaves them for a moment, until their server processes
+// have exited.
+func (s *pgSession) alone(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		others, err := s.others(ctx)
+		if err != nil || len(others) == 0 {
+			return err
+		}
+		tool := true
+		for _, p := range others {
+			tool = tool && strings.HasPrefix(p.Application, toolApp)
+		}
+		if !tool || time.Now().After(deadline) {
+			return &InUseError{Datastore: s.t.name, Holders: others}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// close ends the session, its advisory lock with it (released first, so
+// that it is free when close returns: the session's server process may
+// take a moment to exit).
 func (s *pgSession) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		_, _ = s.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()")
 		_ = s.conn.Close(ctx)
 		s.conn = nil
 	}
@@ -314,8 +347,13 @@ func (s *pgSession) close() {
 // Start kine reads (Range), writes (kube-apiserver's create, update and
 // delete transactions) and grants leases (kine's lease ID is its TTL; no
 // database involved) all with the request's context; its Watch and Compact
-// use the context Start sets, which is nil, so they are refused here
-// (pgBackend) instead: nothing of the tool watches or compacts kine.
+// use the context Start sets, which is nil (a panic), so they are refused
+// instead: the Watch service is not registered (a client's watch ends with
+// Unimplemented), and pgBackend refuses both. Nothing of the tool watches
+// or compacts kine. The current revision kine keeps in memory then moves
+// with the tool's own writes only (no poll loop): the revisions of reads
+// come from each query, so this matters only on a read-only serve while
+// k3s writes, to the header of a failed write's answer.
 func servePG(ctx context.Context, cfg Config) (*Server, error) {
 	t, err := parsePG(cfg)
 	if err != nil {
@@ -341,12 +379,8 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 		if err := sess.lock(ctx); err != nil {
 			return nil, err
 		}
-		others, err := sess.others(ctx)
-		if err != nil {
+		if err := sess.alone(ctx); err != nil {
 			return nil, err
-		}
-		if len(others) > 0 {
-			return nil, &InUseError{Datastore: t.name, Holders: others}
 		}
 		s.pg = sess
 	}
@@ -380,7 +414,8 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 var errNotStarted = errors.New("not served by kube-etcd-migrate on a PostgreSQL datastore (kine's backend is not started: it would write)")
 
 // pgBackend is kine's backend on PostgreSQL, not started: Watch and
-// Compact, which need it started, are refused.
+// Compact, which need it started, are refused (Watch is not even reached:
+// its service is not registered).
 type pgBackend struct{ server.Backend }
 
 func (pgBackend) Watch(ctx context.Context, _ int64) server.WatchResult {

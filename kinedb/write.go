@@ -64,10 +64,14 @@ func (m maintenance) Alarm(_ context.Context, r *etcdserverpb.AlarmRequest) (*et
 }
 
 // register registers kine's services as its Register does, its
-// maintenance service answering Alarm for a datastore of what.
+// maintenance service answering Alarm for a datastore of what; but for
+// Watch on PostgreSQL, where kine's backend is not started (servePG): a
+// watch there is answered Unimplemented.
 func register(g *grpc.Server, b *server.KVServerBridge, what string) {
 	etcdserverpb.RegisterLeaseServer(g, b)
-	etcdserverpb.RegisterWatchServer(g, b)
+	if what == "SQLite" {
+		etcdserverpb.RegisterWatchServer(g, b)
+	}
 	etcdserverpb.RegisterKVServer(g, b)
 	etcdserverpb.RegisterClusterServer(g, b)
 	etcdserverpb.RegisterMaintenanceServer(g, maintenance{b, what})

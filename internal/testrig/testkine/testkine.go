@@ -1,21 +1,29 @@
 // Package testkine serves a fresh k3s SQLite datastore through kine
-// (kinedb.Serve, writable) for the tests, and seeds it as kube-apiserver
-// writes through kine: each key created with the transaction its storage
-// layer sends, an event's attached to a lease (on kine, the TTL in
-// seconds).
+// (kinedb.Serve, writable) for the tests — or a PostgreSQL one, on a real
+// server (testpg) — and seeds it as kube-apiserver writes through kine:
+// each key created with the transaction its storage layer sends, an
+// event's attached to a lease (on kine, the TTL in seconds).
 package testkine
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/k3s-io/kine/pkg/drivers"
+	"github.com/k3s-io/kine/pkg/drivers/pgsql"
+	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/internal/testrig/testpg"
 	"kube-etcd-migrate/kinedb"
 )
 
@@ -220,4 +228,113 @@ func query(t testing.TB, db, q string, row func(*sql.Rows) error) {
 	if err := rs.Err(); err != nil {
 		t.Fatalf("%s: %v", db, err)
 	}
+}
+
+// InitPG makes kine's datastore in the PostgreSQL database of dsn (one
+// testpg.Start returned) as a k3s server's first start does: kine's pgsql
+// driver makes its table and indexes, its backend started writes the
+// compact_rev_key and the health key; then it is stopped.
+func InitPG(t testing.TB, dsn string) {
+	t.Helper()
+	logrus.SetOutput(io.Discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	wg := &sync.WaitGroup{}
+	_, backend, err := pgsql.New(ctx, wg, &drivers.Config{
+		DataSourceName:   strings.TrimPrefix(dsn, "postgres://"),
+		PollInterval:     time.Second,
+		CompactTimeout:   5 * time.Second,
+		CompactMinRetain: 1000,
+		CompactBatchSize: 1000,
+		PollBatchSize:    500,
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("kine on PostgreSQL: %v", err)
+	}
+	err = backend.Start(ctx)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("kine on PostgreSQL: %v", err)
+	}
+	// Stopped as k3s stops: once its sessions have ended (their server
+	// processes exit a moment after kine closes its connections).
+	super := testpg.SuperuserDSN(t, dsn, "postgres")
+	c, err := pgx.Connect(context.Background(), super)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	db := strings.TrimPrefix(strings.SplitN(strings.SplitN(dsn, "?", 2)[0], "@", 2)[1], "/")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := c.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'", db).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kine's sessions on %s have not ended: %d", db, n)
+		}
+	}
+}
+
+// ServePG starts a PostgreSQL server (testpg.Start), makes kine's
+// datastore in it (InitPG) and serves it writable (kinedb.Serve): the
+// server, a client of it and the database's DSN (with its role's
+// password), closed when the test ends.
+func ServePG(t testing.TB) (*kinedb.Server, *clientv3.Client, string) {
+	t.Helper()
+	dsn := testpg.Start(t)
+	InitPG(t, dsn)
+	s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: dsn, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() }) // before the server's
+	return s, cli, dsn
+}
+
+// PGTable is every row of the kine table in the PostgreSQL database of
+// dsn, every column, in order (SELECT * ORDER BY id), and the last value of
+// its id sequence (a failed insert takes one too): what a serve that
+// writes nothing leaves as it was.
+func PGTable(t testing.TB, dsn string) []string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, "SELECT * FROM kine ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%q", vals))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var seq int64
+	var called bool
+	if err := c.QueryRow(ctx, "SELECT last_value, is_called FROM kine_id_seq").Scan(&seq, &called); err != nil {
+		t.Fatal(err)
+	}
+	if len(out) == 0 {
+		t.Fatal("no row in kine's table")
+	}
+	return append(out, fmt.Sprintf("kine_id_seq %d %v", seq, called))
 }
