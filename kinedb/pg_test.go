@@ -228,6 +228,11 @@ func TestPGNotKine(t *testing.T) {
 			t.Errorf("a table without one of kine's indexes (read-only %v): %v", ro, err)
 		}
 	}
+	// kine would alter its table's columns.
+	t.Setenv("KINE_SCHEMA_MIGRATION", "2")
+	if _, err := kinedb.Serve(ctx, kinedb.Config{DSN: other("old"), Dir: t.TempDir(), ReadOnly: true}); err == nil || !strings.Contains(err.Error(), "KINE_SCHEMA_MIGRATION") {
+		t.Errorf("KINE_SCHEMA_MIGRATION set: %v", err)
+	}
 	c, err := pgx.Connect(ctx, super)
 	if err != nil {
 		t.Fatal(err)
@@ -313,6 +318,14 @@ func TestPGInUse(t *testing.T) {
 	if err != nil || len(ps) != 1 || ps[0].PID != pid || ps[0].Application != "k3s" || ps[0].User != testpg.Role {
 		t.Fatalf("Others with a new session (pid %d): %v, %v", pid, ps, err)
 	}
+	// Another role's session (an administrator's), which the tool's role
+	// may not see in full, is seen too.
+	super, _ := session(t, testpg.SuperuserDSN(t, dsn, testpg.Database))
+	ps, err = s.Others()
+	if err != nil || len(ps) != 2 || ps[1].PID != super || ps[1].User != testpg.Superuser {
+		t.Fatalf("Others with the superuser's session (pid %d) too: %v, %v", super, ps, err)
+	}
+	t.Log(ps)
 }
 
 // TestPGSecrets: the DSN's password appears in no name nor error: the

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -265,7 +266,11 @@ func InitPG(t testing.TB, dsn string) {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background())
-	db := strings.TrimPrefix(strings.SplitN(strings.SplitN(dsn, "?", 2)[0], "@", 2)[1], "/")
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := strings.TrimPrefix(u.Path, "/")
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var n int
 		if err := c.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'", db).Scan(&n); err != nil {
