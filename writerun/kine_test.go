@@ -3,6 +3,7 @@ package writerun_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx": k3s's session
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testrig/testkine"
@@ -130,4 +132,46 @@ func TestKineWriterMidRun(t *testing.T) {
 	if len(recs) != 1 || recs[0].ExitCode == nil || *recs[0].ExitCode != 1 {
 		t.Fatalf("runs: %+v", recs)
 	}
+}
+
+// TestKinePGWatch: on a PostgreSQL datastore served writable through kine,
+// the run's watch is the database's other sessions (kinedb's Others): none
+// while kine's own pool and lock are in use, and a session that appears
+// mid-run (k3s started) stops it, the datastore and the session named.
+func TestKinePGWatch(t *testing.T) {
+	srv, cli, dsn := testkine.ServePG(t)
+	c := &cluster{cli: cli, stateDir: undo.StateDir(filepath.Join(t.TempDir(), "state")), log: &bytes.Buffer{}}
+	cfg := c.config()
+	cfg.Kine = srv
+	var pid int
+	err := writerun.Do(context.Background(), cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
+		w := r.MainWatch()
+		if w == nil {
+			t.Fatal("no watch")
+		}
+		testkine.Create(t, cli, prefix+"/secrets/ns/a", "one", 0)
+		time.Sleep(600 * time.Millisecond)
+		if err := w.Stopped(); err != nil {
+			t.Fatalf("the watch stopped the run, alone: %v", err)
+		}
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.QueryRow("SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if err := w.Stopped(); err != nil {
+				return writerun.Result{}, err
+			}
+		}
+		return writerun.Result{}, nil
+	}})
+	var we *liveness.WriterError
+	if !errors.As(err, &we) || !strings.Contains(err.Error(), srv.Name()) || !strings.Contains(err.Error(), fmt.Sprintf("session %d of user", pid)) {
+		t.Fatalf("run: %v; want it stopped by session %d on %s\n%s", err, pid, srv.Name(), c.log)
+	}
+	t.Log(err)
 }
