@@ -159,6 +159,7 @@ func (t *pgTarget) redact(err error) error {
 	for _, s := range t.secrets {
 		msg = strings.ReplaceAll(msg, s, "xxxxx")
 	}
+	msg = strings.ReplaceAll(msg, ":\n\t", ": ")
 	msg = strings.ReplaceAll(strings.ReplaceAll(msg, "\n\t", "; "), "\n", "; ")
 	r := &redactedError{msg: msg}
 	switch {

@@ -18,6 +18,7 @@ import (
 
 	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/internal/testrig/testpg"
+	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/kinedb"
 )
 
@@ -375,4 +376,61 @@ func TestPGSecrets(t *testing.T) {
 			t.Errorf("%s: not one line: %q", name, err)
 		}
 	}
+}
+
+// TestPGTLS: a datastore reached over TCP with TLS only, the server
+// checking a client certificate, is served with the TLS files as k3s's
+// datastore-cafile, -certfile and -keyfile give them (kine's connections
+// and the tool's own: verify-full), and refused without them; another
+// session's client address is named.
+func TestPGTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "pg-ca")
+	dsn, local := testpg.StartTLS(t, ca)
+	testkine.InitPG(t, local)
+	cert, key := ca.Issue(t, dir, testpg.Role, false)
+	ctx := context.Background()
+	_, err := kinedb.Serve(ctx, kinedb.Config{DSN: dsn, Dir: t.TempDir(), ReadOnly: true})
+	if err == nil || strings.Contains(err.Error(), password(t, dsn)) {
+		t.Fatalf("served without TLS files, or the error holds the password: %v", err)
+	}
+	t.Log(err)
+	s, err := kinedb.Serve(ctx, kinedb.Config{DSN: dsn, Dir: t.TempDir(), CAFile: ca.File, CertFile: cert, KeyFile: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if u, _ := url.Parse(dsn); s.Name() != "the PostgreSQL datastore kine on "+u.Host {
+		t.Errorf("Name %q", s.Name())
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rev := testkine.Create(t, c, "/registry/secrets/default/a", "one", 0)
+	if got := testkine.Get(t, c, "/registry/secrets/default/a"); len(got.Kvs) != 1 || got.Kvs[0].ModRevision != rev {
+		t.Fatalf("read back over TLS: %v", got.Kvs)
+	}
+	// The server saw kine's connections over TLS.
+	var ssl bool
+	db, err := sql.Open("pgx", testpg.SuperuserDSN(t, local, testpg.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.QueryRow("SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name LIKE 'kube-etcd-migrate-%'").Scan(&ssl); err != nil || !ssl {
+		t.Errorf("the tool's sessions over TLS: %v, %v", ssl, err)
+	}
+	ps, err := s.Others()
+	if err != nil || len(ps) != 1 || ps[0].User != testpg.Superuser || ps[0].Client != "" {
+		t.Fatalf("Others (the superuser's socket session): %v, %v", ps, err)
+	}
+	tlsSession := fmt.Sprintf("%s?sslmode=verify-full&sslrootcert=%s&sslcert=%s&sslkey=%s", dsn, ca.File, cert, key)
+	pid, _ := session(t, tlsSession)
+	ps, err = s.Others()
+	if err != nil || len(ps) != 2 || ps[1].PID != pid || !strings.HasPrefix(ps[1].Client, "127.0.0.1:") {
+		t.Fatalf("Others with a TCP session (pid %d): %v, %v", pid, ps, err)
+	}
+	t.Log(ps)
 }

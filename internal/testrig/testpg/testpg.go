@@ -8,8 +8,10 @@
 // runs as root: initdb and postgres refuse root), tuned for speed over
 // durability (fsync off), and stopped when the test ends. Start makes a
 // database and a role with a password that owns it, and returns a DSN of
-// them that kine's pgsql driver takes. Without PostgreSQL installed the
-// test fails, saying what to install: it is not skipped.
+// them that kine's pgsql driver takes. StartTLS also listens on a loopback
+// TCP port with TLS only, for the tests of a datastore's TLS files.
+// Without PostgreSQL installed the test fails, saying what to install: it
+// is not skipped.
 package testpg
 
 import (
@@ -18,6 +20,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -31,6 +34,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
 // Database and Role are what Start makes: the database k3s would keep
@@ -49,8 +54,21 @@ const Superuser = "postgres"
 // postgres://k3s:PASSWORD@/kine?host=SOCKETDIR&sslmode=disable.
 func Start(t testing.TB) string {
 	t.Helper()
-	s := start(t)
+	s := start(t, nil)
 	return s.DSN(Role, s.password, Database)
+}
+
+// StartTLS is Start, the server also listening on a free port of
+// 127.0.0.1 where it takes only TLS connections, its certificate issued by
+// ca (for 127.0.0.1), and only from a client presenting a certificate of
+// ca's for the role (common name Role) besides the role's password. It
+// returns the DSN of Database as Role on that port, without TLS
+// parameters (postgres://k3s:PASSWORD@127.0.0.1:PORT/kine), and the one
+// Start returns, on the socket.
+func StartTLS(t testing.TB, ca *testpki.CA) (tlsDSN, socketDSN string) {
+	t.Helper()
+	s := start(t, ca)
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s", url.UserPassword(Role, s.password), s.port, Database), s.DSN(Role, s.password, Database)
 }
 
 // SuperuserDSN is a DSN of database db on the server of dsn (one Start
@@ -86,11 +104,16 @@ func Exec(t testing.TB, dsn, sql string) {
 type server struct {
 	sockDir  string
 	password string
+	port     int // StartTLS's
 }
 
 // DSN is a DSN of db as role (with password when not "") on the socket.
 func (s *server) DSN(role, password, db string) string {
-	u := url.URL{Scheme: "postgres", Path: "/" + db, RawQuery: url.Values{"host": {s.sockDir}, "sslmode": {"disable"}}.Encode()}
+	q := url.Values{"host": {s.sockDir}, "sslmode": {"disable"}}
+	if s.port != 0 { // the socket's name holds the port
+		q.Set("port", strconv.Itoa(s.port))
+	}
+	u := url.URL{Scheme: "postgres", Path: "/" + db, RawQuery: q.Encode()}
 	if password != "" {
 		u.User = url.UserPassword(role, password)
 	} else {
@@ -159,7 +182,7 @@ func runAs(t testing.TB) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
 }
 
-func start(t testing.TB) *server {
+func start(t testing.TB, ca *testpki.CA) *server {
 	t.Helper()
 	bin := Bin(t)
 	cred := runAs(t)
@@ -192,6 +215,9 @@ func start(t testing.TB) *server {
 	// The superuser without a password, every other role with its own
 	// (scram-sha-256, PostgreSQL's default), over the socket only.
 	hba := "local all " + Superuser + " trust\nlocal all all scram-sha-256\n"
+	if ca != nil {
+		hba += "hostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n"
+	}
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -200,9 +226,28 @@ func start(t testing.TB) *server {
 			t.Fatal(err)
 		}
 	}
+	listen := []string{"-c", "listen_addresses="}
+	port := 0
+	if ca != nil {
+		cert, key := ca.Issue(t, dir, "server", true)
+		caFile := filepath.Join(dir, "ca.crt")
+		if err := os.WriteFile(caFile, ca.PEM(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{cert, key, caFile} {
+			if cred != nil {
+				if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		port = freePort(t)
+		listen = []string{"-c", "listen_addresses=127.0.0.1", "-c", "port=" + strconv.Itoa(port),
+			"-c", "ssl=on", "-c", "ssl_cert_file=" + cert, "-c", "ssl_key_file=" + key, "-c", "ssl_ca_file=" + caFile}
+	}
 	var log bytes.Buffer
-	pg := exec.Command(filepath.Join(bin, "postgres"), "-D", data,
-		"-c", "listen_addresses=",
+	args := append([]string{"-D", data}, listen...)
+	pg := exec.Command(filepath.Join(bin, "postgres"), append(args,
 		"-c", "unix_socket_directories="+sock,
 		"-c", "fsync=off",
 		"-c", "synchronous_commit=off",
@@ -211,7 +256,7 @@ func start(t testing.TB) *server {
 		"-c", "max_connections=50",
 		"-c", "logging_collector=off",
 		"-c", "log_min_messages=warning",
-	)
+	)...)
 	pg.Dir = dir
 	pg.Stdout, pg.Stderr = &log, &log
 	pg.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -230,7 +275,7 @@ func start(t testing.TB) *server {
 			<-exited
 		}
 	})
-	s := &server{sockDir: sock, password: password}
+	s := &server{sockDir: sock, password: password, port: port}
 	super := s.DSN(Superuser, "", "postgres")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -258,6 +303,19 @@ func start(t testing.TB) *server {
 		}
 	}
 	return s
+}
+
+// freePort is a port of 127.0.0.1 free a moment ago (the kernel's pick):
+// another process may take it before postgres binds it, which fails the
+// test, rarely.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 func random(t testing.TB) string {
