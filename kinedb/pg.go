@@ -40,6 +40,10 @@ var kineIndexes = []string{
 	"kine_name_prev_revision_uindex", "kine_list_query_index",
 }
 
+// readOnlyLockTimeout bounds how long a read-only serve's sessions wait
+// for a lock (PostgreSQL's lock_timeout): kine's setup's, on its table.
+const readOnlyLockTimeout = "2s"
+
 // pgTarget is a PostgreSQL datastore: how kine and the tool reach it, its
 // name for messages, and the secrets no message may hold.
 type pgTarget struct {
@@ -83,6 +87,13 @@ func parsePG(cfg Config) (*pgTarget, error) {
 	}
 	t.app = fmt.Sprintf("%s%d-%s", toolApp, os.Getpid(), randomHex(4))
 	q.Set("application_name", t.app)
+	if cfg.ReadOnly && !q.Has("lock_timeout") {
+		// kine's setup (CREATE INDEX IF NOT EXISTS) takes a SHARE lock on
+		// its table even when the index exists: it waits for k3s's writes
+		// in progress, and k3s's next ones wait behind it. Bounded: a
+		// read-only serve beside a running k3s gives up rather than stall it.
+		q.Set("lock_timeout", readOnlyLockTimeout)
+	}
 	u.RawQuery = q.Encode()
 	t.kineDSN = strings.TrimPrefix(u.String(), "postgres://")
 	tlsInfo := kinetls.Config{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile}
@@ -341,7 +352,8 @@ func (s *pgSession) close() {
 
 // servePG serves a PostgreSQL datastore: its database itself, read-only or
 // not. kine's pgsql driver is opened (its setup only CREATEs its table and
-// indexes IF NOT EXISTS: on a datastore checked by openPG, nothing) but its
+// indexes IF NOT EXISTS: on a datastore checked by openPG, nothing, but for
+// a moment's SHARE lock on kine's table: readOnlyLockTimeout) but its
 // backend is not started: Start would write (the health key, the
 // compact_rev_key when missing) and run kine's TTL expiry (which deletes
 // expired leased keys, as k3s does), none of them the tool's writes. Without

@@ -197,6 +197,29 @@ func TestPGReadOnly(t *testing.T) {
 	if after := testkine.PGTable(t, dsn); !slices.Equal(before, after) {
 		t.Fatalf("a read-only serve changed kine's table:\nbefore %q\nafter  %q", before, after)
 	}
+
+	// k3s in the middle of a long write: kine's setup, which locks its
+	// table, gives up after a moment instead of holding k3s's next writes
+	// behind it.
+	k3s, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k3s.Close(ctx)
+	tx, err := k3s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "INSERT INTO kine(name, created, deleted, create_revision, prev_revision, lease, value, old_value) VALUES ('/registry/x', 1, 0, 0, 0, 0, '', '')"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = kinedb.Serve(ctx, kinedb.Config{DSN: dsn, Dir: t.TempDir(), ReadOnly: true})
+	if err == nil || !strings.Contains(err.Error(), "lock timeout") || time.Since(start) > 10*time.Second {
+		t.Fatalf("a read-only serve beside a write in progress: %v after %v; want it to give up on the lock", err, time.Since(start))
+	}
+	t.Log(err)
 }
 
 // TestPGNotKine: a missing database, a database without kine's table and
