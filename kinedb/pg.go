@@ -67,12 +67,10 @@ func parsePG(cfg Config) (*pgTarget, error) {
 	}
 	u, err := url.Parse("postgres://" + rest)
 	if err != nil {
-		// url.Error holds the URL, its password with it: only its cause.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("the PostgreSQL datastore's DSN is not a URL (a password's special characters must be percent-encoded): %w", err)
+		// Not even its cause: url.Error holds the URL, and its cause may
+		// hold a piece of the password (a "/" in it ends the host early:
+		// `invalid port ":PIECE" after host`).
+		return nil, errors.New("the PostgreSQL datastore's DSN is not a URL (a password's special characters must be percent-encoded)")
 	}
 	t := &pgTarget{}
 	if pw, ok := u.User.Password(); ok {

@@ -379,6 +379,7 @@ func TestPGSecrets(t *testing.T) {
 		"not a URL":      {DSN: "postgres://k3s:" + pw + "%zz@/kine"},
 		"password param": {DSN: "postgresql://k3s@/kine?host=" + url.QueryEscape(t.TempDir()) + "&password=" + pw},
 		"other scheme":   {DSN: "mysql://k3s:" + pw + "@tcp(db)/kine"},
+		"slash in it":    {DSN: "postgres://k3s:" + pw + "/x@db/kine"},
 	}
 	for name, cfg := range cases {
 		cfg.Dir = t.TempDir()
