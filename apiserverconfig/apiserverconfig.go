@@ -91,6 +91,10 @@ type Config struct {
 	// KineDatabase is Input's: the SQLite file kube-apiserver's etcd is,
 	// served through kine ("" for etcd).
 	KineDatabase string
+	// KineServer is Input's: the database server kube-apiserver's etcd is,
+	// served through kine (k3s's PostgreSQL), named without credentials ("" for
+	// etcd or SQLite).
+	KineServer string
 
 	// release is what the command line says of the release (Release).
 	release  release.Release
@@ -143,6 +147,10 @@ type Input struct {
 	// KineDatabase is the SQLite file kube-apiserver's datastore is, served
 	// through kine (k3s's or RKE2's), "" for etcd; carried to Config.
 	KineDatabase string
+	// KineServer is the database server kube-apiserver's datastore is,
+	// served through kine (PostgreSQL), named without credentials, "" for
+	// etcd or SQLite; carried to Config.
+	KineServer string
 }
 
 // CommandLine is kube-apiserver's command line built from an installer's
@@ -164,7 +172,7 @@ func Load(in Input) (*Config, error) {
 	}
 	var args []string
 	var mounts *hostMounts
-	cfg := &Config{EtcdDataDir: in.EtcdDataDir, EtcdDataDirFrom: in.EtcdDataDirFrom, KineDatabase: in.KineDatabase}
+	cfg := &Config{EtcdDataDir: in.EtcdDataDir, EtcdDataDirFrom: in.EtcdDataDirFrom, KineDatabase: in.KineDatabase, KineServer: in.KineServer}
 	fileSource := FromManifest
 	switch {
 	case in.Manifest != "":
@@ -405,6 +413,7 @@ func (c *Config) Describe(rel release.Release, relFrom Source) string {
 // SetFrom records that the tool's own flag overrode a setting.
 func (c *Config) SetFrom(flag string, src Source) { c.From[flag] = src }
 
-// OnKine says whether kube-apiserver's datastore is a SQLite file served
-// through kine (KineDatabase set); false for a nil Config.
-func (c *Config) OnKine() bool { return c != nil && c.KineDatabase != "" }
+// OnKine says whether kube-apiserver's datastore is served through kine: a
+// SQLite file (KineDatabase) or a database server (KineServer); false for a
+// nil Config.
+func (c *Config) OnKine() bool { return c != nil && (c.KineDatabase != "" || c.KineServer != "") }

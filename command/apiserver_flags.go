@@ -182,6 +182,9 @@ func (o *apiServerOptions) load() (*apiserverconfig.Config, error) {
 		in.Root = found.Root
 		in.EtcdDataDir, in.EtcdDataDirFrom = o.foundEtcdData()
 		in.KineDatabase = found.KineDatabase
+		if found.KineDSN != "" {
+			in.KineServer = found.Datastore
+		}
 		if found.Manifest != "" {
 			in.Manifest = found.Manifest
 		} else {
@@ -247,6 +250,8 @@ func (o *apiServerOptions) foundEtcdData() (dir, from string) {
 		case f.KineDatabase != "":
 			// The datastore grows on its file's filesystem.
 			return filepath.Dir(f.KineDatabase), fmt.Sprintf("the directory of %s's SQLite datastore", f.Installer)
+		case f.KineDSN != "":
+			return "", fmt.Sprintf("none: %s's PostgreSQL datastore grows on its server", f.Installer)
 		}
 	}
 	return "", ""

@@ -12,17 +12,43 @@ import (
 	"kube-etcd-migrate/kinedb"
 )
 
-// kineDatabase is the SQLite file the node's k3s or RKE2 keeps the cluster
-// in through kine, when that is what was found and --endpoints does not
-// name the cluster instead ("" otherwise), with the installer's name.
-func (o *apiServerOptions) kineDatabase(prov provenance) (db, installer string) {
+// kineStore is a datastore served through kine: k3s's or RKE2's SQLite
+// file (db), or its PostgreSQL database (dsn, with the TLS files kine
+// connects with), or a SQLite backup given as the snapshot file
+// (installer "").
+type kineStore struct {
+	installer          string
+	db                 string
+	dsn, ca, cert, key string
+	// name is what messages call it: the file, or the database and its
+	// host (never the DSN: it holds the password).
+	name string
+}
+
+// kind is the database's kind, for messages.
+func (k *kineStore) kind() string {
+	if k.dsn != "" {
+		return "PostgreSQL"
+	}
+	return "SQLite"
+}
+
+// kineStore is the datastore the node's k3s or RKE2 keeps the cluster in
+// through kine, when that is what was found and --endpoints does not name
+// the cluster instead (nil otherwise).
+func (o *apiServerOptions) kineStore(prov provenance) *kineStore {
 	if prov.onCommandLine("endpoints") {
-		return "", ""
+		return nil
 	}
-	if d := o.found; d != nil && d.found != nil && d.found.KineDatabase != "" {
-		return d.found.KineDatabase, string(d.found.Installer)
+	d := o.found
+	if d == nil || d.found == nil || !d.found.OnKine() {
+		return nil
 	}
-	return "", ""
+	f := d.found
+	if f.KineDSN != "" {
+		return &kineStore{installer: string(f.Installer), dsn: f.KineDSN, ca: f.KineCAFile, cert: f.KineCertFile, key: f.KineKeyFile, name: f.Datastore}
+	}
+	return &kineStore{installer: string(f.Installer), db: f.KineDatabase, name: f.KineDatabase}
 }
 
 // kineServed is a datastore the command serves through kine: the server
@@ -30,9 +56,9 @@ func (o *apiServerOptions) kineDatabase(prov provenance) (db, installer string) 
 type kineServed struct {
 	srv *kinedb.Server
 	dir string
-	// db is the node's database file (srv serves it or its copy).
-	db string
-	// write: the node's file itself is served, for a writing run.
+	// store is the node's datastore (srv serves it, or a SQLite file's copy).
+	store *kineStore
+	// write: the node's datastore itself is served, for a writing run.
 	write bool
 }
 
@@ -80,43 +106,51 @@ var (
 
 // kineRefusal is the error of a command this release does not run on a
 // datastore served through kine.
-func kineRefusal(command, installer, db string) error {
-	if installer == "" {
-		return fmt.Errorf("%s of %s, a SQLite database (k3s's or RKE2's datastore through kine), is not supported: a backup is read (verify, inventory, inspect), never written; restore it in place of the node's datastore (k3s stopped) and migrate that (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, db)
+func kineRefusal(command string, k *kineStore) error {
+	if k.installer == "" {
+		return fmt.Errorf("%s of %s, a SQLite database (k3s's or RKE2's datastore through kine), is not supported: a backup is read (verify, inventory, inspect), never written; restore it in place of the node's datastore (k3s stopped) and migrate that (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, k.name)
 	}
-	return fmt.Errorf("%s on %s's SQLite datastore (%s, through kine) is not supported by this release: it reads it (verify, inventory, inspect, plan) and writes it with migrate, rollback, quarantine and restore (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, installer, db)
+	return fmt.Errorf("%s on %s's %s datastore (%s) is not supported by this release: it reads it (verify, inventory, inspect, plan) and writes it with migrate, rollback, quarantine and restore (docs/configuration.md#k3s-and-rke2-on-sqlite)", command, k.installer, k.kind(), k.name)
 }
 
-// serveKine serves the SQLite datastore db through kine for command and
-// points cfg at it: for a command that only reads, a copy, in a private
-// directory under $TMPDIR, so that neither the tool nor kine changes the
-// node's file; for one that writes it (write), the file itself, under
-// kinedb's lock. installer is whose datastore it is, "" for a file given
-// with --snapshot-file (a backup, never written).
-func serveKine(ctx context.Context, w io.Writer, command, installer, db string, write bool, cfg *etcdscan.Config) (*kineServed, error) {
-	if !slices.Contains(kineReaders, command) || (write && (installer == "" || !slices.Contains(kineWriters, command))) {
-		return nil, kineRefusal(command, installer, db)
+// serveKine serves the datastore st through kine for command and points
+// cfg at it. A SQLite file: for a command that only reads, a copy, in a
+// private directory under $TMPDIR, so that neither the tool nor kine
+// changes the node's file; for one that writes it (write), the file
+// itself, under kinedb's lock. A PostgreSQL database: the database itself,
+// read without a write of kine's own (kinedb), or written under kinedb's
+// lock. st's installer is "" for a file given with --snapshot-file (a
+// backup, never written).
+func serveKine(ctx context.Context, w io.Writer, command string, st *kineStore, write bool, cfg *etcdscan.Config) (*kineServed, error) {
+	if !slices.Contains(kineReaders, command) || (write && (st.installer == "" || !slices.Contains(kineWriters, command))) {
+		return nil, kineRefusal(command, st)
 	}
 	dir, err := os.MkdirTemp("", "kube-etcd-migrate-kine-")
 	if err != nil {
-		return nil, fmt.Errorf("serving %s through kine: %w", db, err)
+		return nil, fmt.Errorf("serving %s through kine: %w", st.name, err)
 	}
 	kineDirs.Store(dir, true)
 	k := &kineServed{dir: dir}
-	k.srv, err = kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: dir, ReadOnly: !write})
+	kcfg := kinedb.Config{Database: st.db, DSN: st.dsn, CAFile: st.ca, CertFile: st.cert, KeyFile: st.key, Dir: dir, ReadOnly: !write}
+	k.srv, err = kinedb.Serve(ctx, kcfg)
 	if err != nil {
 		k.close()
 		return nil, err
 	}
-	k.write, k.db = write, db
-	what := installer + "'s SQLite datastore"
-	if installer == "" {
+	k.write, k.store = write, st
+	what := st.installer + "'s " + st.kind() + " datastore"
+	if st.installer == "" {
 		what = "the SQLite database"
 	}
-	if write {
-		fmt.Fprintf(w, "note: writing %s %s through kine %s in this process (socket in %s; the file locked, no other process holding it)\n", what, db, kinedb.KineVersion, dir)
-	} else {
-		fmt.Fprintf(w, "note: reading %s %s through kine %s, from a copy in %s (nothing is written to %s)\n", what, db, kinedb.KineVersion, dir, db)
+	switch {
+	case write && st.dsn != "":
+		fmt.Fprintf(w, "note: writing %s (%s) through kine %s in this process (socket in %s; the database locked for this run, no other client connected to it)\n", what, st.name, kinedb.KineVersion, dir)
+	case write:
+		fmt.Fprintf(w, "note: writing %s %s through kine %s in this process (socket in %s; the file locked, no other process holding it)\n", what, st.name, kinedb.KineVersion, dir)
+	case st.dsn != "":
+		fmt.Fprintf(w, "note: reading %s (%s) through kine %s in this process (socket in %s; nothing is written to it)\n", what, st.name, kinedb.KineVersion, dir)
+	default:
+		fmt.Fprintf(w, "note: reading %s %s through kine %s, from a copy in %s (nothing is written to %s)\n", what, st.name, kinedb.KineVersion, dir, st.name)
 	}
 	cfg.Endpoints = []string{k.srv.Endpoint}
 	cfg.CACert, cfg.Cert, cfg.Key = "", "", ""
@@ -136,7 +170,7 @@ func kineFlags(k *kineServed, requested, record, compact bool) error {
 		flag string
 	}{{requested, "--requested"}, {record, "--record"}, {compact, "--compact-history"}} {
 		if f.on {
-			return usageErr("%s: not supported on a SQLite datastore served through kine (%s); nothing was written", f.flag, k.db)
+			return usageErr("%s: not supported on a %s datastore served through kine (%s); nothing was written", f.flag, k.store.kind(), k.store.name)
 		}
 	}
 	return nil

@@ -82,7 +82,7 @@ func TestSQLiteSignals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := serveKine(ctx, io.Discard, "verify", "", backup, false, &cfg)
+	k, err := serveKine(ctx, io.Discard, "verify", &kineStore{db: backup, name: backup}, false, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

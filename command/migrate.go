@@ -165,7 +165,10 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 	} else if err := checkRecord(o.record, s.env); err != nil {
 		return err
 	}
-	cfg := s.kine.onKine(o.undo.runConfig(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live))
+	cfg, err := s.kine.onKine(o.undo.runConfig(ios.errOut, "migrate", s.cli, s.env.Resolver.Prefix(), o.dryRun, s.file != nil, o.live))
+	if err != nil {
+		return err
+	}
 	if o.requested {
 		return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
 			res, err := o.runMigrateRequested(ctx, s, r)

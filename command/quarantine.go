@@ -116,7 +116,10 @@ func (o *quarantineOptions) runQuarantine(ctx context.Context) error {
 		return err
 	}
 	defer s.close()
-	cfg := s.kine.onKine(o.undo.runConfig(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live))
+	cfg, err := s.kine.onKine(o.undo.runConfig(ios.errOut, "quarantine", s.cli, s.env.Resolver.Prefix(), o.dryRun, o.scan.snapshotFile != "", o.live))
+	if err != nil {
+		return err
+	}
 	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
 		res, err := o.quarantineStage(ctx, s, r)
 		var removed int64

@@ -159,7 +159,10 @@ func (o *restoreOptions) runRestore(ctx context.Context) error {
 	if o.toManifests != "" {
 		return o.restoreToManifests(ctx, s, f, backupEnc, backupConf)
 	}
-	cfg := s.kine.onKine(o.undo.runConfig(ios.errOut, "restore", s.cli, s.env.Resolver.Prefix(), o.dryRun, false, o.live))
+	cfg, err := s.kine.onKine(o.undo.runConfig(ios.errOut, "restore", s.cli, s.env.Resolver.Prefix(), o.dryRun, false, o.live))
+	if err != nil {
+		return err
+	}
 	return doWrite(ctx, cfg, writerun.Stage{Write: func(ctx context.Context, wr *writerun.Run) (writerun.Result, error) {
 		writeCtx, cancelWrites := context.WithCancel(context.Background())
 		defer cancelWrites()

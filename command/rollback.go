@@ -151,7 +151,10 @@ func (o *rollbackOptions) runRollback(ctx context.Context) error {
 		return err
 	}
 	rb := &rollbackStage{o: o, cli: cli, kine: kine != nil, prefix: choice.Main.Prefix(), main: &choice.Main, undoes: choice.Undoes, others: others}
-	cfg := kine.onKine(o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live))
+	cfg, err := kine.onKine(o.undo.runConfig(o.io.errOut, "rollback", cli, rb.prefix, o.dryRun, false, o.live))
+	if err != nil {
+		return err
+	}
 	if o.runID != "" {
 		cfg.Since = choice.Main.WayBack // the oldest run undone
 	}
@@ -196,7 +199,9 @@ func (rb *rollbackStage) checkRollback(ctx context.Context, wr *writerun.Run) er
 	defer closeEnc()
 	cfg.Manifest = o.api.manifestFile()
 	if rb.kine {
-		cfg.KineDatabase, _ = o.api.kineDatabase(o.prov)
+		if cfg.Kine, err = o.api.load(); err != nil {
+			return err
+		}
 	}
 	if !o.undo.noUndo {
 		room := rollback.UndoRoom{Dir: string(o.undo.stateDir), DirInput: input.StateDir}

@@ -25,7 +25,7 @@ type session struct {
 	file     *snapshotdb.File   // a --snapshot-file, read in place
 	out      *snapshotdb.Writer // migrate's or quarantine's --output-snapshot, written from file
 	env      *pipeline.Env
-	kine     *kineServed // k3s's or RKE2's SQLite datastore, served through kine
+	kine     *kineServed // k3s's or RKE2's datastore (SQLite, PostgreSQL), served through kine
 	stopProf func()
 }
 
@@ -85,14 +85,14 @@ func dial(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiO
 	}
 	env.print(w)
 	var k *kineServed
-	if db, installer := apiOpts.kineDatabase(prov); db != "" {
+	if st := apiOpts.kineStore(prov); st != nil {
 		switch {
 		case apiOpts.command == "runs":
-			return nil, nil, fmt.Errorf("%s's SQLite datastore %s keeps no record of the tool's runs (a run on it is recorded in its state directory only)", installer, db)
+			return nil, nil, fmt.Errorf("%s's %s datastore %s keeps no record of the tool's runs (a run on it is recorded in its state directory only)", st.installer, st.kind(), st.name)
 		case !serve || endpoints != nil:
-			return nil, nil, kineRefusal(apiOpts.command, installer, db)
+			return nil, nil, kineRefusal(apiOpts.command, st)
 		}
-		if k, err = serveKine(ctx, w, apiOpts.command, installer, db, write, &cfg); err != nil {
+		if k, err = serveKine(ctx, w, apiOpts.command, st, write, &cfg); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -162,25 +162,25 @@ func openFile(ctx context.Context, o *scanOptions, snapshotFile string, profile 
 	var cli *clientv3.Client
 	// The SQLite datastore of k3s or RKE2, on the node or a backup of it
 	// given as the snapshot file, is served through kine and read as etcd.
-	var kineDB, installer string
+	var store *kineStore
 	switch {
 	case kinedb.IsSQLite(snapshotFile):
-		kineDB = snapshotFile
+		store = &kineStore{db: snapshotFile, name: snapshotFile}
 		if ecfg, err = o.etcd.config(); err != nil {
 			s.close()
 			return nil, usageErr("%v", err)
 		}
 	case snapshotFile == "":
-		kineDB, installer = o.api.kineDatabase(o.prov)
+		store = o.api.kineStore(o.prov)
 	}
-	if snapshotFile != "" && kineDB == "" {
+	if snapshotFile != "" && store == nil {
 		if s.file, err = openSnapshotFile(o, snapshotFile); err != nil {
 			s.close()
 			return nil, err
 		}
 	} else {
-		if kineDB != "" {
-			if s.kine, err = serveKine(ctx, w, o.command, installer, kineDB, o.writes, &ecfg); err != nil {
+		if store != nil {
+			if s.kine, err = serveKine(ctx, w, o.command, store, o.writes, &ecfg); err != nil {
 				s.close()
 				return nil, err
 			}

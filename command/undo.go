@@ -100,16 +100,26 @@ func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client
 	return cfg
 }
 
-// onKine makes cfg the writing run of the SQLite datastore k serves
-// through kine, if it serves one to write (nil: none): the run's record
-// names the database, not kine's socket (a private directory, gone after
-// the run).
-func (k *kineServed) onKine(cfg writerun.Config) writerun.Config {
-	if k := k.writing(); k != nil {
-		cfg.Kine = k
-		cfg.Endpoints = []string{"sqlite://" + k.Database}
+// onKine makes cfg the writing run of the datastore k serves through
+// kine, if it serves one to write (nil: none): the run's record names the
+// database (sqlite://FILE, or PostgreSQL's database and host, never its
+// DSN), not kine's socket (a private directory, gone after the run). On
+// PostgreSQL, which has no snapshot the tool can take, --snapshot is
+// refused.
+func (k *kineServed) onKine(cfg writerun.Config) (writerun.Config, error) {
+	srv := k.writing()
+	if srv == nil {
+		return cfg, nil
 	}
-	return cfg
+	cfg.Kine = srv
+	cfg.Endpoints = []string{"sqlite://" + srv.Database}
+	if k.store.dsn != "" {
+		if cfg.Undo.Snapshot != "" {
+			return cfg, usageErr("--snapshot: a PostgreSQL datastore (%s) has no snapshot the tool can take: the run's undo is its journal; take a dump of the database first (pg_dump), and leave out --snapshot", k.store.name)
+		}
+		cfg.Endpoints = []string{"postgres: " + k.store.name}
+	}
+	return cfg, nil
 }
 
 // doWrite runs stage as a writing run of cfg (writerun.Do), its refusals

@@ -38,6 +38,9 @@ type EtcdData struct {
 // through the manifest's hostPath volumes. A data directory that is not on
 // this host is unknown, said so.
 func FindEtcdData(apiserverManifest string, known EtcdData) EtcdData {
+	if known.Dir == "" && known.Source != "" {
+		return known // none on this host, said why (a database server's datastore)
+	}
 	if known.Dir != "" {
 		if _, err := os.Stat(known.Dir); err != nil {
 			return EtcdData{Source: fmt.Sprintf("unknown: etcd's data directory %s (%s) is not on this host: %v", known.Dir, known.Source, errors.Unwrap(err))}
@@ -153,7 +156,7 @@ func PutCostSize(keyLen, valueLen int) int64 { return putCostN(keyLen, valueLen)
 // EtcdDataOf is etcd's data directory as kube-apiserver's configuration
 // carries it from the installer's layout (nothing when it does not).
 func EtcdDataOf(api *apiserverconfig.Config) EtcdData {
-	if api == nil || api.EtcdDataDir == "" {
+	if api == nil || (api.EtcdDataDir == "" && api.EtcdDataDirFrom == "") {
 		return EtcdData{}
 	}
 	return EtcdData{Dir: api.EtcdDataDir, Source: api.EtcdDataDirFrom}

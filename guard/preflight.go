@@ -193,6 +193,11 @@ func fitQuota(st etcdscan.StatusInfo, quota Quota, w writeSize, compact bool, sp
 	compaction := spell(input.CompactHistory)
 	margin := Margin(quota.Bytes)
 	done := []string{quota.line(margin)}
+	if quota.Server {
+		// No room to check it against: the estimate is said, for the
+		// operator to check on the server.
+		return append(done, fmt.Sprintf("database %s + %s at most %s: kine adds a row per value written until it compacts; make sure the server has that room", textfmt.Bytes(st.DBSize), w.what, textfmt.Bytes(w.bound))), nil
+	}
 	room := quota.Bytes - margin - st.DBSize + st.Free
 	estimate, how := w.bound, "at most"
 	// With compaction the run goes ahead whatever the writes take (the

@@ -24,10 +24,16 @@ type Quota struct {
 	// SQLite: no quota, but the room a SQLite datastore's file has to grow
 	// in (SQLiteQuota).
 	SQLite bool `json:"sqlite,omitempty"`
+	// Server: no quota, and no room the tool can see: a database server's
+	// (ServerQuota). Nothing is refused for room; the estimate is said.
+	Server bool `json:"server,omitempty"`
 }
 
 // line is the preflight's line of the quota and the margin kept below it.
 func (q Quota) line(margin int64) string {
+	if q.Server {
+		return fmt.Sprintf("PostgreSQL has no quota, and its room is on its server (%s), out of this host's sight", q.Source)
+	}
 	if q.SQLite {
 		return fmt.Sprintf("SQLite has no quota: the run keeps the database %s below the room of %s", textfmt.Bytes(margin), q.Source)
 	}
@@ -268,16 +274,32 @@ func WriteCause(err error) string {
 
 // QuotaOf is the quota the run keeps below on the datastore api's
 // kube-apiserver uses: FindQuota's for etcd; for a SQLite datastore served
-// through kine (api.KineDatabase), which has none, the room its file has
-// to grow in (SQLiteQuota).
+// through kine (api.OnKine), which has none, what KineQuota says.
 func QuotaOf(ctx context.Context, cli *clientv3.Client, api *apiserverconfig.Config, flag int64, spell func(input.Name) string) Quota {
 	if api == nil {
 		return FindQuota(ctx, cli, "", flag, spell)
 	}
+	if api.OnKine() {
+		return KineQuota(api)
+	}
+	return FindQuota(ctx, cli, api.Manifest, flag, spell)
+}
+
+// KineQuota is what stands for etcd's quota on a datastore served through
+// kine (api.OnKine): SQLiteQuota for a SQLite file, ServerQuota for a
+// database server.
+func KineQuota(api *apiserverconfig.Config) Quota {
 	if api.KineDatabase != "" {
 		return SQLiteQuota(api.KineDatabase)
 	}
-	return FindQuota(ctx, cli, api.Manifest, flag, spell)
+	return ServerQuota(api.KineServer)
+}
+
+// ServerQuota is what stands for etcd's quota on a datastore kept by a
+// database server (k3s's PostgreSQL, named by name): none, and its room is
+// on the server, out of the tool's sight.
+func ServerQuota(name string) Quota {
+	return Quota{Bytes: DefaultQuotaBackendBytes, Server: true, Source: name}
 }
 
 // SQLiteQuota is what stands for etcd's quota on a SQLite datastore: the

@@ -51,6 +51,9 @@ func CheckWriteQuota(ctx context.Context, cli *clientv3.Client, quota Quota, wha
 	}
 	margin := Margin(quota.Bytes)
 	done := []string{quota.line(margin)}
+	if quota.Server {
+		return append(done, fmt.Sprintf("database %s + %s about %s: make sure the server has that room", textfmt.Bytes(st.DBSize), what, textfmt.Bytes(writes))), nil
+	}
 	if room := quota.Bytes - margin - st.DBSize + st.Free; writes > room {
 		return done, &PreflightError{Err: input.Errorf("the %s would add about %s to a %s database (%s of it free), past etcd's %s quota less the %s margin (quota from %s); compact and defragment etcd first ('etcdctl compact', then 'etcdctl defrag' on every member), raise its --quota-backend-bytes, or %s fewer objects at a time (%s, %s)",
 			what, textfmt.Bytes(writes), textfmt.Bytes(st.DBSize), textfmt.Bytes(st.Free), textfmt.Bytes(quota.Bytes), textfmt.Bytes(margin), quota.Source, what, input.Namespace, input.Resource)}

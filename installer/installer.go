@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -91,6 +92,13 @@ type Found struct {
 	// KineDatabase is the SQLite file k3s or RKE2 keeps the cluster in
 	// through kine, "" when it stores into etcd.
 	KineDatabase string
+	// KineDSN is the PostgreSQL database k3s or RKE2 keeps the cluster in
+	// through kine: its datastore-endpoint as written, credentials and all
+	// (never printed: Datastore names it without them), "" when none.
+	// KineCAFile, KineCertFile and KineKeyFile are its datastore-cafile,
+	// -certfile and -keyfile, the TLS kine connects with.
+	KineDSN                               string
+	KineCAFile, KineCertFile, KineKeyFile string
 	// Notes are what the operator should know of what was found (a
 	// kube-apiserver disabled, a second copy of the manifest, how the
 	// release is known).
@@ -110,7 +118,7 @@ func (f *Found) What() string {
 		fmt.Fprintf(&b, ": kube-apiserver's manifest %s (parked out of %s: kube-apiserver stopped)", f.Manifest, f.KubeletDir)
 	case f.Manifest != "":
 		fmt.Fprintf(&b, ": kube-apiserver's manifest %s", f.Manifest)
-		if f.KineDatabase != "" {
+		if f.OnKine() {
 			fmt.Fprintf(&b, " (%s)", f.Datastore)
 		}
 	default:
@@ -123,7 +131,7 @@ func (f *Found) What() string {
 		fmt.Fprintf(&b, "; etcd's manifest %s", f.EtcdManifest)
 	}
 	switch {
-	case f.KineDatabase != "":
+	case f.OnKine():
 		// no etcd: the datastore is named above
 	case f.EtcdDataDir != "":
 		fmt.Fprintf(&b, "; etcd's data directory %s (%s)", f.EtcdDataDir, f.EtcdDataDirFrom)
@@ -132,6 +140,10 @@ func (f *Found) What() string {
 	}
 	return b.String()
 }
+
+// OnKine says whether the cluster is kept through kine (SQLite or
+// PostgreSQL), not in etcd.
+func (f *Found) OnKine() bool { return f.KineDatabase != "" || f.KineDSN != "" }
 
 // Place is where an installer's files are looked for.
 type Place struct {
@@ -453,8 +465,13 @@ func findRKE2(root string) (*Found, []string, error) {
 	switch ep := s.scalar("datastore-endpoint"); {
 	case sqliteEndpoint(ep) != "":
 		f.KineDatabase, f.Datastore = under(root, sqliteEndpoint(ep)), "SQLite through kine, its datastore-endpoint"
+	case postgresEndpoint(ep) != "":
+		f.KineDSN, f.Datastore = ep, "PostgreSQL through kine, the "+postgresEndpoint(ep)+" (its datastore-endpoint)"
+		f.KineCAFile, f.KineCertFile, f.KineKeyFile = s.scalar("datastore-cafile"), s.scalar("datastore-certfile"), s.scalar("datastore-keyfile")
+		f.Notes = append(f.Notes, "note: RKE2 keeps this cluster in PostgreSQL (its datastore-endpoint): the tool serves it through kine in its own process, with every RKE2 server of the cluster stopped")
+		return f, looked, nil
 	case ep != "" && !isEtcdEndpoint(ep):
-		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads SQLite through kine and writes etcd only", datastoreKind(ep)))
+		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite and PostgreSQL through kine", datastoreKind(ep)))
 	case ep == "" && s.flag("disable-etcd") && !s.has("server"):
 		f.KineDatabase, f.Datastore = sqlite, "SQLite through kine (disable-etcd without server)"
 	case ep == "" && kine != "":
@@ -550,6 +567,30 @@ func sqliteEndpoint(ep string) string {
 		return ""
 	}
 	return filepath.Join("/", path)
+}
+
+// postgresEndpoint names the PostgreSQL database of a kine
+// datastore-endpoint (postgres:// or postgresql://, kine's pgsql driver) without
+// its credentials: "database DB on HOST" ("" for any other endpoint). As kine
+// reads it: no database is "kubernetes", and the name is folded to lower case.
+func postgresEndpoint(ep string) string {
+	scheme, _, ok := strings.Cut(ep, "://")
+	if !ok || (strings.ToLower(scheme) != "postgres" && strings.ToLower(scheme) != "postgresql") {
+		return ""
+	}
+	host, db := "localhost", "kubernetes"
+	if u, err := url.Parse(ep); err == nil {
+		if u.Host != "" {
+			host = u.Host
+		}
+		if h := u.Query().Get("host"); h != "" {
+			host = h
+		}
+		if p := strings.Trim(u.Path, "/"); p != "" {
+			db = strings.ToLower(p)
+		}
+	}
+	return fmt.Sprintf("database %s on %s", db, host)
 }
 
 // datastoreKind names a kine datastore-endpoint's database without its

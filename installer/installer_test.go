@@ -236,9 +236,11 @@ func TestK3sConfigurationMerged(t *testing.T) {
 }
 
 // TestK3sNotEtcdRefused: a k3s server whose datastore is kine on MySQL or
-// PostgreSQL, or that runs no etcd of its own, is refused with the reason,
-// its credentials never in the message; kine on SQLite is found with its
-// database file; an external etcd is taken as kube-apiserver takes it.
+// NATS, or that runs no etcd of its own, is refused with the reason, its
+// credentials never in the message; kine on SQLite is found with its
+// database file, kine on PostgreSQL with its datastore-endpoint (named
+// without its password); an external etcd is taken as kube-apiserver takes
+// it.
 func TestK3sNotEtcdRefused(t *testing.T) {
 	for _, tc := range []struct {
 		config string
@@ -246,7 +248,7 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 		want   string
 	}{
 		{"datastore-endpoint: mysql://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", false, "its datastore-endpoint is MySQL through kine, not etcd"},
-		{"datastore-endpoint: postgres://k3s:s3cr3t@db.example.com:5432/k3s\n", true, "its datastore-endpoint is PostgreSQL through kine, not etcd"},
+		{"datastore-endpoint: nats://k3s:s3cr3t@nats.example.com:4222\n", true, "its datastore-endpoint is NATS through kine, not etcd"},
 		{"disable-etcd: true\nserver: https://etcd-1.example.com:6443\n", false, "this server runs no etcd (disable-etcd"},
 	} {
 		root := t.TempDir()
@@ -276,6 +278,24 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 		f, err := Find(root, "")
 		if err != nil || f.KineDatabase != filepath.Join(root, tc.db) || f.EtcdDataDir != "" || !strings.Contains(f.What(), "SQLite through kine, "+filepath.Join(root, tc.db)) {
 			t.Errorf("%q: %+v %v\nwant the SQLite datastore %s", tc.config, f, err, tc.db)
+		}
+	}
+	// kine's PostgreSQL (k3s pkg/cli/cmds/server.go: datastore-endpoint,
+	// -cafile, -certfile, -keyfile, handed to kine by pkg/daemons/control).
+	for _, tc := range []struct{ config, what string }{
+		{"datastore-endpoint: postgres://k3s:s3cr3t@db.example.com:5432/K3s?sslmode=verify-full\ndatastore-cafile: /etc/k3s/pg-ca.pem\n", "PostgreSQL through kine, the database k3s on db.example.com:5432 (its datastore-endpoint)"},
+		{"datastore-endpoint: postgresql://k3s:s3cr3t@db.example.com\n", "PostgreSQL through kine, the database kubernetes on db.example.com (its datastore-endpoint)"},
+	} {
+		root := t.TempDir()
+		write(t, root, "/etc/rancher/k3s/config.yaml", tc.config)
+		mkdir(t, root, "/var/lib/rancher/k3s/server/db")
+		f, err := Find(root, "")
+		if err != nil || !f.OnKine() || f.KineDatabase != "" || f.EtcdDataDir != "" || !strings.Contains(f.What(), tc.what) || strings.Contains(f.What(), "s3cr3t") || !strings.Contains(f.KineDSN, "s3cr3t") {
+			t.Errorf("%q: %v %v\nwant %q", tc.config, f.What(), err, tc.what)
+			continue
+		}
+		if strings.Contains(tc.config, "cafile") && f.KineCAFile != "/etc/k3s/pg-ca.pem" {
+			t.Errorf("%q: datastore-cafile %q", tc.config, f.KineCAFile)
 		}
 	}
 	root := t.TempDir()

@@ -157,9 +157,18 @@ func findK3s(root string) (*Found, []string, error) {
 		f.Datastore = "SQLite through kine, " + f.KineDatabase + " (its datastore-endpoint)"
 		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
 		f.Notes = append(f.Notes, "note: k3s keeps this cluster in SQLite (its datastore-endpoint): the tool serves it through kine in its own process, with k3s stopped")
+	case postgresEndpoint(ep) != "":
+		// kine's PostgreSQL (postgres:// or postgresql://), shared by every
+		// k3s server of the cluster; k3s hands kine the datastore-cafile,
+		// -certfile and -keyfile.
+		f.KineDSN = ep
+		f.KineCAFile, f.KineCertFile, f.KineKeyFile = s.scalar("datastore-cafile"), s.scalar("datastore-certfile"), s.scalar("datastore-keyfile")
+		f.Datastore = "PostgreSQL through kine, the " + postgresEndpoint(ep) + " (its datastore-endpoint)"
+		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
+		f.Notes = append(f.Notes, "note: k3s keeps this cluster in PostgreSQL (its datastore-endpoint): the tool serves it through kine in its own process, with every k3s server of the cluster stopped")
 	case ep != "" && !isEtcdEndpoint(ep):
 		return nil, looked, &UnsupportedError{Installer: K3s, Files: files,
-			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool reads SQLite through kine and writes etcd only", datastoreKind(ep))}
+			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite and PostgreSQL through kine", datastoreKind(ep))}
 	case ep != "":
 		f.Datastore = "an external etcd, its datastore-endpoint"
 		defaults["etcd-servers"] = ep

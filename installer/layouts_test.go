@@ -177,9 +177,9 @@ func TestSettingsOutsideConfigYAML(t *testing.T) {
 // pkg/rke2/rke2_linux.go, initStaticPodExecutor), and then writes
 // kube-apiserver's --etcd-servers as unixs://DATA/server/kine.sock
 // (pkg/executor/staticpod/staticpod.go, APIServer). SQLite (DATA/server/
-// db/state.db, or a sqlite:// datastore-endpoint) is found, with its file;
-// MySQL and PostgreSQL are refused with the reason, credentials never
-// shown. disable-etcd with server (a control-plane-only server) and an etcd
+// db/state.db, or a sqlite:// datastore-endpoint) is found, with its file,
+// PostgreSQL with its datastore-endpoint; MySQL is refused with the reason,
+// credentials never shown. disable-etcd with server (a control-plane-only server) and an etcd
 // datastore-endpoint are not kine.
 func TestRKE2OnKine(t *testing.T) {
 	kineManifest := strings.Replace(testdata(t, "rke2/kube-apiserver.yaml"), "--etcd-servers=https://127.0.0.1:2379", "--etcd-servers=unixs:///var/lib/rancher/rke2/server/kine.sock", 1)
@@ -208,7 +208,6 @@ func TestRKE2OnKine(t *testing.T) {
 	for _, tc := range []struct {
 		name, config, want string
 	}{
-		{"PostgreSQL", "datastore-endpoint: postgres://rke2:s3cr3t@db.example.com:5432/rke2\n", "its datastore-endpoint is PostgreSQL through kine, not etcd"},
 		{"MySQL", "datastore-endpoint: mysql://rke2:s3cr3t@tcp(db.example.com:3306)/rke2\n", "its datastore-endpoint is MySQL through kine, not etcd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -222,6 +221,15 @@ func TestRKE2OnKine(t *testing.T) {
 			}
 		})
 	}
+	t.Run("PostgreSQL", func(t *testing.T) {
+		root := t.TempDir()
+		write(t, root, "/etc/rancher/rke2/config.yaml", "datastore-endpoint: postgres://rke2:s3cr3t@db.example.com:5432/rke2\n")
+		write(t, root, "/var/lib/rancher/rke2/agent/pod-manifests/kube-apiserver.yaml", kineManifest)
+		f, err := Find(root, "")
+		if err != nil || f.Installer != RKE2 || !f.OnKine() || f.KineDatabase != "" || !strings.Contains(f.What(), "PostgreSQL through kine, the database rke2 on db.example.com:5432") || strings.Contains(f.What(), "s3cr3t") {
+			t.Fatalf("%v %v", f.What(), err)
+		}
+	})
 	for _, tc := range []struct{ name, config string }{
 		{"disable-etcd with server", "disable-etcd: true\nserver: https://10.0.0.5:9345\n"},
 		{"etcd over a unix socket", "datastore-endpoint: unixs:///run/etcd/client.sock\n"},

@@ -95,9 +95,12 @@ type EtcdCosts struct {
 // bytes, per rewrite where named so).
 type costs struct {
 	cores int
-	// kine: the datastore is SQLite through kine, its window the file's
-	// holders looked at once.
+	// kine: the datastore is served through kine, its window the file's
+	// holders (SQLite) or the database's clients (PostgreSQL) looked at once.
 	kine bool
+	// server: the datastore is a database server's (PostgreSQL through
+	// kine): no snapshot, its window the clients connected to it.
+	server bool
 	// setup is this process's time from its start to the plan's first
 	// check; checks the preflight's checks of migrate as plan ran them.
 	setup, checks float64
@@ -192,6 +195,9 @@ func estimate(c costs) Estimate {
 
 	// The first write: after the window, and after the checks and the snapshot.
 	snap := EstimatePart{Name: "snapshot", Basis: "no undo (--no-undo): no snapshot"}
+	if c.server && c.journal {
+		snap.Basis = "no snapshot (PostgreSQL: the journal is the undo, the dump taken first the way back beyond it)"
+	}
 	if c.snapshot {
 		rate, how := c.snapshotRate, "etcd streamed a sample of it here at %s/s"
 		if rate <= 0 {
@@ -204,6 +210,8 @@ func estimate(c costs) Estimate {
 	first := func(s float64) float64 { return max(c.window, checks+s) }
 	window := fmt.Sprintf("the %.0fs liveness window", c.window)
 	switch {
+	case c.kine && c.server:
+		window = "no liveness window (a PostgreSQL datastore: no other client connected to it)"
 	case c.kine:
 		window = "no liveness window (a SQLite datastore: no other process holds it open)"
 	case c.window == 0:
@@ -437,7 +445,7 @@ func simulateGuard(c costs, body, tc float64, progressive bool) guardRun {
 }
 
 // errNoKineMetrics is why a SQLite datastore's costs are assumed.
-var errNoKineMetrics = errors.New("a SQLite datastore served through kine has no etcd metrics")
+var errNoKineMetrics = errors.New("a datastore served through kine has no etcd metrics")
 
 // etcdCosts picks the slowest member's costs out of their metrics.
 func etcdCostsOf(ms []etcdscan.MemberMetrics, err error) *EtcdCosts {
@@ -577,7 +585,8 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 		}
 	}
 	c.journal = opts.StateDir != "" || mo.Journal != ""
-	c.snapshot = opts.StateDir != "" || mo.Snapshot != ""
+	c.snapshot = (opts.StateDir != "" || mo.Snapshot != "") && env.Target.APIServer().KineServer == ""
+	c.server = env.Target.APIServer().KineServer != ""
 	c.compact = mo.CompactHistory
 	c.etcd = etcdCostsOf(metrics, merr)
 	if st, err := etcdscan.Status(ctx, env.Client); err == nil {

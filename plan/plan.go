@@ -225,6 +225,12 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 		mopts := opts.Migrate
 		mopts.Journal, mopts.Snapshot = opts.StateDir.NextRunFiles()
 		mopts.StateDir = opts.StateDir
+		if server := env.Target.APIServer().KineServer; server != "" {
+			// A database server's datastore: no snapshot; the dump the
+			// operator takes first is the way back beyond the journal.
+			mopts.Snapshot = ""
+			p.Checks = append(p.Checks, fmt.Sprintf("the run's undo is its journal alone: PostgreSQL has no snapshot the tool can take; take a dump of the database first (%s: pg_dump --format=custom) and keep it until the run is verified", server))
+		}
 		lines, err := guard.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)
 		if err != nil {

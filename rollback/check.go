@@ -2,6 +2,7 @@ package rollback
 
 import (
 	"context"
+	"kube-etcd-migrate/apiserverconfig"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -33,9 +34,10 @@ type CheckConfig struct {
 	// given).
 	Manifest          string
 	QuotaBackendBytes int64
-	// KineDatabase, when set, is the SQLite datastore the rollback writes
-	// through kine: no quota, its filesystem's room (guard.SQLiteQuota).
-	KineDatabase string
+	// Kine, when set, is kube-apiserver's configuration whose datastore the
+	// rollback writes through kine (OnKine): no etcd quota, what
+	// guard.KineQuota says instead.
+	Kine *apiserverconfig.Config
 	// Room, when set, is where the rollback's own undo goes: its room is
 	// checked (not in a dry run).
 	Room  *UndoRoom
@@ -74,8 +76,8 @@ type Checked struct {
 // gives it (an *undo.PluginStopError when a KMS plugin stopped).
 func Check(ctx context.Context, cli *clientv3.Client, cfg CheckConfig) (*Checked, error) {
 	var quota guard.Quota
-	if cfg.KineDatabase != "" {
-		quota = guard.SQLiteQuota(cfg.KineDatabase)
+	if cfg.Kine.OnKine() {
+		quota = guard.KineQuota(cfg.Kine)
 	} else {
 		quota = guard.FindQuota(ctx, cli, cfg.Manifest, cfg.QuotaBackendBytes, cfg.Spell)
 	}

@@ -24,6 +24,9 @@ type Undo struct {
 	// instead (in Elsewhere/ID, made: never one that exists): a rollback's,
 	// when the state directory's filesystem has no room.
 	Elsewhere string
+	// noSnapshot names a datastore the run can take no snapshot of (a
+	// PostgreSQL database through kine): its journal alone is the undo.
+	noSnapshot string
 }
 
 // dir is a writing run's run directory and the state directory it is in,
@@ -77,6 +80,17 @@ func openDir(w io.Writer, u Undo, command string, endpoints []string, prefix str
 			d.finish(w, 1, 0, nil, spell)
 			return nil, &StateDirError{Err: err, Elsewhere: true}
 		}
+	}
+	if u.noSnapshot != "" {
+		if err := rd.SetSnapshot(""); err != nil {
+			d.finish(w, 1, 0, nil, spell)
+			return nil, &StateDirError{Err: err}
+		}
+		fmt.Fprintf(w, "run %s: recorded in %s; its undo is its journal %s alone (no snapshot: %s has none the tool can take; the dump taken before the run is the way back beyond it); 'kube-etcd-migrate rollback --run %s' undoes it\n",
+			rd.ID, rd.Dir, rd.Journal, u.noSnapshot, rd.ID)
+		return d, nil
+	}
+	if u.Elsewhere != "" {
 		fmt.Fprintf(w, "run %s: recorded in %s; its undo is kept in %s (--undo-dir: journal %s, snapshot before the first write %s); 'kube-etcd-migrate runs --state-dir %s' lists it and 'kube-etcd-migrate rollback --run %s --state-dir %s' undoes it\n",
 			rd.ID, rd.Dir, filepath.Dir(rd.Journal), rd.Journal, rd.Snapshot, u.StateDir, rd.ID, u.StateDir)
 		return d, nil

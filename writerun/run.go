@@ -144,7 +144,10 @@ type Run struct {
 // On a SQLite datastore served through kine (Config.Kine) the same order
 // holds with SQLite's counterparts: the lock is the file's (kinedb's flock,
 // taken when it was served; nothing is recorded in the datastore), the
-// watch is the file's holders, the snapshot a copy of the database.
+// watch is the file's holders, the snapshot a copy of the database. On a
+// PostgreSQL datastore: the lock is kinedb's advisory lock on the database
+// (seen by every host), the watch the other clients connected to it, and
+// there is no snapshot: the journal is the undo.
 func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	r, err := start(ctx, cfg)
 	if err != nil {
@@ -194,11 +197,12 @@ func start(ctx context.Context, cfg Config) (*Run, error) {
 func (r *Run) Kine() bool { return r.cfg.Kine != nil }
 
 // SaveSnapshot is how the run's snapshot is saved (guard.FirstWrite's
-// Save): nil for etcd's own snapshot; on kine, a consistent copy of the
-// database (kinedb.Copy, while kine serves it) with its sum.
+// Save): nil for etcd's own snapshot; on SQLite through kine, a
+// consistent copy of the database (kinedb.Copy, while kine serves it) with
+// its sum. On PostgreSQL there is none (Snapshot is "").
 func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSum, error) {
 	k := r.cfg.Kine
-	if k == nil {
+	if k == nil || !k.SQLite() {
 		return nil
 	}
 	return func(ctx context.Context, path string) (undo.FileSum, error) {
@@ -223,7 +227,11 @@ func (r *Run) open() error {
 	if r.cfg.DryRun || r.cfg.Private {
 		return nil
 	}
-	d, err := openDir(r.cfg.Log, r.cfg.Undo, r.cfg.Command, r.cfg.Endpoints, r.cfg.Prefix, r.cfg.Attach, r.cfg.Spell)
+	u := r.cfg.Undo
+	if k := r.cfg.Kine; k != nil && !k.SQLite() {
+		u.noSnapshot = k.Name()
+	}
+	d, err := openDir(r.cfg.Log, u, r.cfg.Command, r.cfg.Endpoints, r.cfg.Prefix, r.cfg.Attach, r.cfg.Spell)
 	if err != nil {
 		return err
 	}
