@@ -1,0 +1,239 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx", to read kine's table as it is
+
+	"kube-etcd-migrate/internal/build/modbuild"
+	"kube-etcd-migrate/internal/testrig/apiserverproc"
+	"kube-etcd-migrate/internal/testrig/apiservertest"
+	"kube-etcd-migrate/internal/testrig/everyresource"
+	"kube-etcd-migrate/internal/testrig/testkine"
+	"kube-etcd-migrate/internal/testrig/testpg"
+	"kube-etcd-migrate/verify"
+)
+
+// k3sPostgresNode lays out a k3s server node under root whose datastore is
+// the PostgreSQL database dsn (k3s pkg/cli/cmds/server.go: datastore-endpoint;
+// pkg/daemons/control hands it to kine), with secrets encryption as
+// k3sSQLiteNode's.
+func k3sPostgresNode(t *testing.T, root, dsn string, providers ...string) (enc string) {
+	t.Helper()
+	_, enc = k3sSQLiteNode(t, root, providers...)
+	config := fmt.Sprintf("secrets-encryption: true\ndatastore-endpoint: %q\n", dsn)
+	if err := os.WriteFile(filepath.Join(root, "etc/rancher/k3s/config.yaml"), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return enc
+}
+
+// pgTable is kine's table as it is, row by row (every column, in id order).
+func pgTable(t *testing.T, dsn string) []string {
+	t.Helper()
+	rows := pgQuery(t, dsn, "SELECT id, name, created, deleted, create_revision, prev_revision, lease, value, old_value FROM kine ORDER BY id")
+	var out []string
+	for _, r := range rows {
+		out = append(out, strings.Join(r, "|"))
+	}
+	return out
+}
+
+// pgLatest is each key's latest row in kine's table, as a read of it finds
+// it (deleted or not, with its value and lease; a row per write is kine's
+// log).
+func pgLatest(t *testing.T, dsn string) map[string]string {
+	t.Helper()
+	rows := pgQuery(t, dsn, "SELECT DISTINCT ON (name) name, deleted, lease, value FROM kine ORDER BY name, id DESC")
+	out := map[string]string{}
+	for _, r := range rows {
+		if r[0] == "compact_rev_key" {
+			continue
+		}
+		out[r[0]] = strings.Join(r[1:], "|")
+	}
+	return out
+}
+
+func pgQuery(t *testing.T, dsn, query string) [][]string {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rs, err := db.Query(query)
+	if err != nil {
+		t.Fatalf("reading kine's table: %v", err)
+	}
+	defer rs.Close()
+	cols, err := rs.Columns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	for rs.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rs.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		row := make([]string, len(cols))
+		for i, v := range vals {
+			if b, ok := v.([]byte); ok {
+				row[i] = hex.EncodeToString(b)
+			} else {
+				row[i] = fmt.Sprint(v)
+			}
+		}
+		out = append(out, row)
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestK3sPostgres: as TestK3sSQLite, on k3s's PostgreSQL datastore — a
+// real PostgreSQL server (Debian's package), kine on it as k3s runs it.
+// The previous release's kube-apiserver writes one object of every
+// resource under key1. While that "k3s" still runs, verify reads the
+// database (exit 3) without a write of its own, and migrate is refused,
+// naming the other client, the table unchanged row for row. With it
+// stopped and the key rotated: plan proceeds and says to take a dump;
+// migrate rewrites (exit 0; runs --verify and verify exit 0); rollback
+// --run puts back every key's latest row (value and lease); migrated
+// again, the linked release's kube-apiserver on kine with key2 alone
+// serves every object as the previous release served it, and a no-op
+// update of each keeps its resourceVersion.
+func TestK3sPostgres(t *testing.T) {
+	ctx := context.Background()
+	dsn := testpg.Start(t)
+	root := t.TempDir()
+	enc := k3sPostgresNode(t, root, dsn, aescbcProvider("key1", 1))
+	k3s := testkine.ServeK3s(t, dsn)
+	old := apiserverproc.Start(t, apiserverproc.Options{
+		Binary:               olderAPIServer(t, modbuild.PreviousKubernetes),
+		EtcdURL:              k3s.Endpoint,
+		RuntimeConfig:        betaAPIs,
+		EncryptionConfigPath: enc,
+	})
+	res, err := everyresource.Create(ctx, old.ClientConfig, everyresource.Options{})
+	if err != nil {
+		t.Fatalf("kube-apiserver %s on kine over PostgreSQL: create one object of every resource: %v", modbuild.PreviousKubernetes, err)
+	}
+	t.Logf("kube-apiserver %s on kine over PostgreSQL wrote one object of each of %d resource versions", modbuild.PreviousKubernetes, len(res.Objects))
+	since := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(since))
+	served := snapshot(t, old.ClientConfig, servedResources(t, old.ClientConfig))
+	old.Stop()
+
+	tool := []string{"--node-root", root, "--runtime-config", betaAPIs, "--target-version", currentMinor}
+	// With k3s's kine still connected: read, never written; a write refused.
+	table := pgTable(t, dsn)
+	writeK3sEncryption(t, enc, aescbcProvider("key2", 2), aescbcProvider("key1", 1))
+	if rep, code := verifyJSON(t, tool); code != verify.ExitStale || rep.Summary.Unreadable != 0 || rep.Summary.Stale < int64(len(res.Objects)) {
+		t.Errorf("verify of the PostgreSQL datastore after the key rotation: exit %d, %+v; want %d (stale), every object read", code, rep.Summary, verify.ExitStale)
+	}
+	if out, stderr, code := runTool(t, append([]string{"migrate"}, tool...)...); code != 1 || !strings.Contains(stderr, "stop") {
+		t.Errorf("migrate while k3s's kine is connected to the database: exit %d, want 1 and the other client named\n%s%s", code, out, stderr)
+	}
+	// k3s's kine itself may delete the stopped kube-apiserver's lease in
+	// /registry/masterleases/ meanwhile (its TTL expiry): a row appended.
+	if got := pgTable(t, dsn); len(got) < len(table) || !slices.Equal(got[:len(table)], table) {
+		t.Errorf("verify, and migrate refused, changed kine's table: %d rows, %d before", len(got), len(table))
+	} else {
+		for _, r := range got[len(table):] {
+			if f := strings.Split(r, "|"); !strings.HasPrefix(f[1], "/registry/masterleases/") || f[3] != "1" {
+				t.Errorf("verify, or migrate refused, added a row to kine's table: %.80s", r)
+			}
+		}
+	}
+	k3s.Stop()
+
+	table = pgTable(t, dsn)
+	_, stderr, code := runTool(t, append([]string{"inventory"}, tool[:2]...)...)
+	if code != 0 || !strings.Contains(stderr, "PostgreSQL through kine") || strings.Contains(stderr, dsn) {
+		t.Errorf("inventory: exit %d, want 0 and the datastore named without its DSN\n%s", code, stderr)
+	}
+	out, stderr, code := runTool(t, "inspect", "--node-root", root, "-o", "json", "/registry/secrets/everyresource/secret1")
+	if code != 0 || !strings.Contains(out, `"kind": "Secret"`) || !strings.Contains(out, `"key1"`) {
+		t.Errorf("inspect of a Secret: exit %d, want 0, the object and the key that decrypted it\n%s\n%s", code, out, stderr)
+	}
+	if out, stderr, code := runTool(t, append([]string{"plan"}, tool...)...); code != 0 || !strings.Contains(out+stderr, "PostgreSQL has no quota") || !strings.Contains(out+stderr, "pg_dump") {
+		t.Errorf("plan on PostgreSQL: exit %d, want 0, its room and the dump to take named\n%s%s", code, out, stderr)
+	}
+	if got := pgTable(t, dsn); !slices.Equal(got, table) {
+		t.Errorf("inventory, inspect and plan changed kine's table: %d rows, %d before", len(got), len(table))
+	}
+	rows := pgLatest(t, dsn)
+
+	migrateKine := func() {
+		t.Helper()
+		out, stderr, code := runTool(t, append([]string{"migrate"}, tool...)...)
+		if code != 0 || !strings.Contains(out+stderr, "its journal") {
+			t.Fatalf("migrate on PostgreSQL: exit %d, want 0 and its undo named\n%s%s", code, out, stderr)
+		}
+	}
+	migrateKine()
+	if out, stderr, code := runTool(t, "runs", "--verify"); code != 0 || !strings.Contains(out, "0001-migrate") {
+		t.Errorf("runs --verify after migrate on PostgreSQL: exit %d, want 0 and the run listed\n%s%s", code, out, stderr)
+	}
+	if rep, code := verifyJSON(t, tool); code != verify.ExitCurrent || rep.Summary.Stale != 0 {
+		t.Errorf("verify after migrate on PostgreSQL: exit %d, %+v; want %d, none stale", code, rep.Summary, verify.ExitCurrent)
+	}
+	if out, stderr, code := runTool(t, "rollback", "--node-root", root, "--run", "0001-migrate"); code != 0 {
+		t.Fatalf("rollback --run 0001-migrate on PostgreSQL: exit %d\n%s%s", code, out, stderr)
+	}
+	if got := pgLatest(t, dsn); !maps.Equal(got, rows) {
+		for k, v := range rows {
+			if got[k] != v {
+				t.Errorf("after the rollback, %s: %.60q, want %.60q", k, got[k], v)
+			}
+		}
+		for k := range got {
+			if _, ok := rows[k]; !ok {
+				t.Errorf("after the rollback, %s is there, which was not before the migration", k)
+			}
+		}
+	}
+
+	migrateKine()
+	writeK3sEncryption(t, enc, aescbcProvider("key2", 2))
+	if rep, code := verifyJSON(t, tool); code != verify.ExitCurrent || rep.Summary.Unreadable != 0 {
+		t.Errorf("verify with key2 alone after migrate on PostgreSQL: exit %d, %+v; want %d", code, rep.Summary, verify.ExitCurrent)
+	}
+	k3s = testkine.ServeK3s(t, dsn)
+	linked := apiservertest.Start(t, apiservertest.Options{EtcdURL: k3s.Endpoint, RuntimeConfig: betaAPIs, EncryptionConfigPath: enc})
+	owned := apiserverOwned{}
+	for _, o := range res.Objects {
+		if o.GVR.GroupResource() == storageVersion {
+			owned[o.Name] = true
+		}
+	}
+	sameContentEvery(t, linked.ClientConfig, served, owned, true, since)
+	checked := noOpUpdateEvery(t, linked.ClientConfig, owned)
+	n := 0
+	for _, c := range checked {
+		n += c
+	}
+	if n < len(res.Objects)/2 {
+		t.Errorf("a no-op update of %d objects through kube-apiserver %s on kine over PostgreSQL, of the %d written: too few checked", n, currentMinor, len(res.Objects))
+	}
+	t.Logf("kube-apiserver %s on kine over PostgreSQL, key2 alone: %d objects of %d resources unchanged by a no-op update", currentMinor, n, len(checked))
+	linked.Stop()
+	k3s.Stop()
+}
