@@ -18,8 +18,9 @@ const probeInterval = 250 * time.Millisecond
 // tool's process): another process holding it is the other writer (k3s
 // started), looked for at once and then every probeInterval.
 type probeWatch struct {
-	what  string
-	probe func() (string, error)
+	what    string
+	clients bool
+	probe   func() (string, error)
 
 	mu   sync.Mutex
 	err  error
@@ -29,10 +30,12 @@ type probeWatch struct {
 
 // StartProbeWatch is the run's watch of the datastore what (e.g. "the
 // SQLite datastore /var/lib/.../state.db"), probe naming the other
-// processes that hold it open ("" while none does). It stops the run, as
-// a writer seen in etcd does (a *liveness.WriterError), when one appears.
-func StartProbeWatch(what string, probe func() (string, error)) *Watch {
-	p := &probeWatch{what: what, probe: probe, stop: make(chan struct{}), done: make(chan struct{})}
+// processes that hold it open ("" while none does), or, with clients, the
+// other clients connected to it (a database server's: "the PostgreSQL
+// datastore k3s on db:5432"). It stops the run, as a writer seen in etcd
+// does (a *liveness.WriterError), when one appears.
+func StartProbeWatch(what string, clients bool, probe func() (string, error)) *Watch {
+	p := &probeWatch{what: what, clients: clients, probe: probe, stop: make(chan struct{}), done: make(chan struct{})}
 	p.look()
 	go func() {
 		defer close(p.done)
@@ -61,8 +64,12 @@ func (p *probeWatch) look() error {
 		return p.err
 	}
 	switch {
+	case err != nil && p.clients:
+		p.err = fmt.Errorf("watching who is connected to %s: %w", p.what, err)
 	case err != nil:
 		p.err = fmt.Errorf("watching who holds %s open: %w", p.what, err)
+	case who != "" && p.clients:
+		p.err = &liveness.WriterError{Opened: fmt.Sprintf("%s was connected to by %s", p.what, who)}
 	case who != "":
 		p.err = &liveness.WriterError{Opened: fmt.Sprintf("%s was opened by %s", p.what, who)}
 	}
@@ -88,6 +95,9 @@ func (p *probeWatch) close() {
 func (p *probeWatch) verdict(context.Context) (string, error) {
 	if err := p.look(); err != nil {
 		return "", &PreflightError{Err: err}
+	}
+	if p.clients {
+		return fmt.Sprintf("no other client is connected to %s (the only way to write it)", p.what), nil
 	}
 	return fmt.Sprintf("no other process holds %s open (the only way to write it)", p.what), nil
 }

@@ -107,45 +107,37 @@ func parsePG(cfg Config) (*pgTarget, error) {
 	return t, nil
 }
 
-// prepareConfig is kine's pgsql prepareConfig (kine v0.17.5), but for its
-// dialer: the database kine opens (the DSN's path lowercased, "kubernetes"
-// when it has none), its TLS files as sslrootcert, sslcert and sslkey with
-// sslmode verify-full unless the DSN says otherwise; environment variables
-// (PGHOST, PGPASSWORD...) and .pgpass as pgx reads them.
+// prepareConfig is the connection kine's pgsql driver makes of a DSN (the
+// DSN without its scheme) and the datastore's TLS files, for the tool's own
+// sessions to reach the same database as kine: the database named by the
+// path, lower case as kine folds it ("kubernetes" when there is none); each
+// TLS file given as the libpq parameter the DSN does not set already
+// (sslrootcert, sslcert, sslkey), and then sslmode verify-full unless the
+// DSN sets one; the rest as pgx reads it (PGPASSWORD, .pgpass...).
 func prepareConfig(dataSourceName string, tlsInfo kinetls.Config) (*pgx.ConnConfig, error) {
 	u, err := url.Parse("postgres://" + dataSourceName)
 	if err != nil {
 		return nil, errors.New("not a URL")
 	}
-	if len(u.Path) == 0 || u.Path == "/" {
+	u.Path = strings.ToLower(u.Path)
+	if strings.Trim(u.Path, "/") == "" {
 		u.Path = "/kubernetes"
 	}
-	u.Path = strings.ToLower(u.Path)
-	queryMap, err := url.ParseQuery(u.RawQuery)
+	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, err
 	}
-	params := url.Values{}
-	sslmode := ""
-	if _, ok := queryMap["sslcert"]; tlsInfo.CertFile != "" && !ok {
-		params.Add("sslcert", tlsInfo.CertFile)
-		sslmode = "verify-full"
+	tlsFiles := false
+	for _, f := range []struct{ param, file string }{{"sslrootcert", tlsInfo.CAFile}, {"sslcert", tlsInfo.CertFile}, {"sslkey", tlsInfo.KeyFile}} {
+		if f.file != "" && !q.Has(f.param) {
+			q.Set(f.param, f.file)
+			tlsFiles = true
+		}
 	}
-	if _, ok := queryMap["sslkey"]; tlsInfo.KeyFile != "" && !ok {
-		params.Add("sslkey", tlsInfo.KeyFile)
-		sslmode = "verify-full"
+	if tlsFiles && !q.Has("sslmode") {
+		q.Set("sslmode", "verify-full")
 	}
-	if _, ok := queryMap["sslrootcert"]; tlsInfo.CAFile != "" && !ok {
-		params.Add("sslrootcert", tlsInfo.CAFile)
-		sslmode = "verify-full"
-	}
-	if _, ok := queryMap["sslmode"]; !ok && sslmode != "" {
-		params.Add("sslmode", sslmode)
-	}
-	for k, v := range queryMap {
-		params.Add(k, v[0])
-	}
-	u.RawQuery = params.Encode()
+	u.RawQuery = q.Encode()
 	return pgx.ParseConfig(u.String())
 }
 

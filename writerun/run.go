@@ -64,9 +64,10 @@ type Config struct {
 	// run's watch is the file's holders (guard.StartProbeWatch: no one
 	// writes it without opening it), whatever Liveness says; its snapshot
 	// a consistent copy of the database (SaveSnapshot). On a PostgreSQL
-	// datastore (kinedb serves those too; no command writes one yet) the
-	// lock is kinedb's advisory lock, the watch the database's other
-	// sessions (Others), and SaveSnapshot refuses: no snapshot is taken.
+	// datastore the lock is kinedb's advisory lock (seen from every host),
+	// the watch the database's other sessions (Others), and there is no
+	// snapshot: the run directory records none (Snapshot is ""), the
+	// journal is the undo.
 	Kine *kinedb.Server
 }
 
@@ -202,12 +203,13 @@ func (r *Run) Kine() bool { return r.cfg.Kine != nil }
 // its sum. On PostgreSQL there is none (Snapshot is "").
 func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSum, error) {
 	k := r.cfg.Kine
-	if k == nil || !k.SQLite() {
+	if k == nil {
 		return nil
 	}
 	return func(ctx context.Context, path string) (undo.FileSum, error) {
 		if !k.SQLite() {
-			return undo.FileSum{}, fmt.Errorf("%s: no snapshot of a PostgreSQL datastore is taken by this release (back the database up with pg_dump)", k.Name())
+			// Never asked for (the run's Snapshot is ""): said, not etcd's.
+			return undo.FileSum{}, fmt.Errorf("%s: the tool takes no snapshot of a PostgreSQL datastore (its undo is the journal; back the database up with pg_dump)", k.Name())
 		}
 		if err := kinedb.Copy(ctx, k.Database, path); err != nil {
 			return undo.FileSum{}, err
@@ -289,7 +291,7 @@ func (r *Run) Watch(ctx context.Context, cli *clientv3.Client, prefix string) (*
 	var w *guard.Watch
 	var err error
 	if k := r.cfg.Kine; k != nil {
-		w = guard.StartProbeWatch(k.Name(), func() (string, error) {
+		w = guard.StartProbeWatch(k.Name(), !k.SQLite(), func() (string, error) {
 			ps, err := k.Others()
 			var who []string
 			for _, p := range ps {
