@@ -183,7 +183,7 @@ func (o *apiServerOptions) load() (*apiserverconfig.Config, error) {
 		in.EtcdDataDir, in.EtcdDataDirFrom = o.foundEtcdData()
 		in.KineDatabase = found.KineDatabase
 		if found.KineDSN != "" {
-			in.KineServer = found.Datastore
+			in.KineServer = "the PostgreSQL " + installer.PostgresDatabase(found.KineDSN)
 		}
 		if found.Manifest != "" {
 			in.Manifest = found.Manifest

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/installer"
 	"kube-etcd-migrate/kinedb"
 )
 
@@ -46,7 +47,7 @@ func (o *apiServerOptions) kineStore(prov provenance) *kineStore {
 	}
 	f := d.found
 	if f.KineDSN != "" {
-		return &kineStore{installer: string(f.Installer), dsn: f.KineDSN, ca: f.KineCAFile, cert: f.KineCertFile, key: f.KineKeyFile, name: f.Datastore}
+		return &kineStore{installer: string(f.Installer), dsn: f.KineDSN, ca: f.KineCAFile, cert: f.KineCertFile, key: f.KineKeyFile, name: "the " + installer.PostgresDatabase(f.KineDSN)}
 	}
 	return &kineStore{installer: string(f.Installer), db: f.KineDatabase, name: f.KineDatabase}
 }
@@ -144,11 +145,11 @@ func serveKine(ctx context.Context, w io.Writer, command string, st *kineStore, 
 	}
 	switch {
 	case write && st.dsn != "":
-		fmt.Fprintf(w, "note: writing %s (%s) through kine %s in this process (socket in %s; the database locked for this run, no other client connected to it)\n", what, st.name, kinedb.KineVersion, dir)
+		fmt.Fprintf(w, "note: writing %s, %s, through kine %s in this process (socket in %s; the database locked for this run, no other client connected to it)\n", what, st.name, kinedb.KineVersion, dir)
 	case write:
 		fmt.Fprintf(w, "note: writing %s %s through kine %s in this process (socket in %s; the file locked, no other process holding it)\n", what, st.name, kinedb.KineVersion, dir)
 	case st.dsn != "":
-		fmt.Fprintf(w, "note: reading %s (%s) through kine %s in this process (socket in %s; nothing is written to it)\n", what, st.name, kinedb.KineVersion, dir)
+		fmt.Fprintf(w, "note: reading %s, %s, through kine %s in this process (socket in %s; nothing is written to it)\n", what, st.name, kinedb.KineVersion, dir)
 	default:
 		fmt.Fprintf(w, "note: reading %s %s through kine %s, from a copy in %s (nothing is written to %s)\n", what, st.name, kinedb.KineVersion, dir, st.name)
 	}

@@ -88,7 +88,7 @@ func dial(ctx context.Context, w io.Writer, o etcdOptions, prov provenance, apiO
 	if st := apiOpts.kineStore(prov); st != nil {
 		switch {
 		case apiOpts.command == "runs":
-			return nil, nil, fmt.Errorf("%s's %s datastore %s keeps no record of the tool's runs (a run on it is recorded in its state directory only)", st.installer, st.kind(), st.name)
+			return nil, nil, fmt.Errorf("%s's %s datastore (%s) keeps no record of the tool's runs (a run on it is recorded in the state directory of the host it ran on only)", st.installer, st.kind(), st.name)
 		case !serve || endpoints != nil:
 			return nil, nil, kineRefusal(apiOpts.command, st)
 		}

@@ -49,22 +49,6 @@ func pgTable(t *testing.T, dsn string) []string {
 	return out
 }
 
-// pgLatest is each key's latest row in kine's table, as a read of it finds
-// it (deleted or not, with its value and lease; a row per write is kine's
-// log).
-func pgLatest(t *testing.T, dsn string) map[string]string {
-	t.Helper()
-	rows := pgQuery(t, dsn, "SELECT DISTINCT ON (name) name, deleted, lease, value FROM kine ORDER BY name, id DESC")
-	out := map[string]string{}
-	for _, r := range rows {
-		if r[0] == "compact_rev_key" {
-			continue
-		}
-		out[r[0]] = strings.Join(r[1:], "|")
-	}
-	return out
-}
-
 func pgQuery(t *testing.T, dsn, query string) [][]string {
 	t.Helper()
 	db, err := sql.Open("pgx", dsn)
@@ -179,7 +163,7 @@ func TestK3sPostgres(t *testing.T) {
 	if got := pgTable(t, dsn); !slices.Equal(got, table) {
 		t.Errorf("inventory, inspect and plan changed kine's table: %d rows, %d before", len(got), len(table))
 	}
-	rows := pgLatest(t, dsn)
+	rows := testkine.PGLatest(t, dsn)
 
 	migrateKine := func() {
 		t.Helper()
@@ -198,7 +182,7 @@ func TestK3sPostgres(t *testing.T) {
 	if out, stderr, code := runTool(t, "rollback", "--node-root", root, "--run", "0001-migrate"); code != 0 {
 		t.Fatalf("rollback --run 0001-migrate on PostgreSQL: exit %d\n%s%s", code, out, stderr)
 	}
-	if got := pgLatest(t, dsn); !maps.Equal(got, rows) {
+	if got := testkine.PGLatest(t, dsn); !maps.Equal(got, rows) {
 		for k, v := range rows {
 			if got[k] != v {
 				t.Errorf("after the rollback, %s: %.60q, want %.60q", k, got[k], v)

@@ -118,8 +118,8 @@ func Preflight(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([
 // the rewrite (nil otherwise).
 func CheckQuota(ctx context.Context, env *pipeline.Env, opts PreflightOptions) ([]string, *UndoFit, error) {
 	lines, space, err := checkQuota(ctx, env, opts, newSizer(env, opts))
-	if err != nil || opts.Sizes == nil {
-		return lines, nil, err
+	if err != nil || opts.Sizes == nil || space.quota.Server {
+		return lines, nil, err // no room known to fit a rollback in (a database server's)
 	}
 	fit := undoFit(space, *opts.Sizes)
 	return lines, &fit, nil

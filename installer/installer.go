@@ -465,8 +465,8 @@ func findRKE2(root string) (*Found, []string, error) {
 	switch ep := s.scalar("datastore-endpoint"); {
 	case sqliteEndpoint(ep) != "":
 		f.KineDatabase, f.Datastore = under(root, sqliteEndpoint(ep)), "SQLite through kine, its datastore-endpoint"
-	case postgresEndpoint(ep) != "":
-		f.KineDSN, f.Datastore = ep, "PostgreSQL through kine, the "+postgresEndpoint(ep)+" (its datastore-endpoint)"
+	case PostgresDatabase(ep) != "":
+		f.KineDSN, f.Datastore = ep, "PostgreSQL through kine, the "+PostgresDatabase(ep)+" (its datastore-endpoint)"
 		f.KineCAFile, f.KineCertFile, f.KineKeyFile = s.scalar("datastore-cafile"), s.scalar("datastore-certfile"), s.scalar("datastore-keyfile")
 		f.Notes = append(f.Notes, "note: RKE2 keeps this cluster in PostgreSQL (its datastore-endpoint): the tool serves it through kine in its own process, with every RKE2 server of the cluster stopped")
 		return f, looked, nil
@@ -569,11 +569,11 @@ func sqliteEndpoint(ep string) string {
 	return filepath.Join("/", path)
 }
 
-// postgresEndpoint names the PostgreSQL database of a kine
+// PostgresDatabase names the PostgreSQL database of a kine
 // datastore-endpoint (postgres:// or postgresql://, kine's pgsql driver) without
 // its credentials: "database DB on HOST" ("" for any other endpoint). As kine
 // reads it: no database is "kubernetes", and the name is folded to lower case.
-func postgresEndpoint(ep string) string {
+func PostgresDatabase(ep string) string {
 	scheme, _, ok := strings.Cut(ep, "://")
 	if !ok || (strings.ToLower(scheme) != "postgres" && strings.ToLower(scheme) != "postgresql") {
 		return ""

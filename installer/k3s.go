@@ -157,13 +157,13 @@ func findK3s(root string) (*Found, []string, error) {
 		f.Datastore = "SQLite through kine, " + f.KineDatabase + " (its datastore-endpoint)"
 		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
 		f.Notes = append(f.Notes, "note: k3s keeps this cluster in SQLite (its datastore-endpoint): the tool serves it through kine in its own process, with k3s stopped")
-	case postgresEndpoint(ep) != "":
+	case PostgresDatabase(ep) != "":
 		// kine's PostgreSQL (postgres:// or postgresql://), shared by every
 		// k3s server of the cluster; k3s hands kine the datastore-cafile,
 		// -certfile and -keyfile.
 		f.KineDSN = ep
 		f.KineCAFile, f.KineCertFile, f.KineKeyFile = s.scalar("datastore-cafile"), s.scalar("datastore-certfile"), s.scalar("datastore-keyfile")
-		f.Datastore = "PostgreSQL through kine, the " + postgresEndpoint(ep) + " (its datastore-endpoint)"
+		f.Datastore = "PostgreSQL through kine, the " + PostgresDatabase(ep) + " (its datastore-endpoint)"
 		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
 		f.Notes = append(f.Notes, "note: k3s keeps this cluster in PostgreSQL (its datastore-endpoint): the tool serves it through kine in its own process, with every k3s server of the cluster stopped")
 	case ep != "" && !isEtcdEndpoint(ep):

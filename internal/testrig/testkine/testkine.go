@@ -343,3 +343,55 @@ func PGTable(t testing.TB, dsn string) []string {
 	}
 	return append(out, fmt.Sprintf("kine_id_seq %d %v", seq, called))
 }
+
+// PGLatest is Latest for the kine datastore in the PostgreSQL database of
+// dsn: every key as kube-apiserver reads it, its latest row unless that row
+// deletes it, as its lease and value.
+func PGLatest(t testing.TB, dsn string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, "SELECT name, lease, value FROM (SELECT DISTINCT ON (name) name, deleted, lease, value FROM kine ORDER BY name, id DESC) AS latest WHERE deleted = 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var name string
+		var lease int64
+		var value []byte
+		if err := rows.Scan(&name, &lease, &value); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = fmt.Sprintf("lease %d, value %X", lease, value)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// SeedPG makes kine's datastore in the PostgreSQL database of dsn (InitPG),
+// serves it writable, hands a client of it to seed, and closes both: the
+// database is then free for a command to serve.
+func SeedPG(t testing.TB, dsn string, seed func(cli *clientv3.Client)) {
+	t.Helper()
+	InitPG(t, dsn)
+	s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: dsn, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if seed != nil {
+		seed(cli)
+	}
+}
