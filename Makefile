@@ -19,6 +19,9 @@ BENCH_ROLLBACK_N ?= 1000000
 # The scale phase of `make bench`: verify --snapshot-file on files of this many objects and
 # 4 × as many, side by side (small by default; `make bench-scale` is the production row).
 BENCH_SCALE_N ?= 25000
+# The kine phase of `make bench`: k3s's SQLite datastore of this many objects, the
+# commands on it beside the same keys on etcd.
+BENCH_KINE_N ?= 50000
 # The tool's semantic version: internal/buildinfo's Release, the latest released entry of
 # CHANGELOG.md (a test checks they agree). `make build` stamps nothing: its binary says
 # it is a development build of that version, with the commit Go's VCS stamp records.
@@ -112,7 +115,7 @@ test: lint releases
 # preflight refusing one of its runs) fails `make test`, not the next
 # benchmark night (about 40 s).
 bench-smoke:
-	$(GO) run ./bench -n 3000 -rotation-n 1000 -cr-n 1000 -snapshot-n 3000 -rollback-n 3000 -scale-n 1000 -reps 1 -sweep=false -quota 25165824 -json ''
+	$(GO) run ./bench -n 3000 -rotation-n 1000 -cr-n 1000 -snapshot-n 3000 -rollback-n 3000 -scale-n 1000 -kine-n 1000 -kine-reps 1 -reps 1 -sweep=false -quota 25165824 -json ''
 
 # Every fuzz target of the module, PACKAGE:FUNCTION: the one list (`make
 # fuzz-targets` fails when a Fuzz function of a _test.go file is not in it).
@@ -165,7 +168,7 @@ fuzz: fuzz-targets
 # Then its figures: the results drawn as SVG charts into docs/figures
 # (bench/figures, a module of its own).
 bench:
-	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) -rollback-n $(BENCH_ROLLBACK_N) -scale-n $(BENCH_SCALE_N) $(BENCH_FLAGS)
+	$(GO) run ./bench -n $(BENCH_N) -snapshot-n $(BENCH_SNAPSHOT_N) -rollback-n $(BENCH_ROLLBACK_N) -scale-n $(BENCH_SCALE_N) -kine-n $(BENCH_KINE_N) $(BENCH_FLAGS)
 	$(MAKE) bench-figures
 
 # The SVG charts of docs/benchmarks.md from the results files in bench/.

@@ -50,6 +50,7 @@ type options struct {
 	rotationN              int
 	crN                    int
 	sweep                  bool
+	kine                   kineOptions
 }
 
 func main() {
@@ -78,11 +79,14 @@ func main() {
 	flag.IntVar(&o.scale.reps, "scale-reps", 1, "repetitions of the scale phase's two reads")
 	flag.IntVar(&o.productionN, "production-n", 4000000, "objects of the production phase (-dataset production only: never part of all): 4,000,000 mixed objects fill etcd's largest quota, 8 GiB")
 	flag.Int64Var(&o.productionQuota, "production-quota", defaultProductionQuota, "etcd's --quota-backend-bytes in the production phase: 8 GiB, the largest etcd recommends; a smaller one with a smaller -production-n fills it as full (1 GiB for 500,000 objects)")
-	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), scale (the scale phase only), production (the production phase only: -production-n objects filling an 8 GiB quota, every command once, with the disk each used and plan's estimate beside migrate's time), or all (the three, one after the other, each on its own etcd, then the snapshot, rollback and scale phases)")
+	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), scale (the scale phase only), kine (the kine phase only), production (the production phase only: -production-n objects filling an 8 GiB quota, every command once, with the disk each used and plan's estimate beside migrate's time), or all (the three, one after the other, each on its own etcd, then the snapshot, rollback, scale and kine phases)")
 	flag.BoolVar(&o.rollback, "rollback", true, "also measure rollback of a journal of -rollback-n rewrites of 2 KB values (the rollback phase, on an etcd of its own): its rate and peak private memory against its 150 MB bound")
 	flag.IntVar(&o.rollbackN, "rollback-n", 1000000, "journal entries of the rollback phase (1,000,000 make a journal of about 3 GB and 2 GB of etcd data)")
 	flag.IntVar(&o.rotationN, "rotation-n", rotationN, "secrets of the rotation dataset")
 	flag.IntVar(&o.crN, "cr-n", crNDefault, "custom resources of the cr dataset")
+	flag.BoolVar(&o.kine.on, "kine", true, "also measure k3s's SQLite datastore through kine (the kine phase, after the others): -kine-n mixed objects written through kine as kube-apiserver writes them, verify, plan, migrate and rollback on the node as an operator runs them, beside verify and migrate of the same keys on an etcd; each one's peak private memory against 100 MB and plan's range against migrate")
+	flag.IntVar(&o.kine.n, "kine-n", 50000, "objects of the kine phase")
+	flag.IntVar(&o.kine.reps, "kine-reps", 3, "repetitions of the kine phase's commands")
 	flag.BoolVar(&o.sweep, "sweep", true, "find the CAS ceiling's best settings first (16-128 puts per transaction x 4-32 in flight, one run each); false: the tool's own settings")
 	flag.Var(&toolEnv, "tool-env", "KEY=VALUE added to the measured tool's environment only, not etcd's (repeatable): a GOGC or GOMEMLIMIT tried on the tool")
 	flag.BoolVar(&child, "etcd-child", false, "internal: run the embedded etcd child")
@@ -116,12 +120,12 @@ func runAll(ctx context.Context, o options) error {
 		datasets = []string{o.dataset}
 	case "all":
 		datasets = []string{"mixed", "rotation", "cr"}
-	case "snapshot", "rollback", "scale", "production": // that phase only
+	case "snapshot", "rollback", "scale", "production", "kine": // that phase only
 	default:
-		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot, rollback, scale, production or all", o.dataset)
+		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot, rollback, scale, production, kine or all", o.dataset)
 	}
-	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 || o.rollbackN <= 0 || o.scale.n <= 0 || o.scale.reps <= 0 {
-		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -rollback-n, -scale-n, -reps, -snapshot-reps and -scale-reps must be positive")
+	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 || o.rollbackN <= 0 || o.scale.n <= 0 || o.scale.reps <= 0 || o.kine.n <= 0 || o.kine.reps <= 0 {
+		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -rollback-n, -scale-n, -kine-n, -reps, -snapshot-reps, -scale-reps and -kine-reps must be positive")
 	}
 	dir, err := os.MkdirTemp("", "kem-bench-")
 	if err != nil {
@@ -185,6 +189,13 @@ func runAll(ctx context.Context, o options) error {
 		res, err := phaseRun(ctx, o, dir, "scale", scalePhase)
 		if err != nil {
 			return fmt.Errorf("scale phase: %w", err)
+		}
+		all = append(all, res)
+	}
+	if o.kine.on && (o.dataset == "all" || o.dataset == "kine") {
+		res, err := phaseRun(ctx, o, dir, "kine", kinePhase)
+		if err != nil {
+			return fmt.Errorf("kine phase: %w", err)
 		}
 		all = append(all, res)
 	}

@@ -187,7 +187,8 @@ func scalePhase(ctx context.Context, o options, dir string) (*results, error) {
 	return res, nil
 }
 
-// copyFile copies the executable from to to.
+// copyFile copies from to to, private to its owner (mode 0700: an
+// executable runs, a database or configuration is no one else's).
 func copyFile(from, to string) error {
 	in, err := os.Open(from)
 	if err != nil {

@@ -275,15 +275,22 @@ func TestDiscoveryRefusals(t *testing.T) {
 	t.Setenv("ETCDCTL_ENDPOINTS", "")
 	os.Unsetenv("ETCDCTL_ENDPOINTS")
 
-	// k3s on kine: an external database is refused as a usage error; SQLite
-	// (no embedded etcd) is found, and plan refuses it (it reads, through
-	// kine, with verify, inventory and inspect only: e2e TestK3sSQLite).
+	// k3s on kine: MySQL is refused as a usage error; PostgreSQL is found,
+	// and a database that does not answer is one line naming it, never its
+	// password (e2e TestK3sPostgres reads and writes a real one).
 	root = t.TempDir()
-	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"postgres://k3s:pa55w0rd@db.example.com:5432/kubernetes\"\n"))
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"mysql://k3s:pa55w0rd@tcp(db.example.com:3306)/kubernetes\"\n"))
 	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
 	code, _, stderr = planNode(t, root)
-	if want := "but its datastore-endpoint is PostgreSQL through kine, not etcd: the tool reads SQLite through kine and writes etcd only"; code != exitUsage || !strings.Contains(stderr, "error: found k3s on this node ("+filepath.Join(root, "/etc/rancher/k3s/config.yaml")+"), "+want) || strings.Contains(stderr, "pa55w0rd") {
-		t.Errorf("k3s on PostgreSQL: exit %d, want %q\n%s", code, want, stderr)
+	if want := "but its datastore-endpoint is MySQL through kine, not etcd: the tool works on etcd, and on SQLite and PostgreSQL through kine"; code != exitUsage || !strings.Contains(stderr, "error: found k3s on this node ("+filepath.Join(root, "/etc/rancher/k3s/config.yaml")+"), "+want) || strings.Contains(stderr, "pa55w0rd") {
+		t.Errorf("k3s on MySQL: exit %d, want %q\n%s", code, want, stderr)
+	}
+	root = t.TempDir()
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"postgres://k3s:pa55w0rd@127.0.0.1:1/kubernetes\"\n"))
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/token", nil)
+	code, _, stderr = planNode(t, root)
+	if want := "error: the PostgreSQL datastore kubernetes on 127.0.0.1:1: connecting: "; code != exitError || !strings.Contains(stderr, want) || strings.Contains(stderr, "pa55w0rd") || strings.Count(strings.TrimSpace(stderr[strings.Index(stderr, "error: "):]), "\n") != 0 {
+		t.Errorf("k3s on a PostgreSQL that does not answer: exit %d, want %d and one line %q, no password\n%s", code, exitError, want, stderr)
 	}
 	root = t.TempDir()
 	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("write-kubeconfig-mode: \"0644\"\n"))

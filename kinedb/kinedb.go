@@ -10,7 +10,9 @@
 // only reads, from a consistent copy made with SQLite's own VACUUM INTO:
 // kine changes the database it opens (it deletes keys whose TTL has run
 // out, checkpoints the write-ahead log, vacuums), which a read-only command
-// must not do to the node's datastore.
+// must not do to the node's datastore. The copy is read with kine's backend
+// not started (no TTL expiry holding every leased key in memory, no watch):
+// it is read, nothing more.
 //
 // A PostgreSQL database is served itself, kine's backend not started, so
 // that nothing is written but the tool's own writes (servePG); for a
@@ -188,18 +190,31 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kine datastore %s: opening it through kine: %w", cfg.Database, err)
 	}
+	// A copy, read: kine's backend is not started, as on PostgreSQL
+	// (servePG): its TTL expiry would hold every leased key in this
+	// process (tens of MB at 400,000 objects) to delete, in a copy no one
+	// keeps, what k3s deletes itself at its start; nothing of a command
+	// that reads watches or compacts kine.
+	if cfg.ReadOnly {
+		if err := s.listen(ctx, cfg.Dir, unstarted{backend}, false); err != nil {
+			return nil, err
+		}
+		ok = true
+		return s, nil
+	}
 	if err := backend.Start(bctx); err != nil {
 		return nil, fmt.Errorf("kine datastore %s: starting kine: %w", cfg.Database, err)
 	}
-	if err := s.listen(ctx, cfg.Dir, backend); err != nil {
+	if err := s.listen(ctx, cfg.Dir, backend, true); err != nil {
 		return nil, err
 	}
 	ok = true
 	return s, nil
 }
 
-// listen serves kine's etcd API for backend on DIR/kine.sock (Endpoint).
-func (s *Server) listen(ctx context.Context, dir string, backend server.Backend) error {
+// listen serves kine's etcd API for backend on DIR/kine.sock (Endpoint),
+// its Watch service only when the backend was started (a watch needs it).
+func (s *Server) listen(ctx context.Context, dir string, backend server.Backend, started bool) error {
 	sock := filepath.Join(dir, "kine.sock")
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "unix", sock)
@@ -207,7 +222,7 @@ func (s *Server) listen(ctx context.Context, dir string, backend server.Backend)
 		return fmt.Errorf("%s: kine's socket: %w", s.name, err)
 	}
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(2*1024*1024*1024-1), grpc.MaxSendMsgSize(2*1024*1024*1024-1))
-	register(s.grpc, server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion), s.what)
+	register(s.grpc, server.New(backend, "unix", 5*time.Second, emulatedEtcdVersion), s.what, started)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -352,7 +352,7 @@ func (s *pgSession) close() {
 // database involved) all with the request's context; its Watch and Compact
 // use the context Start sets, which is nil (a panic), so they are refused
 // instead: the Watch service is not registered (a client's watch ends with
-// Unimplemented), and pgBackend refuses both. Nothing of the tool watches
+// Unimplemented), and unstarted refuses both. Nothing of the tool watches
 // or compacts kine. The current revision kine keeps in memory then moves
 // with the tool's own writes only (no poll loop): the revisions of reads
 // come from each query, so this matters only on a read-only serve while
@@ -405,7 +405,7 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, t.redact(fmt.Errorf("%s: opening it through kine: %w", t.name, err))
 	}
-	if err := s.listen(ctx, cfg.Dir, pgBackend{backend}); err != nil {
+	if err := s.listen(ctx, cfg.Dir, unstarted{backend}, false); err != nil {
 		return nil, t.redact(err)
 	}
 	ok = true
@@ -413,15 +413,16 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 }
 
 // errNotStarted is the answer to what kine serves only once its backend is
-// started, which it is not on PostgreSQL (servePG).
-var errNotStarted = errors.New("not served by kube-etcd-migrate on a PostgreSQL datastore (kine's backend is not started: it would write)")
+// started, which it is not on PostgreSQL (servePG) nor for a SQLite copy
+// read (Serve).
+var errNotStarted = errors.New("not served by kube-etcd-migrate here (kine's backend is not started: it would write, or keep in memory what nothing reads)")
 
-// pgBackend is kine's backend on PostgreSQL, not started: Watch and
-// Compact, which need it started, are refused (Watch is not even reached:
-// its service is not registered).
-type pgBackend struct{ server.Backend }
+// unstarted is kine's backend not started: Watch and Compact, which need
+// it started, are refused (Watch is not even reached: its service is not
+// registered).
+type unstarted struct{ server.Backend }
 
-func (pgBackend) Watch(ctx context.Context, _ int64) server.WatchResult {
+func (unstarted) Watch(ctx context.Context, _ int64) server.WatchResult {
 	events := make(chan server.EventBatch)
 	close(events)
 	errc := make(chan error, 1)
@@ -429,6 +430,6 @@ func (pgBackend) Watch(ctx context.Context, _ int64) server.WatchResult {
 	return server.WatchResult{Eventc: events, Errorc: errc}
 }
 
-func (pgBackend) Compact(context.Context, int64) (int64, error) {
+func (unstarted) Compact(context.Context, int64) (int64, error) {
 	return 0, fmt.Errorf("compact: %w", errNotStarted)
 }

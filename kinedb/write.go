@@ -67,9 +67,9 @@ func (m maintenance) Alarm(_ context.Context, r *etcdserverpb.AlarmRequest) (*et
 // maintenance service answering Alarm for a datastore of what; but for
 // Watch on PostgreSQL, where kine's backend is not started (servePG): a
 // watch there is answered Unimplemented.
-func register(g *grpc.Server, b *server.KVServerBridge, what string) {
+func register(g *grpc.Server, b *server.KVServerBridge, what string, started bool) {
 	etcdserverpb.RegisterLeaseServer(g, b)
-	if what == "SQLite" {
+	if started {
 		etcdserverpb.RegisterWatchServer(g, b)
 	}
 	etcdserverpb.RegisterKVServer(g, b)
