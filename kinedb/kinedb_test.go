@@ -212,3 +212,53 @@ func TestDamaged(t *testing.T) {
 		})
 	}
 }
+
+// A copy read is served with kine's backend not started: a key whose lease
+// ran out is still there (kine's TTL expiry, which holds every leased key
+// in the process to delete them, is not running), and a watch is refused,
+// not served from a backend that was never started.
+func TestReadOnlyNotStarted(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "state.db")
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "w")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, w)
+	lease, err := c.Grant(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "/registry/events/default/e"
+	if resp, err := c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).Then(clientv3.OpPut(key, "event", clientv3.WithLease(lease.ID))).Commit(); err != nil || !resp.Succeeded {
+		t.Fatalf("create %s: %v", key, err)
+	}
+	w.Close()
+	time.Sleep(2500 * time.Millisecond) // the event's lease (1 s) runs out
+
+	ro, err := Serve(ctx, Config{Database: db, Dir: mkdir(t, dir, "r"), ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	c = client(t, ro)
+	time.Sleep(500 * time.Millisecond) // kine's TTL expiry, were it running, deletes it at once
+	resp, err := c.Get(ctx, key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the expired event in the copy: %v %v; want it kept (kine's TTL expiry not running)", resp, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	select {
+	case wr, ok := <-c.Watch(wctx, "/registry/", clientv3.WithPrefix()):
+		if ok && wr.Err() == nil {
+			t.Fatalf("watch of a copy: %+v; want it refused", wr)
+		}
+	case <-wctx.Done():
+		t.Fatal("watch of a copy: no answer")
+	}
+}
