@@ -87,7 +87,7 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 	}
 	res.SeedSeconds = time.Since(start).Seconds()
 	stale := gen.staleKeys()
-	res.StaleObjects = len(stale)
+	res.StaleObjects, res.Keys = len(stale), int64(seeded)
 	fi, err := os.Stat(db)
 	if err != nil {
 		return nil, err
@@ -147,7 +147,7 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 			return nil, err
 		}
 		if tr.exit != 3 || vo.Summary.Stale != int64(len(stale)) || vo.Summary.Unreadable != 0 {
-			return nil, fmt.Errorf("%s: exit %d, %d stale, %d unreadable; want exit 3, %d stale; stderr: %s", mKineVerify, tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, len(stale), tail(tr.stderr))
+			return nil, fmt.Errorf("%s: exit %d, %d stale, %d unreadable, %d current; want exit 3, %d stale of %d; stderr: %s", mKineVerify, tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, vo.Summary.Current, len(stale), seeded, tail(tr.stderr))
 		}
 		record(mKineVerify, tr, 0)
 

@@ -858,6 +858,10 @@ func printTable(w *os.File, res *results) {
 			fmt.Fprintf(w, "%-36s %8.2f   in %.2f–%.2f   %s\n", r.Name, r.Value, r.Low, r.High, verdict)
 			continue
 		}
+		if r.Target == 0 { // no target: a figure reported beside the others
+			fmt.Fprintf(w, "%-36s %8.2f   (reported)\n", r.Name, r.Value)
+			continue
+		}
 		cmp := "≥"
 		if r.AtMost || strings.Contains(r.Name, "RSS") {
 			cmp = "≤"
