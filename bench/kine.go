@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -86,6 +87,15 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 		return nil, fmt.Errorf("seeding the SQLite datastore through kine: %w", err)
 	}
 	res.SeedSeconds = time.Since(start).Seconds()
+	// Every object is in kine's table (its latest row, not a deletion): a
+	// count that differs later is the read's, not the seeding's.
+	rows, err := kineKeys(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if fixed, err := gen.fixedObjects(); err != nil || rows != seeded+len(fixed) {
+		return nil, fmt.Errorf("seeding the SQLite datastore: %d keys in kine's table, want %d objects and %d namespaces and CRDs (%v)", rows, seeded, len(fixed), err)
+	}
 	stale := gen.staleKeys()
 	res.StaleObjects, res.Keys = len(stale), int64(seeded)
 	fi, err := os.Stat(db)
@@ -94,8 +104,11 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 	}
 	logf("  seeded %d objects through kine in %.1fs (%.0f/s); state.db %.1f MB; %d stale", seeded, res.SeedSeconds, float64(seeded)/res.SeedSeconds, float64(fi.Size())/1e6, len(stale))
 	res.Notes = append(res.Notes, fmt.Sprintf("state.db %.1f MB after seeding %d objects through kine", float64(fi.Size())/1e6, seeded))
+	// The seeded database as it is, write-ahead log included (SQLite's own
+	// copy: the file alone may lack the last transactions, still in
+	// state.db-wal), put back before each repetition.
 	pristine := filepath.Join(dir, "state.db.seeded")
-	if err := copyFile(db, pristine); err != nil {
+	if err := kinedb.Copy(ctx, db, pristine); err != nil {
 		return nil, err
 	}
 
@@ -147,7 +160,13 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 			return nil, err
 		}
 		if tr.exit != 3 || vo.Summary.Stale != int64(len(stale)) || vo.Summary.Unreadable != 0 {
-			return nil, fmt.Errorf("%s: exit %d, %d stale, %d unreadable, %d current; want exit 3, %d stale of %d; stderr: %s", mKineVerify, tr.exit, vo.Summary.Stale, vo.Summary.Unreadable, vo.Summary.Current, len(stale), seeded, tail(tr.stderr))
+			// Kept, to be read again by hand: was it the seeding or the read?
+			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kine-verify-mismatch-%d.db", os.Getpid()))
+			if err := kinedb.Copy(ctx, db, kept); err != nil {
+				kept = "not kept: " + err.Error()
+			}
+			return nil, fmt.Errorf("%s: exit %d, %d objects: %d stale, %d current, %d unreadable; want exit 3, %d stale of %d seeded; the database copied to %s; stderr: %s",
+				mKineVerify, tr.exit, vo.Summary.Objects, vo.Summary.Stale, vo.Summary.Current, vo.Summary.Unreadable, len(stale), seeded, kept, tail(tr.stderr))
 		}
 		record(mKineVerify, tr, 0)
 
@@ -323,4 +342,18 @@ func seedKine(ctx context.Context, gen *generator, db, priv string) (int, error)
 		}
 	}
 	return gen.n, nil
+}
+
+// kineKeys counts the keys under /registry/ of the kine datastore db, as a
+// read of it finds them (each one's latest row, not a deletion), read with
+// SQL, not through kine.
+func kineKeys(ctx context.Context, db string) (int, error) {
+	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	var n int
+	err = d.QueryRowContext(ctx, `SELECT count(*) FROM kine k JOIN (SELECT name, MAX(id) AS id FROM kine GROUP BY name) m ON k.id = m.id WHERE k.deleted = 0 AND k.name LIKE '/registry/%' AND k.name != '/registry/health'`).Scan(&n)
+	return n, err
 }

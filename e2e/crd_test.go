@@ -225,6 +225,8 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 
 	// Move the storage version to v1.
 	moveStorageToV1(ctx, t, ext, none.Name, hooked.Name)
+	waitStoresV1(t, c, dyn, widgets, "Widget", "/registry/none.example.com/widgets/default/", map[string]any{"size": int64(0)})
+	waitStoresV1(t, c, dyn, gadgets, "Gadget", "/registry/hook.example.com/gadgets/default/", map[string]any{"name": "probe"})
 	// One object of each written in v1 once the apiserver stores v1.
 	createCR(t, dyn, widgets, "Widget", "default", "w-v1", map[string]any{"size": int64(9)})
 	createCR(t, dyn, gadgets, "Gadget", "default", "g-v1", map[string]any{"name": "gadget-v1"})
@@ -308,6 +310,31 @@ func TestCustomResourceStorageVersion(t *testing.T) {
 }
 
 // assertStoredJSON checks the apiVersion of a custom resource stored as JSON.
+// waitStoresV1 waits until kube-apiserver stores gvr's new objects in
+// gvr's version: its CRD handler takes a new storage version from its
+// informer a moment after storedVersions records it. A probe object (name
+// storage-probe under prefix) is created until it is stored so, and
+// deleted.
+func waitStoresV1(t *testing.T, c *cluster, dyn dynamic.Interface, gvr schema.GroupVersionResource, kind, prefix string, spec map[string]any) {
+	t.Helper()
+	ctx := context.Background()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		createCR(t, dyn, gvr, kind, "default", "storage-probe", spec)
+		v, _, _ := etcdValue(t, c.cli, prefix+"storage-probe")
+		var tm metav1.TypeMeta
+		stored := json.Unmarshal(v, &tm) == nil && tm.APIVersion == gvr.GroupVersion().String()
+		if err := dyn.Resource(gvr).Namespace("default").Delete(ctx, "storage-probe", metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("delete the storage probe %s: %v", gvr, err)
+		}
+		if stored {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kube-apiserver still stores %s as %s 30 s after its CRD moved its storage version", gvr.GroupResource(), tm.APIVersion)
+		}
+	}
+}
+
 func assertStoredJSON(t *testing.T, c *cluster, key, apiVersion string) {
 	t.Helper()
 	v, _, _ := etcdValue(t, c.cli, key)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +16,6 @@ import (
 
 	"kube-etcd-migrate/internal/build/modbuild"
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
-	"kube-etcd-migrate/internal/testrig/apiservertest"
 	"kube-etcd-migrate/internal/testrig/everyresource"
 	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/internal/testrig/testpg"
@@ -182,18 +180,7 @@ func TestK3sPostgres(t *testing.T) {
 	if out, stderr, code := runTool(t, "rollback", "--node-root", root, "--run", "0001-migrate"); code != 0 {
 		t.Fatalf("rollback --run 0001-migrate on PostgreSQL: exit %d\n%s%s", code, out, stderr)
 	}
-	if got := testkine.PGLatest(t, dsn); !maps.Equal(got, rows) {
-		for k, v := range rows {
-			if got[k] != v {
-				t.Errorf("after the rollback, %s: %.60q, want %.60q", k, got[k], v)
-			}
-		}
-		for k := range got {
-			if _, ok := rows[k]; !ok {
-				t.Errorf("after the rollback, %s is there, which was not before the migration", k)
-			}
-		}
-	}
+	sameRows(t, testkine.PGLatest(t, dsn), rows)
 
 	migrateKine()
 	writeK3sEncryption(t, enc, aescbcProvider("key2", 2))
@@ -201,23 +188,6 @@ func TestK3sPostgres(t *testing.T) {
 		t.Errorf("verify with key2 alone after migrate on PostgreSQL: exit %d, %+v; want %d", code, rep.Summary, verify.ExitCurrent)
 	}
 	k3s = testkine.ServeK3s(t, dsn)
-	linked := apiservertest.Start(t, apiservertest.Options{EtcdURL: k3s.Endpoint, RuntimeConfig: betaAPIs, EncryptionConfigPath: enc})
-	owned := apiserverOwned{}
-	for _, o := range res.Objects {
-		if o.GVR.GroupResource() == storageVersion {
-			owned[o.Name] = true
-		}
-	}
-	sameContentEvery(t, linked.ClientConfig, served, owned, true, since)
-	checked := noOpUpdateEvery(t, linked.ClientConfig, owned)
-	n := 0
-	for _, c := range checked {
-		n += c
-	}
-	if n < len(res.Objects)/2 {
-		t.Errorf("a no-op update of %d objects through kube-apiserver %s on kine over PostgreSQL, of the %d written: too few checked", n, currentMinor, len(res.Objects))
-	}
-	t.Logf("kube-apiserver %s on kine over PostgreSQL, key2 alone: %d objects of %d resources unchanged by a no-op update", currentMinor, n, len(checked))
-	linked.Stop()
+	linkedServesEvery(t, k3s.Endpoint, enc, "PostgreSQL", res, served, since)
 	k3s.Stop()
 }

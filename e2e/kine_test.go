@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"kube-etcd-migrate/internal/build/modbuild"
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
 	"kube-etcd-migrate/internal/testrig/apiservertest"
@@ -165,18 +167,7 @@ func TestK3sSQLite(t *testing.T) {
 	if out, stderr, code := runTool(t, "rollback", "--node-root", root, "--run", "0001-migrate"); code != 0 {
 		t.Fatalf("rollback --run 0001-migrate on kine: exit %d\n%s%s", code, out, stderr)
 	}
-	if got := testkine.Latest(t, db); !maps.Equal(got, rows) {
-		for k, v := range rows {
-			if got[k] != v {
-				t.Errorf("after the rollback, %s: %.60q, want %.60q", k, got[k], v)
-			}
-		}
-		for k := range got {
-			if _, ok := rows[k]; !ok {
-				t.Errorf("after the rollback, %s is there, which was not before the migration", k)
-			}
-		}
-	}
+	sameRows(t, testkine.Latest(t, db), rows)
 
 	// Migrated again, then the linked release's kube-apiserver on kine with
 	// key2 alone reads every object, and a no-op update of each keeps its
@@ -190,24 +181,7 @@ func TestK3sSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	linked := apiservertest.Start(t, apiservertest.Options{EtcdURL: srv2.Endpoint, RuntimeConfig: betaAPIs, EncryptionConfigPath: enc})
-	owned := apiserverOwned{}
-	for _, o := range res.Objects {
-		if o.GVR.GroupResource() == storageVersion {
-			owned[o.Name] = true
-		}
-	}
-	sameContentEvery(t, linked.ClientConfig, served, owned, true, since)
-	checked := noOpUpdateEvery(t, linked.ClientConfig, owned)
-	n := 0
-	for _, c := range checked {
-		n += c
-	}
-	if n < len(res.Objects)/2 {
-		t.Errorf("a no-op update of %d objects through kube-apiserver %s on kine, of the %d written: too few checked", n, currentMinor, len(res.Objects))
-	}
-	t.Logf("kube-apiserver %s on kine, key2 alone: %d objects of %d resources unchanged by a no-op update", currentMinor, n, len(checked))
-	linked.Stop()
+	linkedServesEvery(t, srv2.Endpoint, enc, "SQLite", res, served, since)
 	srv2.Close()
 	// The backup below is under key1: the configuration of the rotation again.
 	writeK3sEncryption(t, enc, aescbcProvider("key2", 2), aescbcProvider("key1", 1))
@@ -221,4 +195,51 @@ func TestK3sSQLite(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "migrate of "+backup+", a SQLite database") {
 		t.Errorf("migrate of the SQLite backup: exit %d, want 1 and a refusal naming it\n%s", code, stderr)
 	}
+}
+
+// sameRows fails the test for every key whose latest kine row (value and
+// lease) after the rollback differs from before the migration, and every
+// key there now that was not then.
+func sameRows(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	if maps.Equal(got, want) {
+		return
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("after the rollback, %s: %.60q, want %.60q", k, got[k], v)
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("after the rollback, %s is there, which was not before the migration", k)
+		}
+	}
+}
+
+// linkedServesEvery starts the linked release's kube-apiserver on the kine
+// endpoint with the encryption configuration enc, and checks that it serves
+// every object res wrote as the previous release served it (served, at
+// since) and that a no-op update of each keeps its resourceVersion; on
+// names the datastore in the messages.
+func linkedServesEvery(t *testing.T, endpoint, enc, on string, res *everyresource.Result, served map[objKey]*unstructured.Unstructured, since time.Time) {
+	t.Helper()
+	linked := apiservertest.Start(t, apiservertest.Options{EtcdURL: endpoint, RuntimeConfig: betaAPIs, EncryptionConfigPath: enc})
+	defer linked.Stop()
+	owned := apiserverOwned{}
+	for _, o := range res.Objects {
+		if o.GVR.GroupResource() == storageVersion {
+			owned[o.Name] = true
+		}
+	}
+	sameContentEvery(t, linked.ClientConfig, served, owned, true, since)
+	checked := noOpUpdateEvery(t, linked.ClientConfig, owned)
+	n := 0
+	for _, c := range checked {
+		n += c
+	}
+	if n < len(res.Objects)/2 {
+		t.Errorf("a no-op update of %d objects through kube-apiserver %s on kine over %s, of the %d written: too few checked", n, currentMinor, on, len(res.Objects))
+	}
+	t.Logf("kube-apiserver %s on kine over %s, key2 alone: %d objects of %d resources unchanged by a no-op update", currentMinor, on, n, len(checked))
 }

@@ -65,8 +65,8 @@ func (m maintenance) Alarm(_ context.Context, r *etcdserverpb.AlarmRequest) (*et
 
 // register registers kine's services as its Register does, its
 // maintenance service answering Alarm for a datastore of what; but for
-// Watch on PostgreSQL, where kine's backend is not started (servePG): a
-// watch there is answered Unimplemented.
+// Watch when kine's backend was not started (PostgreSQL, a SQLite copy
+// read): a watch there is answered Unimplemented.
 func register(g *grpc.Server, b *server.KVServerBridge, what string, started bool) {
 	etcdserverpb.RegisterLeaseServer(g, b)
 	if started {

@@ -175,7 +175,13 @@ func (s *Server) startProcess() error {
 	select {
 	case <-serving:
 	case <-p.done:
-		return fmt.Errorf("etcd %s (%s) exited before serving: %v; its log: %s", s.opts.Version, bin, p.err, logTail(logPath))
+		tail := logTail(logPath)
+		if strings.Contains(tail, "address already in use") {
+			// A port picked free was taken before etcd bound it: Start
+			// tries again on new ports, as for an embedded member.
+			return fmt.Errorf("etcd %s (%s) exited before serving: %v; its log: %s: %w", s.opts.Version, bin, p.err, tail, syscall.EADDRINUSE)
+		}
+		return fmt.Errorf("etcd %s (%s) exited before serving: %v; its log: %s", s.opts.Version, bin, p.err, tail)
 	case <-time.After(60 * time.Second):
 		p.stop()
 		return fmt.Errorf("etcd %s (%s) did not serve clients within 60s; its log: %s", s.opts.Version, bin, logTail(logPath))
