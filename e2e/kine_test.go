@@ -107,14 +107,21 @@ func TestK3sSQLite(t *testing.T) {
 	old.Stop()
 	srv.Close()
 
-	// A backup as k3s's documentation takes one: the file copied, k3s stopped.
+	// A backup as k3s's documentation takes one: the database's files
+	// copied, k3s stopped (its last transactions may still be in
+	// state.db-wal, which SQLite reads beside the file of the same name).
 	backup := filepath.Join(t.TempDir(), "state.db.bak")
-	b, err := os.ReadFile(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(backup, b, 0o600); err != nil {
-		t.Fatal(err)
+	for _, suffix := range []string{"", "-wal"} {
+		b, err := os.ReadFile(db + suffix)
+		if os.IsNotExist(err) && suffix != "" {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(backup+suffix, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	writeK3sEncryption(t, enc, aescbcProvider("key2", 2), aescbcProvider("key1", 1))
