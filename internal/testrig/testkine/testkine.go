@@ -312,36 +312,20 @@ func ServePG(t testing.TB) (*kinedb.Server, *clientv3.Client, string) {
 // writes nothing leaves as it was.
 func PGTable(t testing.TB, dsn string) []string {
 	t.Helper()
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	rows, err := c.Query(ctx, "SELECT * FROM kine ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			t.Fatal(err)
-		}
+	pgQuery(t, dsn, "SELECT * FROM kine ORDER BY id", func(r pgx.Rows) error {
+		vals, err := r.Values()
 		out = append(out, fmt.Sprintf("%q", vals))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	var seq int64
-	var called bool
-	if err := c.QueryRow(ctx, "SELECT last_value, is_called FROM kine_id_seq").Scan(&seq, &called); err != nil {
-		t.Fatal(err)
-	}
-	if len(out) == 0 {
-		t.Fatal("no row in kine's table")
-	}
-	return append(out, fmt.Sprintf("kine_id_seq %d %v", seq, called))
+		return err
+	})
+	pgQuery(t, dsn, "SELECT last_value, is_called FROM kine_id_seq", func(r pgx.Rows) error {
+		var seq int64
+		var called bool
+		err := r.Scan(&seq, &called)
+		out = append(out, fmt.Sprintf("kine_id_seq %d %v", seq, called))
+		return err
+	})
+	return out
 }
 
 // PGLatest is Latest for the kine datastore in the PostgreSQL database of
@@ -349,30 +333,40 @@ func PGTable(t testing.TB, dsn string) []string {
 // deletes it, as its lease and value.
 func PGLatest(t testing.TB, dsn string) map[string]string {
 	t.Helper()
+	out := map[string]string{}
+	pgQuery(t, dsn, "SELECT name, lease, value FROM (SELECT DISTINCT ON (name) name, deleted, lease, value FROM kine ORDER BY name, id DESC) AS latest WHERE deleted = 0", func(r pgx.Rows) error {
+		var name string
+		var lease int64
+		var value []byte
+		err := r.Scan(&name, &lease, &value)
+		out[name] = fmt.Sprintf("lease %d, value %X", lease, value)
+		return err
+	})
+	return out
+}
+
+// pgQuery runs q on the PostgreSQL database of dsn, each row to row.
+func pgQuery(t testing.TB, dsn, q string, row func(pgx.Rows) error) {
+	t.Helper()
 	ctx := context.Background()
 	c, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, "SELECT name, lease, value FROM (SELECT DISTINCT ON (name) name, deleted, lease, value FROM kine ORDER BY name, id DESC) AS latest WHERE deleted = 0")
+	rows, err := c.Query(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
+	defer rows.Close()
 	for rows.Next() {
-		var name string
-		var lease int64
-		var value []byte
-		if err := rows.Scan(&name, &lease, &value); err != nil {
+		if err := row(rows); err != nil {
 			t.Fatal(err)
 		}
-		out[name] = fmt.Sprintf("lease %d, value %X", lease, value)
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return out
 }
 
 // SeedPG makes kine's datastore in the PostgreSQL database of dsn (InitPG),
