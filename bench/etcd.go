@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -153,6 +154,15 @@ func procStatusKB(pid int, field string) int64 {
 		}
 	}
 	return 0
+}
+
+// Quiet settles etcd (Settle) and this process before a measurement: its
+// garbage collected, half a second for both to calm down.
+func (e *etcdProc) Quiet(ctx context.Context) error {
+	_, err := e.Settle(ctx)
+	runtime.GC()
+	time.Sleep(500 * time.Millisecond)
+	return err
 }
 
 // Settle compacts to the current revision and defragments, so that every

@@ -124,12 +124,7 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 	if _, err := gen.seed(ctx, etcd.cli, func(objSpec) bool { return true }, true); err != nil {
 		return nil, err
 	}
-	settle := func() error {
-		_, err := etcd.Settle(ctx)
-		runtime.GC()
-		time.Sleep(500 * time.Millisecond)
-		return err
-	}
+	settle := func() error { return etcd.Quiet(ctx) }
 	node := []string{"--node-root", root, "--target-version", release.Linked()}
 	onEtcd := []string{"--endpoints", etcd.URL, "--encryption-provider-config", newCfg, "--target-version", release.Linked()}
 
@@ -170,16 +165,9 @@ func kinePhase(ctx context.Context, o options, dir string) (*results, error) {
 		}
 		record(mKineVerify, tr, 0)
 
-		tr, err = runTool(ctx, o.tool, append([]string{"plan", "-o", "json", "--state-dir", state}, node...)...)
+		tr, po, err := runPlan(ctx, o.tool, append([]string{"--state-dir", state}, node...)...)
 		if err != nil {
-			return nil, err
-		}
-		var po planOut
-		if err := parseJSON(tr, &po); err != nil {
-			return nil, err
-		}
-		if tr.exit != 0 {
-			return nil, fmt.Errorf("%s: exit %d, blockers %+v; stderr: %s", mKinePlan, tr.exit, po.Blockers, tail(tr.stderr))
+			return nil, fmt.Errorf("%s: %w", mKinePlan, err)
 		}
 		res.get(mKinePlan).Samples = append(res.get(mKinePlan).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: int64(seeded),
 			PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB, EstimateLow: po.Estimate.Low, EstimateHigh: po.Estimate.High})

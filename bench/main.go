@@ -472,12 +472,7 @@ func runDataset(ctx context.Context, o options, res *results, dataset, dir strin
 		}
 		return err
 	}
-	settle := func() error {
-		_, err := etcd.Settle(ctx)
-		runtime.GC()
-		time.Sleep(500 * time.Millisecond)
-		return err
-	}
+	settle := func() error { return etcd.Quiet(ctx) }
 
 	res.CeilingOps, res.CeilingWriters = etcdscan.DefaultMaxOps, toolWriters
 	if o.sweep {

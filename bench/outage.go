@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +75,23 @@ func (e planEstimate) logParts() {
 
 // rangeRatio is plan's range against the run measured: met when the run
 // landed inside it.
+// runPlan runs plan -o json with args: its run and its answer; an exit
+// but 0 is an error with the blockers it names.
+func runPlan(ctx context.Context, bin string, args ...string) (toolRun, planOut, error) {
+	var po planOut
+	tr, err := runTool(ctx, bin, append([]string{"plan", "-o", "json"}, args...)...)
+	if err != nil {
+		return tr, po, err
+	}
+	if err := parseJSON(tr, &po); err != nil {
+		return tr, po, err
+	}
+	if tr.exit != 0 {
+		return tr, po, fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
+	}
+	return tr, po, nil
+}
+
 func rangeRatio(name string, measured, low, high float64, note string) ratio {
 	return ratio{Name: name, Value: measured, Low: low, High: high, Met: low <= measured && measured <= high, Note: note}
 }
@@ -108,16 +126,9 @@ func outageRows(ctx context.Context, res *results, etcd *etcdProc, bin, baseline
 		return err
 	}
 	cpu0 := etcd.CPU()
-	tr, err := runTool(ctx, bin, append(append([]string{"plan", "-o", "json"}, write...), common...)...)
+	tr, po, err := runPlan(ctx, bin, slices.Concat(write, common)...)
 	if err != nil {
 		return err
-	}
-	var po planOut
-	if err := parseJSON(tr, &po); err != nil {
-		return err
-	}
-	if tr.exit != 0 {
-		return fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
 	}
 	res.get(mPlan).Samples = append(res.get(mPlan).Samples, sample{Seconds: tr.wall.Seconds(), CPUSeconds: tr.cpu.Seconds(), Objects: res.Keys, PeakPrivateKB: tr.peakPrivateKB, PeakRSSKB: tr.peakRSSKB,
 		EstimateLow: po.Estimate.Low, EstimateHigh: po.Estimate.High})

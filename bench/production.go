@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,16 +112,9 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if _, err := settle(); err != nil {
 		return nil, err
 	}
-	tr, err := runTool(ctx, tool, append(append([]string{"plan", "-o", "json"}, write...), live...)...)
+	tr, po, err := runPlan(ctx, tool, slices.Concat(write, live)...)
 	if err != nil {
 		return nil, err
-	}
-	var po planOut
-	if err := parseJSON(tr, &po); err != nil {
-		return nil, err
-	}
-	if tr.exit != 0 {
-		return nil, fmt.Errorf("plan: exit %d, blockers %+v; stderr: %s", tr.exit, po.Blockers, tail(tr.stderr))
 	}
 	pm := record(res, mProdPlan, tr, int64(seeded), in.Size(), 0, 0)
 	pm.Samples[0].EstimateLow, pm.Samples[0].EstimateHigh = po.Estimate.Low, po.Estimate.High

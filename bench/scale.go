@@ -68,12 +68,7 @@ func scalePhase(ctx context.Context, o options, dir string) (*results, error) {
 	if err := gen.grantLeases(ctx, etcd.cli); err != nil {
 		return nil, err
 	}
-	settle := func() error {
-		_, err := etcd.Settle(ctx)
-		runtime.GC()
-		time.Sleep(500 * time.Millisecond)
-		return err
-	}
+	settle := func() error { return etcd.Quiet(ctx) }
 	type file struct {
 		name  string
 		path  string

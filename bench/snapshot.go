@@ -105,12 +105,7 @@ func snapshotPhase(ctx context.Context, o options, dir string) (*results, error)
 	}
 	defer s.etcd.Stop()
 	etcd, gen, oldCfg, newCfg, stale := s.etcd, s.gen, s.oldCfg, s.newCfg, res.StaleObjects
-	settle := func() error {
-		_, err := etcd.Settle(ctx)
-		runtime.GC()
-		time.Sleep(500 * time.Millisecond)
-		return err
-	}
+	settle := func() error { return etcd.Quiet(ctx) }
 	if err := settle(); err != nil {
 		return nil, err
 	}
