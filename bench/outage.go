@@ -189,6 +189,12 @@ func outageRatios(res *results) {
 		v := ratioOf(res, mMigrateEngine, mCAS)
 		res.Ratios = append(res.Ratios, ratio{Name: "engine / CAS ceiling", Value: v, Target: engineTarget, Met: v >= engineTarget,
 			Note: "migrate --no-undo --allow-live-apiserver, objects/s, medians, whole process"})
+		// Issue 58's measure: the whole process without its undo or watch,
+		// CPU per object against etcd's applying the ceiling's rewrite.
+		if c := cas.EtcdCPUMicros.Median; eng.CPUMicros.Median > 0 && c > 0 {
+			res.Ratios = append(res.Ratios, ratio{Name: "engine CPU / etcd's in the ceiling", Value: eng.CPUMicros.Median / c, Target: 1, Met: eng.CPUMicros.Median <= c, AtMost: true,
+				Note: fmt.Sprintf("CPU per object, medians: migrate --no-undo --allow-live-apiserver's whole process %.0f µs (etcd beside it %.0f µs) against etcd's %.0f µs applying the CAS ceiling's rewrite of the same keys", eng.CPUMicros.Median, eng.EtcdCPUMicros.Median, c)})
+		}
 	}
 	if p := res.get(mPlan); len(p.Samples) > 0 {
 		// Each repetition's default run against the range plan gave just before it.

@@ -78,6 +78,10 @@ type StorageConfig struct {
 	factory   *serverstorage.DefaultStorageFactory
 	mediaType string
 	release   release.Release // the target kube-apiserver's
+	// types and hasTypes: release.TypesOf the target release, found once
+	// (ReleaseTypes is asked for every object rewritten).
+	types    release.Types
+	hasTypes bool
 
 	// builtins maps each built-in group/resource to its internal kind.
 	builtins map[schema.GroupResource]string
@@ -136,7 +140,10 @@ func NewStorageConfigFor(o StorageOptions) (*StorageConfig, error) {
 	builtins := builtinResources()
 	keep := newKeeper()
 	keep.install(factory, groupsOf(builtins))
+	types, hasTypes := release.TypesOf(o.Release.String())
 	return &StorageConfig{
+		types:     types,
+		hasTypes:  hasTypes,
 		factory:   factory,
 		mediaType: mediaType,
 		release:   o.Release,
@@ -217,7 +224,7 @@ func introducedAfter(gv schema.GroupVersion, kind string, release *version.Versi
 // target release, when it is a previous one whose types were generated
 // (release.TypesOf); false for the linked release.
 func (s *StorageConfig) ReleaseTypes() (release.Types, bool) {
-	return release.TypesOf(s.release.String())
+	return s.types, s.hasTypes
 }
 
 // MediaType is the storage media type for built-in resources.
