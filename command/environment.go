@@ -39,7 +39,7 @@ var environmentHelpTx = `ENVIRONMENT:
                       seconds: the time to live of the cluster's lock in etcd
                       (default ` + fmt.Sprint(int(writerun.DefaultLockTTL.Seconds())) + `): a holder killed without releasing it frees
                       it this long after its last keep-alive
-   GOMEMLIMIT, GOGC   Go's runtime (defaults here: ` + fmt.Sprintf("%d MiB (migrate %d MiB)", defaultMemoryLimit>>20, migrateMemoryLimit>>20) + ` and ` + fmt.Sprint(defaultGCPercent) + `)
+   GOMEMLIMIT, GOGC   Go's runtime (defaults here: ` + fmt.Sprintf("%d MiB (migrate %d MiB, %d on SQLite)", defaultMemoryLimit>>20, migrateMemoryLimit>>20, sqliteMigrateMemoryLimit>>20) + ` and ` + fmt.Sprint(defaultGCPercent) + `)
    TMPDIR             where a --snapshot-file is restored (commands that write)
    ` + updatepath.CheckShortcutEnv + `
                       test hook: check the field manager shortcut on every object`

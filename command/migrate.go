@@ -158,6 +158,9 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 	if err := kineFlags(s.kine, o.requested, o.record, o.space.compactHistory); err != nil {
 		return err
 	}
+	if s.kine != nil && s.kine.srv != nil && s.kine.srv.SQLite() {
+		raiseMemoryLimit(sqliteMigrateMemoryLimit)
+	}
 	if o.requested {
 		if err := storagemigration.Writable(s.env); err != nil {
 			return usageErr("--requested: %v; nothing was written", err)
