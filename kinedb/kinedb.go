@@ -84,6 +84,14 @@ type Server struct {
 	// Database is the SQLite file served (the node's, or its copy when
 	// ReadOnly); "" on PostgreSQL.
 	Database string
+	// Copied, on SQLite when ReadOnly, is how long the copy took (SQLite's
+	// VACUUM INTO of the node's file, as a writing run's undo snapshot is
+	// taken: kinedb.Copy); 0 otherwise. Private says Database is that
+	// copy: this process's own, in Config.Dir, which nothing else reads and
+	// which Close's caller removes; writing it changes nothing of the
+	// node's datastore.
+	Copied  time.Duration
+	Private bool
 
 	name   string     // Name's
 	what   string     // "SQLite" or "PostgreSQL"
@@ -152,6 +160,7 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, &InUseError{Database: cfg.Database, Datastore: "the SQLite datastore " + cfg.Database, Holders: holders}
 	}
 	served := cfg.Database
+	var copied time.Duration
 	var lock *os.File
 	if !cfg.ReadOnly {
 		if lock, err = lockFile(cfg.Database); err != nil {
@@ -160,14 +169,16 @@ func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.ReadOnly {
 		served = filepath.Join(cfg.Dir, "state.db")
+		start := time.Now()
 		if err := Copy(ctx, cfg.Database, served); err != nil {
 			return nil, err
 		}
+		copied = time.Since(start)
 	}
 	quietKine()
 	bctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
-	s := &Server{cancel: cancel, wg: wg, lock: lock, Database: served, name: "the SQLite datastore " + cfg.Database, what: "SQLite"}
+	s := &Server{cancel: cancel, wg: wg, lock: lock, Database: served, Copied: copied, Private: cfg.ReadOnly, name: "the SQLite datastore " + cfg.Database, what: "SQLite"}
 	ok := false
 	defer func() {
 		if !ok {

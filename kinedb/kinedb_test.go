@@ -68,6 +68,12 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !ro.Private || ro.Copied <= 0 || ro.Database == db || filepath.Dir(ro.Database) != filepath.Join(dir, "r") {
+		t.Errorf("a read-only serve: Private %v, Copied %v, Database %s; want its copy in its directory, timed", ro.Private, ro.Copied, ro.Database)
+	}
+	if s.Private || s.Copied != 0 {
+		t.Errorf("a writable serve: Private %v, Copied %v; want the node's file, no copy", s.Private, s.Copied)
+	}
 	c = client(t, ro)
 	resp, err := c.Get(ctx, "/registry/secrets/default/a")
 	if err != nil {
