@@ -30,8 +30,11 @@ import (
 // the journal's code, a sample of etcd's snapshot stream, the hashing of
 // the run's end — and from what etcd reports of its own costs (each
 // member's metrics: the time an apply of a write takes it, its WAL fsyncs,
-// its backend's commits, its compactions, its database's size). It writes
-// nothing.
+// its backend's commits, its compactions, its database's size). On a SQLite
+// datastore, which has no etcd, the writes are timed instead: a sample of
+// migrate's writes to plan's private copy of the datastore (WriteSample),
+// and the snapshot is as long as that copy took. It writes nothing of the
+// cluster's.
 type Estimate struct {
 	// DecideSeconds is how long the decision over every object took here.
 	DecideSeconds float64 `json:"decideSeconds"`
@@ -57,8 +60,12 @@ type Estimate struct {
 	// Etcd is what etcd reported that the estimate uses (nil when no
 	// member's metrics answered: the estimate then assumes the project's
 	// benchmark machine).
-	Etcd  *EtcdCosts `json:"etcd,omitempty"`
-	Basis string     `json:"basis"`
+	Etcd *EtcdCosts `json:"etcd,omitempty"`
+	// Writes is what plan timed of migrate's writes on a SQLite datastore,
+	// written to its private copy of it (nil elsewhere: etcd's costs are
+	// its metrics'; PostgreSQL's are assumed, plan writing nothing there).
+	Writes *WriteSample `json:"writeSample,omitempty"`
+	Basis  string       `json:"basis"`
 }
 
 // EstimatePart is one part of the estimate, in seconds.
@@ -122,6 +129,17 @@ type costs struct {
 	journalWrite, journalRead float64
 	snapshotRate, hashRate    float64
 	etcd                      *EtcdCosts
+	// On a SQLite datastore, plan's private copy of it: how long the copy
+	// took (SQLite's VACUUM INTO, as the undo's snapshot is taken; 0: not
+	// known), and the writes timed on it (nil: none).
+	copied float64
+	writes *WriteSample
+}
+
+// sqliteTimed says whether the writes were timed on plan's copy of a
+// SQLite datastore (and the sample went through).
+func (c costs) sqliteTimed() bool {
+	return c.kine && !c.server && c.writes != nil && c.writes.Error == "" && c.writes.Writes > 0
 }
 
 // The estimate's constants: what plan cannot time without writing, each
@@ -167,7 +185,7 @@ const (
 
 // estimate builds the Estimate from the costs.
 func estimate(c costs) Estimate {
-	e := Estimate{DecideSeconds: c.decideWall, LivenessSeconds: c.window, Etcd: c.etcd}
+	e := Estimate{DecideSeconds: c.decideWall, LivenessSeconds: c.window, Etcd: c.etcd, Writes: c.writes}
 	cores := float64(max(c.cores, 1))
 	apply, fsync := defaultApply, defaultFsync
 	if c.etcd != nil && c.etcd.ApplyPerWrite > 0 {
@@ -198,7 +216,13 @@ func estimate(c costs) Estimate {
 	if c.server && c.journal {
 		snap.Basis = "no snapshot (PostgreSQL: the journal is the undo, the dump taken first the way back beyond it)"
 	}
-	if c.snapshot {
+	switch {
+	case c.snapshot && c.kine && !c.server && c.copied > 0:
+		// SQLite: the snapshot is VACUUM INTO of the datastore, which plan
+		// made of it for its own copy.
+		snap.Low, snap.High = c.copied, snapshotStretch*c.copied+0.2
+		snap.Basis = fmt.Sprintf("the undo's snapshot, SQLite's VACUUM INTO of the datastore: plan's own copy of it took %.1fs here", c.copied)
+	case c.snapshot:
 		rate, how := c.snapshotRate, "etcd streamed a sample of it here at %s/s"
 		if rate <= 0 {
 			rate, how = 100<<20, "%s/s assumed (etcd's own assumption for a snapshot's transfer; no sample)"
@@ -276,6 +300,28 @@ func estimate(c costs) Estimate {
 	body := EstimatePart{Name: "decisions and writes", Low: bodyLow, High: bodyHigh,
 		Basis: fmt.Sprintf("%d objects decided in %.1fs here (%.1fs of CPU), %.0f–%.0f%% of them while the first write waits; %d rewrites: %.0f µs of the tool's CPU each (journal %.0f µs, timed on a sample), %.0f µs of etcd's (its applies take %.0f µs a write), %.1fs of applies one at a time, %.0f to %.0f journal fsyncs of %.2f ms (the batches in flight share one); %.0f cores shared",
 			c.scanned, c.decideWall, c.decideCPU, 100*heldHigh, 100*heldLow, c.stale, toolW*1e6, c.journalWrite*1e6, etcdW*1e6, apply*1e6, applyChain, math.Ceil(batches/writersInFlight), batches, fsync*1e3, cores)}
+	if c.sqliteTimed() {
+		// A SQLite datastore: no etcd, and its writes timed, not assumed.
+		// kine, SQLite and the client run in this process; SQLite takes one
+		// writer at a time, so the rewrites go one after another, each as
+		// long as one took in the sample written to plan's own copy of the
+		// datastore (its fastest round at best, its slowest at worst), and
+		// each costs the sample's CPU per write. At worst the decisions do
+		// not overlap the writes at all.
+		ws := c.writes
+		toolW := ws.CPUSeconds / float64(ws.Writes)
+		if c.journal {
+			toolW += c.journalWrite
+		}
+		writeLow, writeHigh := s*ws.PerWriteLow, s*ws.PerWriteHigh
+		cpu := (1-heldLow)*c.decideCPU + s*toolW
+		cpuHigh := (1-heldHigh)*c.decideCPU + s*toolW
+		bodyLow = max(decideLow, writeLow, journalLow, cpu/(cores*busyLow))
+		bodyHigh = max(1.25*decideHigh+writeHigh, 2*journalChain, cpuHigh/(cores*busyHigh))
+		body.Low, body.High = bodyLow, bodyHigh
+		body.Basis = fmt.Sprintf("%d objects decided in %.1fs here (%.1fs of CPU), %.0f–%.0f%% of them while the first write waits; %d rewrites, one after another (SQLite takes one writer at a time), %.0f–%.0f µs each as timed here: %d rewrites written to plan's private copy of the datastore through kine as migrate writes them (%d batches, %d writers in flight; the node's datastore not written), in %.1fs; %.0f µs of CPU each (kine, SQLite and the client, in this process; the journal %.0f µs of it); %.0f cores shared",
+			c.scanned, c.decideWall, c.decideCPU, 100*heldHigh, 100*heldLow, c.stale, ws.PerWriteLow*1e6, ws.PerWriteHigh*1e6, ws.Writes, ws.Batches, ws.Writers, ws.Seconds, toolW*1e6, c.journalWrite*1e6, cores)
+	}
 
 	// The compactions (--compact-history), as the space guard makes them.
 	comp := EstimatePart{Name: "compactions", Basis: "none: the run does not compact (no --compact-history)"}
@@ -444,7 +490,9 @@ func simulateGuard(c costs, body, tc float64, progressive bool) guardRun {
 	return r
 }
 
-// errNoKineMetrics is why a SQLite datastore's costs are assumed.
+// errNoKineMetrics is why etcd's costs are not read on a datastore served
+// through kine: on SQLite its writes are timed instead, on plan's private
+// copy of it (sampleWrites); on PostgreSQL they are assumed.
 var errNoKineMetrics = errors.New("a datastore served through kine has no etcd metrics")
 
 // etcdCosts picks the slowest member's costs out of their metrics.
@@ -498,6 +546,11 @@ type sampler struct {
 	seen  int64
 	items []sampled
 	rnd   *rand.Rand
+	// The write sample (a SQLite copy's: sampleWrites): a uniform sample
+	// of chunkN of migrate's batches of batchOps stale keys (0: none kept).
+	chunkN, batchOps int
+	chunkSeen        int64
+	chunks           [][]writeItem
 }
 
 func newSampler(n int) *sampler { return &sampler{n: n, rnd: rand.New(rand.NewPCG(1, 2))} }
@@ -506,6 +559,9 @@ func newSampler(n int) *sampler { return &sampler{n: n, rnd: rand.New(rand.NewPC
 func (s *sampler) page(page []reencode.Decision) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.chunkN > 0 {
+		s.chunkPage(page)
+	}
 	for i := range page {
 		d := &page[i]
 		if d.Status != reencode.Stale {
@@ -600,6 +656,21 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 	if c.snapshot && c.dbSize > 0 {
 		if n, el, err := etcdscan.SnapshotSample(ctx, env.Client, snapshotSample); err == nil && n > 0 && el > 0 {
 			c.snapshotRate = float64(n) / el.Seconds()
+		}
+	}
+	// On a SQLite datastore, the writes timed on plan's own copy of it,
+	// last: nothing reads the copy after them. PostgreSQL's are not (plan
+	// reads the live database there and writes nothing to it): its
+	// estimate stays the model of etcd's costs, assumed.
+	if timesWrites(env, opts) {
+		c.copied = opts.SQLiteCopy.Copied.Seconds()
+		if c.stale > 0 {
+			writers := mo.Writers
+			if writers <= 0 {
+				writers = batches.DefaultWriters
+			}
+			ws := smp.sampleWrites(ctx, env, writers)
+			c.writes = &ws
 		}
 	}
 	return estimate(c)

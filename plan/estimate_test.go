@@ -12,6 +12,7 @@ import (
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/testrig/testetcd"
+	"kube-etcd-migrate/reencode"
 )
 
 // etcdCostsFromRealEtcd writes n compare-and-swap writes of 1 KB into a real
@@ -282,3 +283,81 @@ func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 
 // approx says a and b are equal but for rounding.
 func approx(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(math.Abs(a), math.Abs(b), 1) }
+
+// TestEstimateSQLiteTimedWrites: on a SQLite datastore whose writes plan
+// timed on its copy, the writes go one after another at the sample's pace
+// (at least stale × its fastest round's time a write; at most, beside the
+// decisions, more than them at its slowest), their CPU the sample's, and the
+// snapshot is as long as the copy took; a sample that stopped short is
+// not used (the model of etcd's costs, assumed, as before).
+func TestEstimateSQLiteTimedWrites(t *testing.T) {
+	c := baseCosts(nil)
+	c.kine, c.window, c.scanned, c.stale = true, 0, 50000, 15000
+	c.decideWall, c.decideCPU, c.copied = 2.5, 4, 1.2
+	c.writes = &WriteSample{Writes: 1024, Batches: 64, Writers: 16, Seconds: 0.8, CPUSeconds: 0.9, PerWriteLow: 0.6e-3, PerWriteHigh: 0.9e-3}
+	e := estimate(c)
+	if e.Writes != c.writes {
+		t.Errorf("the estimate does not carry its write sample")
+	}
+	parts := map[string]EstimatePart{}
+	for _, p := range e.Parts {
+		parts[p.Name] = p
+	}
+	body, snap := parts["decisions and writes"], parts["snapshot"]
+	if want := 15000 * 0.6e-3; body.Low < want {
+		t.Errorf("writes' part at least %.2f s: %.2f", want, body.Low)
+	}
+	if want := 15000 * 0.9e-3; body.High <= want || body.High <= body.Low {
+		t.Errorf("writes' part at most %.2f s, want more than the writes at the slowest round's pace, %.2f s, and than its least, %.2f s", body.High, want, body.Low)
+	}
+	// 0.9 ms of CPU a write and the journal's, with the decisions', on 2 cores.
+	if cpu := (4 + 15000*(0.9e-3/1024*1000+c.journalWrite)) / 2; body.Low < cpu*0.999 {
+		t.Errorf("writes' part %.2f s below the CPU's %.2f s on 2 cores", body.Low, cpu)
+	}
+	if !strings.Contains(body.Basis, "written to plan's private copy of the datastore through kine") || !strings.Contains(body.Basis, "600–900 µs each") {
+		t.Errorf("basis: %s", body.Basis)
+	}
+	if snap.Low != 1.2 || snap.High != snapshotStretch*1.2+0.2 || !strings.Contains(snap.Basis, "VACUUM INTO") {
+		t.Errorf("snapshot %v–%v: %s", snap.Low, snap.High, snap.Basis)
+	}
+
+	c.writes = &WriteSample{Writes: 16, PerWriteLow: 1, PerWriteHigh: 1, Error: "writing plan's copy of the datastore: conflict"}
+	e = estimate(c)
+	for _, p := range e.Parts {
+		if p.Name == "decisions and writes" && (strings.Contains(p.Basis, "private copy") || p.Low >= 15000) {
+			t.Errorf("a write sample that stopped short was used: %v–%v: %s", p.Low, p.High, p.Basis)
+		}
+	}
+}
+
+// TestSamplerChunks: the write sample's chunks are migrate's batches of
+// consecutive stale keys of a page (batchOps at most, the page's rest the
+// last), kept uniformly, at most chunkN, with each key's size and lease.
+func TestSamplerChunks(t *testing.T) {
+	s := newSampler(4)
+	s.chunkN, s.batchOps = 3, 4
+	var page []reencode.Decision
+	for i := range 10 {
+		st := reencode.Stale
+		if i == 2 {
+			st = reencode.Current
+		}
+		page = append(page, reencode.Decision{Key: fmt.Sprintf("/k/%02d", i), Status: st, ModRevision: int64(100 + i), Read: etcdscan.KVMeta{Lease: 7}, NewValue: make([]byte, i)})
+	}
+	s.page(page)
+	if len(s.chunks) != 3 || s.chunkSeen != 3 {
+		t.Fatalf("chunks %d (seen %d), want 3: %+v", len(s.chunks), s.chunkSeen, s.chunks)
+	}
+	if got := []int{len(s.chunks[0]), len(s.chunks[1]), len(s.chunks[2])}; got[0] != 4 || got[1] != 4 || got[2] != 1 {
+		t.Errorf("chunk sizes %v, want 4 4 1 (9 stale)", got)
+	}
+	if it := s.chunks[0][2]; it.key != "/k/03" || it.modRevision != 103 || it.size != 3 || it.read.Lease != 7 {
+		t.Errorf("the third key of the first chunk: %+v", it)
+	}
+	for range 20 {
+		s.page(page)
+	}
+	if len(s.chunks) != 3 || s.chunkSeen != 63 {
+		t.Errorf("after 21 pages: %d chunks kept of %d seen, want 3 of 63", len(s.chunks), s.chunkSeen)
+	}
+}

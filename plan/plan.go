@@ -8,7 +8,9 @@
 // member is healthy, which custom resources need a conversion webhook, and
 // about how long the write would take on this machine. Each problem is a
 // Blocker with its remedy, so that it is fixed before the outage begins,
-// not inside it. It writes nothing: not to etcd, not to the state directory.
+// not inside it. It writes nothing: not to etcd, not to the state directory,
+// not to a datastore served through kine; on a SQLite datastore it writes
+// only its own private copy of it (SQLiteCopy), to time migrate's writes.
 package plan
 
 import (
@@ -39,6 +41,11 @@ type Options struct {
 	// Started is when the command began (its setup counts in the
 	// estimate: migrate's is the same); zero: when Run began.
 	Started time.Time
+	// SQLiteCopy, when the datastore env reads is plan's private copy of a
+	// SQLite datastore (and only then), lets plan time a sample of
+	// migrate's writes on that copy for the estimate (nil: plan writes
+	// nothing).
+	SQLiteCopy *SQLiteCopy
 }
 
 // Blocker is one reason migrate would refuse, or would stop part-way.
@@ -175,6 +182,12 @@ func Run(ctx context.Context, env *pipeline.Env, opts Options) (*Plan, error) {
 	mopts := opts.Migrate
 	mopts.DryRun, mopts.Journal, mopts.Snapshot = true, "", ""
 	smp := newSampler(sampleSize)
+	if timesWrites(env, opts) {
+		smp.chunkN, smp.batchOps = writeChunks, mopts.BatchOps
+		if smp.batchOps <= 0 {
+			smp.batchOps = etcdscan.DefaultMaxOps
+		}
+	}
 	mopts.Decided = smp.page
 	cpu0 := cpuTime()
 	decideStart := time.Now()

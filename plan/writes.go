@@ -1,0 +1,193 @@
+package plan
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/internal/batches"
+	"kube-etcd-migrate/pipeline"
+	"kube-etcd-migrate/reencode"
+)
+
+// SQLiteCopy says that the datastore plan reads is a private copy of a
+// SQLite datastore served through kine (kinedb.Server.Private): this
+// process's own, removed when the command ends, the node's file never
+// served. Only then does plan write, to that copy, to time migrate's
+// writes there (sampleWrites).
+type SQLiteCopy struct {
+	// Copied is how long the copy took: SQLite's VACUUM INTO of the node's
+	// file, as a writing run's undo snapshot of it is taken.
+	Copied time.Duration
+}
+
+// WriteSample is what plan timed of migrate's writes on a SQLite
+// datastore: rewrites of stale keys written to its private copy of the
+// datastore through kine, as migrate writes them (kine compare-and-swap
+// transactions, one key each, in migrate's batches and writers in flight),
+// each of the size migrate would write (zeros: the copy is discarded). The
+// node's datastore is not written.
+type WriteSample struct {
+	Writes  int   `json:"writes"`
+	Batches int   `json:"batches"`
+	Writers int   `json:"writers"` // in flight, as migrate's
+	Bytes   int64 `json:"bytes"`
+	// Seconds is the sample's time, CPUSeconds this process's CPU time
+	// meanwhile (the client's, kine's and SQLite's: all in it).
+	Seconds    float64 `json:"seconds"`
+	CPUSeconds float64 `json:"cpuSeconds"`
+	// PerWriteLow and PerWriteHigh are the time a write took in the
+	// sample's fastest and slowest round (seconds).
+	PerWriteLow  float64 `json:"perWriteLowSeconds"`
+	PerWriteHigh float64 `json:"perWriteHighSeconds"`
+	// Error says why the sample stopped short (its writes then not used).
+	Error string `json:"error,omitempty"`
+}
+
+// timesWrites says whether plan times a sample of migrate's writes: only
+// on a SQLite datastore served through kine from plan's private copy of it
+// (Options.SQLiteCopy, which the command sets only then). Never on etcd
+// nor on PostgreSQL, where plan reads the live database and writes nothing:
+// there the estimate keeps its model of etcd's costs (etcd's metrics;
+// assumed on PostgreSQL, which has none that plan reads).
+func timesWrites(env *pipeline.Env, opts Options) bool {
+	api := env.Target.APIServer()
+	return opts.SQLiteCopy != nil && api.OnKine() && api.KineServer == ""
+}
+
+// The write sample's shape: up to writeChunks batches of stale keys
+// (consecutive in the scan, as migrate cuts its batches), chosen uniformly
+// over the keyspace, written in writeRounds rounds, each timed.
+const (
+	writeChunks = 64
+	writeRounds = 4
+)
+
+// writeItem is one stale key of the write sample: what its rewrite needs
+// but the value, of which its size is kept.
+type writeItem struct {
+	key         string
+	modRevision int64
+	read        etcdscan.KVMeta
+	size        int
+}
+
+// chunkPage cuts the stale decisions of a page into batches as migrate
+// does (batches.Pool: batchOps at a time, in the page's order) and offers
+// each to the reservoir of chunks (s.mu held).
+func (s *sampler) chunkPage(page []reencode.Decision) {
+	var cur []writeItem
+	offer := func() {
+		if len(cur) == 0 {
+			return
+		}
+		s.chunkSeen++
+		switch {
+		case len(s.chunks) < s.chunkN:
+			s.chunks = append(s.chunks, cur)
+		default:
+			if j := s.rnd.Int64N(s.chunkSeen); j < int64(s.chunkN) {
+				s.chunks[j] = cur
+			}
+		}
+		cur = nil
+	}
+	for i := range page {
+		d := &page[i]
+		if d.Status != reencode.Stale {
+			continue
+		}
+		cur = append(cur, writeItem{key: d.Key, modRevision: d.ModRevision, read: d.Read, size: len(d.NewValue)})
+		if len(cur) >= s.batchOps {
+			offer()
+		}
+	}
+	offer()
+}
+
+// sampleWrites writes the sample's chunks to the datastore env.Client
+// serves, which must be plan's private copy of a SQLite datastore
+// (SQLiteCopy), with migrate's writer on kine and its writers in flight,
+// and times them. Each key is written once, at the mod revision the
+// decision read (nothing but plan reads the copy). A write that is not
+// Written stops the sample (Error).
+func (s *sampler) sampleWrites(ctx context.Context, env *pipeline.Env, writers int) WriteSample {
+	s.mu.Lock()
+	chunks := s.chunks
+	s.mu.Unlock()
+	ws := WriteSample{Writers: writers}
+	largest := 0
+	for _, ch := range chunks {
+		for _, it := range ch {
+			largest = max(largest, it.size)
+		}
+	}
+	zeros := make([]byte, largest)
+	w := &etcdscan.Writer{Client: env.Client, Kine: true}
+	rounds := min(writeRounds, len(chunks))
+	cpu0 := cpuTime()
+	start := time.Now()
+	for r := range rounds {
+		part := chunks[r*len(chunks)/rounds : (r+1)*len(chunks)/rounds]
+		n, err := writeChunksOnce(ctx, w, part, zeros, writers)
+		if err != nil {
+			ws.Error = err.Error()
+			break
+		}
+		ws.Writes += n.writes
+		ws.Batches += len(part)
+		ws.Bytes += n.bytes
+		if n.writes > 0 {
+			per := n.seconds / float64(n.writes)
+			if ws.PerWriteLow == 0 || per < ws.PerWriteLow {
+				ws.PerWriteLow = per
+			}
+			ws.PerWriteHigh = max(ws.PerWriteHigh, per)
+		}
+	}
+	ws.Seconds = time.Since(start).Seconds()
+	ws.CPUSeconds = (cpuTime() - cpu0).Seconds()
+	return ws
+}
+
+// roundOf is what one round of the write sample wrote, and in what time.
+type roundOf struct {
+	writes  int
+	bytes   int64
+	seconds float64
+}
+
+// writeChunksOnce writes chunks through w with writers batches in flight,
+// as migrate's writers take them (batches.Pool), and says how long it took.
+func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeItem, zeros []byte, writers int) (roundOf, error) {
+	var r roundOf
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pool := batches.Start(writers, 0, cancel, func(b []etcdscan.Put) error {
+		for _, res := range w.Write(wctx, b) {
+			if res.Status != etcdscan.Written {
+				return fmt.Errorf("writing plan's copy of the datastore: %s: %w", res.Status, res.Err)
+			}
+		}
+		return nil
+	})
+	start := time.Now()
+	for _, ch := range chunks {
+		puts := make([]etcdscan.Put, len(ch))
+		for i, it := range ch {
+			puts[i] = etcdscan.Put{Key: it.key, Value: zeros[:it.size], ModRevision: it.modRevision, Read: it.read}
+			r.bytes += int64(it.size)
+		}
+		r.writes += len(puts)
+		if err := pool.Send(wctx, puts); err != nil {
+			break
+		}
+	}
+	err := pool.Wait()
+	r.seconds = time.Since(start).Seconds()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return r, err
+}
