@@ -2,9 +2,12 @@ package command
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +20,7 @@ import (
 
 	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/kinedb"
+	"kube-etcd-migrate/plan"
 )
 
 // TestSQLiteSignals: SIGINT while verify reads a SQLite datastore's copy
@@ -178,4 +182,82 @@ func k3sSQLiteNode(t *testing.T, encryption string, seed func(*clientv3.Client))
 	db = filepath.Join(root, "/var/lib/rancher/k3s/server/db/state.db")
 	testkine.Seed(t, db, seed)
 	return root, db
+}
+
+// TestSQLitePlanTimesWrites: plan on a k3s node on SQLite times migrate's
+// writes on its private copy of the datastore (the node's file and its
+// write-ahead log unchanged byte for byte, nothing added beside them,
+// nothing left in $TMPDIR): every
+// stale key written there as migrate writes it, and a range at least as
+// long as those writes one after another; its snapshot part is the copy's
+// own VACUUM INTO, and the text says nothing of etcd's metrics.
+func TestSQLitePlanTimesWrites(t *testing.T) {
+	const n = 150
+	root, db := k3sSQLiteNode(t, key2Secrets, func(c *clientv3.Client) {
+		for i := range n {
+			lease := int64(0)
+			if i%4 == 0 {
+				lease = 3600
+			}
+			name := fmt.Sprintf("s-%04d", i)
+			testkine.Create(t, c, "/registry/secrets/default/"+name, `{"kind":"Secret","apiVersion":"v1","metadata":{"name":"`+name+`","namespace":"default"},"data":{"k":"`+strings.Repeat("QUJD", 200)+`"}}`, lease)
+		}
+	})
+	// The node's file and its write-ahead log, byte for byte. Opening a
+	// database in WAL mode, even read-only (the copy's VACUUM INTO), makes
+	// an empty state.db-wal and SQLite's index of it, state.db-shm, when
+	// they are not there: nothing else may appear beside them.
+	dir := filepath.Dir(db)
+	files := func() map[string][32]byte {
+		t.Helper()
+		es, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string][32]byte{}
+		for _, e := range es {
+			if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err != nil {
+				t.Fatal(err)
+			} else if !strings.HasSuffix(e.Name(), "-shm") && (len(b) > 0 || !strings.HasSuffix(e.Name(), "-wal")) {
+				m[e.Name()] = sha256.Sum256(b)
+			}
+		}
+		return m
+	}
+	before := files()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	flags := []string{"--node-root", root, "--target-version", "1.37"}
+	code, out, stderr := runCLI(t, append([]string{"plan", "-o", "json"}, flags...)...)
+	var p plan.Plan
+	if code != exitOK || json.Unmarshal([]byte(out), &p) != nil {
+		t.Fatalf("plan -o json on SQLite: exit %d\n%s%s", code, out, stderr)
+	}
+	e := p.Estimate
+	ws := e.Writes
+	if p.Summary.Stale != n || ws == nil || ws.Error != "" || ws.Writes != n || ws.Writers != 16 || ws.PerWriteLow <= 0 || ws.PerWriteHigh < ws.PerWriteLow || ws.CPUSeconds <= 0 {
+		t.Fatalf("plan on SQLite: %d stale, write sample %+v; want every one of the %d stale keys written to its copy, timed", p.Summary.Stale, ws, n)
+	}
+	parts := map[string]plan.EstimatePart{}
+	for _, part := range e.Parts {
+		parts[part.Name] = part
+	}
+	body, snap := parts["decisions and writes"], parts["snapshot"]
+	if chain := float64(n) * ws.PerWriteLow; body.Low < chain*0.999 || e.Low < body.Low || !strings.Contains(body.Basis, "written to plan's private copy of the datastore through kine") {
+		t.Errorf("the writes' part %.3f–%.3f s (range %.3f–%.3f s), want at least the %d writes one after another (%.3f s) and its basis the timed writes: %s", body.Low, body.High, e.Low, e.High, n, chain, body.Basis)
+	}
+	if snap.Low <= 0 || !strings.Contains(snap.Basis, "VACUUM INTO") {
+		t.Errorf("the snapshot part %.3f–%.3f s: %s; want the copy's VACUUM INTO, timed", snap.Low, snap.High, snap.Basis)
+	}
+	code, out, stderr = runCLI(t, append([]string{"plan"}, flags...)...)
+	t.Logf("plan on SQLite:\n%s", out)
+	if code != exitOK || strings.Contains(out, "etcd's metrics") || !strings.Contains(out, "written to plan's private copy") {
+		t.Errorf("plan on SQLite: exit %d, want 0, the writes timed and no word of etcd's metrics\n%s%s", code, out, stderr)
+	}
+	if after := files(); !maps.Equal(after, before) {
+		t.Errorf("plan changed the node's datastore %s (the files of its directory, by name and sha256):\n%x\nwas\n%x", db, after, before)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("plan left its copy of the datastore in $TMPDIR: %v", left)
+	}
 }

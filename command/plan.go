@@ -79,7 +79,14 @@ func (o *planOptions) runPlan(ctx context.Context, started time.Time) error {
 	if o.undo.noUndo {
 		stateDir = ""
 	}
-	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir, Started: started})
+	// A SQLite datastore is read from plan's private copy of it, which plan
+	// may write to time migrate's writes; the node's file is never served
+	// to plan (nor is a PostgreSQL database: plan writes nothing there).
+	var sqliteCopy *plan.SQLiteCopy
+	if k := s.kine; k != nil && !k.write && k.srv.SQLite() && k.srv.Private {
+		sqliteCopy = &plan.SQLiteCopy{Copied: k.srv.Copied}
+	}
+	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir, Started: started, SQLiteCopy: sqliteCopy})
 	if err != nil {
 		return err
 	}

@@ -118,7 +118,12 @@ func writeEstimate(w io.Writer, e plan.Estimate) {
 	for _, p := range e.Parts {
 		fmt.Fprintf(w, "  %-21s %s: %s\n", p.Name, fmtRange(p.Low, p.High), p.Basis)
 	}
-	if c := e.Etcd; c != nil && c.Error != "" {
+	switch ws, c := e.Writes, e.Etcd; {
+	case ws != nil && ws.Error != "":
+		fmt.Fprintf(w, "  (the writes timed on plan's copy of the SQLite datastore stopped short: %s; their costs assumed)\n", ws.Error)
+	case ws != nil:
+		// Timed on the SQLite datastore's copy: etcd's metrics not needed.
+	case c != nil && c.Error != "":
 		fmt.Fprintf(w, "  (etcd's metrics: %s)\n", c.Error)
 	}
 }
