@@ -303,24 +303,22 @@ func estimate(c costs) Estimate {
 	if c.sqliteTimed() {
 		// A SQLite datastore: no etcd, and its writes timed, not assumed.
 		// kine, SQLite and the client run in this process; SQLite takes one
-		// writer at a time, so the rewrites go one after another, each as
-		// long as one took in the sample written to plan's own copy of the
-		// datastore (its fastest round at best, its slowest at worst), and
-		// each costs the sample's CPU per write. At worst the decisions do
-		// not overlap the writes at all.
+		// writer at a time, so the rewrites go one after another
+		// (writeChain), and each costs the sample's CPU per write. At worst
+		// the decisions do not overlap the writes at all.
 		ws := c.writes
 		toolW := ws.CPUSeconds / float64(ws.Writes)
 		if c.journal {
 			toolW += c.journalWrite
 		}
-		writeLow, writeHigh := s*ws.PerWriteLow, s*ws.PerWriteHigh
+		writeLow, writeHigh := c.writeChain()
 		cpu := (1-heldLow)*c.decideCPU + s*toolW
 		cpuHigh := (1-heldHigh)*c.decideCPU + s*toolW
 		bodyLow = max(decideLow, writeLow, journalLow, cpu/(cores*busyLow))
 		bodyHigh = max(1.25*decideHigh+writeHigh, 2*journalChain, cpuHigh/(cores*busyHigh))
 		body.Low, body.High = bodyLow, bodyHigh
-		body.Basis = fmt.Sprintf("%d objects decided in %.1fs here (%.1fs of CPU), %.0f–%.0f%% of them while the first write waits; %d rewrites, one after another (SQLite takes one writer at a time), %.0f–%.0f µs each as timed here: %d rewrites written to plan's private copy of the datastore through kine as migrate writes them (%d batches, %d writers in flight; the node's datastore not written), in %.1fs; %.0f µs of CPU each (kine, SQLite and the client, in this process; the journal %.0f µs of it); %.0f cores shared",
-			c.scanned, c.decideWall, c.decideCPU, 100*heldHigh, 100*heldLow, c.stale, ws.PerWriteLow*1e6, ws.PerWriteHigh*1e6, ws.Writes, ws.Batches, ws.Writers, ws.Seconds, toolW*1e6, c.journalWrite*1e6, cores)
+		body.Basis = fmt.Sprintf("%d objects decided in %.1fs here (%.1fs of CPU), %.0f–%.0f%% of them while the first write waits; %d rewrites, one after another (SQLite takes one writer at a time), %.1f–%.1fs (%.0f–%.0f µs each) as timed here: %d rewrites (%s) written to plan's private copy of the datastore through kine as migrate writes them (%d batches, %d writers in flight; the node's datastore not written) in %.1fs, scaled to the rewrite's %s by count and by size; %.0f µs of CPU each (kine, SQLite and the client, in this process; the journal %.0f µs of it); %.0f cores shared",
+			c.scanned, c.decideWall, c.decideCPU, 100*heldHigh, 100*heldLow, c.stale, writeLow, writeHigh, writeLow/s*1e6, writeHigh/s*1e6, ws.Writes, textfmt.Bytes(ws.Bytes), ws.Batches, ws.Writers, ws.Seconds, textfmt.Bytes(c.sizes.EtcdBytes), toolW*1e6, c.journalWrite*1e6, cores)
 	}
 
 	// The compactions (--compact-history), as the space guard makes them.
@@ -358,6 +356,38 @@ func estimate(c costs) Estimate {
 	e.WriteSeconds = (body.Low + body.High) / 2
 	e.Basis = fmt.Sprintf("setup; the first write after the longer of %s and %s + the snapshot; the decisions and the writes together; the compactions' waits; the end", window, checksBasis)
 	return e
+}
+
+// writeChain is how long the rewrite's writes take one after another on a
+// SQLite datastore, at least and at most, from the sample timed on plan's
+// copy of it (c.writes): its time scaled by the rewrite's share of it,
+// counted in writes or in bytes — a write's time grows with both, so the
+// share lies between the two — the least from its fastest round (the
+// sample's first writes warm SQLite's cache), the most from the whole
+// sample.
+func (c costs) writeChain() (low, high float64) {
+	ws := c.writes
+	share := func(writes int, bytes int64) (lo, hi float64) {
+		byCount := float64(c.stale) / float64(writes)
+		bySize := byCount
+		if bytes > 0 && c.sizes.EtcdBytes > 0 {
+			bySize = float64(c.sizes.EtcdBytes) / float64(bytes)
+		}
+		return min(byCount, bySize), max(byCount, bySize)
+	}
+	total := 0.0
+	for _, r := range ws.Rounds {
+		total += r.Seconds
+		if r.Writes == 0 {
+			continue
+		}
+		lo, _ := share(r.Writes, r.Bytes)
+		if t := r.Seconds * lo; low == 0 || t < low {
+			low = t
+		}
+	}
+	_, hi := share(ws.Writes, ws.Bytes)
+	return low, max(low, total*hi)
 }
 
 // compactionTime is how long one of the run's compactions takes, at least

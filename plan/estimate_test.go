@@ -285,48 +285,63 @@ func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 func approx(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(math.Abs(a), math.Abs(b), 1) }
 
 // TestEstimateSQLiteTimedWrites: on a SQLite datastore whose writes plan
-// timed on its copy, the writes go one after another at the sample's pace
-// (at least stale × its fastest round's time a write; at most, beside the
-// decisions, more than them at its slowest), their CPU the sample's, and the
-// snapshot is as long as the copy took; a sample that stopped short is
-// not used (the model of etcd's costs, assumed, as before).
+// timed on its copy, the writes go one after another at the sample's pace,
+// scaled to the rewrite by count and by size (at least as its fastest
+// round, at most as the whole sample), their CPU the sample's, and the
+// snapshot is as long as the copy took; a sample that stopped short is not
+// used (the model of etcd's costs, assumed, as before).
 func TestEstimateSQLiteTimedWrites(t *testing.T) {
 	c := baseCosts(nil)
 	c.kine, c.window, c.scanned, c.stale = true, 0, 50000, 15000
+	c.sizes = guard.WriteSizes{EtcdBytes: 15000 * 2500, JournalBytes: 15000 * 3300, RollbackBytes: 15000 * 2400}
 	c.decideWall, c.decideCPU, c.copied = 2.5, 4, 1.2
-	c.writes = &WriteSample{Writes: 1024, Batches: 64, Writers: 16, Seconds: 0.8, CPUSeconds: 0.9, PerWriteLow: 0.6e-3, PerWriteHigh: 0.9e-3}
+	sample := func(bytesEach int64) *WriteSample {
+		ws := &WriteSample{Writes: 1024, Batches: 64, Writers: 16, Bytes: 1024 * bytesEach, Seconds: 0.81, CPUSeconds: 0.9}
+		for _, sec := range []float64{0.16, 0.2, 0.2, 0.24} {
+			ws.Rounds = append(ws.Rounds, WriteRound{Writes: 256, Bytes: 256 * bytesEach, Seconds: sec})
+		}
+		return ws
+	}
+	parts := func(e Estimate) map[string]EstimatePart {
+		m := map[string]EstimatePart{}
+		for _, p := range e.Parts {
+			m[p.Name] = p
+		}
+		return m
+	}
+	c.writes = sample(2500)
 	e := estimate(c)
 	if e.Writes != c.writes {
 		t.Errorf("the estimate does not carry its write sample")
 	}
-	parts := map[string]EstimatePart{}
-	for _, p := range e.Parts {
-		parts[p.Name] = p
+	if lo, hi := c.writeChain(); !near(lo, 0.16*15000/256) || !near(hi, 0.8*15000/1024) {
+		t.Errorf("the writes one after another: %.3f–%.3f s, want the fastest round's pace %.3f s, the whole sample's %.3f s", lo, hi, 0.16*15000/256, 0.8*15000/1024)
 	}
-	body, snap := parts["decisions and writes"], parts["snapshot"]
-	if want := 15000 * 0.6e-3; body.Low < want {
-		t.Errorf("writes' part at least %.2f s: %.2f", want, body.Low)
-	}
-	if want := 15000 * 0.9e-3; body.High <= want || body.High <= body.Low {
-		t.Errorf("writes' part at most %.2f s, want more than the writes at the slowest round's pace, %.2f s, and than its least, %.2f s", body.High, want, body.Low)
+	body, snap := parts(e)["decisions and writes"], parts(e)["snapshot"]
+	if lo, hi := c.writeChain(); body.Low < lo || body.High <= hi || body.High <= body.Low {
+		t.Errorf("writes' part %.2f–%.2f s, want at least the writes' chain %.2f–%.2f s", body.Low, body.High, lo, hi)
 	}
 	// 0.9 ms of CPU a write and the journal's, with the decisions', on 2 cores.
-	if cpu := (4 + 15000*(0.9e-3/1024*1000+c.journalWrite)) / 2; body.Low < cpu*0.999 {
+	if cpu := (4 + 15000*(0.9/1024+c.journalWrite)) / 2; body.Low < cpu*0.999 {
 		t.Errorf("writes' part %.2f s below the CPU's %.2f s on 2 cores", body.Low, cpu)
 	}
-	if !strings.Contains(body.Basis, "written to plan's private copy of the datastore through kine") || !strings.Contains(body.Basis, "600–900 µs each") {
+	if !strings.Contains(body.Basis, "written to plan's private copy of the datastore through kine") || !strings.Contains(body.Basis, "625–781 µs each") {
 		t.Errorf("basis: %s", body.Basis)
 	}
 	if snap.Low != 1.2 || snap.High != snapshotStretch*1.2+0.2 || !strings.Contains(snap.Basis, "VACUUM INTO") {
 		t.Errorf("snapshot %v–%v: %s", snap.Low, snap.High, snap.Basis)
 	}
 
-	c.writes = &WriteSample{Writes: 16, PerWriteLow: 1, PerWriteHigh: 1, Error: "writing plan's copy of the datastore: conflict"}
-	e = estimate(c)
-	for _, p := range e.Parts {
-		if p.Name == "decisions and writes" && (strings.Contains(p.Basis, "private copy") || p.Low >= 15000) {
-			t.Errorf("a write sample that stopped short was used: %v–%v: %s", p.Low, p.High, p.Basis)
-		}
+	// A sample of larger values than the rewrite's on average: its time
+	// scaled by size at best, by count at worst.
+	c.writes = sample(5000)
+	if lo, hi := c.writeChain(); !near(lo, 0.16*15000*2500/(256*5000)) || !near(hi, 0.8*15000/1024) {
+		t.Errorf("a sample of larger values: %.3f–%.3f s, want %.3f–%.3f s", lo, hi, 0.16*15000*2500/(256*5000), 0.8*15000/1024)
+	}
+
+	c.writes = &WriteSample{Writes: 16, Rounds: []WriteRound{{Writes: 16, Bytes: 16 * 2500, Seconds: 1}}, Error: "writing plan's copy of the datastore: conflict"}
+	if p := parts(estimate(c))["decisions and writes"]; strings.Contains(p.Basis, "private copy") || p.Low >= 15000/16 {
+		t.Errorf("a write sample that stopped short was used: %v–%v: %s", p.Low, p.High, p.Basis)
 	}
 }
 

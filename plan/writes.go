@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"kube-etcd-migrate/etcdscan"
+	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/batches"
 	"kube-etcd-migrate/pipeline"
 	"kube-etcd-migrate/reencode"
@@ -29,20 +30,27 @@ type SQLiteCopy struct {
 // each of the size migrate would write (zeros: the copy is discarded). The
 // node's datastore is not written.
 type WriteSample struct {
-	Writes  int   `json:"writes"`
-	Batches int   `json:"batches"`
-	Writers int   `json:"writers"` // in flight, as migrate's
-	Bytes   int64 `json:"bytes"`
+	Writes  int `json:"writes"`
+	Batches int `json:"batches"`
+	Writers int `json:"writers"` // in flight, as migrate's
+	// Bytes is what the sample's rewrites weigh, counted as the rewrite's
+	// are (guard.WriteSizes' EtcdBytes: key and value, by the page).
+	Bytes int64 `json:"bytes"`
 	// Seconds is the sample's time, CPUSeconds this process's CPU time
 	// meanwhile (the client's, kine's and SQLite's: all in it).
 	Seconds    float64 `json:"seconds"`
 	CPUSeconds float64 `json:"cpuSeconds"`
-	// PerWriteLow and PerWriteHigh are the time a write took in the
-	// sample's fastest and slowest round (seconds).
-	PerWriteLow  float64 `json:"perWriteLowSeconds"`
-	PerWriteHigh float64 `json:"perWriteHighSeconds"`
+	// Rounds are its parts, each timed.
+	Rounds []WriteRound `json:"rounds"`
 	// Error says why the sample stopped short (its writes then not used).
 	Error string `json:"error,omitempty"`
+}
+
+// WriteRound is one timed round of the write sample.
+type WriteRound struct {
+	Writes  int     `json:"writes"`
+	Bytes   int64   `json:"bytes"`
+	Seconds float64 `json:"seconds"`
 }
 
 // timesWrites says whether plan times a sample of migrate's writes: only
@@ -130,38 +138,25 @@ func (s *sampler) sampleWrites(ctx context.Context, env *pipeline.Env, writers i
 	start := time.Now()
 	for r := range rounds {
 		part := chunks[r*len(chunks)/rounds : (r+1)*len(chunks)/rounds]
-		n, err := writeChunksOnce(ctx, w, part, zeros, writers)
+		round, err := writeChunksOnce(ctx, w, part, zeros, writers)
 		if err != nil {
 			ws.Error = err.Error()
 			break
 		}
-		ws.Writes += n.writes
+		ws.Rounds = append(ws.Rounds, round)
+		ws.Writes += round.Writes
 		ws.Batches += len(part)
-		ws.Bytes += n.bytes
-		if n.writes > 0 {
-			per := n.seconds / float64(n.writes)
-			if ws.PerWriteLow == 0 || per < ws.PerWriteLow {
-				ws.PerWriteLow = per
-			}
-			ws.PerWriteHigh = max(ws.PerWriteHigh, per)
-		}
+		ws.Bytes += round.Bytes
 	}
 	ws.Seconds = time.Since(start).Seconds()
 	ws.CPUSeconds = (cpuTime() - cpu0).Seconds()
 	return ws
 }
 
-// roundOf is what one round of the write sample wrote, and in what time.
-type roundOf struct {
-	writes  int
-	bytes   int64
-	seconds float64
-}
-
 // writeChunksOnce writes chunks through w with writers batches in flight,
 // as migrate's writers take them (batches.Pool), and says how long it took.
-func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeItem, zeros []byte, writers int) (roundOf, error) {
-	var r roundOf
+func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeItem, zeros []byte, writers int) (WriteRound, error) {
+	var r WriteRound
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pool := batches.Start(writers, 0, cancel, func(b []etcdscan.Put) error {
@@ -177,15 +172,15 @@ func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeIt
 		puts := make([]etcdscan.Put, len(ch))
 		for i, it := range ch {
 			puts[i] = etcdscan.Put{Key: it.key, Value: zeros[:it.size], ModRevision: it.modRevision, Read: it.read}
-			r.bytes += int64(it.size)
+			r.Bytes += guard.PutCostSize(len(it.key), it.size)
 		}
-		r.writes += len(puts)
+		r.Writes += len(puts)
 		if err := pool.Send(wctx, puts); err != nil {
 			break
 		}
 	}
 	err := pool.Wait()
-	r.seconds = time.Since(start).Seconds()
+	r.Seconds = time.Since(start).Seconds()
 	if err == nil {
 		err = ctx.Err()
 	}
