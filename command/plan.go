@@ -84,7 +84,7 @@ func (o *planOptions) runPlan(ctx context.Context, started time.Time) error {
 	// to plan (nor is a PostgreSQL database: plan writes nothing there).
 	var sqliteCopy *plan.SQLiteCopy
 	if k := s.kine; k != nil && !k.write && k.srv.SQLite() && k.srv.Private {
-		sqliteCopy = &plan.SQLiteCopy{Copied: k.srv.Copied}
+		sqliteCopy = &plan.SQLiteCopy{Copied: k.srv.Copied, Copy: k.srv.Database, Datastore: k.srv.Name()}
 	}
 	p, err := plan.Run(ctx, s.env, plan.Options{Migrate: o.runOptions(ctx, nil), StateDir: stateDir, Started: started, SQLiteCopy: sqliteCopy})
 	if err != nil {

@@ -68,9 +68,9 @@ func fileSum(t *testing.T, path string) [32]byte {
 // SQLite (kine as a library, as k3s runs it) writes one object of every
 // resource, encrypted with key1; it is stopped and the key rotated. The
 // tool, finding the datastore as on a k3s node, reads it through kine:
-// verify says it is stale (exit 3) and every object readable; inventory and
-// inspect read it without changing the node's file by a byte; plan
-// proceeds. migrate writes it through kine (exit 0; verify then exit 0);
+// verify says it is stale (exit 3) and every object readable; inventory,
+// inspect and plan (its writes timed on its own copy) read it without
+// changing the node's file by a byte; plan proceeds. migrate writes it through kine (exit 0; verify then exit 0);
 // rollback --run puts back every key of the kine table as it was (value and
 // lease); migrated again, the linked release's kube-apiserver on kine with
 // key2 alone serves every object as the previous release served it, and a
@@ -149,9 +149,14 @@ func TestK3sSQLite(t *testing.T) {
 	}
 	rows := testkine.Latest(t, db)
 
-	// plan proceeds, judging the datastore's room on its own filesystem.
-	if out, stderr, code := runTool(t, append([]string{"plan"}, tool...)...); code != 0 || !strings.Contains(out+stderr, "SQLite has no quota: the run keeps the database") || !strings.Contains(out+stderr, "the datastore "+db+" (") {
-		t.Errorf("plan on kine: exit %d, want 0 and the datastore's room named\n%s%s", code, out, stderr)
+	// plan proceeds, judging the datastore's room on its own filesystem,
+	// and times migrate's writes on its own copy of the datastore: the
+	// node's file unchanged.
+	if out, stderr, code := runTool(t, append([]string{"plan"}, tool...)...); code != 0 || !strings.Contains(out+stderr, "SQLite has no quota: the run keeps the database") || !strings.Contains(out+stderr, "the datastore "+db+" (") || !strings.Contains(out, "written to plan's private copy of the datastore") {
+		t.Errorf("plan on kine: exit %d, want 0, the datastore's room named and the writes timed on its copy\n%s%s", code, out, stderr)
+	}
+	if after := fileSum(t, db); before != after {
+		t.Error("plan changed the node's SQLite database")
 	}
 	// migrate writes the node's file through kine: the undo's snapshot a
 	// copy of it, verified by 'runs --verify'.

@@ -699,7 +699,7 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 			if writers <= 0 {
 				writers = batches.DefaultWriters
 			}
-			ws := smp.sampleWrites(ctx, env, writers)
+			ws := smp.sampleWrites(ctx, env.Client, opts.SQLiteCopy, writers)
 			c.writes = &ws
 		}
 	}

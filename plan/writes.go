@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"kube-etcd-migrate/etcdscan"
 	"kube-etcd-migrate/guard"
 	"kube-etcd-migrate/internal/batches"
@@ -21,6 +23,9 @@ type SQLiteCopy struct {
 	// Copied is how long the copy took: SQLite's VACUUM INTO of the node's
 	// file, as a writing run's undo snapshot of it is taken.
 	Copied time.Duration
+	// Copy is the copy's path and Datastore names the node's datastore
+	// (kinedb.Server.Name), for messages.
+	Copy, Datastore string
 }
 
 // WriteSample is what plan timed of migrate's writes on a SQLite
@@ -114,13 +119,12 @@ func (s *sampler) chunkPage(page []reencode.Decision) {
 	offer()
 }
 
-// sampleWrites writes the sample's chunks to the datastore env.Client
-// serves, which must be plan's private copy of a SQLite datastore
-// (SQLiteCopy), with migrate's writer on kine and its writers in flight,
-// and times them. Each key is written once, at the mod revision the
+// sampleWrites writes the sample's chunks to the datastore cli reaches,
+// which must be plan's private copy of a SQLite datastore (cp), with
+// migrate's writer on kine and its writers in flight, and times them. Each key is written once, at the mod revision the
 // decision read (nothing but plan reads the copy). A write that is not
 // Written stops the sample (Error).
-func (s *sampler) sampleWrites(ctx context.Context, env *pipeline.Env, writers int) WriteSample {
+func (s *sampler) sampleWrites(ctx context.Context, cli *clientv3.Client, cp *SQLiteCopy, writers int) WriteSample {
 	s.mu.Lock()
 	chunks := s.chunks
 	s.mu.Unlock()
@@ -132,7 +136,7 @@ func (s *sampler) sampleWrites(ctx context.Context, env *pipeline.Env, writers i
 		}
 	}
 	zeros := make([]byte, largest)
-	w := &etcdscan.Writer{Client: env.Client, Kine: true}
+	w := &etcdscan.Writer{Client: cli, Kine: true}
 	rounds := min(writeRounds, len(chunks))
 	cpu0 := cpuTime()
 	start := time.Now()
@@ -140,7 +144,7 @@ func (s *sampler) sampleWrites(ctx context.Context, env *pipeline.Env, writers i
 		part := chunks[r*len(chunks)/rounds : (r+1)*len(chunks)/rounds]
 		round, err := writeChunksOnce(ctx, w, part, zeros, writers)
 		if err != nil {
-			ws.Error = err.Error()
+			ws.Error = fmt.Sprintf("writing plan's copy %s of %s: %v", cp.Copy, cp.Datastore, err)
 			break
 		}
 		ws.Rounds = append(ws.Rounds, round)
@@ -162,7 +166,7 @@ func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeIt
 	pool := batches.Start(writers, 0, cancel, func(b []etcdscan.Put) error {
 		for _, res := range w.Write(wctx, b) {
 			if res.Status != etcdscan.Written {
-				return fmt.Errorf("writing plan's copy of the datastore: %s: %w", res.Status, res.Err)
+				return fmt.Errorf("%s: %w", res.Status, res.Err)
 			}
 		}
 		return nil
