@@ -75,6 +75,10 @@ func timesWrites(env *pipeline.Env, opts Options) bool {
 const (
 	writeChunks = 64
 	writeRounds = 4
+	// writeSampleBytes bounds the values the sample writes (kine keeps
+	// each old value beside the new one, in the copy under $TMPDIR): a
+	// datastore of large objects is sampled by fewer batches.
+	writeSampleBytes = 32 << 20
 )
 
 // writeItem is one stale key of the write sample: what its rewrite needs
@@ -128,6 +132,16 @@ func (s *sampler) sampleWrites(ctx context.Context, cli *clientv3.Client, cp *SQ
 	s.mu.Lock()
 	chunks := s.chunks
 	s.mu.Unlock()
+	values := 0
+	for i, ch := range chunks {
+		for _, it := range ch {
+			values += it.size
+		}
+		if values > writeSampleBytes {
+			chunks = chunks[:i+1]
+			break
+		}
+	}
 	ws := WriteSample{Writers: writers}
 	largest := 0
 	for _, ch := range chunks {

@@ -48,6 +48,23 @@ func TestSampleWrites(t *testing.T) {
 		}
 	}
 
+	// Large values: the batches beyond the bound on the values written
+	// are left out (the one that crosses it kept).
+	big := newSampler(4)
+	big.chunkN, big.batchOps = writeChunks, 4
+	var large []reencode.Decision
+	const mib15 = 3 << 19 // 1.5 MiB, about the most a request carries
+	for i := range 28 {
+		key := fmt.Sprintf("/registry/configmaps/default/big-%02d", i)
+		rev := testkine.Create(t, cli, key, "old", 0)
+		large = append(large, reencode.Decision{Key: key, Status: reencode.Stale, ModRevision: rev, Read: etcdscan.KVMeta{CreateRevision: rev, Version: 1}, NewValue: make([]byte, mib15)})
+	}
+	big.page(large)
+	// 7 batches of 6 MiB: the sixth crosses 32 MiB.
+	if ws := big.sampleWrites(ctx, cli, cp, 16); ws.Error != "" || ws.Writes != 24 || ws.Batches != 6 {
+		t.Errorf("a sample of %d batches of 4 values of 1.5 MiB: %d writes in %d batches (%s); want the 6 batches up to the first past %d bytes", len(big.chunks), ws.Writes, ws.Batches, ws.Error, writeSampleBytes)
+	}
+
 	// Written again at the revisions read: each one changed since.
 	s2 := newSampler(4)
 	s2.chunkN, s2.batchOps = writeChunks, 16
