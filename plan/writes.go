@@ -180,7 +180,10 @@ func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeIt
 	pool := batches.Start(writers, 0, cancel, func(b []etcdscan.Put) error {
 		for _, res := range w.Write(wctx, b) {
 			if res.Status != etcdscan.Written {
-				return fmt.Errorf("%s: %w", res.Status, res.Err)
+				if res.Err != nil {
+					return fmt.Errorf("%s %s: %w", res.Key, res.Status, res.Err)
+				}
+				return fmt.Errorf("%s: %s", res.Key, res.Status)
 			}
 		}
 		return nil
