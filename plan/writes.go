@@ -181,7 +181,7 @@ func writeChunksOnce(ctx context.Context, w *etcdscan.Writer, chunks [][]writeIt
 		for _, res := range w.Write(wctx, b) {
 			if res.Status != etcdscan.Written {
 				if res.Err != nil {
-					return fmt.Errorf("%s %s: %w", res.Key, res.Status, res.Err)
+					return fmt.Errorf("%s: %w", res.Status, res.Err) // names the key
 				}
 				return fmt.Errorf("%s: %s", res.Key, res.Status)
 			}

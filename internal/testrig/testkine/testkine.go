@@ -211,7 +211,10 @@ func Table(t testing.TB, db string) []string {
 // query runs q on the SQLite file db, read-only, each row to row.
 func query(t testing.TB, db, q string, row func(*sql.Rows) error) {
 	t.Helper()
-	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+	// A busy timeout as the tool's own read of the file has (kinedb.Copy):
+	// the last connection of a server just closed may still be folding
+	// the write-ahead log into the file (SQLITE_BUSY without one).
+	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro&_pragma=busy_timeout(30000)")
 	if err != nil {
 		t.Fatal(err)
 	}
