@@ -63,8 +63,8 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	res.Machine.CPU = cpuModel()
 	res.LoadAvg = append(res.LoadAvg, loadAvg())
 	gb := float64(n) * fileBytesPerObj / 1e9
-	logf("production phase: %d mixed objects (a backup of about %.1f GB) in an etcd with a %d GiB quota; expect about %s on 2 shared cores and about %.0f GB of free disk (etcd, its backup, the undo's snapshot, the output and its restore)",
-		n, gb, productionQuota>>30, (time.Duration(n) * (estSeedPerObj + 6*estReadPerObj)).Round(time.Second), 6*gb)
+	logf("production phase: %d mixed objects (a backup of about %.1f GB) in an etcd with a %s quota; expect about %s on 2 shared cores and about %.0f GB of free disk (etcd, its backup, the undo's snapshot, the output and its restore)",
+		n, gb, quotaText(productionQuota), (time.Duration(n) * (estSeedPerObj + 6*estReadPerObj)).Round(time.Second), 6*gb)
 	phase := time.Now()
 
 	sd, err := seedOwnEtcd(ctx, o, dir, n, productionQuota, res)
@@ -83,8 +83,8 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	if err != nil {
 		return nil, err
 	}
-	logf("  etcd's database %.1f GB of the %d GiB quota", float64(db)/1e9, productionQuota>>30)
-	res.Notes = append(res.Notes, fmt.Sprintf("etcd's database after seeding: %.2f GB of its %d GiB quota (%.0f%%)", float64(db)/1e9, productionQuota>>30, 100*float64(db)/float64(productionQuota)))
+	logf("  etcd's database %.1f GB of the %s quota", float64(db)/1e9, quotaText(productionQuota))
+	res.Notes = append(res.Notes, fmt.Sprintf("etcd's database after seeding: %.2f GB of its %s quota (%.0f%%)", float64(db)/1e9, quotaText(productionQuota), 100*float64(db)/float64(productionQuota)))
 
 	backup := filepath.Join(dir, "backup.db")
 	snapStart := time.Now()
@@ -185,7 +185,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	m.Samples[0].DBSizeBeforeKB, m.Samples[0].DBSizeAfterKB, m.Samples[0].DBSizeMaxKB, m.Samples[0].Compactions = mo.Space.DBSizeBefore>>10, mo.Space.DBSizeAfter>>10, mo.Space.DBSizeMax>>10, mo.Space.Compactions
 	res.Ratios = append(res.Ratios, rangeRatio("plan's range holds "+mProdMigrate, tr.wall.Seconds(), po.Estimate.Low, po.Estimate.High, "seconds, process start to exit"))
 	res.Notes = append(res.Notes, fmt.Sprintf("plan's estimate of migrate: %.0f–%.0fs (%s); measured: %.0fs", po.Estimate.Low, po.Estimate.High, po.Estimate.parts(), tr.wall.Seconds()),
-		fmt.Sprintf("migrate: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %d GiB quota, %d compaction(s)", float64(mo.Space.DBSizeBefore)/1e9, float64(mo.Space.DBSizeAfter)/1e9, float64(mo.Space.DBSizeMax)/1e9, productionQuota>>30, mo.Space.Compactions))
+		fmt.Sprintf("migrate: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %s quota, %d compaction(s)", float64(mo.Space.DBSizeBefore)/1e9, float64(mo.Space.DBSizeAfter)/1e9, float64(mo.Space.DBSizeMax)/1e9, quotaText(productionQuota), mo.Space.Compactions))
 
 	// rollback of the whole journal: it writes every old value back, more than
 	// the room a migrate that compacted as it went leaves, so it compacts too.
@@ -207,7 +207,7 @@ func productionPhase(ctx context.Context, o options, dir string) (*results, erro
 	r := record(res, mProdRollback, tr, int64(rb.Restored), jfi.Size(), int64(rb.Restored), 0)
 	if sp := rb.Space; sp != nil {
 		r.Samples[0].DBSizeBeforeKB, r.Samples[0].DBSizeAfterKB, r.Samples[0].DBSizeMaxKB, r.Samples[0].Compactions = sp.DBSizeBefore>>10, sp.DBSizeAfter>>10, sp.DBSizeMax>>10, sp.Compactions
-		res.Notes = append(res.Notes, fmt.Sprintf("rollback: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %d GiB quota, %d compaction(s)", float64(sp.DBSizeBefore)/1e9, float64(sp.DBSizeAfter)/1e9, float64(sp.DBSizeMax)/1e9, productionQuota>>30, sp.Compactions))
+		res.Notes = append(res.Notes, fmt.Sprintf("rollback: etcd's database %.2f -> %.2f GB, at most %.2f GB of the %s quota, %d compaction(s)", float64(sp.DBSizeBefore)/1e9, float64(sp.DBSizeAfter)/1e9, float64(sp.DBSizeMax)/1e9, quotaText(productionQuota), sp.Compactions))
 	}
 	for _, p := range rb.Preflight {
 		if strings.Contains(p, "rollback") {
@@ -382,4 +382,13 @@ func profileEtcd(o options, etcd *etcdProc, name string) (stop func() error, err
 		return func() error { return nil }, nil
 	}
 	return etcd.Profile(filepath.Join(o.profileDir, name+".etcd.cpu.pprof"))
+}
+
+// quotaText is a quota as an operator gives it: in GiB, or in MiB below
+// one (a small -production-quota).
+func quotaText(q int64) string {
+	if q >= 1<<30 && q%(1<<30) == 0 {
+		return fmt.Sprintf("%d GiB", q>>30)
+	}
+	return fmt.Sprintf("%d MiB", q>>20)
 }
