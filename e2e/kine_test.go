@@ -70,7 +70,8 @@ func fileSum(t *testing.T, path string) [32]byte {
 // tool, finding the datastore as on a k3s node, reads it through kine:
 // verify says it is stale (exit 3) and every object readable; inventory,
 // inspect and plan (its writes timed on its own copy) read it without
-// changing the node's file by a byte; plan proceeds. migrate writes it through kine (exit 0; verify then exit 0);
+// changing the node's file by a byte; plan proceeds. migrate writes it
+// through kine (exit 0; verify then exit 0);
 // rollback --run puts back every key of the kine table as it was (value and
 // lease); migrated again, the linked release's kube-apiserver on kine with
 // key2 alone serves every object as the previous release served it, and a
