@@ -336,7 +336,9 @@ func seedKine(ctx context.Context, gen *generator, db, priv string) (int, error)
 // read of it finds them (each one's latest row, not a deletion), read with
 // SQL, not through kine.
 func kineKeys(ctx context.Context, db string) (int, error) {
-	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+	// A busy timeout, as the tool's own read of the file has: kine's
+	// server just closed may still be folding its write-ahead log in.
+	d, err := sql.Open("sqlite", "file:"+db+"?mode=ro&_pragma=busy_timeout(30000)")
 	if err != nil {
 		return 0, err
 	}

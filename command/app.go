@@ -85,15 +85,15 @@ const migrateMemoryLimit = 80 << 20
 // measurements: docs/benchmarks.md, k3s's SQLite datastore).
 const sqliteMigrateMemoryLimit = defaultMemoryLimit
 
-// raiseMemoryLimit sets the soft memory limit to limit, unless GOMEMLIMIT is set.
-func raiseMemoryLimit(limit int64) {
+// setMemoryLimit sets the soft memory limit to limit, unless GOMEMLIMIT is set.
+func setMemoryLimit(limit int64) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(limit)
 	}
 }
 
 func limitMemory() {
-	raiseMemoryLimit(defaultMemoryLimit)
+	setMemoryLimit(defaultMemoryLimit)
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
 	}

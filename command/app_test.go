@@ -230,13 +230,13 @@ func TestMigrateMemoryLimit(t *testing.T) {
 	}
 	os.Unsetenv("GOMEMLIMIT")
 	debug.SetMemoryLimit(defaultMemoryLimit)
-	raiseMemoryLimit(migrateMemoryLimit)
+	setMemoryLimit(migrateMemoryLimit)
 	if got := debug.SetMemoryLimit(-1); got != migrateMemoryLimit {
 		t.Errorf("without GOMEMLIMIT: limit %d MiB, want %d", got>>20, migrateMemoryLimit>>20)
 	}
 	t.Setenv("GOMEMLIMIT", "100MiB")
 	debug.SetMemoryLimit(100 << 20)
-	raiseMemoryLimit(migrateMemoryLimit)
+	setMemoryLimit(migrateMemoryLimit)
 	if got := debug.SetMemoryLimit(-1); got != 100<<20 {
 		t.Errorf("with GOMEMLIMIT=100MiB: limit %d MiB, want 100", got>>20)
 	}

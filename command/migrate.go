@@ -132,7 +132,7 @@ func cmdMigrate(c *cli.Context) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	raiseMemoryLimit(migrateMemoryLimit)
+	setMemoryLimit(migrateMemoryLimit)
 	ctx, stop := signalContext(o.scan.io.errOut)
 	defer stop()
 	defer outliveTerminal(o.scan.io.errOut, o.dryRun)()
@@ -159,7 +159,7 @@ func (o *migrateOptions) runMigrate(ctx context.Context) error {
 		return err
 	}
 	if s.kine != nil && s.kine.srv != nil && s.kine.srv.SQLite() {
-		raiseMemoryLimit(sqliteMigrateMemoryLimit)
+		setMemoryLimit(sqliteMigrateMemoryLimit)
 	}
 	if o.requested {
 		if err := storagemigration.Writable(s.env); err != nil {

@@ -321,6 +321,9 @@ func PGTable(t testing.TB, dsn string) []string {
 		out = append(out, fmt.Sprintf("%q", vals))
 		return err
 	})
+	if len(out) == 0 {
+		t.Fatal("no row in kine's table")
+	}
 	pgQuery(t, dsn, "SELECT last_value, is_called FROM kine_id_seq", func(r pgx.Rows) error {
 		var seq int64
 		var called bool
