@@ -2,6 +2,7 @@ package command
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -98,5 +99,58 @@ func TestPostgresQuarantine(t *testing.T) {
 	}
 	if got, want := testkine.PGLatest(t, dsn)[key], fmt.Sprintf("lease 3600, value %X", lost); got != want {
 		t.Errorf("after the rollback, %s: %.80q, want %.80q", key, got, want)
+	}
+}
+
+// TestRestoreIntoPostgres: as TestRestoreIntoSQLite, on a k3s node whose
+// datastore is PostgreSQL: restore finds the database as every command does,
+// checks that no other client is connected to it, creates the backup's
+// Secrets under today's key2 (no value printed, the password neither), its
+// undo the journal alone; runs --verify passes, and rollback --run removes
+// what it created, every other key as it was (value and lease).
+func TestRestoreIntoPostgres(t *testing.T) {
+	c, oldCfg, backup := appBackup(t)
+	ns, _, _ := c.Get("/registry/namespaces/app")
+	root, dsn := k3sPostgresNode(t, key2Secrets, func(kc *clientv3.Client) {
+		testkine.Create(t, kc, "/registry/namespaces/app", string(ns), 0)
+		testkine.Create(t, kc, "/registry/configmaps/app/kept", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"kept","namespace":"app"}}`, 3600)
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	password, _ := u.User.Password()
+	before := testkine.PGLatest(t, dsn)
+
+	state := filepath.Join(t.TempDir(), "state")
+	code, out, stderr := runCLI(t, "restore", "--node-root", root, "--state-dir", state, "--target-version", "1.37",
+		"--snapshot-file", backup, "--backup-encryption-provider-config", oldCfg, "--namespace", "app", "--resource", "secrets")
+	if code != exitOK || !strings.Contains(out, "create 2, overwrite 0, same 0, exists 0") ||
+		!strings.Contains(out+stderr, "no other client is connected to the PostgreSQL datastore kine on ") || !strings.Contains(out+stderr, "its undo is its journal") {
+		t.Fatalf("restore into the PostgreSQL datastore: exit %d, want 0, two Secrets created, the database's clients checked and the journal its undo\n%s%s", code, out, stderr)
+	}
+	if strings.Contains(out+stderr, appSecret) || password == "" || strings.Contains(out+stderr, password) {
+		t.Errorf("a decrypted value or the database's password was printed (or testpg's DSN has none)")
+	}
+	after := testkine.PGLatest(t, dsn)
+	for _, name := range []string{"a", "b"} {
+		if v := after["/registry/secrets/app/"+name]; !strings.Contains(v, "value 6B38733A656E633A6165736362633A76313A6B6579323A") { // k8s:enc:aescbc:v1:key2:
+			t.Errorf("restored secret %s: %.80s, want it under today's key2", name, v)
+		}
+	}
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("restore changed %s: %.80q, was %.80q", k, after[k], v)
+		}
+	}
+	if code, out, stderr := runCLI(t, "runs", "--state-dir", state, "--verify"); code != exitOK || !strings.Contains(out, "0001-restore") {
+		t.Errorf("runs --verify of the restore on PostgreSQL: exit %d, want 0\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runCLI(t, "rollback", "--node-root", root, "--state-dir", state, "--run", "0001-restore")
+	if code != exitOK {
+		t.Fatalf("rollback --run 0001-restore on PostgreSQL: exit %d\n%s%s", code, out, stderr)
+	}
+	if got := testkine.PGLatest(t, dsn); !maps.Equal(got, before) {
+		t.Errorf("after the rollback the datastore holds %d keys, want the %d it held before: %v", len(got), len(before), slices.Collect(maps.Keys(got)))
 	}
 }
