@@ -11,7 +11,7 @@ import (
 )
 
 // Process is a process holding a SQLite file open, or a session on a
-// PostgreSQL database (Session).
+// PostgreSQL or MySQL database (Session).
 type Process struct {
 	PID int
 	// Command is its name (/proc/PID/comm), e.g. "k3s-server".
@@ -20,7 +20,9 @@ type Process struct {
 	// Session: a PostgreSQL session, PID its server process's (the
 	// database server's host), with its User, Application (its
 	// application_name) and Client (address:port, when connected over TCP
-	// and visible to the tool's role).
+	// and visible to the tool's role); or a MySQL one, PID its connection
+	// ID, Application "kube-etcd-migrate" for another run of the tool's
+	// (MySQL has no application name).
 	Session                   bool
 	User, Application, Client string
 }

@@ -17,7 +17,10 @@
 // A PostgreSQL database is served itself, kine's backend not started, so
 // that nothing is written but the tool's own writes (servePG); for a
 // writing run, under an advisory lock every host sees (PGLockKey) and only
-// while no other session is on the database (k3s's servers stopped).
+// while no other session is on the database (k3s's servers stopped). A
+// MySQL (or MariaDB) database (datastore-endpoint mysql://...) is served
+// the same way (serveMySQL), its lock a user lock (GET_LOCK:
+// MySQLLockName), its sessions information_schema.PROCESSLIST's.
 package kinedb
 
 import (
@@ -55,13 +58,16 @@ const emulatedEtcdVersion = "3.6.11"
 type Config struct {
 	// Database is the SQLite file k3s or RKE2 keeps the cluster in.
 	Database string
-	// DSN is the PostgreSQL database k3s or RKE2 keeps the cluster in, as
-	// their datastore-endpoint gives it: postgres://USER:PASSWORD@HOST:PORT/DB?PARAMS
-	// (or postgresql://). Its password appears in no error nor name.
+	// DSN is the PostgreSQL or MySQL database k3s or RKE2 keeps the
+	// cluster in, as their datastore-endpoint gives it:
+	// postgres://USER:PASSWORD@HOST:PORT/DB?PARAMS (or postgresql://), or
+	// mysql://USER:PASSWORD@tcp(HOST:PORT)/DB?PARAMS (or unix(SOCKET)).
+	// Its password appears in no error nor name.
 	DSN string
 	// CAFile, CertFile and KeyFile are k3s's datastore-cafile, -certfile and
 	// -keyfile for a PostgreSQL DSN, handed to kine as it does (sslrootcert,
-	// sslcert, sslkey; sslmode verify-full unless the DSN sets it).
+	// sslcert, sslkey; sslmode verify-full unless the DSN sets it), and for a
+	// MySQL one (kine's TLS config).
 	CAFile, CertFile, KeyFile string
 	// Dir is a private directory (0700) for the socket and, when ReadOnly,
 	// the copy; the caller removes it.
@@ -73,7 +79,8 @@ type Config struct {
 	// is refused at once. On PostgreSQL the database itself is served
 	// either way, nothing written but what is written through kine; a
 	// writing run (not ReadOnly) holds its advisory lock and is refused
-	// while another session is on the database.
+	// while another session is on the database; on MySQL the same, with a
+	// user lock.
 	ReadOnly bool
 }
 
@@ -82,7 +89,7 @@ type Server struct {
 	// Endpoint is the etcd client endpoint: unix://DIR/kine.sock.
 	Endpoint string
 	// Database is the SQLite file served (the node's, or its copy when
-	// ReadOnly); "" on PostgreSQL.
+	// ReadOnly); "" on PostgreSQL and MySQL.
 	Database string
 	// Copied, on SQLite when ReadOnly, is how long the copy took (SQLite's
 	// VACUUM INTO of the node's file, as a writing run's undo snapshot is
@@ -94,9 +101,10 @@ type Server struct {
 	Private bool
 
 	name   string     // Name's
-	what   string     // "SQLite" or "PostgreSQL"
+	what   string     // "SQLite", "PostgreSQL" or "MySQL"
 	lock   *os.File   // the node's SQLite file, flock'd, for a writable serve
 	pg     *pgSession // on PostgreSQL, a writable serve's lock and look-out
+	my     *mySession // on MySQL, the same
 	grpc   *grpc.Server
 	cancel context.CancelFunc
 	wg     *sync.WaitGroup
@@ -107,20 +115,24 @@ type Server struct {
 // SQLite datastore /var/lib/rancher/k3s/server/db/state.db" (the node's
 // file, also when a copy is served), "the PostgreSQL datastore k3s on
 // db.example:5433" (the port when not 5432; a unix socket's directory as
-// its host).
+// its host), "the MySQL datastore k3s on db.example" (the port when not
+// 3306; a unix socket's path as its host).
 func (s *Server) Name() string { return s.name }
 
 // SQLite says whether the datastore served is a SQLite file (else a
-// PostgreSQL database).
+// database server's: PostgreSQL or MySQL).
 func (s *Server) SQLite() bool { return s.what == "SQLite" }
 
+// Kind is the datastore's database: "SQLite", "PostgreSQL" or "MySQL".
+func (s *Server) Kind() string { return s.what }
+
 // NotFoundError: the datastore does not exist — no SQLite file, no
-// PostgreSQL database or no kine table in it — where kine would make a new,
-// empty one.
+// PostgreSQL or MySQL database or no kine table in it — where kine would
+// make a new, empty one.
 type NotFoundError struct {
-	// Database is the SQLite file ("" on PostgreSQL).
+	// Database is the SQLite file ("" on PostgreSQL and MySQL).
 	Database string
-	// Datastore (Server.Name's) and Problem, on PostgreSQL.
+	// Datastore (Server.Name's) and Problem, on PostgreSQL and MySQL.
 	Datastore, Problem string
 }
 
@@ -133,18 +145,21 @@ func (e *NotFoundError) Error() string {
 
 // Serve serves cfg's datastore through kine: a SQLite file once it has
 // checked that no process holds it open (the file, or its copy when
-// ReadOnly), a PostgreSQL database (servePG) once it has checked that it is
-// kine's. ctx bounds the start only; Close stops it.
+// ReadOnly), a PostgreSQL database (servePG) or a MySQL one (serveMySQL)
+// once it has checked that it is kine's. ctx bounds the start only; Close
+// stops it.
 func Serve(ctx context.Context, cfg Config) (*Server, error) {
 	switch {
 	case cfg.Database != "" && cfg.DSN != "":
-		return nil, errors.New("kine datastore: both a SQLite file and a PostgreSQL DSN given: one datastore at a time")
+		return nil, errors.New("kine datastore: both a SQLite file and a database server's DSN given: one datastore at a time")
+	case strings.HasPrefix(cfg.DSN, "mysql://"):
+		return serveMySQL(ctx, cfg)
 	case cfg.DSN != "":
 		return servePG(ctx, cfg)
 	case cfg.Database == "":
-		return nil, errors.New("kine datastore: neither a SQLite file nor a PostgreSQL DSN given")
+		return nil, errors.New("kine datastore: neither a SQLite file nor a PostgreSQL or MySQL DSN given")
 	case cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "":
-		return nil, fmt.Errorf("kine datastore %s: TLS files are for a PostgreSQL datastore, not a SQLite file", cfg.Database)
+		return nil, fmt.Errorf("kine datastore %s: TLS files are for a PostgreSQL or MySQL datastore, not a SQLite file", cfg.Database)
 	}
 	if _, err := os.Stat(cfg.Database); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -245,7 +260,8 @@ func (s *Server) listen(ctx context.Context, dir string, backend server.Backend,
 
 // Close stops kine and waits for its goroutines, the one that closes the
 // database among them; then it releases the lock (the flock, or the
-// PostgreSQL session holding the advisory lock).
+// PostgreSQL session holding the advisory lock, the MySQL one holding the
+// user lock).
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		if s.grpc != nil {
@@ -261,6 +277,9 @@ func (s *Server) Close() error {
 		if s.pg != nil {
 			s.pg.close() // its advisory lock with it
 		}
+		if s.my != nil {
+			s.my.close() // its user lock with it
+		}
 	})
 	return nil
 }
@@ -273,6 +292,7 @@ func quietKine() {
 	quiet.Do(func() {
 		logrus.SetOutput(io.Discard)
 		logrus.SetLevel(logrus.ErrorLevel)
+		quietMySQL()
 	})
 }
 
@@ -330,9 +350,9 @@ func IsSQLite(path string) bool {
 }
 
 // InUseError: another process holds the SQLite file open, or another
-// session is on the PostgreSQL database (k3s or RKE2 running).
+// session is on the PostgreSQL or MySQL database (k3s or RKE2 running).
 type InUseError struct {
-	// Database is the SQLite file ("" on PostgreSQL).
+	// Database is the SQLite file ("" on PostgreSQL and MySQL).
 	Database string
 	// Datastore is Server.Name's.
 	Datastore string

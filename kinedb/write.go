@@ -38,7 +38,8 @@ func lockFile(database string) (*os.File, error) {
 type LockedError struct {
 	// Datastore is Server.Name's.
 	Datastore string
-	// How is the lock: "flock" (SQLite), "PostgreSQL advisory lock N".
+	// How is the lock: "flock" (SQLite), "PostgreSQL advisory lock N",
+	// "MySQL user lock NAME".
 	How string
 }
 
@@ -47,10 +48,10 @@ func (e *LockedError) Error() string {
 }
 
 // maintenance is kine's maintenance service but for Alarm, which kine does
-// not serve: neither a SQLite nor a PostgreSQL datastore served through
+// not serve: neither a SQLite nor a PostgreSQL nor a MySQL datastore served through
 // kine has etcd's alarms (no quota, no corruption alarm: the database's
 // own limits are its own), so the list is empty; arming or disarming one
-// is refused. what is "SQLite" or "PostgreSQL".
+// is refused. what is "SQLite", "PostgreSQL" or "MySQL".
 type maintenance struct {
 	*server.KVServerBridge
 	what string
@@ -65,7 +66,7 @@ func (m maintenance) Alarm(_ context.Context, r *etcdserverpb.AlarmRequest) (*et
 
 // register registers kine's services as its Register does, its
 // maintenance service answering Alarm for a datastore of what; but for
-// Watch when kine's backend was not started (PostgreSQL, a SQLite copy
+// Watch when kine's backend was not started (PostgreSQL, MySQL, a SQLite copy
 // read): a watch there is answered Unimplemented.
 func register(g *grpc.Server, b *server.KVServerBridge, what string, started bool) {
 	etcdserverpb.RegisterLeaseServer(g, b)
@@ -83,17 +84,20 @@ func register(g *grpc.Server, b *server.KVServerBridge, what string, started boo
 // Others are who else may write the datastore while it is served for a
 // writing run (one that appears is another writer: k3s started): on SQLite
 // the processes other than this one holding the served file open
-// (Holders); on PostgreSQL the sessions on the database but this Server's
-// own and the server's background processes (none for a read-only serve,
-// which does not look).
+// (Holders); on PostgreSQL and MySQL the sessions on the database but this
+// Server's own and the server's background processes (none for a read-only
+// serve, which does not look).
 func (s *Server) Others() ([]Process, error) {
 	if s.SQLite() {
 		return Holders(s.Database)
 	}
-	if s.pg == nil {
-		return nil, nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return s.pg.others(ctx)
+	switch {
+	case s.pg != nil:
+		return s.pg.others(ctx)
+	case s.my != nil:
+		return s.my.others(ctx)
+	}
+	return nil, nil
 }

@@ -1,6 +1,6 @@
 // Package testkine serves a fresh k3s SQLite datastore through kine
 // (kinedb.Serve, writable) for the tests — or a PostgreSQL one, on a real
-// server (testpg) — and seeds it as kube-apiserver writes through kine:
+// server (testpg), or a MySQL one, on a real MariaDB (testmysql) — and seeds it as kube-apiserver writes through kine:
 // each key created with the transaction its storage layer sends, an
 // event's attached to a lease (on kine, the TTL in seconds).
 package testkine
@@ -18,12 +18,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/k3s-io/kine/pkg/drivers"
+	kinemysql "github.com/k3s-io/kine/pkg/drivers/mysql"
 	"github.com/k3s-io/kine/pkg/drivers/pgsql"
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"kube-etcd-migrate/internal/testrig/testmysql"
 	"kube-etcd-migrate/internal/testrig/testpg"
 	"kube-etcd-migrate/kinedb"
 )
@@ -394,4 +397,173 @@ func SeedPG(t testing.TB, dsn string, seed func(cli *clientv3.Client)) {
 	if seed != nil {
 		seed(cli)
 	}
+}
+
+// InitMySQL makes kine's datastore in the MySQL database of endpoint (one
+// testmysql.Start returned) as a k3s server's first start does: kine's
+// mysql driver makes its table and indexes, its backend started writes the
+// compact_rev_key and the health key; then it is stopped, once its
+// sessions have ended.
+func InitMySQL(t testing.TB, endpoint string) {
+	t.Helper()
+	logrus.SetOutput(io.Discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	wg := &sync.WaitGroup{}
+	_, backend, err := kinemysql.New(ctx, wg, &drivers.Config{
+		DataSourceName:   strings.TrimPrefix(endpoint, "mysql://"),
+		PollInterval:     time.Second,
+		CompactTimeout:   5 * time.Second,
+		CompactMinRetain: 1000,
+		CompactBatchSize: 1000,
+		PollBatchSize:    500,
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("kine on MySQL: %v", err)
+	}
+	err = backend.Start(ctx)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("kine on MySQL: %v", err)
+	}
+	WaitMySQLSessions(t, endpoint)
+}
+
+// WaitMySQLSessions waits until no session is on the MySQL database of
+// endpoint (as the server's superuser sees them): a client just closed
+// leaves its session for a moment.
+func WaitMySQLSessions(t testing.TB, endpoint string) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(strings.TrimPrefix(endpoint, "mysql://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := testmysql.Open(t, testmysql.SuperuserDSN(t, endpoint, ""))
+	defer db.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := db.QueryRow("SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = ?", cfg.DBName).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sessions on %s have not ended: %d", cfg.DBName, n)
+		}
+	}
+}
+
+// ServeMySQL starts a MariaDB server (testmysql.Start), makes kine's
+// datastore in it (InitMySQL) and serves it writable (kinedb.Serve): the
+// server, a client of it and the database's endpoint (with its user's
+// password), closed when the test ends.
+func ServeMySQL(t testing.TB) (*kinedb.Server, *clientv3.Client, string) {
+	t.Helper()
+	ep := testmysql.Start(t)
+	InitMySQL(t, ep)
+	s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: ep, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() }) // before the server's
+	return s, cli, ep
+}
+
+// MySQLTable is every row of the kine table in the MySQL database of
+// endpoint, every column, in order (SELECT * ORDER BY id), and the table's
+// next AUTO_INCREMENT id (a failed insert takes one too): what a serve
+// that writes nothing leaves as it was.
+func MySQLTable(t testing.TB, endpoint string) []string {
+	t.Helper()
+	var out []string
+	myQuery(t, endpoint, "SELECT id, name, created, deleted, create_revision, prev_revision, lease, hex(value), hex(old_value) FROM kine ORDER BY id", func(r *sql.Rows) error {
+		var id, created, deleted, crev, prev, lease sql.NullInt64
+		var name, value, old sql.NullString
+		err := r.Scan(&id, &name, &created, &deleted, &crev, &prev, &lease, &value, &old)
+		out = append(out, fmt.Sprint(id, name, created, deleted, crev, prev, lease, value, old))
+		return err
+	})
+	if len(out) == 0 {
+		t.Fatal("no row in kine's table")
+	}
+	// Read where InnoDB keeps it (information_schema.TABLES caches it).
+	myQuery(t, endpoint, "SHOW CREATE TABLE kine", func(r *sql.Rows) error {
+		var name, create string
+		err := r.Scan(&name, &create)
+		for _, f := range strings.Fields(create) {
+			if strings.HasPrefix(f, "AUTO_INCREMENT=") {
+				out = append(out, "kine "+f)
+			}
+		}
+		return err
+	})
+	return out
+}
+
+// MySQLLatest is Latest for the kine datastore in the MySQL database of
+// endpoint: every key as kube-apiserver reads it, its latest row unless
+// that row deletes it, as its lease and value.
+func MySQLLatest(t testing.TB, endpoint string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	myQuery(t, endpoint, "SELECT k.name, k.lease, hex(k.value) FROM kine k JOIN (SELECT name, MAX(id) AS id FROM kine GROUP BY name) m ON k.id = m.id WHERE k.deleted = 0", func(r *sql.Rows) error {
+		var name, value string
+		var lease int64
+		err := r.Scan(&name, &lease, &value)
+		out[name] = fmt.Sprintf("lease %d, value %s", lease, value)
+		return err
+	})
+	return out
+}
+
+// myQuery runs q on the MySQL database of endpoint, each row to row.
+func myQuery(t testing.TB, endpoint, q string, row func(*sql.Rows) error) {
+	t.Helper()
+	db := testmysql.Open(t, endpoint)
+	defer db.Close()
+	rows, err := db.Query(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := row(rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SeedMySQL makes kine's datastore in the MySQL database of endpoint
+// (InitMySQL), serves it writable, hands a client of it to seed, and closes
+// both: the database is then free for a command to serve, once the
+// served sessions have ended.
+func SeedMySQL(t testing.TB, endpoint string, seed func(cli *clientv3.Client)) {
+	t.Helper()
+	InitMySQL(t, endpoint)
+	func() {
+		s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: endpoint, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		if seed != nil {
+			seed(cli)
+		}
+	}()
+	WaitMySQLSessions(t, endpoint)
 }
