@@ -92,8 +92,9 @@ type Config struct {
 	// served through kine ("" for etcd).
 	KineDatabase string
 	// KineServer is Input's: the database server kube-apiserver's etcd is,
-	// served through kine (k3s's PostgreSQL), named without credentials ("" for
-	// etcd or SQLite).
+	// served through kine (k3s's PostgreSQL or MySQL), named without
+	// credentials ("the PostgreSQL database k3s on db:5432", "the MySQL
+	// database k3s on db"; "" for etcd or SQLite).
 	KineServer string
 
 	// release is what the command line says of the release (Release).
@@ -148,8 +149,9 @@ type Input struct {
 	// through kine (k3s's or RKE2's), "" for etcd; carried to Config.
 	KineDatabase string
 	// KineServer is the database server kube-apiserver's datastore is,
-	// served through kine (PostgreSQL), named without credentials, "" for
-	// etcd or SQLite; carried to Config.
+	// served through kine (PostgreSQL or MySQL), named without credentials
+	// and beginning "the PostgreSQL " or "the MySQL ", "" for etcd or
+	// SQLite; carried to Config.
 	KineServer string
 }
 
@@ -417,3 +419,28 @@ func (c *Config) SetFrom(flag string, src Source) { c.From[flag] = src }
 // SQLite file (KineDatabase) or a database server (KineServer); false for a
 // nil Config.
 func (c *Config) OnKine() bool { return c != nil && (c.KineDatabase != "" || c.KineServer != "") }
+
+// KineServerKind is the database server's kind of KineServer: "MySQL" or
+// "PostgreSQL" ("" when there is none).
+func (c *Config) KineServerKind() string {
+	switch {
+	case c == nil || c.KineServer == "":
+		return ""
+	case strings.HasPrefix(c.KineServer, "the MySQL "):
+		return "MySQL"
+	}
+	return "PostgreSQL"
+}
+
+// KineServerDump is the dump a run's operator takes of the database server
+// of KineServer before a writing run (its undo beyond the run's journal):
+// pg_dump's or mysqldump's command, "" when there is none.
+func (c *Config) KineServerDump() string {
+	switch c.KineServerKind() {
+	case "MySQL":
+		return "mysqldump --single-transaction"
+	case "PostgreSQL":
+		return "pg_dump --format=custom"
+	}
+	return ""
+}

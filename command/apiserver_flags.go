@@ -183,7 +183,7 @@ func (o *apiServerOptions) load() (*apiserverconfig.Config, error) {
 		in.EtcdDataDir, in.EtcdDataDirFrom = o.foundEtcdData()
 		in.KineDatabase = found.KineDatabase
 		if found.KineDSN != "" {
-			in.KineServer = "the PostgreSQL " + installer.PostgresDatabase(found.KineDSN)
+			in.KineServer = "the " + found.KineKind() + " " + installer.ServerDatabase(found.KineDSN)
 		}
 		if found.Manifest != "" {
 			in.Manifest = found.Manifest
@@ -251,7 +251,7 @@ func (o *apiServerOptions) foundEtcdData() (dir, from string) {
 			// The datastore grows on its file's filesystem.
 			return filepath.Dir(f.KineDatabase), fmt.Sprintf("the directory of %s's SQLite datastore", f.Installer)
 		case f.KineDSN != "":
-			return "", fmt.Sprintf("none: %s's PostgreSQL datastore grows on its server", f.Installer)
+			return "", fmt.Sprintf("none: %s's %s datastore grows on its server", f.Installer, f.KineKind())
 		}
 	}
 	return "", ""

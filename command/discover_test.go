@@ -275,15 +275,23 @@ func TestDiscoveryRefusals(t *testing.T) {
 	t.Setenv("ETCDCTL_ENDPOINTS", "")
 	os.Unsetenv("ETCDCTL_ENDPOINTS")
 
-	// k3s on kine: MySQL is refused as a usage error; PostgreSQL is found,
-	// and a database that does not answer is one line naming it, never its
-	// password (e2e TestK3sPostgres reads and writes a real one).
+	// k3s on kine: NATS is refused as a usage error; PostgreSQL and MySQL
+	// are found, and a database that does not answer is one line naming it,
+	// never its password (e2e TestK3sPostgres and TestK3sMySQL read and
+	// write real ones).
 	root = t.TempDir()
-	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"mysql://k3s:pa55w0rd@tcp(db.example.com:3306)/kubernetes\"\n"))
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"nats://k3s:pa55w0rd@nats.example.com:4222\"\n"))
 	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
 	code, _, stderr = planNode(t, root)
-	if want := "but its datastore-endpoint is MySQL through kine, not etcd: the tool works on etcd, and on SQLite and PostgreSQL through kine"; code != exitUsage || !strings.Contains(stderr, "error: found k3s on this node ("+filepath.Join(root, "/etc/rancher/k3s/config.yaml")+"), "+want) || strings.Contains(stderr, "pa55w0rd") {
-		t.Errorf("k3s on MySQL: exit %d, want %q\n%s", code, want, stderr)
+	if want := "but its datastore-endpoint is NATS through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine"; code != exitUsage || !strings.Contains(stderr, "error: found k3s on this node ("+filepath.Join(root, "/etc/rancher/k3s/config.yaml")+"), "+want) || strings.Contains(stderr, "pa55w0rd") {
+		t.Errorf("k3s on NATS: exit %d, want %q\n%s", code, want, stderr)
+	}
+	root = t.TempDir()
+	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"mysql://k3s:pa55w0rd@tcp(127.0.0.1:1)/kubernetes\"\n"))
+	nodeWrite(t, root, "/var/lib/rancher/k3s/server/token", nil)
+	code, _, stderr = planNode(t, root)
+	if want := "error: the MySQL datastore kubernetes on 127.0.0.1:1: connecting: "; code != exitError || !strings.Contains(stderr, want) || strings.Contains(stderr, "pa55w0rd") || strings.Count(strings.TrimSpace(stderr[strings.Index(stderr, "error: "):]), "\n") != 0 {
+		t.Errorf("k3s on a MySQL that does not answer: exit %d, want %d and one line %q, no password\n%s", code, exitError, want, stderr)
 	}
 	root = t.TempDir()
 	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"postgres://k3s:pa55w0rd@127.0.0.1:1/kubernetes\"\n"))

@@ -14,7 +14,7 @@ import (
 )
 
 // kineStore is a datastore served through kine: k3s's or RKE2's SQLite
-// file (db), or its PostgreSQL database (dsn, with the TLS files kine
+// file (db), or its PostgreSQL or MySQL database (dsn, with the TLS files kine
 // connects with), or a SQLite backup given as the snapshot file
 // (installer "").
 type kineStore struct {
@@ -29,9 +29,19 @@ type kineStore struct {
 // kind is the database's kind, for messages.
 func (k *kineStore) kind() string {
 	if k.dsn != "" {
-		return "PostgreSQL"
+		return installer.DatastoreKind(k.dsn)
 	}
 	return "SQLite"
+}
+
+// dump is the dump of a database server's datastore its operator takes
+// before a writing run (its undo beyond the journal): pg_dump or
+// mysqldump.
+func (k *kineStore) dump() string {
+	if k.kind() == "MySQL" {
+		return "mysqldump"
+	}
+	return "pg_dump"
 }
 
 // kineStore is the datastore the node's k3s or RKE2 keeps the cluster in
@@ -47,7 +57,7 @@ func (o *apiServerOptions) kineStore(prov provenance) *kineStore {
 	}
 	f := d.found
 	if f.KineDSN != "" {
-		return &kineStore{installer: string(f.Installer), dsn: f.KineDSN, ca: f.KineCAFile, cert: f.KineCertFile, key: f.KineKeyFile, name: "the " + installer.PostgresDatabase(f.KineDSN)}
+		return &kineStore{installer: string(f.Installer), dsn: f.KineDSN, ca: f.KineCAFile, cert: f.KineCertFile, key: f.KineKeyFile, name: "the " + installer.ServerDatabase(f.KineDSN)}
 	}
 	return &kineStore{installer: string(f.Installer), db: f.KineDatabase, name: f.KineDatabase}
 }
@@ -118,7 +128,7 @@ func kineRefusal(command string, k *kineStore) error {
 // cfg at it. A SQLite file: for a command that only reads, a copy, in a
 // private directory under $TMPDIR, so that neither the tool nor kine
 // changes the node's file; for one that writes it (write), the file
-// itself, under kinedb's lock. A PostgreSQL database: the database itself,
+// itself, under kinedb's lock. A PostgreSQL or MySQL database: the database itself,
 // read without a write of kine's own (kinedb), or written under kinedb's
 // lock. st's installer is "" for a file given with --snapshot-file (a
 // backup, never written).

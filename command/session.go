@@ -25,7 +25,7 @@ type session struct {
 	file     *snapshotdb.File   // a --snapshot-file, read in place
 	out      *snapshotdb.Writer // migrate's or quarantine's --output-snapshot, written from file
 	env      *pipeline.Env
-	kine     *kineServed // k3s's or RKE2's datastore (SQLite, PostgreSQL), served through kine
+	kine     *kineServed // k3s's or RKE2's datastore (SQLite, PostgreSQL, MySQL), served through kine
 	stopProf func()
 }
 

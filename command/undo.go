@@ -102,10 +102,10 @@ func (o undoOptions) runConfig(w io.Writer, command string, cli *clientv3.Client
 
 // onKine makes cfg the writing run of the datastore k serves through
 // kine, if it serves one to write (nil: none): the run's record names the
-// database (sqlite://FILE, or PostgreSQL's database and host, never its
-// DSN), not kine's socket (a private directory, gone after the run). On
-// PostgreSQL, which has no snapshot the tool can take, --snapshot is
-// refused.
+// database (sqlite://FILE, or PostgreSQL's or MySQL's database and host,
+// never its DSN), not kine's socket (a private directory, gone after the
+// run). On PostgreSQL and MySQL, which have no snapshot the tool can take,
+// --snapshot is refused.
 func (k *kineServed) onKine(cfg writerun.Config) (writerun.Config, error) {
 	srv := k.writing()
 	if srv == nil {
@@ -115,9 +115,12 @@ func (k *kineServed) onKine(cfg writerun.Config) (writerun.Config, error) {
 	cfg.Endpoints = []string{"sqlite://" + srv.Database}
 	if k.store.dsn != "" {
 		if cfg.Undo.Snapshot != "" {
-			return cfg, usageErr("--snapshot: a PostgreSQL datastore (%s) has no snapshot the tool can take: the run's undo is its journal; take a dump of the database first (pg_dump), and leave out --snapshot", k.store.name)
+			return cfg, usageErr("--snapshot: a %s datastore (%s) has no snapshot the tool can take: the run's undo is its journal; take a dump of the database first (%s), and leave out --snapshot", k.store.kind(), k.store.name, k.store.dump())
 		}
 		cfg.Endpoints = []string{"postgres: " + k.store.name}
+		if k.store.kind() == "MySQL" {
+			cfg.Endpoints = []string{"mysql: " + k.store.name}
+		}
 	}
 	return cfg, nil
 }

@@ -32,7 +32,11 @@ type Quota struct {
 // line is the preflight's line of the quota and the margin kept below it.
 func (q Quota) line(margin int64) string {
 	if q.Server {
-		return fmt.Sprintf("PostgreSQL has no quota, and its room is on its server (%s), out of this host's sight", q.Source)
+		kind := "PostgreSQL"
+		if strings.HasPrefix(q.Source, "the MySQL ") {
+			kind = "MySQL"
+		}
+		return fmt.Sprintf("%s has no quota, and its room is on its server (%s), out of this host's sight", kind, q.Source)
 	}
 	if q.SQLite {
 		return fmt.Sprintf("SQLite has no quota: the run keeps the database %s below the room of %s", textfmt.Bytes(margin), q.Source)
@@ -296,7 +300,7 @@ func KineQuota(api *apiserverconfig.Config) Quota {
 }
 
 // ServerQuota is what stands for etcd's quota on a datastore kept by a
-// database server (k3s's PostgreSQL, named by name): none, and its room is
+// database server (k3s's PostgreSQL or MySQL, named by name): none, and its room is
 // on the server, out of the tool's sight.
 func ServerQuota(name string) Quota {
 	return Quota{Bytes: DefaultQuotaBackendBytes, Server: true, Source: name}

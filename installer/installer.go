@@ -25,6 +25,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-sql-driver/mysql"
 	"sigs.k8s.io/yaml"
 
 	"kube-etcd-migrate/apiserverconfig"
@@ -92,8 +93,8 @@ type Found struct {
 	// KineDatabase is the SQLite file k3s or RKE2 keeps the cluster in
 	// through kine, "" when it stores into etcd.
 	KineDatabase string
-	// KineDSN is the PostgreSQL database k3s or RKE2 keeps the cluster in
-	// through kine: its datastore-endpoint as written, credentials and all
+	// KineDSN is the PostgreSQL or MySQL database k3s or RKE2 keeps the
+	// cluster in through kine (KineKind says which): its datastore-endpoint as written, credentials and all
 	// (never printed: Datastore names it without them), "" when none.
 	// KineCAFile, KineCertFile and KineKeyFile are its datastore-cafile,
 	// -certfile and -keyfile, the TLS kine connects with.
@@ -141,9 +142,21 @@ func (f *Found) What() string {
 	return b.String()
 }
 
-// OnKine says whether the cluster is kept through kine (SQLite or
-// PostgreSQL), not in etcd.
+// OnKine says whether the cluster is kept through kine (SQLite,
+// PostgreSQL or MySQL), not in etcd.
 func (f *Found) OnKine() bool { return f.KineDatabase != "" || f.KineDSN != "" }
+
+// KineKind is the database the cluster is kept in through kine: "SQLite",
+// "PostgreSQL" or "MySQL"; "" when it is kept in etcd.
+func (f *Found) KineKind() string {
+	switch {
+	case f.KineDSN != "":
+		return datastoreKind(f.KineDSN)
+	case f.KineDatabase != "":
+		return "SQLite"
+	}
+	return ""
+}
 
 // Place is where an installer's files are looked for.
 type Place struct {
@@ -235,8 +248,8 @@ func (e *AmbiguousError) Render(spell func(input.Name) string) string {
 
 // UnsupportedError: an installer's control plane whose kube-apiserver does
 // not store into an etcd the tool can reach from this node, nor into SQLite
-// it can serve through kine (k3s or RKE2 on kine's MySQL, Postgres or NATS;
-// a k3s server without etcd).
+// it can serve through kine (k3s or RKE2 on kine's NATS or another
+// database; a k3s server without etcd).
 type UnsupportedError struct {
 	Installer Name
 	Files     []string
@@ -465,13 +478,14 @@ func findRKE2(root string) (*Found, []string, error) {
 	switch ep := s.scalar("datastore-endpoint"); {
 	case sqliteEndpoint(ep) != "":
 		f.KineDatabase, f.Datastore = under(root, sqliteEndpoint(ep)), "SQLite through kine, its datastore-endpoint"
-	case PostgresDatabase(ep) != "":
-		f.KineDSN, f.Datastore = ep, "PostgreSQL through kine, the "+PostgresDatabase(ep)+" (its datastore-endpoint)"
+	case ServerDatabase(ep) != "":
+		kind := datastoreKind(ep)
+		f.KineDSN, f.Datastore = ep, kind+" through kine, the "+ServerDatabase(ep)+" (its datastore-endpoint)"
 		f.KineCAFile, f.KineCertFile, f.KineKeyFile = s.scalar("datastore-cafile"), s.scalar("datastore-certfile"), s.scalar("datastore-keyfile")
-		f.Notes = append(f.Notes, "note: RKE2 keeps this cluster in PostgreSQL (its datastore-endpoint): the tool serves it through kine in its own process, with every RKE2 server of the cluster stopped")
+		f.Notes = append(f.Notes, "note: RKE2 keeps this cluster in "+kind+" (its datastore-endpoint): the tool serves it through kine in its own process, with every RKE2 server of the cluster stopped")
 		return f, looked, nil
 	case ep != "" && !isEtcdEndpoint(ep):
-		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite and PostgreSQL through kine", datastoreKind(ep)))
+		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep)))
 	case ep == "" && s.flag("disable-etcd") && !s.has("server"):
 		f.KineDatabase, f.Datastore = sqlite, "SQLite through kine (disable-etcd without server)"
 	case ep == "" && kine != "":
@@ -592,6 +606,47 @@ func PostgresDatabase(ep string) string {
 	}
 	return fmt.Sprintf("database %s on %s", db, host)
 }
+
+// MySQLDatabase names the MySQL (or MariaDB) database of a kine
+// datastore-endpoint (mysql://, kine's mysql driver:
+// mysql://USER:PASSWORD@tcp(HOST:PORT)/DB or unix(SOCKET)) without its
+// credentials: "database DB on HOST" (the port when not 3306; a socket's
+// path), "" for any other endpoint. As kine reads it: no database is
+// "kubernetes".
+func MySQLDatabase(ep string) string {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	if !ok || scheme != "mysql" { // kine's scheme, as kine matches it
+		return ""
+	}
+	c, err := mysql.ParseDSN(rest)
+	if err != nil {
+		// Its error may hold a piece of the DSN: not said here (serving it
+		// says what is wrong, the password kept out).
+		return "database of a DSN that does not parse"
+	}
+	db, host := c.DBName, c.Addr
+	if db == "" {
+		db = "kubernetes"
+	}
+	if c.Net == "tcp" {
+		host = strings.TrimSuffix(host, ":3306")
+	}
+	return fmt.Sprintf("database %s on %s", db, host)
+}
+
+// ServerDatabase names the database of a kine datastore-endpoint kept by a
+// database server the tool serves (PostgresDatabase, MySQLDatabase), ""
+// for any other.
+func ServerDatabase(ep string) string {
+	if d := PostgresDatabase(ep); d != "" {
+		return d
+	}
+	return MySQLDatabase(ep)
+}
+
+// DatastoreKind names a kine datastore-endpoint's database without its
+// credentials: "PostgreSQL", "MySQL", "SQLite", "NATS"...
+func DatastoreKind(ep string) string { return datastoreKind(ep) }
 
 // datastoreKind names a kine datastore-endpoint's database without its
 // credentials (a DSN holds the password).

@@ -235,19 +235,18 @@ func TestK3sConfigurationMerged(t *testing.T) {
 	}
 }
 
-// TestK3sNotEtcdRefused: a k3s server whose datastore is kine on MySQL or
-// NATS, or that runs no etcd of its own, is refused with the reason, its
+// TestK3sNotEtcdRefused: a k3s server whose datastore is kine on NATS, or
+// that runs no etcd of its own, is refused with the reason, its
 // credentials never in the message; kine on SQLite is found with its
-// database file, kine on PostgreSQL with its datastore-endpoint (named
-// without its password); an external etcd is taken as kube-apiserver takes
-// it.
+// database file, kine on PostgreSQL or MySQL with its datastore-endpoint
+// (named without its password); an external etcd is taken as
+// kube-apiserver takes it.
 func TestK3sNotEtcdRefused(t *testing.T) {
 	for _, tc := range []struct {
 		config string
 		etcd   bool
 		want   string
 	}{
-		{"datastore-endpoint: mysql://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", false, "its datastore-endpoint is MySQL through kine, not etcd"},
 		{"datastore-endpoint: nats://k3s:s3cr3t@nats.example.com:4222\n", true, "its datastore-endpoint is NATS through kine, not etcd"},
 		{"disable-etcd: true\nserver: https://etcd-1.example.com:6443\n", false, "this server runs no etcd (disable-etcd"},
 	} {
@@ -285,6 +284,10 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 	for _, tc := range []struct{ config, what string }{
 		{"datastore-endpoint: postgres://k3s:s3cr3t@db.example.com:5432/K3s?sslmode=verify-full\ndatastore-cafile: /etc/k3s/pg-ca.pem\n", "PostgreSQL through kine, the database k3s on db.example.com:5432 (its datastore-endpoint)"},
 		{"datastore-endpoint: postgresql://k3s:s3cr3t@db.example.com\n", "PostgreSQL through kine, the database kubernetes on db.example.com (its datastore-endpoint)"},
+		// kine's MySQL (kine's DSN: go-sql-driver's, behind mysql://).
+		{"datastore-endpoint: mysql://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", "MySQL through kine, the database k3s on db.example.com (its datastore-endpoint)"},
+		{"datastore-endpoint: \"mysql://k3s:s3cr3t@tcp(10.0.0.9:3307)/\"\n", "MySQL through kine, the database kubernetes on 10.0.0.9:3307 (its datastore-endpoint)"},
+		{"datastore-endpoint: mysql://k3s:s3cr3t@unix(/run/mysqld/mysqld.sock)/k3s\n", "MySQL through kine, the database k3s on /run/mysqld/mysqld.sock (its datastore-endpoint)"},
 	} {
 		root := t.TempDir()
 		write(t, root, "/etc/rancher/k3s/config.yaml", tc.config)

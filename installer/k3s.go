@@ -157,18 +157,19 @@ func findK3s(root string) (*Found, []string, error) {
 		f.Datastore = "SQLite through kine, " + f.KineDatabase + " (its datastore-endpoint)"
 		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
 		f.Notes = append(f.Notes, "note: k3s keeps this cluster in SQLite (its datastore-endpoint): the tool serves it through kine in its own process, with k3s stopped")
-	case PostgresDatabase(ep) != "":
-		// kine's PostgreSQL (postgres:// or postgresql://), shared by every
-		// k3s server of the cluster; k3s hands kine the datastore-cafile,
-		// -certfile and -keyfile.
+	case ServerDatabase(ep) != "":
+		// kine's PostgreSQL (postgres:// or postgresql://) or MySQL
+		// (mysql://), shared by every k3s server of the cluster; k3s hands
+		// kine the datastore-cafile, -certfile and -keyfile.
+		kind := datastoreKind(ep)
 		f.KineDSN = ep
 		f.KineCAFile, f.KineCertFile, f.KineKeyFile = s.scalar("datastore-cafile"), s.scalar("datastore-certfile"), s.scalar("datastore-keyfile")
-		f.Datastore = "PostgreSQL through kine, the " + PostgresDatabase(ep) + " (its datastore-endpoint)"
+		f.Datastore = kind + " through kine, the " + ServerDatabase(ep) + " (its datastore-endpoint)"
 		defaults["etcd-servers"] = "unix://" + filepath.Join(dataDir, "server/kine.sock")
-		f.Notes = append(f.Notes, "note: k3s keeps this cluster in PostgreSQL (its datastore-endpoint): the tool serves it through kine in its own process, with every k3s server of the cluster stopped")
+		f.Notes = append(f.Notes, "note: k3s keeps this cluster in "+kind+" (its datastore-endpoint): the tool serves it through kine in its own process, with every k3s server of the cluster stopped")
 	case ep != "" && !isEtcdEndpoint(ep):
 		return nil, looked, &UnsupportedError{Installer: K3s, Files: files,
-			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite and PostgreSQL through kine", datastoreKind(ep))}
+			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep))}
 	case ep != "":
 		f.Datastore = "an external etcd, its datastore-endpoint"
 		defaults["etcd-servers"] = ep

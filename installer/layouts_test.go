@@ -178,8 +178,8 @@ func TestSettingsOutsideConfigYAML(t *testing.T) {
 // kube-apiserver's --etcd-servers as unixs://DATA/server/kine.sock
 // (pkg/executor/staticpod/staticpod.go, APIServer). SQLite (DATA/server/
 // db/state.db, or a sqlite:// datastore-endpoint) is found, with its file,
-// PostgreSQL with its datastore-endpoint; MySQL is refused with the reason,
-// credentials never shown. disable-etcd with server (a control-plane-only server) and an etcd
+// PostgreSQL and MySQL with their datastore-endpoint, credentials never
+// shown; NATS is refused with the reason. disable-etcd with server (a control-plane-only server) and an etcd
 // datastore-endpoint are not kine.
 func TestRKE2OnKine(t *testing.T) {
 	kineManifest := strings.Replace(testdata(t, "rke2/kube-apiserver.yaml"), "--etcd-servers=https://127.0.0.1:2379", "--etcd-servers=unixs:///var/lib/rancher/rke2/server/kine.sock", 1)
@@ -208,7 +208,7 @@ func TestRKE2OnKine(t *testing.T) {
 	for _, tc := range []struct {
 		name, config, want string
 	}{
-		{"MySQL", "datastore-endpoint: mysql://rke2:s3cr3t@tcp(db.example.com:3306)/rke2\n", "its datastore-endpoint is MySQL through kine, not etcd"},
+		{"NATS", "datastore-endpoint: nats://rke2:s3cr3t@nats.example.com:4222\n", "its datastore-endpoint is NATS through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -228,6 +228,15 @@ func TestRKE2OnKine(t *testing.T) {
 		f, err := Find(root, "")
 		if err != nil || f.Installer != RKE2 || !f.OnKine() || f.KineDatabase != "" || !strings.Contains(f.What(), "PostgreSQL through kine, the database rke2 on db.example.com:5432") || strings.Contains(f.What(), "s3cr3t") {
 			t.Fatalf("%v %v", f.What(), err)
+		}
+	})
+	t.Run("MySQL", func(t *testing.T) {
+		root := t.TempDir()
+		write(t, root, "/etc/rancher/rke2/config.yaml", "datastore-endpoint: mysql://rke2:s3cr3t@tcp(db.example.com:3306)/rke2\n")
+		write(t, root, "/var/lib/rancher/rke2/agent/pod-manifests/kube-apiserver.yaml", kineManifest)
+		f, err := Find(root, "")
+		if err != nil || f.Installer != RKE2 || !f.OnKine() || f.KineKind() != "MySQL" || f.KineDatabase != "" || !strings.Contains(f.What(), "MySQL through kine, the database rke2 on db.example.com") || strings.Contains(f.What(), "s3cr3t") || !strings.Contains(strings.Join(f.Notes, "\n"), "RKE2 keeps this cluster in MySQL") {
+			t.Fatalf("%v %v %q", f.What(), err, f.Notes)
 		}
 	})
 	for _, tc := range []struct{ name, config string }{

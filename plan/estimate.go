@@ -108,6 +108,8 @@ type costs struct {
 	// server: the datastore is a database server's (PostgreSQL through
 	// kine): no snapshot, its window the clients connected to it.
 	server bool
+	// serverKind is the database server's: "PostgreSQL", "MySQL".
+	serverKind string
 	// setup is this process's time from its start to the plan's first
 	// check; checks the preflight's checks of migrate as plan ran them.
 	setup, checks float64
@@ -214,7 +216,7 @@ func estimate(c costs) Estimate {
 	// The first write: after the window, and after the checks and the snapshot.
 	snap := EstimatePart{Name: "snapshot", Basis: "no undo (--no-undo): no snapshot"}
 	if c.server && c.journal {
-		snap.Basis = "no snapshot (PostgreSQL: the journal is the undo, the dump taken first the way back beyond it)"
+		snap.Basis = fmt.Sprintf("no snapshot (%s: the journal is the undo, the dump taken first the way back beyond it)", c.serverKind)
 	}
 	switch {
 	case c.snapshot && c.kine && !c.server && c.copied > 0:
@@ -235,7 +237,7 @@ func estimate(c costs) Estimate {
 	window := fmt.Sprintf("the %.0fs liveness window", c.window)
 	switch {
 	case c.kine && c.server:
-		window = "no liveness window (a PostgreSQL datastore: no other client connected to it)"
+		window = fmt.Sprintf("no liveness window (a %s datastore: no other client connected to it)", c.serverKind)
 	case c.kine:
 		window = "no liveness window (a SQLite datastore: no other process holds it open)"
 	case c.window == 0:
@@ -673,6 +675,7 @@ func (p *Plan) estimate(ctx context.Context, env *pipeline.Env, opts Options, c 
 	c.journal = opts.StateDir != "" || mo.Journal != ""
 	c.snapshot = (opts.StateDir != "" || mo.Snapshot != "") && env.Target.APIServer().KineServer == ""
 	c.server = env.Target.APIServer().KineServer != ""
+	c.serverKind = env.Target.APIServer().KineServerKind()
 	c.compact = mo.CompactHistory
 	c.etcd = etcdCostsOf(metrics, merr)
 	if st, err := etcdscan.Status(ctx, env.Client); err == nil {

@@ -242,7 +242,8 @@ func (p *Plan) preflight(ctx context.Context, env *pipeline.Env, opts Options) {
 			// A database server's datastore: no snapshot; the dump the
 			// operator takes first is the way back beyond the journal.
 			mopts.Snapshot = ""
-			p.Checks = append(p.Checks, fmt.Sprintf("the run's undo is its journal alone: PostgreSQL has no snapshot the tool can take; take a dump of the database first (%s: pg_dump --format=custom) and keep it until the run is verified", server))
+			api := env.Target.APIServer()
+			p.Checks = append(p.Checks, fmt.Sprintf("the run's undo is its journal alone: %s has no snapshot the tool can take; take a dump of the database first (%s: %s) and keep it until the run is verified", api.KineServerKind(), server, api.KineServerDump()))
 		}
 		lines, err := guard.CheckUndoSpace(ctx, env, mopts.PreflightOptions)
 		p.Checks = append(p.Checks, lines...)

@@ -92,7 +92,7 @@ func WayBack(rec *Record) string {
 		return "no run of the state directory records this journal: its run's snapshot, if kept, is the way back (etcdutl snapshot restore)"
 	}
 	if rec.Snapshot == "" {
-		return fmt.Sprintf("run %s kept no snapshot (its journal alone was its undo): restore the last backup from before it (on PostgreSQL, the dump taken before it)", rec.ID)
+		return fmt.Sprintf("run %s kept no snapshot (its journal alone was its undo): restore the last backup from before it (on PostgreSQL or MySQL, the dump taken before it)", rec.ID)
 	}
 	if !rec.SnapshotTaken() {
 		return fmt.Sprintf("run %s kept no snapshot (%s): restore the last backup from before it", rec.ID, rec.Snapshot)

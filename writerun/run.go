@@ -148,7 +148,8 @@ type Run struct {
 // watch is the file's holders, the snapshot a copy of the database. On a
 // PostgreSQL datastore: the lock is kinedb's advisory lock on the database
 // (seen by every host), the watch the other clients connected to it, and
-// there is no snapshot: the journal is the undo.
+// there is no snapshot: the journal is the undo. On MySQL the same, the
+// lock a user lock (GET_LOCK).
 func Do(ctx context.Context, cfg Config, st Stage) (err error) {
 	r, err := start(ctx, cfg)
 	if err != nil {
@@ -200,7 +201,7 @@ func (r *Run) Kine() bool { return r.cfg.Kine != nil }
 // SaveSnapshot is how the run's snapshot is saved (guard.FirstWrite's
 // Save): nil for etcd's own snapshot; on SQLite through kine, a
 // consistent copy of the database (kinedb.Copy, while kine serves it) with
-// its sum. On PostgreSQL there is none (Snapshot is "").
+// its sum. On PostgreSQL and MySQL there is none (Snapshot is "").
 func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSum, error) {
 	k := r.cfg.Kine
 	if k == nil {
@@ -209,7 +210,11 @@ func (r *Run) SaveSnapshot() func(ctx context.Context, path string) (undo.FileSu
 	return func(ctx context.Context, path string) (undo.FileSum, error) {
 		if !k.SQLite() {
 			// Never asked for (the run's Snapshot is ""): said, not etcd's.
-			return undo.FileSum{}, fmt.Errorf("%s: the tool takes no snapshot of a PostgreSQL datastore (its undo is the journal; back the database up with pg_dump)", k.Name())
+			dump := "pg_dump"
+			if k.Kind() == "MySQL" {
+				dump = "mysqldump"
+			}
+			return undo.FileSum{}, fmt.Errorf("%s: the tool takes no snapshot of a %s datastore (its undo is the journal; back the database up with %s)", k.Name(), k.Kind(), dump)
 		}
 		if err := kinedb.Copy(ctx, k.Database, path); err != nil {
 			return undo.FileSum{}, err
