@@ -12,12 +12,13 @@ import (
 
 	"github.com/k3s-io/kine/pkg/drivers"
 	"github.com/k3s-io/kine/pkg/drivers/generic"
+	kinemysql "github.com/k3s-io/kine/pkg/drivers/mysql"
 	"github.com/k3s-io/kine/pkg/drivers/pgsql"
 	"github.com/k3s-io/kine/pkg/server"
 	"google.golang.org/grpc"
 )
 
-// K3s is a PostgreSQL datastore served as a k3s server serves it: kine's
+// K3s is a PostgreSQL or MySQL datastore served as a k3s server serves it: kine's
 // driver and its etcd server started whole (its watch, its TTL expiry, its
 // health key), on a unix socket, until Stop.
 type K3s struct {
@@ -30,7 +31,8 @@ type K3s struct {
 }
 
 // ServeK3s serves the PostgreSQL datastore dsn (postgres://..., as k3s's
-// datastore-endpoint) as kine's endpoint.Listen does for k3s, with kine's
+// datastore-endpoint), or the MySQL one (mysql://...), as kine's
+// endpoint.Listen does for k3s, with kine's
 // own defaults (its kine-server flags: 20 idle connections kept 2 minutes,
 // a poll every second, no compaction); stopped when the test ends if not
 // before.
@@ -44,8 +46,12 @@ func ServeK3s(t testing.TB, dsn string) *K3s {
 	ctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
 	k := &K3s{cancel: cancel, wg: wg}
-	_, rest, _ := strings.Cut(dsn, "://") // kine's drivers take the DSN after the scheme
-	_, backend, err := pgsql.New(ctx, wg, &drivers.Config{
+	scheme, rest, _ := strings.Cut(dsn, "://") // kine's drivers take the DSN after the scheme
+	driver, what := pgsql.New, "PostgreSQL"
+	if scheme == "mysql" {
+		driver, what = kinemysql.New, "MySQL"
+	}
+	_, backend, err := driver(ctx, wg, &drivers.Config{
 		DataSourceName:       rest,
 		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdle: 20, MaxIdleTime: 2 * time.Minute},
 		PollInterval:         time.Second,
@@ -60,7 +66,7 @@ func ServeK3s(t testing.TB, dsn string) *K3s {
 	if err != nil {
 		cancel()
 		wg.Wait()
-		t.Fatalf("kine on PostgreSQL, as k3s runs it: %v", err)
+		t.Fatalf("kine on %s, as k3s runs it: %v", what, err)
 	}
 	sock := filepath.Join(dir, "kine.sock")
 	l, err := net.Listen("unix", sock)
