@@ -25,7 +25,8 @@ import (
 // k3sPostgresNode lays out a k3s server node under root whose datastore is
 // the PostgreSQL database dsn (k3s pkg/cli/cmds/server.go: datastore-endpoint;
 // pkg/daemons/control hands it to kine), with secrets encryption as
-// k3sSQLiteNode's.
+// k3sSQLiteNode's; TestK3sMySQL lays out its MySQL node with it too (dsn
+// a mysql:// datastore-endpoint).
 func k3sPostgresNode(t *testing.T, root, dsn string, providers ...string) (enc string) {
 	t.Helper()
 	_, enc = k3sSQLiteNode(t, root, providers...)
