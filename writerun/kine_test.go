@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testrig/testkine"
+	"kube-etcd-migrate/internal/testrig/testmysql"
 	"kube-etcd-migrate/kinedb"
 	"kube-etcd-migrate/liveness"
 	"kube-etcd-migrate/undo"
@@ -172,6 +173,45 @@ func TestKinePGWatch(t *testing.T) {
 	var we *liveness.WriterError
 	if !errors.As(err, &we) || !strings.Contains(err.Error(), srv.Name()) || !strings.Contains(err.Error(), fmt.Sprintf("session %d of user", pid)) {
 		t.Fatalf("run: %v; want it stopped by session %d on %s\n%s", err, pid, srv.Name(), c.log)
+	}
+	t.Log(err)
+}
+
+// TestKineMySQLWatch: as TestKinePGWatch, on a MySQL datastore (a real
+// MariaDB): the run's watch is the database's other sessions, none while
+// kine's own pool and lock are in use, and a session that appears mid-run
+// (k3s started) stops it, the datastore and the session named.
+func TestKineMySQLWatch(t *testing.T) {
+	srv, cli, ep := testkine.ServeMySQL(t)
+	c := &cluster{cli: cli, stateDir: undo.StateDir(filepath.Join(t.TempDir(), "state")), log: &bytes.Buffer{}}
+	cfg := c.config()
+	cfg.Kine = srv
+	var id int
+	err := writerun.Do(context.Background(), cfg, writerun.Stage{Write: func(ctx context.Context, r *writerun.Run) (writerun.Result, error) {
+		w := r.MainWatch()
+		if w == nil {
+			t.Fatal("no watch")
+		}
+		testkine.Create(t, cli, prefix+"/secrets/ns/a", "one", 0)
+		time.Sleep(600 * time.Millisecond)
+		if err := w.Stopped(); err != nil {
+			t.Fatalf("the watch stopped the run, alone: %v", err)
+		}
+		db := testmysql.Open(t, ep)
+		defer db.Close()
+		if err := db.QueryRow("SELECT CONNECTION_ID()").Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if err := w.Stopped(); err != nil {
+				return writerun.Result{}, err
+			}
+		}
+		return writerun.Result{}, nil
+	}})
+	var we *liveness.WriterError
+	if !errors.As(err, &we) || !strings.Contains(err.Error(), srv.Name()) || !strings.Contains(err.Error(), fmt.Sprintf("session %d of user", id)) {
+		t.Fatalf("run: %v; want it stopped by session %d on %s\n%s", err, id, srv.Name(), c.log)
 	}
 	t.Log(err)
 }
