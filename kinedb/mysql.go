@@ -207,7 +207,7 @@ func (s *mySession) lock(ctx context.Context) error {
 // others are the sessions on the database but the Server's own (its user
 // lock) and the server's background threads: k3s's, an administrator's
 // mysql client, another tool's. Without the PROCESS privilege MySQL shows
-// the tool's user its own user's sessions only.
+// the tool's account ('USER'@'HOST') its own sessions only.
 func (s *mySession) others(ctx context.Context) ([]Process, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

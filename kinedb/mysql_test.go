@@ -9,11 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"kube-etcd-migrate/internal/testrig/testkine"
 	"kube-etcd-migrate/internal/testrig/testmysql"
+	"kube-etcd-migrate/internal/testrig/testpki"
 	"kube-etcd-migrate/kinedb"
 )
 
@@ -169,6 +172,27 @@ func TestMySQLReadOnly(t *testing.T) {
 	if after := testkine.MySQLTable(t, ep); !slices.Equal(before, after) {
 		t.Fatalf("a read-only serve changed kine's table:\nbefore %q\nafter  %q", before, after)
 	}
+
+	// k3s in the middle of a write: kine's start on MySQL takes no lock on
+	// its table, so a read-only serve neither waits for it nor holds k3s's
+	// next writes behind it.
+	k3s := testmysql.Open(t, ep)
+	defer k3s.Close()
+	tx, err := k3s.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "INSERT INTO kine(name, created, deleted, create_revision, prev_revision, lease, value, old_value) VALUES ('/registry/x', 1, 0, 0, 0, 0, '', '')"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s, c = myServe(t, ep, true)
+	if got := testkine.Get(t, c, "/registry/secrets/default/a"); len(got.Kvs) != 1 || time.Since(start) > 10*time.Second {
+		t.Fatalf("a read-only serve beside a write in progress: %v after %v", got.Kvs, time.Since(start))
+	}
+	c.Close()
+	s.Close()
 }
 
 // TestMySQLNotKine: a missing database and a database without kine's table
@@ -348,4 +372,74 @@ func TestMySQLSecrets(t *testing.T) {
 			t.Errorf("%s: not one line: %q", name, err)
 		}
 	}
+}
+
+// TestMySQLTLS: a datastore reached over TCP with TLS only (MariaDB's
+// require_secure_transport), the server checking a client certificate
+// (REQUIRE X509), is served with the TLS files as k3s's datastore-cafile,
+// -certfile and -keyfile give them (kine's connections and the tool's own
+// session), and refused without them; another session's client address is
+// named.
+func TestMySQLTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "mysql-ca")
+	ep, local := testmysql.StartTLS(t, ca)
+	testkine.InitMySQL(t, local)
+	cert, key := ca.Issue(t, dir, testmysql.User, false)
+	ctx := context.Background()
+	// The account of the TCP sessions ('k3s'@'127.0.0.1') is not the
+	// socket's ('k3s'@'localhost'): without PROCESS it would see none of
+	// the socket's sessions.
+	testmysql.Exec(t, testmysql.SuperuserDSN(t, local, ""), "GRANT PROCESS ON *.* TO '"+testmysql.User+"'@'127.0.0.1'")
+	_, err := kinedb.Serve(ctx, kinedb.Config{DSN: ep, Dir: t.TempDir(), ReadOnly: true})
+	if err == nil || strings.Contains(err.Error(), testmysql.Password(t, ep)) {
+		t.Fatalf("served without TLS files, or the error holds the password: %v", err)
+	}
+	t.Log(err)
+	s, err := kinedb.Serve(ctx, kinedb.Config{DSN: ep, Dir: t.TempDir(), CAFile: ca.File, CertFile: cert, KeyFile: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if want := "the MySQL datastore kine on 127.0.0.1:"; !strings.HasPrefix(s.Name(), want) {
+		t.Errorf("Name %q, want it to begin %q", s.Name(), want)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rev := testkine.Create(t, c, "/registry/secrets/default/a", "one", 0)
+	if got := testkine.Get(t, c, "/registry/secrets/default/a"); len(got.Kvs) != 1 || got.Kvs[0].ModRevision != rev {
+		t.Fatalf("read back over TLS: %v", got.Kvs)
+	}
+	// The server saw every session of the tool over TLS: it takes no other
+	// on TCP; and the tool's are over TCP, not the socket.
+	db := testmysql.Open(t, testmysql.SuperuserDSN(t, local, ""))
+	defer db.Close()
+	var tcp int
+	if err := db.QueryRow("SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = ? AND HOST LIKE '127.0.0.1:%'", testmysql.Database).Scan(&tcp); err != nil || tcp < 2 {
+		t.Errorf("the tool's sessions over TCP: %d, %v; want kine's and the lock's", tcp, err)
+	}
+	if ps, err := s.Others(); err != nil || len(ps) != 0 {
+		t.Fatalf("Others, alone: %v, %v", ps, err)
+	}
+	id, _ := mySession(t, local)
+	ps, err := s.Others()
+	if err != nil || len(ps) != 1 || ps[0].PID != id || ps[0].Client != "" {
+		t.Fatalf("Others with a socket session (id %d): %v, %v", id, ps, err)
+	}
+	tlsCfg, err := (kinetls.Config{CAFile: ca.File, CertFile: cert, KeyFile: key}).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mysql.RegisterTLSConfig("testmysqltls", tlsCfg); err != nil {
+		t.Fatal(err)
+	}
+	tcpID, _ := mySession(t, ep+"?tls=testmysqltls")
+	ps, err = s.Others()
+	if err != nil || len(ps) != 2 || ps[1].PID != tcpID || !strings.HasPrefix(ps[1].Client, "127.0.0.1:") {
+		t.Fatalf("Others with a TCP session (id %d): %v, %v", tcpID, ps, err)
+	}
+	t.Log(ps)
 }

@@ -7,7 +7,9 @@
 // collide), run as the mysql user when the test runs as root, tuned for
 // speed over durability, and stopped when the test ends. Start makes a
 // database and a user with a password that may use it, and returns the
-// datastore-endpoint of them that kine's mysql driver takes. Without
+// datastore-endpoint of them that kine's mysql driver takes. StartTLS also
+// listens on a loopback TCP port with TLS only, for the tests of a
+// datastore's TLS files. Without
 // MariaDB installed the test fails, saying what to install: it is not
 // skipped.
 package testmysql
@@ -19,6 +21,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -30,6 +33,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
 // Database and User are what Start makes: the database k3s would keep the
@@ -54,8 +59,24 @@ const (
 // mysql://k3s:PASSWORD@unix(DIR/sock/mysqld.sock)/kine.
 func Start(t testing.TB) string {
 	t.Helper()
-	s := start(t)
+	s := start(t, nil)
 	return "mysql://" + s.DSN(User, s.password, Database)
+}
+
+// StartTLS is Start, the server also listening on a free port of
+// 127.0.0.1 (the kernel's pick a moment before) where it takes only TLS
+// connections (require_secure_transport), its certificate issued by ca
+// (for 127.0.0.1), and only from a client presenting a certificate of
+// ca's (REQUIRE X509) besides User's password. It returns the endpoint of
+// Database as User on that port, without TLS parameters
+// (mysql://k3s:PASSWORD@tcp(127.0.0.1:PORT)/kine), and the one Start
+// returns, on the socket.
+func StartTLS(t testing.TB, ca *testpki.CA) (tlsEndpoint, socketEndpoint string) {
+	t.Helper()
+	s := start(t, ca)
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = User, s.password, "tcp", fmt.Sprintf("127.0.0.1:%d", s.port), Database
+	return "mysql://" + cfg.FormatDSN(), "mysql://" + s.DSN(User, s.password, Database)
 }
 
 // SuperuserDSN is a go-sql-driver DSN (without a scheme) of database db
@@ -120,6 +141,7 @@ func Open(t testing.TB, dsn string) *sql.DB {
 type server struct {
 	sock     string
 	password string
+	port     int // StartTLS's
 }
 
 // DSN is a go-sql-driver DSN of db as user (with password when not "") on
@@ -157,7 +179,7 @@ func runAs(t testing.TB) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
 }
 
-func start(t testing.TB) *server {
+func start(t testing.TB, ca *testpki.CA) *server {
 	t.Helper()
 	Check(t)
 	cred := runAs(t)
@@ -190,12 +212,31 @@ func start(t testing.TB) *server {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
 	sock := filepath.Join(sockDir, "mysqld.sock")
+	listen := []string{"--skip-networking"}
+	port := 0
+	if ca != nil {
+		cert, key := ca.Issue(t, dir, "server", true)
+		caFile := filepath.Join(dir, "ca.crt")
+		if err := os.WriteFile(caFile, ca.PEM(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{cert, key, caFile} {
+			if cred != nil {
+				if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		port = freePort(t)
+		listen = []string{"--bind-address=127.0.0.1", "--port=" + strconv.Itoa(port),
+			"--ssl-ca=" + caFile, "--ssl-cert=" + cert, "--ssl-key=" + key, "--require-secure-transport=ON"}
+	}
 	var log bytes.Buffer
-	srv := exec.Command(Server, "--no-defaults",
-		"--datadir="+data,
-		"--socket="+sock,
-		"--pid-file="+filepath.Join(dir, "mysqld.pid"),
-		"--skip-networking",
+	args := append([]string{"--no-defaults",
+		"--datadir=" + data,
+		"--socket=" + sock,
+		"--pid-file=" + filepath.Join(dir, "mysqld.pid")}, listen...)
+	srv := exec.Command(Server, append(args,
 		"--skip-name-resolve",
 		"--innodb-buffer-pool-size=16M",
 		"--innodb-log-file-size=16M",
@@ -204,7 +245,7 @@ func start(t testing.TB) *server {
 		"--skip-log-bin",
 		"--max-connections=100",
 		"--log-error="+filepath.Join(dir, "error.log"),
-	)
+	)...)
 	srv.Dir = dir
 	srv.Stdout, srv.Stderr = &log, &log
 	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -227,7 +268,7 @@ func start(t testing.TB) *server {
 			<-exited
 		}
 	})
-	s := &server{sock: sock, password: password}
+	s := &server{sock: sock, password: password, port: port}
 	super, err := mysql.ParseDSN(s.DSN(Superuser, "", ""))
 	if err != nil {
 		t.Fatal(err)
@@ -253,16 +294,35 @@ func start(t testing.TB) *server {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	for _, q := range []string{
+	stmts := []string{
 		fmt.Sprintf("CREATE USER '%s'@'localhost' IDENTIFIED BY '%s'", User, password),
 		fmt.Sprintf("CREATE DATABASE %s", Database),
 		fmt.Sprintf("GRANT ALL ON %s.* TO '%s'@'localhost'", Database, User),
-	} {
+	}
+	if ca != nil {
+		stmts = append(stmts,
+			fmt.Sprintf("CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY '%s' REQUIRE X509", User, password),
+			fmt.Sprintf("GRANT ALL ON %s.* TO '%s'@'127.0.0.1'", Database, User))
+	}
+	for _, q := range stmts {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", strings.ReplaceAll(q, password, "xxxxx"), err)
 		}
 	}
 	return s
+}
+
+// freePort is a port of 127.0.0.1 free a moment ago (the kernel's pick):
+// another process may take it before mariadbd binds it, which fails the
+// test, rarely.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 func random(t testing.TB) string {
