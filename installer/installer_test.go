@@ -288,6 +288,8 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 		{"datastore-endpoint: mysql://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", "MySQL through kine, the database k3s on db.example.com (its datastore-endpoint)"},
 		{"datastore-endpoint: \"mysql://k3s:s3cr3t@tcp(10.0.0.9:3307)/\"\n", "MySQL through kine, the database kubernetes on 10.0.0.9:3307 (its datastore-endpoint)"},
 		{"datastore-endpoint: mysql://k3s:s3cr3t@unix(/run/mysqld/mysqld.sock)/k3s\n", "MySQL through kine, the database k3s on /run/mysqld/mysqld.sock (its datastore-endpoint)"},
+		// Found, and named without a piece of it: serving it says what is wrong.
+		{"datastore-endpoint: mysql://k3s:s3cr3t@tcp(db.example.com/k3s\n", "MySQL through kine, the database of a DSN that does not parse (its datastore-endpoint)"},
 	} {
 		root := t.TempDir()
 		write(t, root, "/etc/rancher/k3s/config.yaml", tc.config)
