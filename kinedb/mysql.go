@@ -135,7 +135,7 @@ func (t *myTarget) addSecret(s string) {
 // redact is err with every secret of the DSN replaced, on one line; it
 // unwraps to nothing but a context's error.
 func (t *myTarget) redact(err error) error {
-	return (&pgTarget{secrets: t.secrets}).redact(err)
+	return redactSecrets(t.secrets, err)
 }
 
 // mySession is the connection of a Server on MySQL that checks the

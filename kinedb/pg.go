@@ -152,12 +152,16 @@ func (t *pgTarget) addSecret(s string) {
 
 // redact is err with every secret of the DSN replaced, on one line; it
 // unwraps to nothing but a context's error (the others may hold the DSN).
-func (t *pgTarget) redact(err error) error {
+func (t *pgTarget) redact(err error) error { return redactSecrets(t.secrets, err) }
+
+// redactSecrets is err with each of secrets replaced, on one line; it
+// unwraps to nothing but a context's error (the others may hold the DSN).
+func redactSecrets(secrets []string, err error) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	for _, s := range t.secrets {
+	for _, s := range secrets {
 		msg = strings.ReplaceAll(msg, s, "xxxxx")
 	}
 	msg = strings.ReplaceAll(msg, ":\n\t", ": ")
