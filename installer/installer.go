@@ -485,7 +485,7 @@ func findRKE2(root string) (*Found, []string, error) {
 		f.Notes = append(f.Notes, "note: RKE2 keeps this cluster in "+kind+" (its datastore-endpoint): the tool serves it through kine in its own process, with every RKE2 server of the cluster stopped")
 		return f, looked, nil
 	case ep != "" && !isEtcdEndpoint(ep):
-		return nil, looked, refuse(fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep)))
+		return nil, looked, refuse(notKineReason(ep))
 	case ep == "" && s.flag("disable-etcd") && !s.has("server"):
 		f.KineDatabase, f.Datastore = sqlite, "SQLite through kine (disable-etcd without server)"
 	case ep == "" && kine != "":
@@ -647,6 +647,17 @@ func ServerDatabase(ep string) string {
 // DatastoreKind names a kine datastore-endpoint's database without its
 // credentials: "PostgreSQL", "MySQL", "SQLite", "NATS"...
 func DatastoreKind(ep string) string { return datastoreKind(ep) }
+
+// notKineReason is why a datastore-endpoint that is not etcd's is not
+// served: a database the tool does not serve through kine, or a MySQL one
+// whose scheme is not kine's lowercase mysql:// (kine matches it exactly,
+// and so neither k3s nor RKE2 would start on it).
+func notKineReason(ep string) string {
+	if scheme, _, _ := strings.Cut(ep, "://"); datastoreKind(ep) == "MySQL" && scheme != "mysql" {
+		return fmt.Sprintf("its datastore-endpoint begins %s://, which kine does not take (its MySQL scheme is mysql://, lowercase): neither this server nor the tool can serve it", scheme)
+	}
+	return fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep))
+}
 
 // datastoreKind names a kine datastore-endpoint's database without its
 // credentials (a DSN holds the password).

@@ -235,8 +235,9 @@ func TestK3sConfigurationMerged(t *testing.T) {
 	}
 }
 
-// TestK3sNotEtcdRefused: a k3s server whose datastore is kine on NATS, or
-// that runs no etcd of its own, is refused with the reason, its
+// TestK3sNotEtcdRefused: a k3s server whose datastore is kine on NATS (or
+// on MySQL under a scheme kine does not take), or that runs no etcd of its
+// own, is refused with the reason, its
 // credentials never in the message; kine on SQLite is found with its
 // database file, kine on PostgreSQL or MySQL with its datastore-endpoint
 // (named without its password); an external etcd is taken as
@@ -248,6 +249,7 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 		want   string
 	}{
 		{"datastore-endpoint: nats://k3s:s3cr3t@nats.example.com:4222\n", true, "its datastore-endpoint is NATS through kine, not etcd"},
+		{"datastore-endpoint: MYSQL://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", true, "its datastore-endpoint begins MYSQL://, which kine does not take (its MySQL scheme is mysql://, lowercase)"},
 		{"disable-etcd: true\nserver: https://etcd-1.example.com:6443\n", false, "this server runs no etcd (disable-etcd"},
 	} {
 		root := t.TempDir()

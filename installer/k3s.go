@@ -169,7 +169,7 @@ func findK3s(root string) (*Found, []string, error) {
 		f.Notes = append(f.Notes, "note: k3s keeps this cluster in "+kind+" (its datastore-endpoint): the tool serves it through kine in its own process, with every k3s server of the cluster stopped")
 	case ep != "" && !isEtcdEndpoint(ep):
 		return nil, looked, &UnsupportedError{Installer: K3s, Files: files,
-			Reason: fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep))}
+			Reason: notKineReason(ep)}
 	case ep != "":
 		f.Datastore = "an external etcd, its datastore-endpoint"
 		defaults["etcd-servers"] = ep
