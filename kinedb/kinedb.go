@@ -349,6 +349,11 @@ func IsSQLite(path string) bool {
 	return string(b) == sqliteHeader
 }
 
+// namedHolders is how many of an InUseError's holders its message names
+// (a running k3s server's kine keeps a pool of sessions on the database:
+// the rest are counted).
+const namedHolders = 5
+
 // InUseError: another process holds the SQLite file open, or another
 // session is on the PostgreSQL or MySQL database (k3s or RKE2 running).
 type InUseError struct {
@@ -362,7 +367,11 @@ type InUseError struct {
 
 func (e *InUseError) Error() string {
 	var who []string
-	for _, p := range e.Holders {
+	for i, p := range e.Holders {
+		if i == namedHolders && len(e.Holders) > namedHolders+1 {
+			who = append(who, fmt.Sprintf("and %d more", len(e.Holders)-i))
+			break
+		}
 		who = append(who, p.String())
 	}
 	if e.Database == "" {

@@ -45,3 +45,23 @@ func TestParsePG(t *testing.T) {
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// TestInUseErrorCapped: a running k3s server's kine keeps a pool of
+// sessions on the database; the refusal names the first five and counts
+// the rest, on one line; six are all named (no "and 1 more").
+func TestInUseErrorCapped(t *testing.T) {
+	sessions := func(n int) []Process {
+		var ps []Process
+		for i := range n {
+			ps = append(ps, Process{PID: 100 + i, Session: true, User: "k3s", Client: "10.0.0.5:4000"})
+		}
+		return ps
+	}
+	msg := (&InUseError{Datastore: "the MySQL datastore k3s on db", Holders: sessions(21)}).Error()
+	if !strings.Contains(msg, `session 104 of user "k3s" from 10.0.0.5:4000, and 16 more: stop every k3s`) || strings.Contains(msg, "session 105") || strings.Contains(msg, "\n") {
+		t.Errorf("21 sessions: %s", msg)
+	}
+	if msg := (&InUseError{Datastore: "the MySQL datastore k3s on db", Holders: sessions(6)}).Error(); !strings.Contains(msg, "session 105") || strings.Contains(msg, "more") {
+		t.Errorf("6 sessions: %s", msg)
+	}
+}
