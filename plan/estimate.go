@@ -419,7 +419,7 @@ func (c costs) compactionTime() (low, high float64, basis string) {
 		// A batch's hold ends with a commit of its own: at best it is no
 		// longer than the backend's commits. etcd's past compactions may
 		// have paused longer than the run's will (a 4,000,000-key etcd:
-		// 31.5 ms a batch in its compactions before, 12.6 in the run's).
+		// 31.5 ms a batch in its compactions before, 13-19 in the run's).
 		if b := c.etcd.BackendCommit; b > 0 && b < pause {
 			least = b
 		}

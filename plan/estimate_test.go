@@ -230,7 +230,7 @@ func TestEstimateCompactions(t *testing.T) {
 	}
 	// Its past compactions paused longer than its commits take (the
 	// production benchmark's first 4,000,000-key run: 31.5 ms a batch
-	// before, 12.6 in the run, commits of 5 ms): at best a batch holds a
+	// before, 13-19 in the run, commits of 5 ms): at best a batch holds a
 	// commit's time, at worst twice its past pauses.
 	nc.etcd.CompactionPause = 0.0315
 	nc.etcd.BackendCommit = 0.005
