@@ -77,7 +77,7 @@ func TestK3sMySQL(t *testing.T) {
 	ctx := context.Background()
 	ep := testmysql.Start(t)
 	root := t.TempDir()
-	enc := k3sPostgresNode(t, root, ep, aescbcProvider("key1", 1))
+	enc := k3sServerNode(t, root, ep, aescbcProvider("key1", 1))
 	k3s := testkine.ServeK3s(t, ep)
 	old := apiserverproc.Start(t, apiserverproc.Options{
 		Binary:               olderAPIServer(t, modbuild.PreviousKubernetes),

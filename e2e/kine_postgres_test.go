@@ -22,12 +22,12 @@ import (
 	"kube-etcd-migrate/verify"
 )
 
-// k3sPostgresNode lays out a k3s server node under root whose datastore is
-// the PostgreSQL database dsn (k3s pkg/cli/cmds/server.go: datastore-endpoint;
+// k3sServerNode lays out a k3s server node under root whose datastore is
+// the database server's database dsn, a postgres:// or mysql://
+// datastore-endpoint (k3s pkg/cli/cmds/server.go: datastore-endpoint;
 // pkg/daemons/control hands it to kine), with secrets encryption as
-// k3sSQLiteNode's; TestK3sMySQL lays out its MySQL node with it too (dsn
-// a mysql:// datastore-endpoint).
-func k3sPostgresNode(t *testing.T, root, dsn string, providers ...string) (enc string) {
+// k3sSQLiteNode's.
+func k3sServerNode(t *testing.T, root, dsn string, providers ...string) (enc string) {
 	t.Helper()
 	_, enc = k3sSQLiteNode(t, root, providers...)
 	config := fmt.Sprintf("secrets-encryption: true\ndatastore-endpoint: %q\n", dsn)
@@ -106,7 +106,7 @@ func TestK3sPostgres(t *testing.T) {
 	ctx := context.Background()
 	dsn := testpg.Start(t)
 	root := t.TempDir()
-	enc := k3sPostgresNode(t, root, dsn, aescbcProvider("key1", 1))
+	enc := k3sServerNode(t, root, dsn, aescbcProvider("key1", 1))
 	k3s := testkine.ServeK3s(t, dsn)
 	old := apiserverproc.Start(t, apiserverproc.Options{
 		Binary:               olderAPIServer(t, modbuild.PreviousKubernetes),
