@@ -100,11 +100,10 @@ type Server struct {
 	Copied  time.Duration
 	Private bool
 
-	name   string     // Name's
-	what   string     // "SQLite", "PostgreSQL" or "MySQL"
-	lock   *os.File   // the node's SQLite file, flock'd, for a writable serve
-	pg     *pgSession // on PostgreSQL, a writable serve's lock and look-out
-	my     *mySession // on MySQL, the same
+	name   string    // Name's
+	what   string    // "SQLite", "PostgreSQL" or "MySQL"
+	lock   *os.File  // the node's SQLite file, flock'd, for a writable serve
+	db     dbSession // on PostgreSQL or MySQL, a writable serve's lock and look-out
 	grpc   *grpc.Server
 	cancel context.CancelFunc
 	wg     *sync.WaitGroup
@@ -274,11 +273,8 @@ func (s *Server) Close() error {
 		if s.lock != nil {
 			s.lock.Close() // its flock with it
 		}
-		if s.pg != nil {
-			s.pg.close() // its advisory lock with it
-		}
-		if s.my != nil {
-			s.my.close() // its user lock with it
+		if s.db != nil {
+			s.db.close() // its lock with it (PostgreSQL's advisory lock, MySQL's user lock)
 		}
 	})
 	return nil

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/k3s-io/kine/pkg/drivers"
-	"github.com/k3s-io/kine/pkg/drivers/generic"
 	kinemysql "github.com/k3s-io/kine/pkg/drivers/mysql"
 	kinetls "github.com/k3s-io/kine/pkg/tls"
 )
@@ -297,52 +295,12 @@ func serveMySQL(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	quietKine()
+	quietKine() // go-sql-driver's log too, before the first connection
 	sess, err := openMySQL(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{name: t.name, what: "MySQL"}
-	bctx, cancel := context.WithCancel(context.Background())
-	s.cancel, s.wg = cancel, &sync.WaitGroup{}
-	ok := false
-	defer func() {
-		if !ok {
-			s.Close()
-			sess.close()
-		}
-	}()
-	if cfg.ReadOnly {
-		sess.close() // nothing to hold: the database is read where it is
-	} else {
-		if err := sess.lock(ctx); err != nil {
-			return nil, err
-		}
-		if err := sess.alone(ctx); err != nil {
-			return nil, err
-		}
-		s.my = sess
-	}
-	stop := context.AfterFunc(ctx, cancel)
-	_, backend, err := kinemysql.New(bctx, s.wg, &drivers.Config{
-		DataSourceName:       t.kineDSN,
-		BackendTLSConfig:     kinetls.Config{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile},
-		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdle: 20, MaxIdleTime: 2 * time.Minute},
-		PollInterval:         time.Second,
-		CompactTimeout:       5 * time.Second,
-		CompactMinRetain:     1000,
-		CompactBatchSize:     1000,
-		PollBatchSize:        500,
-	})
-	stop()
-	if err != nil {
-		return nil, t.redact(fmt.Errorf("%s: opening it through kine: %w", t.name, err))
-	}
-	if err := s.listen(ctx, cfg.Dir, unstarted{backend}, false); err != nil {
-		return nil, t.redact(err)
-	}
-	ok = true
-	return s, nil
+	return serveServer(ctx, cfg, t.name, "MySQL", sess, kinemysql.New, t.kineDSN, t.redact)
 }
 
 // quietMySQL keeps go-sql-driver's own log (a dropped connection's line)

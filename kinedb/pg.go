@@ -370,7 +370,32 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{name: t.name, what: "PostgreSQL"}
+	return serveServer(ctx, cfg, t.name, "PostgreSQL", sess, pgsql.New, t.kineDSN, t.redact)
+}
+
+// dbSession is the tool's own session on a database server's datastore
+// (pgSession, mySession), opened once the database is found to be kine's:
+// for a writing serve it takes the server's lock, looks for other
+// sessions (alone once, others during the run), and holds the lock until
+// close.
+type dbSession interface {
+	lock(context.Context) error
+	alone(context.Context) error
+	others(context.Context) ([]Process, error)
+	close()
+}
+
+// kineDriver is a kine SQL driver's New (pgsql.New, mysql.New).
+type kineDriver func(context.Context, *sync.WaitGroup, *drivers.Config) (bool, server.Backend, error)
+
+// serveServer serves the datastore of a database server (servePG,
+// serveMySQL) through kine's driver on kineDSN, its backend not started;
+// what names the server ("PostgreSQL", "MySQL"), sess is the tool's own
+// session on it: closed for a read-only serve, else locked, checked alone
+// and kept until Close. Every error passes through redact (the DSN's
+// secrets).
+func serveServer(ctx context.Context, cfg Config, name, what string, sess dbSession, driver kineDriver, kineDSN string, redact func(error) error) (*Server, error) {
+	s := &Server{name: name, what: what}
 	bctx, cancel := context.WithCancel(context.Background())
 	s.cancel, s.wg = cancel, &sync.WaitGroup{}
 	ok := false
@@ -389,14 +414,14 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 		if err := sess.alone(ctx); err != nil {
 			return nil, err
 		}
-		s.pg = sess
+		s.db = sess
 	}
 	quietKine()
 	// A Serve cancelled while kine opens its pool (kine retries a failed
 	// ping for minutes) stops it.
 	stop := context.AfterFunc(ctx, cancel)
-	_, backend, err := pgsql.New(bctx, s.wg, &drivers.Config{
-		DataSourceName:       t.kineDSN,
+	_, backend, err := driver(bctx, s.wg, &drivers.Config{
+		DataSourceName:       kineDSN,
 		BackendTLSConfig:     kinetls.Config{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile},
 		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdle: 20, MaxIdleTime: 2 * time.Minute},
 		PollInterval:         time.Second,
@@ -407,10 +432,10 @@ func servePG(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	stop()
 	if err != nil {
-		return nil, t.redact(fmt.Errorf("%s: opening it through kine: %w", t.name, err))
+		return nil, redact(fmt.Errorf("%s: opening it through kine: %w", name, err))
 	}
 	if err := s.listen(ctx, cfg.Dir, unstarted{backend}, false); err != nil {
-		return nil, t.redact(err)
+		return nil, redact(err)
 	}
 	ok = true
 	return s, nil

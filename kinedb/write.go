@@ -93,11 +93,8 @@ func (s *Server) Others() ([]Process, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	switch {
-	case s.pg != nil:
-		return s.pg.others(ctx)
-	case s.my != nil:
-		return s.my.others(ctx)
+	if s.db != nil {
+		return s.db.others(ctx)
 	}
 	return nil, nil
 }
