@@ -250,25 +250,7 @@ func (s *mySession) others(ctx context.Context) ([]Process, error) {
 // again for up to two seconds before they are: a run that has just closed
 // its own leaves them for a moment.
 func (s *mySession) alone(ctx context.Context) error {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		others, err := s.others(ctx)
-		if err != nil || len(others) == 0 {
-			return err
-		}
-		tool := true
-		for _, p := range others {
-			tool = tool && p.Application == "kube-etcd-migrate"
-		}
-		if !tool || time.Now().After(deadline) {
-			return &InUseError{Datastore: s.t.name, Holders: others}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return waitAlone(ctx, s.t.name, s.others, func(p Process) bool { return p.Application == "kube-etcd-migrate" })
 }
 
 // close ends the session, its user locks with it (released first).

@@ -308,18 +308,26 @@ const toolApp = "kube-etcd-migrate-"
 // closed its own leaves them for a moment, until their server processes
 // have exited.
 func (s *pgSession) alone(ctx context.Context) error {
+	return waitAlone(ctx, s.t.name, s.others, func(p Process) bool { return strings.HasPrefix(p.Application, toolApp) })
+}
+
+// waitAlone is a database server session's alone: nil once others finds
+// no session but the caller's, an InUseError naming the datastore (name)
+// when one is another client's, or the tool's own (tool) still there after
+// two seconds.
+func waitAlone(ctx context.Context, name string, others func(context.Context) ([]Process, error), tool func(Process) bool) error {
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		others, err := s.others(ctx)
-		if err != nil || len(others) == 0 {
+		ps, err := others(ctx)
+		if err != nil || len(ps) == 0 {
 			return err
 		}
-		tool := true
-		for _, p := range others {
-			tool = tool && strings.HasPrefix(p.Application, toolApp)
+		ours := true
+		for _, p := range ps {
+			ours = ours && tool(p)
 		}
-		if !tool || time.Now().After(deadline) {
-			return &InUseError{Datastore: s.t.name, Holders: others}
+		if !ours || time.Now().After(deadline) {
+			return &InUseError{Datastore: name, Holders: ps}
 		}
 		select {
 		case <-ctx.Done():
