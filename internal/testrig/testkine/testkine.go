@@ -299,17 +299,39 @@ func ServePG(t testing.TB) (*kinedb.Server, *clientv3.Client, string) {
 	t.Helper()
 	dsn := testpg.Start(t)
 	InitPG(t, dsn)
+	s, cli := serveServer(t, dsn)
+	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() { cli.Close() }) // before the server's
+	return s, cli, dsn
+}
+
+// serveServer serves the kine datastore of a database server's dsn
+// writable (kinedb.Serve) and connects a client to it; the caller closes
+// both, the client first.
+func serveServer(t testing.TB, dsn string) (*kinedb.Server, *clientv3.Client) {
+	t.Helper()
 	s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: dsn, Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
+		s.Close()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cli.Close() }) // before the server's
-	return s, cli, dsn
+	return s, cli
+}
+
+// seedServer serves the kine datastore of a database server's dsn and
+// hands seed a client of it, then stops serving.
+func seedServer(t testing.TB, dsn string, seed func(cli *clientv3.Client)) {
+	t.Helper()
+	s, cli := serveServer(t, dsn)
+	defer s.Close()
+	defer cli.Close()
+	if seed != nil {
+		seed(cli)
+	}
 }
 
 // PGTable is every row of the kine table in the PostgreSQL database of
@@ -384,19 +406,7 @@ func pgQuery(t testing.TB, dsn, q string, row func(pgx.Rows) error) {
 func SeedPG(t testing.TB, dsn string, seed func(cli *clientv3.Client)) {
 	t.Helper()
 	InitPG(t, dsn)
-	s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: dsn, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if seed != nil {
-		seed(cli)
-	}
+	seedServer(t, dsn, seed)
 }
 
 // InitMySQL makes kine's datastore in the MySQL database of endpoint (one
@@ -463,15 +473,8 @@ func ServeMySQL(t testing.TB) (*kinedb.Server, *clientv3.Client, string) {
 	t.Helper()
 	ep := testmysql.Start(t)
 	InitMySQL(t, ep)
-	s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: ep, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, cli := serveServer(t, ep)
 	t.Cleanup(func() { s.Close() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { cli.Close() }) // before the server's
 	return s, cli, ep
 }
@@ -550,20 +553,6 @@ func myQuery(t testing.TB, endpoint, q string, row func(*sql.Rows) error) {
 func SeedMySQL(t testing.TB, endpoint string, seed func(cli *clientv3.Client)) {
 	t.Helper()
 	InitMySQL(t, endpoint)
-	func() {
-		s, err := kinedb.Serve(context.Background(), kinedb.Config{DSN: endpoint, Dir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cli.Close()
-		if seed != nil {
-			seed(cli)
-		}
-	}()
+	seedServer(t, endpoint, seed)
 	WaitMySQLSessions(t, endpoint)
 }
