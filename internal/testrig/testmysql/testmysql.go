@@ -21,7 +21,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"kube-etcd-migrate/internal/loopback"
 	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
@@ -312,17 +312,16 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	return s
 }
 
-// freePort is a port of 127.0.0.1 free a moment ago (the kernel's pick):
-// another process may take it before mariadbd binds it, which fails the
-// test, rarely.
+// freePort is loopback.FreePort for a test: a port of 127.0.0.1 free a
+// moment ago; another process may take it before mariadbd binds it, which
+// fails the test, rarely.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := loopback.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func random(t testing.TB) string {

@@ -20,7 +20,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"kube-etcd-migrate/internal/loopback"
 	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
@@ -305,17 +305,16 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	return s
 }
 
-// freePort is a port of 127.0.0.1 free a moment ago (the kernel's pick):
-// another process may take it before postgres binds it, which fails the
-// test, rarely.
+// freePort is loopback.FreePort for a test: a port of 127.0.0.1 free a
+// moment ago; another process may take it before postgres binds it, which
+// fails the test, rarely.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := loopback.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func random(t testing.TB) string {
