@@ -573,7 +573,7 @@ func isEtcdEndpoint(ep string) bool {
 // for any other.
 func sqliteEndpoint(ep string) string {
 	scheme, rest, ok := strings.Cut(ep, "://")
-	if !ok || strings.ToLower(scheme) != "sqlite" {
+	if !ok || scheme != "sqlite" { // kine's scheme, as kine matches it
 		return ""
 	}
 	path, _, _ := strings.Cut(rest, "?")
@@ -589,7 +589,7 @@ func sqliteEndpoint(ep string) string {
 // reads it: no database is "kubernetes", and the name is folded to lower case.
 func PostgresDatabase(ep string) string {
 	scheme, _, ok := strings.Cut(ep, "://")
-	if !ok || (strings.ToLower(scheme) != "postgres" && strings.ToLower(scheme) != "postgresql") {
+	if !ok || (scheme != "postgres" && scheme != "postgresql") { // kine's schemes, as kine matches them
 		return ""
 	}
 	host, db := "localhost", "kubernetes"
@@ -649,12 +649,15 @@ func ServerDatabase(ep string) string {
 func DatastoreKind(ep string) string { return datastoreKind(ep) }
 
 // notKineReason is why a datastore-endpoint that is not etcd's is not
-// served: a database the tool does not serve through kine, or a MySQL one
-// whose scheme is not kine's lowercase mysql:// (kine matches it exactly,
-// and so neither k3s nor RKE2 would start on it).
+// served: a database the tool does not serve through kine, or one it does
+// whose scheme is not in kine's lowercase (SQLITE://, POSTGRES://,
+// MySQL://...: kine matches its schemes exactly, and so neither k3s nor
+// RKE2 would start on it).
 func notKineReason(ep string) string {
-	if scheme, _, _ := strings.Cut(ep, "://"); datastoreKind(ep) == "MySQL" && scheme != "mysql" {
-		return fmt.Sprintf("its datastore-endpoint begins %s://, which kine does not take (its MySQL scheme is mysql://, lowercase): neither this server nor the tool can serve it", scheme)
+	scheme, _, _ := strings.Cut(ep, "://")
+	switch kind, lower := datastoreKind(ep), strings.ToLower(scheme); {
+	case scheme != lower && (kind == "MySQL" || kind == "PostgreSQL" || kind == "SQLite"):
+		return fmt.Sprintf("its datastore-endpoint begins %s://, which kine does not take (its %s scheme is %s://, lowercase): neither this server nor the tool can serve it", scheme, kind, lower)
 	}
 	return fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep))
 }

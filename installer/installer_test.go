@@ -250,6 +250,9 @@ func TestK3sNotEtcdRefused(t *testing.T) {
 	}{
 		{"datastore-endpoint: nats://k3s:s3cr3t@nats.example.com:4222\n", true, "its datastore-endpoint is NATS through kine, not etcd"},
 		{"datastore-endpoint: MYSQL://k3s:s3cr3t@tcp(db.example.com:3306)/k3s\n", true, "its datastore-endpoint begins MYSQL://, which kine does not take (its MySQL scheme is mysql://, lowercase)"},
+		{"datastore-endpoint: POSTGRES://k3s:s3cr3t@db.example.com:5432/k3s\n", true, "its datastore-endpoint begins POSTGRES://, which kine does not take (its PostgreSQL scheme is postgres://, lowercase)"},
+		{"datastore-endpoint: PostgreSQL://k3s:s3cr3t@db.example.com/k3s\n", true, "its datastore-endpoint begins PostgreSQL://, which kine does not take (its PostgreSQL scheme is postgresql://, lowercase)"},
+		{"datastore-endpoint: SQLite:///var/lib/rancher/k3s/server/db/state.db\n", true, "its datastore-endpoint begins SQLite://, which kine does not take (its SQLite scheme is sqlite://, lowercase)"},
 		{"disable-etcd: true\nserver: https://etcd-1.example.com:6443\n", false, "this server runs no etcd (disable-etcd"},
 	} {
 		root := t.TempDir()
