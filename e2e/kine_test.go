@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 
 	"kube-etcd-migrate/internal/build/modbuild"
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
@@ -233,26 +235,38 @@ func sameRows(t *testing.T, got, want map[string]string) {
 // linkedServesEvery starts the linked release's kube-apiserver on the kine
 // endpoint with the encryption configuration enc, and checks that it serves
 // every object res wrote as the previous release served it (served, at
-// since) and that a no-op update of each keeps its resourceVersion; on
-// names the datastore in the messages.
+// since) and that a no-op update of each keeps its resourceVersion
+// (servesEvery); on names the datastore in the messages.
 func linkedServesEvery(t *testing.T, endpoint, enc, on string, res *everyresource.Result, served map[objKey]*unstructured.Unstructured, since time.Time) {
 	t.Helper()
 	linked := apiservertest.Start(t, apiservertest.Options{EtcdURL: endpoint, RuntimeConfig: betaAPIs, EncryptionConfigPath: enc})
 	defer linked.Stop()
+	servesEvery(t, linked.ClientConfig, currentMinor, on, res, served, since)
+}
+
+// servesEvery checks that the kube-apiserver behind cfg, already started on
+// kine (release, e.g. "1.36", names it; on names the datastore), serves every
+// object res wrote as an older release served it (served, at since: nothing
+// lost or changed) and that a no-op update of each keeps its
+// resourceVersion. It returns how many objects the no-op update checked per
+// resource.
+func servesEvery(t *testing.T, cfg *rest.Config, release, on string, res *everyresource.Result, served map[objKey]*unstructured.Unstructured, since time.Time) map[schema.GroupResource]int {
+	t.Helper()
 	owned := apiserverOwned{}
 	for _, o := range res.Objects {
 		if o.GVR.GroupResource() == storageVersion {
 			owned[o.Name] = true
 		}
 	}
-	sameContentEvery(t, linked.ClientConfig, served, owned, true, since)
-	checked := noOpUpdateEvery(t, linked.ClientConfig, owned)
+	sameContentEvery(t, cfg, served, owned, true, since)
+	checked := noOpUpdateEvery(t, cfg, owned)
 	n := 0
 	for _, c := range checked {
 		n += c
 	}
 	if n < len(res.Objects)/2 {
-		t.Errorf("a no-op update of %d objects through kube-apiserver %s on kine over %s, of the %d written: too few checked", n, currentMinor, on, len(res.Objects))
+		t.Errorf("a no-op update of %d objects through kube-apiserver %s on kine over %s, of the %d written: too few checked", n, release, on, len(res.Objects))
 	}
-	t.Logf("kube-apiserver %s on kine over %s, key2 alone: %d objects of %d resources unchanged by a no-op update", currentMinor, on, n, len(checked))
+	t.Logf("kube-apiserver %s on kine over %s, key2 alone: %d objects of %d resources unchanged by a no-op update", release, on, n, len(checked))
+	return checked
 }
