@@ -46,6 +46,7 @@ type options struct {
 	scale                  scaleOptions
 	productionN            int
 	productionQuota        int64
+	productionReps         int
 	dataset                string
 	rotationN              int
 	crN                    int
@@ -78,6 +79,7 @@ func main() {
 	flag.IntVar(&o.scale.n, "scale-n", 25000, "objects of the scale phase's smaller file (the larger has 4 ×); 1000000 is the production row: files of about 1.8 and 7.4 GB")
 	flag.IntVar(&o.scale.reps, "scale-reps", 1, "repetitions of the scale phase's two reads")
 	flag.IntVar(&o.productionN, "production-n", 4000000, "objects of the production phase (-dataset production only: never part of all): 4,000,000 mixed objects fill etcd's largest quota, 8 GiB")
+	flag.IntVar(&o.productionReps, "production-reps", 1, "rounds of the production phase's plan, migrate --compact-history, rollback and compaction-matched ceiling, each round the tool's run and its ceiling's side by side (make bench-production: 3)")
 	flag.Int64Var(&o.productionQuota, "production-quota", defaultProductionQuota, "etcd's --quota-backend-bytes in the production phase: 8 GiB, the largest etcd recommends; a smaller one with a smaller -production-n fills it as full (1 GiB for 500,000 objects)")
 	flag.StringVar(&o.dataset, "dataset", "all", "mixed (N objects of every kind, no managedFields), rotation (-rotation-n 2 KB secrets with managedFields, all under the old key), cr (-cr-n custom resources with three managedFields entries, -stale-version of them in the CRD's other version), snapshot (the snapshot phase only), rollback (the rollback phase only), scale (the scale phase only), kine (the kine phase only), production (the production phase only: -production-n objects filling an 8 GiB quota, every command once, with the disk each used and plan's estimate beside migrate's time), or all (the three, one after the other, each on its own etcd, then the snapshot, rollback, scale and kine phases)")
 	flag.BoolVar(&o.rollback, "rollback", true, "also measure rollback of a journal of -rollback-n rewrites of 2 KB values (the rollback phase, on an etcd of its own): its rate and peak private memory against its 150 MB bound")
@@ -124,8 +126,8 @@ func runAll(ctx context.Context, o options) error {
 	default:
 		return fmt.Errorf("-dataset %q: want mixed, rotation, cr, snapshot, rollback, scale, production, kine or all", o.dataset)
 	}
-	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 || o.rollbackN <= 0 || o.scale.n <= 0 || o.scale.reps <= 0 || o.kine.n <= 0 || o.kine.reps <= 0 {
-		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -rollback-n, -scale-n, -kine-n, -reps, -snapshot-reps, -scale-reps and -kine-reps must be positive")
+	if o.n <= 0 || o.reps <= 0 || o.rotationN <= 0 || o.crN <= 0 || o.snap.n <= 0 || o.snap.reps <= 0 || o.rollbackN <= 0 || o.scale.n <= 0 || o.scale.reps <= 0 || o.kine.n <= 0 || o.kine.reps <= 0 || o.productionReps <= 0 {
+		return fmt.Errorf("-n, -rotation-n, -cr-n, -snapshot-n, -rollback-n, -scale-n, -kine-n, -reps, -snapshot-reps, -scale-reps, -kine-reps and -production-reps must be positive")
 	}
 	dir, err := os.MkdirTemp("", "kem-bench-")
 	if err != nil {
