@@ -277,8 +277,7 @@ func TestDiscoveryRefusals(t *testing.T) {
 
 	// k3s on kine: NATS is refused as a usage error; PostgreSQL and MySQL
 	// are found, and a database that does not answer is one line naming it,
-	// never its password (e2e TestK3sServer reads and
-	// write real ones).
+	// never its password (e2e TestK3sServer reads and writes real ones).
 	root = t.TempDir()
 	nodeWrite(t, root, "/etc/rancher/k3s/config.yaml", []byte("datastore-endpoint: \"nats://k3s:pa55w0rd@nats.example.com:4222\"\n"))
 	nodeWrite(t, root, "/var/lib/rancher/k3s/server/db/state.db", nil)
