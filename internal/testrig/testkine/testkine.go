@@ -23,6 +23,7 @@ import (
 	"github.com/k3s-io/kine/pkg/drivers"
 	kinemysql "github.com/k3s-io/kine/pkg/drivers/mysql"
 	"github.com/k3s-io/kine/pkg/drivers/pgsql"
+	"github.com/k3s-io/kine/pkg/server"
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -238,34 +239,12 @@ func query(t testing.TB, db, q string, row func(*sql.Rows) error) {
 }
 
 // InitPG makes kine's datastore in the PostgreSQL database of dsn (one
-// testpg.Start returned) as a k3s server's first start does: kine's pgsql
-// driver makes its table and indexes, its backend started writes the
-// compact_rev_key and the health key; then it is stopped.
+// testpg.Start returned) as a k3s server's first start does (initKine);
+// then it is stopped as k3s stops: once its sessions have ended (their
+// server processes exit a moment after kine closes its connections).
 func InitPG(t testing.TB, dsn string) {
 	t.Helper()
-	logrus.SetOutput(io.Discard)
-	ctx, cancel := context.WithCancel(context.Background())
-	wg := &sync.WaitGroup{}
-	_, backend, err := pgsql.New(ctx, wg, &drivers.Config{
-		DataSourceName:   strings.TrimPrefix(dsn, "postgres://"),
-		PollInterval:     time.Second,
-		CompactTimeout:   5 * time.Second,
-		CompactMinRetain: 1000,
-		CompactBatchSize: 1000,
-		PollBatchSize:    500,
-	})
-	if err != nil {
-		cancel()
-		t.Fatalf("kine on PostgreSQL: %v", err)
-	}
-	err = backend.Start(ctx)
-	cancel()
-	wg.Wait()
-	if err != nil {
-		t.Fatalf("kine on PostgreSQL: %v", err)
-	}
-	// Stopped as k3s stops: once its sessions have ended (their server
-	// processes exit a moment after kine closes its connections).
+	initKine(t, "PostgreSQL", strings.TrimPrefix(dsn, "postgres://"), pgsql.New)
 	super := testpg.SuperuserDSN(t, dsn, "postgres")
 	c, err := pgx.Connect(context.Background(), super)
 	if err != nil {
@@ -277,16 +256,56 @@ func InitPG(t testing.TB, dsn string) {
 		t.Fatal(err)
 	}
 	db := strings.TrimPrefix(u.Path, "/")
+	waitNoSessions(t, "kine's sessions on "+db, func() (n int, err error) {
+		err = c.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'", db).Scan(&n)
+		return n, err
+	})
+}
+
+// initKine makes kine's datastore in a database server's database as a
+// k3s server's first start does, with kine's driver for it (newDriver,
+// given the DSN without its scheme): kine makes its table and indexes,
+// its backend started writes the compact_rev_key and the health key; then
+// it is stopped. kind names the server in a failure.
+func initKine(t testing.TB, kind, dsn string, newDriver func(context.Context, *sync.WaitGroup, *drivers.Config) (bool, server.Backend, error)) {
+	t.Helper()
+	logrus.SetOutput(io.Discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	wg := &sync.WaitGroup{}
+	_, backend, err := newDriver(ctx, wg, &drivers.Config{
+		DataSourceName:   dsn,
+		PollInterval:     time.Second,
+		CompactTimeout:   5 * time.Second,
+		CompactMinRetain: 1000,
+		CompactBatchSize: 1000,
+		PollBatchSize:    500,
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("kine on %s: %v", kind, err)
+	}
+	err = backend.Start(ctx)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("kine on %s: %v", kind, err)
+	}
+}
+
+// waitNoSessions waits until count, the sessions on a database, says
+// none; what names them in a failure.
+func waitNoSessions(t testing.TB, what string, count func() (int, error)) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := c.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'", db).Scan(&n); err != nil {
+		n, err := count()
+		if err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("kine's sessions on %s have not ended: %d", db, n)
+			t.Fatalf("%s have not ended: %d", what, n)
 		}
 	}
 }
@@ -410,33 +429,11 @@ func SeedPG(t testing.TB, dsn string, seed func(cli *clientv3.Client)) {
 }
 
 // InitMySQL makes kine's datastore in the MySQL database of endpoint (one
-// testmysql.Start returned) as a k3s server's first start does: kine's
-// mysql driver makes its table and indexes, its backend started writes the
-// compact_rev_key and the health key; then it is stopped, once its
-// sessions have ended.
+// testmysql.Start returned) as a k3s server's first start does (initKine);
+// then it is stopped, once its sessions have ended.
 func InitMySQL(t testing.TB, endpoint string) {
 	t.Helper()
-	logrus.SetOutput(io.Discard)
-	ctx, cancel := context.WithCancel(context.Background())
-	wg := &sync.WaitGroup{}
-	_, backend, err := kinemysql.New(ctx, wg, &drivers.Config{
-		DataSourceName:   strings.TrimPrefix(endpoint, "mysql://"),
-		PollInterval:     time.Second,
-		CompactTimeout:   5 * time.Second,
-		CompactMinRetain: 1000,
-		CompactBatchSize: 1000,
-		PollBatchSize:    500,
-	})
-	if err != nil {
-		cancel()
-		t.Fatalf("kine on MySQL: %v", err)
-	}
-	err = backend.Start(ctx)
-	cancel()
-	wg.Wait()
-	if err != nil {
-		t.Fatalf("kine on MySQL: %v", err)
-	}
+	initKine(t, "MySQL", strings.TrimPrefix(endpoint, "mysql://"), kinemysql.New)
 	WaitMySQLSessions(t, endpoint)
 }
 
@@ -451,18 +448,10 @@ func WaitMySQLSessions(t testing.TB, endpoint string) {
 	}
 	db := testmysql.Open(t, testmysql.SuperuserDSN(t, endpoint, ""))
 	defer db.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := db.QueryRow("SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = ?", cfg.DBName).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the sessions on %s have not ended: %d", cfg.DBName, n)
-		}
-	}
+	waitNoSessions(t, "the sessions on "+cfg.DBName, func() (n int, err error) {
+		err = db.QueryRow("SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = ?", cfg.DBName).Scan(&n)
+		return n, err
+	})
 }
 
 // ServeMySQL starts a MariaDB server (testmysql.Start), makes kine's
