@@ -17,13 +17,10 @@ package testmysql
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -33,7 +30,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"kube-etcd-migrate/internal/loopback"
+	"kube-etcd-migrate/internal/testrig/dbproc"
 	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
@@ -162,48 +159,14 @@ func Check(t testing.TB) {
 	}
 }
 
-// runAs is who runs mariadb-install-db and mariadbd: the mysql user when
-// the test runs as root (mariadbd refuses root but for --user), else the
-// test's own user (nil).
-func runAs(t testing.TB) *syscall.Credential {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	u, err := user.Lookup("mysql")
-	if err != nil {
-		t.Fatalf("the tests run as root, and mariadbd refuses root: they run it as the mysql user, which does not exist (%v): install Debian's mariadb-server package", err)
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
-}
-
 func start(t testing.TB, ca *testpki.CA) *server {
 	t.Helper()
 	Check(t)
-	cred := runAs(t)
-	// Not t.TempDir: its parents are the test process's, 0700, which the
-	// mysql user cannot traverse.
-	dir, err := os.MkdirTemp("", "testmysql-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	// mariadbd refuses root but for --user.
+	cred := dbproc.RunAs(t, "mysql", "mariadbd", "mariadb-server")
+	dir := dbproc.Dir(t, "testmysql-", cred, "data", "sock")
 	data, sockDir := filepath.Join(dir, "data"), filepath.Join(dir, "sock")
-	for _, d := range []string{data, sockDir} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if cred != nil {
-		for _, d := range []string{dir, data, sockDir} {
-			if err := os.Chown(d, int(cred.Uid), int(cred.Gid)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	password := "pw-" + random(t)
+	password := "pw-" + dbproc.Random(t)
 	install := exec.Command(InstallDB, "--no-defaults", "--datadir="+data,
 		"--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve")
 	install.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
@@ -215,19 +178,8 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	listen := []string{"--skip-networking"}
 	port := 0
 	if ca != nil {
-		cert, key := ca.Issue(t, dir, "server", true)
-		caFile := filepath.Join(dir, "ca.crt")
-		if err := os.WriteFile(caFile, ca.PEM(), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range []string{cert, key, caFile} {
-			if cred != nil {
-				if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		port = freePort(t)
+		cert, key, caFile := dbproc.TLSFiles(t, ca, dir, cred)
+		port = dbproc.FreePort(t)
 		listen = []string{"--bind-address=127.0.0.1", "--port=" + strconv.Itoa(port),
 			"--ssl-ca=" + caFile, "--ssl-cert=" + cert, "--ssl-key=" + key, "--require-secure-transport=ON"}
 	}
@@ -248,26 +200,12 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	)...)
 	srv.Dir = dir
 	srv.Stdout, srv.Stderr = &log, &log
-	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := srv.Start(); err != nil {
-		t.Fatalf("starting mariadbd: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { srv.Wait(); close(exited) }()
+	// SIGTERM: a normal shutdown, the sessions ended.
+	exited := dbproc.Start(t, srv, cred, syscall.SIGTERM, "mariadbd")
 	errLog := func() string {
 		b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 		return log.String() + string(b)
 	}
-	t.Cleanup(func() {
-		// SIGTERM: a normal shutdown, the sessions ended.
-		srv.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			srv.Process.Kill()
-			<-exited
-		}
-	})
 	s := &server{sock: sock, password: password, port: port}
 	super, err := mysql.ParseDSN(s.DSN(Superuser, "", ""))
 	if err != nil {
@@ -281,19 +219,7 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for {
-		err = db.PingContext(ctx)
-		if err == nil {
-			break
-		}
-		select {
-		case <-exited:
-			t.Fatalf("mariadbd exited: %v\n%s", srv.ProcessState, errLog())
-		case <-ctx.Done():
-			t.Fatalf("mariadbd does not accept connections: %v\n%s", err, errLog())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	dbproc.WaitReady(t, ctx, srv, exited, "mariadbd", errLog, func() error { return db.PingContext(ctx) })
 	stmts := []string{
 		fmt.Sprintf("CREATE USER '%s'@'localhost' IDENTIFIED BY '%s'", User, password),
 		fmt.Sprintf("CREATE DATABASE %s", Database),
@@ -310,24 +236,4 @@ func start(t testing.TB, ca *testpki.CA) *server {
 		}
 	}
 	return s
-}
-
-// freePort is loopback.FreePort for a test: a port of 127.0.0.1 free a
-// moment ago; another process may take it before mariadbd binds it, which
-// fails the test, rarely.
-func freePort(t testing.TB) int {
-	t.Helper()
-	port, err := loopback.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
-}
-
-func random(t testing.TB) string {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }

@@ -17,13 +17,10 @@ package testpg
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -34,7 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"kube-etcd-migrate/internal/loopback"
+	"kube-etcd-migrate/internal/testrig/dbproc"
 	"kube-etcd-migrate/internal/testrig/testpki"
 )
 
@@ -166,45 +163,14 @@ func Bin(t testing.TB) string {
 	return vs[0].dir
 }
 
-// runAs is who runs initdb and postgres: the postgres user when the test
-// runs as root (they refuse root), else the test's own user (nil).
-func runAs(t testing.TB) *syscall.Credential {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		t.Fatalf("the tests run as root, and PostgreSQL refuses root: they run it as the postgres user, which does not exist (%v): install Debian's postgresql package", err)
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
-}
-
 func start(t testing.TB, ca *testpki.CA) *server {
 	t.Helper()
 	bin := Bin(t)
-	cred := runAs(t)
-	// Not t.TempDir: its parents are the test process's, 0700, which the
-	// postgres user cannot traverse.
-	dir, err := os.MkdirTemp("", "testpg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	// initdb and postgres refuse root.
+	cred := dbproc.RunAs(t, "postgres", "PostgreSQL", "postgresql")
+	dir := dbproc.Dir(t, "testpg-", cred, "sock")
 	data, sock := filepath.Join(dir, "data"), filepath.Join(dir, "sock")
-	if err := os.Mkdir(sock, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if cred != nil {
-		for _, d := range []string{dir, sock} {
-			if err := os.Chown(d, int(cred.Uid), int(cred.Gid)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	password := "pw-" + random(t)
+	password := "pw-" + dbproc.Random(t)
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", Superuser,
 		"-E", "UTF8", "--locale=C", "--no-sync", "--auth-local=trust", "--auth-host=reject")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
@@ -221,27 +187,12 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if cred != nil {
-		if err := os.Chown(filepath.Join(data, "pg_hba.conf"), int(cred.Uid), int(cred.Gid)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dbproc.Chown(t, cred, filepath.Join(data, "pg_hba.conf"))
 	listen := []string{"-c", "listen_addresses="}
 	port := 0
 	if ca != nil {
-		cert, key := ca.Issue(t, dir, "server", true)
-		caFile := filepath.Join(dir, "ca.crt")
-		if err := os.WriteFile(caFile, ca.PEM(), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range []string{cert, key, caFile} {
-			if cred != nil {
-				if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		port = freePort(t)
+		cert, key, caFile := dbproc.TLSFiles(t, ca, dir, cred)
+		port = dbproc.FreePort(t)
 		listen = []string{"-c", "listen_addresses=127.0.0.1", "-c", "port=" + strconv.Itoa(port),
 			"-c", "ssl=on", "-c", "ssl_cert_file=" + cert, "-c", "ssl_key_file=" + key, "-c", "ssl_ca_file=" + caFile}
 	}
@@ -259,40 +210,17 @@ func start(t testing.TB, ca *testpki.CA) *server {
 	)...)
 	pg.Dir = dir
 	pg.Stdout, pg.Stderr = &log, &log
-	pg.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := pg.Start(); err != nil {
-		t.Fatalf("starting postgres: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { pg.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		// Fast shutdown: the sessions are ended, the server exits.
-		pg.Process.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			pg.Process.Kill()
-			<-exited
-		}
-	})
+	// Fast shutdown (SIGINT): the sessions are ended, the server exits.
+	exited := dbproc.Start(t, pg, cred, syscall.SIGINT, "postgres")
 	s := &server{sockDir: sock, password: password, port: port}
 	super := s.DSN(Superuser, "", "postgres")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var conn *pgx.Conn
-	for {
+	dbproc.WaitReady(t, ctx, pg, exited, "postgres", log.String, func() (err error) {
 		conn, err = pgx.Connect(ctx, super)
-		if err == nil {
-			break
-		}
-		select {
-		case <-exited:
-			t.Fatalf("postgres exited: %v\n%s", pg.ProcessState, log.String())
-		case <-ctx.Done():
-			t.Fatalf("postgres does not accept connections: %v\n%s", err, log.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return err
+	})
 	defer conn.Close(ctx)
 	for _, q := range []string{
 		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", Role, password),
@@ -303,24 +231,4 @@ func start(t testing.TB, ca *testpki.CA) *server {
 		}
 	}
 	return s
-}
-
-// freePort is loopback.FreePort for a test: a port of 127.0.0.1 free a
-// moment ago; another process may take it before postgres binds it, which
-// fails the test, rarely.
-func freePort(t testing.TB) int {
-	t.Helper()
-	port, err := loopback.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
-}
-
-func random(t testing.TB) string {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }
