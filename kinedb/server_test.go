@@ -36,15 +36,20 @@ type databaseServer struct {
 	// testmysql): kine's database, the role or user k3s connects as (with
 	// a password), the server's administrator (without one, on the socket).
 	database, user, superuser string
-	start                     func(testing.TB) string                                     // a fresh server: the DSN of database as user, on the socket
-	startTLS                  func(testing.TB, *testpki.CA) (string, string)              // start, also on TLS over TCP: that DSN, and the socket's
-	initKine                  func(testing.TB, string)                                    // kine's datastore made in a DSN's database, as k3s's first start does
-	serveKine                 func(testing.TB) (*kinedb.Server, *clientv3.Client, string) // start and initKine, served writable: closed when the test ends
-	table                     func(testing.TB, string) []string                           // kine's table row for row, and its next id
-	password                  func(testing.TB, string) string                             // a DSN's password
-	superuserDSN              func(t testing.TB, dsn, db string) string                   // database db of dsn's server as the superuser
-	otherDB                   func(dsn, db string) string                                 // database db of dsn's server as dsn's user
-	open                      func(testing.TB, string) *sql.DB                            // database/sql on a DSN, as k3s's kine opens it; the caller closes it
+
+	start    func(testing.TB) string                        // a fresh server: the DSN of database as user, on the socket
+	startTLS func(testing.TB, *testpki.CA) (string, string) // start, also on TLS over TCP: that DSN, and the socket's
+	initKine func(testing.TB, string)                       // kine's datastore made in a DSN's database, as k3s's first start does
+	// serveKine: start and initKine, served writable; the server, a
+	// client and the DSN, closed when the test ends.
+	serveKine func(testing.TB) (*kinedb.Server, *clientv3.Client, string)
+	table     func(testing.TB, string) []string // kine's table row for row, and its next id
+	password  func(testing.TB, string) string   // a DSN's password
+	// superuserDSN is database db of dsn's server as the superuser;
+	// otherDB, as dsn's user.
+	superuserDSN func(t testing.TB, dsn, db string) string
+	otherDB      func(dsn, db string) string
+	open         func(testing.TB, string) *sql.DB // database/sql on a DSN, as k3s's kine opens it; the caller closes it
 	// session opens a plain database/sql connection to a DSN's database as
 	// k3s's kine does and returns its session's id (PostgreSQL's server
 	// pid, MySQL's connection ID) and what closes it.
