@@ -111,16 +111,15 @@ func TestK3sServer(t *testing.T) {
 		open   func(testing.TB, string) *sql.DB           // database/sql on the datastore-endpoint's database
 		latest func(testing.TB, string) map[string]string // every key's latest row (value and lease)
 		dump   string                                     // the dump plan says to take
-		// password, when set, is the datastore-endpoint's password, which
-		// must be printed nowhere: not by migrate, refused or run, nor by
-		// inventory (nil: only inventory is checked, for the whole
-		// datastore-endpoint).
+		// password is the datastore-endpoint's password, which must be
+		// printed nowhere: not by migrate, refused or run, nor by inventory
+		// (which must not print the whole datastore-endpoint either).
 		password func(testing.TB, string) string
 		// otherSessions: how migrate refused beside k3s's kine names it,
 		// besides "stop" ("": nothing more checked).
 		otherSessions string
 	}{
-		{kind: "PostgreSQL", start: testpg.Start, open: pgOpen, latest: testkine.PGLatest, dump: "pg_dump"},
+		{kind: "PostgreSQL", start: testpg.Start, open: pgOpen, latest: testkine.PGLatest, dump: "pg_dump", password: testpg.Password},
 		{kind: "MySQL", start: testmysql.Start, open: testmysql.Open, latest: testkine.MySQLLatest, dump: "mysqldump",
 			password: testmysql.Password, otherSessions: "has other sessions: session "},
 	} {

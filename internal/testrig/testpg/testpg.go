@@ -46,6 +46,21 @@ const (
 // (trust) over the socket; every other role gives its password.
 const Superuser = "postgres"
 
+// Password is the password of dsn, a datastore-endpoint Start or StartTLS
+// returned.
+func Password(t testing.TB, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("not a PostgreSQL URL: %v", err)
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		t.Fatal("the PostgreSQL URL has no password")
+	}
+	return pw
+}
+
 // Start starts a PostgreSQL server for the test and returns a DSN of
 // Database as Role, with Role's password:
 // postgres://k3s:PASSWORD@/kine?host=SOCKETDIR&sslmode=disable.
