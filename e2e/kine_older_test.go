@@ -3,11 +3,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"slices"
 	"sort"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -43,33 +41,8 @@ func TestK3sSQLiteOlderTarget(t *testing.T) {
 	writer, target := modbuild.OlderKubernetes[1], modbuild.OlderKubernetes[0]
 	writerMinor, targetMinor := releaseMinor(t, writer), releaseMinor(t, target)
 	ctx := context.Background()
-	root := t.TempDir()
-	db, enc := k3sSQLiteNode(t, root, aescbcProvider("key1", 1))
-	if err := os.WriteFile(db, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := apiserverproc.Start(t, apiserverproc.Options{
-		Binary:               olderAPIServer(t, writer),
-		EtcdURL:              srv.Endpoint,
-		RuntimeConfig:        betaAPIs,
-		EncryptionConfigPath: enc,
-	})
-	res, err := everyresource.Create(ctx, old.ClientConfig, everyresource.Options{})
-	if err != nil {
-		t.Fatalf("kube-apiserver %s on kine: create one object of every resource: %v", writer, err)
-	}
-	t.Logf("kube-apiserver %s on kine wrote one object of each of %d resource versions", writer, len(res.Objects))
-	// Writes from here on by a kube-apiserver itself show in managedFields
-	// at since or later (sameContentEvery leaves them out).
-	since := time.Now().Truncate(time.Second).Add(time.Second)
-	time.Sleep(time.Until(since))
-	served := snapshot(t, old.ClientConfig, servedResources(t, old.ClientConfig))
-	old.Stop()
-	srv.Close()
+	node := writtenSQLiteNode(t, writer)
+	root, db, enc, res, served, since := node.root, node.db, node.enc, node.res, node.served, node.since
 
 	// The objects the target stores in another version than the writer:
 	// from the release data the tool itself judges by.

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx", to read kine's table as it is
-
 	"kube-etcd-migrate/internal/build/modbuild"
 	"kube-etcd-migrate/internal/testrig/apiserverproc"
 	"kube-etcd-migrate/internal/testrig/everyresource"
@@ -36,17 +34,6 @@ func k3sServerNode(t *testing.T, root, dsn string, providers ...string) (enc str
 		t.Fatal(err)
 	}
 	return enc
-}
-
-// pgOpen opens the PostgreSQL database of dsn with database/sql ("pgx");
-// the caller closes it.
-func pgOpen(t testing.TB, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return db
 }
 
 // kineTable is kine's table in the database db as it is, row by row (every
@@ -119,7 +106,7 @@ func TestK3sServer(t *testing.T) {
 		// besides "stop" ("": nothing more checked).
 		otherSessions string
 	}{
-		{kind: "PostgreSQL", start: testpg.Start, open: pgOpen, latest: testkine.PGLatest, dump: "pg_dump", password: testpg.Password},
+		{kind: "PostgreSQL", start: testpg.Start, open: testpg.Open, latest: testkine.PGLatest, dump: "pg_dump", password: testpg.Password},
 		{kind: "MySQL", start: testmysql.Start, open: testmysql.Open, latest: testkine.MySQLLatest, dump: "mysqldump",
 			password: testmysql.Password, otherSessions: "has other sessions: session "},
 	} {

@@ -66,6 +66,55 @@ func fileSum(t *testing.T, path string) [32]byte {
 	return sha256.Sum256(b)
 }
 
+// sqliteNode is a k3s node on SQLite that an older kube-apiserver wrote
+// (writtenSQLiteNode): its root, its database and encryption configuration,
+// what was written, every object as that release served it, and the time
+// from which a kube-apiserver's own writes show in managedFields
+// (sameContentEvery leaves them out).
+type sqliteNode struct {
+	root, db, enc string
+	res           *everyresource.Result
+	served        map[objKey]*unstructured.Unstructured
+	since         time.Time
+}
+
+// writtenSQLiteNode lays out a k3s node on SQLite under a new root
+// (k3sSQLiteNode, encrypted with key1), and has the real kube-apiserver of
+// release (its binary) on kine over it write one object of every resource;
+// that kube-apiserver and kine are stopped when it returns.
+func writtenSQLiteNode(t *testing.T, release string) sqliteNode {
+	t.Helper()
+	ctx := context.Background()
+	n := sqliteNode{root: t.TempDir()}
+	n.db, n.enc = k3sSQLiteNode(t, n.root, aescbcProvider("key1", 1))
+	if err := os.WriteFile(n.db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := kinedb.Serve(ctx, kinedb.Config{Database: n.db, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := apiserverproc.Start(t, apiserverproc.Options{
+		Binary:               olderAPIServer(t, release),
+		EtcdURL:              srv.Endpoint,
+		RuntimeConfig:        betaAPIs,
+		EncryptionConfigPath: n.enc,
+	})
+	if n.res, err = everyresource.Create(ctx, old.ClientConfig, everyresource.Options{}); err != nil {
+		t.Fatalf("kube-apiserver %s on kine: create one object of every resource: %v", release, err)
+	}
+	t.Logf("kube-apiserver %s on kine wrote one object of each of %d resource versions", release, len(n.res.Objects))
+	// Every object as that release serves it, to compare with what a later
+	// one serves after the migration (writes from here on, by a
+	// kube-apiserver itself, show in managedFields at since or later).
+	n.since = time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(n.since))
+	n.served = snapshot(t, old.ClientConfig, servedResources(t, old.ClientConfig))
+	old.Stop()
+	srv.Close()
+	return n
+}
+
 // TestK3sSQLite: the previous release's real kube-apiserver on kine over
 // SQLite (kine as a library, as k3s runs it) writes one object of every
 // resource, encrypted with key1; it is stopped and the key rotated. The
@@ -81,34 +130,8 @@ func fileSum(t *testing.T, path string) [32]byte {
 // documented backup) is read as --snapshot-file and never written.
 func TestK3sSQLite(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	db, enc := k3sSQLiteNode(t, root, aescbcProvider("key1", 1))
-	if err := os.WriteFile(db, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := kinedb.Serve(ctx, kinedb.Config{Database: db, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := apiserverproc.Start(t, apiserverproc.Options{
-		Binary:               olderAPIServer(t, modbuild.PreviousKubernetes),
-		EtcdURL:              srv.Endpoint,
-		RuntimeConfig:        betaAPIs,
-		EncryptionConfigPath: enc,
-	})
-	res, err := everyresource.Create(ctx, old.ClientConfig, everyresource.Options{})
-	if err != nil {
-		t.Fatalf("kube-apiserver %s on kine: create one object of every resource: %v", modbuild.PreviousKubernetes, err)
-	}
-	t.Logf("kube-apiserver %s on kine wrote one object of each of %d resource versions", modbuild.PreviousKubernetes, len(res.Objects))
-	// Every object as the previous release serves it, compared with what the
-	// linked release serves after the migration (writes from here on, by a
-	// kube-apiserver itself, show in managedFields at since or later).
-	since := time.Now().Truncate(time.Second).Add(time.Second)
-	time.Sleep(time.Until(since))
-	served := snapshot(t, old.ClientConfig, servedResources(t, old.ClientConfig))
-	old.Stop()
-	srv.Close()
+	node := writtenSQLiteNode(t, modbuild.PreviousKubernetes)
+	root, db, enc, res, served, since := node.root, node.db, node.enc, node.res, node.served, node.since
 
 	// A backup as k3s's documentation takes one: the database's files
 	// copied, k3s stopped (its last transactions may still be in

@@ -13,7 +13,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx", as k3s's kine opens it
 	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -60,7 +59,7 @@ var (
 	postgreSQL = databaseServer{
 		kind: "PostgreSQL", database: testpg.Database, user: testpg.Role, superuser: testpg.Superuser,
 		start: testpg.Start, startTLS: testpg.StartTLS, initKine: testkine.InitPG, serveKine: testkine.ServePG, table: testkine.PGTable,
-		password: pgPassword, superuserDSN: testpg.SuperuserDSN, otherDB: pgOtherDB, open: pgOpen, session: pgK3sSession,
+		password: testpg.Password, superuserDSN: testpg.SuperuserDSN, otherDB: pgOtherDB, open: testpg.Open, session: pgK3sSession,
 	}
 	mySQL = databaseServer{
 		kind: "MySQL", database: testmysql.Database, user: testmysql.User, superuser: testmysql.Superuser,
@@ -86,19 +85,6 @@ func serveDSN(t *testing.T, dsn string, readOnly bool) (*kinedb.Server, *clientv
 	return s, c
 }
 
-func pgPassword(t testing.TB, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		t.Fatalf("testpg's DSN has no password")
-	}
-	return pw
-}
-
 func pgOtherDB(dsn, db string) string {
 	u, _ := url.Parse(dsn)
 	u.Path = "/" + db
@@ -107,15 +93,6 @@ func pgOtherDB(dsn, db string) string {
 
 func myOtherDB(endpoint, db string) string {
 	return strings.Replace(endpoint, "/"+testmysql.Database, "/"+db, 1)
-}
-
-func pgOpen(t testing.TB, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return db
 }
 
 // pgK3sSession is PostgreSQL's session: application_name k3s, as k3s's
@@ -129,7 +106,7 @@ func pgK3sSession(t testing.TB, dsn string) (int, func()) {
 	q := u.Query()
 	q.Set("application_name", "k3s")
 	u.RawQuery = q.Encode()
-	return k3sSession(t, pgOpen(t, u.String()), "SELECT pg_backend_pid()")
+	return k3sSession(t, testpg.Open(t, u.String()), "SELECT pg_backend_pid()")
 }
 
 func myK3sSession(t testing.TB, endpoint string) (int, func()) {
@@ -702,7 +679,7 @@ func TestServerTLS(t *testing.T) {
 			socketSession: func(t *testing.T, s *kinedb.Server, local string) {
 				// The server saw kine's connections over TLS.
 				var ssl bool
-				db := pgOpen(t, testpg.SuperuserDSN(t, local, testpg.Database))
+				db := testpg.Open(t, testpg.SuperuserDSN(t, local, testpg.Database))
 				t.Cleanup(func() { db.Close() })
 				if err := db.QueryRow("SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name LIKE 'kube-etcd-migrate-%'").Scan(&ssl); err != nil || !ssl {
 					t.Errorf("the tool's sessions over TLS: %v, %v", ssl, err)

@@ -17,6 +17,7 @@ package testpg
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"net/url"
 	"os"
@@ -30,6 +31,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx", as k3s's kine opens it
 
 	"kube-etcd-migrate/internal/testrig/dbproc"
 	"kube-etcd-migrate/internal/testrig/testpki"
@@ -59,6 +61,17 @@ func Password(t testing.TB, dsn string) string {
 		t.Fatal("the PostgreSQL URL has no password")
 	}
 	return pw
+}
+
+// Open opens the database of dsn with database/sql ("pgx", as k3s's kine
+// does); the caller closes it.
+func Open(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
 }
 
 // Start starts a PostgreSQL server for the test and returns a DSN of
