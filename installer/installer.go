@@ -655,11 +655,11 @@ func DatastoreKind(ep string) string { return datastoreKind(ep) }
 // RKE2 would start on it).
 func notKineReason(ep string) string {
 	scheme, _, _ := strings.Cut(ep, "://")
-	switch kind, lower := datastoreKind(ep), strings.ToLower(scheme); {
-	case scheme != lower && (kind == "MySQL" || kind == "PostgreSQL" || kind == "SQLite"):
+	kind, lower := datastoreKind(ep), strings.ToLower(scheme)
+	if scheme != lower && (kind == "MySQL" || kind == "PostgreSQL" || kind == "SQLite") {
 		return fmt.Sprintf("its datastore-endpoint begins %s://, which kine does not take (its %s scheme is %s://, lowercase): neither this server nor the tool can serve it", scheme, kind, lower)
 	}
-	return fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", datastoreKind(ep))
+	return fmt.Sprintf("its datastore-endpoint is %s through kine, not etcd: the tool works on etcd, and on SQLite, PostgreSQL and MySQL through kine", kind)
 }
 
 // datastoreKind names a kine datastore-endpoint's database without its
